@@ -1,0 +1,338 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli.h"
+#include "cli/local.h"
+#include "common/fs.h"
+#include "common/shutdown.h"
+#include "common/ufs/ufs.h"
+#include "common/units.h"
+#include "proto/granary.grpc.pb.h"
+#include "proto/rpc.h"
+
+namespace granary::cli {
+namespace {
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "granary: error: %s\n", st.message().c_str());
+  return 1;
+}
+
+// The master client every command but `local` and `config` uses.
+class MasterConn {
+ public:
+  static StatusOr<MasterConn> Open(const Config& cfg) {
+    ASSIGN_OR_RETURN(auto sec, RpcSecurity::FromConfig(cfg.rpc));
+    MasterConn c;
+    c.cfg_ = cfg;
+    c.sec_ = sec;
+    c.stub_ = std::shared_ptr<rpc::Master::Stub>(rpc::Master::NewStub(sec->MakeChannel(cfg.master.address)));
+    return c;
+  }
+  // Calls stub method `fn` with a prepared context.
+  template <typename Req, typename Resp, typename Fn>
+  Status Call(Fn fn, const Req& req, Resp* resp) {
+    grpc::ClientContext ctx;
+    sec_->Prepare(&ctx, cfg_.rpc.timeout);
+    grpc::Status s = ((*stub_).*fn)(&ctx, req, resp);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return UnavailableError("cannot reach the master at " + cfg_.master.address +
+                              " (is granary-master or `granary local` running? set --master or GRANARY_MASTER)");
+    }
+    return FromGrpc(s, "the master");
+  }
+
+ private:
+  Config cfg_;
+  std::shared_ptr<RpcSecurity> sec_;
+  std::shared_ptr<rpc::Master::Stub> stub_;
+};
+
+std::string ModeString(const rpc::Attr& a) {
+  std::string s = a.type() == rpc::DIRECTORY ? "d" : "-";
+  const char* rwx = "rwxrwxrwx";
+  for (int i = 0; i < 9; ++i) s += (a.mode() & (0400 >> i)) ? rwx[i] : '-';
+  return s;
+}
+
+std::string TimeString(int64_t ns) {
+  time_t t = static_cast<time_t>(ns / 1'000'000'000);
+  struct tm tm;
+  localtime_r(&t, &tm);
+  char buf[64];
+  strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "0.0%";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return buf;
+}
+
+std::string NormalizePath(std::string p) {
+  if (p.empty() || p[0] != '/') p = "/" + p;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+int CmdMount(MasterConn& m, const std::string& path, const std::string& uri) {
+  rpc::MountRequest req;
+  req.set_path(NormalizePath(path));
+  req.set_uri(uri);
+  rpc::MountResponse resp;
+  Status st = m.Call(&rpc::Master::Stub::Mount, req, &resp);
+  if (!st.ok()) return Fail(st);
+  std::printf("mounted %s at %s\n", RedactUri(resp.mount().uri()).c_str(), resp.mount().path().c_str());
+  return 0;
+}
+
+int CmdUnmount(MasterConn& m, const std::string& path) {
+  rpc::UnmountRequest req;
+  req.set_path(NormalizePath(path));
+  rpc::UnmountResponse resp;
+  Status st = m.Call(&rpc::Master::Stub::Unmount, req, &resp);
+  if (!st.ok()) return Fail(st);
+  std::printf("unmounted %s\n", req.path().c_str());
+  return 0;
+}
+
+int CmdMounts(MasterConn& m) {
+  rpc::ListMountsResponse resp;
+  Status st = m.Call(&rpc::Master::Stub::ListMounts, rpc::ListMountsRequest(), &resp);
+  if (!st.ok()) return Fail(st);
+  std::printf("%-24s %-48s %12s %12s\n", "PATH", "URI", "FILES SEEN", "BYTES SEEN");
+  for (const auto& mi : resp.mounts()) {
+    std::printf("%-24s %-48s %12llu %12s\n", mi.path().c_str(), RedactUri(mi.uri()).c_str(),
+                static_cast<unsigned long long>(mi.known_files()), FormatBytes(mi.known_bytes()).c_str());
+  }
+  return 0;
+}
+
+void PrintLsLine(const rpc::Attr& a, const std::string& name) {
+  std::printf("%s %5u %5u %12llu %s %s%s\n", ModeString(a).c_str(), a.uid(), a.gid(),
+              static_cast<unsigned long long>(a.size()), TimeString(a.mtime_ns()).c_str(), name.c_str(),
+              a.type() == rpc::DIRECTORY ? "/" : "");
+}
+
+int CmdLs(MasterConn& m, const std::string& raw) {
+  std::string path = NormalizePath(raw);
+  rpc::ResolvePathRequest rreq;
+  rreq.set_path(path);
+  rpc::AttrResponse attr;
+  Status st = m.Call(&rpc::Master::Stub::ResolvePath, rreq, &attr);
+  if (!st.ok()) return Fail(st);
+  if (attr.attr().type() != rpc::DIRECTORY) {
+    PrintLsLine(attr.attr(), path);
+    return 0;
+  }
+  uint64_t after = 0;
+  for (;;) {
+    rpc::ReadDirRequest req;
+    req.set_ino(attr.attr().ino());
+    req.set_after(after);
+    req.set_limit(1000);
+    rpc::ReadDirResponse page;
+    st = m.Call(&rpc::Master::Stub::ReadDir, req, &page);
+    if (!st.ok()) return Fail(st);
+    for (const auto& e : page.entries()) {
+      PrintLsLine(e.attr(), e.name());
+      after = e.cookie();
+    }
+    if (page.end() || page.entries_size() == 0) break;
+  }
+  return 0;
+}
+
+int CmdStat(MasterConn& m, const std::string& raw) {
+  rpc::ResolvePathRequest req;
+  req.set_path(NormalizePath(raw));
+  rpc::AttrResponse resp;
+  Status st = m.Call(&rpc::Master::Stub::ResolvePath, req, &resp);
+  if (!st.ok()) return Fail(st);
+  const auto& a = resp.attr();
+  std::printf("  Path: %s\n  Type: %s\n  Size: %llu\n  Mode: %s (%04o)\n   Uid: %u\n   Gid: %u\n Inode: %llu\n Mtime: %s\n",
+              req.path().c_str(), a.type() == rpc::DIRECTORY ? "directory" : "file",
+              static_cast<unsigned long long>(a.size()), ModeString(a).c_str(), a.mode(), a.uid(), a.gid(),
+              static_cast<unsigned long long>(a.ino()), TimeString(a.mtime_ns()).c_str());
+  return 0;
+}
+
+int CmdReport(MasterConn& m, bool json) {
+  rpc::Report r;
+  Status st = m.Call(&rpc::Master::Stub::GetReport, rpc::GetReportRequest(), &r);
+  if (!st.ok()) return Fail(st);
+  uint64_t capacity = 0, used = 0, hits = 0, misses = 0, ufs_bytes = 0;
+  for (const auto& w : r.workers()) {
+    if (!w.alive()) continue;
+    capacity += w.stats().capacity_bytes();
+    used += w.stats().used_bytes();
+    hits += w.stats().hits();
+    misses += w.stats().misses();
+    ufs_bytes += w.stats().ufs_bytes();
+  }
+  if (json) {
+    nlohmann::json j;
+    j["block_size"] = r.block_size();
+    j["workers"] = nlohmann::json::array();
+    for (const auto& w : r.workers()) {
+      const auto& s = w.stats();
+      j["workers"].push_back({{"id", w.id()},
+                              {"address", w.address()},
+                              {"alive", w.alive()},
+                              {"capacity_bytes", s.capacity_bytes()},
+                              {"used_bytes", s.used_bytes()},
+                              {"blocks", s.blocks()},
+                              {"hits", s.hits()},
+                              {"misses", s.misses()},
+                              {"ufs_reads", s.ufs_reads()},
+                              {"ufs_bytes", s.ufs_bytes()},
+                              {"evictions", s.evictions()},
+                              {"corrupt_blocks", s.corrupt_blocks()},
+                              {"bytes_served", s.bytes_served()}});
+    }
+    j["mounts"] = nlohmann::json::array();
+    for (const auto& mr : r.mounts()) {
+      double pct = mr.mount().known_bytes() ? 100.0 * mr.cached_bytes() / mr.mount().known_bytes() : 0.0;
+      j["mounts"].push_back({{"path", mr.mount().path()},
+                             {"uri", RedactUri(mr.mount().uri())},
+                             {"ufs_files_seen", mr.mount().known_files()},
+                             {"ufs_bytes_seen", mr.mount().known_bytes()},
+                             {"cached_bytes", mr.cached_bytes()},
+                             {"cached_blocks", mr.cached_blocks()},
+                             {"cached_percentage", pct}});
+    }
+    j["cache"] = {{"capacity_bytes", capacity}, {"used_bytes", used}, {"hits", hits},
+                  {"misses", misses}, {"ufs_bytes", ufs_bytes}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("Cache: %s capacity, %s used, %llu hits, %llu misses (hit ratio %s), %s read from under-storage\n",
+              FormatBytes(capacity).c_str(), FormatBytes(used).c_str(), static_cast<unsigned long long>(hits),
+              static_cast<unsigned long long>(misses), Percent(hits, hits + misses).c_str(),
+              FormatBytes(ufs_bytes).c_str());
+  std::printf("\nWorkers:\n  %-4s %-28s %-6s %10s %10s %8s %10s %10s\n", "ID", "ADDRESS", "STATE", "CAPACITY", "USED",
+              "BLOCKS", "HITS", "MISSES");
+  for (const auto& w : r.workers()) {
+    const auto& s = w.stats();
+    std::printf("  %-4llu %-28s %-6s %10s %10s %8llu %10llu %10llu\n", static_cast<unsigned long long>(w.id()),
+                w.address().c_str(), w.alive() ? "alive" : "lost", FormatBytes(s.capacity_bytes()).c_str(),
+                FormatBytes(s.used_bytes()).c_str(), static_cast<unsigned long long>(s.blocks()),
+                static_cast<unsigned long long>(s.hits()), static_cast<unsigned long long>(s.misses()));
+  }
+  std::printf("\nMounts:\n  %-20s %-40s %12s %12s %9s\n", "PATH", "URI", "UFS SEEN", "CACHED", "CACHED %");
+  for (const auto& mr : r.mounts()) {
+    std::printf("  %-20s %-40s %12s %12s %9s\n", mr.mount().path().c_str(), RedactUri(mr.mount().uri()).c_str(),
+                FormatBytes(mr.mount().known_bytes()).c_str(), FormatBytes(mr.cached_bytes()).c_str(),
+                Percent(mr.cached_bytes(), mr.mount().known_bytes()).c_str());
+  }
+  return 0;
+}
+
+int CmdConfig() {
+  std::printf("# Every Granary setting with its default. Sections nest: `worker: {cache_quota: 20Gi}`.\n");
+  std::string section;
+  for (const auto& s : Config::Settings()) {
+    std::string sec = s.key.substr(0, s.key.find('.'));
+    if (sec != section) {
+      std::printf("%s:\n", sec.c_str());
+      section = sec;
+    }
+    std::printf("  # %s [%s]\n  %s: \"%s\"\n", s.doc.c_str(), s.unit.c_str(), s.key.substr(sec.size() + 1).c_str(),
+                s.default_value.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string GranaryHome() {
+  if (const char* h = std::getenv("GRANARY_HOME"); h && *h) return h;
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.granary";
+  return "/tmp/granary-" + std::to_string(getuid());
+}
+
+std::string LocalDiscoveryFile() { return GranaryHome() + "/local.yaml"; }
+
+int Main(int argc, char** argv) {
+  CLI::App app{"granary: a distributed cache for machine-learning training data"};
+  app.require_subcommand(1);
+  ConfigFlags flags;
+  std::string master;
+  app.add_option("--master", master, "host:port of granary-master (also $GRANARY_MASTER)");
+  app.add_option("--config", flags.config_file, "YAML configuration file");
+
+  std::string path, uri;
+  auto* mount = app.add_subcommand("mount", "Mount an under-storage URI at a namespace path");
+  mount->add_option("PATH", path, "Namespace path, e.g. /imagenet")->required();
+  mount->add_option("URI", uri, "Under-storage, e.g. file:///srv/imagenet")->required();
+  auto* unmount = app.add_subcommand("unmount", "Remove a mounted dataset from the namespace");
+  unmount->add_option("PATH", path)->required();
+  auto* mounts = app.add_subcommand("mounts", "List mounted datasets");
+  auto* ls = app.add_subcommand("ls", "List a directory of the namespace");
+  ls->add_option("PATH", path)->required();
+  auto* stat = app.add_subcommand("stat", "Show a file's or directory's attributes");
+  stat->add_option("PATH", path)->required();
+  bool json = false;
+  auto* report = app.add_subcommand("report", "Workers, capacity, usage, hits and cached share per mount");
+  report->add_flag("--json", json, "Print JSON");
+  auto* config = app.add_subcommand("config", "Print every setting with its default and meaning");
+
+  LocalOptions local_opts;
+  ConfigFlags local_flags;
+  auto* local = app.add_subcommand("local", "Run master, worker and FUSE on this machine over URI, mounted at MOUNTPOINT");
+  local->add_option("URI", local_opts.uri, "Under-storage, e.g. file:///srv/imagenet or /srv/imagenet")->required();
+  local->add_option("MOUNTPOINT", local_opts.mountpoint, "An existing empty directory")->required();
+  local->add_option("--dir", local_opts.dir, "State and cache directory (default ~/.granary/local)");
+  local->add_option("--name", local_opts.name, "Namespace path of the dataset (default /<last URI segment>)");
+  AddConfigFlags(*local, &local_flags);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  if (*config) return CmdConfig();
+  if (*local) {
+    Shutdown::InstallSignalHandling();
+    if (local_flags.config_file.empty()) local_flags.config_file = flags.config_file;
+    auto cfg = BuildConfig(local_flags);
+    if (!cfg.ok()) return Fail(cfg.status());
+    return RunLocal(local_opts, std::move(cfg).value());
+  }
+
+  // Find the master.
+  if (flags.config_file.empty() && master.empty() && !std::getenv("GRANARY_MASTER") &&
+      access(LocalDiscoveryFile().c_str(), R_OK) == 0) {
+    flags.config_file = LocalDiscoveryFile();
+  }
+  auto cfg = BuildConfig(flags);
+  if (!cfg.ok()) return Fail(cfg.status());
+  if (master.empty()) {
+    if (const char* env = std::getenv("GRANARY_MASTER"); env && *env) master = env;
+  }
+  if (!master.empty()) {
+    Status st = cfg->Set("master.address", master, "--master");
+    if (!st.ok()) return Fail(st);
+  }
+  auto conn = MasterConn::Open(*cfg);
+  if (!conn.ok()) return Fail(conn.status());
+
+  if (*mount) return CmdMount(*conn, path, uri);
+  if (*unmount) return CmdUnmount(*conn, path);
+  if (*mounts) return CmdMounts(*conn);
+  if (*ls) return CmdLs(*conn, path);
+  if (*stat) return CmdStat(*conn, path);
+  if (*report) return CmdReport(*conn, json);
+  return 1;
+}
+
+}  // namespace granary::cli

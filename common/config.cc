@@ -1,0 +1,279 @@
+#include "common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <sstream>
+
+#include "common/net.h"
+#include "common/units.h"
+
+namespace granary {
+namespace {
+
+template <typename T>
+StatusOr<T> ParseAs(SettingKind kind, std::string_view text);
+
+template <>
+StatusOr<std::string> ParseAs<std::string>(SettingKind kind, std::string_view text) {
+  std::string v(text);
+  if (kind == SettingKind::kAddress && !v.empty()) {
+    auto hp = ParseHostPort(v);
+    if (!hp.ok()) return hp.status();
+  }
+  if (kind == SettingKind::kLogLevel) {
+    static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+    for (const char* l : kLevels) {
+      if (v == l) return v;
+    }
+    return InvalidArgumentError("'" + v + "' is not a log level (trace, debug, info, warn, error, critical, off)");
+  }
+  return v;
+}
+template <>
+StatusOr<uint64_t> ParseAs<uint64_t>(SettingKind kind, std::string_view text) {
+  return kind == SettingKind::kBytes ? ParseBytes(text) : ParseUint(text);
+}
+template <>
+StatusOr<std::chrono::milliseconds> ParseAs<std::chrono::milliseconds>(SettingKind, std::string_view text) {
+  return ParseDuration(text);
+}
+template <>
+StatusOr<bool> ParseAs<bool>(SettingKind, std::string_view text) {
+  return ParseBool(text);
+}
+
+std::string Show(SettingKind, const std::string& v) { return v; }
+std::string Show(SettingKind kind, uint64_t v) {
+  return kind == SettingKind::kBytes ? FormatBytes(v) : std::to_string(v);
+}
+std::string Show(SettingKind, std::chrono::milliseconds v) { return FormatDuration(v); }
+std::string Show(SettingKind, bool v) { return v ? "true" : "false"; }
+
+const char* UnitOf(SettingKind kind) {
+  switch (kind) {
+    case SettingKind::kString: return "text";
+    case SettingKind::kAddress: return "host:port";
+    case SettingKind::kPath: return "path";
+    case SettingKind::kBytes: return "bytes (512Mi, 10Gi)";
+    case SettingKind::kDuration: return "duration (500ms, 3s, 1m)";
+    case SettingKind::kBool: return "true/false";
+    case SettingKind::kCount: return "count";
+    case SettingKind::kLogLevel: return "level";
+  }
+  return "";
+}
+
+// One table row bound to a field of a section of Config.
+template <typename Section, typename T>
+Setting Row(std::string key, SettingKind kind, std::string def, std::string doc, Section Config::*section,
+            T Section::*field) {
+  Setting s;
+  s.key = std::move(key);
+  s.kind = kind;
+  s.default_value = std::move(def);
+  s.unit = UnitOf(kind);
+  s.doc = std::move(doc);
+  s.set = [kind, section, field](Config& c, std::string_view text) -> Status {
+    auto v = ParseAs<T>(kind, text);
+    if (!v.ok()) return v.status();
+    (c.*section).*field = std::move(v).value();
+    return Status::OK();
+  };
+  s.get = [kind, section, field](const Config& c) { return Show(kind, (c.*section).*field); };
+  return s;
+}
+
+std::vector<Setting> MakeSettings() {
+  using K = SettingKind;
+  std::vector<Setting> t;
+  // master
+  t.push_back(Row("master.listen", K::kAddress, "0.0.0.0:19998",
+                  "Where granary-master's gRPC server listens. Port 0 lets the OS pick a free port.",
+                  &Config::master, &MasterConfig::listen));
+  t.push_back(Row("master.address", K::kAddress, "127.0.0.1:19998",
+                  "Where workers, FUSE clients and the CLI reach the master.", &Config::master,
+                  &MasterConfig::address));
+  t.push_back(Row("master.data_dir", K::kPath, "/var/lib/granary/master",
+                  "RocksDB directory holding the namespace and mount table. Put it on a persistent volume.",
+                  &Config::master, &MasterConfig::data_dir));
+  t.push_back(Row("master.block_size", K::kBytes, "4Mi",
+                  "Files are cached in blocks of this size. 4Mi keeps a ~110 KB image in one block and splits a "
+                  "56 MB shard into 14 blocks that several workers can fetch in parallel.",
+                  &Config::master, &MasterConfig::block_size));
+  t.push_back(Row("master.worker_timeout", K::kDuration, "30s",
+                  "A worker that has not sent a heartbeat for this long is considered lost and its blocks are "
+                  "no longer located on it.",
+                  &Config::master, &MasterConfig::worker_timeout));
+  // worker
+  t.push_back(Row("worker.listen", K::kAddress, "0.0.0.0:29999",
+                  "Where granary-worker's gRPC server listens (FUSE clients and peers read blocks here).",
+                  &Config::worker, &WorkerConfig::listen));
+  t.push_back(Row("worker.advertise", K::kAddress, "",
+                  "The address the master hands to others for this worker. Empty: the listen address, with "
+                  "0.0.0.0 replaced by this host's name.",
+                  &Config::worker, &WorkerConfig::advertise));
+  t.push_back(Row("worker.cache_dir", K::kPath, "/var/cache/granary",
+                  "Directory holding cached blocks (0700; block files 0600, named by hash).", &Config::worker,
+                  &WorkerConfig::cache_dir));
+  t.push_back(Row("worker.cache_quota", K::kBytes, "10Gi",
+                  "Most bytes of block files the worker keeps in cache_dir; least recently used blocks are "
+                  "evicted past it.",
+                  &Config::worker, &WorkerConfig::cache_quota));
+  t.push_back(Row("worker.heartbeat_interval", K::kDuration, "3s",
+                  "How often the worker reports its health and counters to the master.", &Config::worker,
+                  &WorkerConfig::heartbeat_interval));
+  // fuse
+  t.push_back(Row("fuse.mountpoint", K::kPath, "/data", "Where granary-fuse mounts the namespace.",
+                  &Config::fuse, &FuseConfig::mountpoint));
+  t.push_back(Row("fuse.root", K::kPath, "/",
+                  "The namespace path shown at the mount point: / shows every mounted dataset as a folder; "
+                  "/imagenet shows that dataset's files directly.",
+                  &Config::fuse, &FuseConfig::root));
+  t.push_back(Row("fuse.worker", K::kAddress, "127.0.0.1:29999",
+                  "The worker on this node, which serves every read of this FUSE client.", &Config::fuse,
+                  &FuseConfig::worker));
+  t.push_back(Row("fuse.entry_timeout", K::kDuration, "60s",
+                  "How long the kernel may cache a name lookup. Longer is faster for directory scans; "
+                  "the namespace only changes when a dataset is mounted or unmounted.",
+                  &Config::fuse, &FuseConfig::entry_timeout));
+  t.push_back(Row("fuse.attr_timeout", K::kDuration, "60s", "How long the kernel may cache file attributes.",
+                  &Config::fuse, &FuseConfig::attr_timeout));
+  t.push_back(Row("fuse.negative_timeout", K::kDuration, "5s",
+                  "How long the kernel may remember that a name does not exist.", &Config::fuse,
+                  &FuseConfig::negative_timeout));
+  t.push_back(Row("fuse.allow_other", K::kBool, "true",
+                  "Let users other than the one running granary-fuse use the mount (permissions are still "
+                  "checked by the kernel, default_permissions). Needs root or user_allow_other in "
+                  "/etc/fuse.conf.",
+                  &Config::fuse, &FuseConfig::allow_other));
+  t.push_back(Row("fuse.max_threads", K::kCount, "16", "Most threads serving FUSE requests at once.",
+                  &Config::fuse, &FuseConfig::max_threads));
+  // rpc
+  t.push_back(Row("rpc.token_file", K::kPath, "",
+                  "File holding a shared token. When set, servers reject calls without it and clients send "
+                  "it. The token itself never appears in arguments or logs.",
+                  &Config::rpc, &RpcConfig::token_file));
+  t.push_back(Row("rpc.tls_cert", K::kPath, "", "PEM certificate chain; with tls_key, servers speak TLS.",
+                  &Config::rpc, &RpcConfig::tls_cert));
+  t.push_back(Row("rpc.tls_key", K::kPath, "", "PEM private key matching tls_cert.", &Config::rpc,
+                  &RpcConfig::tls_key));
+  t.push_back(Row("rpc.tls_ca", K::kPath, "", "PEM roots that clients trust; when set, clients use TLS.",
+                  &Config::rpc, &RpcConfig::tls_ca));
+  t.push_back(Row("rpc.timeout", K::kDuration, "30s", "Deadline of one unary RPC (metadata calls, reports).",
+                  &Config::rpc, &RpcConfig::timeout));
+  // log
+  t.push_back(Row("log.level", K::kLogLevel, "info", "trace, debug, info, warn, error, critical or off.",
+                  &Config::log, &LogConfig::level));
+  return t;
+}
+
+const Setting* FindSetting(std::string_view key) {
+  for (const auto& s : Config::Settings()) {
+    if (s.key == key) return &s;
+  }
+  return nullptr;
+}
+
+Status Walk(Config& c, const YAML::Node& node, const std::string& prefix, std::string_view origin) {
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    std::string name = it->first.as<std::string>();
+    std::string key = prefix.empty() ? name : prefix + "." + name;
+    const YAML::Node& v = it->second;
+    if (v.IsMap()) {
+      RETURN_IF_ERROR(Walk(c, v, key, origin));
+    } else if (v.IsScalar()) {
+      RETURN_IF_ERROR(c.Set(key, v.Scalar(), origin));
+    } else if (v.IsNull()) {
+      if (!FindSetting(key)) return InvalidArgumentError(std::string(origin) + ": unknown setting '" + key + "'");
+      return InvalidArgumentError(std::string(origin) + ": " + key + ": no value given");
+    } else {
+      return InvalidArgumentError(std::string(origin) + ": " + key + ": expected a single value, not a list");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+const std::vector<Setting>& Config::Settings() {
+  static const std::vector<Setting> kSettings = MakeSettings();
+  return kSettings;
+}
+
+Config Config::Defaults() {
+  Config c;
+  for (const auto& s : Settings()) {
+    Status st = s.set(c, s.default_value);
+    assert(st.ok() && "bad default in the settings table");
+    st.IgnoreError();
+  }
+  return c;
+}
+
+Status Config::Set(std::string_view key, std::string_view value, std::string_view source) {
+  const Setting* s = FindSetting(key);
+  if (s == nullptr) {
+    return InvalidArgumentError(std::string(source) + ": unknown setting '" + std::string(key) +
+                                "' (run `granary config` to list every setting)");
+  }
+  Status st = s->set(*this, value);
+  if (!st.ok()) return InvalidArgumentError(std::string(source) + ": " + s->key + ": " + st.message());
+  explicit_[s->key] = std::string(source);
+  return Status::OK();
+}
+
+std::string Config::Get(std::string_view key) const {
+  const Setting* s = FindSetting(key);
+  return s ? s->get(*this) : "";
+}
+
+Status Config::LoadYaml(std::string_view text, std::string_view origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(std::string(origin) + ": not valid YAML: " + e.what());
+  }
+  if (root.IsNull()) return Status::OK();
+  if (!root.IsMap()) return InvalidArgumentError(std::string(origin) + ": expected a map of sections (master:, worker:, ...)");
+  try {
+    return Walk(*this, root, "", origin);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(std::string(origin) + ": " + e.what());
+  }
+}
+
+Status Config::LoadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("config file " + path + " cannot be read (does it exist?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return LoadYaml(ss.str(), path);
+}
+
+void AddConfigFlags(CLI::App& app, ConfigFlags* flags) {
+  app.add_option("--config", flags->config_file, "YAML configuration file");
+  for (const auto& s : Config::Settings()) {
+    std::string key = s.key;
+    app.add_option_function<std::string>(
+           "--" + key, [flags, key](const std::string& v) { flags->values[key] = v; }, s.doc)
+        ->type_name(s.unit)
+        ->group("Settings (also in the --config file)");
+  }
+}
+
+StatusOr<Config> BuildConfig(const ConfigFlags& flags) {
+  Config c = Config::Defaults();
+  if (!flags.config_file.empty()) RETURN_IF_ERROR(c.LoadFile(flags.config_file));
+  for (const auto& [k, v] : flags.values) RETURN_IF_ERROR(c.Set(k, v, "--" + k));
+  if (c.master.block_size < 64 * 1024 || c.master.block_size > 256ull * 1024 * 1024) {
+    return InvalidArgumentError("master.block_size: " + FormatBytes(c.master.block_size) +
+                                " is out of range (64Ki to 256Mi)");
+  }
+  if (c.fuse.max_threads == 0) return InvalidArgumentError("fuse.max_threads: must be at least 1");
+  return c;
+}
+
+}  // namespace granary

@@ -1,0 +1,124 @@
+// Config: every setting of every Granary binary, in one table.
+//
+// A setting has a dotted key ("worker.cache_quota"), a kind (size, duration, ...), a default, a unit
+// and a one-line reason. Values come, in increasing precedence, from the default, a YAML file
+// (`--config FILE`, sections nest as maps: `worker: {cache_quota: 20Gi}`) and the command line
+// (`--worker.cache_quota 20Gi`, registered for every key by AddConfigFlags). Unknown keys, empty
+// values and malformed values are errors that name the key and the expected form.
+//
+// The table (Config::Settings()) is also what `granary config` prints and what
+// docs/configuration.md documents; a test keeps the two in step.
+//
+// Thread-safety: a Config is built once at start-up and then only read.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace CLI {
+class App;
+}
+
+namespace granary {
+
+struct MasterConfig {
+  std::string listen;       // host:port the gRPC server binds (port 0: the OS picks)
+  std::string address;      // host:port clients dial
+  std::string data_dir;     // RocksDB directory
+  uint64_t block_size = 0;  // bytes per block of new files
+  std::chrono::milliseconds worker_timeout{};
+};
+
+struct WorkerConfig {
+  std::string listen;
+  std::string advertise;  // address others dial; empty: derived from listen
+  std::string cache_dir;
+  uint64_t cache_quota = 0;
+  std::chrono::milliseconds heartbeat_interval{};
+};
+
+struct FuseConfig {
+  std::string mountpoint;
+  std::string root;    // namespace path shown at the mount point
+  std::string worker;  // the worker on this node
+  std::chrono::milliseconds entry_timeout{};
+  std::chrono::milliseconds attr_timeout{};
+  std::chrono::milliseconds negative_timeout{};
+  bool allow_other = true;
+  uint64_t max_threads = 0;
+};
+
+struct RpcConfig {
+  std::string token_file;  // shared secret required on every call when set
+  std::string tls_cert;    // PEM certificate chain of this server
+  std::string tls_key;     // PEM private key of this server
+  std::string tls_ca;      // PEM roots clients trust (and with a cert, enables TLS)
+  std::chrono::milliseconds timeout{};
+};
+
+struct LogConfig {
+  std::string level;
+};
+
+enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel };
+
+struct Config;
+
+struct Setting {
+  std::string key;
+  SettingKind kind;
+  std::string default_value;
+  std::string unit;  // "bytes", "duration", "host:port", ...
+  std::string doc;
+  std::function<Status(Config&, std::string_view)> set;
+  std::function<std::string(const Config&)> get;
+};
+
+struct Config {
+  MasterConfig master;
+  WorkerConfig worker;
+  FuseConfig fuse;
+  RpcConfig rpc;
+  LogConfig log;
+
+  // Every setting, in documentation order.
+  static const std::vector<Setting>& Settings();
+
+  // A config with every default applied.
+  static Config Defaults();
+
+  // Sets one key from its text form; `source` is remembered for IsExplicit.
+  Status Set(std::string_view key, std::string_view value, std::string_view source);
+  // Loads a YAML file (overrides defaults for the keys it names).
+  Status LoadFile(const std::string& path);
+  Status LoadYaml(std::string_view text, std::string_view origin);
+
+  // True when the key was given by a file or flag rather than left at its default.
+  bool IsExplicit(std::string_view key) const { return explicit_.count(std::string(key)) > 0; }
+  // The value of a key in text form ("" for unknown keys).
+  std::string Get(std::string_view key) const;
+
+ private:
+  std::map<std::string, std::string> explicit_;  // key -> where it came from
+};
+
+// Command-line overrides gathered before the config file is read, applied after it.
+struct ConfigFlags {
+  std::string config_file;
+  std::map<std::string, std::string> values;
+};
+
+// Registers `--config FILE` and one `--KEY VALUE` option per setting on `app`.
+void AddConfigFlags(CLI::App& app, ConfigFlags* flags);
+
+// Defaults, then the file named by --config (if any), then the flags.
+StatusOr<Config> BuildConfig(const ConfigFlags& flags);
+
+}  // namespace granary

@@ -1,0 +1,157 @@
+#include "common/ufs/local_ufs.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace granary {
+namespace {
+
+std::string VersionOf(const struct stat& st) {
+  return std::to_string(st.st_size) + "-" +
+         std::to_string(static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec) + "-" +
+         std::to_string(st.st_ino);
+}
+
+UfsEntry EntryOf(const std::string& name, const struct stat& st) {
+  UfsEntry e;
+  e.name = name;
+  e.is_dir = S_ISDIR(st.st_mode);
+  e.size = e.is_dir ? 0 : static_cast<uint64_t>(st.st_size);
+  e.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  e.mode = st.st_mode & 07777;
+  e.uid = st.st_uid;
+  e.gid = st.st_gid;
+  if (!e.is_dir) e.version = VersionOf(st);
+  return e;
+}
+
+// Rejects paths that could leave the root ("..", empty or "." segments).
+Status CheckRelative(const std::string& path) {
+  if (path.empty()) return Status::OK();
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    if (!IsValidName(path.substr(start, end - start))) {
+      return InvalidArgumentError("'" + path + "' is not a valid path below the mount");
+    }
+    start = end + 1;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& root) {
+  std::string r = root;
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
+  if (r.empty() || r[0] != '/') return InvalidArgumentError("'" + root + "' is not an absolute path");
+  struct stat st;
+  if (stat(r.c_str(), &st) != 0) {
+    if (errno == ENOENT) return NotFoundError("under-storage directory " + r + " does not exist");
+    return ErrnoError(errno, "under-storage directory " + r);
+  }
+  if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("under-storage " + r + " is not a directory");
+  return std::shared_ptr<UnderFileSystem>(new LocalUfs(r));
+}
+
+StatusOr<std::string> LocalUfs::FullPath(const std::string& path) const {
+  RETURN_IF_ERROR(CheckRelative(path));
+  return path.empty() ? root_ : root_ + "/" + path;
+}
+
+StatusOr<UfsEntry> LocalUfs::Stat(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  struct stat st;
+  if (stat(full.c_str(), &st) != 0) return ErrnoError(errno, "stat " + full);
+  if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) return NotFoundError(full + " is not a file or directory");
+  size_t slash = path.rfind('/');
+  return EntryOf(slash == std::string::npos ? path : path.substr(slash + 1), st);
+}
+
+Status LocalUfs::List(const std::string& dir, size_t page_size, const PageFn& on_page) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(dir));
+  int dfd = open(full.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoError(errno, "open directory " + full);
+  DIR* d = fdopendir(dfd);
+  if (d == nullptr) {
+    int err = errno;
+    close(dfd);
+    return ErrnoError(err, "open directory " + full);
+  }
+  std::vector<UfsEntry> page;
+  Status result = Status::OK();
+  for (;;) {
+    errno = 0;
+    dirent* de = readdir(d);
+    if (de == nullptr) {
+      if (errno != 0) result = ErrnoError(errno, "read directory " + full);
+      break;
+    }
+    std::string name = de->d_name;
+    if (name == "." || name == "..") continue;
+    if (!IsValidName(name)) {
+      spdlog::warn("skipping an entry of {} whose name cannot be a file name", full);
+      continue;
+    }
+    struct stat st;
+    if (fstatat(dfd, name.c_str(), &st, 0) != 0) {
+      spdlog::warn("skipping {}/{}: {}", full, name, strerror(errno));
+      continue;
+    }
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) continue;
+    page.push_back(EntryOf(name, st));
+    if (page.size() >= page_size) {
+      result = on_page(page);
+      page.clear();
+      if (!result.ok()) break;
+    }
+  }
+  if (result.ok() && !page.empty()) result = on_page(page);
+  closedir(d);
+  return result;
+}
+
+StatusOr<size_t> LocalUfs::Read(const std::string& path, const std::string& version, uint64_t offset,
+                                size_t length, char* out) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open " + full);
+  auto changed = [&] {
+    return FailedPreconditionError(full + " changed in the under-storage since it was listed");
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return ErrnoError(err, "stat " + full);
+  }
+  if (VersionOf(st) != version) {
+    close(fd);
+    return changed();
+  }
+  size_t done = 0;
+  while (done < length) {
+    ssize_t n = pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      close(fd);
+      return ErrnoError(err, "read " + full);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  // A writer that raced with this read shows up as a new size or mtime.
+  bool same = fstat(fd, &st) == 0 && VersionOf(st) == version;
+  close(fd);
+  if (!same) return changed();
+  return done;
+}
+
+}  // namespace granary

@@ -1,0 +1,33 @@
+// LocalUfs: a directory of this machine as under-storage (a local disk, or an NFS volume already
+// mounted into the pod). Versions are "<size>-<mtime ns>-<inode>", so an in-place rewrite or an
+// atomic replace both produce a new version. Symbolic links are followed; other special files are
+// skipped. Thread-safe (no mutable state).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/ufs/ufs.h"
+
+namespace granary {
+
+class LocalUfs : public UnderFileSystem {
+ public:
+  // `root` is an absolute directory path; NOT_FOUND when it does not exist.
+  static StatusOr<std::shared_ptr<UnderFileSystem>> Open(const std::string& root);
+
+  const std::string& uri() const override { return uri_; }
+  StatusOr<UfsEntry> Stat(const std::string& path) override;
+  Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override;
+  StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                        char* out) override;
+
+ private:
+  explicit LocalUfs(std::string root) : root_(std::move(root)), uri_("file://" + root_) {}
+  StatusOr<std::string> FullPath(const std::string& path) const;
+
+  std::string root_;
+  std::string uri_;
+};
+
+}  // namespace granary

@@ -1,0 +1,65 @@
+#include "common/ufs/ufs.h"
+
+#include "common/ufs/local_ufs.h"
+
+namespace granary {
+
+StatusOr<ParsedUri> ParseUri(const std::string& uri) {
+  ParsedUri p;
+  if (!uri.empty() && uri[0] == '/') {
+    p.scheme = "file";
+    p.path = uri;
+    return p;
+  }
+  size_t sep = uri.find("://");
+  if (sep == std::string::npos || sep == 0) {
+    return InvalidArgumentError("'" + RedactUri(uri) +
+                                "' is not an under-storage URI (use file:///path, or an absolute path)");
+  }
+  p.scheme = uri.substr(0, sep);
+  std::string rest = uri.substr(sep + 3);
+  size_t slash = rest.find('/');
+  p.authority = rest.substr(0, slash);
+  p.path = slash == std::string::npos ? "" : rest.substr(slash);
+  if (p.scheme != "file") {
+    while (!p.path.empty() && p.path.front() == '/') p.path.erase(0, 1);
+  }
+  return p;
+}
+
+std::string RedactUri(const std::string& uri) {
+  std::string out = uri;
+  size_t q = out.find('?');
+  if (q != std::string::npos) out.resize(q);
+  size_t sep = out.find("://");
+  if (sep != std::string::npos) {
+    size_t start = sep + 3;
+    size_t slash = out.find('/', start);
+    size_t at = out.rfind('@', slash == std::string::npos ? out.size() : slash);
+    if (at != std::string::npos && at >= start) out.erase(start, at - start + 1);
+  }
+  return out;
+}
+
+bool IsValidName(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.size() > 255) return false;
+  return name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+}
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  return dir.empty() ? name : dir + "/" + name;
+}
+
+StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string& uri,
+                                                                const std::map<std::string, std::string>& options) {
+  ASSIGN_OR_RETURN(ParsedUri p, ParseUri(uri));
+  if (p.scheme == "file") {
+    if (!p.authority.empty()) {
+      return InvalidArgumentError("'" + RedactUri(uri) + "': file:// URIs have no host; write file:///path");
+    }
+    return LocalUfs::Open(p.path);
+  }
+  return UnimplementedError("under-storage scheme '" + p.scheme + "://' is not supported yet (use file:///path)");
+}
+
+}  // namespace granary

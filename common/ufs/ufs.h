@@ -1,0 +1,79 @@
+// UnderFileSystem: the one interface Granary uses to reach the storage a dataset lives in.
+//
+// Paths are relative to the URI a dataset was mounted from, '/'-separated, with no leading slash;
+// "" is the root. Every file has a `version` (local files: size, mtime and inode; S3: the ETag)
+// that changes whenever its bytes may have changed. Reads name the version they expect and fail
+// with FAILED_PRECONDITION when the file no longer has it, so the bytes of two versions are never
+// mixed in one block.
+//
+// Implementations are thread-safe: the master lists and the worker reads from many threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace granary {
+
+struct UfsEntry {
+  std::string name;  // last path component ("" for the root)
+  bool is_dir = false;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint32_t mode = 0;  // permission bits only
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::string version;  // empty for directories
+};
+
+class UnderFileSystem {
+ public:
+  virtual ~UnderFileSystem() = default;
+
+  // The URI this was opened with, without credentials; part of every block's identity.
+  virtual const std::string& uri() const = 0;
+
+  // NOT_FOUND when the path does not exist.
+  virtual StatusOr<UfsEntry> Stat(const std::string& path) = 0;
+
+  // Calls `on_page` with batches of at most `page_size` children of `dir` (files and directories
+  // only; entries whose names cannot be file names are skipped with a warning). Order is
+  // unspecified. Stops with the first error on_page returns.
+  using PageFn = std::function<Status(std::vector<UfsEntry>& page)>;
+  virtual Status List(const std::string& dir, size_t page_size, const PageFn& on_page) = 0;
+
+  // Reads up to `length` bytes at `offset` of `path`, which must still have `version`, into `out`.
+  // Returns the bytes read (fewer only at end of file). FAILED_PRECONDITION when the version differs.
+  virtual StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset,
+                                size_t length, char* out) = 0;
+};
+
+struct ParsedUri {
+  std::string scheme;     // "file", "s3", ...
+  std::string authority;  // bucket or server; empty for file://
+  std::string path;       // absolute for file://, else without leading '/'
+};
+
+// "file:///srv/x", "/srv/x" (taken as file://), "s3://bucket/prefix".
+StatusOr<ParsedUri> ParseUri(const std::string& uri);
+
+// A URI safe to print: user-info and query string removed.
+std::string RedactUri(const std::string& uri);
+
+// True when `name` can be one path component: not empty, not "." or "..", no '/', no NUL, at most
+// 255 bytes.
+bool IsValidName(const std::string& name);
+
+// Joins a relative directory and a child name ("" + "a" = "a", "a" + "b" = "a/b").
+std::string JoinPath(const std::string& dir, const std::string& name);
+
+// Opens the under-storage named by `uri`. `options` are per-mount settings (credentials, endpoint).
+StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string& uri,
+                                                                const std::map<std::string, std::string>& options);
+
+}  // namespace granary

@@ -1,0 +1,37 @@
+#include "fuse/errno.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+
+namespace granary::fuse {
+
+int ToErrno(const Status& s) {
+  switch (s.code()) {
+    case Code::kOk: return 0;
+    case Code::kNotFound: return ENOENT;
+    case Code::kPermissionDenied:
+    case Code::kUnauthenticated: return EACCES;
+    case Code::kInvalidArgument: return EINVAL;
+    case Code::kFailedPrecondition: return ESTALE;
+    case Code::kAlreadyExists: return EEXIST;
+    case Code::kResourceExhausted: return ENOSPC;
+    case Code::kUnimplemented: return ENOSYS;
+    case Code::kCancelled: return EINTR;
+    default: return EIO;
+  }
+}
+
+void ReplyError(fuse_req_t req, const Status& s, const char* op) {
+  int err = ToErrno(s);
+  if (err == EIO || err == ESTALE || err == EACCES) {
+    spdlog::warn("{}: {} -> {}", op, s.ToString(), strerrorname_np(err));
+  } else {
+    spdlog::debug("{}: {} -> {}", op, s.ToString(), strerrorname_np(err));
+  }
+  fuse_reply_err(req, err);
+}
+
+void ReplyErrno(fuse_req_t req, int err) { fuse_reply_err(req, err); }
+
+}  // namespace granary::fuse

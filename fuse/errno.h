@@ -1,0 +1,23 @@
+// The errno funnel: the only place where a Status becomes an errno and where fuse/ replies with
+// an error. Every FUSE operation that fails ends in ReplyError (or ReplyErrno for answers that are
+// not a Status, such as EROFS for writes).
+//
+//   NOT_FOUND -> ENOENT          PERMISSION_DENIED, UNAUTHENTICATED -> EACCES
+//   INVALID_ARGUMENT -> EINVAL   FAILED_PRECONDITION (file changed in the under-storage) -> ESTALE
+//   ALREADY_EXISTS -> EEXIST     RESOURCE_EXHAUSTED -> ENOSPC
+//   UNIMPLEMENTED -> ENOSYS      CANCELLED -> EINTR
+//   everything else (UNAVAILABLE, DEADLINE_EXCEEDED, DATA_LOSS, INTERNAL, ...) -> EIO
+#pragma once
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include "common/status.h"
+
+namespace granary::fuse {
+
+int ToErrno(const Status& s);
+void ReplyError(fuse_req_t req, const Status& s, const char* op);
+void ReplyErrno(fuse_req_t req, int err);
+
+}  // namespace granary::fuse

@@ -1,0 +1,416 @@
+#include "fuse/mount.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "common/shutdown.h"
+#include "fuse/client.h"
+#include "fuse/errno.h"
+
+namespace granary::fuse {
+namespace {
+
+constexpr uint64_t kDotCookie = 1;     // readdir offset after "."
+constexpr uint64_t kDotDotCookie = 2;  // readdir offset after ".."; children use cookie + 2
+
+double Seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+// Everything the operations need; the session's userdata.
+struct Fs {
+  Config cfg;
+  std::unique_ptr<Client> client;
+  uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
+
+  // The kernel's root inode is always 1; fuse.root may name another master inode.
+  uint64_t ToMaster(fuse_ino_t ino) const { return ino == FUSE_ROOT_ID ? root_ino : ino; }
+  uint64_t ToKernel(uint64_t ino) const { return ino == root_ino ? FUSE_ROOT_ID : ino; }
+};
+
+Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
+
+struct stat ToStat(const Fs* fs, const rpc::Attr& a) {
+  struct stat st {};
+  st.st_ino = fs->ToKernel(a.ino());
+  st.st_mode = (a.type() == rpc::DIRECTORY ? S_IFDIR : S_IFREG) | (a.mode() & 07777);
+  st.st_nlink = a.nlink();
+  st.st_uid = a.uid();
+  st.st_gid = a.gid();
+  st.st_size = static_cast<off_t>(a.size());
+  st.st_blksize = 128 * 1024;
+  st.st_blocks = static_cast<blkcnt_t>((a.size() + 511) / 512);
+  st.st_mtim.tv_sec = a.mtime_ns() / 1'000'000'000;
+  st.st_mtim.tv_nsec = a.mtime_ns() % 1'000'000'000;
+  st.st_atim = st.st_mtim;
+  st.st_ctim = st.st_mtim;
+  return st;
+}
+
+fuse_entry_param ToEntry(const Fs* fs, const rpc::Attr& a) {
+  fuse_entry_param e{};
+  e.ino = fs->ToKernel(a.ino());
+  e.generation = 1;
+  e.attr = ToStat(fs, a);
+  e.attr_timeout = Seconds(fs->cfg.fuse.attr_timeout);
+  e.entry_timeout = Seconds(fs->cfg.fuse.entry_timeout);
+  return e;
+}
+
+// ---- operations -----------------------------------------------------------------------------
+
+void OpInit(void*, fuse_conn_info* conn) {
+  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+}
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Fs* fs = FsOf(req);
+  auto a = fs->client->Lookup(fs->ToMaster(parent), name);
+  if (!a.ok()) {
+    if (a.status().IsNotFound()) {
+      // Negative entry: the kernel remembers the miss for negative_timeout.
+      fuse_entry_param e{};
+      e.ino = 0;
+      e.entry_timeout = Seconds(fs->cfg.fuse.negative_timeout);
+      fuse_reply_entry(req, &e);
+      return;
+    }
+    return ReplyError(req, a.status(), "lookup");
+  }
+  fuse_entry_param e = ToEntry(fs, *a);
+  fuse_reply_entry(req, &e);
+}
+
+void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
+
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Fs* fs = FsOf(req);
+  auto a = fs->client->GetAttr(fs->ToMaster(ino));
+  if (!a.ok()) return ReplyError(req, a.status(), "getattr");
+  struct stat st = ToStat(fs, *a);
+  fuse_reply_attr(req, &st, Seconds(fs->cfg.fuse.attr_timeout));
+}
+
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  fi->cache_readdir = 0;
+  fuse_reply_open(req, fi);
+}
+
+void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
+  Fs* fs = FsOf(req);
+  std::string buf(size, '\0');
+  size_t used = 0;
+  auto add = [&](const char* name, const rpc::Attr& a, uint64_t next_off, bool is_dot) -> bool {
+    size_t n;
+    if (plus) {
+      fuse_entry_param e{};
+      if (is_dot) {
+        e.attr.st_ino = fs->ToKernel(a.ino());
+        e.attr.st_mode = S_IFDIR;
+      } else {
+        e = ToEntry(fs, a);
+      }
+      n = fuse_add_direntry_plus(req, buf.data() + used, size - used, name, &e, static_cast<off_t>(next_off));
+    } else {
+      struct stat st = ToStat(fs, a);
+      n = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, static_cast<off_t>(next_off));
+    }
+    if (n > size - used) return false;
+    used += n;
+    return true;
+  };
+  uint64_t pos = static_cast<uint64_t>(off);
+  if (pos < kDotCookie) {
+    rpc::Attr self;
+    self.set_ino(fs->ToMaster(ino));
+    self.set_type(rpc::DIRECTORY);
+    if (!add(".", self, kDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
+    pos = kDotCookie;
+  }
+  if (pos < kDotDotCookie) {
+    rpc::Attr parent;
+    parent.set_ino(ino == FUSE_ROOT_ID ? fs->root_ino : 0);
+    parent.set_type(rpc::DIRECTORY);
+    if (!add("..", parent, kDotDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
+    pos = kDotDotCookie;
+  }
+  uint64_t after = pos - kDotDotCookie;
+  // Ask for about as many entries as fit; a name costs ~24 bytes plain, ~150 with attributes.
+  uint32_t limit = static_cast<uint32_t>(std::clamp<size_t>(size / (plus ? 150 : 32), 16, 4096));
+  for (;;) {
+    rpc::ReadDirResponse page;
+    Status st = fs->client->ReadDir(fs->ToMaster(ino), after, limit, &page);
+    if (!st.ok()) {
+      if (used > 0) break;  // return what we have; the error shows on the next call
+      return ReplyError(req, st, plus ? "readdirplus" : "readdir");
+    }
+    for (const auto& e : page.entries()) {
+      if (!add(e.name().c_str(), e.attr(), e.cookie() + kDotDotCookie, false)) {
+        return (void)fuse_reply_buf(req, buf.data(), used);
+      }
+      after = e.cookie();
+    }
+    if (page.end() || page.entries_size() == 0) break;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  ReadDirCommon(req, ino, size, off, false);
+}
+void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  ReadDirCommon(req, ino, size, off, true);
+}
+void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+struct OpenFile {
+  rpc::FileInfo info;
+};
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
+  Fs* fs = FsOf(req);
+  auto f = fs->client->GetFile(fs->ToMaster(ino));
+  if (!f.ok()) return ReplyError(req, f.status(), "open");
+  auto* of = new OpenFile{std::move(f).value()};
+  fi->fh = reinterpret_cast<uint64_t>(of);
+  fi->keep_cache = 0;
+  if (fuse_reply_open(req, fi) != 0) delete of;  // the open was interrupted
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  auto* of = reinterpret_cast<OpenFile*>(fi->fh);
+  std::string data;
+  data.reserve(size);
+  Status st = FsOf(req)->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
+  if (!st.ok()) return ReplyError(req, st, "read");
+  fuse_reply_buf(req, data.data(), data.size());
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<OpenFile*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void OpStatfs(fuse_req_t req, fuse_ino_t) {
+  auto s = FsOf(req)->client->WorkerStats();
+  if (!s.ok()) return ReplyError(req, s.status(), "statfs");
+  struct statvfs v {};
+  v.f_bsize = 4096;
+  v.f_frsize = 4096;
+  v.f_blocks = s->capacity_bytes() / 4096;
+  uint64_t free_bytes = s->capacity_bytes() > s->used_bytes() ? s->capacity_bytes() - s->used_bytes() : 0;
+  v.f_bfree = free_bytes / 4096;
+  v.f_bavail = v.f_bfree;
+  v.f_namemax = 255;
+  fuse_reply_statfs(req, &v);
+}
+
+void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyErrno(req, ENODATA); }
+void OpListxattr(fuse_req_t req, fuse_ino_t, size_t size) {
+  if (size == 0) {
+    fuse_reply_xattr(req, 0);
+  } else {
+    fuse_reply_buf(req, nullptr, 0);
+  }
+}
+void OpReadlink(fuse_req_t req, fuse_ino_t) { ReplyErrno(req, EINVAL); }
+
+// Write-like operations: the namespace is read-only.
+void OpSetattr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { ReplyErrno(req, EROFS); }
+void OpMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { ReplyErrno(req, EROFS); }
+void OpMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { ReplyErrno(req, EROFS); }
+void OpUnlink(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpRmdir(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) { ReplyErrno(req, EROFS); }
+void OpLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
+void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
+void OpSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { ReplyErrno(req, EROFS); }
+void OpRemovexattr(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
+
+fuse_lowlevel_ops MakeOps() {
+  fuse_lowlevel_ops ops{};
+  ops.init = OpInit;
+  ops.lookup = OpLookup;
+  ops.forget = OpForget;
+  ops.forget_multi = OpForgetMulti;
+  ops.getattr = OpGetattr;
+  ops.opendir = OpOpendir;
+  ops.readdir = OpReaddir;
+  ops.readdirplus = OpReaddirplus;
+  ops.releasedir = OpReleasedir;
+  ops.open = OpOpen;
+  ops.read = OpRead;
+  ops.release = OpRelease;
+  ops.flush = OpFlush;
+  ops.fsync = OpFsync;
+  ops.statfs = OpStatfs;
+  ops.getxattr = OpGetxattr;
+  ops.listxattr = OpListxattr;
+  ops.readlink = OpReadlink;
+  ops.setattr = OpSetattr;
+  ops.mknod = OpMknod;
+  ops.mkdir = OpMkdir;
+  ops.unlink = OpUnlink;
+  ops.rmdir = OpRmdir;
+  ops.symlink = OpSymlink;
+  ops.rename = OpRename;
+  ops.link = OpLink;
+  ops.write = OpWrite;
+  ops.create = OpCreate;
+  ops.setxattr = OpSetxattr;
+  ops.removexattr = OpRemovexattr;
+  ops.fallocate = OpFallocate;
+  return ops;
+}
+
+// ---- mount lifecycle ------------------------------------------------------------------------
+
+// Unmounts `mp`: plainly, or lazily when busy (then aborts the connection so the loop ends).
+void Unmount(const std::string& mp) {
+  struct stat st {};
+  bool have_dev = stat(mp.c_str(), &st) == 0;
+  if (geteuid() == 0) {
+    if (umount2(mp.c_str(), 0) == 0) return;
+    if (errno == EINVAL || errno == ENOENT) return;  // not mounted any more
+    umount2(mp.c_str(), MNT_DETACH);
+    if (have_dev) {
+      std::ofstream abort("/sys/fs/fuse/connections/" + std::to_string(minor(st.st_dev)) + "/abort");
+      if (abort) abort << "1";
+    }
+    return;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    execlp("fusermount3", "fusermount3", "-u", "-z", "-q", mp.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (pid > 0) waitpid(pid, nullptr, 0);
+}
+
+class FuseMountImpl final : public FuseMount {
+ public:
+  ~FuseMountImpl() override { Shutdown(); }
+
+  Status Init(const Config& cfg) {
+    mountpoint_ = cfg.fuse.mountpoint;
+    char real[PATH_MAX];
+    struct stat st {};
+    if (stat(mountpoint_.c_str(), &st) != 0) {
+      if (errno == ENOTCONN || errno == ECONNABORTED) {
+        spdlog::warn("clearing a stale mount at {} (Transport endpoint is not connected)", mountpoint_);
+        Unmount(mountpoint_);
+        umount2(mountpoint_.c_str(), MNT_DETACH);
+      }
+      if (stat(mountpoint_.c_str(), &st) != 0) {
+        if (errno == ENOENT) {
+          return NotFoundError("mount point " + mountpoint_ + " does not exist (create it with mkdir -p " +
+                               mountpoint_ + ")");
+        }
+        return ErrnoError(errno, "mount point " + mountpoint_);
+      }
+    }
+    if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("mount point " + mountpoint_ + " is not a directory");
+    if (realpath(mountpoint_.c_str(), real) != nullptr) mountpoint_ = real;
+
+    fs_ = std::make_unique<Fs>();
+    fs_->cfg = cfg;
+    ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
+    if (cfg.fuse.root != "/") {
+      auto root = fs_->client->Resolve(cfg.fuse.root);
+      if (!root.ok()) return root.status().WithContext("fuse.root " + cfg.fuse.root);
+      if (root->type() != rpc::DIRECTORY) return InvalidArgumentError("fuse.root " + cfg.fuse.root + " is not a directory");
+      fs_->root_ino = root->ino();
+    }
+
+    std::string opts = "default_permissions,ro,fsname=granary,subtype=granary";
+    if (cfg.fuse.allow_other) opts += ",allow_other";
+    const char* argv[] = {"granary-fuse", "-o", opts.c_str()};
+    fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
+    fuse_lowlevel_ops ops = MakeOps();
+    se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
+    fuse_opt_free_args(&args);
+    if (se_ == nullptr) return InternalError("cannot create the FUSE session (see the message above)");
+    if (fuse_session_mount(se_, mountpoint_.c_str()) != 0) {
+      fuse_session_destroy(se_);
+      se_ = nullptr;
+      return UnavailableError("cannot mount FUSE at " + mountpoint_ +
+                              " (is /dev/fuse available, and for allow_other are you root or is user_allow_other "
+                              "set in /etc/fuse.conf?)");
+    }
+    mounted_ = true;
+    loop_cfg_ = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(loop_cfg_, static_cast<unsigned>(cfg.fuse.max_threads));
+    fuse_loop_cfg_set_idle_threads(loop_cfg_, std::min<unsigned>(static_cast<unsigned>(cfg.fuse.max_threads), 4));
+    loop_ = std::thread([this] {
+      int rc = fuse_session_loop_mt(se_, loop_cfg_);
+      loop_done_ = true;
+      if (!stopping_) {
+        spdlog::warn("the FUSE mount at {} went away (rc {}); stopping", mountpoint_, rc);
+        Shutdown::Request("FUSE mount removed");
+      }
+    });
+    spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
+    return Status::OK();
+  }
+
+  std::string address() const override { return mountpoint_; }
+
+  void Shutdown() override {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (se_ == nullptr) return;
+    stopping_ = true;
+    if (!loop_done_) {
+      fuse_session_exit(se_);
+      Unmount(mountpoint_);
+    }
+    if (loop_.joinable()) loop_.join();
+    if (mounted_) fuse_session_unmount(se_);
+    fuse_session_destroy(se_);
+    se_ = nullptr;
+    if (loop_cfg_) fuse_loop_cfg_destroy(loop_cfg_);
+    loop_cfg_ = nullptr;
+    spdlog::info("unmounted {}", mountpoint_);
+  }
+
+ private:
+  std::string mountpoint_;
+  std::unique_ptr<Fs> fs_;
+  fuse_session* se_ = nullptr;
+  fuse_loop_config* loop_cfg_ = nullptr;
+  bool mounted_ = false;
+  std::thread loop_;
+  std::atomic<bool> loop_done_{false};
+  std::atomic<bool> stopping_{false};
+  std::mutex stop_mu_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<FuseMount>> FuseMount::Start(const Config& cfg) {
+  auto m = std::make_unique<FuseMountImpl>();
+  RETURN_IF_ERROR(m->Init(cfg));
+  return std::unique_ptr<FuseMount>(std::move(m));
+}
+
+}  // namespace granary::fuse

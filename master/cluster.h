@@ -1,0 +1,80 @@
+// Cluster: the master's view of workers and of which worker holds which block.
+//
+// Held in memory only and rebuilt from the workers themselves: a worker registers with a full
+// block report, then sends incremental reports and heartbeats. A restarted master answers the
+// first heartbeat of an unknown worker with "re-register", so locations come back by themselves.
+// A worker silent for `worker_timeout` is marked dead and its block locations are dropped.
+//
+// Thread-safe: one mutex guards everything; every method is short.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "proto/granary.pb.h"
+
+namespace granary::master {
+
+class Cluster {
+ public:
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+  explicit Cluster(std::chrono::milliseconds worker_timeout, Clock clock = std::chrono::steady_clock::now);
+
+  uint64_t RegisterWorker(const rpc::RegisterWorkerRequest& req);
+  // False when the worker is unknown (it must register again).
+  bool Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats);
+  bool ReportBlocks(const rpc::ReportBlocksRequest& req);
+  // Marks workers without a recent heartbeat dead and forgets their blocks.
+  void ExpireWorkers();
+  // Forgets every block of a mount (after unmount).
+  void DropMount(uint64_t mount_id);
+
+  // Workers and per-mount cached bytes; `mounts` gets cached_bytes/cached_blocks filled in.
+  void FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mounts);
+  // Worker ids holding a block (for tests and, later, peer reads).
+  std::vector<uint64_t> Holders(const std::string& file_key, uint64_t index);
+
+ private:
+  struct BlockKey {
+    std::string file_key;
+    uint64_t index;
+    bool operator==(const BlockKey& o) const { return index == o.index && file_key == o.file_key; }
+  };
+  struct BlockKeyHash {
+    size_t operator()(const BlockKey& k) const { return std::hash<std::string>()(k.file_key) ^ (k.index * 0x9e3779b97f4a7c15ull); }
+  };
+  struct BlockLoc {
+    uint64_t mount_id = 0;
+    uint64_t length = 0;
+    std::vector<uint64_t> workers;
+  };
+  struct Worker {
+    std::string address;
+    rpc::WorkerStats stats;
+    std::chrono::steady_clock::time_point last_heartbeat;
+    int64_t last_heartbeat_wall_ns = 0;
+    bool alive = true;
+  };
+  struct MountUsage {
+    uint64_t bytes = 0;
+    uint64_t blocks = 0;
+  };
+
+  void AddLocked(uint64_t worker, const rpc::BlockRef& b);
+  void RemoveLocked(uint64_t worker, const rpc::BlockRef& b);
+  void ForgetWorkerBlocksLocked(uint64_t worker);
+
+  const std::chrono::milliseconds timeout_;
+  Clock clock_;
+  std::mutex mu_;
+  uint64_t next_worker_ = 1;                                  // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Worker> workers_;              // GUARDED_BY(mu_)
+  std::unordered_map<BlockKey, BlockLoc, BlockKeyHash> blocks_;  // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, MountUsage> usage_;            // GUARDED_BY(mu_)
+};
+
+}  // namespace granary::master

@@ -1,0 +1,436 @@
+#include "master/namespace.h"
+
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "common/fs.h"
+
+namespace granary::master {
+namespace {
+
+void PutBe64(std::string* s, uint64_t v) {
+  for (int i = 7; i >= 0; --i) s->push_back(static_cast<char>((v >> (i * 8)) & 0xff));
+}
+uint64_t GetBe64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = v << 8 | static_cast<uint8_t>(p[i]);
+  return v;
+}
+std::string Be64(uint64_t v) {
+  std::string s;
+  PutBe64(&s, v);
+  return s;
+}
+std::string InodeKey(uint64_t ino) { return "I" + Be64(ino); }
+std::string EntryKey(uint64_t parent, const std::string& name) { return "E" + Be64(parent) + name; }
+std::string ChildKey(uint64_t parent, uint64_t child) { return "C" + Be64(parent) + Be64(child); }
+std::string MountKey(uint64_t id) { return "M" + Be64(id); }
+const char kNextIno[] = "S/next_ino";
+const char kNextMount[] = "S/next_mount";
+
+Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::OK();
+  if (s.IsNotFound()) return NotFoundError(what + ": not found");
+  return InternalError(what + ": RocksDB: " + s.ToString());
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Splits "/a/b" into {"a", "b"}; fails on anything that is not a clean absolute path.
+StatusOr<std::vector<std::string>> SplitPath(const std::string& path) {
+  if (path.empty() || path[0] != '/') return InvalidArgumentError("'" + path + "' is not an absolute path");
+  std::vector<std::string> parts;
+  size_t start = 1;
+  while (start < path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    std::string part = path.substr(start, end - start);
+    if (!part.empty() || end != path.size()) {
+      if (!IsValidName(part)) return InvalidArgumentError("'" + path + "' is not a valid path");
+      parts.push_back(std::move(part));
+    }
+    start = end + 1;
+  }
+  return parts;
+}
+
+}  // namespace
+
+Namespace::Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size)
+    : db_(std::move(db)), block_size_(block_size) {}
+
+Namespace::~Namespace() = default;
+
+StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir, uint64_t block_size) {
+  RETURN_IF_ERROR(MakeDirs(data_dir, 0700));
+  rocksdb::Options opts;
+  opts.create_if_missing = true;
+  opts.max_open_files = 512;
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(64 << 20);
+  opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(opts, data_dir, &raw);
+  if (!s.ok()) {
+    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+      return FailedPreconditionError("master.data_dir " + data_dir +
+                                     " is in use by another granary-master (RocksDB lock held)");
+    }
+    return InternalError("cannot open RocksDB in " + data_dir + ": " + s.ToString());
+  }
+  std::unique_ptr<Namespace> ns(new Namespace(std::unique_ptr<rocksdb::DB>(raw), block_size));
+  RETURN_IF_ERROR(ns->Init());
+  return ns;
+}
+
+Status Namespace::Init() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string v;
+  if (db_->Get({}, kNextIno, &v).ok() && v.size() == 8) next_ino_ = GetBe64(v.data());
+  if (db_->Get({}, kNextMount, &v).ok() && v.size() == 8) next_mount_ = GetBe64(v.data());
+  if (db_->Get({}, InodeKey(kRootIno), &v).IsNotFound()) {
+    rpc::InodeRecord root;
+    root.set_ino(kRootIno);
+    root.set_parent(kRootIno);
+    root.set_type(rpc::DIRECTORY);
+    root.set_mode(0755);
+    root.set_mtime_ns(NowNs());
+    root.set_listed(true);
+    RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(kRootIno), root.SerializeAsString()), "create root"));
+  }
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+  for (it->Seek("M"); it->Valid() && it->key().starts_with("M"); it->Next()) {
+    rpc::MountInfo m;
+    if (!m.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return DataLossError("corrupt mount record in RocksDB");
+    }
+    mounts_[m.id()] = m;
+  }
+  spdlog::info("namespace opened: {} mounts, next inode {}", mounts_.size(), next_ino_);
+  return Status::OK();
+}
+
+StatusOr<rpc::InodeRecord> Namespace::GetRecord(uint64_t ino) const {
+  std::string v;
+  rocksdb::Status s = db_->Get({}, InodeKey(ino), &v);
+  if (s.IsNotFound()) return NotFoundError("no inode " + std::to_string(ino));
+  RETURN_IF_ERROR(FromRocks(s, "read inode"));
+  rpc::InodeRecord r;
+  if (!r.ParseFromString(v)) return DataLossError("corrupt inode record " + std::to_string(ino));
+  return r;
+}
+
+StatusOr<uint64_t> Namespace::GetChild(uint64_t parent, const std::string& name) const {
+  std::string v;
+  rocksdb::Status s = db_->Get({}, EntryKey(parent, name), &v);
+  if (s.IsNotFound()) return NotFoundError("'" + name + "' does not exist");
+  RETURN_IF_ERROR(FromRocks(s, "read entry"));
+  if (v.size() != 8) return DataLossError("corrupt directory entry");
+  return GetBe64(v.data());
+}
+
+rpc::Attr Namespace::AttrOf(const rpc::InodeRecord& r) const {
+  rpc::Attr a;
+  a.set_ino(r.ino());
+  a.set_type(r.type());
+  a.set_size(r.size());
+  a.set_mtime_ns(r.mtime_ns());
+  a.set_mode(r.mode() & ~0222u);  // read-only namespace
+  a.set_uid(r.uid());
+  a.set_gid(r.gid());
+  a.set_nlink(r.type() == rpc::DIRECTORY ? 2 : 1);
+  return a;
+}
+
+StatusOr<std::shared_ptr<UnderFileSystem>> Namespace::UfsFor(uint64_t mount_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ufs_.find(mount_id);
+  if (it != ufs_.end()) return it->second;
+  auto m = mounts_.find(mount_id);
+  if (m == mounts_.end()) return NotFoundError("mount " + std::to_string(mount_id) + " is gone");
+  std::map<std::string, std::string> opts(m->second.options().begin(), m->second.options().end());
+  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(m->second.uri(), opts));
+  ufs_[mount_id] = ufs;
+  return ufs;
+}
+
+Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) {
+  mounts_[m.id()] = m;
+  return FromRocks(batch->Put(MountKey(m.id()), m.SerializeAsString()), "write mount");
+}
+
+Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
+  if (dir.listed() || dir.type() != rpc::DIRECTORY) return Status::OK();
+  std::lock_guard<std::mutex> list_lock(list_locks_[dir.ino() % list_locks_.size()]);
+  ASSIGN_OR_RETURN(rpc::InodeRecord fresh, GetRecord(dir.ino()));
+  if (fresh.listed()) return Status::OK();
+  ASSIGN_OR_RETURN(auto ufs, UfsFor(dir.mount_id()));
+  size_t added = 0;
+  Status st = ufs->List(dir.ufs_path(), 1000, [&](std::vector<UfsEntry>& page) -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto mit = mounts_.find(dir.mount_id());
+    if (mit == mounts_.end()) return NotFoundError("the mount was removed while listing");
+    rpc::MountInfo mount = mit->second;
+    rocksdb::WriteBatch batch;
+    for (const UfsEntry& e : page) {
+      std::string existing;
+      if (db_->Get({}, EntryKey(dir.ino(), e.name), &existing).ok()) continue;  // resumed listing
+      rpc::InodeRecord r;
+      r.set_ino(next_ino_++);
+      r.set_parent(dir.ino());
+      r.set_name(e.name);
+      r.set_type(e.is_dir ? rpc::DIRECTORY : rpc::REGULAR);
+      r.set_size(e.size);
+      r.set_mtime_ns(e.mtime_ns);
+      r.set_mode(e.mode);
+      r.set_uid(e.uid);
+      r.set_gid(e.gid);
+      r.set_mount_id(dir.mount_id());
+      r.set_ufs_path(JoinPath(dir.ufs_path(), e.name));
+      r.set_version(e.version);
+      r.set_block_size(block_size_);
+      batch.Put(InodeKey(r.ino()), r.SerializeAsString());
+      batch.Put(EntryKey(dir.ino(), e.name), Be64(r.ino()));
+      batch.Put(ChildKey(dir.ino(), r.ino()), "");
+      if (!e.is_dir) {
+        mount.set_known_files(mount.known_files() + 1);
+        mount.set_known_bytes(mount.known_bytes() + e.size);
+      }
+      ++added;
+    }
+    batch.Put(kNextIno, Be64(next_ino_));
+    RETURN_IF_ERROR(PutMountLocked(mount, &batch));
+    return FromRocks(db_->Write({}, &batch), "write listing");
+  });
+  if (!st.ok()) return st.WithContext("listing " + RedactUri(ufs->uri()) + "/" + dir.ufs_path());
+  fresh.set_listed(true);
+  RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(fresh.ino()), fresh.SerializeAsString()), "mark listed"));
+  spdlog::debug("listed '{}' of mount {}: {} entries", dir.ufs_path(), dir.mount_id(), added);
+  return Status::OK();
+}
+
+StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::string& uri,
+                                          const std::map<std::string, std::string>& options) {
+  ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
+  if (parts.empty()) return InvalidArgumentError("cannot mount over / (mount at a path like /imagenet)");
+  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(uri, options));
+  ASSIGN_OR_RETURN(UfsEntry root_entry, ufs->Stat(""));
+  if (!root_entry.is_dir) return InvalidArgumentError(RedactUri(uri) + " is not a directory");
+
+  std::lock_guard<std::mutex> lock(mu_);
+  rocksdb::WriteBatch batch;
+  int64_t now = NowNs();
+  uint64_t parent = kRootIno;
+  std::string canonical;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    canonical += "/" + parts[i];
+    auto child = GetChild(parent, parts[i]);
+    bool last = i + 1 == parts.size();
+    if (child.ok()) {
+      ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(*child));
+      if (last) return AlreadyExistsError(canonical + " is already mounted or in use");
+      if (r.mount_id() != 0) return InvalidArgumentError(canonical + " is a mounted dataset; mounts cannot nest");
+      parent = r.ino();
+      continue;
+    }
+    rpc::InodeRecord r;
+    r.set_ino(next_ino_++);
+    r.set_parent(parent);
+    r.set_name(parts[i]);
+    r.set_type(rpc::DIRECTORY);
+    if (last) {
+      rpc::MountInfo m;
+      m.set_id(next_mount_++);
+      m.set_path(canonical);
+      m.set_uri(uri);
+      m.mutable_options()->insert(options.begin(), options.end());
+      m.set_root_ino(r.ino());
+      m.set_created_ns(now);
+      r.set_mount_id(m.id());
+      r.set_mode(root_entry.mode);
+      r.set_uid(root_entry.uid);
+      r.set_gid(root_entry.gid);
+      r.set_mtime_ns(root_entry.mtime_ns);
+      r.set_listed(false);
+      RETURN_IF_ERROR(PutMountLocked(m, &batch));
+      ufs_[m.id()] = ufs;
+    } else {
+      r.set_mode(0755);
+      r.set_mtime_ns(now);
+      r.set_listed(true);
+    }
+    batch.Put(InodeKey(r.ino()), r.SerializeAsString());
+    batch.Put(EntryKey(parent, r.name()), Be64(r.ino()));
+    batch.Put(ChildKey(parent, r.ino()), "");
+    parent = r.ino();
+  }
+  batch.Put(kNextIno, Be64(next_ino_));
+  batch.Put(kNextMount, Be64(next_mount_));
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "write mount"));
+  for (auto& [id, m] : mounts_) {
+    if (m.path() == canonical) {
+      spdlog::info("mounted {} at {}", RedactUri(uri), canonical);
+      return m;
+    }
+  }
+  return InternalError("mount record vanished");
+}
+
+Status Namespace::DeleteSubtreeLocked(uint64_t ino) {
+  // Iterative depth-first walk; deletes are written in batches of bounded size.
+  std::vector<uint64_t> stack{ino};
+  rocksdb::WriteBatch batch;
+  while (!stack.empty()) {
+    uint64_t cur = stack.back();
+    stack.pop_back();
+    std::string prefix = "C" + Be64(cur);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      uint64_t child = GetBe64(it->key().data() + 9);
+      stack.push_back(child);
+      batch.Delete(it->key());
+    }
+    auto rec = GetRecord(cur);
+    if (rec.ok()) batch.Delete(EntryKey(rec->parent(), rec->name()));
+    batch.Delete(InodeKey(cur));
+    if (batch.Count() > 10000) {
+      RETURN_IF_ERROR(FromRocks(db_->Write({}, &batch), "delete subtree"));
+      batch.Clear();
+    }
+  }
+  return FromRocks(db_->Write({}, &batch), "delete subtree");
+}
+
+StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
+  ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string canonical;
+  for (const auto& p : parts) canonical += "/" + p;
+  rpc::MountInfo found;
+  bool ok = false;
+  for (const auto& [id, m] : mounts_) {
+    if (m.path() == canonical) {
+      found = m;
+      ok = true;
+    }
+  }
+  if (!ok) return NotFoundError(canonical + " is not a mounted dataset (see `granary mounts`)");
+  ASSIGN_OR_RETURN(rpc::InodeRecord root, GetRecord(found.root_ino()));
+  uint64_t parent = root.parent();
+  RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(parent, root.ino())), "unlink mount"));
+  RETURN_IF_ERROR(DeleteSubtreeLocked(root.ino()));
+  // Remove virtual parents left empty.
+  while (parent != kRootIno) {
+    std::string prefix = "C" + Be64(parent);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+    it->Seek(prefix);
+    if (it->Valid() && it->key().starts_with(prefix)) break;
+    ASSIGN_OR_RETURN(rpc::InodeRecord pr, GetRecord(parent));
+    RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(pr.parent(), pr.ino())), "unlink parent"));
+    RETURN_IF_ERROR(DeleteSubtreeLocked(pr.ino()));
+    parent = pr.parent();
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  RETURN_IF_ERROR(FromRocks(db_->Delete(wo, MountKey(found.id())), "delete mount"));
+  mounts_.erase(found.id());
+  ufs_.erase(found.id());
+  spdlog::info("unmounted {}", canonical);
+  found.clear_options();
+  return found;
+}
+
+std::vector<rpc::MountInfo> Namespace::ListMounts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<rpc::MountInfo> out;
+  for (const auto& [id, m] : mounts_) {
+    out.push_back(m);
+    out.back().clear_options();
+  }
+  return out;
+}
+
+StatusOr<rpc::MountInfo> Namespace::GetMount(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = mounts_.find(id);
+  if (it == mounts_.end()) return NotFoundError("mount " + std::to_string(id) + " does not exist");
+  return it->second;
+}
+
+StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name) {
+  ASSIGN_OR_RETURN(rpc::InodeRecord dir, GetRecord(parent));
+  if (dir.type() != rpc::DIRECTORY) return FailedPreconditionError("not a directory");
+  if (!IsValidName(name)) return NotFoundError("'" + name + "' does not exist");
+  RETURN_IF_ERROR(EnsureListed(dir));
+  ASSIGN_OR_RETURN(uint64_t child, GetChild(parent, name));
+  ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(child));
+  return AttrOf(r);
+}
+
+StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino) {
+  ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(ino));
+  return AttrOf(r);
+}
+
+StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path) {
+  ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
+  uint64_t ino = kRootIno;
+  std::string walked;
+  for (const auto& p : parts) {
+    walked += "/" + p;
+    auto a = Lookup(ino, p);
+    if (!a.ok()) {
+      if (a.status().IsNotFound()) return NotFoundError(walked + " does not exist");
+      if (a.status().code() == Code::kFailedPrecondition) return NotFoundError(walked + " is not a directory");
+      return a.status();
+    }
+    ino = a->ino();
+  }
+  return GetAttr(ino);
+}
+
+StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino) {
+  ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(ino));
+  if (r.type() != rpc::REGULAR) return InvalidArgumentError("inode " + std::to_string(ino) + " is not a file");
+  rpc::FileInfo f;
+  *f.mutable_attr() = AttrOf(r);
+  f.set_mount_id(r.mount_id());
+  f.set_ufs_path(r.ufs_path());
+  f.set_version(r.version());
+  f.set_block_size(r.block_size());
+  return f;
+}
+
+Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out) {
+  ASSIGN_OR_RETURN(rpc::InodeRecord dir, GetRecord(ino));
+  if (dir.type() != rpc::DIRECTORY) return FailedPreconditionError("not a directory");
+  RETURN_IF_ERROR(EnsureListed(dir));
+  if (limit == 0 || limit > 4096) limit = 4096;
+  std::string prefix = "C" + Be64(ino);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+  std::vector<uint64_t> children;
+  for (it->Seek(prefix + Be64(after + 1)); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (children.size() == limit) break;
+    children.push_back(GetBe64(it->key().data() + 9));
+  }
+  out->set_end(!(it->Valid() && it->key().starts_with(prefix)));
+  for (uint64_t child : children) {
+    auto r = GetRecord(child);
+    if (!r.ok()) continue;  // removed concurrently by an unmount
+    auto* e = out->add_entries();
+    e->set_name(r->name());
+    *e->mutable_attr() = AttrOf(*r);
+    e->set_cookie(child);
+  }
+  return Status::OK();
+}
+
+}  // namespace granary::master

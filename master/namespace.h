@@ -1,0 +1,90 @@
+// Namespace: the master's tree of mounted datasets, kept in RocksDB.
+//
+// Design
+// ------
+// Inode 1 is the root. `granary mount /a/b URI` creates virtual directories for /a (if needed) and a
+// mount-root inode for /a/b bound to URI. Below a mount root, directories are discovered lazily: the
+// first lookup or readdir of a directory lists it in the under-storage and records every child
+// (size, mtime, permission bits, version) as an inode. Nothing is re-listed afterwards (consistency
+// with a changing under-storage is a later step; see docs/semantics.md).
+//
+// RocksDB keys (be64 = 8-byte big-endian, so keys sort numerically):
+//   I be64(ino)                 -> InodeRecord
+//   E be64(parent) name         -> be64(child)      name lookup
+//   C be64(parent) be64(child)  -> ""               readdir order; the child inode is the cookie
+//   M be64(mount id)            -> MountInfo
+//   S next_ino / S next_mount   -> be64             allocators
+// Readdir cookies are child inode numbers: children discovered together get consecutive numbers,
+// and a cookie stays valid however the directory grows.
+//
+// Concurrency: reads go straight to RocksDB. Listing a directory takes that directory's stripe
+// lock (so two lookups do not both list it) and then `mu_` only to allocate inodes and write one
+// batch per page. Mount/unmount hold `mu_` throughout. All methods are thread-safe.
+#pragma once
+
+#include <rocksdb/db.h>
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/ufs/ufs.h"
+#include "proto/granary.pb.h"
+#include "proto/meta.pb.h"
+
+namespace granary::master {
+
+constexpr uint64_t kRootIno = 1;
+
+class Namespace {
+ public:
+  // Opens (creating if needed) the RocksDB database in `data_dir`. `block_size` applies to files
+  // discovered from now on; files keep the block size they were discovered with.
+  static StatusOr<std::unique_ptr<Namespace>> Open(const std::string& data_dir, uint64_t block_size);
+  ~Namespace();
+
+  StatusOr<rpc::MountInfo> Mount(const std::string& path, const std::string& uri,
+                                 const std::map<std::string, std::string>& options);
+  // Removes the mount and everything discovered below it. Returns the removed mount.
+  StatusOr<rpc::MountInfo> Unmount(const std::string& path);
+  std::vector<rpc::MountInfo> ListMounts() const;  // options stripped
+  StatusOr<rpc::MountInfo> GetMount(uint64_t id) const;  // with options
+
+  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name);
+  StatusOr<rpc::Attr> GetAttr(uint64_t ino);
+  StatusOr<rpc::Attr> Resolve(const std::string& path);
+  StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
+  // Children of `ino` after cookie `after`, at most `limit` of them.
+  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
+
+  uint64_t block_size() const { return block_size_; }
+
+ private:
+  Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size);
+  Status Init();
+  StatusOr<rpc::InodeRecord> GetRecord(uint64_t ino) const;
+  StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
+  Status EnsureListed(const rpc::InodeRecord& dir);
+  StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id);
+  rpc::Attr AttrOf(const rpc::InodeRecord& r) const;
+  Status PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch);
+  Status DeleteSubtreeLocked(uint64_t ino);
+
+  std::unique_ptr<rocksdb::DB> db_;
+  const uint64_t block_size_;
+
+  mutable std::mutex mu_;                     // guards the fields below and all writes
+  uint64_t next_ino_ = 2;                     // GUARDED_BY(mu_)
+  uint64_t next_mount_ = 1;                   // GUARDED_BY(mu_)
+  std::map<uint64_t, rpc::MountInfo> mounts_; // GUARDED_BY(mu_)
+  std::map<uint64_t, std::shared_ptr<UnderFileSystem>> ufs_;  // GUARDED_BY(mu_)
+
+  std::array<std::mutex, 64> list_locks_;  // stripe by directory inode
+};
+
+}  // namespace granary::master

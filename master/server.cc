@@ -1,0 +1,195 @@
+#include "master/server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <thread>
+
+#include "common/net.h"
+#include "common/ufs/ufs.h"
+#include "master/cluster.h"
+#include "master/namespace.h"
+#include "proto/granary.grpc.pb.h"
+#include "proto/rpc.h"
+
+namespace granary::master {
+namespace {
+
+using grpc::ServerContext;
+
+// Each handler checks the token, calls the namespace or cluster, and maps the Status once.
+class MasterService final : public rpc::Master::Service {
+ public:
+  MasterService(Namespace* ns, Cluster* cluster, std::shared_ptr<RpcSecurity> sec)
+      : ns_(ns), cluster_(cluster), sec_(std::move(sec)) {}
+
+#define GRANARY_AUTH()                                   \
+  do {                                                   \
+    grpc::Status _auth = sec_->CheckToken(ctx);          \
+    if (!_auth.ok()) return _auth;                       \
+  } while (0)
+
+  grpc::Status Mount(ServerContext* ctx, const rpc::MountRequest* req, rpc::MountResponse* resp) override {
+    GRANARY_AUTH();
+    std::map<std::string, std::string> opts(req->options().begin(), req->options().end());
+    auto m = ns_->Mount(req->path(), req->uri(), opts);
+    if (!m.ok()) return ToGrpc(m.status());
+    *resp->mutable_mount() = *m;
+    resp->mutable_mount()->clear_options();
+    return grpc::Status::OK;
+  }
+  grpc::Status Unmount(ServerContext* ctx, const rpc::UnmountRequest* req, rpc::UnmountResponse*) override {
+    GRANARY_AUTH();
+    auto m = ns_->Unmount(req->path());
+    if (!m.ok()) return ToGrpc(m.status());
+    cluster_->DropMount(m->id());
+    return grpc::Status::OK;
+  }
+  grpc::Status ListMounts(ServerContext* ctx, const rpc::ListMountsRequest*, rpc::ListMountsResponse* resp) override {
+    GRANARY_AUTH();
+    for (auto& m : ns_->ListMounts()) *resp->add_mounts() = std::move(m);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetMount(ServerContext* ctx, const rpc::GetMountRequest* req, rpc::MountInfo* resp) override {
+    GRANARY_AUTH();
+    auto m = ns_->GetMount(req->id());
+    if (!m.ok()) return ToGrpc(m.status());
+    *resp = *m;
+    return grpc::Status::OK;
+  }
+  grpc::Status Lookup(ServerContext* ctx, const rpc::LookupRequest* req, rpc::AttrResponse* resp) override {
+    GRANARY_AUTH();
+    return Reply(ns_->Lookup(req->parent(), req->name()), resp);
+  }
+  grpc::Status GetAttr(ServerContext* ctx, const rpc::GetAttrRequest* req, rpc::AttrResponse* resp) override {
+    GRANARY_AUTH();
+    return Reply(ns_->GetAttr(req->ino()), resp);
+  }
+  grpc::Status ResolvePath(ServerContext* ctx, const rpc::ResolvePathRequest* req, rpc::AttrResponse* resp) override {
+    GRANARY_AUTH();
+    return Reply(ns_->Resolve(req->path()), resp);
+  }
+  grpc::Status GetFile(ServerContext* ctx, const rpc::GetFileRequest* req, rpc::FileInfo* resp) override {
+    GRANARY_AUTH();
+    auto f = ns_->GetFile(req->ino());
+    if (!f.ok()) return ToGrpc(f.status());
+    *resp = std::move(f).value();
+    return grpc::Status::OK;
+  }
+  grpc::Status ReadDir(ServerContext* ctx, const rpc::ReadDirRequest* req, rpc::ReadDirResponse* resp) override {
+    GRANARY_AUTH();
+    return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp));
+  }
+  grpc::Status RegisterWorker(ServerContext* ctx, const rpc::RegisterWorkerRequest* req,
+                              rpc::RegisterWorkerResponse* resp) override {
+    GRANARY_AUTH();
+    resp->set_worker_id(cluster_->RegisterWorker(*req));
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(ServerContext* ctx, const rpc::HeartbeatRequest* req, rpc::HeartbeatResponse* resp) override {
+    GRANARY_AUTH();
+    resp->set_reregister(!cluster_->Heartbeat(req->worker_id(), req->stats()));
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportBlocks(ServerContext* ctx, const rpc::ReportBlocksRequest* req,
+                            rpc::ReportBlocksResponse* resp) override {
+    GRANARY_AUTH();
+    resp->set_reregister(!cluster_->ReportBlocks(*req));
+    return grpc::Status::OK;
+  }
+  grpc::Status GetReport(ServerContext* ctx, const rpc::GetReportRequest*, rpc::Report* resp) override {
+    GRANARY_AUTH();
+    std::vector<rpc::MountReport*> mounts;
+    for (auto& m : ns_->ListMounts()) {
+      auto* mr = resp->add_mounts();
+      *mr->mutable_mount() = std::move(m);
+      mounts.push_back(mr);
+    }
+    cluster_->FillReport(resp, mounts);
+    resp->set_block_size(ns_->block_size());
+    return grpc::Status::OK;
+  }
+#undef GRANARY_AUTH
+
+ private:
+  static grpc::Status Reply(const StatusOr<rpc::Attr>& a, rpc::AttrResponse* resp) {
+    if (!a.ok()) return ToGrpc(a.status());
+    *resp->mutable_attr() = *a;
+    return grpc::Status::OK;
+  }
+
+  Namespace* ns_;
+  Cluster* cluster_;
+  std::shared_ptr<RpcSecurity> sec_;
+};
+
+class MasterServerImpl final : public MasterServer {
+ public:
+  ~MasterServerImpl() override { Shutdown(); }
+
+  Status Init(const Config& cfg) {
+    ASSIGN_OR_RETURN(sec_, RpcSecurity::FromConfig(cfg.rpc));
+    RETURN_IF_ERROR(CheckCanListen(cfg.master.listen).WithContext("master.listen"));
+    ASSIGN_OR_RETURN(ns_, Namespace::Open(cfg.master.data_dir, cfg.master.block_size));
+    cluster_ = std::make_unique<Cluster>(cfg.master.worker_timeout);
+    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), sec_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(cfg.master.listen, sec_->ServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.master.listen);
+    auto hp = ParseHostPort(cfg.master.listen);
+    address_ = hp->host + ":" + std::to_string(port);
+    auto interval = std::max<std::chrono::milliseconds>(cfg.master.worker_timeout / 4, std::chrono::milliseconds(100));
+    expirer_ = std::thread([this, interval] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stop_) {
+        cv_.wait_for(lock, interval);
+        if (!stop_) cluster_->ExpireWorkers();
+      }
+    });
+    spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
+    return Status::OK();
+  }
+
+  std::string address() const override { return address_; }
+
+  void Shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (expirer_.joinable()) expirer_.join();
+    server_.reset();
+    service_.reset();
+    ns_.reset();
+  }
+
+ private:
+  std::shared_ptr<RpcSecurity> sec_;
+  std::unique_ptr<Namespace> ns_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<MasterService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread expirer_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const Config& cfg) {
+  auto s = std::make_unique<MasterServerImpl>();
+  RETURN_IF_ERROR(s->Init(cfg));
+  return std::unique_ptr<MasterServer>(std::move(s));
+}
+
+}  // namespace granary::master

@@ -1,0 +1,92 @@
+#include "proto/rpc.h"
+
+#include <openssl/crypto.h>
+
+#include "common/fs.h"
+
+namespace granary {
+
+grpc::Status ToGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), s.message());
+}
+
+Status FromGrpc(const grpc::Status& s, const std::string& context) {
+  if (s.ok()) return Status::OK();
+  int code = static_cast<int>(s.error_code());
+  if (code < 0 || code > 16) code = static_cast<int>(Code::kUnknown);
+  std::string msg = s.error_message();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    msg = "cannot reach " + context + " (" + msg + ")";
+    return Status(Code::kUnavailable, msg);
+  }
+  return Status(static_cast<Code>(code), msg);
+}
+
+StatusOr<std::shared_ptr<RpcSecurity>> RpcSecurity::FromConfig(const RpcConfig& cfg) {
+  auto sec = std::make_shared<RpcSecurity>();
+  auto read = [](const std::string& path, const char* key, std::string* out) -> Status {
+    if (path.empty()) return Status::OK();
+    auto data = ReadFileToString(path);
+    if (!data.ok()) return data.status().WithContext(key);
+    *out = std::move(data).value();
+    return Status::OK();
+  };
+  RETURN_IF_ERROR(read(cfg.token_file, "rpc.token_file", &sec->token_));
+  while (!sec->token_.empty() && (sec->token_.back() == '\n' || sec->token_.back() == '\r')) sec->token_.pop_back();
+  if (!cfg.token_file.empty() && sec->token_.empty()) {
+    return InvalidArgumentError("rpc.token_file: " + cfg.token_file + " is empty");
+  }
+  RETURN_IF_ERROR(read(cfg.tls_cert, "rpc.tls_cert", &sec->cert_));
+  RETURN_IF_ERROR(read(cfg.tls_key, "rpc.tls_key", &sec->key_));
+  RETURN_IF_ERROR(read(cfg.tls_ca, "rpc.tls_ca", &sec->ca_));
+  if (sec->cert_.empty() != sec->key_.empty()) {
+    return InvalidArgumentError("rpc.tls_cert and rpc.tls_key must be set together");
+  }
+  return sec;
+}
+
+std::shared_ptr<grpc::ServerCredentials> RpcSecurity::ServerCredentials() const {
+  if (cert_.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions opts;
+  opts.pem_root_certs = ca_;
+  opts.pem_key_cert_pairs.push_back({key_, cert_});
+  return grpc::SslServerCredentials(opts);
+}
+
+std::shared_ptr<grpc::Channel> RpcSecurity::MakeChannel(const std::string& address) const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Reconnect quickly after a daemon restarts.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (ca_.empty()) {
+    creds = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions opts;
+    opts.pem_root_certs = ca_;
+    creds = grpc::SslCredentials(opts);
+  }
+  return grpc::CreateCustomChannel(address, creds, args);
+}
+
+void RpcSecurity::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
+  if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
+  if (timeout.count() > 0) ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+grpc::Status RpcSecurity::CheckToken(const grpc::ServerContext* ctx) const {
+  if (token_.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  std::string want = "Bearer " + token_;
+  if (it != md.end() && it->second.size() == want.size() &&
+      CRYPTO_memcmp(it->second.data(), want.data(), want.size()) == 0) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong rpc token (see rpc.token_file)");
+}
+
+}  // namespace granary

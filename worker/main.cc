@@ -1,0 +1,9 @@
+// granary-worker: the block cache of one node. See worker/server.h.
+#include "common/daemon_main.h"
+#include "worker/server.h"
+
+int main(int argc, char** argv) {
+  return granary::DaemonMain(argc, argv, "granary-worker", [](const granary::Config& cfg) {
+    return granary::worker::WorkerServer::Start(cfg);
+  });
+}

@@ -1,0 +1,160 @@
+#include "worker/master_link.h"
+
+#include <spdlog/spdlog.h>
+
+namespace granary::worker {
+
+rpc::BlockRef ToBlockRef(const BlockMeta& m) {
+  rpc::BlockRef r;
+  r.set_file_key(std::string(reinterpret_cast<const char*>(m.id.key.data()), m.id.key.size()));
+  r.set_index(m.id.index);
+  r.set_mount_id(m.mount_id);
+  r.set_length(m.length);
+  return r;
+}
+
+MasterLink::MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats)
+    : cfg_(cfg), sec_(std::move(sec)), store_(store), stats_(std::move(stats)) {
+  stub_ = rpc::Master::NewStub(sec_->MakeChannel(cfg_.master.address));
+}
+
+MasterLink::~MasterLink() { Stop(); }
+
+void MasterLink::Start(const std::string& advertise) {
+  advertise_ = advertise;
+  Status st = Register();
+  if (!st.ok()) spdlog::warn("cannot register with the master yet ({}); will retry", st.message());
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void MasterLink::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void MasterLink::BlockAdded(const BlockMeta& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  added_.push_back(ToBlockRef(m));
+  cv_.notify_all();
+}
+
+void MasterLink::BlockRemoved(const BlockMeta& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  removed_.push_back(ToBlockRef(m));
+  cv_.notify_all();
+}
+
+Status MasterLink::Register() {
+  rpc::RegisterWorkerRequest req;
+  req.set_address(advertise_);
+  *req.mutable_stats() = stats_();
+  {
+    // Reports queued before registration are covered by the full list.
+    std::lock_guard<std::mutex> lock(mu_);
+    added_.clear();
+    removed_.clear();
+  }
+  for (const auto& b : store_->List()) *req.add_blocks() = ToBlockRef(b);
+  rpc::RegisterWorkerResponse resp;
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, cfg_.rpc.timeout);
+  RETURN_IF_ERROR(FromGrpc(stub_->RegisterWorker(&ctx, req, &resp), "the master at " + cfg_.master.address));
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_id_ = resp.worker_id();
+  spdlog::info("registered with the master at {} as worker {}", cfg_.master.address, worker_id_);
+  return Status::OK();
+}
+
+Status MasterLink::Beat() {
+  rpc::HeartbeatRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_worker_id(worker_id_);
+  }
+  *req.mutable_stats() = stats_();
+  rpc::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, cfg_.rpc.timeout);
+  RETURN_IF_ERROR(FromGrpc(stub_->Heartbeat(&ctx, req, &resp), "the master"));
+  if (resp.reregister()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_id_ = 0;
+  }
+  return Status::OK();
+}
+
+Status MasterLink::Flush() {
+  rpc::ReportBlocksRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (added_.empty() && removed_.empty()) return Status::OK();
+    req.set_worker_id(worker_id_);
+    for (auto& b : added_) *req.add_added() = std::move(b);
+    for (auto& b : removed_) *req.add_removed() = std::move(b);
+    added_.clear();
+    removed_.clear();
+  }
+  rpc::ReportBlocksResponse resp;
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, cfg_.rpc.timeout);
+  Status st = FromGrpc(stub_->ReportBlocks(&ctx, req, &resp), "the master");
+  if (!st.ok() || resp.reregister()) {
+    // The next registration sends the full list, which includes these blocks.
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_id_ = 0;
+  }
+  return st;
+}
+
+void MasterLink::Loop() {
+  auto next_beat = std::chrono::steady_clock::now();
+  for (;;) {
+    bool registered;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, next_beat, [&] { return stop_ || (worker_id_ != 0 && (!added_.empty() || !removed_.empty())); });
+      if (stop_) return;
+      registered = worker_id_ != 0;
+    }
+    if (!registered) {
+      Status st = Register();
+      if (!st.ok()) spdlog::debug("register: {}", st.message());
+      next_beat = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(cfg_.worker.heartbeat_interval, std::chrono::seconds(1));
+      continue;
+    }
+    Status st = Flush();
+    if (!st.ok()) spdlog::debug("block report: {}", st.message());
+    if (std::chrono::steady_clock::now() >= next_beat) {
+      st = Beat();
+      if (!st.ok()) spdlog::warn("heartbeat: {}", st.message());
+      next_beat = std::chrono::steady_clock::now() + cfg_.worker.heartbeat_interval;
+    }
+  }
+}
+
+StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = mounts_.find(mount_id);
+    if (it != mounts_.end()) return it->second;
+  }
+  rpc::GetMountRequest req;
+  req.set_id(mount_id);
+  rpc::MountInfo info;
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, cfg_.rpc.timeout);
+  RETURN_IF_ERROR(FromGrpc(stub_->GetMount(&ctx, req, &info), "the master at " + cfg_.master.address));
+  std::map<std::string, std::string> opts(info.options().begin(), info.options().end());
+  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(info.uri(), opts));
+  MountHandle h{info.uri(), std::move(ufs)};
+  std::lock_guard<std::mutex> lock(mu_);
+  mounts_[mount_id] = h;
+  return h;
+}
+
+}  // namespace granary::worker

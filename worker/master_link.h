@@ -1,0 +1,73 @@
+// MasterLink: the worker's side of its conversation with the master.
+//
+// One background thread registers the worker (with a full block report), then sends a heartbeat
+// every worker.heartbeat_interval and the blocks added or removed since the last report (sooner
+// when a report is queued). When the master answers "re-register" (it restarted and forgot this
+// worker) or cannot be reached, the thread keeps trying; the worker keeps serving cached blocks
+// meanwhile. GetMount() caches each mount's URI and opened under-storage.
+//
+// Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "common/ufs/ufs.h"
+#include "proto/granary.grpc.pb.h"
+#include "proto/rpc.h"
+#include "worker/block_store.h"
+
+namespace granary::worker {
+
+struct MountHandle {
+  std::string uri;
+  std::shared_ptr<UnderFileSystem> ufs;
+};
+
+class MasterLink {
+ public:
+  using StatsFn = std::function<rpc::WorkerStats()>;
+  MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats);
+  ~MasterLink();
+
+  // Registers as `advertise` (the address others dial) and starts the background thread.
+  void Start(const std::string& advertise);
+  void Stop();
+
+  void BlockAdded(const BlockMeta& m);
+  void BlockRemoved(const BlockMeta& m);
+
+  StatusOr<MountHandle> GetMount(uint64_t mount_id);
+
+ private:
+  void Loop();
+  Status Register();
+  Status Beat();
+  Status Flush();
+
+  const Config cfg_;
+  std::shared_ptr<RpcSecurity> sec_;
+  std::string advertise_;  // set once by Start
+  BlockStore* store_;
+  StatsFn stats_;
+  std::unique_ptr<rpc::Master::Stub> stub_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;                                 // GUARDED_BY(mu_)
+  uint64_t worker_id_ = 0;                            // GUARDED_BY(mu_); 0: not registered
+  std::vector<rpc::BlockRef> added_, removed_;        // GUARDED_BY(mu_)
+  std::map<uint64_t, MountHandle> mounts_;            // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+rpc::BlockRef ToBlockRef(const BlockMeta& m);
+
+}  // namespace granary::worker

@@ -1,0 +1,132 @@
+#include "worker/server.h"
+
+#include <spdlog/spdlog.h>
+
+#include "common/net.h"
+#include "proto/granary.grpc.pb.h"
+#include "proto/rpc.h"
+#include "worker/block_source.h"
+#include "worker/block_store.h"
+#include "worker/master_link.h"
+
+namespace granary::worker {
+namespace {
+
+constexpr size_t kChunkBytes = 1 << 20;
+
+class WorkerService final : public rpc::Worker::Service {
+ public:
+  WorkerService(BlockSource* source, std::shared_ptr<RpcSecurity> sec, std::function<rpc::WorkerStats()> stats)
+      : source_(source), sec_(std::move(sec)), stats_(std::move(stats)) {}
+
+  grpc::Status ReadBlock(grpc::ServerContext* ctx, const rpc::ReadBlockRequest* req,
+                         grpc::ServerWriter<rpc::ReadBlockChunk>* writer) override {
+    if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
+    BlockRequest br{req->mount_id(), req->ufs_path(), req->version(), req->file_size(),
+                    req->block_size(), req->index(), req->offset(), req->length()};
+    std::string data;
+    bool hit = false;
+    Status st = source_->Read(br, &data, &hit);
+    if (!st.ok()) return ToGrpc(st);
+    size_t off = 0;
+    do {
+      rpc::ReadBlockChunk chunk;
+      size_t n = std::min(kChunkBytes, data.size() - off);
+      chunk.set_data(data.data() + off, n);
+      if (off == 0) chunk.set_cache_hit(hit);
+      if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+      off += n;
+    } while (off < data.size());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStats(grpc::ServerContext* ctx, const rpc::GetStatsRequest*, rpc::WorkerStats* resp) override {
+    if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
+    *resp = stats_();
+    return grpc::Status::OK;
+  }
+
+ private:
+  BlockSource* source_;
+  std::shared_ptr<RpcSecurity> sec_;
+  std::function<rpc::WorkerStats()> stats_;
+};
+
+class WorkerServerImpl final : public WorkerServer {
+ public:
+  ~WorkerServerImpl() override { Shutdown(); }
+
+  Status Init(const Config& cfg) {
+    ASSIGN_OR_RETURN(sec_, RpcSecurity::FromConfig(cfg.rpc));
+    RETURN_IF_ERROR(CheckCanListen(cfg.worker.listen).WithContext("worker.listen"));
+    ASSIGN_OR_RETURN(store_, BlockStore::Open(cfg.worker.cache_dir, cfg.worker.cache_quota));
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(cfg.worker.listen, sec_->ServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    auto stats = [this] { return Stats(); };
+    link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats);
+    source_ = std::make_unique<BlockSource>(store_.get(), link_.get());
+    service_ = std::make_unique<WorkerService>(source_.get(), sec_, stats);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.worker.listen);
+    auto hp = ParseHostPort(cfg.worker.listen);
+    address_ = hp->host + ":" + std::to_string(port);
+    std::string advertise = cfg.worker.advertise;
+    if (advertise.empty()) {
+      advertise = (hp->host == "0.0.0.0" || hp->host == "::" ? HostName() : hp->host) + ":" + std::to_string(port);
+    }
+    link_->Start(advertise);
+    spdlog::info("granary-worker listening on {} (cache {} quota {} bytes, master {})", address_,
+                 cfg.worker.cache_dir, cfg.worker.cache_quota, cfg.master.address);
+    return Status::OK();
+  }
+
+  std::string address() const override { return address_; }
+
+  void Shutdown() override {
+    if (stopped_.exchange(true)) return;
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (link_) link_->Stop();
+    server_.reset();
+  }
+
+ private:
+  rpc::WorkerStats Stats() {
+    rpc::WorkerStats s;
+    BlockStoreStats b = store_->Stats();
+    const SourceCounters& c = source_->counters();
+    s.set_capacity_bytes(b.capacity);
+    s.set_used_bytes(b.used);
+    s.set_blocks(b.blocks);
+    s.set_evictions(b.evictions);
+    s.set_corrupt_blocks(b.corrupt);
+    s.set_hits(c.hits);
+    s.set_misses(c.misses);
+    s.set_ufs_reads(c.ufs_reads);
+    s.set_ufs_bytes(c.ufs_bytes);
+    s.set_bytes_served(c.bytes_served);
+    return s;
+  }
+
+  std::atomic<bool> stopped_{false};
+  std::shared_ptr<RpcSecurity> sec_;
+  std::unique_ptr<BlockStore> store_;
+  std::unique_ptr<MasterLink> link_;
+  std::unique_ptr<BlockSource> source_;
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const Config& cfg) {
+  auto s = std::make_unique<WorkerServerImpl>();
+  RETURN_IF_ERROR(s->Init(cfg));
+  return std::unique_ptr<WorkerServer>(std::move(s));
+}
+
+}  // namespace granary::worker
