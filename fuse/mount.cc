@@ -143,7 +143,12 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
   }
   if (pos < kDotDotCookie) {
     rpc::Attr parent;
-    parent.set_ino(ino == FUSE_ROOT_ID ? fs->root_ino : 0);
+    parent.set_ino(fs->root_ino);
+    if (ino != FUSE_ROOT_ID) {
+      auto self = fs->client->GetAttr(fs->ToMaster(ino));
+      if (!self.ok()) return ReplyError(req, self.status(), "readdir");
+      parent.set_ino(self->parent());
+    }
     parent.set_type(rpc::DIRECTORY);
     if (!add("..", parent, kDotDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
     pos = kDotDotCookie;

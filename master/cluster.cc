@@ -91,6 +91,7 @@ bool Cluster::ReportBlocks(const rpc::ReportBlocksRequest& req) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(req.worker_id());
   if (it == workers_.end() || !it->second.alive) return false;
+  if (req.has_stats()) it->second.stats = req.stats();
   for (const auto& b : req.added()) AddLocked(req.worker_id(), b);
   for (const auto& b : req.removed()) RemoveLocked(req.worker_id(), b);
   return true;

@@ -145,6 +145,7 @@ rpc::Attr Namespace::AttrOf(const rpc::InodeRecord& r) const {
   a.set_uid(r.uid());
   a.set_gid(r.gid());
   a.set_nlink(r.type() == rpc::DIRECTORY ? 2 : 1);
+  a.set_parent(r.parent());
   return a;
 }
 

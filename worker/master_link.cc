@@ -99,6 +99,7 @@ Status MasterLink::Flush() {
     added_.clear();
     removed_.clear();
   }
+  *req.mutable_stats() = stats_();
   rpc::ReportBlocksResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);

@@ -1,0 +1,93 @@
+#include "common/ufs/local_ufs.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "common/hash.h"
+#include "tests/testutil/testutil.h"
+
+namespace granary {
+namespace {
+
+TEST(Uri, ParseAndRedact) {
+  auto p = ParseUri("file:///srv/imagenet");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->scheme, "file");
+  EXPECT_EQ(p->path, "/srv/imagenet");
+  EXPECT_EQ(ParseUri("/srv/x")->scheme, "file");
+  EXPECT_EQ(ParseUri("s3://bucket/a/b")->path, "a/b");
+  EXPECT_FALSE(ParseUri("relative/path").ok());
+  EXPECT_EQ(RedactUri("s3://AKID:SECRET@bucket/p?token=abc"), "s3://bucket/p");
+}
+
+TEST(Names, RejectEscapes) {
+  EXPECT_TRUE(IsValidName("a b ü.jpg"));
+  EXPECT_FALSE(IsValidName(""));
+  EXPECT_FALSE(IsValidName("."));
+  EXPECT_FALSE(IsValidName(".."));
+  EXPECT_FALSE(IsValidName("a/b"));
+  EXPECT_FALSE(IsValidName(std::string(256, 'x')));
+}
+
+TEST(FileKey, DependsOnEveryPart) {
+  FileKey a = MakeFileKey("file:///x", "p", "v1");
+  EXPECT_NE(a, MakeFileKey("file:///x", "p", "v2"));
+  EXPECT_NE(a, MakeFileKey("file:///y", "p", "v1"));
+  EXPECT_NE(MakeFileKey("ab", "c", ""), MakeFileKey("a", "bc", ""));
+  FileKey b;
+  ASSERT_TRUE(ParseFileKeyHex(FileKeyHex(a), &b));
+  EXPECT_EQ(a, b);
+}
+
+TEST(LocalUfs, StatListRead) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "d/x.bin", "0123456789");
+  testing::WriteFile(dir / "top.txt", "t");
+  auto ufs = LocalUfs::Open(dir.path());
+  ASSERT_TRUE(ufs.ok());
+  auto st = (*ufs)->Stat("d/x.bin");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->size, 10u);
+  EXPECT_FALSE(st->version.empty());
+
+  std::vector<std::string> names;
+  ASSERT_TRUE((*ufs)->List("", 1, [&](std::vector<UfsEntry>& page) {
+    EXPECT_EQ(page.size(), 1u);
+    for (auto& e : page) names.push_back(e.name + (e.is_dir ? "/" : ""));
+    return Status::OK();
+  }).ok());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"d/", "top.txt"}));
+
+  char buf[16];
+  auto n = (*ufs)->Read("d/x.bin", st->version, 3, 16, buf);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(std::string(buf, *n), "3456789");
+}
+
+TEST(LocalUfs, DetectsChangedAndMissingFiles) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "f", "aaaa");
+  auto ufs = LocalUfs::Open(dir.path()).value();
+  std::string v1 = ufs->Stat("f")->version;
+  testing::WriteFile(dir / "f", "bbbbb");
+  char buf[8];
+  EXPECT_EQ(ufs->Read("f", v1, 0, 4, buf).status().code(), Code::kFailedPrecondition);
+  unlink((dir / "f").c_str());
+  EXPECT_EQ(ufs->Read("f", v1, 0, 4, buf).status().code(), Code::kNotFound);
+}
+
+TEST(LocalUfs, RefusesPathsOutsideTheRoot) {
+  testing::TempDir dir;
+  auto ufs = LocalUfs::Open(dir.path()).value();
+  char buf[4];
+  EXPECT_EQ(ufs->Read("../etc/passwd", "v", 0, 4, buf).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ufs->Stat("a//b").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(LocalUfs::Open(dir / "missing").status().code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace granary

@@ -1,0 +1,117 @@
+#include "tests/integration/harness.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace granary::testing {
+namespace {
+
+// Called after the process was started with the ready file removed beforehand.
+std::string WaitForReadyFile(const std::string& path, Process* p) {
+  std::string addr;
+  WaitFor([&] {
+    addr = ReadFile(path);
+    return !addr.empty() || !p->Running();
+  });
+  while (!addr.empty() && addr.back() == '\n') addr.pop_back();
+  return addr;
+}
+
+}  // namespace
+
+LocalCluster::LocalCluster(const TempDir& dir, ClusterOptions opts) : dir_(dir), opts_(std::move(opts)) {
+  mkdir((dir_ / "mnt").c_str(), 0755);
+}
+
+LocalCluster::~LocalCluster() {
+  std::string why;
+  if (fuse_) fuse_->Stop(SIGTERM, std::chrono::seconds(10));
+  UnmountAllBelow(dir_.path());
+  fuse_.reset();
+  worker_.reset();
+  master_.reset();
+}
+
+bool LocalCluster::StartDaemons(std::string* why) {
+  unlink((dir_ / "master.addr").c_str());
+  master_ = std::make_unique<Process>(
+      std::vector<std::string>{Bin("granary-master"), "--master.listen", "127.0.0.1:0", "--master.data_dir",
+                               dir_ / "master", "--master.block_size", opts_.block_size, "--master.worker_timeout",
+                               "30s", "--ready-file", dir_ / "master.addr"},
+      dir_ / "master.log");
+  master_addr_ = WaitForReadyFile(dir_ / "master.addr", master_.get());
+  if (master_addr_.empty()) {
+    *why = "master did not start:\n" + master_->Log();
+    return false;
+  }
+  unlink((dir_ / "worker.addr").c_str());
+  worker_ = std::make_unique<Process>(
+      std::vector<std::string>{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen",
+                               "127.0.0.1:0", "--worker.cache_dir", dir_ / "cache", "--worker.cache_quota",
+                               opts_.cache_quota, "--worker.heartbeat_interval", "200ms", "--ready-file",
+                               dir_ / "worker.addr"},
+      dir_ / "worker.log");
+  worker_addr_ = WaitForReadyFile(dir_ / "worker.addr", worker_.get());
+  if (worker_addr_.empty()) {
+    *why = "worker did not start:\n" + worker_->Log();
+    return false;
+  }
+  return true;
+}
+
+bool LocalCluster::StartFuse(std::string* why) {
+  unlink((dir_ / "fuse.addr").c_str());
+  fuse_ = std::make_unique<Process>(
+      std::vector<std::string>{Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_,
+                               "--fuse.mountpoint", mountpoint(), "--ready-file", dir_ / "fuse.addr"},
+      dir_ / "fuse.log");
+  if (WaitForReadyFile(dir_ / "fuse.addr", fuse_.get()).empty() || !IsMounted(mountpoint())) {
+    *why = "fuse did not mount:\n" + fuse_->Log();
+    return false;
+  }
+  return true;
+}
+
+RunResult LocalCluster::Cli(std::vector<std::string> args) {
+  args.insert(args.begin(), {Bin("granary"), "--master", master_addr_});
+  return RunCommand(args, {{"GRANARY_HOME", dir_ / "home"}});
+}
+
+bool LocalCluster::WorkerCounters(uint64_t* hits, uint64_t* misses, uint64_t* ufs_bytes) {
+  RunResult r = Cli({"report", "--json"});
+  if (r.code != 0) return false;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  if (j.is_discarded() || j["workers"].empty()) return false;
+  *hits = j["workers"][0]["hits"];
+  *misses = j["workers"][0]["misses"];
+  *ufs_bytes = j["workers"][0]["ufs_bytes"];
+  return true;
+}
+
+bool LocalCluster::StopAll(std::string* why) {
+  bool ok = true;
+  for (auto* p : {&fuse_, &worker_, &master_}) {
+    if (!*p) continue;
+    int code = (*p)->Stop(SIGTERM);
+    if (code != 0) {
+      ok = false;
+      *why += "a daemon exited with " + std::to_string(code) + "\n";
+    }
+  }
+  if (IsMounted(mountpoint())) {
+    ok = false;
+    *why += "mount still present after stop\n";
+  }
+  if (!ok) *why += Logs();
+  return ok;
+}
+
+std::string LocalCluster::Logs() const {
+  return "--- master\n" + ReadFile(dir_ / "master.log") + "--- worker\n" + ReadFile(dir_ / "worker.log") +
+         "--- fuse\n" + ReadFile(dir_ / "fuse.log");
+}
+
+}  // namespace granary::testing

@@ -1,0 +1,224 @@
+// The whole read path through real processes and a real FUSE mount.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A source tree with the shapes that break filesystems.
+void MakeDataset(const std::string& root) {
+  WriteFile(root + "/a/b/c/deep.txt", "deep\n");
+  WriteFile(root + "/empty.bin", "");
+  WriteFile(root + "/many-blocks.bin", RandomBytes(64 * 1024 * 17 + 123, 7));  // 18 blocks of 64Ki
+  WriteFile(root + "/exact-block.bin", RandomBytes(64 * 1024, 8));
+  WriteFile(root + "/with space/naïve café ü 日本.txt", "unicode\n");
+  for (int i = 0; i < 30; ++i) WriteFile(root + "/class_" + std::to_string(i % 3) + "/img" + std::to_string(i) + ".jpg", RandomBytes(1000 + i * 977, i));
+  fs::create_directories(root + "/empty-dir");
+  chmod((root + "/a/b/c/deep.txt").c_str(), 0640);
+}
+
+struct Node {
+  bool dir;
+  uint64_t size;
+  int64_t mtime_ns;
+  unsigned mode;
+};
+
+std::map<std::string, Node> Walk(const std::string& root) {
+  std::map<std::string, Node> out;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+    struct stat st;
+    EXPECT_EQ(stat(it->path().c_str(), &st), 0) << it->path();
+    out[fs::relative(it->path(), root).string()] =
+        Node{S_ISDIR(st.st_mode), S_ISDIR(st.st_mode) ? 0 : static_cast<uint64_t>(st.st_size),
+             static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec, st.st_mode & 0777};
+  }
+  return out;
+}
+
+class ReadPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MakeDataset(dir_ / "src");
+    std::string why;
+    ASSERT_TRUE(cluster_.StartDaemons(&why)) << why;
+    RunResult m = cluster_.Cli({"mount", "/ds", "file://" + dir_ / "src"});
+    ASSERT_EQ(m.code, 0) << m.out;
+    ASSERT_TRUE(cluster_.StartFuse(&why)) << why;
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << cluster_.Logs();
+  }
+  std::string Mnt(const std::string& rel = "") const { return cluster_.mountpoint() + "/ds" + (rel.empty() ? "" : "/" + rel); }
+
+  TempDir dir_;
+  LocalCluster cluster_{dir_};
+};
+
+TEST_F(ReadPathTest, TreeAttributesAndBytesMatchTheSource) {
+  auto src = Walk(dir_ / "src");
+  auto mnt = Walk(Mnt());
+  ASSERT_EQ(src.size(), mnt.size());
+  for (const auto& [rel, s] : src) {
+    auto it = mnt.find(rel);
+    ASSERT_NE(it, mnt.end()) << rel << " missing from the mount";
+    const Node& m = it->second;
+    EXPECT_EQ(m.dir, s.dir) << rel;
+    EXPECT_EQ(m.size, s.size) << rel;
+    EXPECT_EQ(m.mtime_ns, s.mtime_ns) << rel;
+    EXPECT_EQ(m.mode, s.mode & ~0222u) << rel << ": mode minus write bits";
+    if (!s.dir) {
+      EXPECT_EQ(Sha256File(Mnt(rel)), Sha256File(dir_ / ("src/" + rel))) << rel;
+    }
+  }
+  // The namespace root shows the mount as a directory.
+  struct stat st;
+  ASSERT_EQ(stat(cluster_.mountpoint().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+}
+
+TEST_F(ReadPathTest, UnalignedReadsAcrossBlockBoundaries) {
+  std::string want = ReadFile(dir_ / "src/many-blocks.bin");
+  int fd = open(Mnt("many-blocks.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  for (uint64_t off : std::vector<uint64_t>{0, 65535, 65536, 131071, 500000, want.size() - 10}) {
+    std::string buf(100000, '\0');
+    ssize_t n = pread(fd, buf.data(), buf.size(), static_cast<off_t>(off));
+    ASSERT_GE(n, 0);
+    EXPECT_EQ(static_cast<size_t>(n), std::min<size_t>(buf.size(), want.size() - off));
+    EXPECT_EQ(buf.substr(0, n), want.substr(off, n)) << "offset " << off;
+  }
+  char c;
+  EXPECT_EQ(pread(fd, &c, 1, static_cast<off_t>(want.size() + 5)), 0) << "read past EOF returns 0";
+  close(fd);
+}
+
+TEST_F(ReadPathTest, SecondReadIsServedFromTheCache) {
+  uint64_t h0, m0, u0;
+  ASSERT_TRUE(cluster_.WorkerCounters(&h0, &m0, &u0));
+  std::string path = Mnt("many-blocks.bin");
+  std::string want = Sha256File(dir_ / "src/many-blocks.bin");
+  ASSERT_EQ(Sha256File(path), want);
+  uint64_t h1, m1, u1;
+  ASSERT_TRUE(WaitFor([&] { return cluster_.WorkerCounters(&h1, &m1, &u1) && u1 >= u0 + 64 * 1024 * 17 + 123; }))
+      << "the first read must fetch the whole file from the under-storage";
+  EXPECT_GE(m1, m0 + 18) << "one miss per block";
+  ASSERT_EQ(Sha256File(path), want);
+  uint64_t h2, m2, u2;
+  ASSERT_TRUE(WaitFor([&] { return cluster_.WorkerCounters(&h2, &m2, &u2) && h2 > h1; })) << "no cache hits seen";
+  EXPECT_EQ(u2, u1) << "the second read must not touch the under-storage";
+  EXPECT_EQ(m2, m1);
+  // The master attributes the cached bytes to the mount.
+  RunResult r = cluster_.Cli({"report"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("/ds"), std::string::npos) << r.out;
+}
+
+TEST_F(ReadPathTest, WritesFailWithErofs) {
+  auto expect_erofs = [](int rc, const char* what) {
+    EXPECT_EQ(rc, -1) << what;
+    EXPECT_EQ(errno, EROFS) << what << ": " << strerror(errno);
+  };
+  expect_erofs(open(Mnt("new.txt").c_str(), O_WRONLY | O_CREAT, 0644), "create");
+  expect_erofs(open(Mnt("empty.bin").c_str(), O_WRONLY), "open for write");
+  expect_erofs(open(Mnt("empty.bin").c_str(), O_RDWR), "open read-write");
+  expect_erofs(mkdir(Mnt("d").c_str(), 0755), "mkdir");
+  expect_erofs(unlink(Mnt("empty.bin").c_str()), "unlink");
+  expect_erofs(rmdir(Mnt("empty-dir").c_str()), "rmdir");
+  expect_erofs(rename(Mnt("empty.bin").c_str(), Mnt("x.bin").c_str()), "rename");
+  expect_erofs(truncate(Mnt("exact-block.bin").c_str(), 0), "truncate");
+  expect_erofs(chmod(Mnt("exact-block.bin").c_str(), 0777), "chmod");
+  expect_erofs(symlink("x", Mnt("link").c_str()), "symlink");
+  expect_erofs(setxattr(Mnt("empty.bin").c_str(), "user.k", "v", 1, 0), "setxattr");
+  char buf[8];
+  EXPECT_EQ(getxattr(Mnt("empty.bin").c_str(), "user.k", buf, sizeof buf), -1);
+  EXPECT_EQ(errno, ENODATA);
+  // Nothing changed in the source.
+  EXPECT_FALSE(fs::exists(dir_ / "src/new.txt"));
+  EXPECT_EQ(fs::file_size(dir_ / "src/exact-block.bin"), 64u * 1024);
+}
+
+TEST_F(ReadPathTest, VanishedAndChangedFilesFailCleanly) {
+  WriteFile(dir_ / "src/later/gone.bin", RandomBytes(5000, 1));
+  WriteFile(dir_ / "src/later/changed.bin", RandomBytes(5000, 2));
+  struct stat st;
+  ASSERT_EQ(stat(Mnt("later/gone.bin").c_str(), &st), 0);
+  ASSERT_EQ(stat(Mnt("later/changed.bin").c_str(), &st), 0);
+  fs::remove(dir_ / "src/later/gone.bin");
+  WriteFile(dir_ / "src/later/changed.bin", RandomBytes(5000, 3));  // same size, new bytes
+
+  std::string buf(8192, '\0');
+  int fd = open(Mnt("later/gone.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read(fd, buf.data(), buf.size()), -1);
+  EXPECT_TRUE(errno == ENOENT || errno == EIO) << strerror(errno);
+  close(fd);
+
+  fd = open(Mnt("later/changed.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(read(fd, buf.data(), buf.size()), -1) << "a changed file must not be served as the listed version";
+  EXPECT_EQ(errno, ESTALE) << strerror(errno);
+  close(fd);
+
+  // The daemons are still serving.
+  EXPECT_EQ(Sha256File(Mnt("a/b/c/deep.txt")), Sha256File(dir_ / "src/a/b/c/deep.txt"));
+}
+
+TEST_F(ReadPathTest, CliListsAndStats) {
+  RunResult ls = cluster_.Cli({"ls", "/ds"});
+  ASSERT_EQ(ls.code, 0) << ls.out;
+  EXPECT_NE(ls.out.find("many-blocks.bin"), std::string::npos);
+  EXPECT_NE(ls.out.find("with space/"), std::string::npos);
+  RunResult st = cluster_.Cli({"stat", "/ds/many-blocks.bin"});
+  ASSERT_EQ(st.code, 0) << st.out;
+  EXPECT_NE(st.out.find(std::to_string(64 * 1024 * 17 + 123)), std::string::npos) << st.out;
+  RunResult mounts = cluster_.Cli({"mounts"});
+  EXPECT_NE(mounts.out.find("file://" + dir_ / "src"), std::string::npos) << mounts.out;
+  RunResult missing = cluster_.Cli({"stat", "/ds/nope"});
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.out.find("/ds/nope does not exist"), std::string::npos) << missing.out;
+}
+
+TEST_F(ReadPathTest, StopsCleanlyOnSigterm) {
+  ASSERT_EQ(Sha256File(Mnt("exact-block.bin")), Sha256File(dir_ / "src/exact-block.bin"));
+  std::string why;
+  EXPECT_TRUE(cluster_.StopAll(&why)) << why;
+  EXPECT_FALSE(IsMounted(cluster_.mountpoint()));
+}
+
+TEST(ReadPathRestart, CacheAndNamespaceSurviveARestart) {
+  TempDir dir;
+  MakeDataset(dir / "src");
+  std::string want = Sha256File(dir / "src/many-blocks.bin");
+  {
+    LocalCluster c(dir);
+    std::string why;
+    ASSERT_TRUE(c.StartDaemons(&why)) << why;
+    ASSERT_EQ(c.Cli({"mount", "/ds", dir / "src"}).code, 0);
+    ASSERT_TRUE(c.StartFuse(&why)) << why;
+    ASSERT_EQ(Sha256File(c.mountpoint() + "/ds/many-blocks.bin"), want);
+    ASSERT_TRUE(c.StopAll(&why)) << why;
+  }
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(Sha256File(c.mountpoint() + "/ds/many-blocks.bin"), want);
+  uint64_t h, m, u;
+  ASSERT_TRUE(WaitFor([&] { return c.WorkerCounters(&h, &m, &u) && h >= 18; })) << c.Logs();
+  EXPECT_EQ(u, 0u) << "a restarted worker serves its kept cache";
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
+}  // namespace
+}  // namespace granary::testing

@@ -1,0 +1,131 @@
+#include "master/namespace.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "tests/testutil/testutil.h"
+
+namespace granary::master {
+namespace {
+
+class NamespaceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFile(dir_ / "src/a/1.jpg", "one");
+    testing::WriteFile(dir_ / "src/a/2.jpg", "two!");
+    testing::WriteFile(dir_ / "src/b/c/3.jpg", std::string(10000, 'x'));
+    testing::WriteFile(dir_ / "src/top.txt", "");
+    Reopen();
+  }
+  void Reopen() {
+    ns_.reset();
+    auto ns = Namespace::Open(dir_ / "db", 4096);
+    ASSERT_TRUE(ns.ok()) << ns.status().message();
+    ns_ = std::move(ns).value();
+  }
+  std::set<std::string> Names(uint64_t ino) {
+    std::set<std::string> out;
+    uint64_t after = 0;
+    for (;;) {
+      rpc::ReadDirResponse page;
+      EXPECT_TRUE(ns_->ReadDir(ino, after, 2, &page).ok());
+      for (const auto& e : page.entries()) {
+        EXPECT_TRUE(out.insert(e.name()).second) << "duplicate " << e.name();
+        after = e.cookie();
+      }
+      if (page.end()) break;
+    }
+    return out;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Namespace> ns_;
+};
+
+TEST_F(NamespaceTest, MountDiscoversLazily) {
+  auto m = ns_->Mount("/datasets/imagenet", "file://" + dir_ / "src", {});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->path(), "/datasets/imagenet");
+  EXPECT_EQ(Names(kRootIno), std::set<std::string>{"datasets"});
+  auto root = ns_->Resolve("/datasets/imagenet");
+  ASSERT_TRUE(root.ok());
+  EXPECT_EQ(Names(root->ino()), (std::set<std::string>{"a", "b", "top.txt"}));
+  auto f = ns_->Resolve("/datasets/imagenet/b/c/3.jpg");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->size(), 10000u);
+  EXPECT_EQ(f->mode() & 0222, 0u) << "write bits must be cleared";
+  auto info = ns_->GetFile(f->ino());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->ufs_path(), "b/c/3.jpg");
+  EXPECT_EQ(info->block_size(), 4096u);
+  EXPECT_FALSE(info->version().empty());
+  EXPECT_EQ(ns_->Resolve("/datasets/imagenet/nope").status().code(), Code::kNotFound);
+  EXPECT_EQ(ns_->Resolve("/datasets/imagenet/top.txt/x").status().code(), Code::kNotFound);
+}
+
+TEST_F(NamespaceTest, PagingVisitsEveryEntryOnce) {
+  for (int i = 0; i < 57; ++i) testing::WriteFile(dir_ / ("src/many/f" + std::to_string(i)), "x");
+  ASSERT_TRUE(ns_->Mount("/d", dir_ / "src", {}).ok());
+  auto many = ns_->Resolve("/d/many");
+  ASSERT_TRUE(many.ok());
+  EXPECT_EQ(Names(many->ino()).size(), 57u);
+}
+
+TEST_F(NamespaceTest, ConcurrentFirstLookupsListOnce) {
+  for (int i = 0; i < 200; ++i) testing::WriteFile(dir_ / ("src/wide/f" + std::to_string(i)), "x");
+  ASSERT_TRUE(ns_->Mount("/d", dir_ / "src", {}).ok());
+  auto wide = ns_->Resolve("/d/wide");
+  ASSERT_TRUE(wide.ok());
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&, t] { EXPECT_TRUE(ns_->Lookup(wide->ino(), "f" + std::to_string(t)).ok()); });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(Names(wide->ino()).size(), 200u);
+  auto mounts = ns_->ListMounts();
+  ASSERT_EQ(mounts.size(), 1u);
+}
+
+TEST_F(NamespaceTest, SurvivesReopen) {
+  ASSERT_TRUE(ns_->Mount("/d", dir_ / "src", {{"k", "v"}}).ok());
+  auto before = ns_->Resolve("/d/a/2.jpg");
+  ASSERT_TRUE(before.ok());
+  Reopen();
+  auto after = ns_->Resolve("/d/a/2.jpg");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(before->ino(), after->ino());
+  auto mounts = ns_->ListMounts();
+  ASSERT_EQ(mounts.size(), 1u);
+  EXPECT_TRUE(mounts[0].options().empty()) << "ListMounts must not expose options";
+  EXPECT_EQ(ns_->GetMount(mounts[0].id())->options().at("k"), "v");
+  // New inodes do not reuse old numbers.
+  ASSERT_TRUE(ns_->Mount("/e", dir_ / "src", {}).ok());
+  EXPECT_GT(ns_->Resolve("/e")->ino(), after->ino());
+}
+
+TEST_F(NamespaceTest, MountErrors) {
+  EXPECT_EQ(ns_->Mount("/d", dir_ / "missing", {}).status().code(), Code::kNotFound);
+  EXPECT_EQ(ns_->Mount("/", dir_ / "src", {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ns_->Mount("rel", dir_ / "src", {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ns_->Mount("/a/../b", dir_ / "src", {}).status().code(), Code::kInvalidArgument);
+  ASSERT_TRUE(ns_->Mount("/d", dir_ / "src", {}).ok());
+  EXPECT_EQ(ns_->Mount("/d", dir_ / "src", {}).status().code(), Code::kAlreadyExists);
+  EXPECT_EQ(ns_->Mount("/d/inner", dir_ / "src", {}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ns_->Mount("/x", "s3cret://bucket", {}).status().code(), Code::kUnimplemented);
+}
+
+TEST_F(NamespaceTest, UnmountRemovesSubtreeAndEmptyParents) {
+  ASSERT_TRUE(ns_->Mount("/p/q", dir_ / "src", {}).ok());
+  ASSERT_TRUE(ns_->Resolve("/p/q/b/c/3.jpg").ok());
+  auto gone = ns_->Unmount("/p/q");
+  ASSERT_TRUE(gone.ok()) << gone.status().message();
+  EXPECT_TRUE(Names(kRootIno).empty());
+  EXPECT_EQ(ns_->Resolve("/p").status().code(), Code::kNotFound);
+  EXPECT_EQ(ns_->Unmount("/p/q").status().code(), Code::kNotFound);
+  EXPECT_TRUE(ns_->ListMounts().empty());
+}
+
+}  // namespace
+}  // namespace granary::master

@@ -1,0 +1,141 @@
+#include "worker/block_store.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "tests/testutil/testutil.h"
+
+namespace granary::worker {
+namespace {
+
+BlockMeta Meta(const std::string& file, uint64_t index, uint64_t len) {
+  return BlockMeta{BlockId{MakeFileKey("file:///d", file, "v1"), index}, 1, len};
+}
+
+TEST(BlockStore, PutReadAndReopen) {
+  testing::TempDir dir;
+  std::string data = testing::RandomBytes(300000, 1);
+  {
+    auto store = BlockStore::Open(dir / "cache", 1 << 30);
+    ASSERT_TRUE(store.ok());
+    std::vector<BlockMeta> evicted;
+    ASSERT_TRUE((*store)->Put(Meta("a", 0, data.size()), data, &evicted).ok());
+    std::string out(1000, '\0');
+    auto n = (*store)->Read(Meta("a", 0, 0).id, 65530, 1000, out.data());
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(out, data.substr(65530, 1000));
+    EXPECT_EQ((*store)->Read(Meta("b", 0, 0).id, 0, 10, out.data()).status().code(), Code::kNotFound);
+  }
+  auto store = BlockStore::Open(dir / "cache", 1 << 30);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->Stats().blocks, 1u);
+  std::string out(data.size(), '\0');
+  auto n = (*store)->Read(Meta("a", 0, 0).id, 0, data.size() + 100, out.data());
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, data.size());
+  EXPECT_EQ(out, data);
+}
+
+TEST(BlockStore, FilesArePrivateAndNamedByHash) {
+  testing::TempDir dir;
+  auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  std::vector<BlockMeta> ev;
+  ASSERT_TRUE(store->Put(Meta("secret-object-name.jpg", 0, 3), "abc", &ev).ok());
+  std::string path = store->PathOf(Meta("secret-object-name.jpg", 0, 3).id);
+  EXPECT_EQ(path.find("secret"), std::string::npos);
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat((dir / "cache").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST(BlockStore, CorruptionIsDetectedAndTheBlockDropped) {
+  testing::TempDir dir;
+  auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  std::string data = testing::RandomBytes(200000, 2);
+  std::vector<BlockMeta> ev;
+  auto meta = Meta("a", 0, data.size());
+  ASSERT_TRUE(store->Put(meta, data, &ev).ok());
+  {
+    std::fstream f(store->PathOf(meta.id), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(BlockHeaderLen(data.size()) + 150000);
+    f.put(static_cast<char>(data[150000] ^ 0x40));
+  }
+  std::string out(100, '\0');
+  // A range in an untouched chunk still verifies.
+  EXPECT_TRUE(store->Read(meta.id, 0, 100, out.data()).ok());
+  auto r = store->Read(meta.id, 149990, 100, out.data());
+  EXPECT_EQ(r.status().code(), Code::kDataLoss);
+  EXPECT_FALSE(store->Contains(meta.id));
+  EXPECT_EQ(store->Stats().corrupt, 1u);
+}
+
+TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
+  testing::TempDir dir;
+  std::string path;
+  {
+    auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+    std::vector<BlockMeta> ev;
+    auto meta = Meta("a", 0, 5000);
+    ASSERT_TRUE(store->Put(meta, std::string(5000, 'z'), &ev).ok());
+    ASSERT_TRUE(store->Put(Meta("b", 0, 10), std::string(10, 'y'), &ev).ok());
+    path = store->PathOf(meta.id);
+  }
+  truncate(path.c_str(), 4200);                           // torn write
+  testing::WriteFile(dir / "cache/tmp/half-written", "x");  // crash leftover
+  testing::WriteFile(dir / "cache/blocks/zz/not-a-block", "junk");
+  auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  EXPECT_EQ(store->Stats().blocks, 1u);
+  EXPECT_TRUE(store->Contains(Meta("b", 0, 0).id));
+  EXPECT_NE(access((dir / "cache/tmp/half-written").c_str(), F_OK), 0) << "crash leftovers must be removed";
+  EXPECT_NE(access((dir / "cache/blocks/zz/not-a-block").c_str(), F_OK), 0);
+}
+
+TEST(BlockStore, QuotaEvictsLeastRecentlyUsed) {
+  testing::TempDir dir;
+  uint64_t per = BlockHeaderLen(10000) + 10000;
+  auto store = std::move(BlockStore::Open(dir / "cache", per * 3).value());
+  std::vector<BlockMeta> ev;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->Put(Meta("f", i, 10000), std::string(10000, 'a' + i), &ev).ok());
+  EXPECT_TRUE(ev.empty());
+  char c;
+  ASSERT_TRUE(store->Read(Meta("f", 0, 0).id, 0, 1, &c).ok());  // 0 is now most recent
+  ASSERT_TRUE(store->Put(Meta("f", 3, 10000), std::string(10000, 'd'), &ev).ok());
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].id.index, 1u);
+  EXPECT_LE(store->Stats().used, per * 3);
+  EXPECT_TRUE(store->Contains(Meta("f", 0, 0).id));
+  // A block larger than the whole quota is refused, not forced in.
+  EXPECT_EQ(store->Put(Meta("g", 0, per * 4), std::string(per * 4, 'x'), &ev).code(), Code::kResourceExhausted);
+}
+
+TEST(BlockStore, ConcurrentPutsAndReadsStayWithinQuota) {
+  testing::TempDir dir;
+  uint64_t per = BlockHeaderLen(4096) + 4096;
+  auto store = std::move(BlockStore::Open(dir / "cache", per * 8).value());
+  std::vector<std::thread> ts;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 100; ++i) {
+        auto m = Meta("f" + std::to_string(t), i % 20, 4096);
+        std::string data(4096, static_cast<char>('a' + (i % 20)));
+        std::vector<BlockMeta> ev;
+        Status s = store->Put(m, data, &ev);
+        if (!s.ok() && s.code() != Code::kResourceExhausted) bad++;
+        std::string out(4096, '\0');
+        auto r = store->Read(m.id, 0, 4096, out.data());
+        if (r.ok() && out != data) bad++;
+        if (store->Stats().used > per * 8) bad++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+}  // namespace
+}  // namespace granary::worker
