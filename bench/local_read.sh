@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The read experiment on one machine: an ImageNet-like dataset on local disk, served by
+# `granary local`, read in shuffled order by several threads — from the source directory (the
+# limit), then through the mount cold (empty cache) and warm (second epoch). Prints a Markdown
+# table with the ratios and the cache's counters.
+#
+#   bench/local_read.sh [--files N] [--threads T] [--build DIR] [--work DIR] [--keep]
+#
+# Everything it starts is stopped and unmounted on exit, also on failure or Ctrl-C.
+set -euo pipefail
+FILES=2000; THREADS=8; BUILD=""; WORK=""; KEEP=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --files) FILES=$2; shift 2;;
+    --threads) THREADS=$2; shift 2;;
+    --build) BUILD=$2; shift 2;;
+    --work) WORK=$2; shift 2;;
+    --keep) KEEP=1; shift;;
+    *) echo "usage: $0 [--files N] [--threads T] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$ROOT/build}
+BIN=$BUILD/bin
+for b in granary granary-bench-read; do
+  [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
+done
+WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
+mkdir -p "$WORK"
+DATA=$WORK/imagenet; MNT=$WORK/mnt; STATE=$WORK/state
+export GRANARY_HOME=$WORK/home
+LOCAL_PID=""
+
+cleanup() {
+  if [ -n "$LOCAL_PID" ] && kill -0 "$LOCAL_PID" 2>/dev/null; then
+    kill -INT "$LOCAL_PID" 2>/dev/null || true
+    for _ in $(seq 200); do kill -0 "$LOCAL_PID" 2>/dev/null || break; sleep 0.05; done
+    kill -9 "$LOCAL_PID" 2>/dev/null || true
+  fi
+  if grep -q " $MNT " /proc/mounts 2>/dev/null; then fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; fi
+  [ "$KEEP" = 1 ] || rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+drop_caches() { sync; if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches; fi; }
+
+if [ ! -d "$DATA" ]; then python3 "$ROOT/bench/gen_dataset.py" --out "$DATA" --files "$FILES" --seed 42; fi
+mkdir -p "$MNT"
+
+read_run() { "$BIN/granary-bench-read" --root "$1" --threads "$THREADS" --seed "$2" --label "$3"; }
+
+drop_caches
+SRC_COLD=$(read_run "$DATA" 1 "local disk, cold page cache")
+SRC_WARM=$(read_run "$DATA" 2 "local disk, warm page cache")
+
+"$BIN/granary" local "file://$DATA" "$MNT" --dir "$STATE" > "$WORK/local.log" 2>&1 &
+LOCAL_PID=$!
+for _ in $(seq 600); do grep -q " $MNT " /proc/mounts && break; kill -0 $LOCAL_PID 2>/dev/null || break; sleep 0.05; done
+grep -q " $MNT " /proc/mounts || { echo "error: granary local did not mount:" >&2; cat "$WORK/local.log" >&2; exit 1; }
+
+drop_caches
+G_COLD=$(read_run "$MNT" 3 "granary, cold cache (epoch 1)")
+G_WARM=$(read_run "$MNT" 4 "granary, warm cache (epoch 2)")
+G_WARM2=$(read_run "$MNT" 5 "granary, warm cache (epoch 3)")
+
+# Counters arrive with the worker's next report; poll until both epochs' hits are visible.
+REPORT=""
+for _ in $(seq 100); do
+  REPORT=$("$BIN/granary" report --json)
+  python3 - "$REPORT" "$FILES" <<'PY' && break
+import json, sys
+r = json.loads(sys.argv[1]); sys.exit(0 if r["cache"]["hits"] >= 2 * int(sys.argv[2]) else 1)
+PY
+  sleep 0.1
+done
+
+python3 - "$SRC_COLD" "$SRC_WARM" "$G_COLD" "$G_WARM" "$G_WARM2" "$REPORT" "$THREADS" <<'PY'
+import json, sys
+runs = [json.loads(x) for x in sys.argv[1:6]]
+rep = json.loads(sys.argv[6]); threads = sys.argv[7]
+src_warm = runs[1]
+print()
+print("| reader (%s threads, shuffled) | files | MB | files/s | MB/s | p50 ms | p99 ms | vs local warm |" % threads)
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for r in runs:
+    print("| %s | %d | %.0f | %.0f | %.1f | %.2f | %.2f | %.2f |" % (
+        r["label"], r["files"], r["bytes"] / 1e6, r["files_per_s"], r["mb_per_s"], r["p50_ms"], r["p99_ms"],
+        r["files_per_s"] / src_warm["files_per_s"]))
+c = rep["cache"]; m = rep["mounts"][0]
+print()
+print("cache: %d hits, %d misses, %.1f MB read from the under-storage, %.1f%% of %s cached" % (
+    c["hits"], c["misses"], c["ufs_bytes"] / 1e6, m["cached_percentage"], m["path"]))
+bad = [r["label"] for r in runs if r["errors"]]
+if bad:
+    print("ERRORS in: " + ", ".join(bad)); sys.exit(1)
+PY

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds, and runs every test (unit and integration, with real daemons and a
+# real FUSE mount). Needs root for apt-get and /dev/fuse.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+bash "$ROOT/scripts/install-deps.sh"
+bash "$ROOT/scripts/build.sh"
+cd "${BUILD_DIR:-$ROOT/build}"
+ctest --output-on-failure --timeout 900 "$@"
