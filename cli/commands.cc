@@ -236,7 +236,15 @@ int CmdReport(MasterConn& m, bool json) {
   return 0;
 }
 
-int CmdConfig() {
+int CmdConfig(bool markdown) {
+  if (markdown) {
+    std::printf("| key | default | unit | meaning |\n|---|---|---|---|\n");
+    for (const auto& s : Config::Settings()) {
+      std::string def = s.default_value.empty() ? "(empty)" : "`" + s.default_value + "`";
+      std::printf("| `%s` | %s | %s | %s |\n", s.key.c_str(), def.c_str(), s.unit.c_str(), s.doc.c_str());
+    }
+    return 0;
+  }
   std::printf("# Every Granary setting with its default. Sections nest: `worker: {cache_quota: 20Gi}`.\n");
   std::string section;
   for (const auto& s : Config::Settings()) {
@@ -284,6 +292,8 @@ int Main(int argc, char** argv) {
   auto* report = app.add_subcommand("report", "Workers, capacity, usage, hits and cached share per mount");
   report->add_flag("--json", json, "Print JSON");
   auto* config = app.add_subcommand("config", "Print every setting with its default and meaning");
+  bool markdown = false;
+  config->add_flag("--markdown", markdown, "Print a Markdown table (docs/configuration.md)");
 
   LocalOptions local_opts;
   ConfigFlags local_flags;
@@ -300,7 +310,7 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   }
 
-  if (*config) return CmdConfig();
+  if (*config) return CmdConfig(markdown);
   if (*local) {
     Shutdown::InstallSignalHandling();
     if (local_flags.config_file.empty()) local_flags.config_file = flags.config_file;
