@@ -17,7 +17,7 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
     return Status::OK();
   }
   uint64_t len = std::min(req.length, block_len - req.offset);
-  ASSIGN_OR_RETURN(MountHandle mount, link_->GetMount(req.mount_id));
+  ASSIGN_OR_RETURN(MountHandle mount, mounts_->GetMount(req.mount_id));
   BlockMeta meta{BlockId{MakeFileKey(mount.uri, req.ufs_path, req.version), req.index}, req.mount_id, block_len};
 
   out->resize(len);
@@ -28,7 +28,7 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
     counters_.bytes_served += len;
     return Status::OK();
   }
-  if (!cached.ok() && cached.status().IsDataLoss()) link_->BlockRemoved(meta);
+  if (!cached.ok() && cached.status().IsDataLoss()) reporter_->BlockRemoved(meta);
   *hit = false;
   counters_.misses++;
   ASSIGN_OR_RETURN(std::shared_ptr<const std::string> block, Fetch(req, mount, meta));
@@ -46,6 +46,7 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
     auto it = inflight_.find(meta.id);
     if (it != inflight_.end()) {
       future = it->second;
+      counters_.coalesced++;
     } else {
       future = promise.get_future().share();
       inflight_.emplace(meta.id, future);
@@ -71,9 +72,9 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   }
   std::vector<BlockMeta> evicted;
   Status st = store_->Put(meta, *data, &evicted);
-  for (const auto& e : evicted) link_->BlockRemoved(e);
+  for (const auto& e : evicted) reporter_->BlockRemoved(e);
   if (st.ok()) {
-    link_->BlockAdded(meta);
+    reporter_->BlockAdded(meta);
   } else {
     spdlog::debug("serving block uncached: {}", st.message());
   }

@@ -18,7 +18,7 @@
 
 #include "common/status.h"
 #include "worker/block_store.h"
-#include "worker/master_link.h"
+#include "worker/interfaces.h"
 
 namespace granary::worker {
 
@@ -35,11 +35,13 @@ struct BlockRequest {
 
 struct SourceCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, ufs_reads{0}, ufs_bytes{0}, bytes_served{0};
+  std::atomic<uint64_t> coalesced{0};  // misses that joined another request's in-flight fetch
 };
 
 class BlockSource {
  public:
-  BlockSource(BlockStore* store, MasterLink* link) : store_(store), link_(link) {}
+  BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter)
+      : store_(store), mounts_(mounts), reporter_(reporter) {}
 
   // Fills `out` with the requested range (clipped at the block's end); `hit` tells whether it came
   // from the cache. INVALID_ARGUMENT for a range outside the file; FAILED_PRECONDITION when the file
@@ -54,7 +56,8 @@ class BlockSource {
   Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta);
 
   BlockStore* store_;
-  MasterLink* link_;
+  MountResolver* mounts_;
+  BlockReporter* reporter_;
   SourceCounters counters_;
   std::mutex mu_;
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_;  // GUARDED_BY(mu_)

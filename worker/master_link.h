@@ -23,28 +23,23 @@
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"
 #include "worker/block_store.h"
+#include "worker/interfaces.h"
 
 namespace granary::worker {
 
-struct MountHandle {
-  std::string uri;
-  std::shared_ptr<UnderFileSystem> ufs;
-};
-
-class MasterLink {
+class MasterLink final : public MountResolver, public BlockReporter {
  public:
   using StatsFn = std::function<rpc::WorkerStats()>;
   MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats);
-  ~MasterLink();
+  ~MasterLink() override;
 
   // Registers as `advertise` (the address others dial) and starts the background thread.
   void Start(const std::string& advertise);
   void Stop();
 
-  void BlockAdded(const BlockMeta& m);
-  void BlockRemoved(const BlockMeta& m);
-
-  StatusOr<MountHandle> GetMount(uint64_t mount_id);
+  void BlockAdded(const BlockMeta& m) override;
+  void BlockRemoved(const BlockMeta& m) override;
+  StatusOr<MountHandle> GetMount(uint64_t mount_id) override;
 
  private:
   void Loop();

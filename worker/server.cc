@@ -67,7 +67,7 @@ class WorkerServerImpl final : public WorkerServer {
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     auto stats = [this] { return Stats(); };
     link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats);
-    source_ = std::make_unique<BlockSource>(store_.get(), link_.get());
+    source_ = std::make_unique<BlockSource>(store_.get(), link_.get(), link_.get());
     service_ = std::make_unique<WorkerService>(source_.get(), sec_, stats);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();

@@ -1,0 +1,64 @@
+// FaultUfs: wraps a real UnderFileSystem to count calls and inject faults — fail the next reads
+// with a given Status, or hold reads at a gate until the test opens it. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "common/ufs/ufs.h"
+
+namespace granary::testing {
+
+class FaultUfs : public UnderFileSystem {
+ public:
+  explicit FaultUfs(std::shared_ptr<UnderFileSystem> real) : real_(std::move(real)) {}
+
+  const std::string& uri() const override { return real_->uri(); }
+  StatusOr<UfsEntry> Stat(const std::string& path) override { return real_->Stat(path); }
+  Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override {
+    return real_->List(dir, page_size, on_page);
+  }
+  StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                        char* out) override {
+    reads_started++;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return gate_open_; });
+      if (fail_next_ > 0) {
+        --fail_next_;
+        return fail_status_;
+      }
+    }
+    return real_->Read(path, version, offset, length, out);
+  }
+
+  // Reads wait until OpenGate().
+  void CloseGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_open_ = false;
+  }
+  void OpenGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_open_ = true;
+    cv_.notify_all();
+  }
+  void FailNext(int n, Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_next_ = n;
+    fail_status_ = std::move(s);
+  }
+
+  std::atomic<int> reads_started{0};
+
+ private:
+  std::shared_ptr<UnderFileSystem> real_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool gate_open_ = true;
+  int fail_next_ = 0;
+  Status fail_status_;
+};
+
+}  // namespace granary::testing

@@ -1,0 +1,139 @@
+#include "worker/block_source.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "common/ufs/local_ufs.h"
+#include "tests/testutil/fault_ufs.h"
+#include "tests/testutil/testutil.h"
+
+namespace granary::worker {
+namespace {
+
+class Fakes : public MountResolver, public BlockReporter {
+ public:
+  StatusOr<MountHandle> GetMount(uint64_t id) override {
+    if (id != 1) return NotFoundError("mount " + std::to_string(id) + " does not exist");
+    return MountHandle{ufs->uri(), ufs};
+  }
+  void BlockAdded(const BlockMeta&) override { added++; }
+  void BlockRemoved(const BlockMeta&) override { removed++; }
+  std::shared_ptr<testing::FaultUfs> ufs;
+  std::atomic<int> added{0}, removed{0};
+};
+
+class BlockSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = testing::RandomBytes(300000, 5);
+    testing::WriteFile(dir_ / "src/f.bin", data_);
+    auto local = LocalUfs::Open(dir_ / "src");
+    ASSERT_TRUE(local.ok());
+    fakes_.ufs = std::make_shared<testing::FaultUfs>(*local);
+    version_ = fakes_.ufs->Stat("f.bin")->version;
+    OpenStore(1 << 30);
+  }
+  void OpenStore(uint64_t quota) {
+    source_.reset();
+    store_ = std::move(BlockStore::Open(dir_ / "cache", quota).value());
+    source_ = std::make_unique<BlockSource>(store_.get(), &fakes_, &fakes_);
+  }
+  BlockRequest Req(uint64_t index, uint64_t offset, uint64_t length) {
+    return BlockRequest{1, "f.bin", version_, data_.size(), 65536, index, offset, length};
+  }
+
+  testing::TempDir dir_;
+  std::string data_, version_;
+  Fakes fakes_;
+  std::unique_ptr<BlockStore> store_;
+  std::unique_ptr<BlockSource> source_;
+};
+
+TEST_F(BlockSourceTest, MissThenHit) {
+  std::string out;
+  bool hit = true;
+  ASSERT_TRUE(source_->Read(Req(2, 100, 1000), &out, &hit).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(out, data_.substr(2 * 65536 + 100, 1000));
+  ASSERT_TRUE(source_->Read(Req(2, 0, 65536), &out, &hit).ok());
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(out, data_.substr(2 * 65536, 65536));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1);
+  EXPECT_EQ(fakes_.added.load(), 1);
+  // The last block is short; a request past its end is clipped.
+  ASSERT_TRUE(source_->Read(Req(4, 0, 65536), &out, &hit).ok());
+  EXPECT_EQ(out, data_.substr(4 * 65536));
+  EXPECT_EQ(source_->Read(Req(5, 0, 10), &out, &hit).code(), Code::kInvalidArgument);
+}
+
+TEST_F(BlockSourceTest, ConcurrentMissesFetchOnce) {
+  fakes_.ufs->CloseGate();
+  constexpr int kReaders = 8;
+  std::vector<std::thread> ts;
+  std::atomic<int> good{0};
+  for (int i = 0; i < kReaders; ++i) {
+    ts.emplace_back([&, i] {
+      std::string out;
+      bool hit;
+      if (source_->Read(Req(1, i * 100, 100), &out, &hit).ok() && out == data_.substr(65536 + i * 100, 100)) good++;
+    });
+  }
+  // Every reader but the one fetching joins the in-flight fetch before the under-storage answers.
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->counters().coalesced.load() == kReaders - 1; }));
+  fakes_.ufs->OpenGate();
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(good.load(), kReaders);
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1);
+}
+
+TEST_F(BlockSourceTest, CorruptCachedBlockIsRefetchedNeverServed) {
+  std::string out;
+  bool hit;
+  ASSERT_TRUE(source_->Read(Req(0, 0, 65536), &out, &hit).ok());
+  BlockId id{MakeFileKey(fakes_.ufs->uri(), "f.bin", version_), 0};
+  {
+    std::fstream f(store_->PathOf(id), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(BlockHeaderLen(65536) + 10);
+    f.put(static_cast<char>(data_[10] ^ 1));
+  }
+  ASSERT_TRUE(source_->Read(Req(0, 0, 65536), &out, &hit).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(out, data_.substr(0, 65536));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 2);
+  EXPECT_EQ(fakes_.removed.load(), 1);
+  EXPECT_EQ(store_->Stats().corrupt, 1u);
+  ASSERT_TRUE(source_->Read(Req(0, 0, 65536), &out, &hit).ok());
+  EXPECT_TRUE(hit) << "the refetched block is cached again";
+}
+
+TEST_F(BlockSourceTest, UnderStorageErrorsPassThroughAndCacheNothing) {
+  fakes_.ufs->FailNext(1, UnavailableError("connection reset"));
+  std::string out;
+  bool hit;
+  Status s = source_->Read(Req(0, 0, 10), &out, &hit);
+  EXPECT_EQ(s.code(), Code::kUnavailable);
+  EXPECT_EQ(store_->Stats().blocks, 0u);
+  // A changed file: the listed version is refused by the under-storage.
+  testing::WriteFile(dir_ / "src/f.bin", testing::RandomBytes(300000, 6));
+  EXPECT_EQ(source_->Read(Req(0, 0, 10), &out, &hit).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(store_->Stats().blocks, 0u);
+  EXPECT_EQ(fakes_.added.load(), 0);
+  BlockRequest bad = Req(0, 0, 10);
+  bad.mount_id = 9;
+  EXPECT_EQ(source_->Read(bad, &out, &hit).code(), Code::kNotFound);
+}
+
+TEST_F(BlockSourceTest, ServesUncachedWhenTheCacheIsTooSmall) {
+  OpenStore(4096);  // not even one block fits
+  std::string out;
+  bool hit;
+  ASSERT_TRUE(source_->Read(Req(3, 5, 50), &out, &hit).ok());
+  EXPECT_EQ(out, data_.substr(3 * 65536 + 5, 50));
+  EXPECT_EQ(store_->Stats().blocks, 0u);
+  EXPECT_EQ(fakes_.added.load(), 0);
+}
+
+}  // namespace
+}  // namespace granary::worker
