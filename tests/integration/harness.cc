@@ -9,6 +9,11 @@
 namespace granary::testing {
 namespace {
 
+std::vector<std::string> With(std::vector<std::string> argv, const std::vector<std::string>& extra) {
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
 // Called after the process was started with the ready file removed beforehand.
 std::string WaitForReadyFile(const std::string& path, Process* p) {
   std::string addr;
@@ -38,9 +43,9 @@ LocalCluster::~LocalCluster() {
 bool LocalCluster::StartDaemons(std::string* why) {
   unlink((dir_ / "master.addr").c_str());
   master_ = std::make_unique<Process>(
-      std::vector<std::string>{Bin("granary-master"), "--master.listen", "127.0.0.1:0", "--master.data_dir",
+      With(std::vector<std::string>{Bin("granary-master"), "--master.listen", "127.0.0.1:0", "--master.data_dir",
                                dir_ / "master", "--master.block_size", opts_.block_size, "--master.worker_timeout",
-                               "30s", "--ready-file", dir_ / "master.addr"},
+                               "30s", "--ready-file", dir_ / "master.addr"}, opts_.extra_args),
       dir_ / "master.log");
   master_addr_ = WaitForReadyFile(dir_ / "master.addr", master_.get());
   if (master_addr_.empty()) {
@@ -49,10 +54,10 @@ bool LocalCluster::StartDaemons(std::string* why) {
   }
   unlink((dir_ / "worker.addr").c_str());
   worker_ = std::make_unique<Process>(
-      std::vector<std::string>{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen",
+      With(std::vector<std::string>{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen",
                                "127.0.0.1:0", "--worker.cache_dir", dir_ / "cache", "--worker.cache_quota",
                                opts_.cache_quota, "--worker.heartbeat_interval", "200ms", "--ready-file",
-                               dir_ / "worker.addr"},
+                               dir_ / "worker.addr"}, opts_.extra_args),
       dir_ / "worker.log");
   worker_addr_ = WaitForReadyFile(dir_ / "worker.addr", worker_.get());
   if (worker_addr_.empty()) {
@@ -65,8 +70,8 @@ bool LocalCluster::StartDaemons(std::string* why) {
 bool LocalCluster::StartFuse(std::string* why) {
   unlink((dir_ / "fuse.addr").c_str());
   fuse_ = std::make_unique<Process>(
-      std::vector<std::string>{Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_,
-                               "--fuse.mountpoint", mountpoint(), "--ready-file", dir_ / "fuse.addr"},
+      With(std::vector<std::string>{Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_,
+                               "--fuse.mountpoint", mountpoint(), "--ready-file", dir_ / "fuse.addr"}, opts_.extra_args),
       dir_ / "fuse.log");
   if (WaitForReadyFile(dir_ / "fuse.addr", fuse_.get()).empty() || !IsMounted(mountpoint())) {
     *why = "fuse did not mount:\n" + fuse_->Log();

@@ -14,6 +14,7 @@ namespace granary::testing {
 struct ClusterOptions {
   std::string block_size = "64Ki";
   std::string cache_quota = "1Gi";
+  std::vector<std::string> extra_args;  // appended to every daemon's command line
 };
 
 class LocalCluster {
