@@ -15,6 +15,21 @@ int CountLines(const std::string& s) {
   return n;
 }
 
+// Binds a TCP socket on a loopback port the OS picks; returns the fd (listening if `listen_too`) and
+// sets *address.
+int BindLoopback(bool listen_too, std::string* address) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  if (listen_too) EXPECT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  return fd;
+}
+
 void ExpectOneLineError(const RunResult& r, const std::string& needle) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_EQ(CountLines(r.out), 1) << r.out;
@@ -38,15 +53,8 @@ TEST(BadInput, ConfigFileProblems) {
 
 TEST(BadInput, PortAlreadyInUse) {
   TempDir dir;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(listen(fd, 1), 0);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  std::string busy = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  std::string busy;
+  int fd = BindLoopback(true, &busy);
   ExpectOneLineError(RunCommand({Bin("granary-master"), "--master.listen", busy, "--master.data_dir", dir / "m"}),
                      "address already in use");
   ExpectOneLineError(RunCommand({Bin("granary-worker"), "--worker.listen", busy, "--worker.cache_dir", dir / "c"}),
@@ -78,15 +86,8 @@ TEST(BadInput, MissingMountPointAndUnderStorage) {
 TEST(BadInput, UnreachableMaster) {
   TempDir dir;
   // A port that nothing listens on: bind, read the port, close.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  std::string dead = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  std::string dead;
+  close(BindLoopback(false, &dead));
   ExpectOneLineError(RunCommand({Bin("granary"), "--master", dead, "mounts"}, {{"GRANARY_HOME", dir / "home"}}),
                      "cannot reach the master at " + dead);
 }
