@@ -23,7 +23,9 @@ int BindLoopback(bool listen_too, std::string* address) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  if (listen_too) EXPECT_EQ(listen(fd, 1), 0);
+  if (listen_too) {
+    EXPECT_EQ(listen(fd, 1), 0);
+  }
   socklen_t len = sizeof addr;
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   *address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
