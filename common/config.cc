@@ -148,6 +148,11 @@ std::vector<Setting> MakeSettings() {
                   "checked by the kernel, default_permissions). Needs root or user_allow_other in "
                   "/etc/fuse.conf.",
                   &Config::fuse, &FuseConfig::allow_other));
+  t.push_back(Row("fuse.file_cache_entries", K::kCount, "100000",
+                  "How many files' open information (version, block size, location) granary-fuse keeps, each "
+                  "for attr_timeout, so reopening a file needs no call to the master. About 200 bytes each; 0 "
+                  "turns it off.",
+                  &Config::fuse, &FuseConfig::file_cache_entries));
   t.push_back(Row("fuse.max_threads", K::kCount, "16", "Most threads serving FUSE requests at once.",
                   &Config::fuse, &FuseConfig::max_threads));
   // rpc

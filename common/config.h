@@ -53,6 +53,7 @@ struct FuseConfig {
   std::chrono::milliseconds negative_timeout{};
   bool allow_other = true;
   uint64_t max_threads = 0;
+  uint64_t file_cache_entries = 0;  // open-file info kept in the FUSE process
 };
 
 struct RpcConfig {

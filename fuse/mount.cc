@@ -19,6 +19,7 @@
 #include "common/shutdown.h"
 #include "fuse/client.h"
 #include "fuse/errno.h"
+#include "fuse/file_cache.h"
 
 namespace granary::fuse {
 namespace {
@@ -32,6 +33,7 @@ double Seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.cou
 struct Fs {
   Config cfg;
   std::unique_ptr<Client> client;
+  std::unique_ptr<FileCache> files;
   uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
@@ -192,9 +194,19 @@ struct OpenFile {
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
   Fs* fs = FsOf(req);
-  auto f = fs->client->GetFile(fs->ToMaster(ino));
-  if (!f.ok()) return ReplyError(req, f.status(), "open");
-  auto* of = new OpenFile{std::move(f).value()};
+  uint64_t master_ino = fs->ToMaster(ino);
+  auto* of = new OpenFile;
+  if (auto cached = fs->files->Get(master_ino)) {
+    of->info = std::move(*cached);
+  } else {
+    auto f = fs->client->GetFile(master_ino);
+    if (!f.ok()) {
+      delete of;
+      return ReplyError(req, f.status(), "open");
+    }
+    of->info = std::move(f).value();
+    fs->files->Put(master_ino, of->info);
+  }
   fi->fh = reinterpret_cast<uint64_t>(of);
   fi->keep_cache = 0;
   if (fuse_reply_open(req, fi) != 0) delete of;  // the open was interrupted
@@ -344,6 +356,7 @@ class FuseMountImpl final : public FuseMount {
     fs_ = std::make_unique<Fs>();
     fs_->cfg = cfg;
     ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
+    fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
     if (cfg.fuse.root != "/") {
       auto root = fs_->client->Resolve(cfg.fuse.root);
       if (!root.ok()) return root.status().WithContext("fuse.root " + cfg.fuse.root);
