@@ -3,7 +3,7 @@
 # Run as root on a fresh Debian 12 machine. Does nothing when everything is already there.
 set -euo pipefail
 PKGS=(
-  build-essential cmake pkg-config ccache git python3
+  build-essential cmake pkg-config ccache git python3 openssl
   libfuse3-dev fuse3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev

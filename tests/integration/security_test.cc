@@ -1,5 +1,5 @@
-// The shared RPC token: calls without it are refused with a clear error, and it never appears in
-// logs or output.
+// Transport security between Granary's daemons: the shared RPC token (refused without it, never
+// printed) and TLS.
 #include <gtest/gtest.h>
 
 #include "tests/integration/harness.h"
@@ -39,6 +39,32 @@ TEST(Security, SharedTokenIsRequiredAndNeverPrinted) {
   ASSERT_TRUE(c.StopAll(&why)) << why;
   std::string logs = c.Logs() + denied.out + ok.out + wrong.out;
   EXPECT_EQ(logs.find(token), std::string::npos) << "the token leaked into logs or output";
+}
+
+// rpc.tls_*: every daemon speaks TLS; a client without the CA cannot talk to them.
+TEST(Security, TlsBetweenEveryDaemon) {
+  TempDir dir;
+  RunResult gen = RunCommand({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                              "/CN=granary-test", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
+                              dir / "key.pem", "-out", dir / "cert.pem"});
+  ASSERT_EQ(gen.code, 0) << gen.out;
+  WriteFile(dir / "src/a.txt", "over tls\n");
+  ClusterOptions opts;
+  opts.extra_args = {"--rpc.tls_cert", dir / "cert.pem", "--rpc.tls_key", dir / "key.pem", "--rpc.tls_ca",
+                     dir / "cert.pem"};
+  LocalCluster c(dir, opts);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+
+  RunResult plain = c.Cli({"mounts"});
+  EXPECT_NE(plain.code, 0) << "a plaintext client must not get through: " << plain.out;
+
+  WriteFile(dir / "client.yaml", "rpc:\n  tls_ca: " + dir / "cert.pem" + "\n");
+  RunResult ok = c.Cli({"--config", dir / "client.yaml", "mount", "/ds", dir / "src"});
+  ASSERT_EQ(ok.code, 0) << ok.out << c.Logs();
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  EXPECT_EQ(ReadFile(c.mountpoint() + "/ds/a.txt"), "over tls\n");
+  EXPECT_TRUE(c.StopAll(&why)) << why;
 }
 
 }  // namespace
