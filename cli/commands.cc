@@ -42,8 +42,9 @@ class MasterConn {
     sec_->Prepare(&ctx, cfg_.rpc.timeout);
     grpc::Status s = ((*stub_).*fn)(&ctx, req, resp);
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      return UnavailableError("cannot reach the master at " + cfg_.master.address +
-                              " (is granary-master or `granary local` running? set --master or GRANARY_MASTER)");
+      return UnavailableError("cannot reach the master at " + cfg_.master.address + ": " + s.error_message() +
+                              " (is granary-master or `granary local` running? set --master or GRANARY_MASTER;"
+                              " if the master uses TLS, set rpc.tls_ca in --config)");
     }
     return FromGrpc(s, "the master");
   }
