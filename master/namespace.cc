@@ -211,7 +211,12 @@ Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
   });
   if (!st.ok()) return st.WithContext("listing " + RedactUri(ufs->uri()) + "/" + dir.ufs_path());
   fresh.set_listed(true);
-  RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(fresh.ino()), fresh.SerializeAsString()), "mark listed"));
+  {
+    // An unmount may have removed this directory while it was being listed; do not bring it back.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!mounts_.count(dir.mount_id())) return NotFoundError("the mount was removed while listing");
+    RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(fresh.ino()), fresh.SerializeAsString()), "mark listed"));
+  }
   spdlog::debug("listed '{}' of mount {}: {} entries", dir.ufs_path(), dir.mount_id(), added);
   return Status::OK();
 }
