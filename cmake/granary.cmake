@@ -1,6 +1,6 @@
 # Helpers: one function per kind of target, so every module is built the same way.
 
-set(GRANARY_WARNINGS -Wall -Wextra -Wno-unused-parameter)
+set(GRANARY_WARNINGS -Wall -Wextra)
 
 # granary_library(NAME SOURCES ... DEPS ...): a static library for one module.
 function(granary_library name)

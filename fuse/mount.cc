@@ -110,7 +110,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, Seconds(fs->cfg.fuse.attr_timeout));
 }
 
-void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+void OpOpendir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   fi->cache_readdir = 0;
   fuse_reply_open(req, fi);
 }

@@ -54,6 +54,9 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
                                                                 const std::map<std::string, std::string>& options) {
   ASSIGN_OR_RETURN(ParsedUri p, ParseUri(uri));
   if (p.scheme == "file") {
+    if (!options.empty()) {
+      return InvalidArgumentError("file:// mounts take no options (got '" + options.begin()->first + "')");
+    }
     if (!p.authority.empty()) {
       return InvalidArgumentError("'" + RedactUri(uri) + "': file:// URIs have no host; write file:///path");
     }
