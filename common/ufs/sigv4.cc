@@ -1,0 +1,129 @@
+#include "common/ufs/sigv4.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace granary {
+namespace {
+
+std::string Hex(const unsigned char* p, size_t n) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    s += kHex[p[i] >> 4];
+    s += kHex[p[i] & 15];
+  }
+  return s;
+}
+
+std::string Hmac(std::string_view key, std::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
+       data.size(), out, &len);
+  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+std::string Lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Trims and folds runs of spaces, as the canonical header value requires.
+std::string FoldSpaces(std::string_view v) {
+  std::string out;
+  bool space = false;
+  for (char c : v) {
+    if (c == ' ' || c == '\t') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out += ' ';
+    space = false;
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Sha256Hex(std::string_view data) {
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
+  return Hex(md, sizeof md);
+}
+
+std::string AwsUriEncode(std::string_view s, bool keep_slash) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string CanonicalQuery(const HeaderList& query) {
+  std::vector<std::pair<std::string, std::string>> enc;
+  for (const auto& [k, v] : query) enc.emplace_back(AwsUriEncode(k, false), AwsUriEncode(v, false));
+  std::sort(enc.begin(), enc.end());
+  std::string out;
+  for (const auto& [k, v] : enc) {
+    if (!out.empty()) out += '&';
+    out += k + "=" + v;
+  }
+  return out;
+}
+
+SigV4Result SignV4(const SigV4Request& req, const AwsCredentials& creds, const std::string& region,
+                   const std::string& service, std::time_t now) {
+  char amz_date[17], date[9];
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
+  strftime(date, sizeof date, "%Y%m%d", &tm);
+  std::string payload = req.payload_sha256.empty() ? Sha256Hex("") : req.payload_sha256;
+
+  SigV4Result r;
+  r.headers.emplace_back("host", req.host);
+  r.headers.emplace_back("x-amz-content-sha256", payload);
+  r.headers.emplace_back("x-amz-date", amz_date);
+  if (!creds.session_token.empty()) r.headers.emplace_back("x-amz-security-token", creds.session_token);
+  std::vector<std::pair<std::string, std::string>> signed_headers;
+  for (const auto& [k, v] : r.headers) signed_headers.emplace_back(k, v);
+  for (const auto& [k, v] : req.headers) signed_headers.emplace_back(Lower(k), FoldSpaces(v));
+  std::sort(signed_headers.begin(), signed_headers.end());
+
+  std::string canonical_headers, names;
+  for (const auto& [k, v] : signed_headers) {
+    canonical_headers += k + ":" + v + "\n";
+    if (!names.empty()) names += ';';
+    names += k;
+  }
+  r.canonical_request = req.method + "\n" + AwsUriEncode(req.path.empty() ? "/" : req.path, true) + "\n" +
+                        CanonicalQuery(req.query) + "\n" + canonical_headers + "\n" + names + "\n" + payload;
+  std::string scope = std::string(date) + "/" + region + "/" + service + "/aws4_request";
+  r.string_to_sign = "AWS4-HMAC-SHA256\n" + std::string(amz_date) + "\n" + scope + "\n" + Sha256Hex(r.canonical_request);
+  std::string key = Hmac("AWS4" + creds.secret_key, date);
+  key = Hmac(key, region);
+  key = Hmac(key, service);
+  key = Hmac(key, "aws4_request");
+  std::string sig = Hmac(key, r.string_to_sign);
+  r.signature = Hex(reinterpret_cast<const unsigned char*>(sig.data()), sig.size());
+  r.headers.emplace_back("authorization", "AWS4-HMAC-SHA256 Credential=" + creds.access_key + "/" + scope +
+                                              ", SignedHeaders=" + names + ", Signature=" + r.signature);
+  return r;
+}
+
+}  // namespace granary
