@@ -78,16 +78,37 @@ std::string Percent(uint64_t part, uint64_t whole) {
   return buf;
 }
 
+// KEY=VALUE pairs. Secrets given inline would sit in the process arguments (visible in ps), so they
+// are refused: name a file holding them instead.
+StatusOr<std::map<std::string, std::string>> ParseMountOptions(const std::vector<std::string>& raw) {
+  std::map<std::string, std::string> out;
+  for (const auto& kv : raw) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgumentError("--option '" + kv.substr(0, kv.find('=')) + "' must be KEY=VALUE");
+    }
+    std::string key = kv.substr(0, eq);
+    if (key == "secret_key" || key == "access_key" || key == "session_token" || key == "fs.oss.accessKeySecret") {
+      return InvalidArgumentError("--option " + key + " would put a credential in the process arguments; use " +
+                                  key + "_file=PATH (a file holding it) or the environment instead");
+    }
+    out[key] = kv.substr(eq + 1);
+  }
+  return out;
+}
+
 std::string NormalizePath(std::string p) {
   if (p.empty() || p[0] != '/') p = "/" + p;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   return p;
 }
 
-int CmdMount(MasterConn& m, const std::string& path, const std::string& uri) {
+int CmdMount(MasterConn& m, const std::string& path, const std::string& uri,
+             const std::map<std::string, std::string>& options) {
   rpc::MountRequest req;
   req.set_path(NormalizePath(path));
   req.set_uri(uri);
+  req.mutable_options()->insert(options.begin(), options.end());
   rpc::MountResponse resp;
   Status st = m.Call(&rpc::Master::Stub::Mount, req, &resp);
   if (!st.ok()) return Fail(st);
@@ -279,9 +300,11 @@ int Main(int argc, char** argv) {
   app.add_option("--config", flags.config_file, "YAML configuration file");
 
   std::string path, uri;
+  std::vector<std::string> raw_options;
   auto* mount = app.add_subcommand("mount", "Mount an under-storage URI at a namespace path");
   mount->add_option("PATH", path, "Namespace path, e.g. /imagenet")->required();
-  mount->add_option("URI", uri, "Under-storage, e.g. file:///srv/imagenet")->required();
+  mount->add_option("URI", uri, "Under-storage, e.g. file:///srv/imagenet or s3://bucket/prefix")->required();
+  mount->add_option("-o,--option", raw_options, "Mount option KEY=VALUE (repeatable), e.g. endpoint=http://host:7480");
   auto* unmount = app.add_subcommand("unmount", "Remove a mounted dataset from the namespace");
   unmount->add_option("PATH", path)->required();
   auto* mounts = app.add_subcommand("mounts", "List mounted datasets");
@@ -303,6 +326,7 @@ int Main(int argc, char** argv) {
   local->add_option("MOUNTPOINT", local_opts.mountpoint, "An existing empty directory")->required();
   local->add_option("--dir", local_opts.dir, "State and cache directory (default ~/.granary/local)");
   local->add_option("--name", local_opts.name, "Namespace path of the dataset (default /<last URI segment>)");
+  local->add_option("-o,--option", raw_options, "Under-storage option KEY=VALUE (repeatable)");
   AddConfigFlags(*local, &local_flags);
 
   try {
@@ -312,11 +336,14 @@ int Main(int argc, char** argv) {
   }
 
   if (*config) return CmdConfig(markdown);
+  auto options = ParseMountOptions(raw_options);
+  if (!options.ok()) return Fail(options.status());
   if (*local) {
     Shutdown::InstallSignalHandling();
     if (local_flags.config_file.empty()) local_flags.config_file = flags.config_file;
     auto cfg = BuildConfig(local_flags);
     if (!cfg.ok()) return Fail(cfg.status());
+    local_opts.options = *options;
     return RunLocal(local_opts, std::move(cfg).value());
   }
 
@@ -337,7 +364,7 @@ int Main(int argc, char** argv) {
   auto conn = MasterConn::Open(*cfg);
   if (!conn.ok()) return Fail(conn.status());
 
-  if (*mount) return CmdMount(*conn, path, uri);
+  if (*mount) return CmdMount(*conn, path, uri, *options);
   if (*unmount) return CmdUnmount(*conn, path);
   if (*mounts) return CmdMounts(*conn);
   if (*ls) return CmdLs(*conn, path);

@@ -35,7 +35,8 @@ std::string DefaultName(const std::string& uri) {
   return "/" + (IsValidName(name) ? name : std::string("data"));
 }
 
-Status EnsureMounted(const Config& cfg, const std::string& name, const std::string& uri) {
+Status EnsureMounted(const Config& cfg, const std::string& name, const std::string& uri,
+                     const std::map<std::string, std::string>& options) {
   ASSIGN_OR_RETURN(auto sec, RpcSecurity::FromConfig(cfg.rpc));
   auto stub = rpc::Master::NewStub(sec->MakeChannel(cfg.master.address));
   rpc::ListMountsResponse mounts;
@@ -53,6 +54,7 @@ Status EnsureMounted(const Config& cfg, const std::string& name, const std::stri
   rpc::MountRequest req;
   req.set_path(name);
   req.set_uri(uri);
+  req.mutable_options()->insert(options.begin(), options.end());
   rpc::MountResponse resp;
   grpc::ClientContext ctx;
   sec->Prepare(&ctx, cfg.rpc.timeout);
@@ -73,7 +75,7 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   if (!parsed.ok()) return fail(parsed.status());
   {
     // Fail before starting anything when the under-storage is not there.
-    auto ufs = OpenUnderFileSystem(opts.uri, {});
+    auto ufs = OpenUnderFileSystem(opts.uri, opts.options);
     if (!ufs.ok()) return fail(ufs.status());
   }
   if (!IsDirectory(opts.mountpoint)) {
@@ -99,7 +101,7 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   auto worker = worker::WorkerServer::Start(cfg);
   if (!worker.ok()) return fail(worker.status());
   cfg.fuse.worker = (*worker)->address();
-  st = EnsureMounted(cfg, name, opts.uri);
+  st = EnsureMounted(cfg, name, opts.uri, opts.options);
   if (!st.ok()) return fail(st);
   auto fuse = fuse::FuseMount::Start(cfg);
   if (!fuse.ok()) return fail(fuse.status());

@@ -5,6 +5,7 @@
 // everything. Settings the user gave (--config or flags) are honoured; the rest get local defaults.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "common/config.h"
@@ -16,6 +17,7 @@ struct LocalOptions {
   std::string mountpoint;
   std::string dir;   // state directory; empty: GranaryHome()/local
   std::string name;  // namespace path; empty: "/" + last segment of the URI
+  std::map<std::string, std::string> options;  // under-storage options (endpoint, ..._file)
 };
 
 int RunLocal(const LocalOptions& opts, Config cfg);

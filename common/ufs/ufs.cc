@@ -1,6 +1,7 @@
 #include "common/ufs/ufs.h"
 
 #include "common/ufs/local_ufs.h"
+#include "common/ufs/s3_ufs.h"
 
 namespace granary {
 
@@ -62,7 +63,12 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
     }
     return LocalUfs::Open(p.path);
   }
-  return UnimplementedError("under-storage scheme '" + p.scheme + "://' is not supported yet (use file:///path)");
+  if (p.scheme == "s3") {
+    ASSIGN_OR_RETURN(S3Settings s, ResolveS3Settings(p.authority, p.path, options));
+    return S3Ufs::Open(uri, std::move(s));
+  }
+  return UnimplementedError("under-storage scheme '" + p.scheme +
+                            "://' is not supported (use file:///path or s3://bucket/prefix)");
 }
 
 }  // namespace granary

@@ -1,0 +1,105 @@
+#include "common/ufs/http.h"
+
+#include <curl/curl.h>
+
+#include <cctype>
+
+namespace granary {
+namespace {
+
+struct CurlGlobal {
+  CurlGlobal() { curl_global_init(CURL_GLOBAL_DEFAULT); }
+};
+
+size_t OnBody(char* p, size_t size, size_t n, void* ud) {
+  static_cast<std::string*>(ud)->append(p, size * n);
+  return size * n;
+}
+
+size_t OnHeader(char* p, size_t size, size_t n, void* ud) {
+  std::string line(p, size * n);
+  auto* headers = static_cast<HeaderList*>(ud);
+  if (line.rfind("HTTP/", 0) == 0) headers->clear();  // a new response (after 100-continue or a redirect)
+  size_t colon = line.find(':');
+  if (colon == std::string::npos) return size * n;
+  std::string name = line.substr(0, colon);
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string value = line.substr(colon + 1);
+  while (!value.empty() && std::isspace(static_cast<unsigned char>(value.front()))) value.erase(0, 1);
+  while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back()))) value.pop_back();
+  headers->emplace_back(std::move(name), std::move(value));
+  return size * n;
+}
+
+}  // namespace
+
+std::string HttpResponse::Header(const std::string& lower_name) const {
+  for (const auto& [k, v] : headers) {
+    if (k == lower_name) return v;
+  }
+  return "";
+}
+
+CurlHttpClient::CurlHttpClient(CurlOptions opts) : opts_(opts) { static CurlGlobal global; }
+
+CurlHttpClient::~CurlHttpClient() {
+  for (void* h : idle_) curl_easy_cleanup(static_cast<CURL*>(h));
+}
+
+void* CurlHttpClient::Acquire() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      void* h = idle_.back();
+      idle_.pop_back();
+      return h;
+    }
+  }
+  return curl_easy_init();
+}
+
+void CurlHttpClient::Release(void* handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(handle);
+}
+
+StatusOr<HttpResponse> CurlHttpClient::Send(const HttpRequest& req) {
+  CURL* c = static_cast<CURL*>(Acquire());
+  if (c == nullptr) return InternalError("cannot create a libcurl handle");
+  curl_easy_reset(c);  // keeps the connection cache
+  HttpResponse resp;
+  curl_slist* hdrs = nullptr;
+  for (const auto& [k, v] : req.headers) hdrs = curl_slist_append(hdrs, (k + ": " + v).c_str());
+  hdrs = curl_slist_append(hdrs, "Expect:");
+  curl_easy_setopt(c, CURLOPT_URL, req.url.c_str());
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+  if (req.method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (req.method != "GET") {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+  }
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp.body);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &resp.headers);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opts_.connect_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(opts_.request_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, opts_.low_speed_bytes_per_s);
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(opts_.low_speed_time.count()));
+  curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+  CURLcode rc = curl_easy_perform(c);
+  curl_slist_free_all(hdrs);
+  if (rc != CURLE_OK) {
+    // The connection may be broken: drop this handle rather than reuse it.
+    curl_easy_cleanup(c);
+    std::string what = std::string(curl_easy_strerror(rc));
+    if (rc == CURLE_OPERATION_TIMEDOUT) return DeadlineExceededError(what);
+    return UnavailableError(what);
+  }
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &resp.status);
+  Release(c);
+  return resp;
+}
+
+}  // namespace granary

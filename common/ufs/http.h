@@ -1,0 +1,63 @@
+// HttpClient: the seam between under-storage clients and the network.
+//
+// CurlHttpClient sends requests with libcurl, reusing connections (a pool of easy handles, each
+// keeping its connection alive) and bounding every transfer: a connect timeout, a total timeout,
+// and a low-speed limit that ends a stalled body. Transport failures come back as UNAVAILABLE
+// (retryable); an HTTP status is never an error here — the caller interprets it. Tests substitute a
+// fault-injecting client. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/ufs/sigv4.h"
+
+namespace granary {
+
+struct HttpRequest {
+  std::string method;  // GET, HEAD
+  std::string url;     // already percent-encoded
+  HeaderList headers;
+};
+
+struct HttpResponse {
+  long status = 0;
+  HeaderList headers;  // names lower-cased
+  std::string body;
+
+  std::string Header(const std::string& lower_name) const;
+};
+
+class HttpClient {
+ public:
+  virtual ~HttpClient() = default;
+  virtual StatusOr<HttpResponse> Send(const HttpRequest& req) = 0;
+};
+
+struct CurlOptions {
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds request_timeout{60000};
+  long low_speed_bytes_per_s = 1024;  // below this for low_speed_time, the transfer is abandoned
+  std::chrono::seconds low_speed_time{10};
+};
+
+class CurlHttpClient : public HttpClient {
+ public:
+  explicit CurlHttpClient(CurlOptions opts = {});
+  ~CurlHttpClient() override;
+  StatusOr<HttpResponse> Send(const HttpRequest& req) override;
+
+ private:
+  void* Acquire();
+  void Release(void* handle);
+
+  const CurlOptions opts_;
+  std::mutex mu_;
+  std::vector<void*> idle_;  // CURL* handles with live connections; GUARDED_BY(mu_)
+};
+
+}  // namespace granary

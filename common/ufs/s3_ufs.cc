@@ -1,0 +1,385 @@
+#include "common/ufs/s3_ufs.h"
+
+#include <spdlog/spdlog.h>
+#include <tinyxml2.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/units.h"
+
+namespace granary {
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string Trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Reads [profile] keys from an AWS shared credentials file.
+std::map<std::string, std::string> ReadCredentialsFile(const std::string& path, const std::string& profile) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(path);
+  std::string line, section;
+  while (std::getline(in, line)) {
+    line = Trimmed(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    size_t eq = line.find('=');
+    if (section != profile || eq == std::string::npos) continue;
+    std::string k = Trimmed(line.substr(0, eq)), v = line.substr(eq + 1);
+    while (!k.empty() && k.back() == ' ') k.pop_back();
+    while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+    out[k] = Trimmed(v);
+  }
+  return out;
+}
+
+// tm from "2026-11-21T10:00:00.000Z" (listings) or "Sat, 21 Nov 2026 10:00:00 GMT" (HEAD).
+int64_t ParseTimeNs(const std::string& s) {
+  struct tm tm {};
+  if (strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr &&
+      strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S", &tm) == nullptr) {
+    return 0;
+  }
+  return static_cast<int64_t>(timegm(&tm)) * 1'000'000'000;
+}
+
+std::string XmlText(const tinyxml2::XMLElement* parent, const char* name) {
+  const tinyxml2::XMLElement* e = parent ? parent->FirstChildElement(name) : nullptr;
+  return e && e->GetText() ? e->GetText() : "";
+}
+
+bool Retryable(long status) { return status == 429 || status >= 500; }
+
+// Hands `page` to on_page in batches of exactly page_size, keeping the remainder.
+Status EmitFullPages(std::vector<UfsEntry>* page, size_t page_size, const UnderFileSystem::PageFn& on_page) {
+  size_t done = 0;
+  while (page->size() - done >= page_size) {
+    std::vector<UfsEntry> batch(std::make_move_iterator(page->begin() + done),
+                                std::make_move_iterator(page->begin() + done + page_size));
+    RETURN_IF_ERROR(on_page(batch));
+    done += page_size;
+  }
+  page->erase(page->begin(), page->begin() + done);
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::string& prefix,
+                                       const std::map<std::string, std::string>& options) {
+  static const std::set<std::string> kKnown = {
+      "endpoint",   "region",          "path_style",      "access_key",         "secret_key",
+      "session_token", "access_key_file", "secret_key_file", "session_token_file", "credentials_file",
+      "profile",    "max_attempts",    "retry_deadline"};
+  for (const auto& [k, v] : options) {
+    if (!kKnown.count(k)) return InvalidArgumentError("unknown s3 mount option '" + k + "'");
+  }
+  auto opt = [&](const std::string& k) {
+    auto it = options.find(k);
+    return it == options.end() ? std::string() : it->second;
+  };
+  S3Settings s;
+  if (bucket.empty()) return InvalidArgumentError("s3:// URIs need a bucket: s3://bucket/prefix");
+  s.bucket = bucket;
+  s.prefix = prefix;
+  while (!s.prefix.empty() && s.prefix.back() == '/') s.prefix.pop_back();
+  s.region = opt("region");
+  if (s.region.empty()) s.region = Env("AWS_REGION");
+  if (s.region.empty()) s.region = Env("AWS_DEFAULT_REGION");
+  if (s.region.empty()) s.region = "us-east-1";
+  s.endpoint = opt("endpoint");
+  if (s.endpoint.empty()) s.endpoint = Env("AWS_ENDPOINT_URL");
+  bool custom = !s.endpoint.empty();
+  if (!custom) s.endpoint = "https://s3." + s.region + ".amazonaws.com";
+  while (!s.endpoint.empty() && s.endpoint.back() == '/') s.endpoint.pop_back();
+  if (s.endpoint.rfind("http://", 0) != 0 && s.endpoint.rfind("https://", 0) != 0) {
+    return InvalidArgumentError("s3 endpoint '" + s.endpoint + "' must start with http:// or https://");
+  }
+  s.path_style = custom;
+  if (!opt("path_style").empty()) {
+    ASSIGN_OR_RETURN(s.path_style, ParseBool(opt("path_style")));
+  }
+  if (!opt("max_attempts").empty()) {
+    ASSIGN_OR_RETURN(uint64_t n, ParseUint(opt("max_attempts")));
+    s.max_attempts = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(n, 100)));
+  }
+  if (!opt("retry_deadline").empty()) {
+    ASSIGN_OR_RETURN(s.retry_deadline, ParseDuration(opt("retry_deadline")));
+  }
+  // Credentials: options, option files, environment, shared credentials file.
+  auto from_file = [&](const std::string& key, std::string* out) -> Status {
+    if (!out->empty() || opt(key).empty()) return Status::OK();
+    auto data = ReadFileToString(opt(key));
+    if (!data.ok()) return data.status().WithContext("s3 option " + key);
+    *out = Trimmed(*data);
+    return Status::OK();
+  };
+  s.creds.access_key = opt("access_key");
+  s.creds.secret_key = opt("secret_key");
+  s.creds.session_token = opt("session_token");
+  RETURN_IF_ERROR(from_file("access_key_file", &s.creds.access_key));
+  RETURN_IF_ERROR(from_file("secret_key_file", &s.creds.secret_key));
+  RETURN_IF_ERROR(from_file("session_token_file", &s.creds.session_token));
+  if (s.creds.access_key.empty()) {
+    s.creds.access_key = Env("AWS_ACCESS_KEY_ID");
+    s.creds.secret_key = Env("AWS_SECRET_ACCESS_KEY");
+    s.creds.session_token = Env("AWS_SESSION_TOKEN");
+  }
+  if (s.creds.access_key.empty()) {
+    std::string file = opt("credentials_file");
+    if (file.empty()) file = Env("AWS_SHARED_CREDENTIALS_FILE");
+    if (file.empty() && !Env("HOME").empty()) file = Env("HOME") + "/.aws/credentials";
+    std::string profile = opt("profile");
+    if (profile.empty()) profile = Env("AWS_PROFILE");
+    if (profile.empty()) profile = "default";
+    auto kv = ReadCredentialsFile(file, profile);
+    s.creds.access_key = kv["aws_access_key_id"];
+    s.creds.secret_key = kv["aws_secret_access_key"];
+    s.creds.session_token = kv["aws_session_token"];
+  }
+  if (s.creds.access_key.empty() || s.creds.secret_key.empty()) {
+    return UnauthenticatedError("no S3 credentials for s3://" + bucket +
+                                " (set access_key_file/secret_key_file mount options, AWS_ACCESS_KEY_ID and "
+                                "AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials)");
+  }
+  return s;
+}
+
+S3Ufs::S3Ufs(std::string uri, S3Settings s, std::shared_ptr<HttpClient> http)
+    : uri_(std::move(uri)), s_(std::move(s)), http_(std::move(http)),
+      opened_ns_(static_cast<int64_t>(std::time(nullptr)) * 1'000'000'000) {}
+
+StatusOr<std::shared_ptr<UnderFileSystem>> S3Ufs::Open(const std::string& uri, S3Settings settings,
+                                                       std::shared_ptr<HttpClient> http) {
+  if (!http) http = std::make_shared<CurlHttpClient>();
+  std::shared_ptr<S3Ufs> ufs(new S3Ufs(RedactUri(uri), std::move(settings), std::move(http)));
+  ASSIGN_OR_RETURN(UfsEntry root, ufs->Stat(""));
+  (void)root;
+  return std::shared_ptr<UnderFileSystem>(ufs);
+}
+
+std::string S3Ufs::KeyOf(const std::string& path) const {
+  if (s_.prefix.empty()) return path;
+  return path.empty() ? s_.prefix : s_.prefix + "/" + path;
+}
+
+StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string& key, const HeaderList& query,
+                                   const HeaderList& headers) {
+  size_t scheme_end = s_.endpoint.find("://") + 3;
+  std::string scheme = s_.endpoint.substr(0, scheme_end);
+  std::string host = s_.endpoint.substr(scheme_end);
+  std::string path;
+  if (s_.path_style) {
+    path = "/" + s_.bucket + (key.empty() ? "" : "/" + key);
+  } else {
+    host = s_.bucket + "." + host;
+    path = "/" + key;
+  }
+  std::string url = scheme + host + AwsUriEncode(path, true);
+  std::string q = CanonicalQuery(query);
+  if (!q.empty()) url += "?" + q;
+
+  auto deadline = std::chrono::steady_clock::now() + s_.retry_deadline;
+  std::mt19937_64 rng(std::random_device{}());
+  Status last = Status::OK();
+  for (int attempt = 0; attempt < s_.max_attempts; ++attempt) {
+    if (attempt > 0) {
+      // Full jitter: uniform in [0, min(cap, base * 2^attempt)).
+      int64_t ceiling = std::min<int64_t>(5000, 100LL << std::min(attempt, 10));
+      auto wait = std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(0, ceiling)(rng));
+      if (std::chrono::steady_clock::now() + wait >= deadline) break;
+      std::this_thread::sleep_for(wait);
+    }
+    SigV4Request sreq{method, host, path, query, headers, ""};
+    SigV4Result sig = SignV4(sreq, s_.creds, s_.region, "s3", std::time(nullptr));
+    HttpRequest req{method, url, headers};
+    for (auto& h : sig.headers) {
+      if (h.first != "host") req.headers.push_back(h);
+    }
+    auto resp = http_->Send(req);
+    if (!resp.ok()) {
+      last = resp.status();
+      spdlog::debug("s3 {} s3://{}/{}: attempt {} failed: {}", method, s_.bucket, key, attempt + 1, last.message());
+      continue;
+    }
+    if (Retryable(resp->status)) {
+      last = ErrorFor(*resp, method + " s3://" + s_.bucket + "/" + key);
+      spdlog::debug("s3 {}: attempt {} got HTTP {}", method, attempt + 1, resp->status);
+      continue;
+    }
+    return resp;
+  }
+  return Status(last.code(), last.message() + " (gave up after retries)");
+}
+
+Status S3Ufs::ErrorFor(const HttpResponse& r, const std::string& what) const {
+  std::string code, message;
+  tinyxml2::XMLDocument doc;
+  if (!r.body.empty() && doc.Parse(r.body.data(), r.body.size()) == tinyxml2::XML_SUCCESS) {
+    code = XmlText(doc.RootElement(), "Code");
+    message = XmlText(doc.RootElement(), "Message");
+  }
+  std::string detail = "HTTP " + std::to_string(r.status) + (code.empty() ? "" : " " + code) +
+                       (message.empty() ? "" : ": " + message);
+  if (r.status == 403) {
+    return PermissionDeniedError(what + ": access denied (" + detail +
+                                 "); check the access key, secret key and the bucket's permissions");
+  }
+  if (r.status == 404) {
+    if (code == "NoSuchBucket") return NotFoundError("bucket '" + s_.bucket + "' does not exist (" + detail + ")");
+    return NotFoundError(what + ": not found (" + detail + ")");
+  }
+  if (r.status == 412) return FailedPreconditionError(what + " changed in the under-storage since it was listed");
+  if (Retryable(r.status)) return UnavailableError(what + ": " + detail);
+  return InternalError(what + ": unexpected " + detail);
+}
+
+StatusOr<bool> S3Ufs::HasChildren(const std::string& key_prefix) {
+  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", {{"list-type", "2"}, {"prefix", key_prefix}, {"max-keys", "1"}}, {}));
+  if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + key_prefix);
+  tinyxml2::XMLDocument doc;
+  if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS) {
+    return InternalError("s3 list: the response is not XML");
+  }
+  return doc.RootElement()->FirstChildElement("Contents") != nullptr ||
+         doc.RootElement()->FirstChildElement("CommonPrefixes") != nullptr;
+}
+
+StatusOr<UfsEntry> S3Ufs::Stat(const std::string& path) {
+  UfsEntry dir;
+  dir.is_dir = true;
+  dir.mode = 0555;
+  dir.mtime_ns = opened_ns_;
+  dir.name = path.substr(path.rfind('/') + 1);
+  std::string key = KeyOf(path);
+  if (key.empty()) {
+    ASSIGN_OR_RETURN(HttpResponse r, Call("HEAD", "", {}, {}));
+    if (r.status == 404) return NotFoundError("bucket '" + s_.bucket + "' does not exist");
+    if (r.status != 200) return ErrorFor(r, "s3://" + s_.bucket);
+    return dir;
+  }
+  if (!path.empty()) {
+    ASSIGN_OR_RETURN(HttpResponse r, Call("HEAD", key, {}, {}));
+    if (r.status == 200) {
+      UfsEntry f;
+      f.name = dir.name;
+      f.size = std::strtoull(r.Header("content-length").c_str(), nullptr, 10);
+      f.mtime_ns = ParseTimeNs(r.Header("last-modified"));
+      f.mode = 0444;
+      f.version = r.Header("etag");
+      return f;
+    }
+    if (r.status != 404) return ErrorFor(r, "s3://" + s_.bucket + "/" + key);
+  }
+  ASSIGN_OR_RETURN(bool has, HasChildren(key + "/"));
+  if (!has) return NotFoundError("s3://" + s_.bucket + "/" + key + " does not exist");
+  return dir;
+}
+
+Status S3Ufs::List(const std::string& dir, size_t page_size, const PageFn& on_page) {
+  std::string base = KeyOf(dir);
+  std::string list_prefix = base.empty() ? "" : base + "/";
+  std::string token;
+  // Files held back until the listing has passed "<name>/", where a directory of the same name
+  // would appear (keys come sorted; the directory wins).
+  std::vector<UfsEntry> pending, page;
+  auto flush_pending_before = [&](const std::string& key_name) {
+    while (!pending.empty() && (key_name.empty() || pending.front().name + "/" < key_name)) {
+      page.push_back(std::move(pending.front()));
+      pending.erase(pending.begin());
+    }
+  };
+  do {
+    HeaderList q = {{"list-type", "2"}, {"delimiter", "/"}, {"prefix", list_prefix},
+                    {"max-keys", std::to_string(std::clamp<size_t>(page_size, 1, 1000))}};
+    if (!token.empty()) q.push_back({"continuation-token", token});
+    ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", q, {}));
+    if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + list_prefix);
+    tinyxml2::XMLDocument doc;
+    if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
+      return InternalError("list s3://" + s_.bucket + "/" + list_prefix + ": the response is not XML");
+    }
+    const tinyxml2::XMLElement* root = doc.RootElement();
+    // Merge files and common prefixes back into key order.
+    std::vector<std::pair<std::string, UfsEntry>> items;
+    for (auto* c = root->FirstChildElement("Contents"); c; c = c->NextSiblingElement("Contents")) {
+      std::string key = XmlText(c, "Key");
+      UfsEntry e;
+      e.name = key.substr(std::min(key.size(), list_prefix.size()));
+      e.size = std::strtoull(XmlText(c, "Size").c_str(), nullptr, 10);
+      e.mtime_ns = ParseTimeNs(XmlText(c, "LastModified"));
+      e.mode = 0444;
+      e.version = XmlText(c, "ETag");
+      items.emplace_back(key, std::move(e));
+    }
+    for (auto* c = root->FirstChildElement("CommonPrefixes"); c; c = c->NextSiblingElement("CommonPrefixes")) {
+      std::string key = XmlText(c, "Prefix");
+      UfsEntry e;
+      e.is_dir = true;
+      e.mode = 0555;
+      e.mtime_ns = opened_ns_;
+      e.name = key.substr(std::min(key.size(), list_prefix.size()));
+      if (!e.name.empty() && e.name.back() == '/') e.name.pop_back();
+      items.emplace_back(key, std::move(e));
+    }
+    std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [key, e] : items) {
+      if (!e.is_dir && e.name.empty()) continue;  // the "dir/" marker object itself
+      if (!IsValidName(e.name)) {
+        spdlog::warn("skipping s3 key under {} whose name cannot be a file name ({} bytes)", list_prefix, key.size());
+        continue;
+      }
+      flush_pending_before(e.name);
+      if (e.is_dir) {
+        for (auto it = pending.begin(); it != pending.end(); ++it) {
+          if (it->name == e.name) {
+            spdlog::warn("s3 object {}{} is hidden by the directory of the same name", list_prefix, e.name);
+            pending.erase(it);
+            break;
+          }
+        }
+        page.push_back(std::move(e));
+      } else {
+        pending.push_back(std::move(e));
+      }
+    }
+    RETURN_IF_ERROR(EmitFullPages(&page, page_size, on_page));
+    token = XmlText(root, "IsTruncated") == "true" ? XmlText(root, "NextContinuationToken") : "";
+  } while (!token.empty());
+  flush_pending_before("");
+  RETURN_IF_ERROR(EmitFullPages(&page, page_size, on_page));
+  if (!page.empty()) RETURN_IF_ERROR(on_page(page));
+  return Status::OK();
+}
+
+StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                             char* out) {
+  if (length == 0) return size_t{0};
+  std::string key = KeyOf(path);
+  HeaderList headers = {{"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)},
+                        {"If-Match", version}};
+  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", key, {}, headers));
+  if (r.status == 416) return size_t{0};  // at or past the end
+  if (r.status != 206 && r.status != 200) return ErrorFor(r, "s3://" + s_.bucket + "/" + key);
+  if (r.status == 200 && offset != 0) return InternalError("s3 ignored the Range header for " + key);
+  size_t n = std::min(length, r.body.size());
+  std::memcpy(out, r.body.data(), n);
+  return n;
+}
+
+}  // namespace granary

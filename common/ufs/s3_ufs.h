@@ -1,0 +1,77 @@
+// S3Ufs: `s3://bucket/prefix` as under-storage, over the S3 REST API (ListObjectsV2, HeadObject,
+// ranged GetObject), signed with SigV4 (sigv4.h), sent through an HttpClient (http.h).
+//
+// Mapping: the mount's path "a/b.jpg" is the object key "<prefix>/a/b.jpg". Directories are the
+// common prefixes of a delimiter listing, so levels holding no object directly still appear. A
+// file's version is its ETag; reads carry `If-Match: <ETag>`, so an object rewritten since it was
+// listed fails with FAILED_PRECONDITION instead of mixing versions. Keys whose name at some level
+// cannot be a file name (empty from "//", ".", "..", over 255 bytes) are skipped with a warning.
+// An object "a" beside objects under "a/": the directory wins and the object is skipped (logged).
+//
+// Settings (mount options, then environment, then the shared credentials file):
+//   endpoint        http(s)://host[:port]   AWS_ENDPOINT_URL; default https://s3.<region>.amazonaws.com
+//   region          us-east-1               AWS_REGION, AWS_DEFAULT_REGION
+//   path_style      true with a custom endpoint, else false (virtual-hosted: bucket.host)
+//   access_key, secret_key, session_token           AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
+//   access_key_file, secret_key_file, session_token_file  (files, e.g. a mounted Kubernetes Secret)
+//   credentials_file, profile               AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials), AWS_PROFILE
+//   max_attempts (5), retry_deadline (20s)
+// Retries: transport errors, 429 and 5xx (503 SlowDown included) with exponential backoff and full
+// jitter, within the deadline. 403 and 404 are final and come back as clear errors. Credentials
+// never appear in errors or logs. Thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/ufs/http.h"
+#include "common/ufs/sigv4.h"
+#include "common/ufs/ufs.h"
+
+namespace granary {
+
+struct S3Settings {
+  std::string bucket;
+  std::string prefix;  // no leading or trailing '/'
+  std::string endpoint;
+  std::string region;
+  bool path_style = false;
+  AwsCredentials creds;
+  int max_attempts = 5;
+  std::chrono::milliseconds retry_deadline{20000};
+};
+
+// Resolves settings from the URI's bucket/prefix, the mount options, the environment and the
+// credentials file. INVALID_ARGUMENT names a bad or unknown option; UNAUTHENTICATED when no
+// credentials are found.
+StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::string& prefix,
+                                       const std::map<std::string, std::string>& options);
+
+class S3Ufs : public UnderFileSystem {
+ public:
+  static StatusOr<std::shared_ptr<UnderFileSystem>> Open(const std::string& uri, S3Settings settings,
+                                                         std::shared_ptr<HttpClient> http = nullptr);
+
+  const std::string& uri() const override { return uri_; }
+  StatusOr<UfsEntry> Stat(const std::string& path) override;
+  Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override;
+  StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                        char* out) override;
+
+ private:
+  S3Ufs(std::string uri, S3Settings s, std::shared_ptr<HttpClient> http);
+  std::string KeyOf(const std::string& path) const;
+  // Sends a signed request for `key` ("" = the bucket) with retries; any HTTP status is returned.
+  StatusOr<HttpResponse> Call(const std::string& method, const std::string& key, const HeaderList& query,
+                              const HeaderList& headers);
+  Status ErrorFor(const HttpResponse& r, const std::string& what) const;
+  StatusOr<bool> HasChildren(const std::string& key_prefix);
+
+  std::string uri_;
+  S3Settings s_;
+  std::shared_ptr<HttpClient> http_;
+  int64_t opened_ns_;  // S3 has no directory times; directories show when the mount was opened
+};
+
+}  // namespace granary

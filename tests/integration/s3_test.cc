@@ -1,0 +1,243 @@
+// The S3 client against a real S3 server (Ceph RGW on loopback, started by scripts/s3-server.sh),
+// and a dataset on it read through `granary local s3://...`.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/ufs/s3_ufs.h"
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Counts requests, to prove what is and is not retried.
+class CountingHttp : public HttpClient {
+ public:
+  StatusOr<HttpResponse> Send(const HttpRequest& req) override {
+    ++calls;
+    return real.Send(req);
+  }
+  std::atomic<int> calls{0};
+  CurlHttpClient real;
+};
+
+class S3Test : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    RunResult r = RunCommand({"bash", SourceDir() + "/scripts/s3-server.sh", "start", *dir_ / "rgw"}, {},
+                             std::chrono::seconds(180));
+    std::istringstream in(r.out.substr(std::min(r.out.size(), r.out.rfind("READY"))));
+    std::string ready;
+    in >> ready >> endpoint_ >> ak_ >> sk_;
+    started_ = r.code == 0 && ready == "READY";
+    if (!started_) {
+      start_log_ = r.out;
+      return;
+    }
+    // The dataset: levels with and without objects, odd names, >1000 keys in one directory.
+    WriteFile(*dir_ / "big.bin", RandomBytes(9'000'000, 11));
+    nlohmann::json spec = {
+        {"bucket", "granary-test"},
+        {"objects",
+         {{{"key", "ds/top.txt"}, {"text", "top\n"}},
+          {{"key", "ds/deep/x/y/z.bin"}, {"file", *dir_ / "big.bin"}},
+          {{"key", "ds/with space/naïve ü.txt"}, {"text", "unicode\n"}},
+          {{"key", "ds/clash"}, {"text", "hidden by the directory\n"}},
+          {{"key", "ds/clash/inside.txt"}, {"text", "inside\n"}},
+          {{"key", "ds/odd//double.txt"}, {"text", "empty segment\n"}},
+          {{"key", "ds/long/" + std::string(300, 'L')}, {"text", "too long\n"}},
+          {{"key", "ds/changing.bin"}, {"text", "version one"}},
+          {{"many", "ds/many/k"}, {"count", 1100}}}}};
+    WriteFile(*dir_ / "spec.json", spec.dump());
+    RunResult put = RunCommand({"/usr/bin/python3", SourceDir() + "/tests/integration/s3_put.py", endpoint_, ak_, sk_,
+                                *dir_ / "spec.json"}, {}, std::chrono::seconds(300));
+    if (put.code != 0) {
+      started_ = false;
+      start_log_ = put.out;
+    }
+  }
+  static void TearDownTestSuite() {
+    RunCommand({"bash", SourceDir() + "/scripts/s3-server.sh", "stop", *dir_ / "rgw"});
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_TRUE(started_) << "S3 server did not start:\n" << start_log_; }
+
+  std::shared_ptr<UnderFileSystem> Open(const std::string& uri, std::map<std::string, std::string> opts = {},
+                                        std::shared_ptr<HttpClient> http = nullptr, Status* err = nullptr) {
+    opts.emplace("endpoint", endpoint_);
+    opts.emplace("access_key", ak_);
+    opts.emplace("secret_key", sk_);
+    auto p = ParseUri(uri);
+    auto s = ResolveS3Settings(p->authority, p->path, opts);
+    if (!s.ok()) {
+      if (err) *err = s.status();
+      return nullptr;
+    }
+    auto ufs = S3Ufs::Open(uri, *s, http);
+    if (!ufs.ok()) {
+      if (err) *err = ufs.status();
+      return nullptr;
+    }
+    return *ufs;
+  }
+  static std::set<std::string> Names(UnderFileSystem& ufs, const std::string& dir) {
+    std::set<std::string> out;
+    Status st = ufs.List(dir, 1000, [&](std::vector<UfsEntry>& page) {
+      for (auto& e : page) EXPECT_TRUE(out.insert(e.name + (e.is_dir ? "/" : "")).second) << "duplicate " << e.name;
+      return Status::OK();
+    });
+    EXPECT_TRUE(st.ok()) << st.message();
+    return out;
+  }
+
+  static TempDir* dir_;
+  static bool started_;
+  static std::string endpoint_, ak_, sk_, start_log_;
+};
+TempDir* S3Test::dir_ = nullptr;
+bool S3Test::started_ = false;
+std::string S3Test::endpoint_, S3Test::ak_, S3Test::sk_, S3Test::start_log_;
+
+TEST_F(S3Test, ListsEveryLevel) {
+  auto ufs = Open("s3://granary-test/ds");
+  ASSERT_TRUE(ufs);
+  EXPECT_EQ(Names(*ufs, ""), (std::set<std::string>{"top.txt", "deep/", "with space/", "clash/", "odd/", "long/",
+                                                     "changing.bin", "many/"}))
+      << "the object 'clash' is hidden by the directory 'clash/'";
+  EXPECT_EQ(Names(*ufs, "deep"), std::set<std::string>{"x/"}) << "a level holding no object directly";
+  EXPECT_EQ(Names(*ufs, "deep/x"), std::set<std::string>{"y/"});
+  EXPECT_EQ(Names(*ufs, "deep/x/y"), std::set<std::string>{"z.bin"});
+  EXPECT_EQ(Names(*ufs, "with space"), std::set<std::string>{"naïve ü.txt"});
+  EXPECT_EQ(Names(*ufs, "clash"), std::set<std::string>{"inside.txt"});
+  EXPECT_TRUE(Names(*ufs, "odd").empty()) << "an empty path segment is skipped";
+  EXPECT_TRUE(Names(*ufs, "long").empty()) << "a name over 255 bytes is skipped";
+  auto st = ufs->Stat("deep/x/y/z.bin");
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  EXPECT_EQ(st->size, 9'000'000u);
+  EXPECT_FALSE(st->version.empty());
+  EXPECT_TRUE(ufs->Stat("deep/x")->is_dir);
+  EXPECT_EQ(ufs->Stat("nope").status().code(), Code::kNotFound);
+}
+
+TEST_F(S3Test, MoreThanAThousandKeysInOneDirectory) {
+  auto http = std::make_shared<CountingHttp>();
+  auto ufs = Open("s3://granary-test/ds", {}, http);
+  ASSERT_TRUE(ufs);
+  int before = http->calls.load();
+  size_t n = 0;
+  std::set<std::string> names;
+  ASSERT_TRUE(ufs->List("many", 400, [&](std::vector<UfsEntry>& page) {
+    EXPECT_LE(page.size(), 400u);
+    n += page.size();
+    for (auto& e : page) names.insert(e.name);
+    return Status::OK();
+  }).ok());
+  EXPECT_EQ(n, 1100u);
+  EXPECT_EQ(names.size(), 1100u);
+  EXPECT_EQ(http->calls.load() - before, 3) << "three list requests joined by continuation tokens";
+  EXPECT_EQ(Names(*ufs, "many").size(), 1100u);
+}
+
+TEST_F(S3Test, RangedReadsAndChangedObjects) {
+  auto ufs = Open("s3://granary-test/ds");
+  ASSERT_TRUE(ufs);
+  std::string want = ReadFile(*dir_ / "big.bin");
+  auto st = ufs->Stat("deep/x/y/z.bin");
+  ASSERT_TRUE(st.ok());
+  std::string buf(1'000'000, '\0');
+  auto n = ufs->Read("deep/x/y/z.bin", st->version, 4'194'000, buf.size(), buf.data());
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_EQ(*n, buf.size());
+  EXPECT_EQ(buf, want.substr(4'194'000, 1'000'000));
+  n = ufs->Read("deep/x/y/z.bin", st->version, 8'999'990, 100, buf.data());
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 10u) << "a read past the end is clipped";
+
+  auto v1 = ufs->Stat("changing.bin");
+  ASSERT_TRUE(v1.ok());
+  ASSERT_TRUE(ufs->Read("changing.bin", v1->version, 0, 11, buf.data()).ok());
+  nlohmann::json spec = {{"bucket", "granary-test"}, {"create", false},
+                         {"objects", {{{"key", "ds/changing.bin"}, {"text", "VERSION TWO"}}}}};
+  WriteFile(*dir_ / "rewrite.json", spec.dump());
+  ASSERT_EQ(RunCommand({"/usr/bin/python3", SourceDir() + "/tests/integration/s3_put.py", endpoint_, ak_, sk_,
+                        *dir_ / "rewrite.json"}).code, 0);
+  auto r = ufs->Read("changing.bin", v1->version, 0, 11, buf.data());
+  EXPECT_EQ(r.status().code(), Code::kFailedPrecondition) << "the rewrite must be detected, not served";
+}
+
+TEST_F(S3Test, WrongSecretFailsOnceWithAClearError) {
+  auto http = std::make_shared<CountingHttp>();
+  Status err;
+  auto ufs = Open("s3://granary-test/ds", {{"secret_key", "wrong-secret"}}, http, &err);
+  EXPECT_FALSE(ufs);
+  EXPECT_EQ(err.code(), Code::kPermissionDenied) << err.message();
+  EXPECT_NE(err.message().find("SignatureDoesNotMatch"), std::string::npos) << err.message();
+  EXPECT_EQ(err.message().find("wrong-secret"), std::string::npos) << "the secret must not be in the error";
+  EXPECT_EQ(http->calls.load(), 1) << "403 must not be retried";
+}
+
+TEST_F(S3Test, MissingBucketAndPrefix) {
+  Status err;
+  EXPECT_FALSE(Open("s3://no-such-bucket-here/x", {}, nullptr, &err));
+  EXPECT_EQ(err.code(), Code::kNotFound);
+  EXPECT_NE(err.message().find("no-such-bucket-here"), std::string::npos) << err.message();
+  EXPECT_FALSE(Open("s3://granary-test/no-such-prefix", {}, nullptr, &err));
+  EXPECT_EQ(err.code(), Code::kNotFound) << err.message();
+  Status unknown;
+  EXPECT_FALSE(Open("s3://granary-test/ds", {{"acces_key", "x"}}, nullptr, &unknown));
+  EXPECT_NE(unknown.message().find("unknown s3 mount option 'acces_key'"), std::string::npos) << unknown.message();
+}
+
+TEST_F(S3Test, DatasetOnS3ReadsByteIdenticalThroughFuse) {
+  TempDir dir;
+  mkdir((dir / "mnt").c_str(), 0755);
+  std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"},
+                                         {"AWS_ACCESS_KEY_ID", ak_},
+                                         {"AWS_SECRET_ACCESS_KEY", sk_},
+                                         {"AWS_ENDPOINT_URL", endpoint_}};
+  Process local({Bin("granary"), "local", "s3://granary-test/ds", dir / "mnt", "--dir", dir / "state"},
+                dir / "local.log", env);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+  for (int pass = 0; pass < 2; ++pass) {
+    EXPECT_EQ(Sha256File(dir / "mnt/deep/x/y/z.bin"), Sha256File(*dir_ / "big.bin"));
+    EXPECT_EQ(ReadFile(dir / "mnt/with space/naïve ü.txt"), "unicode\n");
+    EXPECT_EQ(ReadFile(dir / "mnt/clash/inside.txt"), "inside\n");
+  }
+  struct stat st;
+  EXPECT_EQ(stat((dir / "mnt/many/k01099").c_str(), &st), 0);
+  std::string log = local.Log();
+  EXPECT_EQ(local.Stop(SIGTERM), 0) << log;
+  EXPECT_EQ(log.find(sk_), std::string::npos) << "the secret key leaked into the log";
+  EXPECT_FALSE(IsMounted(dir / "mnt"));
+}
+
+// Credentials from files named by mount options (a mounted Kubernetes Secret), endpoint as an option.
+TEST_F(S3Test, MountOptionsWithCredentialFiles) {
+  TempDir dir;
+  mkdir((dir / "mnt").c_str(), 0755);
+  WriteFile(dir / "ak", ak_ + "\n");
+  WriteFile(dir / "sk", sk_ + "\n");
+  Process local({Bin("granary"), "local", "s3://granary-test/ds/deep", dir / "mnt", "--dir", dir / "state", "-o",
+                 "endpoint=" + endpoint_, "-o", "access_key_file=" + dir / "ak", "-o", "secret_key_file=" + dir / "sk"},
+                dir / "local.log", {{"GRANARY_HOME", dir / "home"}, {"AWS_ACCESS_KEY_ID", ""}});
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+  EXPECT_EQ(Sha256File(dir / "mnt/x/y/z.bin"), Sha256File(*dir_ / "big.bin"));
+  RunResult mounts = RunCommand({Bin("granary"), "mounts"}, {{"GRANARY_HOME", dir / "home"}});
+  EXPECT_EQ(mounts.out.find(sk_), std::string::npos) << mounts.out;
+  EXPECT_EQ(local.Stop(SIGTERM), 0) << local.Log();
+  EXPECT_EQ(local.Log().find(sk_), std::string::npos);
+}
+
+}  // namespace
+}  // namespace granary::testing
