@@ -4,6 +4,7 @@
 #include <tinyxml2.h>
 
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -179,7 +180,7 @@ std::string S3Ufs::KeyOf(const std::string& path) const {
 }
 
 StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string& key, const HeaderList& query,
-                                   const HeaderList& headers) {
+                                   const HeaderList& headers, const Check& check) {
   size_t scheme_end = s_.endpoint.find("://") + 3;
   std::string scheme = s_.endpoint.substr(0, scheme_end);
   std::string host = s_.endpoint.substr(scheme_end);
@@ -221,6 +222,14 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
       last = ErrorFor(*resp, method + " s3://" + s_.bucket + "/" + key);
       spdlog::debug("s3 {}: attempt {} got HTTP {}", method, attempt + 1, resp->status);
       continue;
+    }
+    if (check) {
+      Status ok = check(*resp);
+      if (!ok.ok()) {
+        last = ok;
+        spdlog::debug("s3 {}: attempt {}: {}", method, attempt + 1, ok.message());
+        continue;
+      }
     }
     return resp;
   }
@@ -373,7 +382,22 @@ StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version
   std::string key = KeyOf(path);
   HeaderList headers = {{"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)},
                         {"If-Match", version}};
-  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", key, {}, headers));
+  // A 206 must carry exactly the bytes its Content-Range announces; anything shorter was cut in
+  // transit and is fetched again, never returned as data.
+  auto whole = [&](const HttpResponse& r) -> Status {
+    if (r.status != 206) return Status::OK();
+    const std::string cr = r.Header("content-range");  // "bytes FIRST-LAST/TOTAL"
+    unsigned long long first = 0, last = 0;
+    if (std::sscanf(cr.c_str(), "bytes %llu-%llu", &first, &last) != 2 || first != offset || last < first) {
+      return UnavailableError("s3 GET " + key + ": unexpected Content-Range '" + cr + "'");
+    }
+    if (r.body.size() != last - first + 1) {
+      return UnavailableError("s3 GET " + key + ": body cut short (" + std::to_string(r.body.size()) + " of " +
+                              std::to_string(last - first + 1) + " bytes)");
+    }
+    return Status::OK();
+  };
+  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", key, {}, headers, whole));
   if (r.status == 416) return size_t{0};  // at or past the end
   if (r.status != 206 && r.status != 200) return ErrorFor(r, "s3://" + s_.bucket + "/" + key);
   if (r.status == 200 && offset != 0) return InternalError("s3 ignored the Range header for " + key);

@@ -21,6 +21,7 @@
 // never appear in errors or logs. Thread-safe.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,9 +63,12 @@ class S3Ufs : public UnderFileSystem {
  private:
   S3Ufs(std::string uri, S3Settings s, std::shared_ptr<HttpClient> http);
   std::string KeyOf(const std::string& path) const;
-  // Sends a signed request for `key` ("" = the bucket) with retries; any HTTP status is returned.
+  // Sends a signed request for `key` ("" = the bucket) with retries; any final HTTP status is
+  // returned. `check` may reject a response as broken in transit (a truncated body): it is then
+  // retried like a reset connection.
+  using Check = std::function<Status(const HttpResponse&)>;
   StatusOr<HttpResponse> Call(const std::string& method, const std::string& key, const HeaderList& query,
-                              const HeaderList& headers);
+                              const HeaderList& headers, const Check& check = nullptr);
   Status ErrorFor(const HttpResponse& r, const std::string& what) const;
   StatusOr<bool> HasChildren(const std::string& key_prefix);
 

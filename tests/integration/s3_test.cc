@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -25,6 +27,43 @@ class CountingHttp : public HttpClient {
     ++calls;
     return real.Send(req);
   }
+  std::atomic<int> calls{0};
+  CurlHttpClient real;
+};
+
+// Injects faults into the next requests, then passes through to the real server.
+class FaultHttp : public HttpClient {
+ public:
+  enum Fault { kStatus500, kSlowDown503, kReset, kStall, kTruncate };
+  StatusOr<HttpResponse> Send(const HttpRequest& req) override {
+    ++calls;
+    Fault f;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (faults.empty() && !forever) return real.Send(req);
+      f = faults.empty() ? *forever : faults.front();
+      if (!faults.empty()) faults.erase(faults.begin());
+    }
+    switch (f) {
+      case kStatus500: return HttpResponse{500, {}, "<Error><Code>InternalError</Code></Error>"};
+      case kSlowDown503: return HttpResponse{503, {}, "<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"};
+      case kReset: return UnavailableError("Recv failure: Connection reset by peer");
+      case kStall: return DeadlineExceededError("Operation too slow. Less than 1024 bytes/sec transferred");
+      case kTruncate: {
+        auto r = real.Send(req);
+        if (r.ok() && r->body.size() > 1) r->body.resize(r->body.size() / 2);
+        return r;
+      }
+    }
+    return InternalError("unreachable");
+  }
+  void SetForever(std::optional<Fault> f) {
+    std::lock_guard<std::mutex> lock(mu);
+    forever = f;
+  }
+  std::mutex mu;
+  std::vector<Fault> faults;   // GUARDED_BY(mu)
+  std::optional<Fault> forever;  // GUARDED_BY(mu)
   std::atomic<int> calls{0};
   CurlHttpClient real;
 };
@@ -219,6 +258,55 @@ TEST_F(S3Test, DatasetOnS3ReadsByteIdenticalThroughFuse) {
   EXPECT_EQ(local.Stop(SIGTERM), 0) << log;
   EXPECT_EQ(log.find(sk_), std::string::npos) << "the secret key leaked into the log";
   EXPECT_FALSE(IsMounted(dir / "mnt"));
+}
+
+TEST_F(S3Test, TransientFaultsAreRetriedAndNeverReturnWrongBytes) {
+  auto http = std::make_shared<FaultHttp>();
+  auto ufs = Open("s3://granary-test/ds", {{"retry_deadline", "60s"}}, http);
+  ASSERT_TRUE(ufs);
+  std::string want = ReadFile(*dir_ / "big.bin").substr(1'000'000, 2'000'000);
+  auto st = ufs->Stat("deep/x/y/z.bin");
+  ASSERT_TRUE(st.ok());
+  using F = FaultHttp;
+  for (F::Fault f : {F::kStatus500, F::kSlowDown503, F::kReset, F::kStall, F::kTruncate}) {
+    {
+      std::lock_guard<std::mutex> lock(http->mu);
+      http->faults = {f, f};
+    }
+    int before = http->calls.load();
+    std::string buf(want.size(), '\0');
+    auto n = ufs->Read("deep/x/y/z.bin", st->version, 1'000'000, buf.size(), buf.data());
+    ASSERT_TRUE(n.ok()) << "fault " << f << ": " << n.status().message();
+    EXPECT_EQ(*n, want.size()) << "fault " << f;
+    EXPECT_EQ(buf, want) << "fault " << f;
+    EXPECT_EQ(http->calls.load() - before, 3) << "fault " << f << ": two failures, then success";
+  }
+}
+
+TEST_F(S3Test, PersistentFaultsGiveUpWithinTheBounds) {
+  auto http = std::make_shared<FaultHttp>();
+  auto ufs = Open("s3://granary-test/ds", {{"max_attempts", "4"}, {"retry_deadline", "60s"}}, http);
+  ASSERT_TRUE(ufs);
+  auto st = ufs->Stat("top.txt");
+  ASSERT_TRUE(st.ok());
+  http->SetForever(FaultHttp::kSlowDown503);
+  char buf[16];
+  int before = http->calls.load();
+  auto r = ufs->Read("top.txt", st->version, 0, 4, buf);
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().message();
+  EXPECT_NE(r.status().message().find("SlowDown"), std::string::npos) << r.status().message();
+  EXPECT_EQ(http->calls.load() - before, 4) << "max_attempts bounds the tries";
+
+  // A short deadline ends the retries long before max_attempts.
+  http->SetForever(std::nullopt);
+  auto quick = Open("s3://granary-test/ds", {{"max_attempts", "100"}, {"retry_deadline", "300ms"}}, http);
+  ASSERT_TRUE(quick);
+  http->SetForever(FaultHttp::kReset);
+  before = http->calls.load();
+  r = quick->Read("top.txt", st->version, 0, 4, buf);
+  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_LT(http->calls.load() - before, 100) << "the deadline bounds the tries";
+  http->SetForever(std::nullopt);
 }
 
 // Credentials from files named by mount options (a mounted Kubernetes Secret), endpoint as an option.
