@@ -16,10 +16,9 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
   int code = static_cast<int>(s.error_code());
   if (code < 0 || code > 16) code = static_cast<int>(Code::kUnknown);
   std::string msg = s.error_message();
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    msg = "cannot reach " + context + " (" + msg + ")";
-    return Status(Code::kUnavailable, msg);
-  }
+  // The code alone cannot tell an unreachable server from one that answered UNAVAILABLE (its
+  // under-storage failed), so the message names who answered and leaves the diagnosis to it.
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) return Status(Code::kUnavailable, context + ": " + msg);
   return Status(static_cast<Code>(code), msg);
 }
 

@@ -8,7 +8,7 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libssl-dev libcurl4-openssl-dev
-  libgtest-dev libgmock-dev libbenchmark-dev python3-botocore libtinyxml2-dev
+  libgtest-dev libgmock-dev libbenchmark-dev python3-botocore libtinyxml2-dev libnfs-dev
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -5,6 +5,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 bash "$ROOT/scripts/install-deps.sh"
 bash "$ROOT/scripts/s3-server.sh" install   # Ceph RGW for the S3 tests
+bash "$ROOT/scripts/nfs-server.sh" install  # nfs-ganesha for the NFS tests
 bash "$ROOT/scripts/build.sh"
 cd "${BUILD_DIR:-$ROOT/build}"
 ctest --output-on-failure --timeout 900 "$@"

@@ -1,6 +1,7 @@
 #include "common/ufs/ufs.h"
 
 #include "common/ufs/local_ufs.h"
+#include "common/ufs/nfs_ufs.h"
 #include "common/ufs/s3_ufs.h"
 
 namespace granary {
@@ -19,6 +20,10 @@ StatusOr<ParsedUri> ParseUri(const std::string& uri) {
   }
   p.scheme = uri.substr(0, sep);
   std::string rest = uri.substr(sep + 3);
+  if (size_t q = rest.find('?'); q != std::string::npos) {
+    p.query = rest.substr(q + 1);
+    rest.resize(q);
+  }
   size_t slash = rest.find('/');
   p.authority = rest.substr(0, slash);
   p.path = slash == std::string::npos ? "" : rest.substr(slash);
@@ -67,8 +72,9 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
     ASSIGN_OR_RETURN(S3Settings s, ResolveS3Settings(p.authority, p.path, options));
     return S3Ufs::Open(uri, std::move(s));
   }
+  if (p.scheme == "nfs") return NfsUfs::Open(uri, options);
   return UnimplementedError("under-storage scheme '" + p.scheme +
-                            "://' is not supported (use file:///path or s3://bucket/prefix)");
+                            "://' is not supported (use file:///path, s3://bucket/prefix or nfs://server/export)");
 }
 
 }  // namespace granary

@@ -56,7 +56,8 @@ class UnderFileSystem {
 struct ParsedUri {
   std::string scheme;     // "file", "s3", ...
   std::string authority;  // bucket or server; empty for file://
-  std::string path;       // absolute for file://, else without leading '/'
+  std::string path;       // absolute for file://, else without leading '/'; no query string
+  std::string query;      // after '?', e.g. "version=4&nfsport=2049"
 };
 
 // "file:///srv/x", "/srv/x" (taken as file://), "s3://bucket/prefix".

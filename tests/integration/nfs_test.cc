@@ -1,0 +1,107 @@
+// The NFS client against a real NFSv4 server (nfs-ganesha on loopback, scripts/nfs-server.sh),
+// and a dataset on it read through `granary local nfs://...`.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "common/ufs/nfs_ufs.h"
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+class NfsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::string exp = *dir_ / "nfs/export";
+    WriteFile(exp + "/train/n01/a.JPEG", RandomBytes(110'000, 1));
+    WriteFile(exp + "/train/n02/b.JPEG", RandomBytes(90'000, 2));
+    WriteFile(exp + "/shards/shard-00000.tfrecord", RandomBytes(9'500'000, 3));  // several blocks, >1 MiB reads
+    WriteFile(exp + "/naïve ü/日本.txt", "unicode\n");
+    WriteFile(exp + "/empty.bin", "");
+    WriteFile(exp + "/changing.bin", "version one");
+    RunResult r = RunCommand({"bash", SourceDir() + "/scripts/nfs-server.sh", "start", *dir_ / "nfs"}, {},
+                             std::chrono::seconds(120));
+    std::istringstream in(r.out.substr(std::min(r.out.size(), r.out.rfind("READY"))));
+    std::string ready;
+    in >> ready >> uri_;
+    started_ = r.code == 0 && ready == "READY";
+    if (!started_) log_ = r.out;
+  }
+  static void TearDownTestSuite() {
+    RunCommand({"bash", SourceDir() + "/scripts/nfs-server.sh", "stop", *dir_ / "nfs"});
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_TRUE(started_) << "NFS server did not start:\n" << log_; }
+
+  static TempDir* dir_;
+  static bool started_;
+  static std::string uri_, log_;
+};
+TempDir* NfsTest::dir_ = nullptr;
+bool NfsTest::started_ = false;
+std::string NfsTest::uri_, NfsTest::log_;
+
+TEST_F(NfsTest, ListStatReadAndDetectChanges) {
+  auto ufs = NfsUfs::Open(uri_, {});
+  ASSERT_TRUE(ufs.ok()) << ufs.status().message();
+  std::set<std::string> names;
+  ASSERT_TRUE((*ufs)->List("", 2, [&](std::vector<UfsEntry>& page) {
+    EXPECT_LE(page.size(), 2u);
+    for (auto& e : page) names.insert(e.name + (e.is_dir ? "/" : ""));
+    return Status::OK();
+  }).ok());
+  EXPECT_EQ(names, (std::set<std::string>{"train/", "shards/", "naïve ü/", "empty.bin", "changing.bin"}));
+  auto st = (*ufs)->Stat("shards/shard-00000.tfrecord");
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  EXPECT_EQ(st->size, 9'500'000u);
+  std::string want = ReadFile(*dir_ / "nfs/export/shards/shard-00000.tfrecord");
+  std::string buf(4 << 20, '\0');
+  auto n = (*ufs)->Read("shards/shard-00000.tfrecord", st->version, 4 << 20, buf.size(), buf.data());
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_EQ(buf.substr(0, *n), want.substr(4 << 20, 4 << 20));
+
+  auto v1 = (*ufs)->Stat("changing.bin");
+  ASSERT_TRUE(v1.ok());
+  WriteFile(*dir_ / "nfs/export/changing.bin", "VERSION TWO, longer");
+  EXPECT_EQ((*ufs)->Read("changing.bin", v1->version, 0, 11, buf.data()).status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ((*ufs)->Stat("no/such/file").status().code(), Code::kNotFound);
+  EXPECT_EQ((*ufs)->Read("../escape", "v", 0, 1, buf.data()).status().code(), Code::kInvalidArgument);
+  EXPECT_FALSE(NfsUfs::Open(uri_, {{"bogus", "1"}}).ok());
+}
+
+TEST_F(NfsTest, DatasetOnNfsReadsByteIdenticalThroughFuse) {
+  TempDir dir;
+  mkdir((dir / "mnt").c_str(), 0755);
+  Process local({Bin("granary"), "local", uri_, dir / "mnt", "--dir", dir / "state", "--name", "/imagenet"},
+                dir / "local.log", {{"GRANARY_HOME", dir / "home"}});
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+  std::string src = *dir_ / "nfs/export";
+  int files = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& e : fs::recursive_directory_iterator(src)) {
+      std::string rel = fs::relative(e.path(), src).string();
+      if (rel == "changing.bin") continue;  // rewritten by the other test
+      struct stat st;
+      ASSERT_EQ(stat((dir / ("mnt/" + rel)).c_str(), &st), 0) << rel;
+      EXPECT_EQ(S_ISDIR(st.st_mode), e.is_directory()) << rel;
+      if (e.is_regular_file()) {
+        EXPECT_EQ(Sha256File(dir / ("mnt/" + rel)), Sha256File(e.path())) << rel;
+        files += pass == 0;
+      }
+    }
+  }
+  EXPECT_EQ(files, 5);
+  EXPECT_EQ(local.Stop(SIGTERM), 0) << local.Log();
+  EXPECT_FALSE(IsMounted(dir / "mnt"));
+}
+
+}  // namespace
+}  // namespace granary::testing
