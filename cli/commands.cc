@@ -88,11 +88,15 @@ StatusOr<std::map<std::string, std::string>> ParseMountOptions(const std::vector
       return InvalidArgumentError("--option '" + kv.substr(0, kv.find('=')) + "' must be KEY=VALUE");
     }
     std::string key = kv.substr(0, eq);
-    if (key == "secret_key" || key == "access_key" || key == "session_token" || key == "fs.oss.accessKeySecret") {
+    std::string value = kv.substr(eq + 1);
+    if (key == "secret_key" || key == "access_key" || key == "session_token") {
       return InvalidArgumentError("--option " + key + " would put a credential in the process arguments; use " +
                                   key + "_file=PATH (a file holding it) or the environment instead");
     }
-    out[key] = kv.substr(eq + 1);
+    if ((key == "fs.oss.accessKeySecret" || key == "fs.oss.securityToken") && (value.empty() || value[0] != '/')) {
+      return InvalidArgumentError("--option " + key + " must be the path of a file holding the secret, not the secret");
+    }
+    out[key] = value;
   }
   return out;
 }

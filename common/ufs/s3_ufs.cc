@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fs.h"
+#include "common/ufs/oss_sign.h"
 #include "common/units.h"
 
 namespace granary {
@@ -165,6 +166,92 @@ S3Ufs::S3Ufs(std::string uri, S3Settings s, std::shared_ptr<HttpClient> http)
     : uri_(std::move(uri)), s_(std::move(s)), http_(std::move(http)),
       opened_ns_(static_cast<int64_t>(std::time(nullptr)) * 1'000'000'000) {}
 
+StatusOr<S3Settings> ResolveOssSettings(const std::string& bucket, const std::string& prefix,
+                                        const std::map<std::string, std::string>& options) {
+  static const std::set<std::string> kKnown = {"fs.oss.endpoint",      "fs.oss.region",       "fs.oss.accessKeyId",
+                                               "fs.oss.accessKeySecret", "fs.oss.securityToken", "fs.oss.signatureVersion",
+                                               "max_attempts",         "retry_deadline"};
+  for (const auto& [k, v] : options) {
+    if (!kKnown.count(k)) return InvalidArgumentError("unknown oss mount option '" + k + "'");
+  }
+  auto opt = [&](const std::string& k, const char* env) {
+    auto it = options.find(k);
+    return it != options.end() ? it->second : Env(env);
+  };
+  if (bucket.empty()) return InvalidArgumentError("oss:// URIs need a bucket: oss://bucket/prefix");
+  S3Settings s;
+  s.bucket = bucket;
+  s.prefix = prefix;
+  while (!s.prefix.empty() && s.prefix.back() == '/') s.prefix.pop_back();
+  std::string version = opt("fs.oss.signatureVersion", "OSS_SIGNATURE_VERSION");
+  if (version.empty() || version == "v4" || version == "4") {
+    s.signing = S3Settings::Signing::kOssV4;
+  } else if (version == "v1" || version == "1") {
+    s.signing = S3Settings::Signing::kOssV1;
+  } else {
+    return InvalidArgumentError("fs.oss.signatureVersion '" + version + "' must be v4 or v1");
+  }
+  std::string endpoint = opt("fs.oss.endpoint", "OSS_ENDPOINT");
+  s.region = opt("fs.oss.region", "OSS_REGION");
+  if (endpoint.empty() && s.region.empty()) {
+    return InvalidArgumentError("oss://" + bucket + " needs fs.oss.endpoint (e.g. oss-cn-hangzhou.aliyuncs.com)");
+  }
+  if (endpoint.empty()) endpoint = "oss-" + s.region + ".aliyuncs.com";
+  if (endpoint.find("://") == std::string::npos) endpoint = "https://" + endpoint;
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  s.endpoint = endpoint;
+  if (s.region.empty()) {
+    // https://oss-cn-hangzhou.aliyuncs.com and oss-cn-hangzhou-internal.aliyuncs.com -> cn-hangzhou
+    std::string host = endpoint.substr(endpoint.find("://") + 3);
+    host = host.substr(0, host.find('.'));
+    if (host.rfind("oss-", 0) == 0) host = host.substr(4);
+    if (host.size() > 9 && host.compare(host.size() - 9, 9, "-internal") == 0) host.resize(host.size() - 9);
+    s.region = host;
+  }
+  s.path_style = false;  // OSS serves buckets by host name only
+  if (auto it = options.find("max_attempts"); it != options.end()) {
+    ASSIGN_OR_RETURN(uint64_t n, ParseUint(it->second));
+    s.max_attempts = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(n, 100)));
+  }
+  if (auto it = options.find("retry_deadline"); it != options.end()) {
+    ASSIGN_OR_RETURN(s.retry_deadline, ParseDuration(it->second));
+  }
+  // Secrets come by file reference (a mounted Secret); an inline secret is refused.
+  auto from_file = [&](const std::string& key, const std::string& value, bool secret, std::string* out) -> Status {
+    if (value.empty()) return Status::OK();
+    if (value[0] != '/') {
+      if (secret) {
+        return InvalidArgumentError(key + " must name a file holding the secret (e.g. a mounted Kubernetes Secret), "
+                                          "not the secret itself");
+      }
+      *out = value;
+      return Status::OK();
+    }
+    auto data = ReadFileToString(value);
+    if (!data.ok()) return data.status().WithContext(key);
+    *out = Trimmed(*data);
+    return Status::OK();
+  };
+  if (auto it = options.find("fs.oss.accessKeyId"); it != options.end()) {
+    RETURN_IF_ERROR(from_file(it->first, it->second, false, &s.creds.access_key));
+  }
+  if (auto it = options.find("fs.oss.accessKeySecret"); it != options.end()) {
+    RETURN_IF_ERROR(from_file(it->first, it->second, true, &s.creds.secret_key));
+  }
+  if (auto it = options.find("fs.oss.securityToken"); it != options.end()) {
+    RETURN_IF_ERROR(from_file(it->first, it->second, true, &s.creds.session_token));
+  }
+  if (s.creds.access_key.empty()) s.creds.access_key = Env("OSS_ACCESS_KEY_ID");
+  if (s.creds.secret_key.empty()) s.creds.secret_key = Env("OSS_ACCESS_KEY_SECRET");
+  if (s.creds.session_token.empty()) s.creds.session_token = Env("OSS_SESSION_TOKEN");
+  if (s.creds.access_key.empty() || s.creds.secret_key.empty()) {
+    return UnauthenticatedError("no OSS credentials for oss://" + bucket +
+                                " (set fs.oss.accessKeyId and fs.oss.accessKeySecret=/path/to/secret-file, or "
+                                "OSS_ACCESS_KEY_ID and OSS_ACCESS_KEY_SECRET)");
+  }
+  return s;
+}
+
 StatusOr<std::shared_ptr<UnderFileSystem>> S3Ufs::Open(const std::string& uri, S3Settings settings,
                                                        std::shared_ptr<HttpClient> http) {
   if (!http) http = std::make_shared<CurlHttpClient>();
@@ -206,11 +293,21 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
       if (std::chrono::steady_clock::now() + wait >= deadline) break;
       std::this_thread::sleep_for(wait);
     }
-    SigV4Request sreq{method, host, path, query, headers, ""};
-    SigV4Result sig = SignV4(sreq, s_.creds, s_.region, "s3", std::time(nullptr));
     HttpRequest req{method, url, headers};
-    for (auto& h : sig.headers) {
-      if (h.first != "host") req.headers.push_back(h);
+    std::time_t now = std::time(nullptr);
+    if (s_.signing == S3Settings::Signing::kAwsV4) {
+      SigV4Request sreq{method, host, path, query, headers, ""};
+      for (auto& h : SignV4(sreq, s_.creds, s_.region, "s3", now).headers) {
+        if (h.first != "host") req.headers.push_back(h);
+      }
+    } else {
+      OssRequest oreq{method, s_.bucket, key, query, {}, headers, {}};
+      for (const auto& [k, v] : query) {
+        if (k == "continuation-token") oreq.subresources.emplace_back(k, v);
+      }
+      HeaderList signed_headers = s_.signing == S3Settings::Signing::kOssV4 ? OssSignV4(oreq, s_.creds, s_.region, now)
+                                                                              : OssSignV1(oreq, s_.creds, now);
+      req.headers.insert(req.headers.end(), signed_headers.begin(), signed_headers.end());
     }
     auto resp = http_->Send(req);
     if (!resp.ok()) {
@@ -277,9 +374,9 @@ StatusOr<UfsEntry> S3Ufs::Stat(const std::string& path) {
   dir.name = path.substr(path.rfind('/') + 1);
   std::string key = KeyOf(path);
   if (key.empty()) {
-    ASSIGN_OR_RETURN(HttpResponse r, Call("HEAD", "", {}, {}));
-    if (r.status == 404) return NotFoundError("bucket '" + s_.bucket + "' does not exist");
-    if (r.status != 200) return ErrorFor(r, "s3://" + s_.bucket);
+    // A one-key listing proves the bucket exists and the credentials work (S3 and OSS alike).
+    ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", {{"list-type", "2"}, {"max-keys", "1"}}, {}));
+    if (r.status != 200) return ErrorFor(r, uri_);
     return dir;
   }
   if (!path.empty()) {

@@ -33,6 +33,9 @@
 namespace granary {
 
 struct S3Settings {
+  // Which API dialect and signature: S3 (AWS SigV4), or Alibaba OSS with its V4 or V1 signature.
+  enum class Signing { kAwsV4, kOssV4, kOssV1 };
+  Signing signing = Signing::kAwsV4;
   std::string bucket;
   std::string prefix;  // no leading or trailing '/'
   std::string endpoint;
@@ -48,6 +51,17 @@ struct S3Settings {
 // credentials are found.
 StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::string& prefix,
                                        const std::map<std::string, std::string>& options);
+
+// `oss://bucket/prefix`: the same client speaking Alibaba OSS. Options use Fluid's names:
+//   fs.oss.endpoint          oss-cn-hangzhou.aliyuncs.com (or with http(s)://)   OSS_ENDPOINT
+//   fs.oss.region            derived from the endpoint (oss-cn-hangzhou -> cn-hangzhou)  OSS_REGION
+//   fs.oss.accessKeyId       the key id, or a path to a file holding it           OSS_ACCESS_KEY_ID
+//   fs.oss.accessKeySecret   a path to a file holding the secret (never inline)   OSS_ACCESS_KEY_SECRET
+//   fs.oss.securityToken     a path to a file holding an STS token                OSS_SESSION_TOKEN
+//   fs.oss.signatureVersion  v4 (default) or v1
+//   max_attempts, retry_deadline as for s3.
+StatusOr<S3Settings> ResolveOssSettings(const std::string& bucket, const std::string& prefix,
+                                        const std::map<std::string, std::string>& options);
 
 class S3Ufs : public UnderFileSystem {
  public:

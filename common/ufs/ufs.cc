@@ -72,9 +72,13 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
     ASSIGN_OR_RETURN(S3Settings s, ResolveS3Settings(p.authority, p.path, options));
     return S3Ufs::Open(uri, std::move(s));
   }
+  if (p.scheme == "oss") {
+    ASSIGN_OR_RETURN(S3Settings s, ResolveOssSettings(p.authority, p.path, options));
+    return S3Ufs::Open(uri, std::move(s));
+  }
   if (p.scheme == "nfs") return NfsUfs::Open(uri, options);
   return UnimplementedError("under-storage scheme '" + p.scheme +
-                            "://' is not supported (use file:///path, s3://bucket/prefix or nfs://server/export)");
+                            "://' is not supported (use file:///path, s3://bucket/prefix, oss://bucket/prefix or nfs://server/export)");
 }
 
 }  // namespace granary

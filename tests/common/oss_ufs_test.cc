@@ -1,0 +1,118 @@
+// OSS mode of the object-store client: option resolution with Fluid's names, and the requests it
+// sends (captured; no OSS server is reachable here — signatures are checked against the official
+// SDK by oss_sign_sdk.js).
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "common/ufs/s3_ufs.h"
+#include "tests/testutil/testutil.h"
+
+namespace granary {
+namespace {
+
+// Answers like OSS would and records every request.
+class CapturingHttp : public HttpClient {
+ public:
+  StatusOr<HttpResponse> Send(const HttpRequest& req) override {
+    std::lock_guard<std::mutex> lock(mu);
+    requests.push_back(req);
+    if (req.url.find("list-type=2") != std::string::npos) {
+      return HttpResponse{200, {}, R"(<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult><Name>bkt</Name><Prefix>data/</Prefix><IsTruncated>false</IsTruncated>
+<Contents><Key>data/a.jpg</Key><LastModified>2026-11-20T10:00:00.000Z</LastModified><ETag>"ETAG-A"</ETag><Size>5</Size></Contents>
+<CommonPrefixes><Prefix>data/sub/</Prefix></CommonPrefixes></ListBucketResult>)"};
+    }
+    return HttpResponse{206, {{"content-range", "bytes 1-3/5"}}, "BCD"};
+  }
+  std::string Header(size_t i, const std::string& name) {
+    for (const auto& [k, v] : requests[i].headers) {
+      if (k == name) return v;
+    }
+    return "";
+  }
+  std::mutex mu;
+  std::vector<HttpRequest> requests;
+};
+
+TEST(OssSettings, FluidNamesAndFileReferencedSecrets) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "id", "LTAIexample\n");
+  testing::WriteFile(dir / "secret", "s3cr3t\n");
+  auto s = ResolveOssSettings("bkt", "data/", {{"fs.oss.endpoint", "oss-cn-hangzhou-internal.aliyuncs.com"},
+                                               {"fs.oss.accessKeyId", dir / "id"},
+                                               {"fs.oss.accessKeySecret", dir / "secret"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->region, "cn-hangzhou");
+  EXPECT_EQ(s->endpoint, "https://oss-cn-hangzhou-internal.aliyuncs.com");
+  EXPECT_EQ(s->creds.access_key, "LTAIexample");
+  EXPECT_EQ(s->creds.secret_key, "s3cr3t");
+  EXPECT_EQ(s->prefix, "data");
+  EXPECT_TRUE(s->signing == S3Settings::Signing::kOssV4);
+
+  auto inline_secret = ResolveOssSettings("bkt", "", {{"fs.oss.endpoint", "oss-cn-beijing.aliyuncs.com"},
+                                                      {"fs.oss.accessKeyId", "LTAI"},
+                                                      {"fs.oss.accessKeySecret", "plain-secret"}});
+  EXPECT_EQ(inline_secret.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(inline_secret.status().message().find("must name a file"), std::string::npos);
+  EXPECT_EQ(inline_secret.status().message().find("plain-secret"), std::string::npos);
+
+  EXPECT_NE(ResolveOssSettings("bkt", "", {{"fs.oss.endpointt", "x"}}).status().message().find("unknown oss mount option"),
+            std::string::npos);
+  EXPECT_NE(ResolveOssSettings("bkt", "", {{"fs.oss.accessKeyId", "x"}}).status().message().find("fs.oss.endpoint"),
+            std::string::npos);
+  EXPECT_EQ(ResolveOssSettings("bkt", "", {{"fs.oss.endpoint", "e"}, {"fs.oss.signatureVersion", "v3"}}).status().code(),
+            Code::kInvalidArgument);
+}
+
+S3Settings Settings(S3Settings::Signing signing) {
+  S3Settings s;
+  s.signing = signing;
+  s.bucket = "bkt";
+  s.prefix = "data";
+  s.endpoint = "https://oss-cn-hangzhou.aliyuncs.com";
+  s.region = "cn-hangzhou";
+  s.creds = {"LTAIexample", "s3cr3t", "sts-token"};
+  return s;
+}
+
+TEST(OssUfs, RequestsAreVirtualHostedAndOssSigned) {
+  for (auto signing : {S3Settings::Signing::kOssV4, S3Settings::Signing::kOssV1}) {
+    auto http = std::make_shared<CapturingHttp>();
+    auto ufs = S3Ufs::Open("oss://bkt/data", Settings(signing), http);
+    ASSERT_TRUE(ufs.ok()) << ufs.status().message();
+    std::vector<std::string> names;
+    ASSERT_TRUE((*ufs)->List("", 100, [&](std::vector<UfsEntry>& page) {
+      for (auto& e : page) names.push_back(e.name + (e.is_dir ? "/" : ""));
+      return Status::OK();
+    }).ok());
+    EXPECT_EQ(names, (std::vector<std::string>{"a.jpg", "sub/"}));
+    char buf[8];
+    auto n = (*ufs)->Read("a.jpg", "\"ETAG-A\"", 1, 3, buf);
+    ASSERT_TRUE(n.ok()) << n.status().message();
+    EXPECT_EQ(std::string(buf, *n), "BCD");
+
+    ASSERT_GE(http->requests.size(), 3u);
+    size_t last = http->requests.size() - 1;
+    EXPECT_EQ(http->requests[last].url, "https://bkt.oss-cn-hangzhou.aliyuncs.com/data/a.jpg");
+    EXPECT_EQ(http->Header(last, "If-Match"), "\"ETAG-A\"");
+    EXPECT_EQ(http->Header(last, "Range"), "bytes=1-3");
+    EXPECT_EQ(http->Header(last, "x-oss-security-token"), "sts-token");
+    EXPECT_FALSE(http->Header(last, "x-oss-date").empty());
+    std::string auth = http->Header(last, "authorization");
+    if (signing == S3Settings::Signing::kOssV4) {
+      EXPECT_EQ(auth.rfind("OSS4-HMAC-SHA256 Credential=LTAIexample/", 0), 0u) << auth;
+      EXPECT_NE(auth.find("/cn-hangzhou/oss/aliyun_v4_request,Signature="), std::string::npos) << auth;
+      EXPECT_EQ(http->Header(last, "x-oss-content-sha256"), "UNSIGNED-PAYLOAD");
+    } else {
+      EXPECT_EQ(auth.rfind("OSS LTAIexample:", 0), 0u) << auth;
+    }
+    for (const auto& r : http->requests) {
+      for (const auto& [k, v] : r.headers) EXPECT_EQ(v.find("s3cr3t"), std::string::npos) << k;
+      EXPECT_EQ(r.url.find("bkt.oss-cn-hangzhou.aliyuncs.com"), 8u) << r.url;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace granary
