@@ -80,6 +80,22 @@ Status EmitFullPages(std::vector<UfsEntry>* page, size_t page_size, const UnderF
   return Status::OK();
 }
 
+// max_attempts, retry_deadline and max_requests, shared by s3:// and oss://.
+Status ApplyRequestOptions(const std::map<std::string, std::string>& options, S3Settings* s) {
+  if (auto it = options.find("max_attempts"); it != options.end()) {
+    ASSIGN_OR_RETURN(uint64_t n, ParseUint(it->second));
+    s->max_attempts = static_cast<int>(std::clamp<uint64_t>(n, 1, 100));
+  }
+  if (auto it = options.find("retry_deadline"); it != options.end()) {
+    ASSIGN_OR_RETURN(s->retry_deadline, ParseDuration(it->second));
+  }
+  if (auto it = options.find("max_requests"); it != options.end()) {
+    ASSIGN_OR_RETURN(uint64_t n, ParseUint(it->second));
+    s->max_requests = static_cast<int>(std::clamp<uint64_t>(n, 1, 1024));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::string& prefix,
@@ -87,7 +103,7 @@ StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::str
   static const std::set<std::string> kKnown = {
       "endpoint",   "region",          "path_style",      "access_key",         "secret_key",
       "session_token", "access_key_file", "secret_key_file", "session_token_file", "credentials_file",
-      "profile",    "max_attempts",    "retry_deadline"};
+      "profile",    "max_attempts",    "retry_deadline", "max_requests"};
   for (const auto& [k, v] : options) {
     if (!kKnown.count(k)) return InvalidArgumentError("unknown s3 mount option '" + k + "'");
   }
@@ -116,13 +132,7 @@ StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::str
   if (!opt("path_style").empty()) {
     ASSIGN_OR_RETURN(s.path_style, ParseBool(opt("path_style")));
   }
-  if (!opt("max_attempts").empty()) {
-    ASSIGN_OR_RETURN(uint64_t n, ParseUint(opt("max_attempts")));
-    s.max_attempts = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(n, 100)));
-  }
-  if (!opt("retry_deadline").empty()) {
-    ASSIGN_OR_RETURN(s.retry_deadline, ParseDuration(opt("retry_deadline")));
-  }
+  RETURN_IF_ERROR(ApplyRequestOptions(options, &s));
   // Credentials: options, option files, environment, shared credentials file.
   auto from_file = [&](const std::string& key, std::string* out) -> Status {
     if (!out->empty() || opt(key).empty()) return Status::OK();
@@ -170,7 +180,7 @@ StatusOr<S3Settings> ResolveOssSettings(const std::string& bucket, const std::st
                                         const std::map<std::string, std::string>& options) {
   static const std::set<std::string> kKnown = {"fs.oss.endpoint",      "fs.oss.region",       "fs.oss.accessKeyId",
                                                "fs.oss.accessKeySecret", "fs.oss.securityToken", "fs.oss.signatureVersion",
-                                               "max_attempts",         "retry_deadline"};
+                                               "max_attempts",         "retry_deadline",        "max_requests"};
   for (const auto& [k, v] : options) {
     if (!kKnown.count(k)) return InvalidArgumentError("unknown oss mount option '" + k + "'");
   }
@@ -209,13 +219,7 @@ StatusOr<S3Settings> ResolveOssSettings(const std::string& bucket, const std::st
     s.region = host;
   }
   s.path_style = false;  // OSS serves buckets by host name only
-  if (auto it = options.find("max_attempts"); it != options.end()) {
-    ASSIGN_OR_RETURN(uint64_t n, ParseUint(it->second));
-    s.max_attempts = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(n, 100)));
-  }
-  if (auto it = options.find("retry_deadline"); it != options.end()) {
-    ASSIGN_OR_RETURN(s.retry_deadline, ParseDuration(it->second));
-  }
+  RETURN_IF_ERROR(ApplyRequestOptions(options, &s));
   // Secrets come by file reference (a mounted Secret); an inline secret is refused.
   auto from_file = [&](const std::string& key, const std::string& value, bool secret, std::string* out) -> Status {
     if (value.empty()) return Status::OK();
@@ -309,7 +313,18 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
                                                                               : OssSignV1(oreq, s_.creds, now);
       req.headers.insert(req.headers.end(), signed_headers.begin(), signed_headers.end());
     }
-    auto resp = http_->Send(req);
+    StatusOr<HttpResponse> resp = UnavailableError("not sent");
+    {
+      std::unique_lock<std::mutex> lock(slots_mu_);
+      slots_cv_.wait(lock, [&] { return in_flight_ < s_.max_requests; });
+      ++in_flight_;
+    }
+    resp = http_->Send(req);
+    {
+      std::lock_guard<std::mutex> lock(slots_mu_);
+      --in_flight_;
+    }
+    slots_cv_.notify_one();
     if (!resp.ok()) {
       last = resp.status();
       spdlog::debug("s3 {} s3://{}/{}: attempt {} failed: {}", method, s_.bucket, key, attempt + 1, last.message());

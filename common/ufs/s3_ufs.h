@@ -15,13 +15,16 @@
 //   access_key, secret_key, session_token           AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
 //   access_key_file, secret_key_file, session_token_file  (files, e.g. a mounted Kubernetes Secret)
 //   credentials_file, profile               AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials), AWS_PROFILE
-//   max_attempts (5), retry_deadline (20s)
+//   max_attempts (5), retry_deadline (20s), max_requests (32: requests in flight at once; each
+//   keeps its connection alive for reuse)
 // Retries: transport errors, 429 and 5xx (503 SlowDown included) with exponential backoff and full
 // jitter, within the deadline. 403 and 404 are final and come back as clear errors. Credentials
 // never appear in errors or logs. Thread-safe.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +47,7 @@ struct S3Settings {
   AwsCredentials creds;
   int max_attempts = 5;
   std::chrono::milliseconds retry_deadline{20000};
+  int max_requests = 32;  // requests in flight at once from this process, per mount
 };
 
 // Resolves settings from the URI's bucket/prefix, the mount options, the environment and the
@@ -89,6 +93,9 @@ class S3Ufs : public UnderFileSystem {
   std::string uri_;
   S3Settings s_;
   std::shared_ptr<HttpClient> http_;
+  std::mutex slots_mu_;
+  std::condition_variable slots_cv_;
+  int in_flight_ = 0;  // GUARDED_BY(slots_mu_)
   int64_t opened_ns_;  // S3 has no directory times; directories show when the mount was opened
 };
 

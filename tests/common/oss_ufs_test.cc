@@ -3,7 +3,10 @@
 // SDK by oss_sign_sdk.js).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "common/ufs/s3_ufs.h"
 #include "tests/testutil/testutil.h"
@@ -112,6 +115,61 @@ TEST(OssUfs, RequestsAreVirtualHostedAndOssSigned) {
       EXPECT_EQ(r.url.find("bkt.oss-cn-hangzhou.aliyuncs.com"), 8u) << r.url;
     }
   }
+}
+
+// Holds every request until released, and records how many were in flight at once.
+class GatedHttp : public CapturingHttp {
+ public:
+  StatusOr<HttpResponse> Send(const HttpRequest& req) override {
+    {
+      std::unique_lock<std::mutex> lock(gate_mu);
+      peak = std::max(peak, ++in_flight);
+      gate_cv.wait(lock, [&] { return open; });
+    }
+    auto r = CapturingHttp::Send(req);
+    std::lock_guard<std::mutex> lock(gate_mu);
+    --in_flight;
+    return r;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    open = true;
+    gate_cv.notify_all();
+  }
+  int InFlight() {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    return in_flight;
+  }
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = true;
+  int in_flight = 0, peak = 0;
+};
+
+TEST(ObjectStore, MaxRequestsBoundsConcurrency) {
+  auto http = std::make_shared<GatedHttp>();
+  S3Settings s = Settings(S3Settings::Signing::kOssV4);
+  s.max_requests = 2;
+  auto ufs = S3Ufs::Open("oss://bkt/data", s, http);
+  ASSERT_TRUE(ufs.ok());
+  {
+    std::lock_guard<std::mutex> lock(http->gate_mu);
+    http->open = false;
+    http->peak = 0;
+  }
+  std::vector<std::thread> readers;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i) {
+    readers.emplace_back([&] {
+      char buf[8];
+      if ((*ufs)->Read("a.jpg", "\"ETAG-A\"", 1, 3, buf).ok()) ok++;
+    });
+  }
+  ASSERT_TRUE(testing::WaitFor([&] { return http->InFlight() == 2; }));
+  http->Open();
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(ok.load(), 8);
+  EXPECT_EQ(http->peak, 2) << "max_requests=2 must hold with 8 concurrent readers";
 }
 
 }  // namespace
