@@ -117,6 +117,47 @@ TEST(OssUfs, RequestsAreVirtualHostedAndOssSigned) {
   }
 }
 
+TEST(S3Settings, SharedCredentialsFileAndProfile) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "credentials",
+                     "[default]\naws_access_key_id = DEFAULTKEY\naws_secret_access_key = defaultsecret\n\n"
+                     "[training]\naws_access_key_id=TRAININGKEY\naws_secret_access_key=trainingsecret\n"
+                     "aws_session_token = tok\n");
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  auto s = ResolveS3Settings("bkt", "p", {{"credentials_file", dir / "credentials"}, {"profile", "training"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->creds.access_key, "TRAININGKEY");
+  EXPECT_EQ(s->creds.secret_key, "trainingsecret");
+  EXPECT_EQ(s->creds.session_token, "tok");
+  EXPECT_EQ(ResolveS3Settings("bkt", "p", {{"credentials_file", dir / "credentials"}})->creds.access_key, "DEFAULTKEY");
+  auto none = ResolveS3Settings("bkt", "p", {{"credentials_file", dir / "missing"}});
+  EXPECT_EQ(none.status().code(), Code::kUnauthenticated);
+  EXPECT_NE(none.status().message().find("no S3 credentials"), std::string::npos);
+}
+
+TEST(S3Ufs, VirtualHostedAddressingWithoutAnEndpoint) {
+  unsetenv("AWS_ENDPOINT_URL");
+  testing::TempDir dir;
+  testing::WriteFile(dir / "ak", "AKIDEXAMPLE");
+  testing::WriteFile(dir / "sk", "secret");
+  auto s = ResolveS3Settings("bkt", "data", {{"region", "us-west-2"}, {"access_key_file", dir / "ak"},
+                                        {"secret_key_file", dir / "sk"}});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_FALSE(s->path_style);
+  auto http = std::make_shared<CapturingHttp>();
+  auto ufs = S3Ufs::Open("s3://bkt/data", *s, http);
+  ASSERT_TRUE(ufs.ok()) << ufs.status().message();
+  char buf[8];
+  ASSERT_TRUE((*ufs)->Read("a.jpg", "\"ETAG-A\"", 1, 3, buf).ok());
+  const HttpRequest& last = http->requests.back();
+  EXPECT_EQ(last.url, "https://bkt.s3.us-west-2.amazonaws.com/data/a.jpg");
+  EXPECT_EQ(http->Header(http->requests.size() - 1, "authorization").rfind("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/", 0), 0u);
+  auto path_style = ResolveS3Settings("bkt", "data", {{"endpoint", "http://127.0.0.1:9000"}, {"access_key_file", dir / "ak"},
+                                                      {"secret_key_file", dir / "sk"}});
+  EXPECT_TRUE(path_style->path_style) << "a custom endpoint defaults to path-style";
+}
+
 // Holds every request until released, and records how many were in flight at once.
 class GatedHttp : public CapturingHttp {
  public:

@@ -1,7 +1,9 @@
 // The S3 client against a real S3 server (Ceph RGW on loopback, started by scripts/s3-server.sh),
 // and a dataset on it read through `granary local s3://...`.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +16,7 @@
 
 #include "common/ufs/s3_ufs.h"
 #include "tests/integration/harness.h"
+#include "tests/testutil/proxy.h"
 
 namespace granary::testing {
 namespace {
@@ -307,6 +310,39 @@ TEST_F(S3Test, PersistentFaultsGiveUpWithinTheBounds) {
   EXPECT_EQ(r.status().code(), Code::kUnavailable);
   EXPECT_LT(http->calls.load() - before, 100) << "the deadline bounds the tries";
   http->SetForever(std::nullopt);
+}
+
+// The storage link fails under a reader: retries run out within the deadline and the reader gets
+// EIO — no hang, no wrong bytes — and once the link is back, reads succeed.
+TEST_F(S3Test, UnreachableStorageGivesTheReaderEioThenRecovers) {
+  int rgw_port = std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1));
+  FaultProxy proxy(rgw_port);
+  TempDir dir;
+  mkdir((dir / "mnt").c_str(), 0755);
+  std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"}, {"AWS_ACCESS_KEY_ID", ak_},
+                                         {"AWS_SECRET_ACCESS_KEY", sk_}};
+  Process local({Bin("granary"), "local", "s3://granary-test/ds", dir / "mnt", "--dir", dir / "state", "-o",
+                 "endpoint=http://127.0.0.1:" + std::to_string(proxy.port()), "-o", "retry_deadline=2s", "-o",
+                 "max_attempts=4"},
+                dir / "local.log", env);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+  std::string path = dir / "mnt/deep/x/y/z.bin";
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);  // listed through the proxy
+
+  proxy.SetMode(FaultProxy::kReset);
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string buf(1 << 20, '\0');
+  errno = 0;
+  EXPECT_EQ(read(fd, buf.data(), buf.size()), -1) << "no bytes may come back while the storage is cut off";
+  EXPECT_EQ(errno, EIO) << strerror(errno);
+  close(fd);
+
+  proxy.SetMode(FaultProxy::kPass);
+  EXPECT_EQ(Sha256File(path), Sha256File(*dir_ / "big.bin")) << "reads recover once the storage is back";
+  EXPECT_EQ(local.Stop(SIGTERM), 0) << local.Log();
 }
 
 // Credentials from files named by mount options (a mounted Kubernetes Secret), endpoint as an option.
