@@ -8,6 +8,7 @@ bash "$ROOT/scripts/s3-server.sh" install   # Ceph RGW for the S3 tests
 bash "$ROOT/scripts/nfs-server.sh" install  # nfs-ganesha for the NFS tests
 # The official ali-oss SDK, to check OSS signatures against (versions pinned by package-lock.json).
 if ! command -v npm >/dev/null; then
+  apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm >/dev/null
 fi
 (cd "$ROOT/tests/common/oss_sdk" && npm ci --silent --no-audit --no-fund >/dev/null)
