@@ -17,10 +17,7 @@ done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BUILD:-$ROOT/build}/bin
 bash "$ROOT/scripts/s3-server.sh" install
-for p in awscli s3fs; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$p" >/dev/null
-done
+bash "$ROOT/scripts/apt-ensure.sh" awscli s3fs
 WORK=$(mktemp -d /tmp/granary-s3bench-XXXXXX)
 PIDS=(); MOUNTS=()
 cleanup() {

@@ -8,15 +8,7 @@
 set -euo pipefail
 cmd=${1:?usage: nfs-server.sh install|start DIR|stop DIR}
 if [ "$cmd" = install ]; then
-  need=()
-  for p in nfs-ganesha nfs-ganesha-vfs; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-  done
-  [ ${#need[@]} -eq 0 ] && exit 0
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
-  exit 0
+  exec bash "$(dirname "$0")/apt-ensure.sh" nfs-ganesha nfs-ganesha-vfs
 fi
 G=${2:?usage: nfs-server.sh $cmd DIR}
 if [ "$cmd" = stop ]; then

@@ -11,15 +11,7 @@ set -euo pipefail
 cmd=${1:?usage: s3-server.sh install|start DIR|stop DIR}
 
 if [ "$cmd" = install ]; then
-  need=()
-  for p in ceph-mon ceph-osd radosgw uuid-runtime python3-boto3; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-  done
-  [ ${#need[@]} -eq 0 ] && exit 0
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
-  exit 0
+  exec bash "$(dirname "$0")/apt-ensure.sh" ceph-mon ceph-osd radosgw uuid-runtime python3-boto3
 fi
 
 D=${2:?usage: s3-server.sh $cmd DIR}

@@ -7,10 +7,7 @@ bash "$ROOT/scripts/install-deps.sh"
 bash "$ROOT/scripts/s3-server.sh" install   # Ceph RGW for the S3 tests
 bash "$ROOT/scripts/nfs-server.sh" install  # nfs-ganesha for the NFS tests
 # The official ali-oss SDK, to check OSS signatures against (versions pinned by package-lock.json).
-if ! command -v npm >/dev/null; then
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm >/dev/null
-fi
+command -v npm >/dev/null || bash "$ROOT/scripts/apt-ensure.sh" nodejs npm
 (cd "$ROOT/tests/common/oss_sdk" && npm ci --silent --no-audit --no-fund >/dev/null)
 bash "$ROOT/scripts/build.sh"
 cd "${BUILD_DIR:-$ROOT/build}"

@@ -30,20 +30,6 @@ UfsEntry EntryOf(const std::string& name, const struct stat& st) {
   return e;
 }
 
-// Rejects paths that could leave the root ("..", empty or "." segments).
-Status CheckRelative(const std::string& path) {
-  if (path.empty()) return Status::OK();
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    if (!IsValidName(path.substr(start, end - start))) {
-      return InvalidArgumentError("'" + path + "' is not a valid path below the mount");
-    }
-    start = end + 1;
-  }
-  return Status::OK();
-}
 
 }  // namespace
 
@@ -61,7 +47,7 @@ StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& roo
 }
 
 StatusOr<std::string> LocalUfs::FullPath(const std::string& path) const {
-  RETURN_IF_ERROR(CheckRelative(path));
+  RETURN_IF_ERROR(CheckRelativePath(path));
   return path.empty() ? root_ : root_ + "/" + path;
 }
 

@@ -42,19 +42,6 @@ Status NfsError(int rc, nfs_context* c, const std::string& what) {
   return UnavailableError(what + ": " + (detail.empty() ? std::string(strerror(err)) : detail));
 }
 
-Status CheckRelative(const std::string& path) {
-  if (path.empty()) return Status::OK();
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    if (!IsValidName(path.substr(start, end - start))) {
-      return InvalidArgumentError("'" + path + "' is not a valid path below the mount");
-    }
-    start = end + 1;
-  }
-  return Status::OK();
-}
 
 std::string Abs(const std::string& path) { return "/" + path; }
 
@@ -144,7 +131,7 @@ void NfsUfs::Release(nfs_context* c, bool broken) {
 }
 
 StatusOr<UfsEntry> NfsUfs::Stat(const std::string& path) {
-  RETURN_IF_ERROR(CheckRelative(path));
+  RETURN_IF_ERROR(CheckRelativePath(path));
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
   nfs_stat_64 st{};
   int rc = nfs_stat64(c, Abs(path).c_str(), &st);
@@ -156,7 +143,7 @@ StatusOr<UfsEntry> NfsUfs::Stat(const std::string& path) {
 }
 
 Status NfsUfs::List(const std::string& dir, size_t page_size, const PageFn& on_page) {
-  RETURN_IF_ERROR(CheckRelative(dir));
+  RETURN_IF_ERROR(CheckRelativePath(dir));
   // Read the names with one context, then stat them: the listing is short-lived on the server.
   std::vector<std::string> names;
   {
@@ -199,7 +186,7 @@ Status NfsUfs::List(const std::string& dir, size_t page_size, const PageFn& on_p
 
 StatusOr<size_t> NfsUfs::Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                               char* out) {
-  RETURN_IF_ERROR(CheckRelative(path));
+  RETURN_IF_ERROR(CheckRelativePath(path));
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
   Status st = Status::OK();
   size_t done = 0;

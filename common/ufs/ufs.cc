@@ -52,6 +52,20 @@ bool IsValidName(const std::string& name) {
   return name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
 }
 
+Status CheckRelativePath(const std::string& path) {
+  if (path.empty()) return Status::OK();
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    if (!IsValidName(path.substr(start, end - start))) {
+      return InvalidArgumentError("'" + path + "' is not a valid path below the mount");
+    }
+    start = end + 1;
+  }
+  return Status::OK();
+}
+
 std::string JoinPath(const std::string& dir, const std::string& name) {
   return dir.empty() ? name : dir + "/" + name;
 }

@@ -70,6 +70,10 @@ std::string RedactUri(const std::string& uri);
 // 255 bytes.
 bool IsValidName(const std::string& name);
 
+// OK when `path` is "" or valid names joined by single '/': no leading '/', no empty, "." or ".."
+// segment — so it can never resolve outside the mount. INVALID_ARGUMENT otherwise.
+Status CheckRelativePath(const std::string& path);
+
 // Joins a relative directory and a child name ("" + "a" = "a", "a" + "b" = "a/b").
 std::string JoinPath(const std::string& dir, const std::string& name);
 
