@@ -30,7 +30,6 @@ UfsEntry EntryOf(const std::string& name, const struct stat& st) {
   return e;
 }
 
-
 }  // namespace
 
 StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& root) {

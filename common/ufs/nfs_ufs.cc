@@ -42,7 +42,6 @@ Status NfsError(int rc, nfs_context* c, const std::string& what) {
   return UnavailableError(what + ": " + (detail.empty() ? std::string(strerror(err)) : detail));
 }
 
-
 std::string Abs(const std::string& path) { return "/" + path; }
 
 }  // namespace
