@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Generate an ImageNet-like dataset: class folders of JPEG-sized files.
+"""Generate a training dataset with a fixed seed (two runs give identical trees).
 
-File sizes are log-normal with a median near 110 KB (ImageNet's average is ~110 KB), contents are
-pseudo-random bytes, and everything is derived from --seed, so two runs give identical trees.
+ImageNet-like (default): class folders of JPEG-sized files, log-normal sizes with a mean near
+110 KB. Shard-like (--shards N): N TFRecord-style files of --shard-mb MB each, read sequentially.
 """
 import argparse
 import math
@@ -18,8 +18,19 @@ def main():
     p.add_argument("--mean-kb", type=float, default=110.0, help="mean file size in KB")
     p.add_argument("--sigma", type=float, default=0.5, help="log-normal sigma")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--shards", type=int, default=0, help="generate N large shards instead of images")
+    p.add_argument("--shard-mb", type=float, default=56.0, help="shard size in MB (ImageNet TFRecords: ~56)")
     a = p.parse_args()
     rng = random.Random(a.seed)
+    if a.shards:
+        os.makedirs(a.out, exist_ok=True)
+        size = int(a.shard_mb * 1e6)
+        for i in range(a.shards):
+            with open(os.path.join(a.out, "train-%05d-of-%05d.tfrecord" % (i, a.shards)), "wb") as f:
+                for off in range(0, size, 1 << 22):
+                    f.write(rng.randbytes(min(1 << 22, size - off)))
+        print("generated %d shards, %.1f MB, in %s" % (a.shards, a.shards * size / 1e6, a.out))
+        return
     mu = math.log(a.mean_kb * 1000) - a.sigma ** 2 / 2  # so the mean is mean_kb
     total = 0
     for i in range(a.files):
