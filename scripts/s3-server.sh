@@ -6,7 +6,9 @@
 #   scripts/s3-server.sh start DIR         prints "READY <endpoint> <access key> <secret key>"
 #   scripts/s3-server.sh stop DIR          stops what start DIR started (by PID)
 #
-# Keys come from $S3_ACCESS_KEY / $S3_SECRET_KEY or fixed test values. Data lives in RAM.
+# Keys come from $S3_ACCESS_KEY / $S3_SECRET_KEY or fixed test values. Data lives in RAM. The
+# gateway listens on $S3_BIND (default 127.0.0.1; the benchmark rig runs it inside a network
+# namespace on that namespace's address). Ceph's own daemons always stay on loopback.
 set -euo pipefail
 cmd=${1:?usage: s3-server.sh install|start DIR|stop DIR}
 
@@ -27,6 +29,7 @@ if [ "$cmd" = stop ]; then
 fi
 [ "$cmd" = start ] || { echo "usage: s3-server.sh install|start DIR|stop DIR" >&2; exit 2; }
 
+BIND=${S3_BIND:-127.0.0.1}
 AK=${S3_ACCESS_KEY:-GRANARYTESTKEY000000}
 SK=${S3_SECRET_KEY:-granary/test+secret0000000000000000000000}
 # Free ports: the mon, the gateway, and a block of 50 for the daemons' messengers.
@@ -92,7 +95,7 @@ osd_objectstore = memstore
 memstore_device_bytes = ${S3_MEMSTORE_BYTES:-2147483648}
 [client.rgw.gw]
 keyring = $D/rgw/keyring
-rgw_frontends = beast endpoint=127.0.0.1:$RGWPORT
+rgw_frontends = beast endpoint=$BIND:$RGWPORT
 rgw_data = $D/rgw
 CONF
 CEPH="ceph -c $C --connect-timeout 30"
@@ -118,7 +121,7 @@ ceph-osd -c "$C" -i 0 -f >>"$D/log/osd.out" 2>&1 & echo "osd $!" >> "$D/pids"
 $CEPH auth get-or-create client.rgw.gw mon 'allow rw' osd 'allow rwx' mgr 'allow rw' -o "$D/rgw/keyring" >/dev/null
 wait_for "the OSD" sh -c "$CEPH osd stat 2>/dev/null | grep -q '1 up'"
 radosgw -c "$C" -n client.rgw.gw -f >>"$D/log/rgw.out" 2>&1 & echo "rgw $!" >> "$D/pids"
-wait_for "the gateway" curl -s -o /dev/null "http://127.0.0.1:$RGWPORT/"
+wait_for "the gateway" curl -s -o /dev/null "http://$BIND:$RGWPORT/"
 radosgw-admin -c "$C" user create --uid=test --display-name=test --access-key="$AK" --secret="$SK" >/dev/null \
   || fail "radosgw-admin user create failed"
-echo "READY http://127.0.0.1:$RGWPORT $AK $SK"
+echo "READY http://$BIND:$RGWPORT $AK $SK"

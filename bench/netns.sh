@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Test hosts on this machine for the benchmark rig: network namespaces on one bridge, with the
+# storage host's link capped, so the under-storage is the bottleneck as in the field.
+#
+#   bench/netns.sh up N RATE     storage host grp-storage (10.233.0.1) and nodes grp-n1..N
+#                                (10.233.0.2..), storage egress capped at RATE (e.g. 400mbit)
+#   bench/netns.sh down          removes every namespace, link and qdisc it made
+#   bench/netns.sh exec NS CMD   runs CMD inside namespace NS
+#
+# Traffic stays between these namespaces (addresses in 10.233.0.0/24 exist only here). Needs root.
+set -euo pipefail
+PREFIX=grp
+cmd=${1:?usage: netns.sh up N RATE | down | exec NS CMD...}
+case "$cmd" in
+  up)
+    N=${2:?usage: netns.sh up N RATE}; RATE=${3:?usage: netns.sh up N RATE}
+    "$0" down
+    ip link add $PREFIX-br type bridge
+    ip link set $PREFIX-br up
+    hosts=($PREFIX-storage)
+    for i in $(seq 1 "$N"); do hosts+=("$PREFIX-n$i"); done
+    i=1
+    for ns in "${hosts[@]}"; do
+      ip netns add "$ns"
+      ip link add "$PREFIX-v$i" type veth peer name eth0 netns "$ns"
+      ip link set "$PREFIX-v$i" master $PREFIX-br up
+      ip -n "$ns" addr add "10.233.0.$i/24" dev eth0
+      ip -n "$ns" link set eth0 up
+      ip -n "$ns" link set lo up
+      i=$((i + 1))
+    done
+    # Everything the storage host sends to the nodes shares this one capped link.
+    ip netns exec $PREFIX-storage tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kb latency 50ms
+    echo "up: storage 10.233.0.1, nodes 10.233.0.2-$((N + 1)), storage egress $RATE"
+    ;;
+  down)
+    for ns in $(ip netns list | awk '{print $1}' | grep "^$PREFIX-" || true); do
+      ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+      ip netns del "$ns"
+    done
+    ip link del $PREFIX-br 2>/dev/null || true
+    ;;
+  exec)
+    ns=${2:?usage: netns.sh exec NS CMD...}; shift 2
+    exec ip netns exec "$ns" "$@"
+    ;;
+  *) echo "usage: netns.sh up N RATE | down | exec NS CMD..." >&2; exit 2 ;;
+esac
