@@ -39,6 +39,13 @@ case "$cmd" in
       ip netns del "$ns"
     done
     ip link del $PREFIX-br 2>/dev/null || true
+    # Veth pairs die asynchronously with their namespace: remove stragglers, wait until gone.
+    for _ in $(seq 100); do
+      left=$(ip -br link | awk '{print $1}' | grep "^$PREFIX-" | cut -d@ -f1 || true)
+      [ -z "$left" ] && break
+      for l in $left; do ip link del "$l" 2>/dev/null || true; done
+      sleep 0.05
+    done
     ;;
   exec)
     ns=${2:?usage: netns.sh exec NS CMD...}; shift 2

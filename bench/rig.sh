@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# The training-read experiment in miniature: N nodes (network namespaces) share one capped link to
+# an S3 server (Ceph RGW in its own namespace). Every node reads the dataset each epoch in a new
+# shuffled order (granary-train-read). Systems side by side, 1 node and N nodes:
+#   local disk (the limit), s3fs (no cache), rclone mount --vfs-cache-mode full, Granary (one
+#   master, a worker and a FUSE mount per node).
+# For each epoch: the slowest node's time, files/s and MB/s per node, p50/p99, and the bytes the
+# storage host sent (counted on its capped interface, not by the systems themselves).
+#
+#   bench/rig.sh [--quick] [--nodes N] [--rate 400mbit] [--images N] [--shards N] [--shard-mb M]
+#                [--epochs E] [--procs P] [--threads T] [--systems "local s3fs rclone granary"]
+#
+# Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
+# docs/benchmarks.md (between the rig markers). Everything it starts is torn down on exit or Ctrl-C.
+set -euo pipefail
+NODES=4; RATE=400mbit; IMAGES=2000; SHARDS=4; SHARD_MB=56; EPOCHS=2; PROCS=2; THREADS=4
+SYSTEMS="local s3fs rclone granary"; QUICK=0; CMDLINE="bench/rig.sh $*"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; IMAGES=300; SHARDS=2; SHARD_MB=16; shift;;
+    --nodes) NODES=$2; shift 2;; --rate) RATE=$2; shift 2;; --images) IMAGES=$2; shift 2;;
+    --shards) SHARDS=$2; shift 2;; --shard-mb) SHARD_MB=$2; shift 2;; --epochs) EPOCHS=$2; shift 2;;
+    --procs) PROCS=$2; shift 2;; --threads) THREADS=$2; shift 2;; --systems) SYSTEMS=$2; shift 2;;
+    *) sed -n '2,16p' "$0" >&2; exit 2;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=$ROOT/build/bin
+NET="$ROOT/bench/netns.sh"
+bash "$ROOT/scripts/s3-server.sh" install
+bash "$ROOT/scripts/apt-ensure.sh" s3fs rclone python3-matplotlib
+WORK=$(mktemp -d /tmp/granary-rig-XXXXXX)
+declare -A HOST  # node -> pid of its namespace host process
+AK=GRANARYTESTKEY000000; SK='granary/test+secret0000000000000000000000'
+export AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK
+
+cleanup() {
+  set +e
+  for n in "${!HOST[@]}"; do
+    for m in $(nsenter -t "${HOST[$n]}" -m awk -v w="$WORK" '$2 ~ "^"w {print $2}' /proc/mounts 2>/dev/null); do
+      nsenter -t "${HOST[$n]}" -m umount -l "$m" 2>/dev/null
+    done
+  done
+  bash "$NET" down
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+on() { local n=$1; shift; nsenter -t "${HOST[$n]}" -m -n "$@"; }  # run on node n (mount + net ns)
+storage_tx() { ip netns exec grp-storage cat /sys/class/net/eth0/statistics/tx_bytes; }
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+
+bash "$NET" up "$NODES" "$RATE"
+for n in $(seq 1 "$NODES"); do
+  ip netns exec "grp-n$n" unshare --mount --propagation private sleep infinity &
+  HOST[$n]=$!
+done
+# wait until each host process has entered its namespaces
+for n in $(seq 1 "$NODES"); do
+  for _ in $(seq 100); do [ "$(readlink /proc/${HOST[$n]}/ns/mnt)" != "$(readlink /proc/self/ns/mnt)" ] && break; sleep 0.05; done
+  HOST[$n]=$(pgrep -P "${HOST[$n]}" sleep || echo "${HOST[$n]}")
+done
+export S3_MEMSTORE_BYTES=$(( (IMAGES * 200000 + SHARDS * SHARD_MB * 1100000) * 2 + 1073741824 ))
+read -r _ EP _ _ < <(S3_BIND=10.233.0.1 ip netns exec grp-storage bash "$ROOT/scripts/s3-server.sh" start "$WORK/rgw" | tail -1)
+echo "rig: $NODES nodes, storage $EP capped at $RATE" >&2
+
+python3 "$ROOT/bench/gen_dataset.py" --out "$WORK/src/images" --files "$IMAGES" --seed 42 >&2
+python3 "$ROOT/bench/gen_dataset.py" --out "$WORK/src/shards" --shards "$SHARDS" --shard-mb "$SHARD_MB" --seed 43 >&2
+python3 - "$WORK/src" > "$WORK/spec.json" <<'PY'
+import json, os, sys
+root = sys.argv[1]
+print(json.dumps({"bucket": "rig", "objects": [{"key": os.path.relpath(os.path.join(d, f), root), "file": os.path.join(d, f)}
+                                              for d, _, fs in os.walk(root) for f in fs]}))
+PY
+on 1 /usr/bin/python3 "$ROOT/tests/integration/s3_put.py" "$EP" "$AK" "$SK" "$WORK/spec.json" >/dev/null
+
+RESULTS=$WORK/results.jsonl; : > "$RESULTS"
+# run_epochs SYSTEM DATASET MODE NODES: all nodes read together, epoch by epoch.
+run_epochs() {
+  local sys=$1 ds=$2 mode=$3 nn=$4
+  for e in $(seq 1 "$EPOCHS"); do
+    drop_caches
+    local before; before=$(storage_tx); local pids=()
+    for n in $(seq 1 "$nn"); do
+      local root="$WORK/mnt/$n/$ds"; [ "$sys" = local ] && root="$WORK/src/$ds"
+      if [ "$sys" = local ]; then
+        "$BIN/granary-train-read" --root "$root" --mode "$mode" --processes "$PROCS" --threads "$THREADS" \
+          --seed "$e" --verify "$WORK/src/$ds" --verify-sample 20 --label "$n" > "$WORK/out.$n" &
+      else
+        on "$n" "$BIN/granary-train-read" --root "$root" --mode "$mode" --processes "$PROCS" --threads "$THREADS" \
+          --seed "$((e * 100 + n))" --verify "$WORK/src/$ds" --verify-sample 20 --label "$n" > "$WORK/out.$n" &
+      fi
+      pids+=($!)
+    done
+    local failed=0; for p in "${pids[@]}"; do wait "$p" || failed=1; done
+    local after; after=$(storage_tx)
+    python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
+import json, sys
+sysname, ds, nn, epoch, served, failed = sys.argv[1:7]
+runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[7:]]
+print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": int(epoch),
+                  "seconds": max(r["seconds"] for r in runs), "files_per_s_node": sum(r["files_per_s"] for r in runs) / len(runs),
+                  "mb_per_s_node": sum(r["mb_per_s"] for r in runs) / len(runs), "p50_ms": max(r["p50_ms"] for r in runs),
+                  "p99_ms": max(r["p99_ms"] for r in runs), "storage_bytes": int(served),
+                  "dataset_bytes": runs[0]["bytes"], "errors": sum(r["errors"] + r["mismatches"] for r in runs) + int(failed)}))
+PY
+    tail -1 "$RESULTS" >&2
+  done
+}
+
+start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
+  local sys=$1 nn=$2
+  for n in $(seq 1 "$nn"); do mkdir -p "$WORK/mnt/$n"; done
+  case "$sys" in
+    s3fs)
+      echo "$AK:$SK" > "$WORK/passwd"; chmod 600 "$WORK/passwd"
+      for n in $(seq 1 "$nn"); do
+        on "$n" s3fs rig "$WORK/mnt/$n" -o passwd_file="$WORK/passwd" -o url="$EP" -o use_path_request_style
+      done;;
+    rclone)
+      for n in $(seq 1 "$nn"); do
+        RCLONE_CONFIG_RIG_TYPE=s3 RCLONE_CONFIG_RIG_PROVIDER=Other RCLONE_CONFIG_RIG_ENDPOINT=$EP \
+        RCLONE_CONFIG_RIG_ACCESS_KEY_ID=$AK RCLONE_CONFIG_RIG_SECRET_ACCESS_KEY=$SK RCLONE_CONFIG_RIG_FORCE_PATH_STYLE=true \
+          on "$n" env -u AWS_CA_BUNDLE rclone mount rig:rig "$WORK/mnt/$n" --vfs-cache-mode full --cache-dir "$WORK/rclone-cache-$nn-$n" \
+          --read-only --daemon --config /dev/null
+      done;;
+    granary)
+      rm -f "$WORK/master.addr"
+      on 1 "$BIN/granary-master" --master.listen 10.233.0.2:0 --master.data_dir "$WORK/g$nn/master" \
+        --ready-file "$WORK/master.addr" > "$WORK/g$nn-master.log" 2>&1 &
+      for _ in $(seq 200); do [ -s "$WORK/master.addr" ] && break; sleep 0.05; done
+      local maddr; maddr=$(cat "$WORK/master.addr")
+      on 1 "$BIN/granary" --master "$maddr" mount /ds s3://rig -o endpoint="$EP" >&2
+      for n in $(seq 1 "$nn"); do
+        local ip=10.233.0.$((n + 1))
+        rm -f "$WORK/w$n.addr"
+        on "$n" "$BIN/granary-worker" --master.address "$maddr" --worker.listen "$ip:0" --worker.cache_dir "$WORK/g$nn/cache$n" \
+          --worker.cache_quota 20Gi --ready-file "$WORK/w$n.addr" > "$WORK/g$nn-worker$n.log" 2>&1 &
+        for _ in $(seq 200); do [ -s "$WORK/w$n.addr" ] && break; sleep 0.05; done
+        on "$n" "$BIN/granary-fuse" --master.address "$maddr" --fuse.worker "$(cat "$WORK/w$n.addr")" --fuse.root /ds \
+          --fuse.mountpoint "$WORK/mnt/$n" > "$WORK/g$nn-fuse$n.log" 2>&1 &
+      done;;
+  esac
+  [ "$sys" = local ] && return 0
+  for n in $(seq 1 "$nn"); do
+    for _ in $(seq 400); do on "$n" grep -q " $WORK/mnt/$n " /proc/mounts && break; sleep 0.05; done
+    on "$n" grep -q " $WORK/mnt/$n " /proc/mounts || { echo "rig: $sys did not mount on node $n" >&2; exit 1; }
+  done
+}
+
+stop_system() {  # SYSTEM NODES
+  local sys=$1 nn=$2
+  [ "$sys" = local ] && return 0
+  for n in $(seq 1 "$nn"); do on "$n" umount -l "$WORK/mnt/$n" 2>/dev/null || true; done
+  for n in $(seq 1 "$nn"); do
+    for p in $(ip netns pids "grp-n$n"); do [ "$p" != "${HOST[$n]}" ] && kill "$p" 2>/dev/null || true; done
+  done
+  sleep 0.5
+}
+
+for nn in 1 "$NODES"; do
+  for sys in $SYSTEMS; do
+    [ "$sys" = local ] && [ "$nn" != 1 ] && continue
+    echo "rig: $sys on $nn node(s)" >&2
+    start_system "$sys" "$nn"
+    run_epochs "$sys" images files "$nn"
+    run_epochs "$sys" shards shards "$nn"
+    stop_system "$sys" "$nn"
+  done
+done
+
+/usr/bin/python3 "$ROOT/bench/rig_report.py" "$RESULTS" "$ROOT/docs/img/rig.png" "$CMDLINE" "$NODES" "$RATE" "$IMAGES" "$SHARDS" "$SHARD_MB" "$EPOCHS" "$PROCS" "$THREADS" > "$WORK/table.md"
+cat "$WORK/table.md"
+python3 - "$ROOT/docs/benchmarks.md" "$WORK/table.md" <<'PY'
+import sys
+doc, table = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+b, e = "<!-- rig:begin -->", "<!-- rig:end -->"
+if b in doc:
+    doc = doc[:doc.index(b) + len(b)] + "\n" + table + doc[doc.index(e):]
+open(sys.argv[1], "w").write(doc)
+PY
+if grep -q '"errors": [1-9]' "$RESULTS"; then echo "rig: some readers failed or read wrong bytes" >&2; exit 1; fi

@@ -1,0 +1,56 @@
+#!/usr/bin/python3
+"""Turns bench/rig.sh results (JSON lines) into a Markdown table and a PNG chart.
+
+Usage: rig_report.py RESULTS.jsonl CHART.png CMDLINE NODES RATE IMAGES SHARDS SHARD_MB EPOCHS PROCS THREADS
+"""
+import datetime
+import json
+import os
+import platform
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    results, chart, cmd, nodes, rate, images, shards, shard_mb, epochs, procs, threads = sys.argv[1:12]
+    rows = [json.loads(line) for line in open(results) if line.strip()]
+    names = {"local": "local disk", "s3fs": "s3fs", "rclone": "rclone (full VFS cache)", "granary": "Granary"}
+    print("### %s — %d cores, %s, %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
+    print("Command: `%s`. Scale: %s images (~110 KB), %s shards of %s MB; %s nodes sharing a %s link to "
+          "the S3 server; each node runs %s processes × %s threads; %s epochs.\n"
+          % (cmd, images, shards, shard_mb, nodes, rate, procs, threads, epochs))
+    print("| dataset | system | nodes | epoch | epoch time s | files/s per node | MB/s per node | p99 ms | "
+          "storage sent MB | × dataset | errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = r["storage_bytes"] / r["dataset_bytes"] if r["dataset_bytes"] else 0
+        print("| %s | %s | %d | %d | %.2f | %.0f | %.1f | %.1f | %.0f | %.2f | %d |" % (
+            r["dataset"], names.get(r["system"], r["system"]), r["nodes"], r["epoch"], r["seconds"],
+            r["files_per_s_node"], r["mb_per_s_node"], r["p99_ms"], r["storage_bytes"] / 1e6, ratio, r["errors"]))
+    print("\n![epoch times](img/rig.png)\n")
+    print("Storage sent is counted on the storage host's capped interface (all protocol bytes); "
+          "`× dataset` divides it by one copy of the dataset.")
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, ds in zip(axes, ["images", "shards"]):
+        sel = [r for r in rows if r["dataset"] == ds]
+        labels = ["%s\n%dn e%d" % (names.get(r["system"], r["system"]).split(" ")[0], r["nodes"], r["epoch"]) for r in sel]
+        colors = ["#888" if r["system"] == "local" else "#d62728" if r["system"] == "s3fs" else
+                  "#ff7f0e" if r["system"] == "rclone" else "#1f77b4" for r in sel]
+        ax.bar(range(len(sel)), [r["seconds"] for r in sel], color=colors)
+        ax.set_xticks(range(len(sel)))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("epoch time (s), slowest node")
+        ax.set_title("%s dataset" % ds)
+    fig.suptitle("Training-read epochs over a shared %s link (%s nodes)" % (rate, nodes))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(chart), exist_ok=True)
+    fig.savefig(chart, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
