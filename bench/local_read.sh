@@ -22,7 +22,7 @@ done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 BIN=$BUILD/bin
-for b in granary granary-bench-read; do
+for b in granary granary-train-read; do
   [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
 done
 WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
@@ -47,7 +47,7 @@ drop_caches() { sync; if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sy
 if [ ! -d "$DATA" ]; then python3 "$ROOT/bench/gen_dataset.py" --out "$DATA" --files "$FILES" --seed 42; fi
 mkdir -p "$MNT"
 
-read_run() { "$BIN/granary-bench-read" --root "$1" --threads "$THREADS" --seed "$2" --label "$3"; }
+read_run() { "$BIN/granary-train-read" --root "$1" --threads "$THREADS" --seed "$2" --label "$3"; }
 
 drop_caches
 SRC_COLD=$(read_run "$DATA" 1 "local disk, cold page cache")

@@ -14,7 +14,7 @@
 # docs/benchmarks.md (between the rig markers). Everything it starts is torn down on exit or Ctrl-C.
 set -euo pipefail
 NODES=4; RATE=400mbit; IMAGES=2000; SHARDS=4; SHARD_MB=56; EPOCHS=2; PROCS=2; THREADS=4
-SYSTEMS="local s3fs rclone granary"; QUICK=0; CMDLINE="bench/rig.sh $*"
+SYSTEMS="local s3fs rclone granary"; QUICK=0; CMDLINE="bench/rig.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; IMAGES=300; SHARDS=2; SHARD_MB=16; shift;;

@@ -23,14 +23,15 @@ def main():
     print("Command: `%s`. Scale: %s images (~110 KB), %s shards of %s MB; %s nodes sharing a %s link to "
           "the S3 server; each node runs %s processes × %s threads; %s epochs.\n"
           % (cmd, images, shards, shard_mb, nodes, rate, procs, threads, epochs))
-    print("| dataset | system | nodes | epoch | epoch time s | files/s per node | MB/s per node | p99 ms | "
+    print("| dataset | system | nodes | epoch | epoch time s | files/s per node | MB/s per node | p50 ms | p99 ms | "
           "storage sent MB | × dataset | errors |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ratio = r["storage_bytes"] / r["dataset_bytes"] if r["dataset_bytes"] else 0
-        print("| %s | %s | %d | %d | %.2f | %.0f | %.1f | %.1f | %.0f | %.2f | %d |" % (
+        print("| %s | %s | %d | %d | %.2f | %.0f | %.1f | %.1f | %.1f | %.0f | %.2f | %d |" % (
             r["dataset"], names.get(r["system"], r["system"]), r["nodes"], r["epoch"], r["seconds"],
-            r["files_per_s_node"], r["mb_per_s_node"], r["p99_ms"], r["storage_bytes"] / 1e6, ratio, r["errors"]))
+            r["files_per_s_node"], r["mb_per_s_node"], r["p50_ms"], r["p99_ms"], r["storage_bytes"] / 1e6, ratio,
+            r["errors"]))
     print("\n![epoch times](img/rig.png)\n")
     print("Storage sent is counted on the storage host's capped interface (all protocol bytes); "
           "`× dataset` divides it by one copy of the dataset.")

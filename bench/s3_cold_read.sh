@@ -46,7 +46,7 @@ PY
 /usr/bin/python3 "$ROOT/tests/integration/s3_put.py" "$EP" "$AK" "$SK" "$WORK/spec.json" >/dev/null
 
 export AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK AWS_ENDPOINT_URL=$EP AWS_DEFAULT_REGION=us-east-1
-json_run() {  # label, seconds, files, bytes -> one JSON line like granary-bench-read's
+json_run() {  # label, seconds, files, bytes -> one JSON line like granary-train-read's
   python3 -c 'import json,sys; l,s,f,b=sys.argv[1:]; s=float(s); print(json.dumps({"label":l,"files":int(f),"bytes":int(b),"seconds":s,"files_per_s":int(f)/s,"mb_per_s":int(b)/s/1e6,"p50_ms":0,"p99_ms":0,"errors":0}))' "$@"
 }
 RESULTS=()
@@ -63,7 +63,7 @@ for set in small large; do
   MOUNTS+=("$WORK/s3fs")
   for _ in $(seq 100); do grep -q " $WORK/s3fs " /proc/mounts && break; sleep 0.05; done
   drop_caches
-  RESULTS+=("$("$BIN/granary-bench-read" --root "$WORK/s3fs/$set" --threads "$THREADS" --seed 1 --label "$set: s3fs (no cache)")")
+  RESULTS+=("$("$BIN/granary-train-read" --root "$WORK/s3fs/$set" --threads "$THREADS" --seed 1 --label "$set: s3fs (no cache)")")
   fusermount3 -u "$WORK/s3fs"
   # granary, cold then warm
   mkdir -p "$WORK/g-$set"
@@ -72,8 +72,8 @@ for set in small large; do
   PIDS+=($!); MOUNTS+=("$WORK/g-$set")
   for _ in $(seq 400); do grep -q " $WORK/g-$set " /proc/mounts && break; sleep 0.05; done
   drop_caches
-  RESULTS+=("$("$BIN/granary-bench-read" --root "$WORK/g-$set" --threads "$THREADS" --seed 2 --label "$set: granary, cold")")
-  RESULTS+=("$("$BIN/granary-bench-read" --root "$WORK/g-$set" --threads "$THREADS" --seed 3 --label "$set: granary, warm")")
+  RESULTS+=("$("$BIN/granary-train-read" --root "$WORK/g-$set" --threads "$THREADS" --seed 2 --label "$set: granary, cold")")
+  RESULTS+=("$("$BIN/granary-train-read" --root "$WORK/g-$set" --threads "$THREADS" --seed 3 --label "$set: granary, warm")")
 done
 python3 - "${RESULTS[@]}" <<'PY'
 import json, sys
