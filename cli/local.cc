@@ -9,6 +9,7 @@
 #include "common/fs.h"
 #include "common/logging.h"
 #include "common/shutdown.h"
+#include "common/tiers.h"
 #include "common/ufs/ufs.h"
 #include "fuse/mount.h"
 #include "master/server.h"
@@ -75,7 +76,11 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   if (!parsed.ok()) return fail(parsed.status());
   {
     // Fail before starting anything when the under-storage is not there.
-    auto ufs = OpenUnderFileSystem(opts.uri, opts.options);
+    std::map<std::string, std::string> ufs_options;
+    MountCacheOptions cache_options;
+    Status split = SplitMountOptions(opts.options, &ufs_options, &cache_options);
+    if (!split.ok()) return fail(split);
+    auto ufs = OpenUnderFileSystem(opts.uri, ufs_options);
     if (!ufs.ok()) return fail(ufs.status());
   }
   if (!IsDirectory(opts.mountpoint)) {
@@ -88,7 +93,7 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   SetDefault(&cfg, "master.listen", "127.0.0.1:0");
   SetDefault(&cfg, "worker.listen", "127.0.0.1:0");
   SetDefault(&cfg, "master.data_dir", dir + "/master");
-  SetDefault(&cfg, "worker.cache_dir", dir + "/cache");
+  if (cfg.worker.tieredstore.levels.empty()) SetDefault(&cfg, "worker.cache_dir", dir + "/cache");
   SetDefault(&cfg, "fuse.root", name);
   SetDefault(&cfg, "worker.heartbeat_interval", "1s");
   Status set = cfg.Set("fuse.mountpoint", opts.mountpoint, "MOUNTPOINT");

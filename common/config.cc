@@ -40,6 +40,14 @@ StatusOr<std::chrono::milliseconds> ParseAs<std::chrono::milliseconds>(SettingKi
   return ParseDuration(text);
 }
 template <>
+StatusOr<CachePolicy> ParseAs<CachePolicy>(SettingKind, std::string_view text) {
+  return ParseCachePolicy(text);
+}
+template <>
+StatusOr<std::vector<TierLevel>> ParseAs<std::vector<TierLevel>>(SettingKind, std::string_view text) {
+  return ParseTierLevels(text);
+}
+template <>
 StatusOr<bool> ParseAs<bool>(SettingKind, std::string_view text) {
   return ParseBool(text);
 }
@@ -50,6 +58,8 @@ std::string Show(SettingKind kind, uint64_t v) {
 }
 std::string Show(SettingKind, std::chrono::milliseconds v) { return FormatDuration(v); }
 std::string Show(SettingKind, bool v) { return v ? "true" : "false"; }
+std::string Show(SettingKind, CachePolicy v) { return CachePolicyName(v); }
+std::string Show(SettingKind, const std::vector<TierLevel>& v) { return v.empty() ? "" : FormatTierLevels(v); }
 
 const char* UnitOf(SettingKind kind) {
   switch (kind) {
@@ -61,6 +71,8 @@ const char* UnitOf(SettingKind kind) {
     case SettingKind::kBool: return "true/false";
     case SettingKind::kCount: return "count";
     case SettingKind::kLogLevel: return "level";
+    case SettingKind::kPolicy: return "lru or shuffle";
+    case SettingKind::kTierLevels: return "list of levels";
   }
   return "";
 }
@@ -82,6 +94,25 @@ Setting Row(std::string key, SettingKind kind, std::string def, std::string doc,
     return Status::OK();
   };
   s.get = [kind, section, field](const Config& c) { return Show(kind, (c.*section).*field); };
+  return s;
+}
+
+// A row bound to a field of worker.tieredstore.
+template <typename T>
+Setting TierRow(std::string key, SettingKind kind, std::string def, std::string doc, T TieredStoreConfig::*field) {
+  Setting s;
+  s.key = std::move(key);
+  s.kind = kind;
+  s.default_value = std::move(def);
+  s.unit = UnitOf(kind);
+  s.doc = std::move(doc);
+  s.set = [kind, field](Config& c, std::string_view text) -> Status {
+    auto v = ParseAs<T>(kind, text);
+    if (!v.ok()) return v.status();
+    c.worker.tieredstore.*field = std::move(v).value();
+    return Status::OK();
+  };
+  s.get = [kind, field](const Config& c) { return Show(kind, c.worker.tieredstore.*field); };
   return s;
 }
 
@@ -118,12 +149,27 @@ std::vector<Setting> MakeSettings() {
                   "Directory holding cached blocks (0700; block files 0600, named by hash).", &Config::worker,
                   &WorkerConfig::cache_dir));
   t.push_back(Row("worker.cache_quota", K::kBytes, "10Gi",
-                  "Most bytes of block files the worker keeps in cache_dir; least recently used blocks are "
-                  "evicted past it.",
+                  "Most bytes of block files the worker keeps in cache_dir (when worker.tieredstore.levels is "
+                  "empty).",
                   &Config::worker, &WorkerConfig::cache_quota));
   t.push_back(Row("worker.heartbeat_interval", K::kDuration, "3s",
                   "How often the worker reports its health and counters to the master.", &Config::worker,
                   &WorkerConfig::heartbeat_interval));
+  t.push_back(TierRow("worker.tieredstore.policy", K::kPolicy, "lru",
+                      "Cache policy for mounts that do not choose one (mount option cache.policy). lru evicts the "
+                      "least recently used blocks. shuffle is for epoch-style reading of a dataset larger than "
+                      "the cache: once the cache is full, a dataset's blocks stop replacing its own cached blocks, "
+                      "so every epoch hits on the fraction that fits instead of on almost nothing.",
+                      &TieredStoreConfig::policy));
+  t.push_back(TierRow("worker.tieredstore.promote", K::kBool, "true",
+                      "Move a block read from a lower tier up to the tier above when that tier is below its high "
+                      "watermark.",
+                      &TieredStoreConfig::promote));
+  t.push_back(TierRow("worker.tieredstore.levels", K::kTierLevels, "",
+                      "Cache tiers, fastest first: a list of {mediumtype: MEM|SSD|HDD, path: \"/a,/b\", quota: "
+                      "2Gi (or quotaList: \"1Gi,1Gi\"), high: \"0.95\", low: \"0.7\"}, as Fluid writes them. "
+                      "Empty: one SSD level at worker.cache_dir with worker.cache_quota. See \"Sizing the cache\".",
+                      &TieredStoreConfig::levels));
   // fuse
   t.push_back(Row("fuse.mountpoint", K::kPath, "/data", "Where granary-fuse mounts the namespace.",
                   &Config::fuse, &FuseConfig::mountpoint));
@@ -190,6 +236,12 @@ Status Walk(Config& c, const YAML::Node& node, const std::string& prefix, std::s
       RETURN_IF_ERROR(Walk(c, v, key, origin));
     } else if (v.IsScalar()) {
       RETURN_IF_ERROR(c.Set(key, v.Scalar(), origin));
+    } else if (v.IsSequence() && FindSetting(key) && FindSetting(key)->kind == SettingKind::kTierLevels) {
+      YAML::Emitter e;
+      e.SetMapFormat(YAML::Flow);
+      e.SetSeqFormat(YAML::Flow);
+      e << v;
+      RETURN_IF_ERROR(c.Set(key, e.c_str(), origin));
     } else if (v.IsNull()) {
       if (!FindSetting(key)) return InvalidArgumentError(std::string(origin) + ": unknown setting '" + key + "'");
       return InvalidArgumentError(std::string(origin) + ": " + key + ": no value given");
@@ -201,6 +253,15 @@ Status Walk(Config& c, const YAML::Node& node, const std::string& prefix, std::s
 }
 
 }  // namespace
+
+std::vector<TierLevel> WorkerConfig::EffectiveLevels() const {
+  if (!tieredstore.levels.empty()) return tieredstore.levels;
+  TierLevel l;
+  l.medium = "SSD";
+  l.paths = {cache_dir};
+  l.quotas = {cache_quota};
+  return {l};
+}
 
 const std::vector<Setting>& Config::Settings() {
   static const std::vector<Setting> kSettings = MakeSettings();
@@ -276,6 +337,11 @@ StatusOr<Config> BuildConfig(const ConfigFlags& flags) {
   if (c.master.block_size < 64 * 1024 || c.master.block_size > 256ull * 1024 * 1024) {
     return InvalidArgumentError("master.block_size: " + FormatBytes(c.master.block_size) +
                                 " is out of range (64Ki to 256Mi)");
+  }
+  if (!c.worker.tieredstore.levels.empty() && c.IsExplicit("worker.cache_dir")) {
+    return InvalidArgumentError(
+        "worker.cache_dir and worker.tieredstore.levels are both set: with levels, each level's path is the cache "
+        "directory (drop worker.cache_dir)");
   }
   if (c.fuse.max_threads == 0) return InvalidArgumentError("fuse.max_threads: must be at least 1");
   return c;

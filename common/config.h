@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/tiers.h"
 
 namespace CLI {
 class App;
@@ -36,12 +37,21 @@ struct MasterConfig {
   std::chrono::milliseconds worker_timeout{};
 };
 
+struct TieredStoreConfig {
+  CachePolicy policy = CachePolicy::kLru;  // for mounts that do not set cache.policy
+  bool promote = true;                     // move blocks read from a lower tier up
+  std::vector<TierLevel> levels;           // empty: one SSD level at worker.cache_dir
+};
+
 struct WorkerConfig {
   std::string listen;
   std::string advertise;  // address others dial; empty: derived from listen
   std::string cache_dir;
   uint64_t cache_quota = 0;
   std::chrono::milliseconds heartbeat_interval{};
+  TieredStoreConfig tieredstore;
+  // The levels in effect: tieredstore.levels, or one SSD level at cache_dir with cache_quota.
+  std::vector<TierLevel> EffectiveLevels() const;
 };
 
 struct FuseConfig {
@@ -68,7 +78,7 @@ struct LogConfig {
   std::string level;
 };
 
-enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel };
+enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel, kPolicy, kTierLevels };
 
 struct Config;
 

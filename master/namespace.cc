@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "common/fs.h"
+#include "common/tiers.h"
 
 namespace granary::master {
 namespace {
@@ -156,7 +157,10 @@ StatusOr<std::shared_ptr<UnderFileSystem>> Namespace::UfsFor(uint64_t mount_id) 
   auto m = mounts_.find(mount_id);
   if (m == mounts_.end()) return NotFoundError("mount " + std::to_string(mount_id) + " is gone");
   std::map<std::string, std::string> opts(m->second.options().begin(), m->second.options().end());
-  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(m->second.uri(), opts));
+  std::map<std::string, std::string> ufs_options;
+  MountCacheOptions cache_options;
+  RETURN_IF_ERROR(SplitMountOptions(opts, &ufs_options, &cache_options));
+  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(m->second.uri(), ufs_options));
   ufs_[mount_id] = ufs;
   return ufs;
 }
@@ -225,7 +229,10 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
                                           const std::map<std::string, std::string>& options) {
   ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
   if (parts.empty()) return InvalidArgumentError("cannot mount over / (mount at a path like /imagenet)");
-  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(uri, options));
+  std::map<std::string, std::string> ufs_options;
+  MountCacheOptions cache_options;
+  RETURN_IF_ERROR(SplitMountOptions(options, &ufs_options, &cache_options));
+  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(uri, ufs_options));
   ASSIGN_OR_RETURN(UfsEntry root_entry, ufs->Stat(""));
   if (!root_entry.is_dir) return InvalidArgumentError(RedactUri(uri) + " is not a directory");
 

@@ -4,6 +4,11 @@
 
 namespace granary::worker {
 
+BlockSource::BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter)
+    : store_(store), mounts_(mounts), reporter_(reporter) {
+  store_->SetRemovedListener([reporter](const BlockMeta& m) { reporter->BlockRemoved(m); });
+}
+
 Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
   if (req.block_size == 0) return InvalidArgumentError("block_size must be positive");
   uint64_t block_start = req.index * req.block_size;
@@ -28,7 +33,6 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
     counters_.bytes_served += len;
     return Status::OK();
   }
-  if (!cached.ok() && cached.status().IsDataLoss()) reporter_->BlockRemoved(meta);
   *hit = false;
   counters_.misses++;
   ASSIGN_OR_RETURN(std::shared_ptr<const std::string> block, Fetch(req, mount, meta));
@@ -70,9 +74,8 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   if (*n != meta.length) {
     return FailedPreconditionError(req.ufs_path + " is shorter in the under-storage than when it was listed");
   }
-  std::vector<BlockMeta> evicted;
-  Status st = store_->Put(meta, *data, &evicted);
-  for (const auto& e : evicted) reporter_->BlockRemoved(e);
+  if (mount.policy) store_->SetMountPolicy(req.mount_id, *mount.policy);
+  Status st = store_->Put(meta, *data);
   if (st.ok()) {
     reporter_->BlockAdded(meta);
   } else {

@@ -40,8 +40,8 @@ struct SourceCounters {
 
 class BlockSource {
  public:
-  BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter)
-      : store_(store), mounts_(mounts), reporter_(reporter) {}
+  // Routes the store's removals (evictions, frees, corrupt blocks) to `reporter`.
+  BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter);
 
   // Fills `out` with the requested range (clipped at the block's end); `hit` tells whether it came
   // from the cache. INVALID_ARGUMENT for a range outside the file; FAILED_PRECONDITION when the file

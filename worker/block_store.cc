@@ -6,10 +6,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sys/statfs.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 
 #include "common/fs.h"
+#include "common/units.h"
 
 namespace granary::worker {
 namespace {
@@ -122,77 +129,212 @@ uint32_t BlockHeaderLen(uint64_t data_len) {
   return static_cast<uint32_t>((raw + 4095) / 4096 * 4096);
 }
 
+size_t FileKeyHash::operator()(const FileKey& k) const {
+  uint64_t a;
+  std::memcpy(&a, k.data(), 8);
+  return static_cast<size_t>(a);
+}
+
 size_t BlockIdHash::operator()(const BlockId& id) const {
   uint64_t a;
   std::memcpy(&a, id.key.data(), 8);
   return static_cast<size_t>(a ^ (id.index * 0x9e3779b97f4a7c15ull));
 }
 
-StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& dir, uint64_t quota) {
-  RETURN_IF_ERROR(MakeDirs(dir, 0700).WithContext("worker.cache_dir"));
-  chmod(dir.c_str(), 0700);
-  RETURN_IF_ERROR(MakeDirs(dir + "/blocks", 0700));
-  RETURN_IF_ERROR(MakeDirs(dir + "/tmp", 0700));
-  std::unique_ptr<BlockStore> store(new BlockStore(dir, quota));
-  RETURN_IF_ERROR(store->Scan());
+namespace {
+constexpr long kTmpfsMagic = 0x01021994;
+constexpr long kRamfsMagic = 0x858458f6;
+}  // namespace
+
+uint64_t BlockStore::Tier::Quota() const {
+  uint64_t q = 0;
+  for (const auto& d : dirs) q += d.quota;
+  return q;
+}
+uint64_t BlockStore::Tier::Used() const {
+  uint64_t u = 0;
+  for (const auto& d : dirs) u += d.used + d.reserved;
+  return u;
+}
+uint64_t BlockStore::Tier::Occupied() const {
+  uint64_t u = 0;
+  for (const auto& d : dirs) u += d.used;
+  return u;
+}
+
+StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions& options) {
+  if (options.levels.empty()) return InvalidArgumentError("the block store needs at least one level");
+  std::unique_ptr<BlockStore> store(new BlockStore(options));
+  RETURN_IF_ERROR(store->Init());
+  if (options.background) store->thread_ = std::thread([s = store.get()] { s->Loop(); });
   return store;
 }
 
-std::string BlockStore::PathOf(const BlockId& id) const {
-  std::string hex = FileKeyHex(id.key);
-  return dir_ + "/blocks/" + hex.substr(0, 2) + "/" + hex + "-" + std::to_string(id.index);
+StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& dir, uint64_t quota) {
+  StoreOptions o;
+  TierLevel l;
+  l.medium = "SSD";
+  l.paths = {dir};
+  l.quotas = {quota};
+  l.high = 1.0;
+  l.low = 1.0;
+  o.levels = {l};
+  o.background = false;
+  return Open(o);
 }
 
-Status BlockStore::Scan() {
+BlockStore::~BlockStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BlockStore::SetRemovedListener(RemovedFn fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_removed_ = std::move(fn);
+}
+
+Status BlockStore::Init() {
+  for (size_t t = 0; t < options_.levels.size(); ++t) {
+    const TierLevel& l = options_.levels[t];
+    Tier tier;
+    tier.level = l;
+    for (size_t d = 0; d < l.paths.size(); ++d) {
+      const std::string& path = l.paths[d];
+      std::string what = "worker.tieredstore " + l.medium + " path " + path;
+      RETURN_IF_ERROR(MakeDirs(path, 0700).WithContext(what));
+      chmod(path.c_str(), 0700);
+      RETURN_IF_ERROR(MakeDirs(path + "/blocks", 0700).WithContext(what));
+      RETURN_IF_ERROR(MakeDirs(path + "/tmp", 0700).WithContext(what));
+      struct statfs fs;
+      if (statfs(path.c_str(), &fs) != 0) return ErrnoError(errno, what);
+      if (l.medium == "MEM" && options_.require_tmpfs_for_mem && fs.f_type != kTmpfsMagic &&
+          fs.f_type != kRamfsMagic) {
+        return InvalidArgumentError(what + " is not on tmpfs: a MEM level must live in memory (use /dev/shm/... "
+                                    "or a tmpfs mount), or declare the level as SSD or HDD");
+      }
+      uint64_t size = static_cast<uint64_t>(fs.f_blocks) * fs.f_bsize;
+      if (l.quotas[d] > size) {
+        spdlog::warn("{}: quota {} is larger than the file system ({}); writes may fail with ENOSPC", what,
+                     FormatBytes(l.quotas[d]), FormatBytes(size));
+      }
+      tier.dirs.push_back(Dir{path, l.quotas[d], 0, 0});
+    }
+    tiers_.push_back(std::move(tier));
+  }
+  RETURN_IF_ERROR(LoadPins());
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    for (size_t d = 0; d < tiers_[t].dirs.size(); ++d) RETURN_IF_ERROR(ScanDir(static_cast<int>(t), static_cast<int>(d)));
+  }
+  // A lowered quota: bring every directory within it, oldest unpinned blocks first (then pinned
+  // ones: the quota wins).
+  Removal r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t t = 0; t < tiers_.size(); ++t) {
+      for (size_t d = 0; d < tiers_[t].dirs.size(); ++d) {
+        Dir& dir = tiers_[t].dirs[d];
+        if (dir.used <= dir.quota) continue;
+        std::vector<std::tuple<bool, uint64_t, BlockId>> order;
+        for (const auto& [id, e] : index_) {
+          if (e.tier == static_cast<int>(t) && e.dir == static_cast<int>(d)) order.emplace_back(e.pinned, e.seq, id);
+        }
+        std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+          return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+        });
+        for (size_t i = 0; i < order.size() && dir.used > dir.quota; ++i) {
+          RemoveLocked(std::get<2>(order[i]), &r);
+          tiers_[t].evictions++;
+        }
+      }
+    }
+  }
+  Finish(r);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& t : tiers_) {
+    spdlog::info("cache level {}: {} blocks, {} of {} ({})", t.level.medium, t.nblocks, FormatBytes(t.Occupied()),
+                 FormatBytes(t.Quota()), [&] {
+                   std::string p;
+                   for (const auto& d : t.dirs) p += (p.empty() ? "" : ",") + d.path;
+                   return p;
+                 }());
+  }
+  return Status::OK();
+}
+
+std::string BlockStore::PathLocked(const BlockId& id, int tier, int dir) const {
+  std::string hex = FileKeyHex(id.key);
+  return tiers_[tier].dirs[dir].path + "/blocks/" + hex.substr(0, 2) + "/" + hex + "-" + std::to_string(id.index);
+}
+
+std::string BlockStore::TmpPath(int tier, int dir) {
+  std::string base;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    base = tiers_[tier].dirs[dir].path;
+  }
+  return base + "/tmp/" + std::to_string(getpid()) + "-" + std::to_string(tmp_seq_++);
+}
+
+std::string BlockStore::PathOf(const BlockId& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return "";
+  return PathLocked(id, it->second.tier, it->second.dir);
+}
+
+Status BlockStore::ScanDir(int tier, int dir) {
+  std::string root = tiers_[tier].dirs[dir].path;
   // Half-written blocks from a crash.
-  if (DIR* d = opendir((dir_ + "/tmp").c_str())) {
+  if (DIR* d = opendir((root + "/tmp").c_str())) {
     while (dirent* de = readdir(d)) {
-      if (de->d_name[0] != '.') unlink((dir_ + "/tmp/" + de->d_name).c_str());
+      if (de->d_name[0] != '.') unlink((root + "/tmp/" + de->d_name).c_str());
     }
     closedir(d);
   }
-  DIR* top = opendir((dir_ + "/blocks").c_str());
-  if (top == nullptr) return ErrnoError(errno, "open " + dir_ + "/blocks");
+  DIR* top = opendir((root + "/blocks").c_str());
+  if (top == nullptr) return ErrnoError(errno, "open " + root + "/blocks");
+  std::vector<std::pair<int64_t, BlockId>> loaded;
   while (dirent* sub = readdir(top)) {
     if (sub->d_name[0] == '.') continue;
-    std::string subdir = dir_ + "/blocks/" + sub->d_name;
+    std::string subdir = root + "/blocks/" + sub->d_name;
     DIR* d = opendir(subdir.c_str());
     if (d == nullptr) continue;
     while (dirent* de = readdir(d)) {
       if (de->d_name[0] == '.') continue;
       std::string path = subdir + "/" + de->d_name;
-      Status st = LoadOne(path, de->d_name);
+      int64_t mtime = 0;
+      Status st = LoadOne(tier, dir, path, de->d_name, &mtime);
       if (!st.ok()) {
-        spdlog::warn("discarding cached block: {}", st.message());
+        if (st.code() == Code::kAlreadyExists) {
+          spdlog::info("dropping a second copy of a block (a move was interrupted): {}", path);
+        } else {
+          spdlog::warn("discarding cached block: {}", st.message());
+          std::lock_guard<std::mutex> lock(mu_);
+          ++corrupt_;
+        }
         unlink(path.c_str());
-        ++corrupt_;
       }
     }
     closedir(d);
   }
   closedir(top);
-  // Past the quota (it was lowered): evict down to it.
-  std::vector<BlockMeta> evicted;
-  std::vector<std::string> unlinks;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (used_ > quota_) MakeRoomLocked(0, &evicted, &unlinks);
-  }
-  for (const auto& p : unlinks) unlink(p.c_str());
-  spdlog::info("block cache {}: {} blocks, {} bytes of {} quota", dir_, index_.size(), used_, quota_);
   return Status::OK();
 }
 
-Status BlockStore::LoadOne(const std::string& path, const std::string& name) {
+Status BlockStore::LoadOne(int tier, int dir, const std::string& path, const std::string& name, int64_t* mtime) {
   size_t dash = name.find('-');
   BlockId id;
   if (dash != 32 || !ParseFileKeyHex(name.substr(0, 32), &id.key)) return DataLossError(path + ": unexpected name");
-  auto idx = std::strtoull(name.c_str() + 33, nullptr, 10);
-  id.index = idx;
+  id.index = std::strtoull(name.c_str() + 33, nullptr, 10);
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open " + path);
   struct stat st;
   fstat(fd, &st);
+  *mtime = st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec;
   std::string buf(std::min<uint64_t>(static_cast<uint64_t>(st.st_size), 64 * 1024), '\0');
   Status rs = PreadFull(fd, buf.data(), buf.size(), 0, path);
   close(fd);
@@ -202,50 +344,201 @@ Status BlockStore::LoadOne(const std::string& path, const std::string& name) {
   if (h.key != id.key || h.index != id.index) return DataLossError(path + ": header names another block");
   if (static_cast<uint64_t>(st.st_size) != h.header_len + h.data_len) return DataLossError(path + ": wrong size");
   std::lock_guard<std::mutex> lock(mu_);
+  if (index_.count(id)) return AlreadyExistsError(path);
   Entry e;
   e.meta = BlockMeta{id, h.mount_id, h.data_len};
   e.file_bytes = static_cast<uint64_t>(st.st_size);
   e.header_len = h.header_len;
-  lru_.push_back(id);
-  e.lru = std::prev(lru_.end());
-  used_ += e.file_bytes;
-  index_.emplace(id, e);
+  e.tier = tier;
+  e.dir = dir;
+  e.pinned = pins_.count(id.key) > 0;
+  // Older files first in LRU order: their mtime is when they were written or moved.
+  e.seq = static_cast<uint64_t>(std::max<int64_t>(*mtime, 0)) / 1000;  // µs; replaced on first access
+  seq_ = std::max(seq_, e.seq);
+  tiers_[tier].dirs[dir].used += e.file_bytes;
+  tiers_[tier].nblocks++;
+  auto [it, _] = index_.emplace(id, e);
+  ListLocked(id, it->second);
   return Status::OK();
 }
 
+Status BlockStore::LoadPins() {
+  std::string path = options_.levels.back().paths[0] + "/pins";
+  std::ifstream in(path);
+  if (!in) return Status::OK();
+  std::string line;
+  std::lock_guard<std::mutex> lock(mu_);
+  while (std::getline(in, line)) {
+    FileKey k;
+    if (ParseFileKeyHex(line, &k)) pins_.insert(k);
+  }
+  return Status::OK();
+}
+
+Status BlockStore::SavePins() {
+  std::string body;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& k : pins_) body += FileKeyHex(k) + "\n";
+  }
+  std::string path = options_.levels.back().paths[0] + "/pins";
+  Status st = WriteFileAtomic(path, body);
+  if (st.ok()) chmod(path.c_str(), 0600);
+  return st;
+}
+
+CachePolicy BlockStore::PolicyLocked(uint64_t mount_id) const {
+  auto it = mount_policy_.find(mount_id);
+  return it == mount_policy_.end() ? options_.policy : it->second;
+}
+
+void BlockStore::SetMountPolicy(uint64_t mount_id, CachePolicy policy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  mount_policy_[mount_id] = policy;
+}
+
+void BlockStore::ListLocked(const BlockId& id, Entry& e) {
+  if (e.pinned || e.doomed) return;
+  tiers_[e.tier].lru[e.meta.mount_id].emplace(e.seq, id);
+}
+
+void BlockStore::UnlistLocked(Entry& e) {
+  auto& lists = tiers_[e.tier].lru;
+  auto it = lists.find(e.meta.mount_id);
+  if (it == lists.end()) return;
+  it->second.erase(e.seq);
+  if (it->second.empty()) lists.erase(it);
+}
+
+void BlockStore::TouchLocked(const BlockId& id, Entry& e) {
+  UnlistLocked(e);
+  e.seq = ++seq_;
+  ListLocked(id, e);
+}
+
+void BlockStore::RemoveLocked(const BlockId& id, Removal* r) {
+  auto it = index_.find(id);
+  if (it == index_.end()) return;
+  Entry& e = it->second;
+  UnlistLocked(e);
+  tiers_[e.tier].dirs[e.dir].used -= e.file_bytes;
+  tiers_[e.tier].nblocks--;
+  r->unlink.push_back(PathLocked(id, e.tier, e.dir));
+  r->removed.push_back(e.meta);
+  index_.erase(it);
+}
+
+void BlockStore::Finish(Removal& r) {
+  for (const auto& p : r.unlink) unlink(p.c_str());
+  if (r.removed.empty()) return;
+  RemovedFn fn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn = on_removed_;
+  }
+  if (fn) {
+    for (const auto& m : r.removed) fn(m);
+  }
+}
+
+int BlockStore::FitLocked(int tier, uint64_t bytes, double fraction) const {
+  int best = -1;
+  uint64_t best_free = 0;
+  const auto& dirs = tiers_[tier].dirs;
+  for (size_t d = 0; d < dirs.size(); ++d) {
+    uint64_t limit = static_cast<uint64_t>(static_cast<double>(dirs[d].quota) * fraction);
+    uint64_t taken = dirs[d].used + dirs[d].reserved;
+    if (taken + bytes > limit) continue;
+    uint64_t free = limit - taken;
+    if (best < 0 || free > best_free) {
+      best = static_cast<int>(d);
+      best_free = free;
+    }
+  }
+  return best;
+}
+
+bool BlockStore::PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const {
+  bool found = false;
+  uint64_t best = UINT64_MAX;
+  bool shuffle_admit = purpose == Purpose::kAdmit && PolicyLocked(for_mount) == CachePolicy::kShuffle;
+  for (const auto& [mount, list] : tiers_[tier].lru) {
+    if (shuffle_admit && mount == for_mount) continue;  // never replace a shuffle dataset's blocks with its own
+    if (purpose == Purpose::kWatermark && PolicyLocked(mount) == CachePolicy::kShuffle) continue;
+    int scanned = 0;
+    for (const auto& [seq, id] : list) {
+      if (seq >= best || ++scanned > 64) break;
+      const Entry& e = index_.at(id);
+      if (e.readers > 0 || e.moving) continue;
+      best = seq;
+      *out = id;
+      found = true;
+      break;
+    }
+  }
+  return found;
+}
+
+bool BlockStore::EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r) {
+  BlockId victim;
+  if (!PickVictimLocked(tier, purpose, for_mount, &victim)) return false;
+  RemoveLocked(victim, r);
+  tiers_[tier].evictions++;
+  return true;
+}
+
 StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t length, char* out) {
+  return ReadInternal(id, offset, length, out, true);
+}
+
+StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account) {
   uint64_t data_len;
   uint32_t header_len;
+  std::string path;
+  int tier;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(id);
-    if (it == index_.end()) return NotFoundError("block not cached");
-    ++it->second.readers;
-    lru_.splice(lru_.begin(), lru_, it->second.lru);
-    data_len = it->second.meta.length;
-    header_len = it->second.header_len;
+    if (it == index_.end() || it->second.doomed) {
+      if (account) {
+        for (auto& t : tiers_) t.misses++;
+      }
+      return NotFoundError("block not cached");
+    }
+    Entry& e = it->second;
+    ++e.readers;
+    data_len = e.meta.length;
+    header_len = e.header_len;
+    tier = e.tier;
+    path = PathLocked(id, e.tier, e.dir);
+    if (account) {
+      TouchLocked(id, e);
+      for (int t = 0; t < tier; ++t) tiers_[t].misses++;
+      tiers_[tier].hits++;
+    }
   }
   auto release = [&](bool corrupt) {
-    std::vector<std::string> unlinks;
+    Removal r;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = index_.find(id);
       if (it != index_.end()) {
         --it->second.readers;
-        if (corrupt) {
-          ++corrupt_;
-          RemoveLocked(id, &unlinks);
-        }
+        if (corrupt) ++corrupt_;
+        if (corrupt || (it->second.doomed && it->second.readers == 0)) RemoveLocked(id, &r);
+      }
+      if (account && !corrupt && tier > 0 && options_.promote && promote_queue_.size() < 4096) {
+        promote_queue_.push_back(id);
+        wake_ = true;
       }
     }
-    for (const auto& p : unlinks) unlink(p.c_str());
+    Finish(r);
   };
   if (offset >= data_len) {
     release(false);
     return size_t{0};
   }
   length = std::min<uint64_t>(length, data_len - offset);
-  std::string path = PathOf(id);
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -287,53 +580,49 @@ StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t len
   return length;
 }
 
-bool BlockStore::MakeRoomLocked(uint64_t bytes, std::vector<BlockMeta>* evicted, std::vector<std::string>* unlink) {
-  auto it = lru_.end();
-  while (used_ + reserved_ + bytes > quota_ && it != lru_.begin()) {
-    --it;
-    auto e = index_.find(*it);
-    if (e->second.readers > 0) continue;
-    BlockId victim = *it;
-    evicted->push_back(e->second.meta);
-    ++evictions_;
-    // Step past the victim before its list node is erased.
-    auto next = it;
-    ++next;
-    RemoveLocked(victim, unlink);
-    it = next;
-  }
-  return used_ + reserved_ + bytes <= quota_;
-}
-
-void BlockStore::RemoveLocked(const BlockId& id, std::vector<std::string>* unlink) {
-  auto it = index_.find(id);
-  if (it == index_.end()) return;
-  used_ -= it->second.file_bytes;
-  lru_.erase(it->second.lru);
-  index_.erase(it);
-  unlink->push_back(PathOf(id));
-}
-
-Status BlockStore::Put(const BlockMeta& meta, std::string_view data, std::vector<BlockMeta>* evicted) {
+Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   if (data.size() != meta.length) return InvalidArgumentError("block length does not match its data");
   uint64_t file_bytes = BlockHeaderLen(data.size()) + data.size();
-  std::vector<std::string> unlinks;
-  bool fits;
+  Removal r;
+  int tier = -1, dir = -1;
+  std::string path;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (index_.count(meta.id)) return Status::OK();
-    fits = MakeRoomLocked(file_bytes, evicted, &unlinks);
-    if (fits) reserved_ += file_bytes;
+    for (size_t t = 0; t < tiers_.size() && tier < 0; ++t) {
+      int d = FitLocked(static_cast<int>(t), file_bytes, 1.0);
+      if (d >= 0) tier = static_cast<int>(t), dir = d;
+    }
+    // Full everywhere: evict what the policy allows, bottom level first.
+    for (int t = static_cast<int>(tiers_.size()) - 1; t >= 0 && tier < 0; --t) {
+      int d;
+      while ((d = FitLocked(t, file_bytes, 1.0)) < 0) {
+        if (!EvictOneLocked(t, Purpose::kAdmit, meta.mount_id, &r)) break;
+      }
+      if (d >= 0) tier = t, dir = d;
+    }
+    if (tier < 0) {
+      ++rejected_;
+    } else {
+      tiers_[tier].dirs[dir].reserved += file_bytes;
+      path = PathLocked(meta.id, tier, dir);
+      const Tier& tr = tiers_[tier];
+      if (static_cast<double>(tr.Used()) > tr.level.high * static_cast<double>(tr.Quota())) {
+        wake_ = true;
+        cv_.notify_all();
+      }
+    }
   }
-  for (const auto& p : unlinks) unlink(p.c_str());
-  if (!fits) return ResourceExhaustedError("no room in the cache for a block of " + std::to_string(file_bytes) + " bytes");
-
+  Finish(r);
+  if (tier < 0) {
+    return ResourceExhaustedError("no room in the cache for a block of " + std::to_string(file_bytes) +
+                                  " bytes (everything cached is pinned, being read, or kept by the shuffle policy)");
+  }
   auto unreserve = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    reserved_ -= file_bytes;
+    tiers_[tier].dirs[dir].reserved -= file_bytes;
   };
-  std::string path = PathOf(meta.id);
-  std::string tmp = dir_ + "/tmp/" + std::to_string(getpid()) + "-" + std::to_string(tmp_seq_++);
+  std::string tmp = TmpPath(tier, dir);
   std::string header = EncodeHeader(meta, data);
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -354,35 +643,328 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data, std::vector
     return st;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  reserved_ -= file_bytes;
-  if (index_.count(meta.id)) return Status::OK();  // a concurrent Put of the same block won
+  tiers_[tier].dirs[dir].reserved -= file_bytes;
+  auto existing = index_.find(meta.id);
+  if (existing != index_.end()) {
+    // A concurrent Put of the same block won; drop our copy unless it wrote the very same file.
+    if (PathLocked(meta.id, existing->second.tier, existing->second.dir) != path) unlink(path.c_str());
+    return Status::OK();
+  }
   Entry e;
   e.meta = meta;
   e.file_bytes = file_bytes;
   e.header_len = static_cast<uint32_t>(header.size());
-  lru_.push_front(meta.id);
-  e.lru = lru_.begin();
-  used_ += file_bytes;
-  index_.emplace(meta.id, e);
+  e.tier = tier;
+  e.dir = dir;
+  e.seq = ++seq_;
+  e.pinned = pins_.count(meta.id.key) > 0;
+  tiers_[tier].dirs[dir].used += file_bytes;
+  tiers_[tier].nblocks++;
+  auto [it, _] = index_.emplace(meta.id, e);
+  ListLocked(meta.id, it->second);
   return Status::OK();
+}
+
+Status BlockStore::Pin(const std::vector<FileKey>& keys, bool pin) {
+  std::lock_guard<std::mutex> plock(pins_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unordered_set<FileKey, FileKeyHash> set(keys.begin(), keys.end());
+    for (const auto& k : keys) {
+      if (pin) {
+        pins_.insert(k);
+      } else {
+        pins_.erase(k);
+      }
+    }
+    for (auto& [id, e] : index_) {
+      if (!set.count(id.key) || e.pinned == pin) continue;
+      UnlistLocked(e);
+      e.pinned = pin;
+      ListLocked(id, e);
+    }
+  }
+  return SavePins();
+}
+
+Status BlockStore::SetPins(const std::vector<FileKey>& keys) {
+  std::lock_guard<std::mutex> plock(pins_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pins_ = std::unordered_set<FileKey, FileKeyHash>(keys.begin(), keys.end());
+    for (auto& [id, e] : index_) {
+      bool pin = pins_.count(id.key) > 0;
+      if (e.pinned == pin) continue;
+      UnlistLocked(e);
+      e.pinned = pin;
+      ListLocked(id, e);
+    }
+  }
+  return SavePins();
+}
+
+size_t BlockStore::Free(const std::vector<FileKey>& keys) {
+  std::unordered_set<FileKey, FileKeyHash> set(keys.begin(), keys.end());
+  Removal r;
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<BlockId> now;
+    for (auto& [id, e] : index_) {
+      if (!set.count(id.key) || e.doomed) continue;
+      ++n;
+      if (e.readers > 0 || e.moving) {
+        UnlistLocked(e);
+        e.doomed = true;  // removed by the last reader, or by the move's commit
+      } else {
+        now.push_back(id);
+      }
+    }
+    for (const auto& id : now) RemoveLocked(id, &r);
+  }
+  Finish(r);
+  return n;
+}
+
+bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir) {
+  std::string src, dst;
+  uint64_t bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(id);
+    if (it == index_.end()) return false;
+    Entry& e = it->second;
+    if (e.tier != from_tier || e.readers > 0 || e.moving || e.doomed || e.pinned) return false;
+    e.moving = true;
+    bytes = e.file_bytes;
+    tiers_[to_tier].dirs[to_dir].reserved += bytes;
+    src = PathLocked(id, e.tier, e.dir);
+    dst = PathLocked(id, to_tier, to_dir);
+  }
+  std::string tmp = TmpPath(to_tier, to_dir);
+  Status st;
+  {
+    std::ifstream in(src, std::ios::binary);
+    std::string buf;
+    if (in) {
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      buf = ss.str();
+    }
+    if (!in || buf.size() != bytes) {
+      st = DataLossError(src + ": cannot be read for moving");
+    } else {
+      int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        st = ErrnoError(errno, "create " + tmp);
+      } else {
+        st = WriteFull(fd, buf.data(), buf.size(), tmp);
+        if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + tmp);
+      }
+    }
+  }
+  if (st.ok()) {
+    std::string sub = dst.substr(0, dst.rfind('/'));
+    if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) st = ErrnoError(errno, "mkdir " + sub);
+  }
+  if (st.ok() && rename(tmp.c_str(), dst.c_str()) != 0) st = ErrnoError(errno, "rename to " + dst);
+  if (!st.ok()) unlink(tmp.c_str());
+  Removal r;
+  bool moved = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tiers_[to_tier].dirs[to_dir].reserved -= bytes;
+    auto it = index_.find(id);
+    if (it != index_.end()) {
+      Entry& e = it->second;
+      e.moving = false;
+      if (st.ok() && e.readers == 0 && !e.doomed && !e.pinned) {
+        UnlistLocked(e);
+        tiers_[e.tier].dirs[e.dir].used -= bytes;
+        tiers_[e.tier].nblocks--;
+        e.tier = to_tier;
+        e.dir = to_dir;
+        tiers_[to_tier].dirs[to_dir].used += bytes;
+        tiers_[to_tier].nblocks++;
+        ListLocked(id, e);
+        if (to_tier > from_tier) {
+          tiers_[from_tier].demotions++;
+        } else {
+          tiers_[to_tier].promotions++;
+        }
+        moved = true;
+      } else if (e.doomed && e.readers == 0) {
+        RemoveLocked(id, &r);
+      }
+    }
+  }
+  if (moved) {
+    unlink(src.c_str());
+  } else if (st.ok()) {
+    unlink(dst.c_str());  // aborted: a reader arrived, or the block was freed or pinned meanwhile
+  }
+  Finish(r);
+  if (!st.ok()) spdlog::warn("moving a cached block: {}", st.message());
+  return moved;
+}
+
+void BlockStore::ReserveTier(int t) {
+  const bool last = t + 1 == static_cast<int>(tiers_.size());
+  for (int guard = 0; guard < 1 << 20; ++guard) {
+    Removal r;
+    BlockId victim;
+    int to_dir = -1;
+    bool stuck = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const Tier& tier = tiers_[t];
+      double target = tier.level.low * static_cast<double>(tier.Quota());
+      if (static_cast<double>(tier.Used()) <= target) return;
+      if (last) {
+        if (!EvictOneLocked(t, Purpose::kWatermark, 0, &r)) return;
+      } else {
+        if (!PickVictimLocked(t, Purpose::kDemote, 0, &victim)) return;
+        const Entry& e = index_.at(victim);
+        to_dir = FitLocked(t + 1, e.file_bytes, 1.0);
+        // The level below is full: make room there as an admission of this block would.
+        while (to_dir < 0 && EvictOneLocked(t + 1, Purpose::kAdmit, e.meta.mount_id, &r)) {
+          to_dir = FitLocked(t + 1, e.file_bytes, 1.0);
+        }
+        if (to_dir < 0) {
+          // No room below. An lru block is evicted; a shuffle block stays where it is.
+          if (PolicyLocked(e.meta.mount_id) == CachePolicy::kShuffle || !EvictOneLocked(t, Purpose::kWatermark, 0, &r)) {
+            stuck = true;
+          }
+        }
+      }
+    }
+    Finish(r);
+    if (stuck) return;
+    if (to_dir >= 0 && !MoveBlock(victim, t, t + 1, to_dir)) {
+      return;  // raced with a reader; the next pass retries
+    }
+  }
+}
+
+void BlockStore::Reserve() {
+  std::lock_guard<std::mutex> guard(move_mu_);
+  std::vector<BlockId> promote;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    promote.swap(promote_queue_);
+    wake_ = false;
+  }
+  for (const auto& id : promote) {
+    int from, to_dir = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = index_.find(id);
+      if (it == index_.end() || it->second.tier == 0) continue;
+      from = it->second.tier;
+      const Tier& up = tiers_[from - 1];
+      // Only into room below the high watermark, so promotion never causes a demotion.
+      to_dir = FitLocked(from - 1, it->second.file_bytes, up.level.high);
+    }
+    if (to_dir >= 0) MoveBlock(id, from, from - 1, to_dir);
+  }
+  for (int t = static_cast<int>(tiers_.size()) - 1; t >= 0; --t) {
+    bool over;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const Tier& tier = tiers_[t];
+      over = static_cast<double>(tier.Used()) > tier.level.high * static_cast<double>(tier.Quota());
+    }
+    if (over) ReserveTier(t);
+  }
+}
+
+StatusOr<bool> BlockStore::VerifyOne(const BlockId& id) {
+  uint64_t len;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(id);
+    if (it == index_.end()) return false;
+    len = it->second.meta.length;
+  }
+  // Reading verifies every chunk and removes the block when one fails; unaccounted, so the scrub
+  // changes neither the LRU order nor the hit counters.
+  std::string buf(len, '\0');
+  auto n = ReadInternal(id, 0, len, buf.data(), false);
+  if (!n.ok() && n.status().IsDataLoss()) return true;
+  return false;
+}
+
+size_t BlockStore::Scrub() {
+  size_t bad = 0;
+  for (const auto& m : List()) {
+    auto r = VerifyOne(m.id);
+    if (r.ok() && *r) ++bad;
+  }
+  return bad;
+}
+
+void BlockStore::Loop() {
+  size_t bad = Scrub();
+  if (bad > 0) spdlog::warn("start-up scrub discarded {} corrupt cached blocks", bad);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, options_.reserve_interval, [&] { return stop_ || wake_; });
+      if (stop_) return;
+    }
+    Reserve();
+  }
 }
 
 bool BlockStore::Contains(const BlockId& id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return index_.count(id) > 0;
+  auto it = index_.find(id);
+  return it != index_.end() && !it->second.doomed;
+}
+
+int BlockStore::LevelOf(const BlockId& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(id);
+  return it == index_.end() || it->second.doomed ? -1 : it->second.tier;
 }
 
 std::vector<BlockMeta> BlockStore::List() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<BlockMeta> out;
   out.reserve(index_.size());
-  for (const auto& [id, e] : index_) out.push_back(e.meta);
+  for (const auto& [id, e] : index_) {
+    if (!e.doomed) out.push_back(e.meta);
+  }
   return out;
 }
 
 BlockStoreStats BlockStore::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return BlockStoreStats{quota_, used_, index_.size(), evictions_, corrupt_};
+  BlockStoreStats s;
+  for (const auto& t : tiers_) {
+    TierStats ts;
+    ts.medium = t.level.medium;
+    for (const auto& d : t.dirs) ts.paths.push_back(d.path);
+    ts.high = t.level.high;
+    ts.low = t.level.low;
+    ts.capacity = t.Quota();
+    ts.used = t.Occupied();
+    ts.blocks = t.nblocks;
+    ts.hits = t.hits;
+    ts.misses = t.misses;
+    ts.evictions = t.evictions;
+    ts.demotions = t.demotions;
+    ts.promotions = t.promotions;
+    s.capacity += ts.capacity;
+    s.used += ts.used;
+    s.blocks += ts.blocks;
+    s.evictions += ts.evictions;
+    s.tiers.push_back(std::move(ts));
+  }
+  for (const auto& [id, e] : index_) s.pinned_blocks += e.pinned ? 1 : 0;
+  s.corrupt = corrupt_;
+  s.rejected = rejected_;
+  return s;
 }
 
 }  // namespace granary::worker

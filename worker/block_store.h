@@ -1,45 +1,67 @@
-// BlockStore: the worker's on-disk block cache (one directory, one byte quota).
+// BlockStore: the worker's tiered block cache (MEM, SSD, HDD levels; each level one or more
+// directories, each directory with its own byte quota).
 //
 // Design
 // ------
 // A block is one fixed-size piece of one version of one file, identified by (FileKey, index); the
-// FileKey already hashes the under-storage URI, path and version, so a new version can never be
-// served from an old version's blocks.
+// FileKey hashes the under-storage URI, path and version, so a new version can never be served
+// from an old version's blocks.
 //
-// On disk: <dir>/blocks/<first 2 hex of key>/<32 hex key>-<index>, directories 0700, files 0600;
-// names are hashes, never object keys. Each file is a header followed by the data:
+// On disk, in every directory of every level: <dir>/blocks/<2 hex>/<32 hex key>-<index>,
+// directories 0700, files 0600; names are hashes, never object keys. Each file is a header
+// followed by the data:
 //
 //   magic "GRNBLK01" | header_len u32 | chunk_size u32 | file_key[16] | index u64 | mount_id u64 |
 //   data_len u64 | nchunks u32 | 0 u32 | nchunks x XXH3-64 of each 64 KiB chunk | XXH3-64 of all
-//   the header bytes before it | zero padding to header_len (a multiple of 4096, so data is
-//   page-aligned)
+//   the header bytes before it | zero padding to header_len (a multiple of 4096)
 //
-// Writes go to <dir>/tmp and are renamed into place, so a crash never leaves a half-written block
-// under a block name; leftovers in tmp are removed at start. Open() rebuilds the index by reading
-// every header and dropping files whose header, name or size disagree. Reads verify the checksum
-// of every chunk they touch; a mismatch deletes the block and returns DATA_LOSS, so corrupt bytes
-// are never served (the caller refetches).
+// Crash safety: blocks are written to <dir>/tmp and renamed into place, so a crash never leaves a
+// half-written file under a block name; tmp is emptied at start. Open() rebuilds the index from
+// the headers (checksum, name, size) and drops what disagrees; a background scrub then checks
+// every chunk checksum, and every read checks the chunks it touches. A mismatch removes the block
+// and returns DATA_LOSS: corrupt bytes are never served (the caller refetches).
 //
-// Space: Put() reserves room before writing, evicting least-recently-used blocks that no reader
-// holds; used + reserved never exceeds the quota. When nothing more can be evicted, Put() returns
-// RESOURCE_EXHAUSTED and the caller serves the block without caching it.
+// Space: used + reserved never exceeds any directory's quota. Put() writes a new block to the
+// fastest level with room. When no level has room it evicts, bottom level first, the blocks the
+// policy allows (see below); only when nothing evictable is left does Put() return
+// RESOURCE_EXHAUSTED (the caller then serves the block uncached).
 //
-// Thread-safety: all methods are thread-safe; `mu_` guards the index, the LRU list and the byte
-// counts. File I/O happens outside the lock; a reader's reference keeps eviction off its block.
+// Watermarks: a background reserver keeps each level at or below high x quota: above it, the
+// level's coldest blocks are demoted to the level below (or, on the last level, evicted) until
+// usage is at low x quota. A block read from a lower level is promoted one level up when that
+// level is below its high watermark (StoreOptions::promote).
+//
+// Policies (per mount, default StoreOptions::policy):
+//   lru      the least recently used block goes first.
+//   shuffle  for epoch-style reads of a dataset larger than the cache: a dataset's blocks never
+//            evict blocks of the same dataset, and the reserver never evicts them from the last
+//            level. Once the cache is full the cached fraction stays put, so every shuffled epoch
+//            hits on it; new blocks are admitted as space frees (another dataset's blocks, free).
+// Pinned blocks (Pin) are never evicted or moved. A block with a reader is never removed or moved
+// under it: Free() of such a block takes effect when its last reader finishes.
+//
+// Thread-safety: all methods are thread-safe; `mu_` guards the index, the policy lists and the
+// byte counts. File I/O happens outside the lock.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
-#include <list>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/tiers.h"
 
 namespace granary::worker {
 
@@ -51,6 +73,9 @@ struct BlockId {
 struct BlockIdHash {
   size_t operator()(const BlockId& id) const;
 };
+struct FileKeyHash {
+  size_t operator()(const FileKey& k) const;
+};
 
 struct BlockMeta {
   BlockId id;
@@ -58,64 +83,172 @@ struct BlockMeta {
   uint64_t length = 0;  // data bytes
 };
 
+struct TierStats {
+  std::string medium;
+  std::vector<std::string> paths;
+  double high = 0, low = 0;
+  uint64_t capacity = 0, used = 0, blocks = 0;
+  uint64_t hits = 0;       // reads served by this level
+  uint64_t misses = 0;     // reads not served by this level or one above it
+  uint64_t evictions = 0;  // blocks removed from this level to make room
+  uint64_t demotions = 0;  // blocks moved from this level to the one below
+  uint64_t promotions = 0; // blocks moved into this level from the one below
+};
+
 struct BlockStoreStats {
   uint64_t capacity = 0;
   uint64_t used = 0;  // bytes of block files (headers included)
   uint64_t blocks = 0;
   uint64_t evictions = 0;
-  uint64_t corrupt = 0;
+  uint64_t corrupt = 0;        // blocks found corrupt and discarded
+  uint64_t pinned_blocks = 0;
+  uint64_t rejected = 0;       // Puts refused because nothing evictable was left
+  std::vector<TierStats> tiers;
+};
+
+struct StoreOptions {
+  std::vector<TierLevel> levels;  // fastest first (ParseTierLevels orders them)
+  CachePolicy policy = CachePolicy::kLru;
+  bool promote = true;
+  // Run the reserver and the start-up scrub on a background thread. Tests that want to step the
+  // store by hand set false and call Reserve()/Scrub().
+  bool background = true;
+  std::chrono::milliseconds reserve_interval{500};
+  bool require_tmpfs_for_mem = true;  // a MEM level must be on tmpfs/ramfs
 };
 
 class BlockStore {
  public:
   static constexpr uint32_t kChunkSize = 64 * 1024;
+  using RemovedFn = std::function<void(const BlockMeta&)>;
 
-  // Opens or creates the cache in `dir` and rebuilds the index from the files there.
+  // Opens or creates every level's directories and rebuilds the index from the files there.
+  static StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions& options);
+  // One SSD level in `dir` with `quota`, watermarks at 1.0 (no background freeing); for tools/tests.
   static StatusOr<std::unique_ptr<BlockStore>> Open(const std::string& dir, uint64_t quota);
+  ~BlockStore();
+
+  // Called (outside the store's lock) for every block the store loses: evicted, freed, corrupt.
+  void SetRemovedListener(RemovedFn fn);
 
   // Copies [offset, offset+length) of a cached block into `out` (clipped at the block's end) and
   // returns the bytes copied. NOT_FOUND when not cached; DATA_LOSS when the bytes failed their
   // checksum (the block is removed).
   StatusOr<size_t> Read(const BlockId& id, uint64_t offset, size_t length, char* out);
 
-  // Caches a whole block. Blocks evicted to make room are appended to `evicted`.
-  // RESOURCE_EXHAUSTED when it cannot fit; ALREADY_EXISTS is not an error (returns OK).
-  Status Put(const BlockMeta& meta, std::string_view data, std::vector<BlockMeta>* evicted);
+  // Caches a whole block (OK when already cached). RESOURCE_EXHAUSTED when nothing evictable is
+  // left to make room.
+  Status Put(const BlockMeta& meta, std::string_view data);
+
+  // The policy for blocks of a mount (the worker's default until set).
+  void SetMountPolicy(uint64_t mount_id, CachePolicy policy);
+
+  // Pins (pin=true) or unpins files: their blocks, cached now or later, are never evicted.
+  // Persisted in the cache, so a restarted worker keeps its pins.
+  Status Pin(const std::vector<FileKey>& keys, bool pin);
+  // Replaces the whole pin set (the master's view at registration).
+  Status SetPins(const std::vector<FileKey>& keys);
+  // Removes every cached block of these files (pinned ones too); returns how many. Blocks with a
+  // reader go when their last reader is done.
+  size_t Free(const std::vector<FileKey>& keys);
+
+  // One reserver pass: queued promotions, then levels above their high watermark brought down to
+  // low (bottom level first). The background thread calls it; tests may too.
+  void Reserve();
+  // Verifies every chunk of every cached block; corrupt ones are removed. Returns how many.
+  size_t Scrub();
 
   bool Contains(const BlockId& id) const;
+  // The level index holding a block, or -1.
+  int LevelOf(const BlockId& id) const;
   std::vector<BlockMeta> List() const;
   BlockStoreStats Stats() const;
 
-  // The file a block lives in (for tests that corrupt it).
+  // The file a block lives in ("" when not cached; for tests that corrupt it).
   std::string PathOf(const BlockId& id) const;
 
  private:
+  struct Dir {
+    std::string path;
+    uint64_t quota = 0;
+    uint64_t used = 0;
+    uint64_t reserved = 0;
+  };
+  struct Tier {
+    TierLevel level;
+    std::vector<Dir> dirs;
+    // Evictable-in-principle blocks per mount, oldest access first (seq -> id). Pinned blocks are
+    // not listed.
+    std::unordered_map<uint64_t, std::map<uint64_t, BlockId>> lru;
+    uint64_t hits = 0, misses = 0, evictions = 0, demotions = 0, promotions = 0;
+    uint64_t Quota() const;
+    uint64_t Used() const;      // used + reserved
+    uint64_t Occupied() const;  // used only
+    uint64_t nblocks = 0;
+  };
   struct Entry {
     BlockMeta meta;
     uint64_t file_bytes = 0;
     uint32_t header_len = 0;
+    int tier = 0;
+    int dir = 0;
     int readers = 0;
-    std::list<BlockId>::iterator lru;  // front = most recent
+    uint64_t seq = 0;  // last access
+    bool pinned = false;
+    bool moving = false;  // being copied to another level
+    bool doomed = false;  // freed while read; removed when readers drop to 0
+  };
+  enum class Purpose { kAdmit, kWatermark, kDemote };
+  struct Removal {
+    std::vector<BlockMeta> removed;
+    std::vector<std::string> unlink;
   };
 
-  BlockStore(std::string dir, uint64_t quota) : dir_(std::move(dir)), quota_(quota) {}
-  Status Scan();
-  Status LoadOne(const std::string& path, const std::string& name);
-  // Evicts until `bytes` more fit; false when impossible. Needs mu_.
-  bool MakeRoomLocked(uint64_t bytes, std::vector<BlockMeta>* evicted, std::vector<std::string>* unlink);
-  void RemoveLocked(const BlockId& id, std::vector<std::string>* unlink);
+  explicit BlockStore(StoreOptions options) : options_(std::move(options)) {}
+  Status Init();
+  Status ScanDir(int tier, int dir);
+  Status LoadOne(int tier, int dir, const std::string& path, const std::string& name, int64_t* mtime);
+  Status LoadPins();
+  Status SavePins();  // needs pins_mu_
+  std::string PathLocked(const BlockId& id, int tier, int dir) const;
+  std::string TmpPath(int tier, int dir);
+  void Finish(Removal& r);  // unlinks and notifies, outside mu_
+  void Loop();
 
-  const std::string dir_;
-  const uint64_t quota_;
+  CachePolicy PolicyLocked(uint64_t mount_id) const;
+  void ListLocked(const BlockId& id, Entry& e);
+  void UnlistLocked(Entry& e);
+  void TouchLocked(const BlockId& id, Entry& e);
+  void RemoveLocked(const BlockId& id, Removal* r);
+  int FitLocked(int tier, uint64_t bytes, double fraction) const;  // dir index or -1
+  bool PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const;
+  bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r);
+  // Moves a block one level (down: demotion; up: promotion). Takes and releases mu_ itself.
+  bool MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir);
+  void ReserveTier(int t);
+  StatusOr<bool> VerifyOne(const BlockId& id);
+  // Read(); `account` false leaves the LRU order, the counters and promotion alone (the scrub).
+  StatusOr<size_t> ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account);
+
+  const StoreOptions options_;
   std::atomic<uint64_t> tmp_seq_{0};
 
   mutable std::mutex mu_;
-  std::unordered_map<BlockId, Entry, BlockIdHash> index_;  // GUARDED_BY(mu_)
-  std::list<BlockId> lru_;                                 // GUARDED_BY(mu_)
-  uint64_t used_ = 0;                                      // GUARDED_BY(mu_)
-  uint64_t reserved_ = 0;                                  // GUARDED_BY(mu_)
-  uint64_t evictions_ = 0;                                 // GUARDED_BY(mu_)
-  uint64_t corrupt_ = 0;                                   // GUARDED_BY(mu_)
+  std::vector<Tier> tiers_;                                   // GUARDED_BY(mu_)
+  std::unordered_map<BlockId, Entry, BlockIdHash> index_;     // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, CachePolicy> mount_policy_;    // GUARDED_BY(mu_)
+  std::unordered_set<FileKey, FileKeyHash> pins_;             // GUARDED_BY(mu_)
+  std::vector<BlockId> promote_queue_;                        // GUARDED_BY(mu_)
+  uint64_t seq_ = 0;                                          // GUARDED_BY(mu_)
+  uint64_t corrupt_ = 0, rejected_ = 0;                       // GUARDED_BY(mu_)
+  RemovedFn on_removed_;                                      // GUARDED_BY(mu_)
+  bool stop_ = false;                                         // GUARDED_BY(mu_)
+  bool wake_ = false;                                         // GUARDED_BY(mu_)
+  std::condition_variable cv_;
+
+  std::mutex pins_mu_;  // serialises writes of the pins file
+  std::mutex move_mu_;  // one reserver pass at a time
+  std::thread thread_;
 };
 
 // Header size for a block of `data_len` bytes.

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
+#include "common/tiers.h"
 #include "common/ufs/ufs.h"
 #include "worker/block_store.h"
 
@@ -18,6 +20,7 @@ namespace granary::worker {
 struct MountHandle {
   std::string uri;
   std::shared_ptr<UnderFileSystem> ufs;
+  std::optional<CachePolicy> policy;  // the mount's cache.policy, when it sets one
 };
 
 class MountResolver {

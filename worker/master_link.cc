@@ -151,8 +151,12 @@ StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
   RETURN_IF_ERROR(FromGrpc(stub_->GetMount(&ctx, req, &info), "the master at " + cfg_.master.address));
   std::map<std::string, std::string> opts(info.options().begin(), info.options().end());
-  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(info.uri(), opts));
-  MountHandle h{info.uri(), std::move(ufs)};
+  std::map<std::string, std::string> ufs_options;
+  MountCacheOptions cache_options;
+  RETURN_IF_ERROR(SplitMountOptions(opts, &ufs_options, &cache_options));
+  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(info.uri(), ufs_options));
+  MountHandle h{info.uri(), std::move(ufs), cache_options.policy};
+  if (h.policy) store_->SetMountPolicy(mount_id, *h.policy);
   std::lock_guard<std::mutex> lock(mu_);
   mounts_[mount_id] = h;
   return h;

@@ -59,7 +59,12 @@ class WorkerServerImpl final : public WorkerServer {
   Status Init(const Config& cfg) {
     ASSIGN_OR_RETURN(sec_, RpcSecurity::FromConfig(cfg.rpc));
     RETURN_IF_ERROR(CheckCanListen(cfg.worker.listen).WithContext("worker.listen"));
-    ASSIGN_OR_RETURN(store_, BlockStore::Open(cfg.worker.cache_dir, cfg.worker.cache_quota));
+    StoreOptions so;
+    so.levels = cfg.worker.EffectiveLevels();
+    so.policy = cfg.worker.tieredstore.policy;
+    so.promote = cfg.worker.tieredstore.promote;
+    policy_ = so.policy;
+    ASSIGN_OR_RETURN(store_, BlockStore::Open(so));
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(cfg.worker.listen, sec_->ServerCredentials(), &port);
@@ -79,8 +84,8 @@ class WorkerServerImpl final : public WorkerServer {
       advertise = (hp->host == "0.0.0.0" || hp->host == "::" ? HostName() : hp->host) + ":" + std::to_string(port);
     }
     link_->Start(advertise);
-    spdlog::info("granary-worker listening on {} (cache {} quota {} bytes, master {})", address_,
-                 cfg.worker.cache_dir, cfg.worker.cache_quota, cfg.master.address);
+    spdlog::info("granary-worker listening on {} ({} cache levels, policy {}, master {})", address_,
+                 so.levels.size(), CachePolicyName(so.policy), cfg.master.address);
     return Status::OK();
   }
 
@@ -108,9 +113,28 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ufs_reads(c.ufs_reads);
     s.set_ufs_bytes(c.ufs_bytes);
     s.set_bytes_served(c.bytes_served);
+    s.set_pinned_blocks(b.pinned_blocks);
+    s.set_rejected(b.rejected);
+    s.set_policy(CachePolicyName(policy_));
+    for (const auto& t : b.tiers) {
+      rpc::TierStats* ts = s.add_tiers();
+      ts->set_medium(t.medium);
+      for (const auto& p : t.paths) ts->add_paths(p);
+      ts->set_capacity_bytes(t.capacity);
+      ts->set_used_bytes(t.used);
+      ts->set_blocks(t.blocks);
+      ts->set_hits(t.hits);
+      ts->set_misses(t.misses);
+      ts->set_evictions(t.evictions);
+      ts->set_demotions(t.demotions);
+      ts->set_promotions(t.promotions);
+      ts->set_high(t.high);
+      ts->set_low(t.low);
+    }
     return s;
   }
 
+  CachePolicy policy_ = CachePolicy::kLru;
   std::atomic<bool> stopped_{false};
   std::shared_ptr<RpcSecurity> sec_;
   std::unique_ptr<BlockStore> store_;

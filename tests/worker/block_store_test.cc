@@ -21,7 +21,7 @@ TEST(BlockStore, PutReadAndReopen) {
     auto store = BlockStore::Open(dir / "cache", 1 << 30);
     ASSERT_TRUE(store.ok());
     std::vector<BlockMeta> evicted;
-    ASSERT_TRUE((*store)->Put(Meta("a", 0, data.size()), data, &evicted).ok());
+    ASSERT_TRUE((*store)->Put(Meta("a", 0, data.size()), data).ok());
     std::string out(1000, '\0');
     auto n = (*store)->Read(Meta("a", 0, 0).id, 65530, 1000, out.data());
     ASSERT_TRUE(n.ok());
@@ -42,7 +42,7 @@ TEST(BlockStore, FilesArePrivateAndNamedByHash) {
   testing::TempDir dir;
   auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
   std::vector<BlockMeta> ev;
-  ASSERT_TRUE(store->Put(Meta("secret-object-name.jpg", 0, 3), "abc", &ev).ok());
+  ASSERT_TRUE(store->Put(Meta("secret-object-name.jpg", 0, 3), "abc").ok());
   std::string path = store->PathOf(Meta("secret-object-name.jpg", 0, 3).id);
   EXPECT_EQ(path.find("secret"), std::string::npos);
   struct stat st;
@@ -58,7 +58,7 @@ TEST(BlockStore, CorruptionIsDetectedAndTheBlockDropped) {
   std::string data = testing::RandomBytes(200000, 2);
   std::vector<BlockMeta> ev;
   auto meta = Meta("a", 0, data.size());
-  ASSERT_TRUE(store->Put(meta, data, &ev).ok());
+  ASSERT_TRUE(store->Put(meta, data).ok());
   {
     std::fstream f(store->PathOf(meta.id), std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(BlockHeaderLen(data.size()) + 150000);
@@ -80,8 +80,8 @@ TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
     auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
     std::vector<BlockMeta> ev;
     auto meta = Meta("a", 0, 5000);
-    ASSERT_TRUE(store->Put(meta, std::string(5000, 'z'), &ev).ok());
-    ASSERT_TRUE(store->Put(Meta("b", 0, 10), std::string(10, 'y'), &ev).ok());
+    ASSERT_TRUE(store->Put(meta, std::string(5000, 'z')).ok());
+    ASSERT_TRUE(store->Put(Meta("b", 0, 10), std::string(10, 'y')).ok());
     path = store->PathOf(meta.id);
   }
   truncate(path.c_str(), 4200);                           // torn write
@@ -99,17 +99,18 @@ TEST(BlockStore, QuotaEvictsLeastRecentlyUsed) {
   uint64_t per = BlockHeaderLen(10000) + 10000;
   auto store = std::move(BlockStore::Open(dir / "cache", per * 3).value());
   std::vector<BlockMeta> ev;
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->Put(Meta("f", i, 10000), std::string(10000, 'a' + i), &ev).ok());
+  store->SetRemovedListener([&](const BlockMeta& m) { ev.push_back(m); });
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store->Put(Meta("f", i, 10000), std::string(10000, 'a' + i)).ok());
   EXPECT_TRUE(ev.empty());
   char c;
   ASSERT_TRUE(store->Read(Meta("f", 0, 0).id, 0, 1, &c).ok());  // 0 is now most recent
-  ASSERT_TRUE(store->Put(Meta("f", 3, 10000), std::string(10000, 'd'), &ev).ok());
+  ASSERT_TRUE(store->Put(Meta("f", 3, 10000), std::string(10000, 'd')).ok());
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].id.index, 1u);
   EXPECT_LE(store->Stats().used, per * 3);
   EXPECT_TRUE(store->Contains(Meta("f", 0, 0).id));
   // A block larger than the whole quota is refused, not forced in.
-  EXPECT_EQ(store->Put(Meta("g", 0, per * 4), std::string(per * 4, 'x'), &ev).code(), Code::kResourceExhausted);
+  EXPECT_EQ(store->Put(Meta("g", 0, per * 4), std::string(per * 4, 'x')).code(), Code::kResourceExhausted);
 }
 
 TEST(BlockStore, ConcurrentPutsAndReadsStayWithinQuota) {
@@ -124,7 +125,7 @@ TEST(BlockStore, ConcurrentPutsAndReadsStayWithinQuota) {
         auto m = Meta("f" + std::to_string(t), i % 20, 4096);
         std::string data(4096, static_cast<char>('a' + (i % 20)));
         std::vector<BlockMeta> ev;
-        Status s = store->Put(m, data, &ev);
+        Status s = store->Put(m, data);
         if (!s.ok() && s.code() != Code::kResourceExhausted) bad++;
         std::string out(4096, '\0');
         auto r = store->Read(m.id, 0, 4096, out.data());

@@ -1,0 +1,196 @@
+#include "common/tiers.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "common/units.h"
+
+namespace granary {
+namespace {
+
+int MediumRank(const std::string& m) { return m == "MEM" ? 0 : m == "SSD" ? 1 : 2; }
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::stringstream ss(s);
+  while (std::getline(ss, cur, ',')) {
+    auto b = cur.find_first_not_of(" \t");
+    auto e = cur.find_last_not_of(" \t");
+    out.push_back(b == std::string::npos ? "" : cur.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+StatusOr<double> ParseFraction(const std::string& what, const std::string& text) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == nullptr || *end != '\0' || !(v > 0.0 && v <= 1.0)) {
+    return InvalidArgumentError(what + ": '" + text + "' is not a fraction in (0, 1] (write it like \"0.95\")");
+  }
+  return v;
+}
+
+std::string ExactBytes(uint64_t b) {
+  std::string f = FormatBytes(b);
+  auto back = ParseBytes(f);
+  return back.ok() && *back == b ? f : std::to_string(b);
+}
+
+std::string FormatFraction(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+}  // namespace
+
+StatusOr<CachePolicy> ParseCachePolicy(std::string_view text) {
+  if (text == "lru") return CachePolicy::kLru;
+  if (text == "shuffle") return CachePolicy::kShuffle;
+  return InvalidArgumentError("'" + std::string(text) + "' is not a cache policy (lru or shuffle)");
+}
+
+const char* CachePolicyName(CachePolicy p) { return p == CachePolicy::kShuffle ? "shuffle" : "lru"; }
+
+uint64_t TierLevel::quota() const {
+  uint64_t q = 0;
+  for (uint64_t v : quotas) q += v;
+  return q;
+}
+
+StatusOr<std::vector<TierLevel>> ParseTierLevels(std::string_view yaml) {
+  std::vector<TierLevel> out;
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(std::string("not valid YAML: ") + e.what());
+  }
+  if (root.IsNull()) return out;
+  if (!root.IsSequence()) {
+    return InvalidArgumentError("expected a list of levels like [{mediumtype: MEM, path: /dev/shm/granary, quota: 2Gi}]");
+  }
+  for (size_t i = 0; i < root.size(); ++i) {
+    const YAML::Node& n = root[i];
+    std::string at = "level " + std::to_string(i);
+    if (!n.IsMap()) return InvalidArgumentError(at + ": expected a map with mediumtype, path and quota");
+    TierLevel l;
+    std::string quota, quota_list, high, low;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      std::string k = it->first.as<std::string>();
+      if (!it->second.IsScalar()) return InvalidArgumentError(at + ": " + k + ": expected a single value");
+      std::string v = it->second.Scalar();
+      if (k == "mediumtype") {
+        std::transform(v.begin(), v.end(), v.begin(), ::toupper);
+        l.medium = v;
+      } else if (k == "path") {
+        l.paths = SplitComma(v);
+      } else if (k == "quota") {
+        quota = v;
+      } else if (k == "quotaList") {
+        quota_list = v;
+      } else if (k == "high") {
+        high = v;
+      } else if (k == "low") {
+        low = v;
+      } else if (k == "volumeType" || k == "volumeSource") {
+        // Kubernetes volume details (Fluid); the worker only needs the path.
+      } else {
+        return InvalidArgumentError(at + ": unknown field '" + k +
+                                    "' (expected mediumtype, path, quota, quotaList, high, low)");
+      }
+    }
+    if (l.medium != "MEM" && l.medium != "SSD" && l.medium != "HDD") {
+      return InvalidArgumentError(at + ": mediumtype must be MEM, SSD or HDD (got '" + l.medium + "')");
+    }
+    at += " (" + l.medium + ")";
+    if (l.paths.empty()) return InvalidArgumentError(at + ": path is required");
+    for (const auto& p : l.paths) {
+      if (p.empty() || p[0] != '/') {
+        return InvalidArgumentError(at + ": path '" + p + "' must be absolute (several paths: \"/a,/b\")");
+      }
+    }
+    if (!quota_list.empty()) {
+      auto qs = SplitComma(quota_list);
+      if (qs.size() != l.paths.size()) {
+        return InvalidArgumentError(at + ": quotaList has " + std::to_string(qs.size()) + " entries for " +
+                                    std::to_string(l.paths.size()) + " paths");
+      }
+      for (const auto& q : qs) {
+        auto b = ParseBytes(q);
+        if (!b.ok()) return InvalidArgumentError(at + ": quotaList: " + b.status().message());
+        l.quotas.push_back(*b);
+      }
+    } else if (!quota.empty()) {
+      auto b = ParseBytes(quota);
+      if (!b.ok()) return InvalidArgumentError(at + ": quota: " + b.status().message());
+      for (size_t p = 0; p < l.paths.size(); ++p) l.quotas.push_back(*b / l.paths.size());
+    } else {
+      return InvalidArgumentError(at + ": quota (or quotaList) is required, e.g. quota: 2Gi");
+    }
+    for (uint64_t q : l.quotas) {
+      if (q < (1u << 20)) return InvalidArgumentError(at + ": each path needs a quota of at least 1Mi");
+    }
+    if (!high.empty()) {
+      ASSIGN_OR_RETURN(l.high, ParseFraction(at + ": high", high));
+    }
+    if (!low.empty()) {
+      ASSIGN_OR_RETURN(l.low, ParseFraction(at + ": low", low));
+    }
+    if (l.low > l.high) {
+      return InvalidArgumentError(at + ": low (" + FormatFraction(l.low) + ") must not be above high (" +
+                                  FormatFraction(l.high) + ")");
+    }
+    for (const auto& prev : out) {
+      if (prev.medium == l.medium) return InvalidArgumentError(at + ": mediumtype " + l.medium + " appears twice");
+      for (const auto& p : prev.paths) {
+        if (std::find(l.paths.begin(), l.paths.end(), p) != l.paths.end()) {
+          return InvalidArgumentError(at + ": path " + p + " is already used by the " + prev.medium + " level");
+        }
+      }
+    }
+    out.push_back(std::move(l));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const TierLevel& a, const TierLevel& b) { return MediumRank(a.medium) < MediumRank(b.medium); });
+  return out;
+}
+
+std::string FormatTierLevels(const std::vector<TierLevel>& levels) {
+  std::string s = "[";
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const TierLevel& l = levels[i];
+    std::string paths, quotas;
+    for (size_t p = 0; p < l.paths.size(); ++p) {
+      paths += (p ? "," : "") + l.paths[p];
+      quotas += (p ? "," : "") + ExactBytes(l.quotas[p]);
+    }
+    s += (i ? ", " : "") + std::string("{mediumtype: ") + l.medium + ", path: \"" + paths + "\", quotaList: \"" +
+         quotas + "\", high: \"" + FormatFraction(l.high) + "\", low: \"" + FormatFraction(l.low) + "\"}";
+  }
+  return s + "]";
+}
+
+Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map<std::string, std::string>* ufs,
+                         MountCacheOptions* cache) {
+  for (const auto& [k, v] : all) {
+    if (k.rfind("cache.", 0) != 0) {
+      (*ufs)[k] = v;
+      continue;
+    }
+    if (k == "cache.policy") {
+      auto p = ParseCachePolicy(v);
+      if (!p.ok()) return InvalidArgumentError("mount option cache.policy: " + p.status().message());
+      cache->policy = *p;
+    } else {
+      return InvalidArgumentError("unknown mount option '" + k + "' (Granary's cache options: cache.policy)");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace granary

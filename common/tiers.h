@@ -1,0 +1,64 @@
+// Cache tiers and cache policies: the shapes of `worker.tieredstore` and of a mount's `cache.*`
+// options, with their parsers.
+//
+// A tier level is written the way Fluid users write it:
+//
+//   worker:
+//     tieredstore:
+//       policy: lru            # or: shuffle
+//       levels:
+//         - {mediumtype: MEM, path: /dev/shm/granary, quota: 2Gi, high: "0.95", low: "0.7"}
+//         - {mediumtype: SSD, path: "/mnt/nvme0/granary,/mnt/nvme1/granary", quota: 150Gi}
+//
+// `path` may list several directories separated by commas; `quota` is then split evenly among
+// them, or `quotaList` gives one quota per path. `high`/`low` are fractions of the quota (defaults
+// 0.95 and 0.7). Fluid's `volumeType`/`volumeSource` are accepted and ignored (they describe the
+// Kubernetes volume, not the cache). Levels are ordered MEM, SSD, HDD whatever order they are
+// written in; a medium may appear once.
+//
+// Mount options whose keys start with "cache." belong to Granary (SplitMountOptions); every other
+// option goes to the under-storage client.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace granary {
+
+enum class CachePolicy { kLru, kShuffle };
+
+// "lru" or "shuffle".
+StatusOr<CachePolicy> ParseCachePolicy(std::string_view text);
+const char* CachePolicyName(CachePolicy p);
+
+struct TierLevel {
+  std::string medium;               // MEM, SSD or HDD
+  std::vector<std::string> paths;   // one or more directories
+  std::vector<uint64_t> quotas;     // bytes, one per path
+  double high = 0.95;               // start freeing above high x quota
+  double low = 0.7;                 // ... down to low x quota
+  uint64_t quota() const;           // sum of quotas
+};
+
+// Parses the YAML (flow or block) list of levels; "" or "[]" is an empty list. Errors name the
+// level and field at fault.
+StatusOr<std::vector<TierLevel>> ParseTierLevels(std::string_view yaml);
+// The canonical flow-YAML form, which ParseTierLevels reads back.
+std::string FormatTierLevels(const std::vector<TierLevel>& levels);
+
+struct MountCacheOptions {
+  std::optional<CachePolicy> policy;  // cache.policy: overrides the worker's policy
+};
+
+// Splits a mount's options into the under-storage's and Granary's own ("cache.*"); unknown
+// "cache.*" keys and bad values are INVALID_ARGUMENT.
+Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map<std::string, std::string>* ufs,
+                         MountCacheOptions* cache);
+
+}  // namespace granary
