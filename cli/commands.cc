@@ -191,6 +191,49 @@ int CmdStat(MasterConn& m, const std::string& raw) {
   return 0;
 }
 
+int CmdPin(MasterConn& m, const std::string& raw, bool pin) {
+  rpc::PinRequest req;
+  req.set_path(NormalizePath(raw));
+  req.set_pin(pin);
+  rpc::PinResponse resp;
+  Status st = m.Call(&rpc::Master::Stub::Pin, req, &resp);
+  if (!st.ok()) return Fail(st);
+  std::printf("%s %s: %llu files, %u workers told\n", pin ? "pinned" : "unpinned", req.path().c_str(),
+              static_cast<unsigned long long>(resp.files()), resp.workers());
+  return 0;
+}
+
+int CmdFree(MasterConn& m, const std::string& raw) {
+  rpc::FreeRequest req;
+  req.set_path(NormalizePath(raw));
+  rpc::FreeResponse resp;
+  Status st = m.Call(&rpc::Master::Stub::Free, req, &resp);
+  if (!st.ok()) return Fail(st);
+  std::printf("freed %s: %llu files, %llu cached blocks removed from %u workers\n", req.path().c_str(),
+              static_cast<unsigned long long>(resp.files()), static_cast<unsigned long long>(resp.blocks()),
+              resp.workers());
+  return 0;
+}
+
+nlohmann::json TiersJson(const rpc::WorkerStats& s) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& t : s.tiers()) {
+    out.push_back({{"medium", t.medium()},
+                   {"paths", std::vector<std::string>(t.paths().begin(), t.paths().end())},
+                   {"capacity_bytes", t.capacity_bytes()},
+                   {"used_bytes", t.used_bytes()},
+                   {"blocks", t.blocks()},
+                   {"hits", t.hits()},
+                   {"misses", t.misses()},
+                   {"evictions", t.evictions()},
+                   {"demotions", t.demotions()},
+                   {"promotions", t.promotions()},
+                   {"high", t.high()},
+                   {"low", t.low()}});
+  }
+  return out;
+}
+
 int CmdReport(MasterConn& m, bool json) {
   rpc::Report r;
   Status st = m.Call(&rpc::Master::Stub::GetReport, rpc::GetReportRequest(), &r);
@@ -222,7 +265,11 @@ int CmdReport(MasterConn& m, bool json) {
                               {"ufs_bytes", s.ufs_bytes()},
                               {"evictions", s.evictions()},
                               {"corrupt_blocks", s.corrupt_blocks()},
-                              {"bytes_served", s.bytes_served()}});
+                              {"pinned_blocks", s.pinned_blocks()},
+                              {"rejected", s.rejected()},
+                              {"policy", s.policy()},
+                              {"bytes_served", s.bytes_served()},
+                              {"tiers", TiersJson(s)}});
     }
     j["mounts"] = nlohmann::json::array();
     for (const auto& mr : r.mounts()) {
@@ -252,6 +299,17 @@ int CmdReport(MasterConn& m, bool json) {
                 w.address().c_str(), w.alive() ? "alive" : "lost", FormatBytes(s.capacity_bytes()).c_str(),
                 FormatBytes(s.used_bytes()).c_str(), static_cast<unsigned long long>(s.blocks()),
                 static_cast<unsigned long long>(s.hits()), static_cast<unsigned long long>(s.misses()));
+    for (const auto& t : s.tiers()) {
+      std::string paths;
+      for (const auto& p : t.paths()) paths += (paths.empty() ? "" : ",") + p;
+      std::printf("       %-4s %10s of %-10s %8llu blocks  hits %llu  misses %llu  evicted %llu  demoted %llu  "
+                  "promoted %llu  (%s)\n",
+                  t.medium().c_str(), FormatBytes(t.used_bytes()).c_str(), FormatBytes(t.capacity_bytes()).c_str(),
+                  static_cast<unsigned long long>(t.blocks()), static_cast<unsigned long long>(t.hits()),
+                  static_cast<unsigned long long>(t.misses()), static_cast<unsigned long long>(t.evictions()),
+                  static_cast<unsigned long long>(t.demotions()), static_cast<unsigned long long>(t.promotions()),
+                  paths.c_str());
+    }
   }
   std::printf("\nMounts:\n  %-20s %-40s %12s %12s %9s\n", "PATH", "URI", "UFS SEEN", "CACHED", "CACHED %");
   for (const auto& mr : r.mounts()) {
@@ -316,6 +374,12 @@ int Main(int argc, char** argv) {
   ls->add_option("PATH", path)->required();
   auto* stat = app.add_subcommand("stat", "Show a file's or directory's attributes");
   stat->add_option("PATH", path)->required();
+  auto* pin = app.add_subcommand("pin", "Keep a file's or directory's cached blocks from eviction");
+  pin->add_option("PATH", path)->required();
+  auto* unpin = app.add_subcommand("unpin", "Let a pinned path's blocks be evicted again");
+  unpin->add_option("PATH", path)->required();
+  auto* free_cmd = app.add_subcommand("free", "Remove a path's cached blocks from every worker");
+  free_cmd->add_option("PATH", path)->required();
   bool json = false;
   auto* report = app.add_subcommand("report", "Workers, capacity, usage, hits and cached share per mount");
   report->add_flag("--json", json, "Print JSON");
@@ -374,6 +438,9 @@ int Main(int argc, char** argv) {
   if (*ls) return CmdLs(*conn, path);
   if (*stat) return CmdStat(*conn, path);
   if (*report) return CmdReport(*conn, json);
+  if (*pin) return CmdPin(*conn, path, true);
+  if (*unpin) return CmdPin(*conn, path, false);
+  if (*free_cmd) return CmdFree(*conn, path);
   return 1;
 }
 

@@ -136,6 +136,15 @@ void Cluster::FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mou
   }
 }
 
+std::vector<std::pair<uint64_t, std::string>> Cluster::AliveWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (const auto& [id, w] : workers_) {
+    if (w.alive) out.emplace_back(id, w.address);
+  }
+  return out;
+}
+
 std::vector<uint64_t> Cluster::Holders(const std::string& file_key, uint64_t index) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = blocks_.find(BlockKey{file_key, index});

@@ -35,6 +35,8 @@ class Cluster {
 
   // Workers and per-mount cached bytes; `mounts` gets cached_bytes/cached_blocks filled in.
   void FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mounts);
+  // Live workers: id and address.
+  std::vector<std::pair<uint64_t, std::string>> AliveWorkers();
   // Worker ids holding a block (for tests and, later, peer reads).
   std::vector<uint64_t> Holders(const std::string& file_key, uint64_t index);
 

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "common/fs.h"
 #include "common/tiers.h"
@@ -444,6 +445,73 @@ Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::Rea
     e->set_cookie(child);
   }
   return Status::OK();
+}
+
+StatusOr<std::string> Namespace::CanonicalPath(const std::string& path) {
+  ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
+  std::string out;
+  for (const auto& p : parts) out += "/" + p;
+  return out.empty() ? "/" : out;
+}
+
+Status Namespace::ForEachFileKey(const std::string& path,
+                                 const std::function<void(const FileKey&, uint64_t size)>& fn) {
+  ASSIGN_OR_RETURN(rpc::Attr top, Resolve(path));
+  std::map<uint64_t, std::string> uris;
+  auto visit_file = [&](uint64_t ino) -> Status {
+    ASSIGN_OR_RETURN(rpc::FileInfo f, GetFile(ino));
+    auto u = uris.find(f.mount_id());
+    if (u == uris.end()) {
+      ASSIGN_OR_RETURN(rpc::MountInfo m, GetMount(f.mount_id()));
+      u = uris.emplace(f.mount_id(), m.uri()).first;
+    }
+    fn(MakeFileKey(u->second, f.ufs_path(), f.version()), f.attr().size());
+    return Status::OK();
+  };
+  if (top.type() == rpc::REGULAR) return visit_file(top.ino());
+  std::vector<uint64_t> dirs{top.ino()};
+  while (!dirs.empty()) {
+    uint64_t d = dirs.back();
+    dirs.pop_back();
+    uint64_t after = 0;
+    for (;;) {
+      rpc::ReadDirResponse page;
+      RETURN_IF_ERROR(ReadDir(d, after, 1000, &page));
+      for (const auto& e : page.entries()) {
+        if (e.attr().type() == rpc::DIRECTORY) {
+          dirs.push_back(e.attr().ino());
+        } else {
+          RETURN_IF_ERROR(visit_file(e.attr().ino()));
+        }
+        after = e.cookie();
+      }
+      if (page.end() || page.entries().empty()) break;
+    }
+  }
+  return Status::OK();
+}
+
+Status Namespace::PutPin(const std::string& path, const std::vector<FileKey>& keys) {
+  std::string v;
+  v.reserve(keys.size() * 16);
+  for (const auto& k : keys) v.append(reinterpret_cast<const char*>(k.data()), k.size());
+  return FromRocks(db_->Put({}, "P" + path, v), "record pin");
+}
+
+Status Namespace::DeletePin(const std::string& path) { return FromRocks(db_->Delete({}, "P" + path), "remove pin"); }
+
+std::map<std::string, std::vector<FileKey>> Namespace::Pins() const {
+  std::map<std::string, std::vector<FileKey>> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+  for (it->Seek("P"); it->Valid() && it->key().starts_with("P"); it->Next()) {
+    auto& keys = out[it->key().ToString().substr(1)];
+    for (size_t off = 0; off + 16 <= it->value().size(); off += 16) {
+      FileKey k;
+      std::memcpy(k.data(), it->value().data() + off, 16);
+      keys.push_back(k);
+    }
+  }
+  return out;
 }
 
 }  // namespace granary::master

@@ -14,6 +14,7 @@
 //   C be64(parent) be64(child)  -> ""               readdir order; the child inode is the cookie
 //   M be64(mount id)            -> MountInfo
 //   S next_ino / S next_mount   -> be64             allocators
+//   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned
 // Readdir cookies are child inode numbers: children discovered together get consecutive numbers,
 // and a cookie stays valid however the directory grows.
 //
@@ -26,12 +27,14 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/hash.h"
 #include "common/status.h"
 #include "common/ufs/ufs.h"
 #include "proto/granary.pb.h"
@@ -61,6 +64,17 @@ class Namespace {
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
   // Children of `ino` after cookie `after`, at most `limit` of them.
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
+
+  // Every file at or below `path` (a file or a directory; directories are listed as needed), as
+  // the FileKeys its cached blocks carry. Calls `fn` for each file; stops at the first error.
+  Status ForEachFileKey(const std::string& path, const std::function<void(const FileKey&, uint64_t size)>& fn);
+
+  // Pinned paths (canonical, like /imagenet/train) and the FileKeys they cover.
+  Status PutPin(const std::string& path, const std::vector<FileKey>& keys);
+  Status DeletePin(const std::string& path);
+  std::map<std::string, std::vector<FileKey>> Pins() const;
+  // The canonical form of a namespace path (/a//b/ -> /a/b).
+  static StatusOr<std::string> CanonicalPath(const std::string& path);
 
   uint64_t block_size() const { return block_size_; }
 

@@ -2,7 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <functional>
+#include <set>
 #include <thread>
 
 #include "common/net.h"
@@ -84,6 +87,9 @@ class MasterService final : public rpc::Master::Service {
                               rpc::RegisterWorkerResponse* resp) override {
     GRANARY_AUTH();
     resp->set_worker_id(cluster_->RegisterWorker(*req));
+    std::set<FileKey> pinned;
+    for (const auto& [path, keys] : ns_->Pins()) pinned.insert(keys.begin(), keys.end());
+    for (const auto& k : pinned) resp->add_pinned_keys(std::string(reinterpret_cast<const char*>(k.data()), k.size()));
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(ServerContext* ctx, const rpc::HeartbeatRequest* req, rpc::HeartbeatResponse* resp) override {
@@ -109,7 +115,130 @@ class MasterService final : public rpc::Master::Service {
     resp->set_block_size(ns_->block_size());
     return grpc::Status::OK;
   }
+  grpc::Status Pin(ServerContext* ctx, const rpc::PinRequest* req, rpc::PinResponse* resp) override {
+    GRANARY_AUTH();
+    return ToGrpc(DoPin(*req, resp));
+  }
+  grpc::Status Free(ServerContext* ctx, const rpc::FreeRequest* req, rpc::FreeResponse* resp) override {
+    GRANARY_AUTH();
+    return ToGrpc(DoFree(*req, resp));
+  }
 #undef GRANARY_AUTH
+
+ private:
+  // The pinned path at, above or below `path`, or "".
+  std::string PinOverlapping(const std::string& path) {
+    for (const auto& [p, keys] : ns_->Pins()) {
+      auto within = [](const std::string& a, const std::string& b) {  // a at or below b
+        return a == b || b == "/" || (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
+      };
+      if (within(path, p) || within(p, path)) return p;
+    }
+    return "";
+  }
+
+  Status ForWorkers(const std::function<Status(rpc::Worker::Stub&, grpc::ClientContext&)>& call, uint32_t* told) {
+    Status first;
+    for (const auto& [id, address] : cluster_->AliveWorkers()) {
+      auto stub = rpc::Worker::NewStub(sec_->MakeChannel(address));
+      grpc::ClientContext ctx;
+      sec_->Prepare(&ctx, std::chrono::seconds(30));
+      Status st = call(*stub, ctx);
+      if (st.ok()) {
+        ++*told;
+      } else if (first.ok()) {
+        first = st.WithContext("worker " + std::to_string(id) + " at " + address);
+      }
+    }
+    return first;
+  }
+
+  Status DoPin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
+    ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    auto pins = ns_->Pins();
+    rpc::SetPinsRequest sp;
+    if (req.pin()) {
+      std::vector<FileKey> keys;
+      RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) { keys.push_back(k); }));
+      RETURN_IF_ERROR(ns_->PutPin(path, keys));
+      for (const auto& k : keys) sp.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
+      resp->set_files(keys.size());
+    } else {
+      // Unpin removes pins recorded at or below the path; a pin above it must be removed itself.
+      std::vector<std::string> gone;
+      for (const auto& [p, keys] : pins) {
+        if (p == path || (p.size() > path.size() && p.compare(0, path.size(), path) == 0 &&
+                          (path == "/" || p[path.size()] == '/'))) {
+          gone.push_back(p);
+        }
+      }
+      if (gone.empty()) {
+        std::string above = PinOverlapping(path);
+        if (!above.empty()) {
+          return FailedPreconditionError(path + " is pinned through " + above + "; unpin " + above + " instead");
+        }
+        return NotFoundError(path + " is not pinned (granary report lists pinned blocks per worker)");
+      }
+      std::set<FileKey> still;
+      for (const auto& [p, keys] : pins) {
+        if (std::find(gone.begin(), gone.end(), p) == gone.end()) still.insert(keys.begin(), keys.end());
+      }
+      uint64_t files = 0;
+      for (const auto& p : gone) {
+        RETURN_IF_ERROR(ns_->DeletePin(p));
+        for (const auto& k : pins[p]) {
+          ++files;
+          if (!still.count(k)) sp.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
+        }
+      }
+      resp->set_files(files);
+    }
+    sp.set_pin(req.pin());
+    uint32_t told = 0;
+    Status st = ForWorkers(
+        [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
+          rpc::SetPinsResponse r;
+          return FromGrpc(w.SetPins(&ctx, sp, &r), "SetPins");
+        },
+        &told);
+    resp->set_workers(told);
+    // The record is durable; a worker that missed the call gets the whole set when it registers again.
+    if (!st.ok()) spdlog::warn("pin {}: {}", path, st.message());
+    return Status::OK();
+  }
+
+  Status DoFree(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
+    ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
+    std::string pinned = PinOverlapping(path);
+    if (!pinned.empty()) {
+      return FailedPreconditionError(path + " overlaps the pinned path " + pinned + "; unpin it first (granary unpin " +
+                                     pinned + ")");
+    }
+    rpc::FreeBlocksRequest fb;
+    uint64_t files = 0;
+    RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) {
+      ++files;
+      fb.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
+    }));
+    resp->set_files(files);
+    uint64_t blocks = 0;
+    uint32_t told = 0;
+    Status st = ForWorkers(
+        [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
+          rpc::FreeBlocksResponse r;
+          Status s = FromGrpc(w.FreeBlocks(&ctx, fb, &r), "FreeBlocks");
+          blocks += r.blocks();
+          return s;
+        },
+        &told);
+    resp->set_blocks(blocks);
+    resp->set_workers(told);
+    return st;
+  }
+
+  std::mutex pin_mu_;  // one pin/unpin at a time
+
 
  private:
   static grpc::Status Reply(const StatusOr<rpc::Attr>& a, rpc::AttrResponse* resp) {

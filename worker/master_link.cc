@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+#include <set>
+
 namespace granary::worker {
 
 rpc::BlockRef ToBlockRef(const BlockMeta& m) {
@@ -64,6 +67,19 @@ Status MasterLink::Register() {
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
   RETURN_IF_ERROR(FromGrpc(stub_->RegisterWorker(&ctx, req, &resp), "the master at " + cfg_.master.address));
+  std::vector<FileKey> pins;
+  for (const auto& k : resp.pinned_keys()) {
+    if (k.size() != 16) continue;
+    FileKey f;
+    std::memcpy(f.data(), k.data(), 16);
+    pins.push_back(f);
+  }
+  Status ps = store_->SetPins(pins);
+  if (!ps.ok()) spdlog::warn("cannot record pins: {}", ps.message());
+  // Mounts of cached blocks: learn their cache policy before the reserver needs it.
+  std::set<uint64_t> mount_ids;
+  for (const auto& b : req.blocks()) mount_ids.insert(b.mount_id());
+  for (uint64_t id : mount_ids) GetMount(id).status().IgnoreError();
   std::lock_guard<std::mutex> lock(mu_);
   worker_id_ = resp.worker_id();
   spdlog::info("registered with the master at {} as worker {}", cfg_.master.address, worker_id_);

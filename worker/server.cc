@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+
 #include "common/net.h"
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"
@@ -14,10 +16,39 @@ namespace {
 
 constexpr size_t kChunkBytes = 1 << 20;
 
+StatusOr<std::vector<FileKey>> ParseFileKeys(const google::protobuf::RepeatedPtrField<std::string>& raw) {
+  std::vector<FileKey> keys;
+  keys.reserve(raw.size());
+  for (const auto& k : raw) {
+    if (k.size() != 16) return InvalidArgumentError("a file key must be 16 bytes");
+    FileKey f;
+    std::memcpy(f.data(), k.data(), 16);
+    keys.push_back(f);
+  }
+  return keys;
+}
+
 class WorkerService final : public rpc::Worker::Service {
  public:
-  WorkerService(BlockSource* source, std::shared_ptr<RpcSecurity> sec, std::function<rpc::WorkerStats()> stats)
-      : source_(source), sec_(std::move(sec)), stats_(std::move(stats)) {}
+  WorkerService(BlockSource* source, BlockStore* store, std::shared_ptr<RpcSecurity> sec,
+                std::function<rpc::WorkerStats()> stats)
+      : source_(source), store_(store), sec_(std::move(sec)), stats_(std::move(stats)) {}
+
+  grpc::Status SetPins(grpc::ServerContext* ctx, const rpc::SetPinsRequest* req, rpc::SetPinsResponse*) override {
+    if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
+    auto keys = ParseFileKeys(req->file_keys());
+    if (!keys.ok()) return ToGrpc(keys.status());
+    return ToGrpc(req->replace() ? store_->SetPins(*keys) : store_->Pin(*keys, req->pin()));
+  }
+
+  grpc::Status FreeBlocks(grpc::ServerContext* ctx, const rpc::FreeBlocksRequest* req,
+                          rpc::FreeBlocksResponse* resp) override {
+    if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
+    auto keys = ParseFileKeys(req->file_keys());
+    if (!keys.ok()) return ToGrpc(keys.status());
+    resp->set_blocks(store_->Free(*keys));
+    return grpc::Status::OK;
+  }
 
   grpc::Status ReadBlock(grpc::ServerContext* ctx, const rpc::ReadBlockRequest* req,
                          grpc::ServerWriter<rpc::ReadBlockChunk>* writer) override {
@@ -48,6 +79,7 @@ class WorkerService final : public rpc::Worker::Service {
 
  private:
   BlockSource* source_;
+  BlockStore* store_;
   std::shared_ptr<RpcSecurity> sec_;
   std::function<rpc::WorkerStats()> stats_;
 };
@@ -73,7 +105,7 @@ class WorkerServerImpl final : public WorkerServer {
     auto stats = [this] { return Stats(); };
     link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats);
     source_ = std::make_unique<BlockSource>(store_.get(), link_.get(), link_.get());
-    service_ = std::make_unique<WorkerService>(source_.get(), sec_, stats);
+    service_ = std::make_unique<WorkerService>(source_.get(), store_.get(), sec_, stats);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.worker.listen);
