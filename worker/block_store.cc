@@ -229,6 +229,19 @@ Status BlockStore::Init() {
   for (size_t t = 0; t < tiers_.size(); ++t) {
     for (size_t d = 0; d < tiers_[t].dirs.size(); ++d) RETURN_IF_ERROR(ScanDir(static_cast<int>(t), static_cast<int>(d)));
   }
+  {
+    // Older files first in LRU order; sequence numbers must be unique (they key the policy lists).
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<uint64_t, BlockId>> order;
+    order.reserve(index_.size());
+    for (const auto& [id, e] : index_) order.emplace_back(e.seq, id);
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [mtime, id] : order) {
+      Entry& e = index_.at(id);
+      e.seq = ++seq_;
+      ListLocked(id, e);
+    }
+  }
   // A lowered quota: bring every directory within it, oldest unpinned blocks first (then pinned
   // ones: the quota wins).
   Removal r;
@@ -352,13 +365,12 @@ Status BlockStore::LoadOne(int tier, int dir, const std::string& path, const std
   e.tier = tier;
   e.dir = dir;
   e.pinned = pins_.count(id.key) > 0;
-  // Older files first in LRU order: their mtime is when they were written or moved.
-  e.seq = static_cast<uint64_t>(std::max<int64_t>(*mtime, 0)) / 1000;  // µs; replaced on first access
-  seq_ = std::max(seq_, e.seq);
+  // The mtime (when the block was written or moved) orders blocks until Init gives them unique
+  // sequence numbers and lists them.
+  e.seq = static_cast<uint64_t>(std::max<int64_t>(*mtime, 0));
   tiers_[tier].dirs[dir].used += e.file_bytes;
   tiers_[tier].nblocks++;
-  auto [it, _] = index_.emplace(id, e);
-  ListLocked(id, it->second);
+  index_.emplace(id, e);
   return Status::OK();
 }
 
@@ -423,13 +435,13 @@ void BlockStore::RemoveLocked(const BlockId& id, Removal* r) {
   UnlistLocked(e);
   tiers_[e.tier].dirs[e.dir].used -= e.file_bytes;
   tiers_[e.tier].nblocks--;
-  r->unlink.push_back(PathLocked(id, e.tier, e.dir));
+  // Unlinked under the lock: a later Put of the same block may write the same path.
+  unlink(PathLocked(id, e.tier, e.dir).c_str());
   r->removed.push_back(e.meta);
   index_.erase(it);
 }
 
 void BlockStore::Finish(Removal& r) {
-  for (const auto& p : r.unlink) unlink(p.c_str());
   if (r.removed.empty()) return;
   RemovedFn fn;
   {
@@ -636,19 +648,22 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     std::string sub = path.substr(0, path.rfind('/'));
     if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) st = ErrnoError(errno, "mkdir " + sub);
   }
-  if (st.ok() && rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoError(errno, "rename to " + path);
   if (!st.ok()) {
     unlink(tmp.c_str());
     unreserve();
     return st;
   }
+  // Renamed under the lock, so no removal of an older copy can unlink the new file.
   std::lock_guard<std::mutex> lock(mu_);
   tiers_[tier].dirs[dir].reserved -= file_bytes;
-  auto existing = index_.find(meta.id);
-  if (existing != index_.end()) {
-    // A concurrent Put of the same block won; drop our copy unless it wrote the very same file.
-    if (PathLocked(meta.id, existing->second.tier, existing->second.dir) != path) unlink(path.c_str());
+  if (index_.count(meta.id)) {  // a concurrent Put of the same block won
+    unlink(tmp.c_str());
     return Status::OK();
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    Status rs = ErrnoError(errno, "rename to " + path);
+    unlink(tmp.c_str());
+    return rs;
   }
   Entry e;
   e.meta = meta;
@@ -767,8 +782,6 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
     std::string sub = dst.substr(0, dst.rfind('/'));
     if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) st = ErrnoError(errno, "mkdir " + sub);
   }
-  if (st.ok() && rename(tmp.c_str(), dst.c_str()) != 0) st = ErrnoError(errno, "rename to " + dst);
-  if (!st.ok()) unlink(tmp.c_str());
   Removal r;
   bool moved = false;
   {
@@ -778,6 +791,10 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
     if (it != index_.end()) {
       Entry& e = it->second;
       e.moving = false;
+      if (st.ok() && e.readers == 0 && !e.doomed && !e.pinned) {
+        // Commit under the lock: the new file appears and the old one goes in one step.
+        if (rename(tmp.c_str(), dst.c_str()) != 0) st = ErrnoError(errno, "rename to " + dst);
+      }
       if (st.ok() && e.readers == 0 && !e.doomed && !e.pinned) {
         UnlistLocked(e);
         tiers_[e.tier].dirs[e.dir].used -= bytes;
@@ -793,16 +810,13 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
           tiers_[to_tier].promotions++;
         }
         moved = true;
+        unlink(src.c_str());
       } else if (e.doomed && e.readers == 0) {
-        RemoveLocked(id, &r);
+        RemoveLocked(id, &r);  // freed while moving
       }
     }
   }
-  if (moved) {
-    unlink(src.c_str());
-  } else if (st.ok()) {
-    unlink(dst.c_str());  // aborted: a reader arrived, or the block was freed or pinned meanwhile
-  }
+  if (!moved) unlink(tmp.c_str());  // aborted: a reader arrived, or it was freed or pinned meanwhile
   Finish(r);
   if (!st.ok()) spdlog::warn("moving a cached block: {}", st.message());
   return moved;
@@ -867,14 +881,23 @@ void BlockStore::Reserve() {
     }
     if (to_dir >= 0) MoveBlock(id, from, from - 1, to_dir);
   }
-  for (int t = static_cast<int>(tiers_.size()) - 1; t >= 0; --t) {
-    bool over;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const Tier& tier = tiers_[t];
-      over = static_cast<double>(tier.Used()) > tier.level.high * static_cast<double>(tier.Quota());
+  // Bottom level first, so a demotion finds room below; a demotion can push the level below over
+  // its high mark again, hence a few passes.
+  for (size_t pass = 0; pass <= tiers_.size(); ++pass) {
+    bool any = false;
+    for (int t = static_cast<int>(tiers_.size()) - 1; t >= 0; --t) {
+      bool over;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const Tier& tier = tiers_[t];
+        over = static_cast<double>(tier.Used()) > tier.level.high * static_cast<double>(tier.Quota());
+      }
+      if (over) {
+        any = true;
+        ReserveTier(t);
+      }
     }
-    if (over) ReserveTier(t);
+    if (!any) break;
   }
 }
 

@@ -41,7 +41,8 @@
 // under it: Free() of such a block takes effect when its last reader finishes.
 //
 // Thread-safety: all methods are thread-safe; `mu_` guards the index, the policy lists and the
-// byte counts. File I/O happens outside the lock.
+// byte counts. Block data I/O happens outside the lock; unlinks happen under it, so a removal can
+// never delete a newer file of the same block.
 #pragma once
 
 #include <atomic>
@@ -200,8 +201,7 @@ class BlockStore {
   };
   enum class Purpose { kAdmit, kWatermark, kDemote };
   struct Removal {
-    std::vector<BlockMeta> removed;
-    std::vector<std::string> unlink;
+    std::vector<BlockMeta> removed;  // files already unlinked; listeners still to be told
   };
 
   explicit BlockStore(StoreOptions options) : options_(std::move(options)) {}
@@ -212,7 +212,7 @@ class BlockStore {
   Status SavePins();  // needs pins_mu_
   std::string PathLocked(const BlockId& id, int tier, int dir) const;
   std::string TmpPath(int tier, int dir);
-  void Finish(Removal& r);  // unlinks and notifies, outside mu_
+  void Finish(Removal& r);  // notifies the listener, outside mu_
   void Loop();
 
   CachePolicy PolicyLocked(uint64_t mount_id) const;

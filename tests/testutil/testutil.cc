@@ -22,9 +22,13 @@ namespace granary::testing {
 
 namespace fs = std::filesystem;
 
-TempDir::TempDir() {
+TempDir::TempDir() : TempDir([] {
   const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/granary-test-XXXXXX";
+  return std::string(base && *base ? base : "/tmp");
+}()) {}
+
+TempDir::TempDir(const std::string& base) {
+  std::string tmpl = base + "/granary-test-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed");

@@ -16,6 +16,8 @@ namespace granary::testing {
 class TempDir {
  public:
   TempDir();
+  // A temporary directory under `base` (e.g. /dev/shm for a MEM cache level).
+  explicit TempDir(const std::string& base);
   ~TempDir();
   const std::string& path() const { return path_; }
   std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }

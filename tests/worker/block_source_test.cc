@@ -16,7 +16,7 @@ class Fakes : public MountResolver, public BlockReporter {
  public:
   StatusOr<MountHandle> GetMount(uint64_t id) override {
     if (id != 1) return NotFoundError("mount " + std::to_string(id) + " does not exist");
-    return MountHandle{ufs->uri(), ufs};
+    return MountHandle{ufs->uri(), ufs, std::nullopt};
   }
   void BlockAdded(const BlockMeta&) override { added++; }
   void BlockRemoved(const BlockMeta&) override { removed++; }

@@ -1,0 +1,386 @@
+// The tiered block store: placement, watermarks, demotion, promotion, policies, pins, free, restart,
+// and a property test against a simple model over random operation sequences.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "tests/testutil/testutil.h"
+#include "worker/block_store.h"
+
+namespace granary::worker {
+namespace {
+
+constexpr uint64_t kData = 8192;                          // data bytes per test block
+const uint64_t kFile = BlockHeaderLen(kData) + kData;     // bytes on disk per test block
+
+BlockMeta Meta(uint64_t mount, int file, uint64_t len = kData) {
+  return BlockMeta{BlockId{MakeFileKey("file:///m" + std::to_string(mount), "f" + std::to_string(file), "v1"), 0},
+                   mount, len};
+}
+std::string Content(uint64_t mount, int file) {
+  return testing::RandomBytes(kData, static_cast<int>(mount * 100003 + static_cast<uint64_t>(file)));
+}
+
+TierLevel Level(const std::string& medium, const std::string& path, uint64_t blocks, double high, double low) {
+  TierLevel l;
+  l.medium = medium;
+  l.paths = {path};
+  l.quotas = {blocks * kFile};
+  l.high = high;
+  l.low = low;
+  return l;
+}
+
+// A MEM level in /dev/shm (tmpfs) and an SSD level on disk.
+struct TwoLevels {
+  testing::TempDir mem{"/dev/shm"};
+  testing::TempDir ssd;
+  StoreOptions Options(uint64_t mem_blocks, uint64_t ssd_blocks, double high = 0.9, double low = 0.5) const {
+    StoreOptions o;
+    o.levels = {Level("MEM", mem / "c", mem_blocks, high, low), Level("SSD", ssd / "c", ssd_blocks, high, low)};
+    o.background = false;
+    return o;
+  }
+};
+
+bool ReadsBack(BlockStore& s, uint64_t mount, int file) {
+  std::string out(kData, '\0');
+  auto n = s.Read(Meta(mount, file).id, 0, kData, out.data());
+  return n.ok() && *n == kData && out == Content(mount, file);
+}
+
+TEST(TieredStore, NewBlocksGoToTheFastestLevelWithRoom) {
+  TwoLevels d;
+  auto s = std::move(BlockStore::Open(d.Options(4, 8, 1.0, 1.0)).value());
+  for (int f = 0; f < 6; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
+  for (int f = 0; f < 4; ++f) EXPECT_EQ(s->LevelOf(Meta(1, f).id), 0) << f;
+  for (int f = 4; f < 6; ++f) EXPECT_EQ(s->LevelOf(Meta(1, f).id), 1) << f;
+  auto st = s->Stats();
+  ASSERT_EQ(st.tiers.size(), 2u);
+  EXPECT_EQ(st.tiers[0].medium, "MEM");
+  EXPECT_EQ(st.tiers[0].used, 4 * kFile);
+  EXPECT_EQ(st.tiers[1].used, 2 * kFile);
+  for (int f = 0; f < 6; ++f) EXPECT_TRUE(ReadsBack(*s, 1, f));
+  st = s->Stats();
+  EXPECT_EQ(st.tiers[0].hits, 4u);
+  EXPECT_EQ(st.tiers[1].hits, 2u);
+  EXPECT_EQ(st.tiers[0].misses, 2u);  // the two reads served by SSD missed MEM
+}
+
+TEST(TieredStore, ReserverDemotesAboveHighDownToLowAndEvictsAtTheBottom) {
+  TwoLevels d;
+  auto opts = d.Options(10, 10, 0.8, 0.5);
+  opts.promote = false;
+  auto s = std::move(BlockStore::Open(opts).value());
+  std::vector<BlockMeta> removed;
+  s->SetRemovedListener([&](const BlockMeta& m) { removed.push_back(m); });
+  for (int f = 0; f < 10; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
+  s->Reserve();
+  auto st = s->Stats();
+  EXPECT_LE(st.tiers[0].used, 5 * kFile) << "MEM is brought down to low";
+  EXPECT_EQ(st.tiers[0].demotions, 5u);
+  EXPECT_EQ(st.tiers[1].used, 5 * kFile);
+  // The oldest blocks went down.
+  for (int f = 0; f < 5; ++f) EXPECT_EQ(s->LevelOf(Meta(1, f).id), 1) << f;
+  for (int f = 0; f < 10; ++f) EXPECT_TRUE(ReadsBack(*s, 1, f)) << f;
+  // Fill both levels past high: MEM demotes into SSD, SSD evicts down to low.
+  for (int f = 10; f < 20; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
+  s->Reserve();
+  st = s->Stats();
+  EXPECT_LE(st.tiers[0].used, 8 * kFile);
+  EXPECT_LE(st.tiers[1].used, 8 * kFile);
+  EXPECT_GT(st.tiers[1].evictions, 0u);
+  EXPECT_EQ(removed.size(), st.tiers[1].evictions);
+  for (const auto& t : st.tiers) EXPECT_LE(t.used, t.capacity);
+}
+
+TEST(TieredStore, ReadFromALowerLevelIsPromoted) {
+  TwoLevels d;
+  auto s = std::move(BlockStore::Open(d.Options(4, 8, 0.9, 0.5)).value());
+  for (int f = 0; f < 6; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
+  s->Reserve();  // MEM at 4/4 > 0.9: two demoted to reach 0.5
+  ASSERT_EQ(s->LevelOf(Meta(1, 0).id), 1);
+  EXPECT_TRUE(ReadsBack(*s, 1, 0));
+  s->Reserve();
+  EXPECT_EQ(s->LevelOf(Meta(1, 0).id), 0);
+  EXPECT_EQ(s->Stats().tiers[0].promotions, 1u);
+  EXPECT_TRUE(ReadsBack(*s, 1, 0));
+}
+
+TEST(TieredStore, PinnedBlocksAreNeverEvictedAndFreeRemoves) {
+  testing::TempDir dir;
+  StoreOptions o;
+  o.levels = {Level("SSD", dir / "c", 4, 1.0, 1.0)};
+  o.background = false;
+  auto s = std::move(BlockStore::Open(o).value());
+  ASSERT_TRUE(s->Pin({Meta(1, 0).id.key, Meta(1, 1).id.key}, true).ok());
+  for (int f = 0; f < 20; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok()) << f;
+  EXPECT_TRUE(ReadsBack(*s, 1, 0));
+  EXPECT_TRUE(ReadsBack(*s, 1, 1));
+  EXPECT_EQ(s->Stats().pinned_blocks, 2u);
+  // Everything pinned: a new block cannot be admitted.
+  ASSERT_TRUE(s->Pin({Meta(1, 18).id.key, Meta(1, 19).id.key}, true).ok());
+  EXPECT_EQ(s->Put(Meta(1, 30), Content(1, 30)).code(), Code::kResourceExhausted);
+  EXPECT_EQ(s->Stats().rejected, 1u);
+  // Unpinned blocks become evictable again; free removes blocks at once.
+  ASSERT_TRUE(s->Pin({Meta(1, 18).id.key}, false).ok());
+  EXPECT_TRUE(s->Put(Meta(1, 30), Content(1, 30)).ok());
+  EXPECT_FALSE(s->Contains(Meta(1, 18).id));
+  EXPECT_EQ(s->Free({Meta(1, 0).id.key, Meta(1, 30).id.key}), 2u);
+  EXPECT_FALSE(s->Contains(Meta(1, 0).id));
+  EXPECT_FALSE(s->Contains(Meta(1, 30).id));
+  // Pins survive a restart.
+  s.reset();
+  s = std::move(BlockStore::Open(o).value());
+  EXPECT_EQ(s->Stats().pinned_blocks, 2u);
+}
+
+TEST(TieredStore, MemLevelMustBeOnTmpfs) {
+  testing::TempDir dir;  // ext4 here, never tmpfs in CI's /tmp
+  StoreOptions o;
+  o.levels = {Level("MEM", dir / "c", 4, 1.0, 1.0)};
+  o.background = false;
+  auto s = BlockStore::Open(o);
+  if (s.ok()) GTEST_SKIP() << "TMPDIR is on tmpfs";
+  EXPECT_EQ(s.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("tmpfs"), std::string::npos) << s.status().message();
+}
+
+TEST(TieredStore, RestartKeepsEveryLevelAndDropsAnInterruptedMovesSecondCopy) {
+  TwoLevels d;
+  auto o = d.Options(4, 8, 1.0, 1.0);
+  std::string dup_src;
+  {
+    auto s = std::move(BlockStore::Open(o).value());
+    for (int f = 0; f < 8; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
+    dup_src = s->PathOf(Meta(1, 0).id);
+  }
+  // A crash between a move's rename and its unlink leaves the block in two levels.
+  std::string hex = FileKeyHex(Meta(1, 0).id.key);
+  std::string dup = d.ssd / ("c/blocks/" + hex.substr(0, 2));
+  std::filesystem::create_directories(dup);
+  std::filesystem::copy_file(dup_src, dup + "/" + hex + "-0");
+  auto s = std::move(BlockStore::Open(o).value());
+  auto st = s->Stats();
+  EXPECT_EQ(st.blocks, 8u);
+  EXPECT_EQ(st.corrupt, 0u);
+  EXPECT_EQ(st.tiers[0].blocks, 4u);
+  EXPECT_EQ(st.tiers[1].used, 4 * kFile) << "the second copy is not counted";
+  for (int f = 0; f < 8; ++f) EXPECT_TRUE(ReadsBack(*s, 1, f)) << f;
+  EXPECT_EQ(s->Scrub(), 0u);
+}
+
+TEST(TieredStore, ScrubFindsAndDropsCorruptBlocks) {
+  testing::TempDir dir;
+  StoreOptions o;
+  o.levels = {Level("SSD", dir / "c", 8, 1.0, 1.0)};
+  o.background = false;
+  auto s = std::move(BlockStore::Open(o).value());
+  for (int f = 0; f < 4; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
+  {
+    std::fstream f(s->PathOf(Meta(1, 2).id), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(BlockHeaderLen(kData) + 77);
+    f.put('\x5a' ^ Content(1, 2)[77]);
+  }
+  EXPECT_EQ(s->Scrub(), 1u);
+  EXPECT_FALSE(s->Contains(Meta(1, 2).id));
+  EXPECT_EQ(s->Stats().corrupt, 1u);
+  EXPECT_EQ(s->Stats().tiers[0].hits, 0u) << "the scrub is not a read";
+}
+
+// Hit ratio over shuffled epochs of a dataset twice the cache: lru keeps missing, shuffle holds
+// the fraction that fits.
+double ShuffledHitRatio(CachePolicy policy, int dataset, int cache_blocks, int epochs, double* last_epoch) {
+  testing::TempDir dir;
+  StoreOptions o;
+  o.levels = {Level("SSD", dir / "c", static_cast<uint64_t>(cache_blocks), 0.95, 0.7)};
+  o.policy = policy;
+  o.background = false;
+  auto s = std::move(BlockStore::Open(o).value());
+  std::mt19937 rng(7);
+  std::vector<int> order(static_cast<size_t>(dataset));
+  for (int i = 0; i < dataset; ++i) order[static_cast<size_t>(i)] = i;
+  uint64_t hits = 0, reads = 0;
+  std::string buf(kData, '\0'), data(kData, 'x');
+  for (int e = 0; e < epochs; ++e) {
+    std::shuffle(order.begin(), order.end(), rng);
+    uint64_t eh = 0;
+    for (int f : order) {
+      if (s->Read(Meta(1, f).id, 0, kData, buf.data()).ok()) {
+        ++eh;
+      } else {
+        (void)s->Put(Meta(1, f), data);
+      }
+      if (f % 16 == 0) s->Reserve();
+    }
+    if (e > 0) {
+      hits += eh;
+      reads += static_cast<uint64_t>(dataset);
+    }
+    *last_epoch = static_cast<double>(eh) / dataset;
+  }
+  return static_cast<double>(hits) / static_cast<double>(reads);
+}
+
+TEST(TieredStore, ShufflePolicyHoldsTheFractionThatFits) {
+  double last;
+  double lru = ShuffledHitRatio(CachePolicy::kLru, 400, 200, 4, &last);
+  double shuffle = ShuffledHitRatio(CachePolicy::kShuffle, 400, 200, 4, &last);
+  EXPECT_GE(shuffle, 0.95 * 0.5) << "shuffle from epoch 2 on";
+  EXPECT_GE(last, 0.95 * 0.5);
+  EXPECT_LT(lru, shuffle);
+}
+
+TEST(TieredStore, AnotherDatasetMayReplaceAShuffleDatasetsBlocks) {
+  testing::TempDir dir;
+  StoreOptions o;
+  o.levels = {Level("SSD", dir / "c", 4, 1.0, 1.0)};
+  o.policy = CachePolicy::kShuffle;
+  o.background = false;
+  auto s = std::move(BlockStore::Open(o).value());
+  for (int f = 0; f < 4; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
+  EXPECT_EQ(s->Put(Meta(1, 9), Content(1, 9)).code(), Code::kResourceExhausted) << "its own blocks stay";
+  EXPECT_TRUE(s->Put(Meta(2, 0), Content(2, 0)).ok()) << "another dataset's block replaces one";
+  EXPECT_EQ(s->Stats().blocks, 4u);
+  s->SetMountPolicy(3, CachePolicy::kLru);
+  EXPECT_TRUE(s->Put(Meta(3, 0), Content(3, 0)).ok());
+  EXPECT_TRUE(s->Put(Meta(3, 1), Content(3, 1)).ok());
+}
+
+// ---- property test ----------------------------------------------------------------------------
+//
+// Random sequences of Put, Read, Pin, Unpin, Free, Reserve and restart against a model that knows
+// each block's bytes and which blocks are pinned. After every step: no level above its quota, the
+// store's block count matches its listing, every pinned block that was cached still is, and every
+// read returns the model's bytes or NOT_FOUND (never other bytes, never DATA_LOSS).
+class TieredStoreProperty : public ::testing::TestWithParam<int> {};
+
+TEST_P(TieredStoreProperty, AgreesWithTheModel) {
+  const int seed = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  TwoLevels d;
+  auto o = d.Options(6, 10, 0.8, 0.5);
+  o.policy = seed % 2 ? CachePolicy::kShuffle : CachePolicy::kLru;
+  auto s = std::move(BlockStore::Open(o).value());
+  std::set<int> pinned;               // files pinned
+  std::set<int> pinned_cached;        // pinned files whose block must stay cached
+  const int kFiles = 40;
+  auto pick = [&] { return static_cast<int>(rng() % kFiles); };
+  for (int step = 0; step < 600; ++step) {
+    int op = static_cast<int>(rng() % 100);
+    int f = pick();
+    uint64_t mount = 1 + static_cast<uint64_t>(f % 2);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " step " + std::to_string(step) + " op " + std::to_string(op) +
+                 " file " + std::to_string(f));
+    if (op < 45) {
+      Status st = s->Put(Meta(mount, f), Content(mount, f));
+      ASSERT_TRUE(st.ok() || st.code() == Code::kResourceExhausted) << st.ToString();
+      if (st.ok() && pinned.count(f) && s->Contains(Meta(mount, f).id)) pinned_cached.insert(f);
+    } else if (op < 80) {
+      std::string out(kData, '\0');
+      auto n = s->Read(Meta(mount, f).id, 0, kData, out.data());
+      if (n.ok()) {
+        ASSERT_EQ(out, Content(mount, f));
+      } else {
+        ASSERT_EQ(n.status().code(), Code::kNotFound) << n.status().ToString();
+        ASSERT_FALSE(pinned_cached.count(f)) << "a pinned block was lost";
+      }
+    } else if (op < 86) {
+      ASSERT_TRUE(s->Pin({Meta(mount, f).id.key}, true).ok());
+      pinned.insert(f);
+      if (s->Contains(Meta(mount, f).id)) pinned_cached.insert(f);
+    } else if (op < 91) {
+      ASSERT_TRUE(s->Pin({Meta(mount, f).id.key}, false).ok());
+      pinned.erase(f);
+      pinned_cached.erase(f);
+    } else if (op < 94) {
+      s->Free({Meta(mount, f).id.key});
+      ASSERT_FALSE(s->Contains(Meta(mount, f).id));
+      pinned_cached.erase(f);
+    } else if (op < 99) {
+      s->Reserve();
+      auto st = s->Stats();
+      // (shuffle blocks may stay above high when the level below holds only their own dataset)
+      for (size_t t = 0; o.policy == CachePolicy::kLru && t + 1 < st.tiers.size(); ++t) {
+        // Above the last level, only pinned blocks can keep a level above high after a pass.
+        uint64_t pinned_bytes = 0;
+        for (int p : pinned_cached) {
+          if (s->LevelOf(Meta(1 + static_cast<uint64_t>(p % 2), p).id) == static_cast<int>(t)) pinned_bytes += kFile;
+        }
+        ASSERT_LE(st.tiers[t].used, std::max<uint64_t>(static_cast<uint64_t>(0.8 * static_cast<double>(st.tiers[t].capacity)), pinned_bytes + kFile))
+            << "level " << t << " stays above its high watermark";
+      }
+    } else {
+      s.reset();
+      s = std::move(BlockStore::Open(o).value());
+    }
+    auto st = s->Stats();
+    for (const auto& t : st.tiers) ASSERT_LE(t.used, t.capacity) << t.medium << " over its quota";
+    ASSERT_EQ(st.blocks, s->List().size());
+    for (int p : pinned_cached) {
+      ASSERT_TRUE(s->Contains(Meta(1 + static_cast<uint64_t>(p % 2), p).id)) << "pinned file " << p << " evicted";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, TieredStoreProperty, ::testing::Range(1, 9));
+
+// Readers, writers, frees and the background reserver at once: a read returns the right bytes or
+// NOT_FOUND, never DATA_LOSS (a block is never removed or moved under its reader), and no level
+// ever exceeds its quota.
+TEST(TieredStore, ConcurrentReadersNeverLoseTheirBlock) {
+  TwoLevels d;
+  auto o = d.Options(6, 10, 0.7, 0.4);
+  o.background = true;
+  o.reserve_interval = std::chrono::milliseconds(1);
+  auto s = std::move(BlockStore::Open(o).value());
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0}, ok_reads{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 3; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t + 1));
+      std::string out(kData, '\0');
+      while (!stop) {
+        int f = static_cast<int>(rng() % 30);
+        if (rng() % 3 == 0) {
+          Status st = s->Put(Meta(1, f), Content(1, f));
+          if (!st.ok() && st.code() != Code::kResourceExhausted) bad++;
+        } else {
+          auto n = s->Read(Meta(1, f).id, 0, kData, out.data());
+          if (n.ok()) {
+            ok_reads++;
+            if (out != Content(1, f)) bad++;
+          } else if (n.status().code() != Code::kNotFound) {
+            bad++;
+          }
+        }
+        if (rng() % 50 == 0) s->Free({Meta(1, f).id.key});
+      }
+    });
+  }
+  ts.emplace_back([&] {
+    while (!stop) {
+      for (const auto& t : s->Stats().tiers) {
+        if (t.used > t.capacity) bad++;
+      }
+    }
+  });
+  EXPECT_TRUE(testing::WaitFor([&] { return ok_reads > 3000; }, std::chrono::seconds(60)));
+  stop = true;
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  auto st = s->Stats();
+  EXPECT_GT(st.tiers[0].demotions, 0u);
+  EXPECT_EQ(st.corrupt, 0u);
+}
+
+}  // namespace
+}  // namespace granary::worker
