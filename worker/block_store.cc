@@ -741,7 +741,7 @@ size_t BlockStore::Free(const std::vector<FileKey>& keys) {
   return n;
 }
 
-bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir) {
+bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir, double fraction) {
   std::string src, dst;
   uint64_t bytes;
   {
@@ -750,6 +750,9 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
     if (it == index_.end()) return false;
     Entry& e = it->second;
     if (e.tier != from_tier || e.readers > 0 || e.moving || e.doomed || e.pinned) return false;
+    // Room was found before the lock was dropped; a Put may have taken it since.
+    const Dir& d = tiers_[to_tier].dirs[to_dir];
+    if (static_cast<double>(d.used + d.reserved + e.file_bytes) > static_cast<double>(d.quota) * fraction) return false;
     e.moving = true;
     bytes = e.file_bytes;
     tiers_[to_tier].dirs[to_dir].reserved += bytes;
@@ -854,7 +857,7 @@ void BlockStore::ReserveTier(int t) {
     }
     Finish(r);
     if (stuck) return;
-    if (to_dir >= 0 && !MoveBlock(victim, t, t + 1, to_dir)) {
+    if (to_dir >= 0 && !MoveBlock(victim, t, t + 1, to_dir, 1.0)) {
       return;  // raced with a reader; the next pass retries
     }
   }
@@ -870,6 +873,7 @@ void BlockStore::Reserve() {
   }
   for (const auto& id : promote) {
     int from, to_dir = -1;
+    double promote_fraction = 1.0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = index_.find(id);
@@ -877,9 +881,10 @@ void BlockStore::Reserve() {
       from = it->second.tier;
       const Tier& up = tiers_[from - 1];
       // Only into room below the high watermark, so promotion never causes a demotion.
-      to_dir = FitLocked(from - 1, it->second.file_bytes, up.level.high);
+      promote_fraction = up.level.high;
+      to_dir = FitLocked(from - 1, it->second.file_bytes, promote_fraction);
     }
-    if (to_dir >= 0) MoveBlock(id, from, from - 1, to_dir);
+    if (to_dir >= 0) MoveBlock(id, from, from - 1, to_dir, promote_fraction);
   }
   // Bottom level first, so a demotion finds room below; a demotion can push the level below over
   // its high mark again, hence a few passes.

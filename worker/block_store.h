@@ -223,8 +223,9 @@ class BlockStore {
   int FitLocked(int tier, uint64_t bytes, double fraction) const;  // dir index or -1
   bool PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const;
   bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r);
-  // Moves a block one level (down: demotion; up: promotion). Takes and releases mu_ itself.
-  bool MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir);
+  // Moves a block one level (down: demotion; up: promotion) into `to_dir` if it still has room
+  // below fraction x quota. Takes and releases mu_ itself.
+  bool MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir, double fraction);
   void ReserveTier(int t);
   StatusOr<bool> VerifyOne(const BlockId& id);
   // Read(); `account` false leaves the LRU order, the counters and promotion alone (the scrub).
