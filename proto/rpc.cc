@@ -60,6 +60,7 @@ std::shared_ptr<grpc::Channel> RpcSecurity::MakeChannel(const std::string& addre
   // Reconnect quickly after a daemon restarts.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (ca_.empty()) {
     creds = grpc::InsecureChannelCredentials();

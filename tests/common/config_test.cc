@@ -92,3 +92,101 @@ TEST(Config, DocumentationListsEverySetting) {
 
 }  // namespace
 }  // namespace granary
+
+namespace granary {
+namespace {
+
+TEST(TieredStoreConfig, FluidStyleLevelsParse) {
+  Config c = Config::Defaults();
+  ASSERT_TRUE(c.LoadYaml(R"(worker:
+  tieredstore:
+    policy: shuffle
+    levels:
+      - {mediumtype: SSD, path: "/mnt/nvme0/granary,/mnt/nvme1/granary", quota: 150Gi, high: "0.99", low: "0.8"}
+      - {mediumtype: MEM, path: /dev/shm/granary, quota: 2Gi, high: "0.95", low: "0.7", volumeType: emptyDir}
+      - mediumtype: hdd
+        path: /mnt/hdd/granary
+        quotaList: 1Ti
+)", "t.yaml").ok());
+  EXPECT_EQ(c.worker.tieredstore.policy, CachePolicy::kShuffle);
+  const auto& l = c.worker.tieredstore.levels;
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[0].medium, "MEM") << "levels are ordered fastest first";
+  EXPECT_EQ(l[0].quota(), 2ull << 30);
+  EXPECT_DOUBLE_EQ(l[0].high, 0.95);
+  EXPECT_DOUBLE_EQ(l[0].low, 0.7);
+  EXPECT_EQ(l[1].medium, "SSD");
+  ASSERT_EQ(l[1].paths.size(), 2u);
+  EXPECT_EQ(l[1].paths[1], "/mnt/nvme1/granary");
+  EXPECT_EQ(l[1].quotas[0], 75ull << 30) << "quota is split evenly among paths";
+  EXPECT_EQ(l[2].medium, "HDD");
+  EXPECT_DOUBLE_EQ(l[2].high, 0.95) << "default";
+  // The text form (granary config, --worker.tieredstore.levels) reads back the same.
+  auto again = ParseTierLevels(c.Get("worker.tieredstore.levels"));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  ASSERT_EQ(again->size(), 3u);
+  EXPECT_EQ((*again)[1].quotas, l[1].quotas);
+  EXPECT_EQ((*again)[1].paths, l[1].paths);
+}
+
+TEST(TieredStoreConfig, LevelsFromAFlagAndTheDefaultLevel) {
+  ConfigFlags flags;
+  flags.values["worker.tieredstore.levels"] = "[{mediumtype: SSD, path: /c1, quotaList: 1Gi}]";
+  auto c = BuildConfig(flags);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->worker.EffectiveLevels()[0].paths[0], "/c1");
+  ConfigFlags none;
+  none.values["worker.cache_dir"] = "/cache";
+  auto d = BuildConfig(none);
+  ASSERT_TRUE(d.ok());
+  auto levels = d->worker.EffectiveLevels();
+  ASSERT_EQ(levels.size(), 1u);
+  EXPECT_EQ(levels[0].paths[0], "/cache");
+  EXPECT_EQ(levels[0].quota(), d->worker.cache_quota);
+  flags.values["worker.cache_dir"] = "/cache";
+  EXPECT_NE(BuildConfig(flags).status().message().find("drop worker.cache_dir"), std::string::npos);
+}
+
+TEST(TieredStoreConfig, BadLevelsAreClearErrors) {
+  struct Case {
+    std::string yaml, expect;
+  } cases[] = {
+      {"[{mediumtype: NVM, path: /a, quota: 1Gi}]", "mediumtype must be MEM, SSD or HDD"},
+      {"[{mediumtype: SSD, quota: 1Gi}]", "path is required"},
+      {"[{mediumtype: SSD, path: rel/dir, quota: 1Gi}]", "must be absolute"},
+      {"[{mediumtype: SSD, path: /a}]", "quota (or quotaList) is required"},
+      {"[{mediumtype: SSD, path: /a, quota: lots}]", "level 0 (SSD): quota"},
+      {"[{mediumtype: SSD, path: \"/a,/b\", quotaList: 1Gi}]", "quotaList has 1 entries for 2 paths"},
+      {"[{mediumtype: SSD, path: /a, quota: 1Gi, high: \"1.5\"}]", "high: '1.5' is not a fraction"},
+      {"[{mediumtype: SSD, path: /a, quota: 1Gi, high: \"0.5\", low: \"0.9\"}]", "low (0.9) must not be above high (0.5)"},
+      {"[{mediumtype: SSD, path: /a, quota: 1Gi, hihg: \"0.5\"}]", "unknown field 'hihg'"},
+      {"[{mediumtype: SSD, path: /a, quota: 1Gi}, {mediumtype: SSD, path: /b, quota: 1Gi}]", "appears twice"},
+      {"[{mediumtype: MEM, path: /a, quota: 1Gi}, {mediumtype: SSD, path: /a, quota: 1Gi}]", "already used"},
+      {"{mediumtype: SSD}", "expected a list of levels"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseTierLevels(c.yaml);
+    ASSERT_FALSE(r.ok()) << c.yaml;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.yaml << " -> " << r.status().message();
+  }
+  Config cfg = Config::Defaults();
+  Status s = cfg.LoadYaml("worker:\n  tieredstore:\n    policy: fifo\n", "t.yaml");
+  EXPECT_NE(s.message().find("worker.tieredstore.policy: 'fifo' is not a cache policy"), std::string::npos)
+      << s.message();
+}
+
+TEST(TieredStoreConfig, MountOptionsSplitCacheFromUnderStorage) {
+  std::map<std::string, std::string> ufs;
+  MountCacheOptions cache;
+  ASSERT_TRUE(SplitMountOptions({{"cache.policy", "shuffle"}, {"endpoint", "http://h"}}, &ufs, &cache).ok());
+  EXPECT_EQ(cache.policy, CachePolicy::kShuffle);
+  EXPECT_EQ(ufs.size(), 1u);
+  EXPECT_EQ(ufs["endpoint"], "http://h");
+  Status s = SplitMountOptions({{"cache.polcy", "lru"}}, &ufs, &cache);
+  EXPECT_NE(s.message().find("unknown mount option 'cache.polcy'"), std::string::npos) << s.message();
+  s = SplitMountOptions({{"cache.policy", "mru"}}, &ufs, &cache);
+  EXPECT_NE(s.message().find("cache.policy"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace granary

@@ -52,19 +52,40 @@ bool LocalCluster::StartDaemons(std::string* why) {
     *why = "master did not start:\n" + master_->Log();
     return false;
   }
+  return StartWorker("127.0.0.1:0", why);
+}
+
+bool LocalCluster::StartWorker(const std::string& listen, std::string* why) {
   unlink((dir_ / "worker.addr").c_str());
-  worker_ = std::make_unique<Process>(
-      With(std::vector<std::string>{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen",
-                               "127.0.0.1:0", "--worker.cache_dir", dir_ / "cache", "--worker.cache_quota",
-                               opts_.cache_quota, "--worker.heartbeat_interval", "200ms", "--ready-file",
-                               dir_ / "worker.addr"}, opts_.extra_args),
-      dir_ / "worker.log");
+  std::vector<std::string> argv{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
+                                "--worker.heartbeat_interval", "200ms", "--ready-file", dir_ / "worker.addr"};
+  bool tiered = false;
+  for (const auto& a : opts_.worker_args) tiered |= a == "--worker.tieredstore.levels";
+  if (!tiered) argv = With(argv, {"--worker.cache_dir", dir_ / "cache", "--worker.cache_quota", opts_.cache_quota});
+  argv = With(With(argv, opts_.extra_args), opts_.worker_args);
+  worker_ = std::make_unique<Process>(argv, dir_ / "worker.log");  // appends
   worker_addr_ = WaitForReadyFile(dir_ / "worker.addr", worker_.get());
   if (worker_addr_.empty()) {
     *why = "worker did not start:\n" + worker_->Log();
     return false;
   }
   return true;
+}
+
+void LocalCluster::KillWorker() {
+  if (worker_) worker_->Stop(SIGKILL);
+}
+
+bool LocalCluster::RestartWorker(std::string* why) {
+  KillWorker();
+  return StartWorker(worker_addr_, why);
+}
+
+nlohmann::json LocalCluster::Report() {
+  RunResult r = Cli({"report", "--json"});
+  if (r.code != 0) return nullptr;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  return j.is_discarded() ? nlohmann::json() : j;
 }
 
 bool LocalCluster::StartFuse(std::string* why) {

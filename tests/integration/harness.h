@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/testutil/testutil.h"
 
 namespace granary::testing {
@@ -14,7 +16,8 @@ namespace granary::testing {
 struct ClusterOptions {
   std::string block_size = "64Ki";
   std::string cache_quota = "1Gi";
-  std::vector<std::string> extra_args;  // appended to every daemon's command line
+  std::vector<std::string> extra_args;   // appended to every daemon's command line
+  std::vector<std::string> worker_args;  // appended to the worker's (a tieredstore there replaces cache_dir)
 };
 
 class LocalCluster {
@@ -31,6 +34,12 @@ class LocalCluster {
   // Worker counters from `granary report --json` (first worker).
   bool WorkerCounters(uint64_t* hits, uint64_t* misses, uint64_t* ufs_bytes);
 
+  // `granary report --json`, parsed (null on failure).
+  nlohmann::json Report();
+  // kill -9 the worker, then start it again on the same address and cache.
+  void KillWorker();
+  bool RestartWorker(std::string* why);
+
   // Stops FUSE, worker and master with SIGTERM; returns false if one did not exit with 0.
   bool StopAll(std::string* why);
 
@@ -42,6 +51,7 @@ class LocalCluster {
   const TempDir& dir_;
   ClusterOptions opts_;
   std::unique_ptr<Process> master_, worker_, fuse_;
+  bool StartWorker(const std::string& listen, std::string* why);
   std::string master_addr_, worker_addr_;
 };
 

@@ -68,6 +68,8 @@ std::string Bin(const std::string& name);
 std::string SourceDir();
 
 std::string ReadFile(const std::string& path);
+// Reads a whole file with open/read; false on any error (ReadFile hides errors).
+bool ReadFileChecked(const std::string& path, std::string* out);
 void WriteFile(const std::string& path, const std::string& data);
 std::string Sha256File(const std::string& path);
 std::string RandomBytes(size_t n, uint64_t seed);
