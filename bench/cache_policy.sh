@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Hit ratio over shuffled epochs through a real mount, lru beside shuffle, with the cache holding
+# 25%, 50% and 75% of the dataset. For each case `granary local` serves an ImageNet-like dataset
+# from local disk with one SSD level sized to the fraction; the worker's default policy is lru and
+# the shuffle runs choose it per mount (-o cache.policy=shuffle). Hit ratios come from the worker's
+# counters (read requests served from the cache / all read requests) per epoch, and the bytes read
+# from the under-storage per later epoch as a share of the dataset (ideal: 1 - cache/dataset).
+#
+#   bench/cache_policy.sh [--files N] [--epochs E] [--threads T] [--build DIR] [--work DIR] [--keep]
+#
+# Prints a Markdown table. Everything it starts is stopped and unmounted on exit.
+set -euo pipefail
+FILES=1500; EPOCHS=5; THREADS=4; BUILD=""; WORK=""; KEEP=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --files) FILES=$2; shift 2;;
+    --epochs) EPOCHS=$2; shift 2;;
+    --threads) THREADS=$2; shift 2;;
+    --build) BUILD=$2; shift 2;;
+    --work) WORK=$2; shift 2;;
+    --keep) KEEP=1; shift;;
+    *) echo "usage: $0 [--files N] [--epochs E] [--threads T] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$ROOT/build}
+BIN=$BUILD/bin
+for b in granary granary-train-read; do
+  [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
+done
+WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
+mkdir -p "$WORK"
+DATA=$WORK/imagenet; MNT=$WORK/mnt
+export GRANARY_HOME=$WORK/home
+LOCAL_PID=""
+
+stop_local() {
+  if [ -n "$LOCAL_PID" ] && kill -0 "$LOCAL_PID" 2>/dev/null; then
+    kill -INT "$LOCAL_PID" 2>/dev/null || true
+    for _ in $(seq 200); do kill -0 "$LOCAL_PID" 2>/dev/null || break; sleep 0.05; done
+    kill -9 "$LOCAL_PID" 2>/dev/null || true
+  fi
+  LOCAL_PID=""
+  if grep -q " $MNT " /proc/mounts 2>/dev/null; then fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; fi
+}
+cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
+trap cleanup EXIT INT TERM
+
+[ -d "$DATA" ] || python3 "$ROOT/bench/gen_dataset.py" --out "$DATA" --files "$FILES" --seed 42 >/dev/null
+mkdir -p "$MNT"
+# Bytes the whole dataset takes in the cache: each file is one block (4 KiB header + data).
+CACHED_BYTES=$(find "$DATA" -type f -printf '%s\n' | awk '{n += 4096 + $1} END {print n}')
+
+counters() {  # hits misses ufs_bytes
+  "$BIN/granary" report --json | python3 -c 'import json,sys; w=json.load(sys.stdin)["workers"][0]; print(w["hits"], w["misses"], w["ufs_bytes"])'
+}
+DATA_BYTES=$(find "$DATA" -type f -printf '%s\n' | awk '{n += $1} END {print n}')
+
+ROWS=()
+for FRAC in 0.25 0.50 0.75; do
+  for POLICY in lru shuffle; do
+    QUOTA=$(python3 -c "print(int($CACHED_BYTES * $FRAC))")
+    CONF=$WORK/granary-$POLICY-$FRAC.yaml
+    cat > "$CONF" <<YAML
+worker:
+  tieredstore:
+    policy: lru
+    levels:
+      - {mediumtype: SSD, path: $WORK/cache-$POLICY-$FRAC, quota: $QUOTA, high: "0.95", low: "0.7"}
+YAML
+    OPT=()
+    [ "$POLICY" = shuffle ] && OPT=(-o cache.policy=shuffle)
+    "$BIN/granary" local "file://$DATA" "$MNT" --dir "$WORK/state-$POLICY-$FRAC" --config "$CONF" "${OPT[@]}" \
+      > "$WORK/local-$POLICY-$FRAC.log" 2>&1 &
+    LOCAL_PID=$!
+    for _ in $(seq 600); do grep -q " $MNT " /proc/mounts && break; kill -0 $LOCAL_PID 2>/dev/null || break; sleep 0.05; done
+    grep -q " $MNT " /proc/mounts || { echo "error: granary local did not mount:" >&2; cat "$WORK/local-$POLICY-$FRAC.log" >&2; exit 1; }
+    read -r H0 M0 U0 < <(counters)
+    U_START=$U0
+    RATIOS=()
+    for E in $(seq "$EPOCHS"); do
+      "$BIN/granary-train-read" --root "$MNT" --threads "$THREADS" --seed "$E" --label "epoch $E" > /dev/null
+      # Counters travel with the worker's reports: wait until this epoch's reads are all counted.
+      for _ in $(seq 200); do
+        read -r H1 M1 U1 < <(counters)
+        [ $(( H1 + M1 - H0 - M0 )) -ge "$FILES" ] && { sleep 1.2; read -r H1 M1 U1 < <(counters); break; }
+        sleep 0.1
+      done
+      RATIOS+=("$(python3 -c "print('%.3f' % (($H1-$H0)/max(1,($H1-$H0)+($M1-$M0))))")")
+      H0=$H1; M0=$M1
+      [ "$E" = 1 ] && U_START=$U1
+    done
+    stop_local
+    UFS_LATER=$(python3 -c "print('%.3f' % (($U1-$U_START)/($DATA_BYTES*($EPOCHS-1))))")
+    ROWS+=("$POLICY $FRAC $UFS_LATER ${RATIOS[*]}")
+  done
+done
+
+python3 - "$EPOCHS" "${ROWS[@]}" <<'PY'
+import sys
+epochs = int(sys.argv[1])
+print("| policy | cache/dataset | " + " | ".join("epoch %d" % (e + 1) for e in range(epochs)) +
+      " | epochs 2-%d | vs cache/dataset | under-storage bytes per epoch 2-%d / dataset |" % (epochs, epochs))
+print("|---|---:|" + "---:|" * (epochs + 3))
+for row in sys.argv[2:]:
+    p, frac, ufs, *r = row.split()
+    r = [float(x) for x in r]
+    later = sum(r[1:]) / len(r[1:])
+    print("| %s | %s | %s | %.3f | %.2f | %s |" % (p, frac, " | ".join("%.3f" % x for x in r), later,
+                                                  later / float(frac), ufs))
+PY
