@@ -47,6 +47,13 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
   bool leader = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto u = uncached_.begin(); u != uncached_.end(); ++u) {
+      if (u->first == meta.id) {
+        counters_.buffered++;
+        uncached_.splice(uncached_.begin(), uncached_, u);
+        return u->second;
+      }
+    }
     auto it = inflight_.find(meta.id);
     if (it != inflight_.end()) {
       future = it->second;
@@ -76,12 +83,16 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   }
   if (mount.policy) store_->SetMountPolicy(req.mount_id, *mount.policy);
   Status st = store_->Put(meta, *data);
+  std::shared_ptr<const std::string> block(std::move(data));
   if (st.ok()) {
     reporter_->BlockAdded(meta);
   } else {
     spdlog::debug("serving block uncached: {}", st.message());
+    std::lock_guard<std::mutex> lock(mu_);
+    uncached_.emplace_front(meta.id, block);
+    if (uncached_.size() > kUncachedBlocks) uncached_.pop_back();
   }
-  return std::shared_ptr<const std::string>(std::move(data));
+  return block;
 }
 
 }  // namespace granary::worker

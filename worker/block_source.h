@@ -4,13 +4,17 @@
 // under-storage, shared by every concurrent request for the same block (single-flight), then the
 // block is written to the store and reported to the master. A cached block that fails its checksum
 // is dropped by the store and fetched again, so corrupt bytes are never returned. When the block
-// cannot be cached (no room) it is still served from the fetched copy.
+// cannot be cached (no room, or the shuffle policy keeps the cache as it is) it is still served from
+// the fetched copy, which is kept in a small in-memory buffer (the last kUncachedBlocks such
+// blocks) so the next requests for the rest of the block, from the same reader, do not fetch it
+// again. The buffer is deliberately tiny: it is not a cache.
 //
 // Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <future>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +40,7 @@ struct BlockRequest {
 struct SourceCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, ufs_reads{0}, ufs_bytes{0}, bytes_served{0};
   std::atomic<uint64_t> coalesced{0};  // misses that joined another request's in-flight fetch
+  std::atomic<uint64_t> buffered{0};   // misses served from the uncached-block buffer
 };
 
 class BlockSource {
@@ -50,6 +55,8 @@ class BlockSource {
 
   const SourceCounters& counters() const { return counters_; }
 
+  static constexpr size_t kUncachedBlocks = 16;
+
  private:
   using Fetched = StatusOr<std::shared_ptr<const std::string>>;
   Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta);
@@ -61,6 +68,8 @@ class BlockSource {
   SourceCounters counters_;
   std::mutex mu_;
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_;  // GUARDED_BY(mu_)
+  // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
+  std::list<std::pair<BlockId, std::shared_ptr<const std::string>>> uncached_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace granary::worker

@@ -137,3 +137,22 @@ TEST_F(BlockSourceTest, ServesUncachedWhenTheCacheIsTooSmall) {
 
 }  // namespace
 }  // namespace granary::worker
+
+namespace granary::worker {
+namespace {
+
+TEST_F(BlockSourceTest, ABlockThatCannotBeCachedIsFetchedOnceForItsNextRequests) {
+  OpenStore(4096);  // too small for any block
+  std::string out;
+  bool hit = true;
+  ASSERT_TRUE(source_->Read(Req(0, 0, 1000), &out, &hit).ok());
+  ASSERT_TRUE(source_->Read(Req(0, 1000, 60000), &out, &hit).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(out, data_.substr(1000, 60000));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1);
+  EXPECT_EQ(source_->counters().buffered.load(), 1u);
+  EXPECT_EQ(fakes_.added.load(), 0);
+}
+
+}  // namespace
+}  // namespace granary::worker
