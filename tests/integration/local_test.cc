@@ -65,5 +65,36 @@ TEST(GranaryLocal, ServesReadsReportsAndStops) {
   EXPECT_NE(after.code, 0);
 }
 
+TEST(GranaryLocal, ConfigFileTieredStoreAndPerMountPolicy) {
+  TempDir dir;
+  TempDir shm("/dev/shm");
+  for (int i = 0; i < 8; ++i) WriteFile(dir / ("ds/f" + std::to_string(i)), RandomBytes(50000, i));
+  mkdir((dir / "mnt").c_str(), 0755);
+  WriteFile(dir / "granary.yaml", "worker:\n  tieredstore:\n    policy: lru\n    levels:\n"
+                                  "      - {mediumtype: MEM, path: " + shm / "mem" + ", quota: 64Mi}\n"
+                                  "      - {mediumtype: HDD, path: " + dir / "hdd" + ", quota: 1Gi, high: \"0.9\", low: \"0.8\"}\n");
+  std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"}};
+  Process local({Bin("granary"), "local", "file://" + dir / "ds", dir / "mnt", "--dir", dir / "state", "--config",
+                 dir / "granary.yaml", "-o", "cache.policy=shuffle"},
+                dir / "local.log", env);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(ReadFile(dir / ("mnt/f" + std::to_string(i))), RandomBytes(50000, i));
+  nlohmann::json w;
+  ASSERT_TRUE(WaitFor([&] {
+    RunResult r = RunCommand({Bin("granary"), "report", "--json"}, env);
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    if (r.code != 0 || j.is_discarded() || j["workers"].empty()) return false;
+    w = j["workers"][0];
+    return w["tiers"].size() == 2 && w["tiers"][0]["blocks"].get<uint64_t>() == 8;
+  })) << w.dump(2) << local.Log();
+  EXPECT_EQ(w["tiers"][0]["medium"], "MEM");
+  EXPECT_EQ(w["tiers"][0]["paths"][0], shm / "mem");
+  EXPECT_EQ(w["tiers"][1]["medium"], "HDD");
+  EXPECT_DOUBLE_EQ(w["tiers"][1]["high"].get<double>(), 0.9);
+  EXPECT_FALSE(fs::exists(dir / "state/cache")) << "with levels, cache_dir is not used";
+  EXPECT_EQ(local.Stop(SIGINT), 0) << local.Log();
+}
+
 }  // namespace
 }  // namespace granary::testing
