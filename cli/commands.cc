@@ -330,15 +330,28 @@ int CmdConfig(bool markdown) {
     return 0;
   }
   std::printf("# Every Granary setting with its default. Sections nest: `worker: {cache_quota: 20Gi}`.\n");
-  std::string section;
+  // Sections nest by the dots of the key (worker.tieredstore.levels -> worker: tieredstore: levels).
+  std::vector<std::string> open;
   for (const auto& s : Config::Settings()) {
-    std::string sec = s.key.substr(0, s.key.find('.'));
-    if (sec != section) {
-      std::printf("%s:\n", sec.c_str());
-      section = sec;
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      size_t dot = s.key.find('.', start);
+      parts.push_back(s.key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
     }
-    std::printf("  # %s [%s]\n  %s: \"%s\"\n", s.doc.c_str(), s.unit.c_str(), s.key.substr(sec.size() + 1).c_str(),
-                s.default_value.c_str());
+    size_t common = 0;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
+    open.resize(common);
+    for (size_t i = common; i + 1 < parts.size(); ++i) {
+      std::printf("%s%s:\n", std::string(2 * i, ' ').c_str(), parts[i].c_str());
+      open.push_back(parts[i]);
+    }
+    std::string indent(2 * open.size(), ' ');
+    std::string value = "\"" + s.default_value + "\"";
+    if (s.kind == SettingKind::kTierLevels) value = "[]  # e.g. [{mediumtype: MEM, path: /dev/shm/granary, quota: 2Gi}]";
+    std::printf("%s# %s [%s]\n%s%s: %s\n", indent.c_str(), s.doc.c_str(), s.unit.c_str(), indent.c_str(),
+                parts.back().c_str(), value.c_str());
   }
   return 0;
 }
