@@ -932,7 +932,21 @@ size_t BlockStore::Scrub() {
 }
 
 void BlockStore::Loop() {
-  size_t bad = Scrub();
+  // The start-up scrub, interleaved with reserver passes so a large cache does not hold them off.
+  size_t bad = 0;
+  auto last_pass = std::chrono::steady_clock::now();
+  for (const auto& m : List()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    auto r = VerifyOne(m.id);
+    if (r.ok() && *r) ++bad;
+    if (std::chrono::steady_clock::now() - last_pass > options_.reserve_interval) {
+      Reserve();
+      last_pass = std::chrono::steady_clock::now();
+    }
+  }
   if (bad > 0) spdlog::warn("start-up scrub discarded {} corrupt cached blocks", bad);
   for (;;) {
     {
