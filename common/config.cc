@@ -48,6 +48,10 @@ StatusOr<std::vector<TierLevel>> ParseAs<std::vector<TierLevel>>(SettingKind, st
   return ParseTierLevels(text);
 }
 template <>
+StatusOr<int64_t> ParseAs<int64_t>(SettingKind, std::string_view text) {
+  return ParseSyncInterval(text);
+}
+template <>
 StatusOr<bool> ParseAs<bool>(SettingKind, std::string_view text) {
   return ParseBool(text);
 }
@@ -58,6 +62,7 @@ std::string Show(SettingKind kind, uint64_t v) {
 }
 std::string Show(SettingKind, std::chrono::milliseconds v) { return FormatDuration(v); }
 std::string Show(SettingKind, bool v) { return v ? "true" : "false"; }
+std::string Show(SettingKind, int64_t v) { return FormatSyncInterval(v); }
 std::string Show(SettingKind, CachePolicy v) { return CachePolicyName(v); }
 std::string Show(SettingKind, const std::vector<TierLevel>& v) { return v.empty() ? "" : FormatTierLevels(v); }
 
@@ -73,6 +78,7 @@ const char* UnitOf(SettingKind kind) {
     case SettingKind::kLogLevel: return "level";
     case SettingKind::kPolicy: return "lru or shuffle";
     case SettingKind::kTierLevels: return "list of levels";
+    case SettingKind::kSyncInterval: return "never, always or a duration";
   }
   return "";
 }
@@ -137,6 +143,16 @@ std::vector<Setting> MakeSettings() {
                   "A worker that has not sent a heartbeat for this long is considered lost and its blocks are "
                   "no longer located on it.",
                   &Config::master, &MasterConfig::worker_timeout));
+  t.push_back(Row("master.metadata_sync_interval", K::kSyncInterval, "never",
+                  "How often a mount's directories and files are checked again against the under-storage, for "
+                  "mounts without the metadata.sync_interval option: never (fastest; changes need a remount), "
+                  "always (every lookup, listing and open asks the under-storage), or a duration such as 5m. See "
+                  "\"Metadata consistency\".",
+                  &Config::master, &MasterConfig::metadata_sync_ms));
+  t.push_back(Row("master.rocksdb_cache", K::kBytes, "256Mi",
+                  "RocksDB block cache of the namespace. The master's memory stays near this plus a fixed base "
+                  "however many files are mounted; a larger cache makes cold metadata faster.",
+                  &Config::master, &MasterConfig::rocksdb_cache));
   // worker
   t.push_back(Row("worker.listen", K::kAddress, "0.0.0.0:29999",
                   "Where granary-worker's gRPC server listens (FUSE clients and peers read blocks here).",

@@ -35,6 +35,8 @@ struct MasterConfig {
   std::string data_dir;     // RocksDB directory
   uint64_t block_size = 0;  // bytes per block of new files
   std::chrono::milliseconds worker_timeout{};
+  int64_t metadata_sync_ms = kSyncNever;  // default for mounts without metadata.sync_interval
+  uint64_t rocksdb_cache = 0;             // bytes of RocksDB block cache
 };
 
 struct TieredStoreConfig {
@@ -78,7 +80,7 @@ struct LogConfig {
   std::string level;
 };
 
-enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel, kPolicy, kTierLevels };
+enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel, kPolicy, kTierLevels, kSyncInterval };
 
 struct Config;
 

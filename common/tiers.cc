@@ -175,10 +175,33 @@ std::string FormatTierLevels(const std::vector<TierLevel>& levels) {
   return s + "]";
 }
 
+StatusOr<int64_t> ParseSyncInterval(std::string_view text) {
+  if (text == "never") return kSyncNever;
+  if (text == "always") return 0;
+  auto d = ParseDuration(text);
+  if (!d.ok()) {
+    return InvalidArgumentError("'" + std::string(text) +
+                                "' is not a sync interval (never, always, or a duration like 30s or 5m)");
+  }
+  return static_cast<int64_t>(d->count());
+}
+
+std::string FormatSyncInterval(int64_t ms) {
+  if (ms < 0) return "never";
+  if (ms == 0) return "always";
+  return FormatDuration(std::chrono::milliseconds(ms));
+}
+
 Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map<std::string, std::string>* ufs,
                          MountCacheOptions* cache) {
   for (const auto& [k, v] : all) {
-    if (k.rfind("cache.", 0) != 0) {
+    if (k == "metadata.sync_interval") {
+      auto ms = ParseSyncInterval(v);
+      if (!ms.ok()) return InvalidArgumentError("mount option metadata.sync_interval: " + ms.status().message());
+      cache->metadata_sync_ms = *ms;
+      continue;
+    }
+    if (k.rfind("cache.", 0) != 0 && k.rfind("metadata.", 0) != 0) {
       (*ufs)[k] = v;
       continue;
     }
@@ -187,7 +210,8 @@ Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map
       if (!p.ok()) return InvalidArgumentError("mount option cache.policy: " + p.status().message());
       cache->policy = *p;
     } else {
-      return InvalidArgumentError("unknown mount option '" + k + "' (Granary's cache options: cache.policy)");
+      return InvalidArgumentError("unknown mount option '" + k +
+                                  "' (Granary's own options: cache.policy, metadata.sync_interval)");
     }
   }
   return Status::OK();

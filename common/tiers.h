@@ -16,8 +16,8 @@
 // Kubernetes volume, not the cache). Levels are ordered MEM, SSD, HDD whatever order they are
 // written in; a medium may appear once.
 //
-// Mount options whose keys start with "cache." belong to Granary (SplitMountOptions); every other
-// option goes to the under-storage client.
+// Mount options whose keys start with "cache." or "metadata." belong to Granary
+// (SplitMountOptions); every other option goes to the under-storage client.
 #pragma once
 
 #include <cstdint>
@@ -52,8 +52,16 @@ StatusOr<std::vector<TierLevel>> ParseTierLevels(std::string_view yaml);
 // The canonical flow-YAML form, which ParseTierLevels reads back.
 std::string FormatTierLevels(const std::vector<TierLevel>& levels);
 
+// How often the master re-checks a mount's metadata against the under-storage, in milliseconds:
+// kSyncNever, 0 (always: on every access), or an interval.
+constexpr int64_t kSyncNever = -1;
+// "never", "always" (or "0"), or a duration ("30s", "5m").
+StatusOr<int64_t> ParseSyncInterval(std::string_view text);
+std::string FormatSyncInterval(int64_t ms);
+
 struct MountCacheOptions {
-  std::optional<CachePolicy> policy;  // cache.policy: overrides the worker's policy
+  std::optional<CachePolicy> policy;          // cache.policy: overrides the worker's policy
+  std::optional<int64_t> metadata_sync_ms;    // metadata.sync_interval: overrides the master's
 };
 
 // Splits a mount's options into the under-storage's and Granary's own ("cache.*"); unknown

@@ -40,4 +40,12 @@ size_t FileCache::size() {
   return entries_.size();
 }
 
+void FileCache::Erase(uint64_t ino) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(ino);
+  if (it == entries_.end()) return;
+  by_age_.erase(it->second.seq);
+  entries_.erase(it);
+}
+
 }  // namespace granary::fuse

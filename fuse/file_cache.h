@@ -25,6 +25,8 @@ class FileCache {
 
   std::optional<rpc::FileInfo> Get(uint64_t ino);
   void Put(uint64_t ino, const rpc::FileInfo& info);
+  // Forgets a file (its version turned out stale), so the next open asks the master.
+  void Erase(uint64_t ino);
   size_t size();
 
  private:

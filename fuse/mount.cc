@@ -217,7 +217,12 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
   std::string data;
   data.reserve(size);
   Status st = FsOf(req)->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
-  if (!st.ok()) return ReplyError(req, st, "read");
+  if (!st.ok()) {
+    // The file changed in the under-storage since this open: this open fails (ESTALE), the next
+    // open asks the master for the new version.
+    if (st.code() == Code::kFailedPrecondition) FsOf(req)->files->Erase(of->info.attr().ino());
+    return ReplyError(req, st, "read");
+  }
   fuse_reply_buf(req, data.data(), data.size());
 }
 

@@ -64,18 +64,23 @@ StatusOr<std::vector<std::string>> SplitPath(const std::string& path) {
 
 }  // namespace
 
-Namespace::Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size)
-    : db_(std::move(db)), block_size_(block_size) {}
+Namespace::Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, int64_t default_sync_ms)
+    : db_(std::move(db)), block_size_(block_size), default_sync_ms_(default_sync_ms) {}
 
 Namespace::~Namespace() = default;
 
-StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir, uint64_t block_size) {
+StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir, uint64_t block_size,
+                                                     int64_t default_sync_ms, uint64_t cache_bytes) {
   RETURN_IF_ERROR(MakeDirs(data_dir, 0700));
   rocksdb::Options opts;
   opts.create_if_missing = true;
   opts.max_open_files = 512;
   rocksdb::BlockBasedTableOptions table;
-  table.block_cache = rocksdb::NewLRUCache(64 << 20);
+  table.block_cache = rocksdb::NewLRUCache(cache_bytes);
+  // Index and filter blocks live in the block cache too, so memory stays bounded by it.
+  table.cache_index_and_filter_blocks = true;
+  opts.write_buffer_size = 32 << 20;
+  opts.max_write_buffer_number = 2;
   opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, data_dir, &raw);
@@ -86,7 +91,7 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir
     }
     return InternalError("cannot open RocksDB in " + data_dir + ": " + s.ToString());
   }
-  std::unique_ptr<Namespace> ns(new Namespace(std::unique_ptr<rocksdb::DB>(raw), block_size));
+  std::unique_ptr<Namespace> ns(new Namespace(std::unique_ptr<rocksdb::DB>(raw), block_size, default_sync_ms));
   RETURN_IF_ERROR(ns->Init());
   return ns;
 }
@@ -133,7 +138,7 @@ StatusOr<uint64_t> Namespace::GetChild(uint64_t parent, const std::string& name)
   rocksdb::Status s = db_->Get({}, EntryKey(parent, name), &v);
   if (s.IsNotFound()) return NotFoundError("'" + name + "' does not exist");
   RETURN_IF_ERROR(FromRocks(s, "read entry"));
-  if (v.size() != 8) return DataLossError("corrupt directory entry");
+  if (v.size() != 8 && v.size() != 16) return DataLossError("corrupt directory entry");
   return GetBe64(v.data());
 }
 
@@ -171,13 +176,63 @@ Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* b
   return FromRocks(batch->Put(MountKey(m.id()), m.SerializeAsString()), "write mount");
 }
 
+int64_t Namespace::SyncIntervalMs(uint64_t mount_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = mounts_.find(mount_id);
+  if (it == mounts_.end()) return kSyncNever;
+  auto opt = it->second.options().find("metadata.sync_interval");
+  if (opt == it->second.options().end()) return default_sync_ms_;
+  auto ms = ParseSyncInterval(opt->second);
+  return ms.ok() ? *ms : default_sync_ms_;
+}
+
+bool Namespace::SyncDue(const rpc::InodeRecord& r) const {
+  if (r.mount_id() == 0) return false;  // virtual directories have nothing to sync with
+  int64_t interval = SyncIntervalMs(r.mount_id());
+  if (interval < 0) return false;
+  return NowNs() - r.synced_ns() >= interval * 1'000'000;
+}
+
+void Namespace::Reclaim(std::vector<FileKey> keys) {
+  if (!keys.empty() && on_reclaim_) on_reclaim_(std::move(keys));
+}
+
 Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
-  if (dir.listed() || dir.type() != rpc::DIRECTORY) return Status::OK();
+  if (dir.type() != rpc::DIRECTORY) return Status::OK();
+  if (dir.listed() && !SyncDue(dir)) return Status::OK();
   std::lock_guard<std::mutex> list_lock(list_locks_[dir.ino() % list_locks_.size()]);
   ASSIGN_OR_RETURN(rpc::InodeRecord fresh, GetRecord(dir.ino()));
-  if (fresh.listed()) return Status::OK();
+  if (fresh.listed() && !SyncDue(fresh)) return Status::OK();  // another caller just listed it
+  return ListDir(std::move(fresh));
+}
+
+Status Namespace::ListDir(rpc::InodeRecord dir) {
   ASSIGN_OR_RETURN(auto ufs, UfsFor(dir.mount_id()));
-  size_t added = 0;
+  ASSIGN_OR_RETURN(rpc::MountInfo mount_info, GetMount(dir.mount_id()));
+  const std::string uri = mount_info.uri();
+  const uint64_t gen = dir.sync_gen() + 1;
+  const bool resync = dir.listed();
+  const int64_t now = NowNs();
+  std::vector<FileKey> reclaim;
+  size_t added = 0, changed = 0, removed = 0;
+  auto new_record = [&](const UfsEntry& e) {
+    rpc::InodeRecord r;
+    r.set_ino(next_ino_++);
+    r.set_parent(dir.ino());
+    r.set_name(e.name);
+    r.set_type(e.is_dir ? rpc::DIRECTORY : rpc::REGULAR);
+    r.set_size(e.size);
+    r.set_mtime_ns(e.mtime_ns);
+    r.set_mode(e.mode);
+    r.set_uid(e.uid);
+    r.set_gid(e.gid);
+    r.set_mount_id(dir.mount_id());
+    r.set_ufs_path(JoinPath(dir.ufs_path(), e.name));
+    r.set_version(e.version);
+    r.set_block_size(block_size_);
+    r.set_synced_ns(now);
+    return r;
+  };
   Status st = ufs->List(dir.ufs_path(), 1000, [&](std::vector<UfsEntry>& page) -> Status {
     std::lock_guard<std::mutex> lock(mu_);
     auto mit = mounts_.find(dir.mount_id());
@@ -186,23 +241,45 @@ Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
     rocksdb::WriteBatch batch;
     for (const UfsEntry& e : page) {
       std::string existing;
-      if (db_->Get({}, EntryKey(dir.ino(), e.name), &existing).ok()) continue;  // resumed listing
-      rpc::InodeRecord r;
-      r.set_ino(next_ino_++);
-      r.set_parent(dir.ino());
-      r.set_name(e.name);
-      r.set_type(e.is_dir ? rpc::DIRECTORY : rpc::REGULAR);
-      r.set_size(e.size);
-      r.set_mtime_ns(e.mtime_ns);
-      r.set_mode(e.mode);
-      r.set_uid(e.uid);
-      r.set_gid(e.gid);
-      r.set_mount_id(dir.mount_id());
-      r.set_ufs_path(JoinPath(dir.ufs_path(), e.name));
-      r.set_version(e.version);
-      r.set_block_size(block_size_);
+      if (db_->Get({}, EntryKey(dir.ino(), e.name), &existing).ok() && existing.size() >= 8) {
+        uint64_t ino = GetBe64(existing.data());
+        auto old = GetRecord(ino);
+        if (old.ok() && (old->type() == rpc::DIRECTORY) == e.is_dir) {
+          rpc::InodeRecord r = *old;
+          bool update = r.mode() != e.mode || r.uid() != e.uid || r.gid() != e.gid;
+          if (!e.is_dir && r.version() != e.version) {
+            // A new version: same inode, new identity for its blocks; the old blocks are reclaimed.
+            reclaim.push_back(MakeFileKey(uri, r.ufs_path(), r.version()));
+            mount.set_known_bytes(mount.known_bytes() + e.size - std::min(mount.known_bytes() + e.size, r.size()));
+            r.set_size(e.size);
+            r.set_version(e.version);
+            r.set_block_size(block_size_);
+            ++changed;
+            update = true;
+          }
+          if (e.is_dir && r.mtime_ns() != e.mtime_ns) update = true;
+          if (update) {
+            r.set_mtime_ns(e.mtime_ns);
+            r.set_mode(e.mode);
+            r.set_uid(e.uid);
+            r.set_gid(e.gid);
+            r.set_synced_ns(now);
+            batch.Put(InodeKey(ino), r.SerializeAsString());
+          }
+          batch.Put(EntryKey(dir.ino(), e.name), Be64(ino) + Be64(gen));
+          continue;
+        }
+        // A file became a directory or the other way round: drop the old one entirely.
+        uint64_t files = 0, bytes = 0;
+        RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &uri, &reclaim, &files, &bytes));
+        batch.Delete(ChildKey(dir.ino(), ino));
+        mount.set_known_files(mount.known_files() - std::min(mount.known_files(), files));
+        mount.set_known_bytes(mount.known_bytes() - std::min(mount.known_bytes(), bytes));
+        ++removed;
+      }
+      rpc::InodeRecord r = new_record(e);
       batch.Put(InodeKey(r.ino()), r.SerializeAsString());
-      batch.Put(EntryKey(dir.ino(), e.name), Be64(r.ino()));
+      batch.Put(EntryKey(dir.ino(), e.name), Be64(r.ino()) + Be64(gen));
       batch.Put(ChildKey(dir.ino(), r.ino()), "");
       if (!e.is_dir) {
         mount.set_known_files(mount.known_files() + 1);
@@ -214,15 +291,89 @@ Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
     RETURN_IF_ERROR(PutMountLocked(mount, &batch));
     return FromRocks(db_->Write({}, &batch), "write listing");
   });
-  if (!st.ok()) return st.WithContext("listing " + RedactUri(ufs->uri()) + "/" + dir.ufs_path());
-  fresh.set_listed(true);
-  {
-    // An unmount may have removed this directory while it was being listed; do not bring it back.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!mounts_.count(dir.mount_id())) return NotFoundError("the mount was removed while listing");
-    RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(fresh.ino()), fresh.SerializeAsString()), "mark listed"));
+  if (!st.ok()) {
+    Reclaim(std::move(reclaim));
+    return st.WithContext("listing " + RedactUri(ufs->uri()) + "/" + dir.ufs_path());
   }
-  spdlog::debug("listed '{}' of mount {}: {} entries", dir.ufs_path(), dir.mount_id(), added);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // An unmount may have removed this directory while it was being listed; do not bring it back.
+    auto mit = mounts_.find(dir.mount_id());
+    if (mit == mounts_.end()) return NotFoundError("the mount was removed while listing");
+    rocksdb::WriteBatch batch;
+    if (resync) {
+      // Children the listing did not see are gone from the under-storage.
+      rpc::MountInfo mount = mit->second;
+      std::string prefix = EntryKey(dir.ino(), "");
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+      std::vector<std::pair<std::string, uint64_t>> stale;
+      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+        rocksdb::Slice v = it->value();
+        uint64_t seen = v.size() == 16 ? GetBe64(v.data() + 8) : 0;
+        if (seen < gen) stale.emplace_back(it->key().ToString(), GetBe64(v.data()));
+      }
+      for (const auto& [key, ino] : stale) {
+        uint64_t files = 0, bytes = 0;
+        RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &uri, &reclaim, &files, &bytes));
+        batch.Delete(key);
+        batch.Delete(ChildKey(dir.ino(), ino));
+        mount.set_known_files(mount.known_files() - std::min(mount.known_files(), files));
+        mount.set_known_bytes(mount.known_bytes() - std::min(mount.known_bytes(), bytes));
+        ++removed;
+      }
+      RETURN_IF_ERROR(PutMountLocked(mount, &batch));
+    }
+    dir.set_listed(true);
+    dir.set_synced_ns(now);
+    dir.set_sync_gen(gen);
+    batch.Put(InodeKey(dir.ino()), dir.SerializeAsString());
+    RETURN_IF_ERROR(FromRocks(db_->Write({}, &batch), "mark listed"));
+  }
+  if (resync && (added || changed || removed)) {
+    spdlog::info("synced '{}' of mount {}: {} new, {} changed, {} removed", dir.ufs_path(), dir.mount_id(), added,
+                 changed, removed);
+  } else {
+    spdlog::debug("listed '{}' of mount {}: {} entries", dir.ufs_path(), dir.mount_id(), added);
+  }
+  Reclaim(std::move(reclaim));
+  return Status::OK();
+}
+
+Status Namespace::SyncFile(rpc::InodeRecord* r) {
+  ASSIGN_OR_RETURN(auto ufs, UfsFor(r->mount_id()));
+  auto e = ufs->Stat(r->ufs_path());
+  if (!e.ok()) {
+    if (e.status().IsNotFound()) return NotFoundError(r->ufs_path() + " was deleted from the under-storage");
+    // The under-storage cannot be asked: keep serving what is known.
+    spdlog::warn("metadata sync of {}: {}", r->ufs_path(), e.status().message());
+    return Status::OK();
+  }
+  if (e->is_dir) return NotFoundError(r->ufs_path() + " is now a directory in the under-storage");
+  std::vector<FileKey> reclaim;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto mit = mounts_.find(r->mount_id());
+    if (mit == mounts_.end()) return NotFoundError("the mount was removed");
+    rocksdb::WriteBatch batch;
+    if (e->version != r->version()) {
+      reclaim.push_back(MakeFileKey(mit->second.uri(), r->ufs_path(), r->version()));
+      rpc::MountInfo mount = mit->second;
+      mount.set_known_bytes(mount.known_bytes() + e->size - std::min(mount.known_bytes() + e->size, r->size()));
+      RETURN_IF_ERROR(PutMountLocked(mount, &batch));
+      r->set_size(e->size);
+      r->set_version(e->version);
+      r->set_block_size(block_size_);
+      spdlog::info("{} of mount {} has a new version", r->ufs_path(), r->mount_id());
+    }
+    r->set_mtime_ns(e->mtime_ns);
+    r->set_mode(e->mode);
+    r->set_uid(e->uid);
+    r->set_gid(e->gid);
+    r->set_synced_ns(NowNs());
+    batch.Put(InodeKey(r->ino()), r->SerializeAsString());
+    RETURN_IF_ERROR(FromRocks(db_->Write({}, &batch), "update file"));
+  }
+  Reclaim(std::move(reclaim));
   return Status::OK();
 }
 
@@ -298,7 +449,8 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
   return InternalError("mount record vanished");
 }
 
-Status Namespace::DeleteSubtreeLocked(uint64_t ino) {
+Status Namespace::DeleteSubtreeLocked(uint64_t ino, const std::string* uri, std::vector<FileKey>* reclaim,
+                                      uint64_t* files, uint64_t* bytes) {
   // Iterative depth-first walk; deletes are written in batches of bounded size.
   std::vector<uint64_t> stack{ino};
   rocksdb::WriteBatch batch;
@@ -313,7 +465,14 @@ Status Namespace::DeleteSubtreeLocked(uint64_t ino) {
       batch.Delete(it->key());
     }
     auto rec = GetRecord(cur);
-    if (rec.ok()) batch.Delete(EntryKey(rec->parent(), rec->name()));
+    if (rec.ok()) {
+      batch.Delete(EntryKey(rec->parent(), rec->name()));
+      if (uri != nullptr && rec->type() == rpc::REGULAR) {
+        reclaim->push_back(MakeFileKey(*uri, rec->ufs_path(), rec->version()));
+        ++*files;
+        *bytes += rec->size();
+      }
+    }
     batch.Delete(InodeKey(cur));
     if (batch.Count() > 10000) {
       RETURN_IF_ERROR(FromRocks(db_->Write({}, &batch), "delete subtree"));
@@ -391,6 +550,7 @@ StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name) 
 
 StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino) {
   ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(ino));
+  if (r.type() == rpc::REGULAR && SyncDue(r)) RETURN_IF_ERROR(SyncFile(&r));
   return AttrOf(r);
 }
 
@@ -414,6 +574,7 @@ StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path) {
 StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino) {
   ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(ino));
   if (r.type() != rpc::REGULAR) return InvalidArgumentError("inode " + std::to_string(ino) + " is not a file");
+  if (SyncDue(r)) RETURN_IF_ERROR(SyncFile(&r));
   rpc::FileInfo f;
   *f.mutable_attr() = AttrOf(r);
   f.set_mount_id(r.mount_id());

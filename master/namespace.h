@@ -5,12 +5,21 @@
 // Inode 1 is the root. `granary mount /a/b URI` creates virtual directories for /a (if needed) and a
 // mount-root inode for /a/b bound to URI. Below a mount root, directories are discovered lazily: the
 // first lookup or readdir of a directory lists it in the under-storage and records every child
-// (size, mtime, permission bits, version) as an inode. Nothing is re-listed afterwards (consistency
-// with a changing under-storage is a later step; see docs/semantics.md).
+// (size, mtime, permission bits, version) as an inode.
+//
+// Metadata sync: each mount has a sync interval (mount option metadata.sync_interval, default
+// master.metadata_sync_interval): never, always, or a duration. A directory whose last complete
+// listing is older than the interval is listed again on its next lookup or readdir: every child
+// seen is stamped with the listing's generation (in its E value); a file whose version changed is
+// updated in place (same inode, so readdir cookies stay valid; new version, so its old blocks are
+// never served to new opens); new children get new inodes; children the listing did not stamp are
+// deleted with their subtrees. A file whose record is older than the interval is checked with one
+// Stat when it is opened (GetFile) or its attributes are asked for. The FileKeys of replaced and
+// deleted versions go to the reclaim listener, which frees their cached blocks on the workers.
 //
 // RocksDB keys (be64 = 8-byte big-endian, so keys sort numerically):
 //   I be64(ino)                 -> InodeRecord
-//   E be64(parent) name         -> be64(child)      name lookup
+//   E be64(parent) name         -> be64(child) be64(generation of the listing that saw it)
 //   C be64(parent) be64(child)  -> ""               readdir order; the child inode is the cookie
 //   M be64(mount id)            -> MountInfo
 //   S next_ino / S next_mount   -> be64             allocators
@@ -36,6 +45,7 @@
 
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/tiers.h"
 #include "common/ufs/ufs.h"
 #include "proto/granary.pb.h"
 #include "proto/meta.pb.h"
@@ -48,8 +58,17 @@ class Namespace {
  public:
   // Opens (creating if needed) the RocksDB database in `data_dir`. `block_size` applies to files
   // discovered from now on; files keep the block size they were discovered with.
-  static StatusOr<std::unique_ptr<Namespace>> Open(const std::string& data_dir, uint64_t block_size);
+  // `default_sync_ms` applies to mounts without metadata.sync_interval (kSyncNever, 0 = always, or
+  // milliseconds); `cache_bytes` sizes RocksDB's block cache.
+  static StatusOr<std::unique_ptr<Namespace>> Open(const std::string& data_dir, uint64_t block_size,
+                                                    int64_t default_sync_ms = kSyncNever,
+                                                    uint64_t cache_bytes = 64 << 20);
   ~Namespace();
+
+  // Called, outside the namespace's locks, with the FileKeys of file versions that a sync replaced
+  // or deleted (their cached blocks can be freed). Set before serving.
+  using ReclaimFn = std::function<void(std::vector<FileKey>)>;
+  void SetReclaimListener(ReclaimFn fn) { on_reclaim_ = std::move(fn); }
 
   StatusOr<rpc::MountInfo> Mount(const std::string& path, const std::string& uri,
                                  const std::map<std::string, std::string>& options);
@@ -79,7 +98,14 @@ class Namespace {
   uint64_t block_size() const { return block_size_; }
 
  private:
-  Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size);
+  Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, int64_t default_sync_ms);
+  int64_t SyncIntervalMs(uint64_t mount_id) const;
+  bool SyncDue(const rpc::InodeRecord& r) const;
+  // Lists `dir` (first time or again), under its stripe lock.
+  Status ListDir(rpc::InodeRecord dir);
+  // A file record due for a check: Stat it and update it (new version, or NOT_FOUND when gone).
+  Status SyncFile(rpc::InodeRecord* r);
+  void Reclaim(std::vector<FileKey> keys);
   Status Init();
   StatusOr<rpc::InodeRecord> GetRecord(uint64_t ino) const;
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
@@ -87,10 +113,15 @@ class Namespace {
   StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id);
   rpc::Attr AttrOf(const rpc::InodeRecord& r) const;
   Status PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch);
-  Status DeleteSubtreeLocked(uint64_t ino);
+  // Deletes an inode and everything below it. With `uri`, the deleted files' FileKeys are appended
+  // to `reclaim` and their count and bytes to *files / *bytes.
+  Status DeleteSubtreeLocked(uint64_t ino, const std::string* uri = nullptr, std::vector<FileKey>* reclaim = nullptr,
+                             uint64_t* files = nullptr, uint64_t* bytes = nullptr);
 
   std::unique_ptr<rocksdb::DB> db_;
   const uint64_t block_size_;
+  const int64_t default_sync_ms_;
+  ReclaimFn on_reclaim_;
 
   mutable std::mutex mu_;                     // guards the fields below and all writes
   uint64_t next_ino_ = 2;                     // GUARDED_BY(mu_)

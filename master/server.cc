@@ -20,6 +20,40 @@ namespace {
 
 using grpc::ServerContext;
 
+// Calls `call` on every live worker; counts the successes in *told; returns the first failure.
+Status ForEachWorker(Cluster& cluster, const RpcSecurity& sec,
+                     const std::function<Status(rpc::Worker::Stub&, grpc::ClientContext&)>& call, uint32_t* told) {
+  Status first;
+  for (const auto& [id, address] : cluster.AliveWorkers()) {
+    auto stub = rpc::Worker::NewStub(sec.MakeChannel(address));
+    grpc::ClientContext ctx;
+    sec.Prepare(&ctx, std::chrono::seconds(30));
+    Status st = call(*stub, ctx);
+    if (st.ok()) {
+      ++*told;
+    } else if (first.ok()) {
+      first = st.WithContext("worker " + std::to_string(id) + " at " + address);
+    }
+  }
+  return first;
+}
+
+// Frees the cached blocks of these file versions on every live worker.
+Status FreeOnWorkers(Cluster& cluster, const RpcSecurity& sec, const std::vector<FileKey>& keys, uint64_t* blocks,
+                     uint32_t* told) {
+  rpc::FreeBlocksRequest fb;
+  for (const auto& k : keys) fb.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
+  return ForEachWorker(
+      cluster, sec,
+      [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
+        rpc::FreeBlocksResponse r;
+        Status s = FromGrpc(w.FreeBlocks(&ctx, fb, &r), "FreeBlocks");
+        *blocks += r.blocks();
+        return s;
+      },
+      told);
+}
+
 // Each handler checks the token, calls the namespace or cluster, and maps the Status once.
 class MasterService final : public rpc::Master::Service {
  public:
@@ -138,19 +172,7 @@ class MasterService final : public rpc::Master::Service {
   }
 
   Status ForWorkers(const std::function<Status(rpc::Worker::Stub&, grpc::ClientContext&)>& call, uint32_t* told) {
-    Status first;
-    for (const auto& [id, address] : cluster_->AliveWorkers()) {
-      auto stub = rpc::Worker::NewStub(sec_->MakeChannel(address));
-      grpc::ClientContext ctx;
-      sec_->Prepare(&ctx, std::chrono::seconds(30));
-      Status st = call(*stub, ctx);
-      if (st.ok()) {
-        ++*told;
-      } else if (first.ok()) {
-        first = st.WithContext("worker " + std::to_string(id) + " at " + address);
-      }
-    }
-    return first;
+    return ForEachWorker(*cluster_, *sec_, call, told);
   }
 
   Status DoPin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
@@ -215,23 +237,12 @@ class MasterService final : public rpc::Master::Service {
       return FailedPreconditionError(path + " overlaps the pinned path " + pinned + "; unpin it first (granary unpin " +
                                      pinned + ")");
     }
-    rpc::FreeBlocksRequest fb;
-    uint64_t files = 0;
-    RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) {
-      ++files;
-      fb.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
-    }));
-    resp->set_files(files);
+    std::vector<FileKey> keys;
+    RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) { keys.push_back(k); }));
+    resp->set_files(keys.size());
     uint64_t blocks = 0;
     uint32_t told = 0;
-    Status st = ForWorkers(
-        [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
-          rpc::FreeBlocksResponse r;
-          Status s = FromGrpc(w.FreeBlocks(&ctx, fb, &r), "FreeBlocks");
-          blocks += r.blocks();
-          return s;
-        },
-        &told);
+    Status st = FreeOnWorkers(*cluster_, *sec_, keys, &blocks, &told);
     resp->set_blocks(blocks);
     resp->set_workers(told);
     return st;
@@ -259,8 +270,15 @@ class MasterServerImpl final : public MasterServer {
   Status Init(const Config& cfg) {
     ASSIGN_OR_RETURN(sec_, RpcSecurity::FromConfig(cfg.rpc));
     RETURN_IF_ERROR(CheckCanListen(cfg.master.listen).WithContext("master.listen"));
-    ASSIGN_OR_RETURN(ns_, Namespace::Open(cfg.master.data_dir, cfg.master.block_size));
+    ASSIGN_OR_RETURN(ns_, Namespace::Open(cfg.master.data_dir, cfg.master.block_size, cfg.master.metadata_sync_ms,
+                                          cfg.master.rocksdb_cache));
     cluster_ = std::make_unique<Cluster>(cfg.master.worker_timeout);
+    // Versions replaced or deleted by a metadata sync: free their blocks in the background.
+    ns_->SetReclaimListener([this](std::vector<FileKey> keys) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reclaim_.size() < 1'000'000) reclaim_.insert(reclaim_.end(), keys.begin(), keys.end());
+      cv_.notify_all();
+    });
     service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), sec_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -276,8 +294,19 @@ class MasterServerImpl final : public MasterServer {
     expirer_ = std::thread([this, interval] {
       std::unique_lock<std::mutex> lock(mu_);
       while (!stop_) {
-        cv_.wait_for(lock, interval);
-        if (!stop_) cluster_->ExpireWorkers();
+        cv_.wait_for(lock, interval, [&] { return stop_ || !reclaim_.empty(); });
+        if (stop_) break;
+        cluster_->ExpireWorkers();
+        if (reclaim_.empty()) continue;
+        std::vector<FileKey> keys;
+        keys.swap(reclaim_);
+        lock.unlock();
+        uint64_t blocks = 0;
+        uint32_t told = 0;
+        Status st = FreeOnWorkers(*cluster_, *sec_, keys, &blocks, &told);
+        if (!st.ok()) spdlog::warn("reclaiming the blocks of {} replaced file versions: {}", keys.size(), st.message());
+        spdlog::info("reclaimed {} cached blocks of {} replaced or deleted file versions", blocks, keys.size());
+        lock.lock();
       }
     });
     spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
@@ -310,7 +339,8 @@ class MasterServerImpl final : public MasterServer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  std::thread expirer_;
+  std::vector<FileKey> reclaim_;  // GUARDED_BY(mu_)
+  std::thread expirer_;           // expires workers and sends reclaims
 };
 
 }  // namespace

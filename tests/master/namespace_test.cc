@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <set>
 #include <thread>
 
@@ -129,6 +130,133 @@ TEST_F(NamespaceTest, UnmountRemovesSubtreeAndEmptyParents) {
   EXPECT_EQ(ns_->Resolve("/p").status().code(), Code::kNotFound);
   EXPECT_EQ(ns_->Unmount("/p/q").status().code(), Code::kNotFound);
   EXPECT_TRUE(ns_->ListMounts().empty());
+}
+
+}  // namespace
+}  // namespace granary::master
+
+namespace granary::master {
+namespace {
+
+// Metadata sync against a local directory: changes appear on the next access after the interval.
+class NamespaceSyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFile(dir_ / "src/d/keep.jpg", "keep");
+    testing::WriteFile(dir_ / "src/d/change.jpg", "old");
+    testing::WriteFile(dir_ / "src/d/gone.jpg", "gone");
+    testing::WriteFile(dir_ / "src/d/sub/deep.jpg", "deep");
+    auto ns = Namespace::Open(dir_ / "db", 4096);
+    ASSERT_TRUE(ns.ok()) << ns.status().message();
+    ns_ = std::move(ns).value();
+    ns_->SetReclaimListener([this](std::vector<FileKey> keys) {
+      reclaimed_.insert(reclaimed_.end(), keys.begin(), keys.end());
+    });
+  }
+  rpc::MountInfo Mount(const std::string& interval) {
+    std::map<std::string, std::string> opts;
+    if (!interval.empty()) opts["metadata.sync_interval"] = interval;
+    auto m = ns_->Mount("/ds", "file://" + dir_ / "src", opts);
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return m.ok() ? *m : rpc::MountInfo();
+  }
+  std::map<std::string, rpc::Attr> List(uint64_t ino) {
+    std::map<std::string, rpc::Attr> out;
+    uint64_t after = 0;
+    for (;;) {
+      rpc::ReadDirResponse page;
+      EXPECT_TRUE(ns_->ReadDir(ino, after, 2, &page).ok());
+      for (const auto& e : page.entries()) {
+        EXPECT_TRUE(out.emplace(e.name(), e.attr()).second) << "duplicate " << e.name();
+        after = e.cookie();
+      }
+      if (page.end()) break;
+    }
+    return out;
+  }
+  void ChangeTheSource() {
+    // A different size guarantees a new version whatever the mtime granularity.
+    testing::WriteFile(dir_ / "src/d/change.jpg", "new bytes");
+    std::filesystem::remove(dir_ / "src/d/gone.jpg");
+    std::filesystem::remove_all(dir_ / "src/d/sub");
+    testing::WriteFile(dir_ / "src/d/new.jpg", "new");
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Namespace> ns_;
+  std::vector<FileKey> reclaimed_;
+};
+
+TEST_F(NamespaceSyncTest, AlwaysSeesAddsChangesAndDeletes) {
+  rpc::MountInfo m = Mount("always");
+  auto d = ns_->Lookup(m.root_ino(), "d");
+  ASSERT_TRUE(d.ok());
+  auto before = List(d->ino());
+  ASSERT_EQ(before.size(), 4u);
+  auto old_file = ns_->GetFile(before["change.jpg"].ino());
+  ASSERT_TRUE(old_file.ok());
+  ASSERT_TRUE(ns_->Lookup(before["sub"].ino(), "deep.jpg").ok());  // known, so reclaimed when deleted
+  ChangeTheSource();
+  auto after = List(d->ino());
+  EXPECT_EQ(after.size(), 3u);
+  EXPECT_TRUE(after.count("keep.jpg"));
+  EXPECT_TRUE(after.count("new.jpg"));
+  EXPECT_FALSE(after.count("gone.jpg"));
+  EXPECT_FALSE(after.count("sub"));
+  // The changed file keeps its inode (cookies stay valid) and gets a new version.
+  ASSERT_TRUE(after.count("change.jpg"));
+  EXPECT_EQ(after["change.jpg"].ino(), before["change.jpg"].ino());
+  EXPECT_EQ(after["change.jpg"].size(), 9u);
+  auto new_file = ns_->GetFile(after["change.jpg"].ino());
+  ASSERT_TRUE(new_file.ok());
+  EXPECT_NE(new_file->version(), old_file->version());
+  // The old version, the deleted file and the deleted subtree's file are reclaimed.
+  std::string uri = "file://" + dir_ / "src";
+  std::set<FileKey> got(reclaimed_.begin(), reclaimed_.end());
+  EXPECT_TRUE(got.count(MakeFileKey(uri, "d/change.jpg", old_file->version())));
+  EXPECT_EQ(got.size(), 3u);
+  EXPECT_FALSE(ns_->GetAttr(before["gone.jpg"].ino()).ok());
+  // Mount statistics follow.
+  auto mounts = ns_->ListMounts();
+  ASSERT_EQ(mounts.size(), 1u);
+  EXPECT_EQ(mounts[0].known_files(), 3u);
+  EXPECT_EQ(mounts[0].known_bytes(), 4u + 9u + 3u);
+}
+
+TEST_F(NamespaceSyncTest, OpeningAChangedFileChecksItsVersion) {
+  rpc::MountInfo m = Mount("always");
+  auto d = ns_->Lookup(m.root_ino(), "d");
+  auto f = ns_->Lookup(d->ino(), "change.jpg");
+  ASSERT_TRUE(f.ok());
+  auto v1 = ns_->GetFile(f->ino());
+  testing::WriteFile(dir_ / "src/d/change.jpg", "a longer body");
+  auto v2 = ns_->GetFile(f->ino());
+  ASSERT_TRUE(v2.ok());
+  EXPECT_NE(v2->version(), v1->version());
+  EXPECT_EQ(v2->attr().size(), 13u);
+  std::filesystem::remove(dir_ / "src/d/change.jpg");
+  EXPECT_EQ(ns_->GetFile(f->ino()).status().code(), Code::kNotFound);
+}
+
+TEST_F(NamespaceSyncTest, NeverKeepsTheFirstListing) {
+  rpc::MountInfo m = Mount("never");
+  auto d = ns_->Lookup(m.root_ino(), "d");
+  ASSERT_EQ(List(d->ino()).size(), 4u);
+  ChangeTheSource();
+  EXPECT_EQ(List(d->ino()).size(), 4u);
+  EXPECT_TRUE(reclaimed_.empty());
+}
+
+TEST_F(NamespaceSyncTest, AnIntervalWaitsForItsTime) {
+  rpc::MountInfo m = Mount("1h");
+  auto d = ns_->Lookup(m.root_ino(), "d");
+  ASSERT_EQ(List(d->ino()).size(), 4u);
+  ChangeTheSource();
+  EXPECT_EQ(List(d->ino()).size(), 4u) << "not due yet";
+  // A bad interval is refused at mount time.
+  auto bad = ns_->Mount("/other", "file://" + dir_ / "src", {{"metadata.sync_interval", "sometimes"}});
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("metadata.sync_interval"), std::string::npos) << bad.status().message();
 }
 
 }  // namespace
