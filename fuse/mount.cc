@@ -13,6 +13,8 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <mutex>
 #include <thread>
 
@@ -311,16 +313,42 @@ fuse_lowlevel_ops MakeOps() {
 
 // ---- mount lifecycle ------------------------------------------------------------------------
 
+// The minor device number of the FUSE mount at `mp` (its /sys/fs/fuse/connections entry), read
+// from /proc/self/mountinfo: stat() on the mount itself would be a request to this very process,
+// which hangs once its loop has stopped serving.
+std::optional<unsigned> FuseConnection(const std::string& mp) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point;
+    f >> id >> parent >> dev >> root >> point;
+    std::string decoded;  // mountinfo escapes space, tab, newline and backslash as \ooo
+    for (size_t i = 0; i < point.size(); ++i) {
+      if (point[i] == '\\' && i + 3 < point.size()) {
+        decoded += static_cast<char>(std::stoi(point.substr(i + 1, 3), nullptr, 8));
+        i += 3;
+      } else {
+        decoded += point[i];
+      }
+    }
+    auto colon = dev.find(':');
+    if (decoded == mp && colon != std::string::npos && line.find(" - fuse") != std::string::npos) {
+      return static_cast<unsigned>(std::stoul(dev.substr(colon + 1)));
+    }
+  }
+  return std::nullopt;
+}
+
 // Unmounts `mp`: plainly, or lazily when busy (then aborts the connection so the loop ends).
 void Unmount(const std::string& mp) {
-  struct stat st {};
-  bool have_dev = stat(mp.c_str(), &st) == 0;
+  std::optional<unsigned> conn = FuseConnection(mp);
   if (geteuid() == 0) {
     if (umount2(mp.c_str(), 0) == 0) return;
     if (errno == EINVAL || errno == ENOENT) return;  // not mounted any more
     umount2(mp.c_str(), MNT_DETACH);
-    if (have_dev) {
-      std::ofstream abort("/sys/fs/fuse/connections/" + std::to_string(minor(st.st_dev)) + "/abort");
+    if (conn) {
+      std::ofstream abort("/sys/fs/fuse/connections/" + std::to_string(*conn) + "/abort");
       if (abort) abort << "1";
     }
     return;

@@ -3,7 +3,7 @@
 
 Usage: s3_put.py ENDPOINT ACCESS_KEY SECRET_KEY SPEC.json
 SPEC: {"bucket": "name", "objects": [{"key": "a/b", "file": "/path"} | {"key": "a/c", "text": "..."},
-       {"many": "prefix/", "count": 1100}]}
+       {"many": "prefix/", "count": 1100} | {"delete": "a/d"}]}
 """
 import json
 import sys
@@ -20,7 +20,9 @@ def main():
     if spec.get("create", True):
         s3.create_bucket(Bucket=spec["bucket"])
     for o in spec["objects"]:
-        if "many" in o:
+        if "delete" in o:
+            s3.delete_object(Bucket=spec["bucket"], Key=o["delete"])
+        elif "many" in o:
             for i in range(o["count"]):
                 s3.put_object(Bucket=spec["bucket"], Key="%s%05d" % (o["many"], i), Body=b"x")
         elif "file" in o:

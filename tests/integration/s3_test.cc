@@ -263,6 +263,80 @@ TEST_F(S3Test, DatasetOnS3ReadsByteIdenticalThroughFuse) {
   EXPECT_FALSE(IsMounted(dir / "mnt"));
 }
 
+// Objects modified, deleted and added in RGW show through the mount after the sync interval, and a
+// read in progress never mixes the old and the new bytes.
+TEST_F(S3Test, MetadataSyncShowsChangesAndNeverMixesVersions) {
+  TempDir dir;
+  mkdir((dir / "mnt").c_str(), 0755);
+  std::string v1 = RandomBytes(1'000'000, 21), v2 = RandomBytes(1'000'000, 22);
+  WriteFile(dir / "v1.bin", v1);
+  WriteFile(dir / "v2.bin", v2);
+  auto put = [&](const nlohmann::json& objects) {
+    nlohmann::json spec = {{"bucket", "granary-test"}, {"create", false}, {"objects", objects}};
+    WriteFile(dir / "spec.json", spec.dump());
+    RunResult r = RunCommand({"/usr/bin/python3", SourceDir() + "/tests/integration/s3_put.py", endpoint_, ak_, sk_,
+                              dir / "spec.json"});
+    ASSERT_EQ(r.code, 0) << r.out;
+  };
+  put({{{"key", "sync/a.txt"}, {"text", "A1"}},
+       {{"key", "sync/b.txt"}, {"text", "B"}},
+       {{"key", "sync/big.bin"}, {"file", dir / "v1.bin"}}});
+  std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"},
+                                         {"AWS_ACCESS_KEY_ID", ak_},
+                                         {"AWS_SECRET_ACCESS_KEY", sk_},
+                                         {"AWS_ENDPOINT_URL", endpoint_}};
+  Process local({Bin("granary"), "local", "s3://granary-test/sync", dir / "mnt", "--dir", dir / "state", "-o",
+                 "metadata.sync_interval=1s", "--master.block_size", "64Ki", "--fuse.entry_timeout", "0s",
+                 "--fuse.attr_timeout", "0s", "--fuse.negative_timeout", "0s"},
+                dir / "local.log", env);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+  auto names = [&] {
+    std::set<std::string> out;
+    for (auto& e : std::filesystem::directory_iterator(dir / "mnt")) out.insert(e.path().filename());
+    return out;
+  };
+  EXPECT_EQ(names(), (std::set<std::string>{"a.txt", "b.txt", "big.bin"}));
+  EXPECT_EQ(ReadFile(dir / "mnt/a.txt"), "A1");
+
+  // Open the old version and read its first block, then replace it in the under-storage.
+  int fd = open((dir / "mnt/big.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string got(65536, '\0');
+  ASSERT_EQ(pread(fd, got.data(), got.size(), 0), 65536);
+  ASSERT_EQ(got, v1.substr(0, 65536));
+  put({{{"key", "sync/big.bin"}, {"file", dir / "v2.bin"}},
+       {{"key", "sync/a.txt"}, {"text", "A2, longer"}},
+       {{"delete", "sync/b.txt"}},
+       {{"key", "sync/c.txt"}, {"text", "C"}}});
+  // The open file goes on with the old bytes or fails; it never returns bytes of the new version.
+  int errors = 0;
+  for (size_t off = 65536; off < v1.size(); off += 65536) {
+    std::string part(std::min<size_t>(65536, v1.size() - off), '\0');
+    ssize_t n = pread(fd, part.data(), part.size(), static_cast<off_t>(off));
+    if (n < 0) {
+      ++errors;
+      EXPECT_TRUE(errno == ESTALE || errno == EIO) << strerror(errno);
+      continue;
+    }
+    part.resize(static_cast<size_t>(n));
+    ASSERT_EQ(part, v1.substr(off, part.size())) << "bytes of two versions mixed at offset " << off;
+  }
+  close(fd);
+  EXPECT_GT(errors, 0) << "uncached blocks of the replaced version cannot be fetched any more";
+
+  // After the interval: the new listing and the new bytes.
+  ASSERT_TRUE(WaitFor([&] { return names() == std::set<std::string>{"a.txt", "big.bin", "c.txt"}; }))
+      << local.Log();
+  ASSERT_TRUE(WaitFor([&] { return ReadFile(dir / "mnt/a.txt") == "A2, longer"; }));
+  std::string now;
+  ASSERT_TRUE(WaitFor([&] { return ReadFileChecked(dir / "mnt/big.bin", &now) && now == v2; }));
+  EXPECT_EQ(ReadFile(dir / "mnt/c.txt"), "C");
+  std::string log = local.Log();
+  EXPECT_NE(log.find("synced"), std::string::npos) << log;
+  EXPECT_EQ(local.Stop(SIGTERM), 0) << log;
+}
+
 TEST_F(S3Test, TransientFaultsAreRetriedAndNeverReturnWrongBytes) {
   auto http = std::make_shared<FaultHttp>();
   auto ufs = Open("s3://granary-test/ds", {{"retry_deadline", "60s"}}, http);
