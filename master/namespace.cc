@@ -203,7 +203,16 @@ Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
   std::lock_guard<std::mutex> list_lock(list_locks_[dir.ino() % list_locks_.size()]);
   ASSIGN_OR_RETURN(rpc::InodeRecord fresh, GetRecord(dir.ino()));
   if (fresh.listed() && !SyncDue(fresh)) return Status::OK();  // another caller just listed it
-  return ListDir(std::move(fresh));
+  bool was_listed = fresh.listed();
+  std::string path = fresh.ufs_path();
+  Status st = ListDir(std::move(fresh));
+  if (!st.ok() && was_listed && GetMount(dir.mount_id()).ok()) {
+    // A re-sync failed (the under-storage is unreachable, or the directory is gone and its parent's
+    // sync will remove it): keep serving what is known.
+    spdlog::warn("metadata sync of '{}' failed, serving the last listing: {}", path, st.message());
+    return Status::OK();
+  }
+  return st;
 }
 
 Status Namespace::ListDir(rpc::InodeRecord dir) {
