@@ -7,10 +7,8 @@ StatusOr<std::unique_ptr<Client>> Client::Create(const Config& cfg) {
   return std::unique_ptr<Client>(new Client(cfg, std::move(sec)));
 }
 
-Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec) : cfg_(cfg), sec_(std::move(sec)) {
-  master_ = rpc::Master::NewStub(sec_->MakeChannel(cfg_.master.address));
-  worker_ = rpc::Worker::NewStub(sec_->MakeChannel(cfg_.fuse.worker));
-}
+Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
+    : cfg_(cfg), sec_(std::move(sec)), master_(sec_, cfg_.master.address), worker_(sec_, cfg_.fuse.worker) {}
 
 StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name) {
   rpc::LookupRequest req;
@@ -19,7 +17,7 @@ StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name) {
   rpc::AttrResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_->Lookup(&ctx, req, &resp), "the master"));
+  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->Lookup(&ctx, req, &resp)), "the master"));
   return resp.attr();
 }
 
@@ -29,7 +27,7 @@ StatusOr<rpc::Attr> Client::GetAttr(uint64_t ino) {
   rpc::AttrResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_->GetAttr(&ctx, req, &resp), "the master"));
+  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->GetAttr(&ctx, req, &resp)), "the master"));
   return resp.attr();
 }
 
@@ -39,7 +37,7 @@ StatusOr<rpc::Attr> Client::Resolve(const std::string& path) {
   rpc::AttrResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_->ResolvePath(&ctx, req, &resp), "the master at " + cfg_.master.address));
+  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->ResolvePath(&ctx, req, &resp)), "the master at " + cfg_.master.address));
   return resp.attr();
 }
 
@@ -50,7 +48,7 @@ Status Client::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDi
   req.set_limit(limit);
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  return FromGrpc(master_->ReadDir(&ctx, req, out), "the master");
+  return FromGrpc(master_.Note(master_.Get()->ReadDir(&ctx, req, out)), "the master");
 }
 
 StatusOr<rpc::FileInfo> Client::GetFile(uint64_t ino) {
@@ -59,7 +57,7 @@ StatusOr<rpc::FileInfo> Client::GetFile(uint64_t ino) {
   rpc::FileInfo resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_->GetFile(&ctx, req, &resp), "the master"));
+  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->GetFile(&ctx, req, &resp)), "the master"));
   return resp;
 }
 
@@ -68,7 +66,7 @@ StatusOr<rpc::WorkerStats> Client::WorkerStats() {
   rpc::WorkerStats resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(worker_->GetStats(&ctx, req, &resp), "the worker at " + cfg_.fuse.worker));
+  RETURN_IF_ERROR(FromGrpc(worker_.Note(worker_.Get()->GetStats(&ctx, req, &resp)), "the worker at " + cfg_.fuse.worker));
   return resp;
 }
 
@@ -92,14 +90,14 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
     req.set_length(want);
     grpc::ClientContext ctx;
     sec_->Prepare(&ctx, cfg_.rpc.timeout);
-    auto reader = worker_->ReadBlock(&ctx, req);
+    auto reader = worker_.Get()->ReadBlock(&ctx, req);
     rpc::ReadBlockChunk chunk;
     uint64_t got = 0;
     while (reader->Read(&chunk)) {
       out->append(chunk.data());
       got += chunk.data().size();
     }
-    RETURN_IF_ERROR(FromGrpc(reader->Finish(), "the worker at " + cfg_.fuse.worker));
+    RETURN_IF_ERROR(FromGrpc(worker_.Note(reader->Finish()), "the worker at " + cfg_.fuse.worker));
     if (got != want) return DataLossError("the worker returned " + std::to_string(got) + " bytes, wanted " + std::to_string(want));
     offset += got;
   }

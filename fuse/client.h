@@ -29,8 +29,8 @@ class Client {
   Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
   const Config cfg_;
   std::shared_ptr<RpcSecurity> sec_;
-  std::unique_ptr<rpc::Master::Stub> master_;
-  std::unique_ptr<rpc::Worker::Stub> worker_;
+  StubHolder<rpc::Master> master_;
+  StubHolder<rpc::Worker> worker_;
 };
 
 }  // namespace granary::fuse

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/config.h"
@@ -39,6 +40,41 @@ class RpcSecurity {
  private:
   std::string token_;
   std::string cert_, key_, ca_;
+};
+
+// A client stub whose channel is replaced when a call fails with UNAVAILABLE (at most once per
+// 500 ms). A fresh channel connects as soon as the server is back, where a channel that saw the
+// server die can sit in gRPC's reconnect backoff for several seconds. Thread-safe.
+template <typename Service>
+class StubHolder {
+ public:
+  using Stub = typename Service::Stub;
+  StubHolder(std::shared_ptr<RpcSecurity> sec, std::string address)
+      : sec_(std::move(sec)), address_(std::move(address)), stub_(Service::NewStub(sec_->MakeChannel(address_))) {}
+
+  std::shared_ptr<Stub> Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stub_;
+  }
+  // Call with every finished call's status; returns it unchanged.
+  const grpc::Status& Note(const grpc::Status& st) {
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_reset_ > std::chrono::milliseconds(500)) {
+      stub_ = Service::NewStub(sec_->MakeChannel(address_));
+      last_reset_ = now;
+    }
+    return st;
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  std::shared_ptr<RpcSecurity> sec_;
+  const std::string address_;
+  std::mutex mu_;
+  std::shared_ptr<Stub> stub_;                          // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point last_reset_{};  // GUARDED_BY(mu_)
 };
 
 }  // namespace granary

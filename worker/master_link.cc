@@ -18,7 +18,7 @@ rpc::BlockRef ToBlockRef(const BlockMeta& m) {
 
 MasterLink::MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats)
     : cfg_(cfg), sec_(std::move(sec)), store_(store), stats_(std::move(stats)) {
-  stub_ = rpc::Master::NewStub(sec_->MakeChannel(cfg_.master.address));
+  stub_ = std::make_unique<StubHolder<rpc::Master>>(sec_, cfg_.master.address);
 }
 
 MasterLink::~MasterLink() { Stop(); }
@@ -66,7 +66,7 @@ Status MasterLink::Register() {
   rpc::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(stub_->RegisterWorker(&ctx, req, &resp), "the master at " + cfg_.master.address));
+  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->RegisterWorker(&ctx, req, &resp)), "the master at " + cfg_.master.address));
   std::vector<FileKey> pins;
   for (const auto& k : resp.pinned_keys()) {
     if (k.size() != 16) continue;
@@ -96,7 +96,7 @@ Status MasterLink::Beat() {
   rpc::HeartbeatResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(stub_->Heartbeat(&ctx, req, &resp), "the master"));
+  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->Heartbeat(&ctx, req, &resp)), "the master"));
   if (resp.reregister()) {
     std::lock_guard<std::mutex> lock(mu_);
     worker_id_ = 0;
@@ -119,7 +119,7 @@ Status MasterLink::Flush() {
   rpc::ReportBlocksResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  Status st = FromGrpc(stub_->ReportBlocks(&ctx, req, &resp), "the master");
+  Status st = FromGrpc(stub_->Note(stub_->Get()->ReportBlocks(&ctx, req, &resp)), "the master");
   if (!st.ok() || resp.reregister()) {
     // The next registration sends the full list, which includes these blocks.
     std::lock_guard<std::mutex> lock(mu_);
@@ -165,7 +165,7 @@ StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   rpc::MountInfo info;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(stub_->GetMount(&ctx, req, &info), "the master at " + cfg_.master.address));
+  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->GetMount(&ctx, req, &info)), "the master at " + cfg_.master.address));
   std::map<std::string, std::string> opts(info.options().begin(), info.options().end());
   std::map<std::string, std::string> ufs_options;
   MountCacheOptions cache_options;

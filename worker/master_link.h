@@ -52,7 +52,7 @@ class MasterLink final : public MountResolver, public BlockReporter {
   std::string advertise_;  // set once by Start
   BlockStore* store_;
   StatsFn stats_;
-  std::unique_ptr<rpc::Master::Stub> stub_;
+  std::unique_ptr<StubHolder<rpc::Master>> stub_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -41,18 +41,33 @@ LocalCluster::~LocalCluster() {
 }
 
 bool LocalCluster::StartDaemons(std::string* why) {
+  if (!StartMaster("127.0.0.1:0", why)) return false;
+  return StartWorker("127.0.0.1:0", why);
+}
+
+bool LocalCluster::StartMaster(const std::string& listen, std::string* why) {
   unlink((dir_ / "master.addr").c_str());
   master_ = std::make_unique<Process>(
-      With(std::vector<std::string>{Bin("granary-master"), "--master.listen", "127.0.0.1:0", "--master.data_dir",
-                               dir_ / "master", "--master.block_size", opts_.block_size, "--master.worker_timeout",
-                               "30s", "--ready-file", dir_ / "master.addr"}, opts_.extra_args),
+      With(std::vector<std::string>{Bin("granary-master"), "--master.listen", listen, "--master.data_dir",
+                                    dir_ / "master", "--master.block_size", opts_.block_size,
+                                    "--master.worker_timeout", "30s", "--ready-file", dir_ / "master.addr"},
+           opts_.extra_args),
       dir_ / "master.log");
   master_addr_ = WaitForReadyFile(dir_ / "master.addr", master_.get());
   if (master_addr_.empty()) {
     *why = "master did not start:\n" + master_->Log();
     return false;
   }
-  return StartWorker("127.0.0.1:0", why);
+  return true;
+}
+
+void LocalCluster::KillMaster() {
+  if (master_) master_->Stop(SIGKILL);
+}
+
+bool LocalCluster::RestartMaster(std::string* why) {
+  KillMaster();
+  return StartMaster(master_addr_, why);
 }
 
 bool LocalCluster::StartWorker(const std::string& listen, std::string* why) {

@@ -39,6 +39,11 @@ class LocalCluster {
   // kill -9 the worker, then start it again on the same address and cache.
   void KillWorker();
   bool RestartWorker(std::string* why);
+  // kill -9 the master, then start it again on the same address and data directory.
+  void KillMaster();
+  bool RestartMaster(std::string* why);
+  pid_t master_pid() const { return master_ ? master_->pid() : -1; }
+  pid_t fuse_pid() const { return fuse_ ? fuse_->pid() : -1; }
 
   // Stops FUSE, worker and master with SIGTERM; returns false if one did not exit with 0.
   bool StopAll(std::string* why);
@@ -52,6 +57,7 @@ class LocalCluster {
   ClusterOptions opts_;
   std::unique_ptr<Process> master_, worker_, fuse_;
   bool StartWorker(const std::string& listen, std::string* why);
+  bool StartMaster(const std::string& listen, std::string* why);
   std::string master_addr_, worker_addr_;
 };
 

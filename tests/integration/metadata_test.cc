@@ -1,0 +1,167 @@
+// Metadata at scale and across master crashes, through real processes and a real FUSE mount.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Resident memory of a process in bytes (VmRSS).
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  uint64_t kb = 0;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      in >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+// Empty files, fast (no data to write).
+void MakeEmptyFiles(const std::string& dir, int n) {
+  fs::create_directories(dir);
+  for (int i = 0; i < n; ++i) {
+    std::string p = dir + "/f" + std::to_string(i) + ".jpg";
+    int fd = open(p.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0) << p;
+    close(fd);
+  }
+}
+
+class MetadataTest : public ::testing::Test {
+ protected:
+  void Start() {
+    std::string why;
+    ASSERT_TRUE(cluster_.StartDaemons(&why)) << why;
+    RunResult m = cluster_.Cli({"mount", "/ds", "file://" + dir_ / "src"});
+    ASSERT_EQ(m.code, 0) << m.out;
+    ASSERT_TRUE(cluster_.StartFuse(&why)) << why;
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << cluster_.Logs();
+  }
+  std::string Mnt(const std::string& rel) const { return cluster_.mountpoint() + "/ds/" + rel; }
+
+  TempDir dir_;
+  LocalCluster cluster_{dir_};
+};
+
+TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemory) {
+  constexpr int kEntries = 100'000;
+  MakeEmptyFiles(dir_ / "src/big", kEntries);
+  Start();
+  uint64_t fuse_before = RssBytes(cluster_.fuse_pid());
+  std::set<std::string> seen;
+  size_t dups = 0;
+  DIR* d = opendir(Mnt("big").c_str());
+  ASSERT_NE(d, nullptr);
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    if (!seen.insert(name).second) ++dups;
+  }
+  closedir(d);
+  EXPECT_EQ(dups, 0u);
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kEntries));
+  EXPECT_TRUE(seen.count("f0.jpg") && seen.count("f99999.jpg"));
+  // Neither process holds the directory as a whole: the master streams it from RocksDB in pages,
+  // granary-fuse forwards page by page.
+  uint64_t master_rss = RssBytes(cluster_.master_pid());
+  uint64_t fuse_growth = RssBytes(cluster_.fuse_pid()) - std::min(fuse_before, RssBytes(cluster_.fuse_pid()));
+  EXPECT_LT(master_rss, 400ull << 20) << "master RSS " << master_rss;
+  EXPECT_LT(fuse_growth, 64ull << 20) << "granary-fuse grew by " << fuse_growth;
+  // A second listing (now from RocksDB only) gives the same entries.
+  size_t again = 0;
+  for (auto& e : fs::directory_iterator(Mnt("big"))) again += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(again, static_cast<size_t>(kEntries));
+}
+
+TEST_F(MetadataTest, KillNineMasterDuringReadsAndListingLosesNothing) {
+  for (int i = 0; i < 20; ++i) WriteFile(dir_ / ("src/imgs/x" + std::to_string(i) + ".jpg"), RandomBytes(200000, i));
+  MakeEmptyFiles(dir_ / "src/wide", 30'000);
+  Start();
+  // Open one file and look up the others, so their metadata is cached in the kernel and granary-fuse.
+  int fd = open(Mnt("imgs/x0.jpg").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string head(1000, '\0');
+  ASSERT_EQ(pread(fd, head.data(), head.size(), 0), 1000);
+  for (int i = 1; i < 20; ++i) {
+    std::string got;
+    ASSERT_TRUE(ReadFileChecked(Mnt("imgs/x" + std::to_string(i) + ".jpg"), &got));
+  }
+  // Start listing the wide directory in the background, and kill -9 the master while it lists.
+  std::atomic<bool> listing_done{false};
+  std::thread lister([&] {
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(Mnt("wide"), ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    }
+    listing_done = true;
+  });
+  // Wait until the listing is being written (RocksDB's log grows), then kill.
+  auto wal_bytes = [&] {
+    uint64_t n = 0;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(dir_ / "master", ec)) {
+      if (e.path().extension() == ".log") n += e.file_size(ec);
+    }
+    return n;
+  };
+  uint64_t wal_before = wal_bytes();
+  ASSERT_TRUE(WaitFor([&] { return wal_bytes() > wal_before + 256 * 1024 || listing_done; }));
+  bool mid_listing = !listing_done;
+  cluster_.KillMaster();
+  RecordProperty("killed_mid_listing", mid_listing ? "yes" : "no");
+  // With the master down: the open file reads on, and files whose metadata is cached still open.
+  std::string rest(199000, '\0');
+  ASSERT_EQ(pread(fd, rest.data(), rest.size(), 1000), 199000);
+  EXPECT_EQ(head + rest, RandomBytes(200000, 0));
+  close(fd);
+  for (int i = 1; i < 20; ++i) {
+    std::string got;
+    EXPECT_TRUE(ReadFileChecked(Mnt("imgs/x" + std::to_string(i) + ".jpg"), &got)) << i;
+    EXPECT_EQ(got, RandomBytes(200000, i)) << i;
+  }
+  lister.join();
+  // Restart: the namespace comes back from RocksDB, the listing completes without duplicates, the
+  // worker re-registers with its blocks.
+  std::string why;
+  ASSERT_TRUE(cluster_.RestartMaster(&why)) << why;
+  std::set<std::string> names;
+  size_t dups = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    names.clear();
+    dups = 0;
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(Mnt("wide"), ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      if (!names.insert(it->path().filename()).second) ++dups;
+    }
+    return !ec && names.size() == 30'000;
+  })) << names.size() << " entries";
+  EXPECT_EQ(dups, 0u);
+  RunResult ls = cluster_.Cli({"ls", "/ds/imgs"});
+  EXPECT_EQ(ls.code, 0) << ls.out;
+  EXPECT_NE(ls.out.find("x19.jpg"), std::string::npos) << ls.out;
+  nlohmann::json r;
+  ASSERT_TRUE(WaitFor([&] {
+    r = cluster_.Report();
+    return !r.is_null() && !r["mounts"].empty() && r["mounts"][0]["cached_blocks"].get<uint64_t>() >= 20;
+  })) << r.dump(2);
+}
+
+}  // namespace
+}  // namespace granary::testing
