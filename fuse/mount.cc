@@ -17,6 +17,7 @@
 #include <sstream>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "common/shutdown.h"
 #include "fuse/client.h"
@@ -36,6 +37,8 @@ struct Fs {
   Config cfg;
   std::unique_ptr<Client> client;
   std::unique_ptr<FileCache> files;
+  std::mutex dir_gens_mu;
+  std::unordered_map<uint64_t, uint64_t> dir_gens;  // master ino -> generation whose listing the kernel may hold
   uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
@@ -112,8 +115,25 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   fuse_reply_attr(req, &st, Seconds(fs->cfg.fuse.attr_timeout));
 }
 
-void OpOpendir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  fi->cache_readdir = 0;
+// The kernel may cache a directory's listing (cache_readdir); it keeps the cached listing across
+// opens (keep_cache) only while the master reports the same generation for the directory, which
+// changes whenever its entries change (a sync, a mount). Asking for the attributes also lets the
+// master run a sync that is due.
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Fs* fs = FsOf(req);
+  auto a = fs->client->GetAttr(fs->ToMaster(ino));
+  fi->cache_readdir = a.ok() ? 1 : 0;
+  fi->keep_cache = 0;
+  if (a.ok()) {
+    std::lock_guard<std::mutex> lock(fs->dir_gens_mu);
+    auto [it, fresh] = fs->dir_gens.emplace(a->ino(), a->generation());
+    if (!fresh && it->second == a->generation()) {
+      fi->keep_cache = 1;
+    } else {
+      it->second = a->generation();
+    }
+    if (fs->dir_gens.size() > 1'000'000) fs->dir_gens.clear();  // bounded; forgetting only costs a re-read
+  }
   fuse_reply_open(req, fi);
 }
 
@@ -250,14 +270,10 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
   fuse_reply_statfs(req, &v);
 }
 
-void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyErrno(req, ENODATA); }
-void OpListxattr(fuse_req_t req, fuse_ino_t, size_t size) {
-  if (size == 0) {
-    fuse_reply_xattr(req, 0);
-  } else {
-    fuse_reply_buf(req, nullptr, 0);
-  }
-}
+// No extended attributes. ENOSYS makes the kernel remember that and answer EOPNOTSUPP itself, so
+// `ls -l` (which asks for ACLs and security labels of every file) costs no request per file.
+void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyErrno(req, ENOSYS); }
+void OpListxattr(fuse_req_t req, fuse_ino_t, size_t) { ReplyErrno(req, ENOSYS); }
 void OpReadlink(fuse_req_t req, fuse_ino_t) { ReplyErrno(req, EINVAL); }
 
 // Write-like operations: the namespace is read-only.

@@ -153,6 +153,7 @@ rpc::Attr Namespace::AttrOf(const rpc::InodeRecord& r) const {
   a.set_gid(r.gid());
   a.set_nlink(r.type() == rpc::DIRECTORY ? 2 : 1);
   a.set_parent(r.parent());
+  a.set_generation(r.content_gen());
   return a;
 }
 
@@ -332,6 +333,7 @@ Status Namespace::ListDir(rpc::InodeRecord dir) {
       }
       RETURN_IF_ERROR(PutMountLocked(mount, &batch));
     }
+    if (!resync || added || changed || removed) dir.set_content_gen(dir.content_gen() + 1);
     dir.set_listed(true);
     dir.set_synced_ns(now);
     dir.set_sync_gen(gen);
@@ -402,6 +404,7 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
   int64_t now = NowNs();
   uint64_t parent = kRootIno;
   std::string canonical;
+  bool bumped = false;
   for (size_t i = 0; i < parts.size(); ++i) {
     canonical += "/" + parts[i];
     auto child = GetChild(parent, parts[i]);
@@ -438,6 +441,13 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
       r.set_mode(0755);
       r.set_mtime_ns(now);
       r.set_listed(true);
+    }
+    if (!bumped) {
+      // The first new entry lands in an existing directory: its listing changed.
+      ASSIGN_OR_RETURN(rpc::InodeRecord pr, GetRecord(parent));
+      pr.set_content_gen(pr.content_gen() + 1);
+      batch.Put(InodeKey(parent), pr.SerializeAsString());
+      bumped = true;
     }
     batch.Put(InodeKey(r.ino()), r.SerializeAsString());
     batch.Put(EntryKey(parent, r.name()), Be64(r.ino()));
@@ -508,6 +518,10 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
   ASSIGN_OR_RETURN(rpc::InodeRecord root, GetRecord(found.root_ino()));
   uint64_t parent = root.parent();
   RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(parent, root.ino())), "unlink mount"));
+  if (auto pr = GetRecord(parent); pr.ok()) {
+    pr->set_content_gen(pr->content_gen() + 1);  // its listing changed
+    RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(parent), pr->SerializeAsString()), "update parent"));
+  }
   RETURN_IF_ERROR(DeleteSubtreeLocked(root.ino()));
   // Remove virtual parents left empty.
   while (parent != kRootIno) {
@@ -560,6 +574,12 @@ StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name) 
 StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino) {
   ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(ino));
   if (r.type() == rpc::REGULAR && SyncDue(r)) RETURN_IF_ERROR(SyncFile(&r));
+  if (r.type() == rpc::DIRECTORY && r.listed() && SyncDue(r)) {
+    // A listed directory due for a sync is synced here too: granary-fuse asks for its attributes
+    // (generation) when it is opened, and serves the kernel's cached listing when it is unchanged.
+    RETURN_IF_ERROR(EnsureListed(r));
+    ASSIGN_OR_RETURN(r, GetRecord(ino));
+  }
   return AttrOf(r);
 }
 
