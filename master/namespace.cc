@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <unordered_set>
 #include <cstring>
 
 #include "common/fs.h"
@@ -216,93 +217,130 @@ Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
   return st;
 }
 
+StatusOr<uint64_t> Namespace::UpsertChildLocked(const rpc::InodeRecord& dir, uint64_t gen, const UfsEntry& e,
+                                                  SyncBatch* b) {
+  std::string existing;
+  if (db_->Get({}, EntryKey(dir.ino(), e.name), &existing).ok() && existing.size() >= 8) {
+    uint64_t ino = GetBe64(existing.data());
+    auto old = GetRecord(ino);
+    if (old.ok() && (old->type() == rpc::DIRECTORY) == e.is_dir) {
+      rpc::InodeRecord r = *old;
+      bool update = r.mode() != e.mode || r.uid() != e.uid || r.gid() != e.gid;
+      if (!e.is_dir && r.version() != e.version) {
+        // A new version: same inode, new identity for its blocks; the old blocks are reclaimed.
+        b->reclaim.push_back(MakeFileKey(b->uri, r.ufs_path(), r.version()));
+        b->mount.set_known_bytes(b->mount.known_bytes() + e.size - std::min(b->mount.known_bytes() + e.size, r.size()));
+        r.set_size(e.size);
+        r.set_version(e.version);
+        r.set_block_size(block_size_);
+        ++b->changed;
+        update = true;
+      }
+      if (e.is_dir && r.mtime_ns() != e.mtime_ns) update = true;
+      if (update) {
+        r.set_mtime_ns(e.mtime_ns);
+        r.set_mode(e.mode);
+        r.set_uid(e.uid);
+        r.set_gid(e.gid);
+        r.set_synced_ns(b->now);
+        b->batch.Put(InodeKey(ino), r.SerializeAsString());
+      }
+      b->batch.Put(EntryKey(dir.ino(), e.name), Be64(ino) + Be64(gen));
+      return ino;
+    }
+    // A file became a directory or the other way round: drop the old one entirely.
+    uint64_t files = 0, bytes = 0;
+    RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &b->uri, &b->reclaim, &files, &bytes));
+    b->batch.Delete(ChildKey(dir.ino(), ino));
+    b->mount.set_known_files(b->mount.known_files() - std::min(b->mount.known_files(), files));
+    b->mount.set_known_bytes(b->mount.known_bytes() - std::min(b->mount.known_bytes(), bytes));
+    ++b->removed;
+  }
+  rpc::InodeRecord r;
+  r.set_ino(next_ino_++);
+  r.set_parent(dir.ino());
+  r.set_name(e.name);
+  r.set_type(e.is_dir ? rpc::DIRECTORY : rpc::REGULAR);
+  r.set_size(e.size);
+  r.set_mtime_ns(e.mtime_ns);
+  r.set_mode(e.mode);
+  r.set_uid(e.uid);
+  r.set_gid(e.gid);
+  r.set_mount_id(dir.mount_id());
+  r.set_ufs_path(JoinPath(dir.ufs_path(), e.name));
+  r.set_version(e.version);
+  r.set_block_size(block_size_);
+  r.set_synced_ns(b->now);
+  b->batch.Put(InodeKey(r.ino()), r.SerializeAsString());
+  b->batch.Put(EntryKey(dir.ino(), e.name), Be64(r.ino()) + Be64(gen));
+  b->batch.Put(ChildKey(dir.ino(), r.ino()), "");
+  if (!e.is_dir) {
+    b->mount.set_known_files(b->mount.known_files() + 1);
+    b->mount.set_known_bytes(b->mount.known_bytes() + e.size);
+  }
+  ++b->added;
+  return r.ino();
+}
+
+Status Namespace::FinishListingLocked(rpc::InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b) {
+  if (sweep) {
+    // Children the listing did not stamp are gone from the under-storage.
+    std::string prefix = EntryKey(dir.ino(), "");
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+    std::vector<std::pair<std::string, uint64_t>> stale;
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      rocksdb::Slice v = it->value();
+      uint64_t seen = v.size() == 16 ? GetBe64(v.data() + 8) : 0;
+      if (seen < gen) stale.emplace_back(it->key().ToString(), GetBe64(v.data()));
+    }
+    for (const auto& [key, ino] : stale) {
+      uint64_t files = 0, bytes = 0;
+      RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &b->uri, &b->reclaim, &files, &bytes));
+      b->batch.Delete(key);
+      b->batch.Delete(ChildKey(dir.ino(), ino));
+      b->mount.set_known_files(b->mount.known_files() - std::min(b->mount.known_files(), files));
+      b->mount.set_known_bytes(b->mount.known_bytes() - std::min(b->mount.known_bytes(), bytes));
+      ++b->removed;
+    }
+  }
+  if (!dir.listed() || b->added || b->changed || b->removed) dir.set_content_gen(dir.content_gen() + 1);
+  dir.set_listed(true);
+  dir.set_synced_ns(b->now);
+  dir.set_sync_gen(gen);
+  b->batch.Put(InodeKey(dir.ino()), dir.SerializeAsString());
+  return Status::OK();
+}
+
+Status Namespace::WriteLocked(SyncBatch* b) {
+  auto mit = mounts_.find(b->mount.id());
+  if (mit == mounts_.end()) return NotFoundError("the mount was removed while listing");
+  b->batch.Put(kNextIno, Be64(next_ino_));
+  RETURN_IF_ERROR(PutMountLocked(b->mount, &b->batch));
+  RETURN_IF_ERROR(FromRocks(db_->Write({}, &b->batch), "write listing"));
+  b->batch.Clear();
+  return Status::OK();
+}
+
 Status Namespace::ListDir(rpc::InodeRecord dir) {
   ASSIGN_OR_RETURN(auto ufs, UfsFor(dir.mount_id()));
-  ASSIGN_OR_RETURN(rpc::MountInfo mount_info, GetMount(dir.mount_id()));
-  const std::string uri = mount_info.uri();
+  SyncBatch b;
+  {
+    ASSIGN_OR_RETURN(rpc::MountInfo m, GetMount(dir.mount_id()));
+    b.uri = m.uri();
+  }
+  b.now = NowNs();
   const uint64_t gen = dir.sync_gen() + 1;
   const bool resync = dir.listed();
-  const int64_t now = NowNs();
-  std::vector<FileKey> reclaim;
-  size_t added = 0, changed = 0, removed = 0;
-  auto new_record = [&](const UfsEntry& e) {
-    rpc::InodeRecord r;
-    r.set_ino(next_ino_++);
-    r.set_parent(dir.ino());
-    r.set_name(e.name);
-    r.set_type(e.is_dir ? rpc::DIRECTORY : rpc::REGULAR);
-    r.set_size(e.size);
-    r.set_mtime_ns(e.mtime_ns);
-    r.set_mode(e.mode);
-    r.set_uid(e.uid);
-    r.set_gid(e.gid);
-    r.set_mount_id(dir.mount_id());
-    r.set_ufs_path(JoinPath(dir.ufs_path(), e.name));
-    r.set_version(e.version);
-    r.set_block_size(block_size_);
-    r.set_synced_ns(now);
-    return r;
-  };
   Status st = ufs->List(dir.ufs_path(), 1000, [&](std::vector<UfsEntry>& page) -> Status {
     std::lock_guard<std::mutex> lock(mu_);
     auto mit = mounts_.find(dir.mount_id());
     if (mit == mounts_.end()) return NotFoundError("the mount was removed while listing");
-    rpc::MountInfo mount = mit->second;
-    rocksdb::WriteBatch batch;
-    for (const UfsEntry& e : page) {
-      std::string existing;
-      if (db_->Get({}, EntryKey(dir.ino(), e.name), &existing).ok() && existing.size() >= 8) {
-        uint64_t ino = GetBe64(existing.data());
-        auto old = GetRecord(ino);
-        if (old.ok() && (old->type() == rpc::DIRECTORY) == e.is_dir) {
-          rpc::InodeRecord r = *old;
-          bool update = r.mode() != e.mode || r.uid() != e.uid || r.gid() != e.gid;
-          if (!e.is_dir && r.version() != e.version) {
-            // A new version: same inode, new identity for its blocks; the old blocks are reclaimed.
-            reclaim.push_back(MakeFileKey(uri, r.ufs_path(), r.version()));
-            mount.set_known_bytes(mount.known_bytes() + e.size - std::min(mount.known_bytes() + e.size, r.size()));
-            r.set_size(e.size);
-            r.set_version(e.version);
-            r.set_block_size(block_size_);
-            ++changed;
-            update = true;
-          }
-          if (e.is_dir && r.mtime_ns() != e.mtime_ns) update = true;
-          if (update) {
-            r.set_mtime_ns(e.mtime_ns);
-            r.set_mode(e.mode);
-            r.set_uid(e.uid);
-            r.set_gid(e.gid);
-            r.set_synced_ns(now);
-            batch.Put(InodeKey(ino), r.SerializeAsString());
-          }
-          batch.Put(EntryKey(dir.ino(), e.name), Be64(ino) + Be64(gen));
-          continue;
-        }
-        // A file became a directory or the other way round: drop the old one entirely.
-        uint64_t files = 0, bytes = 0;
-        RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &uri, &reclaim, &files, &bytes));
-        batch.Delete(ChildKey(dir.ino(), ino));
-        mount.set_known_files(mount.known_files() - std::min(mount.known_files(), files));
-        mount.set_known_bytes(mount.known_bytes() - std::min(mount.known_bytes(), bytes));
-        ++removed;
-      }
-      rpc::InodeRecord r = new_record(e);
-      batch.Put(InodeKey(r.ino()), r.SerializeAsString());
-      batch.Put(EntryKey(dir.ino(), e.name), Be64(r.ino()) + Be64(gen));
-      batch.Put(ChildKey(dir.ino(), r.ino()), "");
-      if (!e.is_dir) {
-        mount.set_known_files(mount.known_files() + 1);
-        mount.set_known_bytes(mount.known_bytes() + e.size);
-      }
-      ++added;
-    }
-    batch.Put(kNextIno, Be64(next_ino_));
-    RETURN_IF_ERROR(PutMountLocked(mount, &batch));
-    return FromRocks(db_->Write({}, &batch), "write listing");
+    b.mount = mit->second;  // the latest counts
+    for (const UfsEntry& e : page) RETURN_IF_ERROR(UpsertChildLocked(dir, gen, e, &b).status());
+    return WriteLocked(&b);
   });
   if (!st.ok()) {
-    Reclaim(std::move(reclaim));
+    Reclaim(std::move(b.reclaim));
     return st.WithContext("listing " + RedactUri(ufs->uri()) + "/" + dir.ufs_path());
   }
   {
@@ -310,44 +348,157 @@ Status Namespace::ListDir(rpc::InodeRecord dir) {
     // An unmount may have removed this directory while it was being listed; do not bring it back.
     auto mit = mounts_.find(dir.mount_id());
     if (mit == mounts_.end()) return NotFoundError("the mount was removed while listing");
-    rocksdb::WriteBatch batch;
-    if (resync) {
-      // Children the listing did not see are gone from the under-storage.
-      rpc::MountInfo mount = mit->second;
-      std::string prefix = EntryKey(dir.ino(), "");
-      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
-      std::vector<std::pair<std::string, uint64_t>> stale;
-      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-        rocksdb::Slice v = it->value();
-        uint64_t seen = v.size() == 16 ? GetBe64(v.data() + 8) : 0;
-        if (seen < gen) stale.emplace_back(it->key().ToString(), GetBe64(v.data()));
-      }
-      for (const auto& [key, ino] : stale) {
-        uint64_t files = 0, bytes = 0;
-        RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &uri, &reclaim, &files, &bytes));
-        batch.Delete(key);
-        batch.Delete(ChildKey(dir.ino(), ino));
-        mount.set_known_files(mount.known_files() - std::min(mount.known_files(), files));
-        mount.set_known_bytes(mount.known_bytes() - std::min(mount.known_bytes(), bytes));
-        ++removed;
-      }
-      RETURN_IF_ERROR(PutMountLocked(mount, &batch));
-    }
-    if (!resync || added || changed || removed) dir.set_content_gen(dir.content_gen() + 1);
-    dir.set_listed(true);
-    dir.set_synced_ns(now);
-    dir.set_sync_gen(gen);
-    batch.Put(InodeKey(dir.ino()), dir.SerializeAsString());
-    RETURN_IF_ERROR(FromRocks(db_->Write({}, &batch), "mark listed"));
+    b.mount = mit->second;
+    RETURN_IF_ERROR(FinishListingLocked(dir, gen, resync, &b));
+    RETURN_IF_ERROR(WriteLocked(&b));
   }
-  if (resync && (added || changed || removed)) {
-    spdlog::info("synced '{}' of mount {}: {} new, {} changed, {} removed", dir.ufs_path(), dir.mount_id(), added,
-                 changed, removed);
+  if (resync && (b.added || b.changed || b.removed)) {
+    spdlog::info("synced '{}' of mount {}: {} new, {} changed, {} removed", dir.ufs_path(), dir.mount_id(), b.added,
+                 b.changed, b.removed);
   } else {
-    spdlog::debug("listed '{}' of mount {}: {} entries", dir.ufs_path(), dir.mount_id(), added);
+    spdlog::debug("listed '{}' of mount {}: {} entries", dir.ufs_path(), dir.mount_id(), b.added);
   }
-  Reclaim(std::move(reclaim));
+  Reclaim(std::move(b.reclaim));
   return Status::OK();
+}
+
+StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
+  ASSIGN_OR_RETURN(rpc::Attr top_attr, Resolve(path));
+  ASSIGN_OR_RETURN(rpc::InodeRecord top, GetRecord(top_attr.ino()));
+  if (top.type() != rpc::DIRECTORY) return InvalidArgumentError(path + " is a file; load a directory");
+  if (top.mount_id() == 0) return InvalidArgumentError(path + " is not inside a mounted dataset (see `granary mounts`)");
+  ASSIGN_OR_RETURN(auto ufs, UfsFor(top.mount_id()));
+  SyncBatch b;
+  {
+    ASSIGN_OR_RETURN(rpc::MountInfo m, GetMount(top.mount_id()));
+    b.uri = m.uri();
+  }
+  b.now = NowNs();
+  // The chain of directories from `top` to the one entries are being added to. A directory leaves
+  // the chain when the listing has moved past everything below it: then it is complete, and is
+  // marked listed (and swept of children the listing did not see).
+  struct Open {
+    std::string rel;  // relative to top, "" for top itself
+    rpc::InodeRecord rec;
+    uint64_t gen;
+  };
+  std::vector<Open> chain{{"", top, top.sync_gen() + 1}};
+  std::unordered_set<uint64_t> entered;  // directories marked listed when they left the chain
+  std::vector<uint64_t> seen_dirs;       // directories seen as entries
+  LoadStats stats;
+  auto close_one = [&]() -> Status {
+    RETURN_IF_ERROR(WriteLocked(&b));  // the sweep reads the stamps from RocksDB
+    Open o = std::move(chain.back());
+    chain.pop_back();
+    ASSIGN_OR_RETURN(rpc::InodeRecord fresh, GetRecord(o.rec.ino()));  // content_gen may have moved
+    RETURN_IF_ERROR(FinishListingLocked(fresh, o.gen, true, &b));
+    entered.insert(o.rec.ino());
+    ++stats.dirs;
+    return Status::OK();
+  };
+  Status st = ufs->ListTree(top.ufs_path(), 1000, [&](std::vector<UfsEntry>& page) -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto mit = mounts_.find(top.mount_id());
+    if (mit == mounts_.end()) return NotFoundError("the mount was removed while loading");
+    b.mount = mit->second;
+    for (UfsEntry& e : page) {
+      std::vector<std::string> parts;
+      bool valid = !e.name.empty();
+      for (size_t start = 0; valid;) {
+        size_t slash = e.name.find('/', start);
+        parts.push_back(e.name.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+        valid = IsValidName(parts.back());
+        if (slash == std::string::npos) break;
+        start = slash + 1;
+      }
+      if (!valid) {
+        // A name that cannot be a file name is skipped, as a per-directory listing skips it; the
+        // directories above it still exist (they would show in that listing too).
+        ++stats.skipped;
+        parts.pop_back();
+        if (parts.empty()) continue;
+        e = UfsEntry();
+        e.is_dir = true;
+        e.mode = 0555;
+        e.mtime_ns = b.now;
+      }
+      // The directories holding the entry: leave those it is not below, enter the missing ones.
+      size_t depth = parts.size() - 1;  // directories above the entry, below top
+      std::string want;
+      size_t keep = 1;
+      for (size_t i = 0; i < depth; ++i) {
+        want += (i ? "/" : "") + parts[i];
+        if (keep == i + 1 && chain.size() > i + 1 && chain[i + 1].rel == want) keep = i + 2;
+      }
+      while (chain.size() > keep) RETURN_IF_ERROR(close_one());
+      for (size_t i = chain.size() - 1; i < depth; ++i) {
+        // Entering a directory may replace a file of the same name: write what is pending first so
+        // the replacement sees it.
+        RETURN_IF_ERROR(WriteLocked(&b));
+        UfsEntry d;
+        d.name = parts[i];
+        d.is_dir = true;
+        d.mode = 0555;
+        d.mtime_ns = b.now;
+        if (auto known = GetChild(chain.back().rec.ino(), d.name); known.ok()) {
+          if (auto r = GetRecord(*known); r.ok() && r->type() == rpc::DIRECTORY) {
+            d.mode = r->mode();
+            d.mtime_ns = r->mtime_ns();
+            d.uid = r->uid();
+            d.gid = r->gid();
+          }
+        }
+        ASSIGN_OR_RETURN(uint64_t ino, UpsertChildLocked(chain.back().rec, chain.back().gen, d, &b));
+        RETURN_IF_ERROR(WriteLocked(&b));
+        ASSIGN_OR_RETURN(rpc::InodeRecord rec, GetRecord(ino));
+        chain.push_back(Open{chain.back().rel.empty() ? parts[i] : chain.back().rel + "/" + parts[i], rec,
+                             rec.sync_gen() + 1});
+      }
+      e.name = parts.back();
+      if (e.is_dir) {
+        // Written in its parent; it is entered (and marked listed) when something below it comes,
+        // or at the end if nothing does (then it is empty).
+        if (auto known = GetChild(chain.back().rec.ino(), e.name); known.ok()) {
+          if (auto r = GetRecord(*known); r.ok() && r->type() == rpc::DIRECTORY) e.mtime_ns = r->mtime_ns();
+        }
+        ASSIGN_OR_RETURN(uint64_t ino, UpsertChildLocked(chain.back().rec, chain.back().gen, e, &b));
+        seen_dirs.push_back(ino);
+        continue;
+      } else {
+        ++stats.files;
+        stats.bytes += e.size;
+      }
+      RETURN_IF_ERROR(UpsertChildLocked(chain.back().rec, chain.back().gen, e, &b).status());
+    }
+    return WriteLocked(&b);
+  });
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto mit = mounts_.find(top.mount_id());
+    if (mit == mounts_.end()) {
+      st = NotFoundError("the mount was removed while loading");
+    } else {
+      b.mount = mit->second;
+      while (!chain.empty() && st.ok()) st = close_one();
+      // Directories listed as entries that nothing came below are empty: complete as well.
+      for (size_t i = 0; i < seen_dirs.size() && st.ok(); ++i) {
+        if (entered.count(seen_dirs[i])) continue;
+        auto rec = GetRecord(seen_dirs[i]);
+        if (!rec.ok() || rec->type() != rpc::DIRECTORY) continue;
+        st = FinishListingLocked(*rec, rec->sync_gen() + 1, true, &b);
+        ++stats.dirs;
+      }
+      if (st.ok()) st = WriteLocked(&b);
+    }
+  }
+  Reclaim(std::move(b.reclaim));
+  if (!st.ok()) return st.WithContext("loading the metadata of " + path);
+  stats.added = b.added;
+  stats.changed = b.changed;
+  stats.removed = b.removed;
+  spdlog::info("loaded the metadata of {}: {} files ({} bytes) in {} directories; {} new, {} changed, {} removed",
+               path, stats.files, stats.bytes, stats.dirs, b.added, b.changed, b.removed);
+  return stats;
 }
 
 Status Namespace::SyncFile(rpc::InodeRecord* r) {

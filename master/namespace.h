@@ -33,6 +33,7 @@
 #pragma once
 
 #include <rocksdb/db.h>
+#include <rocksdb/write_batch.h>
 
 #include <array>
 #include <atomic>
@@ -53,6 +54,11 @@
 namespace granary::master {
 
 constexpr uint64_t kRootIno = 1;
+
+struct LoadStats {
+  uint64_t files = 0, bytes = 0, dirs = 0, skipped = 0;
+  uint64_t added = 0, changed = 0, removed = 0;
+};
 
 class Namespace {
  public:
@@ -84,6 +90,12 @@ class Namespace {
   // Children of `ino` after cookie `after`, at most `limit` of them.
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
 
+  // Bulk metadata load: one flat, paged listing of everything below the directory `path` (the
+  // under-storage's ListTree), written as it streams; every directory fully covered is marked
+  // listed, so later lookups and listings need no call to the under-storage. Resumable: what was
+  // written stays, and a repeated load only updates what changed.
+  StatusOr<LoadStats> LoadTree(const std::string& path);
+
   // Every file at or below `path` (a file or a directory; directories are listed as needed), as
   // the FileKeys its cached blocks carry. Calls `fn` for each file; stops at the first error.
   Status ForEachFileKey(const std::string& path, const std::function<void(const FileKey&, uint64_t size)>& fn);
@@ -103,6 +115,21 @@ class Namespace {
   bool SyncDue(const rpc::InodeRecord& r) const;
   // Lists `dir` (first time or again), under its stripe lock.
   Status ListDir(rpc::InodeRecord dir);
+  // What a listing writes, one batch at a time.
+  struct SyncBatch {
+    std::string uri;
+    int64_t now = 0;
+    rocksdb::WriteBatch batch;
+    rpc::MountInfo mount;  // counts updated as entries come and go
+    std::vector<FileKey> reclaim;
+    uint64_t added = 0, changed = 0, removed = 0;
+  };
+  // Adds or updates one child of `dir`, stamped with `gen`; returns its inode. Needs mu_.
+  StatusOr<uint64_t> UpsertChildLocked(const rpc::InodeRecord& dir, uint64_t gen, const UfsEntry& e, SyncBatch* b);
+  // Marks `dir` listed at `gen`; with `sweep`, deletes children not stamped with `gen`. Needs mu_.
+  Status FinishListingLocked(rpc::InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b);
+  // Writes the batch with the allocator and the mount's counts. Needs mu_.
+  Status WriteLocked(SyncBatch* b);
   // A file record due for a check: Stat it and update it (new version, or NOT_FOUND when gone).
   Status SyncFile(rpc::InodeRecord* r);
   void Reclaim(std::vector<FileKey> keys);

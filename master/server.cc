@@ -153,6 +153,20 @@ class MasterService final : public rpc::Master::Service {
     GRANARY_AUTH();
     return ToGrpc(DoPin(*req, resp));
   }
+  grpc::Status LoadMetadata(ServerContext* ctx, const rpc::LoadMetadataRequest* req,
+                            rpc::LoadMetadataResponse* resp) override {
+    GRANARY_AUTH();
+    auto st = ns_->LoadTree(req->path());
+    if (!st.ok()) return ToGrpc(st.status());
+    resp->set_files(st->files);
+    resp->set_bytes(st->bytes);
+    resp->set_directories(st->dirs);
+    resp->set_added(st->added);
+    resp->set_changed(st->changed);
+    resp->set_removed(st->removed);
+    resp->set_skipped(st->skipped);
+    return grpc::Status::OK;
+  }
   grpc::Status Free(ServerContext* ctx, const rpc::FreeRequest* req, rpc::FreeResponse* resp) override {
     GRANARY_AUTH();
     return ToGrpc(DoFree(*req, resp));

@@ -488,6 +488,49 @@ Status S3Ufs::List(const std::string& dir, size_t page_size, const PageFn& on_pa
   return Status::OK();
 }
 
+Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) {
+  // One flat listing (no delimiter): 1000 objects per request however the keys nest. Keys come
+  // sorted, so everything below a "directory" is contiguous, as ListTree promises.
+  std::string base = KeyOf(dir);
+  std::string list_prefix = base.empty() ? "" : base + "/";
+  std::string token;
+  std::vector<UfsEntry> page;
+  do {
+    HeaderList q = {{"list-type", "2"}, {"prefix", list_prefix},
+                    {"max-keys", std::to_string(std::clamp<size_t>(page_size, 1, 1000))}};
+    if (!token.empty()) q.push_back({"continuation-token", token});
+    ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", q, {}));
+    if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + list_prefix);
+    tinyxml2::XMLDocument doc;
+    if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
+      return InternalError("list s3://" + s_.bucket + "/" + list_prefix + ": the response is not XML");
+    }
+    const tinyxml2::XMLElement* root = doc.RootElement();
+    for (auto* c = root->FirstChildElement("Contents"); c; c = c->NextSiblingElement("Contents")) {
+      std::string key = XmlText(c, "Key");
+      UfsEntry e;
+      e.name = key.substr(std::min(key.size(), list_prefix.size()));
+      if (e.name.empty()) continue;  // the "dir/" marker of the listed directory itself
+      if (e.name.back() == '/') {    // a directory marker
+        e.name.pop_back();
+        e.is_dir = true;
+        e.mode = 0555;
+        e.mtime_ns = opened_ns_;
+      } else {
+        e.size = std::strtoull(XmlText(c, "Size").c_str(), nullptr, 10);
+        e.mtime_ns = ParseTimeNs(XmlText(c, "LastModified"));
+        e.mode = 0444;
+        e.version = XmlText(c, "ETag");
+      }
+      page.push_back(std::move(e));
+    }
+    RETURN_IF_ERROR(EmitFullPages(&page, page_size, on_page));
+    token = XmlText(root, "IsTruncated") == "true" ? XmlText(root, "NextContinuationToken") : "";
+  } while (!token.empty());
+  if (!page.empty()) RETURN_IF_ERROR(on_page(page));
+  return Status::OK();
+}
+
 StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                              char* out) {
   if (length == 0) return size_t{0};

@@ -75,6 +75,7 @@ class S3Ufs : public UnderFileSystem {
   const std::string& uri() const override { return uri_; }
   StatusOr<UfsEntry> Stat(const std::string& path) override;
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override;
+  Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) override;
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
 

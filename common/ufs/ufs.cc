@@ -1,5 +1,7 @@
 #include "common/ufs/ufs.h"
 
+#include <algorithm>
+
 #include "common/ufs/local_ufs.h"
 #include "common/ufs/nfs_ufs.h"
 #include "common/ufs/s3_ufs.h"
@@ -93,6 +95,34 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
   if (p.scheme == "nfs") return NfsUfs::Open(uri, options);
   return UnimplementedError("under-storage scheme '" + p.scheme +
                             "://' is not supported (use file:///path, s3://bucket/prefix, oss://bucket/prefix or nfs://server/export)");
+}
+
+Status UnderFileSystem::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) {
+  // Depth first, a directory's children before its subdirectories' contents, so the entries below
+  // any directory are contiguous.
+  std::vector<std::string> stack{""};
+  std::vector<UfsEntry> out;
+  while (!stack.empty()) {
+    std::string rel = std::move(stack.back());
+    stack.pop_back();
+    std::vector<std::string> subdirs;
+    RETURN_IF_ERROR(List(rel.empty() ? dir : JoinPath(dir, rel), page_size, [&](std::vector<UfsEntry>& page) -> Status {
+      for (auto& e : page) {
+        e.name = rel.empty() ? e.name : rel + "/" + e.name;
+        if (e.is_dir) subdirs.push_back(e.name);
+        out.push_back(std::move(e));
+        if (out.size() >= page_size) {
+          RETURN_IF_ERROR(on_page(out));
+          out.clear();
+        }
+      }
+      return Status::OK();
+    }));
+    std::sort(subdirs.begin(), subdirs.end());
+    for (auto it = subdirs.rbegin(); it != subdirs.rend(); ++it) stack.push_back(std::move(*it));
+  }
+  if (!out.empty()) RETURN_IF_ERROR(on_page(out));
+  return Status::OK();
 }
 
 }  // namespace granary

@@ -47,6 +47,13 @@ class UnderFileSystem {
   using PageFn = std::function<Status(std::vector<UfsEntry>& page)>;
   virtual Status List(const std::string& dir, size_t page_size, const PageFn& on_page) = 0;
 
+  // Every entry below `dir`, for a bulk metadata load: pages of entries whose `name` is the path
+  // relative to `dir` ("a/b/c.jpg"). All entries below a directory come together (the entries
+  // under "a/" are contiguous), a directory before anything below it or after the entries that sort
+  // before it; directories may be implied by their entries only (object storage). The default walks
+  // the tree with List; object stores override it with one flat, paged listing.
+  virtual Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page);
+
   // Reads up to `length` bytes at `offset` of `path`, which must still have `version`, into `out`.
   // Returns the bytes read (fewer only at end of file). FAILED_PRECONDITION when the version differs.
   virtual StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "common/ufs/s3_ufs.h"
+#include "master/namespace.h"
 #include "tests/integration/harness.h"
 #include "tests/testutil/proxy.h"
 
@@ -335,6 +337,53 @@ TEST_F(S3Test, MetadataSyncShowsChangesAndNeverMixesVersions) {
   std::string log = local.Log();
   EXPECT_NE(log.find("synced"), std::string::npos) << log;
   EXPECT_EQ(local.Stop(SIGTERM), 0) << log;
+}
+
+// The bulk load (one flat listing) builds the same namespace as lazy per-directory listing, odd
+// keys included (a key hidden by a directory of the same name, an empty segment, a name too long).
+TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
+  TempDir dir;
+  std::map<std::string, std::string> opts{{"endpoint", endpoint_}, {"access_key", ak_}, {"secret_key", sk_}};
+  auto open_ns = [&](const std::string& name) {
+    auto ns = master::Namespace::Open(dir / name, 4 << 20);
+    EXPECT_TRUE(ns.ok()) << ns.status().message();
+    auto m = (*ns)->Mount("/ds", "s3://granary-test/ds", opts);
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return std::move(ns).value();
+  };
+  std::function<void(master::Namespace&, uint64_t, const std::string&, std::map<std::string, std::string>*)> walk =
+      [&](master::Namespace& ns, uint64_t ino, const std::string& prefix, std::map<std::string, std::string>* out) {
+        uint64_t after = 0;
+        for (;;) {
+          rpc::ReadDirResponse page;
+          Status st = ns.ReadDir(ino, after, 500, &page);
+          ASSERT_TRUE(st.ok()) << st.message();
+          for (const auto& e : page.entries()) {
+            std::string path = prefix + e.name();
+            if (e.attr().type() == rpc::DIRECTORY) {
+              (*out)[path + "/"] = "dir";
+              walk(ns, e.attr().ino(), path + "/", out);
+            } else {
+              auto f = ns.GetFile(e.attr().ino());
+              ASSERT_TRUE(f.ok());
+              (*out)[path] = std::to_string(e.attr().size()) + " " + f->version();
+            }
+            after = e.cookie();
+          }
+          if (page.end()) break;
+        }
+      };
+  auto lazy = open_ns("lazy");
+  std::map<std::string, std::string> lazy_tree, bulk_tree;
+  walk(*lazy, lazy->Resolve("/ds")->ino(), "", &lazy_tree);
+  auto bulk = open_ns("bulk");
+  auto stats = bulk->LoadTree("/ds");
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_GE(stats->files, 1100u);
+  walk(*bulk, bulk->Resolve("/ds")->ino(), "", &bulk_tree);
+  EXPECT_EQ(bulk_tree, lazy_tree);
+  EXPECT_TRUE(bulk_tree.count("clash/inside.txt"));
+  EXPECT_FALSE(bulk_tree.count("clash")) << "the directory wins over the object of the same name";
 }
 
 TEST_F(S3Test, TransientFaultsAreRetriedAndNeverReturnWrongBytes) {

@@ -261,3 +261,106 @@ TEST_F(NamespaceSyncTest, AnIntervalWaitsForItsTime) {
 
 }  // namespace
 }  // namespace granary::master
+
+namespace granary::master {
+namespace {
+
+class LoadTreeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int d = 0; d < 5; ++d) {
+      for (int f = 0; f < 30; ++f) {
+        testing::WriteFile(dir_ / ("src/c" + std::to_string(d) + "/sub/f" + std::to_string(f) + ".jpg"),
+                           std::string(static_cast<size_t>(f), 'x'));
+      }
+      testing::WriteFile(dir_ / ("src/c" + std::to_string(d) + "/top.txt"), "t");
+    }
+    std::filesystem::create_directories(dir_ / "src/empty");
+    auto ns = Namespace::Open(dir_ / "db", 4096);
+    ASSERT_TRUE(ns.ok());
+    ns_ = std::move(ns).value();
+    auto m = ns_->Mount("/ds", "file://" + dir_ / "src", {});
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    mount_ = *m;
+  }
+  // Every path below `ino` (directories with a trailing /).
+  std::set<std::string> Tree(uint64_t ino, const std::string& prefix = "") {
+    std::set<std::string> out;
+    uint64_t after = 0;
+    for (;;) {
+      rpc::ReadDirResponse page;
+      Status st = ns_->ReadDir(ino, after, 7, &page);
+      EXPECT_TRUE(st.ok()) << st.message();
+      if (!st.ok()) break;
+      for (const auto& e : page.entries()) {
+        bool dir = e.attr().type() == rpc::DIRECTORY;
+        EXPECT_TRUE(out.insert(prefix + e.name() + (dir ? "/" : "")).second) << "duplicate " << e.name();
+        if (dir) {
+          auto sub = Tree(e.attr().ino(), prefix + e.name() + "/");
+          out.insert(sub.begin(), sub.end());
+        }
+        after = e.cookie();
+      }
+      if (page.end()) break;
+    }
+    return out;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Namespace> ns_;
+  rpc::MountInfo mount_;
+};
+
+TEST_F(LoadTreeTest, LoadsEverythingSoNoListingIsNeededAfterwards) {
+  auto stats = ns_->LoadTree("/ds");
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_EQ(stats->files, 5u * 31u);
+  EXPECT_EQ(stats->added, 5u * 31u + 5u * 2u + 1u);  // files, c*/ and c*/sub/, empty/
+  // Take the under-storage away: everything loaded is served from RocksDB alone.
+  std::filesystem::rename(dir_ / "src", dir_ / "moved");
+  auto tree = Tree(mount_.root_ino());
+  EXPECT_EQ(tree.size(), 5u * 31u + 5u * 2u + 1u);
+  EXPECT_TRUE(tree.count("c3/sub/f29.jpg"));
+  EXPECT_TRUE(tree.count("empty/"));
+  auto mounts = ns_->ListMounts();
+  EXPECT_EQ(mounts[0].known_files(), 5u * 31u);
+  std::filesystem::rename(dir_ / "moved", dir_ / "src");
+}
+
+TEST_F(LoadTreeTest, LoadingAgainChangesOnlyWhatChanged) {
+  // Part of the tree is listed lazily first; the load keeps those inodes.
+  auto c0 = ns_->Lookup(mount_.root_ino(), "c0");
+  ASSERT_TRUE(c0.ok());
+  auto top = ns_->Lookup(c0->ino(), "top.txt");
+  ASSERT_TRUE(top.ok());
+  ASSERT_TRUE(ns_->LoadTree("/ds").ok());
+  EXPECT_EQ(ns_->Lookup(c0->ino(), "top.txt")->ino(), top->ino());
+  auto again = ns_->LoadTree("/ds");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->added + again->changed + again->removed, 0u);
+  // Changes in the under-storage: a new version, a deleted subtree, a new file.
+  testing::WriteFile(dir_ / "src/c0/top.txt", "changed!");
+  std::filesystem::remove_all(dir_ / "src/c4");
+  testing::WriteFile(dir_ / "src/c1/new.jpg", "n");
+  std::vector<FileKey> reclaimed;
+  ns_->SetReclaimListener([&](std::vector<FileKey> k) { reclaimed.insert(reclaimed.end(), k.begin(), k.end()); });
+  auto third = ns_->LoadTree("/ds");
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->added, 1u);
+  EXPECT_EQ(third->changed, 1u);
+  EXPECT_EQ(third->removed, 1u);  // c4 and everything below it
+  EXPECT_EQ(reclaimed.size(), 1u + 31u);
+  auto tree = Tree(mount_.root_ino());
+  EXPECT_FALSE(tree.count("c4/"));
+  EXPECT_TRUE(tree.count("c1/new.jpg"));
+  EXPECT_EQ(ns_->GetAttr(top->ino())->size(), 8u);
+}
+
+TEST_F(LoadTreeTest, BadPathsAreClearErrors) {
+  EXPECT_EQ(ns_->LoadTree("/ds/c0/top.txt").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ns_->LoadTree("/").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ns_->LoadTree("/nope").status().code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace granary::master
