@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The master's memory and RocksDB bytes per file as the namespace grows: N empty files (in
+# directories of M) are bulk-loaded into a standalone granary-master (LoadMetadata), and its RSS
+# and data directory are measured before and after. Target: <= 200 bytes of RSS per file beyond a
+# fixed base (the RocksDB block cache and memtables are part of the base: they do not grow with N).
+#
+#   bench/master_memory.sh [--files N] [--per-dir M] [--build DIR] [--work DIR] [--keep]
+set -euo pipefail
+FILES=1000000; PER_DIR=1000; BUILD=""; WORK=""; KEEP=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --files) FILES=$2; shift 2;;
+    --per-dir) PER_DIR=$2; shift 2;;
+    --build) BUILD=$2; shift 2;;
+    --work) WORK=$2; shift 2;;
+    --keep) KEEP=1; shift;;
+    *) echo "usage: $0 [--files N] [--per-dir M] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${BUILD:-$ROOT/build}/bin
+for b in granary granary-master granary-meta-bench; do
+  [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
+done
+WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
+mkdir -p "$WORK"
+SRC=$WORK/src
+MASTER_PID=""
+cleanup() {
+  if [ -n "$MASTER_PID" ]; then kill -TERM "$MASTER_PID" 2>/dev/null || true; wait "$MASTER_PID" 2>/dev/null || true; fi
+  [ "$KEEP" = 1 ] || rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+rss() { awk '/VmRSS/ {print $2 * 1024}' "/proc/$1/status"; }
+if [ ! -d "$SRC" ]; then
+  echo "creating $FILES files in $SRC ..." >&2
+  /usr/bin/python3 - "$SRC" "$FILES" "$PER_DIR" <<'PY'
+import os, sys
+root, n, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(n):
+    d = os.path.join(root, "d%05d" % (i // per))
+    if i % per == 0:
+        os.makedirs(d, exist_ok=True)
+    os.close(os.open(os.path.join(d, "f%08d.jpg" % i), os.O_CREAT | os.O_WRONLY, 0o644))
+PY
+fi
+"$BIN/granary-master" --master.listen 127.0.0.1:0 --master.data_dir "$WORK/master" --ready-file "$WORK/master.addr" \
+  > "$WORK/master.log" 2>&1 &
+MASTER_PID=$!
+for _ in $(seq 600); do [ -s "$WORK/master.addr" ] && break; sleep 0.05; done
+MASTER=$(cat "$WORK/master.addr")
+"$BIN/granary" --master "$MASTER" mount /ds "file://$SRC" > /dev/null
+BASE=$(rss "$MASTER_PID")
+LOAD=$("$BIN/granary-meta-bench" --master "$MASTER" --load /ds)
+AFTER=$(rss "$MASTER_PID")
+DB=$(du -sb "$WORK/master" | cut -f1)
+/usr/bin/python3 - "$FILES" "$BASE" "$AFTER" "$DB" "$LOAD" <<'PY'
+import json, sys
+n, base, after, db = (int(x) for x in sys.argv[1:5])
+load = json.loads(sys.argv[5])
+print("| files | load s | files/s | master RSS before | after | RSS bytes/file beyond base | RocksDB bytes/file |")
+print("|---:|---:|---:|---:|---:|---:|---:|")
+print("| %d | %.1f | %.0f | %.1f MiB | %.1f MiB | %.0f | %.0f |" % (n, load["seconds"], load["files_per_s"],
+      base / 2**20, after / 2**20, (after - base) / n, db / n))
+PY
