@@ -364,7 +364,12 @@ void Unmount(const std::string& mp) {
     if (errno == EINVAL || errno == ENOENT) return;  // not mounted any more
     umount2(mp.c_str(), MNT_DETACH);
     if (conn) {
-      std::ofstream abort("/sys/fs/fuse/connections/" + std::to_string(*conn) + "/abort");
+      // The abort file lives in fusectl, which some hosts do not mount by default.
+      std::string abort_path = "/sys/fs/fuse/connections/" + std::to_string(*conn) + "/abort";
+      if (access(abort_path.c_str(), W_OK) != 0) {
+        mount("none", "/sys/fs/fuse/connections", "fusectl", 0, nullptr);  // EBUSY: already mounted
+      }
+      std::ofstream abort(abort_path);
       if (abort) abort << "1";
     }
     return;
