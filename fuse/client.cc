@@ -10,14 +10,23 @@ StatusOr<std::unique_ptr<Client>> Client::Create(const Config& cfg) {
 Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
     : cfg_(cfg), sec_(std::move(sec)), master_(sec_, cfg_.master.address), worker_(sec_, cfg_.fuse.worker) {}
 
+grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call) {
+  // Metadata calls are idempotent: after UNAVAILABLE (the master restarted), try once more on the
+  // fresh channel the holder made.
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    sec_->Prepare(&ctx, cfg_.rpc.timeout);
+    grpc::Status st = master_.Note(call(*master_.Get(), ctx));
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == 1) return st;
+  }
+}
+
 StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name) {
   rpc::LookupRequest req;
   req.set_parent(parent);
   req.set_name(name);
   rpc::AttrResponse resp;
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->Lookup(&ctx, req, &resp)), "the master"));
+  RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Lookup(&ctx, req, &resp); }), "the master"));
   return resp.attr();
 }
 
@@ -25,9 +34,7 @@ StatusOr<rpc::Attr> Client::GetAttr(uint64_t ino) {
   rpc::GetAttrRequest req;
   req.set_ino(ino);
   rpc::AttrResponse resp;
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->GetAttr(&ctx, req, &resp)), "the master"));
+  RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.GetAttr(&ctx, req, &resp); }), "the master"));
   return resp.attr();
 }
 
@@ -35,9 +42,7 @@ StatusOr<rpc::Attr> Client::Resolve(const std::string& path) {
   rpc::ResolvePathRequest req;
   req.set_path(path);
   rpc::AttrResponse resp;
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->ResolvePath(&ctx, req, &resp)), "the master at " + cfg_.master.address));
+  RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.ResolvePath(&ctx, req, &resp); }), "the master at " + cfg_.master.address));
   return resp.attr();
 }
 
@@ -46,18 +51,14 @@ Status Client::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDi
   req.set_ino(ino);
   req.set_after(after);
   req.set_limit(limit);
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  return FromGrpc(master_.Note(master_.Get()->ReadDir(&ctx, req, out)), "the master");
+  return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.ReadDir(&ctx, req, out); }), "the master");
 }
 
 StatusOr<rpc::FileInfo> Client::GetFile(uint64_t ino) {
   rpc::GetFileRequest req;
   req.set_ino(ino);
   rpc::FileInfo resp;
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(master_.Note(master_.Get()->GetFile(&ctx, req, &resp)), "the master"));
+  RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.GetFile(&ctx, req, &resp); }), "the master"));
   return resp;
 }
 

@@ -2,6 +2,7 @@
 // (block bytes). Every call has the rpc.timeout deadline and the shared token. Thread-safe.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,7 @@ class Client {
   Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
   const Config cfg_;
   std::shared_ptr<RpcSecurity> sec_;
+  grpc::Status CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call);
   StubHolder<rpc::Master> master_;
   StubHolder<rpc::Worker> worker_;
 };

@@ -37,8 +37,12 @@ struct Fs {
   Config cfg;
   std::unique_ptr<Client> client;
   std::unique_ptr<FileCache> files;
+  struct DirGen {
+    uint64_t generation;                           // whose listing the kernel may hold
+    std::chrono::steady_clock::time_point checked;  // when the master last confirmed it
+  };
   std::mutex dir_gens_mu;
-  std::unordered_map<uint64_t, uint64_t> dir_gens;  // master ino -> generation whose listing the kernel may hold
+  std::unordered_map<uint64_t, DirGen> dir_gens;  // master ino -> DirGen
   uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
@@ -117,22 +121,36 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 
 // The kernel may cache a directory's listing (cache_readdir); it keeps the cached listing across
 // opens (keep_cache) only while the master reports the same generation for the directory, which
-// changes whenever its entries change (a sync, a mount). Asking for the attributes also lets the
-// master run a sync that is due.
+// changes whenever its entries change (a sync, a mount). The generation is asked for at most once
+// per fuse.attr_timeout per directory (the same staleness the kernel's attribute cache has); asking
+// also lets the master run a sync that is due.
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Fs* fs = FsOf(req);
-  auto a = fs->client->GetAttr(fs->ToMaster(ino));
-  fi->cache_readdir = a.ok() ? 1 : 0;
+  uint64_t master_ino = fs->ToMaster(ino);
+  auto now = std::chrono::steady_clock::now();
+  fi->cache_readdir = 1;
   fi->keep_cache = 0;
-  if (a.ok()) {
+  {
     std::lock_guard<std::mutex> lock(fs->dir_gens_mu);
-    auto [it, fresh] = fs->dir_gens.emplace(a->ino(), a->generation());
-    if (!fresh && it->second == a->generation()) {
+    auto it = fs->dir_gens.find(master_ino);
+    if (it != fs->dir_gens.end() && now - it->second.checked < fs->cfg.fuse.attr_timeout) {
       fi->keep_cache = 1;
-    } else {
-      it->second = a->generation();
+      fuse_reply_open(req, fi);
+      return;
     }
-    if (fs->dir_gens.size() > 1'000'000) fs->dir_gens.clear();  // bounded; forgetting only costs a re-read
+  }
+  auto a = fs->client->GetAttr(master_ino);
+  if (!a.ok()) {
+    fi->cache_readdir = 0;
+    fuse_reply_open(req, fi);  // the error shows on readdir
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(fs->dir_gens_mu);
+    if (fs->dir_gens.size() > 1'000'000) fs->dir_gens.clear();  // bounded; forgetting costs a re-read
+    auto [it, fresh] = fs->dir_gens.try_emplace(master_ino, Fs::DirGen{a->generation(), now});
+    if (!fresh && it->second.generation == a->generation()) fi->keep_cache = 1;
+    it->second = Fs::DirGen{a->generation(), now};
   }
   fuse_reply_open(req, fi);
 }

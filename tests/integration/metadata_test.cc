@@ -163,5 +163,46 @@ TEST_F(MetadataTest, KillNineMasterDuringReadsAndListingLosesNothing) {
   })) << r.dump(2);
 }
 
+TEST_F(MetadataTest, KillNineMasterDuringABulkLoadThenLoadAgainCompletes) {
+  if (access(Bin("granary-meta-bench").c_str(), X_OK) != 0) GTEST_SKIP() << "built without bench/ (the load client)";
+  for (int d = 0; d < 40; ++d) MakeEmptyFiles(dir_ / ("src/d" + std::to_string(d)), 1000);
+  Start();
+  auto wal_bytes = [&] {
+    uint64_t n = 0;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(dir_ / "master", ec)) {
+      if (e.path().extension() == ".log") n += e.file_size(ec);
+    }
+    return n;
+  };
+  uint64_t wal_before = wal_bytes();
+  auto load = std::make_unique<Process>(
+      std::vector<std::string>{Bin("granary-meta-bench"), "--master", cluster_.master_address(), "--load", "/ds"},
+      dir_ / "load1.log");
+  ASSERT_TRUE(WaitFor([&] { return wal_bytes() > wal_before + 512 * 1024 || !load->Running(); }));
+  bool mid_load = load->Running();
+  cluster_.KillMaster();
+  load->Wait();
+  RecordProperty("killed_mid_load", mid_load ? "yes" : "no");
+  std::string why;
+  ASSERT_TRUE(cluster_.RestartMaster(&why)) << why;
+  Process again({Bin("granary-meta-bench"), "--master", cluster_.master_address(), "--load", "/ds"}, dir_ / "load2.log");
+  ASSERT_EQ(again.Wait(), 0) << again.Log();
+  EXPECT_NE(again.Log().find("\"files\": 40000"), std::string::npos) << again.Log();
+  // Everything is there once, served without listing the under-storage again.
+  fs::rename(dir_ / "src", dir_ / "src-away");
+  size_t files = 0, dups = 0;
+  for (int d = 0; d < 40; ++d) {
+    std::set<std::string> names;
+    for (auto& e : fs::directory_iterator(Mnt("d" + std::to_string(d)))) {
+      if (!names.insert(e.path().filename()).second) ++dups;
+      ++files;
+    }
+  }
+  fs::rename(dir_ / "src-away", dir_ / "src");
+  EXPECT_EQ(files, 40'000u);
+  EXPECT_EQ(dups, 0u);
+}
+
 }  // namespace
 }  // namespace granary::testing
