@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <nfsc/libnfs.h>
+#include <nfsc/libnfs-raw.h>
+#include <nfsc/libnfs-raw-nfs4.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -9,6 +12,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 
 #include "common/net.h"
 #include "common/units.h"
@@ -44,6 +48,109 @@ Status NfsError(int rc, nfs_context* c, const std::string& what) {
 
 std::string Abs(const std::string& path) { return "/" + path; }
 
+// "/a/b" or "a/b" -> {..., "a", "b"}.
+void AppendComponents(const std::string& path, std::vector<std::string>& out) {
+  for (size_t start = 0; start < path.size();) {
+    size_t slash = std::min(path.find('/', start), path.size());
+    if (slash > start) out.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+}
+
+Status Nfs4Error(int status, const std::string& what) {
+  switch (status) {
+    case NFS4ERR_NOENT:
+    case NFS4ERR_NOTDIR:
+      return NotFoundError(what + " does not exist or is not a directory");
+    case NFS4ERR_ACCESS:
+    case NFS4ERR_PERM:
+      return PermissionDeniedError(what + ": permission denied by the NFS server");
+    default:
+      return UnavailableError(what + ": NFS server answered READDIR with NFSv4 status " + std::to_string(status));
+  }
+}
+
+// Reads the XDR encoding of the attributes NfsUfs::ReaddirPage asks for, in attribute order.
+class XdrReader {
+ public:
+  XdrReader(const char* p, size_t n) : p_(reinterpret_cast<const unsigned char*>(p)), n_(n) {}
+  bool U32(uint32_t& v) {
+    if (n_ - at_ < 4) return false;
+    v = (uint32_t{p_[at_]} << 24) | (uint32_t{p_[at_ + 1]} << 16) | (uint32_t{p_[at_ + 2]} << 8) | p_[at_ + 3];
+    at_ += 4;
+    return true;
+  }
+  bool U64(uint64_t& v) {
+    uint32_t hi, lo;
+    if (!U32(hi) || !U32(lo)) return false;
+    v = (uint64_t{hi} << 32) | lo;
+    return true;
+  }
+  bool String(std::string& s) {
+    uint32_t len;
+    if (!U32(len) || len > n_ - at_) return false;
+    s.assign(reinterpret_cast<const char*>(p_ + at_), len);
+    at_ += (len + 3) & ~3u;
+    if (at_ > n_) at_ = n_;
+    return true;
+  }
+
+ private:
+  const unsigned char* p_;
+  size_t n_, at_ = 0;
+};
+
+bool HasAttr(const bitmap4& mask, int attr) {
+  size_t word = static_cast<size_t>(attr) / 32;
+  return word < mask.bitmap4_len && (mask.bitmap4_val[word] >> (attr % 32)) & 1u;
+}
+
+uint32_t NumericOwner(const std::string& s) {
+  uint32_t v = 0;
+  for (char ch : s) {
+    if (ch < '0' || ch > '9') break;
+    v = v * 10 + static_cast<uint32_t>(ch - '0');
+  }
+  return v;
+}
+
+// The entry for one READDIR result; nullopt for what is not a file or directory (`*is_link` says
+// whether it is a symbolic link, which the caller resolves). Versions are built exactly as
+// nfs_stat64 results are (VersionOf), so listing and Stat agree.
+StatusOr<std::optional<UfsEntry>> DecodeEntry(const std::string& name, const fattr4& attrs, bool* is_link) {
+  for (int a : {FATTR4_TYPE, FATTR4_SIZE, FATTR4_FILEID, FATTR4_MODE, FATTR4_TIME_MODIFY}) {
+    if (!HasAttr(attrs.attrmask, a)) {
+      return UnavailableError("the NFS server returned no attribute " + std::to_string(a) + " for '" + name + "'");
+    }
+  }
+  for (u_int w = 0; w < attrs.attrmask.bitmap4_len; ++w) {
+    uint32_t known = w == 0 ? (1u << FATTR4_TYPE) | (1u << FATTR4_SIZE) | (1u << FATTR4_FILEID)
+                     : w == 1 ? (1u << (FATTR4_MODE - 32)) | (1u << (FATTR4_OWNER - 32)) |
+                                    (1u << (FATTR4_OWNER_GROUP - 32)) | (1u << (FATTR4_TIME_MODIFY - 32))
+                              : 0;
+    if (attrs.attrmask.bitmap4_val[w] & ~known) return UnavailableError("the NFS server returned attributes it was not asked for");
+  }
+  XdrReader x(attrs.attr_vals.attrlist4_val, attrs.attr_vals.attrlist4_len);
+  uint32_t type = 0, mode = 0, nsec = 0;
+  uint64_t size = 0, fileid = 0, sec = 0;
+  std::string owner = "0", group = "0";
+  bool ok = x.U32(type) && x.U64(size) && x.U64(fileid) && x.U32(mode) &&
+            (!HasAttr(attrs.attrmask, FATTR4_OWNER) || x.String(owner)) &&
+            (!HasAttr(attrs.attrmask, FATTR4_OWNER_GROUP) || x.String(group)) && x.U64(sec) && x.U32(nsec);
+  if (!ok) return UnavailableError("the NFS server sent truncated attributes for '" + name + "'");
+  *is_link = type == NF4LNK;
+  if (type != NF4REG && type != NF4DIR) return std::optional<UfsEntry>();
+  nfs_stat_64 st{};
+  st.nfs_mode = (type == NF4DIR ? S_IFDIR : S_IFREG) | (mode & 07777);
+  st.nfs_size = size;
+  st.nfs_ino = fileid;
+  st.nfs_mtime = sec;
+  st.nfs_mtime_nsec = nsec;
+  st.nfs_uid = NumericOwner(owner);
+  st.nfs_gid = NumericOwner(group);
+  return std::optional<UfsEntry>(EntryOf(name, st));
+}
+
 }  // namespace
 
 StatusOr<std::shared_ptr<UnderFileSystem>> NfsUfs::Open(const std::string& uri,
@@ -55,7 +162,9 @@ StatusOr<std::shared_ptr<UnderFileSystem>> NfsUfs::Open(const std::string& uri,
     connections = std::clamp<uint64_t>(n, 1, 64);
   }
   std::shared_ptr<NfsUfs> ufs(new NfsUfs(uri));
-  ASSIGN_OR_RETURN(nfs_context * first, ufs->Connect());
+  std::string export_path;
+  ASSIGN_OR_RETURN(nfs_context * first, ufs->Connect(&export_path));
+  AppendComponents(export_path, ufs->export_components_);
   {
     std::lock_guard<std::mutex> lock(ufs->mu_);
     ufs->idle_.push_back(first);
@@ -70,7 +179,7 @@ NfsUfs::~NfsUfs() {
   for (nfs_context* c : idle_) nfs_destroy_context(c);
 }
 
-StatusOr<nfs_context*> NfsUfs::Connect() {
+StatusOr<nfs_context*> NfsUfs::Connect(std::string* export_path) {
   nfs_context* c = nfs_init_context();
   if (c == nullptr) return InternalError("cannot create an NFS context");
   nfs_set_timeout(c, 30000);
@@ -89,6 +198,7 @@ StatusOr<nfs_context*> NfsUfs::Connect() {
   }
   int rc = nfs_mount(c, u->server, u->path);
   std::string where = std::string(u->server) + ":" + u->path;
+  if (export_path != nullptr) *export_path = u->path;
   nfs_destroy_url(u);
   if (rc != 0) {
     Status st = NfsError(rc, c, "NFS export " + where);
@@ -132,54 +242,140 @@ void NfsUfs::Release(nfs_context* c, bool broken) {
 StatusOr<UfsEntry> NfsUfs::Stat(const std::string& path) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  auto e = StatOn(c, path);
+  Release(c, e.status().IsRetryable());
+  return e;
+}
+
+StatusOr<UfsEntry> NfsUfs::StatOn(nfs_context* c, const std::string& path) {
   nfs_stat_64 st{};
   int rc = nfs_stat64(c, Abs(path).c_str(), &st);
-  Status err = rc == 0 ? Status::OK() : NfsError(rc, c, uri_ + "/" + path);
-  Release(c, err.IsRetryable());
-  RETURN_IF_ERROR(err);
+  if (rc != 0) return NfsError(rc, c, uri_ + "/" + path);
   if (!S_ISDIR(st.nfs_mode) && !S_ISREG(st.nfs_mode)) return NotFoundError(path + " is not a file or directory");
   return EntryOf(path.substr(path.rfind('/') + 1), st);
 }
 
 Status NfsUfs::List(const std::string& dir, size_t page_size, const PageFn& on_page) {
   RETURN_IF_ERROR(CheckRelativePath(dir));
-  // Read the names with one context, then stat them: the listing is short-lived on the server.
-  std::vector<std::string> names;
-  {
-    ASSIGN_OR_RETURN(nfs_context * c, Acquire());
-    nfsdir* d = nullptr;
-    int rc = nfs_opendir(c, Abs(dir).c_str(), &d);
-    if (rc != 0) {
-      Status st = NfsError(rc, c, uri_ + "/" + dir);
-      Release(c, st.IsRetryable());
-      return st;
+  std::vector<std::string> path = export_components_;
+  AppendComponents(dir, path);
+  // One context for the whole listing: the cookies are only good against the same server state.
+  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  ReaddirCursor cursor;
+  std::vector<UfsEntry> page;
+  Status rpc = Status::OK(), caller = Status::OK();
+  while (rpc.ok() && caller.ok() && !cursor.eof) {
+    std::vector<UfsEntry> got;  // one server reply: kReaddirBytes of entries
+    rpc = ReaddirPage(c, path, dir, cursor, got);
+    for (size_t i = 0; rpc.ok() && caller.ok() && i < got.size(); ++i) {
+      page.push_back(std::move(got[i]));
+      if (page.size() >= page_size) {
+        caller = on_page(page);
+        page.clear();
+      }
     }
-    while (nfsdirent* e = nfs_readdir(c, d)) {
-      std::string name = e->name;
+  }
+  Release(c, rpc.IsRetryable());
+  RETURN_IF_ERROR(rpc);
+  RETURN_IF_ERROR(caller);
+  if (!page.empty()) RETURN_IF_ERROR(on_page(page));
+  return Status::OK();
+}
+
+Status NfsUfs::ReaddirPage(nfs_context* c, const std::vector<std::string>& path, const std::string& dir,
+                           ReaddirCursor& cursor, std::vector<UfsEntry>& out) {
+  // COMPOUND { PUTROOTFH, LOOKUP component..., READDIR(cookie, verifier, attributes) }.
+  std::vector<nfs_argop4> ops(path.size() + 2);
+  ops[0].argop = OP_PUTROOTFH;
+  for (size_t i = 0; i < path.size(); ++i) {
+    ops[i + 1].argop = OP_LOOKUP;
+    ops[i + 1].nfs_argop4_u.oplookup.objname.utf8string_len = static_cast<u_int>(path[i].size());
+    ops[i + 1].nfs_argop4_u.oplookup.objname.utf8string_val = const_cast<char*>(path[i].data());
+  }
+  uint32_t mask[2] = {(1u << FATTR4_TYPE) | (1u << FATTR4_SIZE) | (1u << FATTR4_FILEID),
+                      (1u << (FATTR4_MODE - 32)) | (1u << (FATTR4_OWNER - 32)) |
+                          (1u << (FATTR4_OWNER_GROUP - 32)) | (1u << (FATTR4_TIME_MODIFY - 32))};
+  READDIR4args& rd = ops.back().nfs_argop4_u.opreaddir;
+  ops.back().argop = OP_READDIR;
+  rd.cookie = cursor.cookie;
+  std::memcpy(rd.cookieverf, cursor.verifier, NFS4_VERIFIER_SIZE);
+  rd.dircount = kReaddirBytes / 4;
+  rd.maxcount = kReaddirBytes;
+  rd.attr_request.bitmap4_len = 2;
+  rd.attr_request.bitmap4_val = mask;
+  COMPOUND4args args{};
+  args.argarray.argarray_len = static_cast<u_int>(ops.size());
+  args.argarray.argarray_val = ops.data();
+
+  const std::string what = uri_ + "/" + dir;
+  struct Reply {
+    bool done = false;
+    Status status = Status::OK();
+    ReaddirCursor* cursor;
+    std::vector<UfsEntry>* out;
+    const std::string* what;
+    std::vector<std::string> links;
+  } reply{false, Status::OK(), &cursor, &out, &what, {}};
+  // libnfs frees the reply after this callback returns: everything is decoded here.
+  rpc_cb cb = [](rpc_context*, int status, void* data, void* priv) {
+    auto* r = static_cast<Reply*>(priv);
+    r->done = true;
+    if (status != RPC_STATUS_SUCCESS) {
+      r->status = UnavailableError(*r->what + ": NFS READDIR failed: " +
+                                   (status == RPC_STATUS_ERROR && data ? static_cast<const char*>(data)
+                                    : status == RPC_STATUS_TIMEOUT     ? "timed out"
+                                                                       : "cancelled"));
+      return;
+    }
+    auto* res = static_cast<COMPOUND4res*>(data);
+    if (res->status != NFS4_OK || res->resarray.resarray_len == 0) {
+      r->status = Nfs4Error(res->status, *r->what);
+      return;
+    }
+    const READDIR4res& rr = res->resarray.resarray_val[res->resarray.resarray_len - 1].nfs_resop4_u.opreaddir;
+    const READDIR4resok& ok = rr.READDIR4res_u.resok4;
+    std::memcpy(r->cursor->verifier, ok.cookieverf, NFS4_VERIFIER_SIZE);
+    for (const entry4* e = ok.reply.entries; e != nullptr; e = e->nextentry) {
+      r->cursor->cookie = e->cookie;
+      std::string name(e->name.utf8string_val, e->name.utf8string_len);
       if (name == "." || name == "..") continue;
       if (!IsValidName(name)) {
-        spdlog::warn("skipping an entry of {}/{} whose name cannot be a file name", uri_, dir);
+        spdlog::warn("skipping an entry of {} whose name cannot be a file name", *r->what);
         continue;
       }
-      names.push_back(std::move(name));
+      bool is_link = false;
+      auto entry = DecodeEntry(name, e->attrs, &is_link);
+      if (!entry.ok()) {
+        r->status = entry.status();
+        return;
+      }
+      if (entry->has_value()) r->out->push_back(std::move(**entry));
+      if (is_link) r->links.push_back(std::move(name));
     }
-    nfs_closedir(c, d);
-    Release(c, false);
+    r->cursor->eof = ok.reply.eof != 0;
+  };
+  if (rpc_nfs4_compound_async(nfs_get_rpc_context(c), cb, &args, &reply) != 0) {
+    return UnavailableError(what + ": cannot send an NFS READDIR: " + nfs_get_error(c));
   }
-  std::vector<UfsEntry> page;
-  for (const auto& name : names) {
-    auto e = Stat(JoinPath(dir, name));
-    if (!e.ok()) {
-      if (!e.status().IsNotFound()) return e.status();
-      continue;  // removed meanwhile, or a special file
-    }
-    page.push_back(std::move(e).value());
-    if (page.size() >= page_size) {
-      RETURN_IF_ERROR(on_page(page));
-      page.clear();
+  // Drive the context until the reply (or libnfs's own timeout, nfs_set_timeout) arrives.
+  while (!reply.done) {
+    pollfd pfd{nfs_get_fd(c), static_cast<short>(nfs_which_events(c)), 0};
+    int n = poll(&pfd, 1, 100);
+    if (n < 0 && errno != EINTR) return UnavailableError(what + ": poll: " + strerror(errno));
+    if (nfs_service(c, n > 0 ? pfd.revents : 0) < 0 && !reply.done) {
+      return UnavailableError(what + ": NFS connection failed: " + nfs_get_error(c));
     }
   }
-  if (!page.empty()) RETURN_IF_ERROR(on_page(page));
+  RETURN_IF_ERROR(reply.status);
+  // A symbolic link is listed as what it points to, as file:// does; dangling links are skipped.
+  for (const std::string& name : reply.links) {
+    auto target = StatOn(c, JoinPath(dir, name));
+    if (target.ok()) {
+      out.push_back(std::move(target).value());
+    } else if (!target.status().IsNotFound()) {
+      return target.status();
+    }
+  }
   return Status::OK();
 }
 

@@ -9,6 +9,13 @@
 // 1 MiB (libnfs 4.0 fails larger NFSv4 READs and breaks the connection). Versions are "<size>-<mtime ns>-<inode>"
 // as for local files; reads check the version before and after, so a file changed underneath
 // fails with FAILED_PRECONDITION. Thread-safe.
+//
+// Listing streams: libnfs's nfs_opendir reads a whole directory into memory before the first entry
+// is returned (a million-entry directory would be ~100 MB of dirents), so List sends its own NFSv4
+// COMPOUNDs instead — PUTROOTFH, LOOKUP of each path component, READDIR with the cookie and
+// verifier of the previous reply and the attributes a UfsEntry needs — and hands each reply's
+// entries (kReaddirBytes, a few hundred) to the caller before asking for the next. No Stat per
+// entry either: the attributes come with the names.
 #pragma once
 
 #include <condition_variable>
@@ -37,13 +44,31 @@ class NfsUfs : public UnderFileSystem {
                         char* out) override;
 
  private:
+  // Where the next READDIR continues (RFC 7530 16.24: cookie 0 and a zero verifier to start).
+  struct ReaddirCursor {
+    uint64_t cookie = 0;
+    char verifier[8] = {};
+    bool eof = false;
+  };
+  static constexpr uint32_t kReaddirBytes = 64 * 1024;  // maxcount of one READDIR reply
+
   explicit NfsUfs(std::string uri) : uri_(std::move(uri)) {}
-  StatusOr<nfs_context*> Connect();
+  // `export_path`, when set, receives the path mounted on the server ("/export/sub").
+  StatusOr<nfs_context*> Connect(std::string* export_path = nullptr);
+  // Stat on a context the caller holds (follows symbolic links).
+  StatusOr<UfsEntry> StatOn(nfs_context* c, const std::string& path);
+  // One READDIR round trip on `c` for the directory at `path` (components from the server's root),
+  // appending the files and directories it returned to `out` and advancing `cursor`. `dir` names
+  // the directory (relative to the mount) and symbolic links in it are resolved with StatOn.
+  // UNAVAILABLE on transport errors (the context is then broken).
+  Status ReaddirPage(nfs_context* c, const std::vector<std::string>& path, const std::string& dir,
+                     ReaddirCursor& cursor, std::vector<UfsEntry>& out);
   StatusOr<nfs_context*> Acquire();
   // `broken`: the context saw a transport error; it is destroyed and reconnected on next use.
   void Release(nfs_context* c, bool broken);
 
   std::string uri_;
+  std::vector<std::string> export_components_;  // the mounted path's components; set by Open
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<nfs_context*> idle_;  // GUARDED_BY(mu_)

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -88,7 +89,8 @@ TEST_F(NfsTest, DatasetOnNfsReadsByteIdenticalThroughFuse) {
   for (int pass = 0; pass < 2; ++pass) {
     for (auto& e : fs::recursive_directory_iterator(src)) {
       std::string rel = fs::relative(e.path(), src).string();
-      if (rel == "changing.bin") continue;  // rewritten by the other test
+      if (rel == "changing.bin") continue;     // rewritten by the other test
+      if (rel.rfind("big", 0) == 0) continue;  // ListStreamsPagesOfABigDirectory's
       struct stat st;
       ASSERT_EQ(stat((dir / ("mnt/" + rel)).c_str(), &st), 0) << rel;
       EXPECT_EQ(S_ISDIR(st.st_mode), e.is_directory()) << rel;
@@ -101,6 +103,65 @@ TEST_F(NfsTest, DatasetOnNfsReadsByteIdenticalThroughFuse) {
   EXPECT_EQ(files, 5);
   EXPECT_EQ(local.Stop(SIGTERM), 0) << local.Log();
   EXPECT_FALSE(IsMounted(dir / "mnt"));
+}
+
+// A directory far larger than one READDIR reply streams in pages: every entry once, with the same
+// attributes and version Stat reports, special files skipped, nested paths and errors handled.
+TEST_F(NfsTest, ListStreamsPagesOfABigDirectory) {
+  std::string big = *dir_ / "nfs/export/big/sub";
+  fs::create_directories(big);
+  constexpr int kFiles = 5000;  // ~40 READDIR replies of 64 KiB
+  for (int i = 0; i < kFiles; ++i) WriteFile(big + "/file-" + std::to_string(i) + ".jpg", std::to_string(i));
+  fs::create_directory(big + "/a-directory");
+  fs::create_symlink("file-1.jpg", big + "/a-link");
+  fs::create_symlink("nowhere", big + "/dangling-link");
+  mkfifo((big + "/a-fifo").c_str(), 0644);
+  auto ufs = NfsUfs::Open(uri_, {});
+  ASSERT_TRUE(ufs.ok()) << ufs.status().message();
+
+  std::map<std::string, UfsEntry> seen;
+  int pages = 0, duplicates = 0;
+  ASSERT_TRUE((*ufs)->List("big/sub", 100, [&](std::vector<UfsEntry>& page) {
+    EXPECT_LE(page.size(), 100u);
+    ++pages;
+    for (auto& e : page) duplicates += !seen.emplace(e.name, e).second;
+    return Status::OK();
+  }).ok());
+  EXPECT_EQ(duplicates, 0);
+  EXPECT_EQ(seen.size(), kFiles + 2u);  // the files, the directory, and the link as its target
+  EXPECT_GE(pages, kFiles / 100);
+  ASSERT_TRUE(seen.count("a-directory"));
+  EXPECT_TRUE(seen["a-directory"].is_dir);
+  ASSERT_TRUE(seen.count("a-link"));
+  EXPECT_EQ(seen["a-link"].size, 1u);
+  EXPECT_EQ(seen["a-link"].version, seen["file-1.jpg"].version);
+  EXPECT_FALSE(seen.count("dangling-link"));
+  EXPECT_FALSE(seen.count("a-fifo"));
+  for (int i : {0, 1, 777, kFiles - 1}) {
+    std::string name = "file-" + std::to_string(i) + ".jpg";
+    ASSERT_TRUE(seen.count(name)) << name;
+    auto st = (*ufs)->Stat("big/sub/" + name);
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    EXPECT_EQ(seen[name].version, st->version) << name;
+    EXPECT_EQ(seen[name].size, std::to_string(i).size());
+    EXPECT_EQ(seen[name].mode, st->mode);
+    EXPECT_EQ(seen[name].mtime_ns, st->mtime_ns);
+    EXPECT_FALSE(seen[name].is_dir);
+  }
+
+  // The caller's error stops the listing at once; the connection stays usable.
+  int calls = 0;
+  Status stop = (*ufs)->List("big/sub", 10, [&](std::vector<UfsEntry>&) {
+    ++calls;
+    return AbortedError("enough");
+  });
+  EXPECT_EQ(stop.code(), Code::kAborted);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ((*ufs)->List("big/no-such-dir", 10, [](std::vector<UfsEntry>&) { return Status::OK(); }).code(),
+            Code::kNotFound);
+  EXPECT_EQ((*ufs)->List("big/sub/file-1.jpg", 10, [](std::vector<UfsEntry>&) { return Status::OK(); }).code(),
+            Code::kNotFound);
+  EXPECT_TRUE((*ufs)->Stat("big").ok());
 }
 
 }  // namespace
