@@ -269,6 +269,11 @@ int CmdReport(MasterConn& m, bool json) {
                               {"rejected", s.rejected()},
                               {"policy", s.policy()},
                               {"bytes_served", s.bytes_served()},
+                              {"peer_reads", s.peer_reads()},
+                              {"peer_bytes", s.peer_bytes()},
+                              {"peer_served", s.peer_served()},
+                              {"peer_failovers", s.peer_failovers()},
+                              {"coalesced", s.coalesced()},
                               {"tiers", TiersJson(s)}});
     }
     j["mounts"] = nlohmann::json::array();
@@ -309,6 +314,12 @@ int CmdReport(MasterConn& m, bool json) {
                   static_cast<unsigned long long>(t.misses()), static_cast<unsigned long long>(t.evictions()),
                   static_cast<unsigned long long>(t.demotions()), static_cast<unsigned long long>(t.promotions()),
                   paths.c_str());
+    }
+    if (s.peer_reads() + s.peer_served() + s.peer_failovers() > 0) {
+      std::printf("       from peers %llu reads (%s), served to peers %llu, failovers %llu\n",
+                  static_cast<unsigned long long>(s.peer_reads()), FormatBytes(s.peer_bytes()).c_str(),
+                  static_cast<unsigned long long>(s.peer_served()),
+                  static_cast<unsigned long long>(s.peer_failovers()));
     }
   }
   std::printf("\nMounts:\n  %-20s %-40s %12s %12s %9s\n", "PATH", "URI", "UFS SEEN", "CACHED", "CACHED %");

@@ -209,9 +209,16 @@ Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map
       auto p = ParseCachePolicy(v);
       if (!p.ok()) return InvalidArgumentError("mount option cache.policy: " + p.status().message());
       cache->policy = *p;
+    } else if (k == "cache.replicas") {
+      auto n = ParseUint(v);
+      if (!n.ok() || *n < 1 || *n > kMaxReplicas) {
+        return InvalidArgumentError("mount option cache.replicas: '" + v + "' is not a whole number from 1 to " +
+                                    std::to_string(kMaxReplicas));
+      }
+      cache->replicas = static_cast<uint32_t>(*n);
     } else {
       return InvalidArgumentError("unknown mount option '" + k +
-                                  "' (Granary's own options: cache.policy, metadata.sync_interval)");
+                                  "' (Granary's own options: cache.policy, cache.replicas, metadata.sync_interval)");
     }
   }
   return Status::OK();

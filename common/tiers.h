@@ -59,9 +59,14 @@ constexpr int64_t kSyncNever = -1;
 StatusOr<int64_t> ParseSyncInterval(std::string_view text);
 std::string FormatSyncInterval(int64_t ms);
 
+inline constexpr uint32_t kMaxReplicas = 16;
+
 struct MountCacheOptions {
   std::optional<CachePolicy> policy;          // cache.policy: overrides the worker's policy
   std::optional<int64_t> metadata_sync_ms;    // metadata.sync_interval: overrides the master's
+  // cache.replicas: how many workers keep a copy of each block (the first N of its rendezvous
+  // ranking); 1 (the default) keeps only the home worker's. 1..16.
+  uint32_t replicas = 1;
 };
 
 // Splits a mount's options into the under-storage's and Granary's own ("cache.*"); unknown

@@ -91,16 +91,10 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
     req.set_length(want);
     grpc::ClientContext ctx;
     sec_->Prepare(&ctx, cfg_.rpc.timeout);
-    auto reader = worker_.Get()->ReadBlock(&ctx, req);
-    rpc::ReadBlockChunk chunk;
-    uint64_t got = 0;
-    while (reader->Read(&chunk)) {
-      out->append(chunk.data());
-      got += chunk.data().size();
-    }
-    RETURN_IF_ERROR(FromGrpc(worker_.Note(reader->Finish()), "the worker at " + cfg_.fuse.worker));
-    if (got != want) return DataLossError("the worker returned " + std::to_string(got) + " bytes, wanted " + std::to_string(want));
-    offset += got;
+    Status st = ReadBlockStream(*worker_.Get(), ctx, req, want, out, "the worker at " + cfg_.fuse.worker);
+    if (st.code() == Code::kUnavailable) worker_.Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+    RETURN_IF_ERROR(st);
+    offset += want;
   }
   return Status::OK();
 }

@@ -117,10 +117,18 @@ class MasterService final : public rpc::Master::Service {
     GRANARY_AUTH();
     return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp));
   }
+  void AddLiveWorkers(google::protobuf::RepeatedPtrField<rpc::PeerInfo>* out) {
+    for (const auto& [id, address] : cluster_->AliveWorkers()) {
+      rpc::PeerInfo* p = out->Add();
+      p->set_id(id);
+      p->set_address(address);
+    }
+  }
   grpc::Status RegisterWorker(ServerContext* ctx, const rpc::RegisterWorkerRequest* req,
                               rpc::RegisterWorkerResponse* resp) override {
     GRANARY_AUTH();
     resp->set_worker_id(cluster_->RegisterWorker(*req));
+    AddLiveWorkers(resp->mutable_workers());
     std::set<FileKey> pinned;
     for (const auto& [path, keys] : ns_->Pins()) pinned.insert(keys.begin(), keys.end());
     for (const auto& k : pinned) resp->add_pinned_keys(std::string(reinterpret_cast<const char*>(k.data()), k.size()));
@@ -129,6 +137,7 @@ class MasterService final : public rpc::Master::Service {
   grpc::Status Heartbeat(ServerContext* ctx, const rpc::HeartbeatRequest* req, rpc::HeartbeatResponse* resp) override {
     GRANARY_AUTH();
     resp->set_reregister(!cluster_->Heartbeat(req->worker_id(), req->stats()));
+    if (!resp->reregister()) AddLiveWorkers(resp->mutable_workers());
     return grpc::Status::OK;
   }
   grpc::Status ReportBlocks(ServerContext* ctx, const rpc::ReportBlocksRequest* req,

@@ -89,4 +89,23 @@ grpc::Status RpcSecurity::CheckToken(const grpc::ServerContext* ctx) const {
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong rpc token (see rpc.token_file)");
 }
 
+Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const rpc::ReadBlockRequest& req,
+                       uint64_t want, std::string* out, const std::string& who, bool* cache_hit) {
+  auto reader = stub.ReadBlock(&ctx, req);
+  rpc::ReadBlockChunk chunk;
+  uint64_t got = 0;
+  bool first = true;
+  while (reader->Read(&chunk)) {
+    if (first && cache_hit) *cache_hit = chunk.cache_hit();
+    first = false;
+    out->append(chunk.data());
+    got += chunk.data().size();
+  }
+  RETURN_IF_ERROR(FromGrpc(reader->Finish(), who));
+  if (got != want) {
+    return DataLossError(who + " returned " + std::to_string(got) + " bytes of a block, wanted " + std::to_string(want));
+  }
+  return Status::OK();
+}
+
 }  // namespace granary

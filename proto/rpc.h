@@ -16,6 +16,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "proto/granary.grpc.pb.h"
 
 namespace granary {
 
@@ -76,5 +77,10 @@ class StubHolder {
   std::shared_ptr<Stub> stub_;                          // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point last_reset_{};  // GUARDED_BY(mu_)
 };
+
+// Runs one Worker.ReadBlock call on `stub` (ctx already prepared) and appends the streamed bytes
+// to `out`. DATA_LOSS when the stream ends short of `want` bytes; `who` names the worker in errors.
+Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const rpc::ReadBlockRequest& req,
+                       uint64_t want, std::string* out, const std::string& who, bool* cache_hit = nullptr);
 
 }  // namespace granary

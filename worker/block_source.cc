@@ -4,8 +4,8 @@
 
 namespace granary::worker {
 
-BlockSource::BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter)
-    : store_(store), mounts_(mounts), reporter_(reporter) {
+BlockSource::BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter, Placement* placement)
+    : store_(store), mounts_(mounts), reporter_(reporter), placement_(placement) {
   store_->SetRemovedListener([reporter](const BlockMeta& m) { reporter->BlockRemoved(m); });
 }
 
@@ -35,13 +35,65 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
   }
   *hit = false;
   counters_.misses++;
-  ASSIGN_OR_RETURN(std::shared_ptr<const std::string> block, Fetch(req, mount, meta));
+  if (req.from_peer) counters_.peer_served++;
+  Route route;
+  if (placement_ != nullptr && !req.from_peer) {
+    size_t self = kNotRanked;
+    std::vector<PeerRef> ranked = placement_->Rank(meta.id, &self);
+    if (!ranked.empty() && self != 0) {
+      route.ask_peers = true;
+      route.keep = self != kNotRanked && self < mount.replicas;
+    }
+  }
+  if (route.ask_peers && !route.keep) {
+    // Not a holder: only this range, streamed from the holders.
+    BlockRequest range = req;
+    range.length = len;
+    out->clear();
+    bool became_home = false;
+    Status st = FromPeers(range, meta.id, out, &became_home);
+    if (st.ok()) {
+      counters_.bytes_served += len;
+      return Status::OK();
+    }
+    if (!st.IsRetryable()) return st;
+    // No peer could serve: fetch it here, and keep it if this worker is the block's home now.
+    route = Route{false, became_home};
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const std::string> block, Fetch(req, mount, meta, route));
   out->assign(block->data() + req.offset, len);
   counters_.bytes_served += len;
   return Status::OK();
 }
 
-BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta) {
+Status BlockSource::FromPeers(const BlockRequest& req, const BlockId& id, std::string* out, bool* became_home) {
+  Status last = UnavailableError("no peer holds this block");
+  for (int attempt = 0; attempt < kMaxPeerAttempts; ++attempt) {
+    size_t self = kNotRanked;
+    std::vector<PeerRef> ranked = placement_->Rank(id, &self);
+    if (ranked.empty() || self == 0) {
+      *became_home = true;
+      break;
+    }
+    const PeerRef& home = ranked[0];
+    out->clear();
+    Status st = placement_->ReadFromPeer(home, req, out);
+    if (st.ok()) {
+      counters_.peer_reads++;
+      counters_.peer_bytes += out->size();
+      return st;
+    }
+    if (!st.IsRetryable()) return st;
+    spdlog::warn("peer {} failed ({}); asking the next worker", home.address, st.message());
+    counters_.peer_failovers++;
+    placement_->PeerFailed(home);
+    last = st;
+  }
+  return last;
+}
+
+BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
+                                        Route route) {
   std::promise<Fetched> promise;
   std::shared_future<Fetched> future;
   bool leader = false;
@@ -65,24 +117,38 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
     }
   }
   if (!leader) return future.get();
-  Fetched result = FetchOnce(req, mount, meta);
+  Fetched result = FetchOnce(req, mount, meta, route);
   promise.set_value(result);
   std::lock_guard<std::mutex> lock(mu_);
   inflight_.erase(meta.id);
   return result;
 }
 
-BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta) {
-  auto data = std::make_shared<std::string>(meta.length, '\0');
-  counters_.ufs_reads++;
-  auto n = mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, data->data());
-  if (!n.ok()) return n.status();
-  counters_.ufs_bytes += *n;
-  if (*n != meta.length) {
-    return FailedPreconditionError(req.ufs_path + " is shorter in the under-storage than when it was listed");
+BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
+                                            Route route) {
+  auto data = std::make_shared<std::string>();
+  bool fetched = false;
+  if (route.ask_peers) {
+    BlockRequest whole = req;
+    whole.offset = 0;
+    whole.length = meta.length;
+    bool became_home = false;
+    Status st = FromPeers(whole, meta.id, data.get(), &became_home);
+    if (!st.ok() && !st.IsRetryable()) return st;
+    fetched = st.ok();
+  }
+  if (!fetched) {
+    data->assign(meta.length, '\0');
+    counters_.ufs_reads++;
+    auto n = mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, data->data());
+    if (!n.ok()) return n.status();
+    counters_.ufs_bytes += *n;
+    if (*n != meta.length) {
+      return FailedPreconditionError(req.ufs_path + " is shorter in the under-storage than when it was listed");
+    }
   }
   if (mount.policy) store_->SetMountPolicy(req.mount_id, *mount.policy);
-  Status st = store_->Put(meta, *data);
+  Status st = route.keep ? store_->Put(meta, *data) : FailedPreconditionError("not a holder of this block");
   std::shared_ptr<const std::string> block(std::move(data));
   if (st.ok()) {
     reporter_->BlockAdded(meta);

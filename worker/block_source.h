@@ -1,8 +1,19 @@
 // BlockSource: where the worker gets the bytes of a block.
 //
-// Read path: the BlockStore first (a hit); on a miss, one fetch of the whole block from the
-// under-storage, shared by every concurrent request for the same block (single-flight), then the
-// block is written to the store and reported to the master. A cached block that fails its checksum
+// Read path: the BlockStore first (a hit). On a miss, the block's place in the cluster decides
+// (Placement, see worker/peers.h for the ranking):
+//   - this worker is the block's home (first in its ranking), or works alone, or the request came
+//     from a peer: one fetch of the whole block from the under-storage;
+//   - this worker is one of the mount's `cache.replicas` holders but not the home: the whole block
+//     from the home (which fetches it once for the whole cluster), kept here too;
+//   - otherwise: just the requested range from the home, streamed and not kept, so the cluster
+//     never caches more than replicas × the dataset.
+// Whole-block fetches are shared by every concurrent request for the same block (single-flight);
+// a fetched block is written to the store and reported to the master. A peer that fails with a
+// retryable error is marked down and the next-ranked worker asked (kMaxPeerAttempts); when no peer
+// can serve, the worker fetches from the under-storage itself, so a dead worker costs readers a
+// retry, never an error. Errors about the data itself (the file changed: FAILED_PRECONDITION) are
+// returned as they are. A cached block that fails its checksum
 // is dropped by the store and fetched again, so corrupt bytes are never returned. When the block
 // cannot be cached (no room, or the shuffle policy keeps the cache as it is) it is still served from
 // the fetched copy, which is kept in a small in-memory buffer (the last kUncachedBlocks such
@@ -26,27 +37,20 @@
 
 namespace granary::worker {
 
-struct BlockRequest {
-  uint64_t mount_id = 0;
-  std::string ufs_path;
-  std::string version;
-  uint64_t file_size = 0;
-  uint64_t block_size = 0;
-  uint64_t index = 0;
-  uint64_t offset = 0;  // within the block
-  uint64_t length = 0;
-};
-
 struct SourceCounters {
   std::atomic<uint64_t> hits{0}, misses{0}, ufs_reads{0}, ufs_bytes{0}, bytes_served{0};
   std::atomic<uint64_t> coalesced{0};  // misses that joined another request's in-flight fetch
   std::atomic<uint64_t> buffered{0};   // misses served from the uncached-block buffer
+  std::atomic<uint64_t> peer_reads{0}, peer_bytes{0};  // ranges and blocks fetched from peers
+  std::atomic<uint64_t> peer_served{0};     // requests from peers this worker answered
+  std::atomic<uint64_t> peer_failovers{0};  // peer calls that failed and moved to the next worker
 };
 
 class BlockSource {
  public:
-  // Routes the store's removals (evictions, frees, corrupt blocks) to `reporter`.
-  BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter);
+  // Routes the store's removals (evictions, frees, corrupt blocks) to `reporter`. `placement` may be
+  // null: the worker works alone.
+  BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter, Placement* placement = nullptr);
 
   // Fills `out` with the requested range (clipped at the block's end); `hit` tells whether it came
   // from the cache. INVALID_ARGUMENT for a range outside the file; FAILED_PRECONDITION when the file
@@ -56,15 +60,25 @@ class BlockSource {
   const SourceCounters& counters() const { return counters_; }
 
   static constexpr size_t kUncachedBlocks = 16;
+  static constexpr int kMaxPeerAttempts = 3;
 
  private:
   using Fetched = StatusOr<std::shared_ptr<const std::string>>;
-  Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta);
-  Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta);
+  // How a missed block is fetched: from peers first (`ask_peers`), and whether it is kept.
+  struct Route {
+    bool ask_peers = false;
+    bool keep = true;
+  };
+  Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
+  Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
+  // Reads `req` from the best-ranked peer, failing over to the next; UNAVAILABLE when none could
+  // serve, with *became_home set when the failures made this worker the block's home.
+  Status FromPeers(const BlockRequest& req, const BlockId& id, std::string* out, bool* became_home);
 
   BlockStore* store_;
   MountResolver* mounts_;
   BlockReporter* reporter_;
+  Placement* placement_;
   SourceCounters counters_;
   std::mutex mu_;
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_;  // GUARDED_BY(mu_)

@@ -2,13 +2,16 @@
 //
 //   MountResolver  turns a mount id into the mount's URI and an opened under-storage client.
 //   BlockReporter  is told about every block the cache gains or loses (the master's block map).
+//   Placement      ranks the cluster's workers for a block and reads from peers (PeerSet).
 //
-// MasterLink implements both against a real master. Implementations must be thread-safe.
+// MasterLink implements the first two against a real master. Implementations must be thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "common/tiers.h"
@@ -17,10 +20,45 @@
 
 namespace granary::worker {
 
+// A request for a range of one block of one file version.
+struct BlockRequest {
+  uint64_t mount_id = 0;
+  std::string ufs_path;
+  std::string version;
+  uint64_t file_size = 0;
+  uint64_t block_size = 0;
+  uint64_t index = 0;
+  uint64_t offset = 0;  // within the block
+  uint64_t length = 0;
+  bool from_peer = false;  // asked by another worker: serve from here, never forward
+};
+
 struct MountHandle {
   std::string uri;
   std::shared_ptr<UnderFileSystem> ufs;
   std::optional<CachePolicy> policy;  // the mount's cache.policy, when it sets one
+  uint32_t replicas = 1;              // the mount's cache.replicas
+};
+
+struct PeerRef {
+  uint64_t id = 0;
+  std::string address;
+};
+
+inline constexpr size_t kNotRanked = static_cast<size_t>(-1);
+
+class Placement {
+ public:
+  virtual ~Placement() = default;
+  // The live workers, best holder of `id` first (the first is its home). `*self` is this worker's
+  // position, or kNotRanked when it is not in the list (not registered yet). An empty list means
+  // the membership is unknown: the worker acts alone.
+  virtual std::vector<PeerRef> Rank(const BlockId& id, size_t* self) = 0;
+  // Reads req.offset..+req.length (within one block) from `peer`, which serves it from its cache or
+  // its own under-storage fetch. Retryable errors mean the peer is unusable, not the data.
+  virtual Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) = 0;
+  // `peer` failed a call: leave it out of rankings for a while.
+  virtual void PeerFailed(const PeerRef& peer) = 0;
 };
 
 class MountResolver {

@@ -16,8 +16,9 @@ rpc::BlockRef ToBlockRef(const BlockMeta& m) {
   return r;
 }
 
-MasterLink::MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats)
-    : cfg_(cfg), sec_(std::move(sec)), store_(store), stats_(std::move(stats)) {
+MasterLink::MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats,
+                       MembersFn members)
+    : cfg_(cfg), sec_(std::move(sec)), store_(store), stats_(std::move(stats)), members_(std::move(members)) {
   stub_ = std::make_unique<StubHolder<rpc::Master>>(sec_, cfg_.master.address);
 }
 
@@ -80,17 +81,28 @@ Status MasterLink::Register() {
   std::set<uint64_t> mount_ids;
   for (const auto& b : req.blocks()) mount_ids.insert(b.mount_id());
   for (uint64_t id : mount_ids) GetMount(id).status().IgnoreError();
+  Members(resp.worker_id(), resp.workers());
   std::lock_guard<std::mutex> lock(mu_);
   worker_id_ = resp.worker_id();
   spdlog::info("registered with the master at {} as worker {}", cfg_.master.address, worker_id_);
   return Status::OK();
 }
 
+void MasterLink::Members(uint64_t self, const google::protobuf::RepeatedPtrField<rpc::PeerInfo>& workers) {
+  if (!members_) return;
+  std::vector<PeerRef> live;
+  live.reserve(workers.size());
+  for (const auto& w : workers) live.push_back(PeerRef{w.id(), w.address()});
+  members_(self, live);
+}
+
 Status MasterLink::Beat() {
   rpc::HeartbeatRequest req;
+  uint64_t self;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    req.set_worker_id(worker_id_);
+    self = worker_id_;
+    req.set_worker_id(self);
   }
   *req.mutable_stats() = stats_();
   rpc::HeartbeatResponse resp;
@@ -100,7 +112,9 @@ Status MasterLink::Beat() {
   if (resp.reregister()) {
     std::lock_guard<std::mutex> lock(mu_);
     worker_id_ = 0;
+    return Status::OK();
   }
+  Members(self, resp.workers());
   return Status::OK();
 }
 
@@ -171,7 +185,7 @@ StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   MountCacheOptions cache_options;
   RETURN_IF_ERROR(SplitMountOptions(opts, &ufs_options, &cache_options));
   ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(info.uri(), ufs_options));
-  MountHandle h{info.uri(), std::move(ufs), cache_options.policy};
+  MountHandle h{info.uri(), std::move(ufs), cache_options.policy, cache_options.replicas};
   if (h.policy) store_->SetMountPolicy(mount_id, *h.policy);
   std::lock_guard<std::mutex> lock(mu_);
   mounts_[mount_id] = h;

@@ -2,7 +2,8 @@
 //
 // One background thread registers the worker (with a full block report), then sends a heartbeat
 // every worker.heartbeat_interval and the blocks added or removed since the last report (sooner
-// when a report is queued). When the master answers "re-register" (it restarted and forgot this
+// when a report is queued). The master's answers carry the live workers, handed to MembersFn (the
+// PeerSet's membership). When the master answers "re-register" (it restarted and forgot this
 // worker) or cannot be reached, the thread keeps trying; the worker keeps serving cached blocks
 // meanwhile. GetMount() caches each mount's URI and opened under-storage.
 //
@@ -30,7 +31,10 @@ namespace granary::worker {
 class MasterLink final : public MountResolver, public BlockReporter {
  public:
   using StatsFn = std::function<rpc::WorkerStats()>;
-  MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats);
+  // Called with this worker's id and the live workers after every registration and heartbeat.
+  using MembersFn = std::function<void(uint64_t self, const std::vector<PeerRef>& live)>;
+  MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats,
+             MembersFn members = nullptr);
   ~MasterLink() override;
 
   // Registers as `advertise` (the address others dial) and starts the background thread.
@@ -46,12 +50,14 @@ class MasterLink final : public MountResolver, public BlockReporter {
   Status Register();
   Status Beat();
   Status Flush();
+  void Members(uint64_t self, const google::protobuf::RepeatedPtrField<rpc::PeerInfo>& workers);
 
   const Config cfg_;
   std::shared_ptr<RpcSecurity> sec_;
   std::string advertise_;  // set once by Start
   BlockStore* store_;
   StatsFn stats_;
+  MembersFn members_;
   std::unique_ptr<StubHolder<rpc::Master>> stub_;
 
   std::mutex mu_;

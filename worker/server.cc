@@ -10,6 +10,7 @@
 #include "worker/block_source.h"
 #include "worker/block_store.h"
 #include "worker/master_link.h"
+#include "worker/peers.h"
 
 namespace granary::worker {
 namespace {
@@ -53,8 +54,8 @@ class WorkerService final : public rpc::Worker::Service {
   grpc::Status ReadBlock(grpc::ServerContext* ctx, const rpc::ReadBlockRequest* req,
                          grpc::ServerWriter<rpc::ReadBlockChunk>* writer) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
-    BlockRequest br{req->mount_id(), req->ufs_path(), req->version(), req->file_size(),
-                    req->block_size(), req->index(), req->offset(), req->length()};
+    BlockRequest br{req->mount_id(), req->ufs_path(), req->version(), req->file_size(), req->block_size(),
+                    req->index(),      req->offset(),   req->length(),  req->from_peer()};
     std::string data;
     bool hit = false;
     Status st = source_->Read(br, &data, &hit);
@@ -103,8 +104,12 @@ class WorkerServerImpl final : public WorkerServer {
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     auto stats = [this] { return Stats(); };
-    link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats);
-    source_ = std::make_unique<BlockSource>(store_.get(), link_.get(), link_.get());
+    peers_ = std::make_unique<PeerSet>(sec_, cfg.rpc.timeout);
+    link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats,
+                                         [this](uint64_t self, const std::vector<PeerRef>& live) {
+                                           peers_->Update(self, live);
+                                         });
+    source_ = std::make_unique<BlockSource>(store_.get(), link_.get(), link_.get(), peers_.get());
     service_ = std::make_unique<WorkerService>(source_.get(), store_.get(), sec_, stats);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -148,6 +153,11 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_pinned_blocks(b.pinned_blocks);
     s.set_rejected(b.rejected);
     s.set_policy(CachePolicyName(policy_));
+    s.set_peer_reads(c.peer_reads);
+    s.set_peer_bytes(c.peer_bytes);
+    s.set_peer_served(c.peer_served);
+    s.set_peer_failovers(c.peer_failovers);
+    s.set_coalesced(c.coalesced);
     for (const auto& t : b.tiers) {
       rpc::TierStats* ts = s.add_tiers();
       ts->set_medium(t.medium);
@@ -170,6 +180,7 @@ class WorkerServerImpl final : public WorkerServer {
   std::atomic<bool> stopped_{false};
   std::shared_ptr<RpcSecurity> sec_;
   std::unique_ptr<BlockStore> store_;
+  std::unique_ptr<PeerSet> peers_;
   std::unique_ptr<MasterLink> link_;
   std::unique_ptr<BlockSource> source_;
   std::unique_ptr<WorkerService> service_;

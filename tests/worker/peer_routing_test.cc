@@ -1,0 +1,276 @@
+// Block placement and peer reads: PeerSet's rendezvous ranking, and BlockSource's routing across
+// an in-process cluster of workers (a real BlockStore and BlockSource per node; peer calls go
+// straight to the other node's BlockSource, the way the Worker.ReadBlock handler does, so a node
+// can be made to fail like a dead process). One FaultUfs stands for the shared under-storage and
+// counts its reads.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/ufs/local_ufs.h"
+#include "tests/testutil/fault_ufs.h"
+#include "tests/testutil/testutil.h"
+#include "worker/block_source.h"
+#include "worker/peers.h"
+
+namespace granary::worker {
+namespace {
+
+constexpr uint64_t kBlock = 65536;
+
+BlockId Id(int file, uint64_t index) {
+  return BlockId{MakeFileKey("s3://b", "f" + std::to_string(file), "v1"), index};
+}
+
+std::vector<PeerRef> Workers(int n) {
+  std::vector<PeerRef> v;
+  for (int i = 0; i < n; ++i) v.push_back(PeerRef{static_cast<uint64_t>(i + 1), "10.0.0." + std::to_string(i) + ":7000"});
+  return v;
+}
+
+TEST(PeerSetTest, EveryWorkerRanksABlockTheSameWay) {
+  auto sec = RpcSecurity::FromConfig(RpcConfig{}).value();
+  auto live = Workers(4);
+  PeerSet a(sec, std::chrono::seconds(1)), b(sec, std::chrono::seconds(1));
+  a.Update(1, live);
+  std::reverse(live.begin(), live.end());  // another order, another self
+  b.Update(3, live);
+  for (uint64_t i = 0; i < 200; ++i) {
+    size_t sa, sb;
+    auto ra = a.Rank(Id(1, i), &sa), rb = b.Rank(Id(1, i), &sb);
+    ASSERT_EQ(ra.size(), 4u);
+    for (size_t k = 0; k < 4; ++k) EXPECT_EQ(ra[k].id, rb[k].id);
+    EXPECT_EQ(ra[sa].id, 1u);
+    EXPECT_EQ(rb[sb].id, 3u);
+  }
+}
+
+TEST(PeerSetTest, HomesAreBalancedAndALeavingWorkerMovesOnlyItsOwnBlocks) {
+  auto sec = RpcSecurity::FromConfig(RpcConfig{}).value();
+  PeerSet four(sec, std::chrono::seconds(1)), three(sec, std::chrono::seconds(1));
+  auto live = Workers(4);
+  four.Update(1, live);
+  live.erase(live.begin() + 2);  // worker 3 leaves
+  three.Update(1, live);
+  std::map<uint64_t, int> homes;
+  int moved = 0;
+  constexpr int kBlocks = 8000;
+  for (int i = 0; i < kBlocks; ++i) {
+    size_t self;
+    uint64_t before = four.Rank(Id(i % 7, i), &self)[0].id;
+    uint64_t after = three.Rank(Id(i % 7, i), &self)[0].id;
+    homes[before]++;
+    if (before != after) {
+      moved++;
+      EXPECT_EQ(before, 3u) << "block " << i << " moved from a worker that stayed";
+    }
+  }
+  for (auto [w, n] : homes) EXPECT_NEAR(n, kBlocks / 4, kBlocks / 4 / 8) << "worker " << w;
+  EXPECT_EQ(moved, homes[3]);
+}
+
+TEST(PeerSetTest, AFailedPeerIsLeftOutUntilItsTimeIsUp) {
+  auto sec = RpcSecurity::FromConfig(RpcConfig{}).value();
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  PeerSet p(sec, std::chrono::seconds(1), [&] { return now; });
+  p.Update(1, Workers(3));
+  size_t self;
+  auto ranked = p.Rank(Id(0, 0), &self);
+  PeerRef first = ranked[0].id == 1 ? ranked[1] : ranked[0];  // a peer, not this worker
+  p.PeerFailed(first);
+  for (const auto& r : p.Rank(Id(0, 0), &self)) EXPECT_NE(r.id, first.id);
+  EXPECT_EQ(p.Rank(Id(0, 0), &self).size(), 2u);
+  now += PeerSet::kDownFor + std::chrono::seconds(1);
+  EXPECT_EQ(p.Rank(Id(0, 0), &self).size(), 3u);
+  // This worker itself is never left out of its own ranking.
+  p.PeerFailed(PeerRef{1, "10.0.0.0:7000"});
+  EXPECT_EQ(p.Rank(Id(0, 0), &self).size(), 3u);
+}
+
+// ---- routing across an in-process cluster ----
+
+class Cluster;
+
+class Node : public MountResolver, public BlockReporter, public Placement {
+ public:
+  Node(Cluster* c, uint64_t id, const std::string& cache_dir);
+  StatusOr<MountHandle> GetMount(uint64_t id) override;
+  void BlockAdded(const BlockMeta&) override { added++; }
+  void BlockRemoved(const BlockMeta&) override {}
+  std::vector<PeerRef> Rank(const BlockId& id, size_t* self) override { return peers.Rank(id, self); }
+  Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
+  void PeerFailed(const PeerRef& peer) override { peers.PeerFailed(peer); }
+
+  Cluster* cluster;
+  uint64_t id;
+  PeerSet peers;
+  std::unique_ptr<BlockStore> store;
+  std::unique_ptr<BlockSource> source;
+  std::atomic<bool> dead{false};
+  std::atomic<int> added{0};
+};
+
+class Cluster {
+ public:
+  Cluster(const testing::TempDir& dir, int nodes, std::shared_ptr<UnderFileSystem> ufs, uint32_t replicas)
+      : ufs(std::move(ufs)), replicas(replicas) {
+    std::vector<PeerRef> live;
+    for (int i = 0; i < nodes; ++i) {
+      live.push_back(PeerRef{static_cast<uint64_t>(i + 1), "node-" + std::to_string(i + 1)});
+      this->nodes.push_back(std::make_unique<Node>(this, i + 1, dir / ("cache-" + std::to_string(i))));
+    }
+    for (auto& n : this->nodes) n->peers.Update(n->id, live);
+  }
+  Node& node(uint64_t id) { return *nodes[id - 1]; }
+  uint64_t CachedBlocks() {
+    uint64_t n = 0;
+    for (auto& node : nodes) n += node->store->Stats().blocks;
+    return n;
+  }
+
+  std::shared_ptr<UnderFileSystem> ufs;
+  uint32_t replicas;
+  std::vector<std::unique_ptr<Node>> nodes;
+};
+
+Node::Node(Cluster* c, uint64_t id, const std::string& cache_dir)
+    : cluster(c), id(id), peers(RpcSecurity::FromConfig(RpcConfig{}).value(), std::chrono::seconds(5)) {
+  store = std::move(BlockStore::Open(cache_dir, 1 << 30).value());
+  source = std::make_unique<BlockSource>(store.get(), this, this, this);
+}
+
+StatusOr<MountHandle> Node::GetMount(uint64_t mount) {
+  if (mount != 1) return NotFoundError("no such mount");
+  return MountHandle{cluster->ufs->uri(), cluster->ufs, std::nullopt, cluster->replicas};
+}
+
+// What the Worker.ReadBlock handler does for a peer's request; a dead node answers UNAVAILABLE.
+Status Node::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) {
+  Node& target = cluster->node(peer.id);
+  if (target.dead) return UnavailableError("node " + std::to_string(peer.id) + " is down");
+  BlockRequest r = req;
+  r.from_peer = true;
+  bool hit;
+  return target.source->Read(r, out, &hit);
+}
+
+class PeerRoutingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = testing::RandomBytes(20 * kBlock + 1234, 9);  // 21 blocks
+    testing::WriteFile(dir_ / "src/f.bin", data_);
+    ufs_ = std::make_shared<testing::FaultUfs>(LocalUfs::Open(dir_ / "src").value());
+    version_ = ufs_->Stat("f.bin")->version;
+  }
+  uint64_t Blocks() const { return (data_.size() + kBlock - 1) / kBlock; }
+  BlockRequest Req(uint64_t index, uint64_t offset, uint64_t length) const {
+    return BlockRequest{1, "f.bin", version_, data_.size(), kBlock, index, offset, length};
+  }
+  // Reads the whole file through `node` in 16 KiB pieces; true when every byte matches.
+  bool ReadAll(Node& node) {
+    for (uint64_t off = 0; off < data_.size(); off += 16384) {
+      std::string out;
+      bool hit;
+      Status st = node.source->Read(Req(off / kBlock, off % kBlock, 16384), &out, &hit);
+      if (!st.ok() || out != data_.substr(off, out.size()) || out.empty()) {
+        ADD_FAILURE() << "node " << node.id << " offset " << off << ": " << st.message();
+        return false;
+      }
+    }
+    return true;
+  }
+
+  testing::TempDir dir_;
+  std::string data_, version_;
+  std::shared_ptr<testing::FaultUfs> ufs_;
+};
+
+TEST_F(PeerRoutingTest, EveryNodeReadingAtOnceFetchesEachBlockOnceForTheCluster) {
+  Cluster c(dir_, 4, ufs_, 1);
+  ufs_->CloseGate();  // hold the first fetches so every node's requests pile up on them
+  std::vector<std::thread> readers;
+  std::atomic<int> good{0};
+  for (auto& n : c.nodes) {
+    for (int t = 0; t < 3; ++t) readers.emplace_back([&, node = n.get()] { good += ReadAll(*node); });
+  }
+  ASSERT_TRUE(testing::WaitFor([&] { return ufs_->reads_started.load() >= 1; }));
+  ufs_->OpenGate();
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(good.load(), 12);
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));  // each block once, for all 4 nodes
+  EXPECT_EQ(c.CachedBlocks(), Blocks());                               // one copy each (replicas 1)
+  uint64_t from_peers = 0;
+  for (auto& n : c.nodes) from_peers += n->source->counters().peer_reads;
+  EXPECT_GT(from_peers, 0u);
+  // Warm: the same reads again touch the under-storage no more.
+  for (auto& n : c.nodes) EXPECT_TRUE(ReadAll(*n));
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));
+}
+
+TEST_F(PeerRoutingTest, ReplicasBoundTheCopiesTheClusterKeeps) {
+  for (uint32_t replicas : {2u, 4u}) {
+    testing::TempDir d;
+    Cluster c(d, 4, ufs_, replicas);
+    int before = ufs_->reads_started.load();
+    for (auto& n : c.nodes) ASSERT_TRUE(ReadAll(*n));
+    EXPECT_EQ(c.CachedBlocks(), replicas * Blocks()) << "replicas " << replicas;
+    EXPECT_EQ(ufs_->reads_started.load() - before, static_cast<int>(Blocks())) << "replicas " << replicas;
+    // Each block's copies are on the first `replicas` workers of its ranking.
+    for (uint64_t i = 0; i < Blocks(); ++i) {
+      BlockId id{MakeFileKey(ufs_->uri(), "f.bin", version_), i};
+      size_t self;
+      auto ranked = c.nodes[0]->peers.Rank(id, &self);
+      for (size_t k = 0; k < ranked.size(); ++k) {
+        std::string buf(1, '\0');
+        bool cached = c.node(ranked[k].id).store->Read(id, 0, 1, buf.data()).ok();
+        EXPECT_EQ(cached, k < replicas) << "block " << i << " rank " << k;
+      }
+    }
+  }
+}
+
+TEST_F(PeerRoutingTest, ADeadHomeFailsOverWithoutAnErrorOrWrongBytes) {
+  Cluster c(dir_, 3, ufs_, 1);
+  ASSERT_TRUE(ReadAll(c.node(1)));  // warm: every block cached at its home
+  int cold = ufs_->reads_started.load();
+  c.node(2).dead = true;            // kill -9
+  ASSERT_TRUE(ReadAll(c.node(1)));
+  ASSERT_TRUE(ReadAll(c.node(3)));
+  uint64_t failovers = c.node(1).source->counters().peer_failovers + c.node(3).source->counters().peer_failovers;
+  EXPECT_GE(failovers, 1u);
+  EXPECT_LE(failovers, 2u);  // each reader notices once, then skips the dead node
+  // Only the dead node's blocks were fetched again, by their new homes, once each.
+  uint64_t were_on_2 = c.node(2).store->Stats().blocks;
+  EXPECT_EQ(static_cast<uint64_t>(ufs_->reads_started.load() - cold), were_on_2);
+}
+
+TEST_F(PeerRoutingTest, AFileChangedUnderneathIsAnErrorNotAFailover) {
+  Cluster c(dir_, 3, ufs_, 1);
+  testing::WriteFile(dir_ / "src/f.bin", "rewritten");
+  int failed = 0;
+  for (auto& n : c.nodes) {
+    for (uint64_t i = 0; i < Blocks(); ++i) {
+      std::string out;
+      bool hit;
+      Status st = n->source->Read(Req(i, 0, 100), &out, &hit);
+      if (st.code() == Code::kFailedPrecondition) failed++;
+    }
+    EXPECT_EQ(n->source->counters().peer_failovers, 0u);
+  }
+  EXPECT_EQ(failed, static_cast<int>(3 * Blocks()));
+  EXPECT_EQ(c.CachedBlocks(), 0u);
+}
+
+TEST_F(PeerRoutingTest, WhenEveryPeerIsDownTheReaderBecomesTheHome) {
+  Cluster c(dir_, 3, ufs_, 1);
+  c.node(2).dead = true;
+  c.node(3).dead = true;
+  ASSERT_TRUE(ReadAll(c.node(1)));
+  EXPECT_EQ(c.node(1).store->Stats().blocks, Blocks());  // node 1 is every block's home now
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));
+}
+
+}  // namespace
+}  // namespace granary::worker

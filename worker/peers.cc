@@ -1,0 +1,90 @@
+#include "worker/peers.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace granary::worker {
+
+PeerSet::PeerSet(std::shared_ptr<RpcSecurity> sec, std::chrono::milliseconds timeout, Clock clock)
+    : sec_(std::move(sec)), timeout_(timeout), clock_(std::move(clock)) {}
+
+void PeerSet::Update(uint64_t self, const std::vector<PeerRef>& live) {
+  std::lock_guard<std::mutex> lock(mu_);
+  self_ = self;
+  live_ = live;
+  std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> stubs;
+  for (const auto& p : live_) {
+    auto it = stubs_.find(p.address);
+    if (it != stubs_.end()) stubs[p.address] = it->second;
+  }
+  stubs_.swap(stubs);  // forget the channels of workers that left
+}
+
+uint64_t PeerSet::Weight(const BlockId& id, const std::string& worker_address) {
+  char buf[24];
+  std::memcpy(buf, id.key.data(), 16);
+  std::memcpy(buf + 16, &id.index, 8);
+  return XXH3_64bits_withSeed(buf, sizeof(buf), XXH3_64bits(worker_address.data(), worker_address.size()));
+}
+
+std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
+  std::vector<std::pair<uint64_t, PeerRef>> weighted;
+  uint64_t self_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    self_id = self_;
+    auto now = clock_();
+    for (const auto& p : live_) {
+      auto d = down_until_.find(p.id);
+      if (d != down_until_.end() && d->second > now && p.id != self_) continue;
+      weighted.emplace_back(0, p);
+    }
+  }
+  // Weights are by address, so every worker ranks the same way whatever ids the master handed out.
+  for (auto& [w, p] : weighted) w = Weight(id, p.address);
+  std::sort(weighted.begin(), weighted.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second.address < b.second.address;
+  });
+  std::vector<PeerRef> ranked;
+  ranked.reserve(weighted.size());
+  *self = kNotRanked;
+  for (auto& [w, p] : weighted) {
+    if (p.id == self_id) *self = ranked.size();
+    ranked.push_back(std::move(p));
+  }
+  return ranked;
+}
+
+void PeerSet::PeerFailed(const PeerRef& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  down_until_[peer.id] = clock_() + kDownFor;
+}
+
+Status PeerSet::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) {
+  std::shared_ptr<StubHolder<rpc::Worker>> holder;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& h = stubs_[peer.address];
+    if (!h) h = std::make_shared<StubHolder<rpc::Worker>>(sec_, peer.address);
+    holder = h;
+  }
+  rpc::ReadBlockRequest r;
+  r.set_mount_id(req.mount_id);
+  r.set_ufs_path(req.ufs_path);
+  r.set_version(req.version);
+  r.set_file_size(req.file_size);
+  r.set_block_size(req.block_size);
+  r.set_index(req.index);
+  r.set_offset(req.offset);
+  r.set_length(req.length);
+  r.set_from_peer(true);
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, timeout_);
+  Status st = ReadBlockStream(*holder->Get(), ctx, r, req.length, out, "worker " + std::to_string(peer.id) + " at " + peer.address);
+  if (st.code() == Code::kUnavailable) holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+  return st;
+}
+
+}  // namespace granary::worker

@@ -1,0 +1,63 @@
+// PeerSet: the other workers of the cluster, and where each block lives among them.
+//
+// Design. Every worker learns the live workers (id, address) from the master's answers to its
+// heartbeats. A block's *ranking* is that list ordered by a per-(block, worker) hash, highest first
+// (rendezvous, or highest-random-weight, hashing). The first worker is the block's *home*: it is
+// the one that fetches the block from the under-storage. The first `cache.replicas` workers are
+// the only ones that keep a copy. Every worker computes the same ranking from the same list, so
+// when all nodes read the same cold block at once they all ask its home, whose single-flight
+// (BlockSource) turns them into one under-storage fetch for the whole cluster — the property that
+// takes a shared storage link out of the critical path. A worker joining or leaving moves only the
+// blocks it ranks first for (1/N of them); nothing is coordinated.
+//
+// Failure handling. A peer that fails a call with a retryable error is marked down for kDownFor
+// and left out of every ranking meanwhile, so the next-ranked worker becomes the home at once —
+// readers do not wait for the master to time the worker out (master.worker_timeout). The master's
+// next list brings it back when it is alive again.
+//
+// Thread-safe: one mutex guards the membership; peer calls run outside it.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "proto/rpc.h"
+#include "worker/interfaces.h"
+
+namespace granary::worker {
+
+class PeerSet final : public Placement {
+ public:
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+  static constexpr std::chrono::seconds kDownFor{10};
+
+  PeerSet(std::shared_ptr<RpcSecurity> sec, std::chrono::milliseconds timeout,
+          Clock clock = std::chrono::steady_clock::now);
+
+  // Replaces the membership with the master's list of live workers; `self` is this worker's id.
+  void Update(uint64_t self, const std::vector<PeerRef>& live);
+
+  std::vector<PeerRef> Rank(const BlockId& id, size_t* self) override;
+  Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
+  void PeerFailed(const PeerRef& peer) override;
+
+  // The rendezvous weight of `worker_address` for a block; higher ranks first. Exposed for tests.
+  static uint64_t Weight(const BlockId& id, const std::string& worker_address);
+
+ private:
+  const std::shared_ptr<RpcSecurity> sec_;
+  const std::chrono::milliseconds timeout_;
+  Clock clock_;
+  std::mutex mu_;
+  uint64_t self_ = 0;                                                         // GUARDED_BY(mu_)
+  std::vector<PeerRef> live_;                                                 // GUARDED_BY(mu_)
+  std::map<uint64_t, std::chrono::steady_clock::time_point> down_until_;     // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> stubs_;    // GUARDED_BY(mu_)
+};
+
+}  // namespace granary::worker
