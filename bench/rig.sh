@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$ROOT/build/bin
-NET="$ROOT/bench/netns.sh"
+NET="$ROOT/scripts/netns.sh"
 bash "$ROOT/scripts/s3-server.sh" install
 bash "$ROOT/scripts/apt-ensure.sh" s3fs rclone python3-matplotlib
 WORK=$(mktemp -d /tmp/granary-rig-XXXXXX)

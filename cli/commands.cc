@@ -274,6 +274,7 @@ int CmdReport(MasterConn& m, bool json) {
                               {"peer_served", s.peer_served()},
                               {"peer_failovers", s.peer_failovers()},
                               {"coalesced", s.coalesced()},
+                              {"peers", s.peers()},
                               {"tiers", TiersJson(s)}});
     }
     j["mounts"] = nlohmann::json::array();

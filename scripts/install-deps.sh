@@ -9,5 +9,6 @@ PKGS=(
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libssl-dev libcurl4-openssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3-botocore libtinyxml2-dev libnfs-dev
+  iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
 )
 exec bash "$(dirname "$0")/apt-ensure.sh" "${PKGS[@]}"

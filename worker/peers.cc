@@ -57,6 +57,11 @@ std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
   return ranked;
 }
 
+size_t PeerSet::Size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.size();
+}
+
 void PeerSet::PeerFailed(const PeerRef& peer) {
   std::lock_guard<std::mutex> lock(mu_);
   down_until_[peer.id] = clock_() + kDownFor;

@@ -46,6 +46,9 @@ class PeerSet final : public Placement {
   Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
   void PeerFailed(const PeerRef& peer) override;
 
+  // Live workers known (this one included).
+  size_t Size();
+
   // The rendezvous weight of `worker_address` for a block; higher ranks first. Exposed for tests.
   static uint64_t Weight(const BlockId& id, const std::string& worker_address);
 

@@ -158,6 +158,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_peer_served(c.peer_served);
     s.set_peer_failovers(c.peer_failovers);
     s.set_coalesced(c.coalesced);
+    s.set_peers(static_cast<uint32_t>(peers_->Size()));
     for (const auto& t : b.tiers) {
       rpc::TierStats* ts = s.add_tiers();
       ts->set_medium(t.medium);

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Test hosts on this machine for the benchmark rig: network namespaces on one bridge, with the
-# storage host's link capped, so the under-storage is the bottleneck as in the field.
+# Test hosts on this machine for the benchmark rig and the multi-node tests: network namespaces on
+# one bridge, with the storage host's link capped, so the under-storage is the bottleneck as in the
+# field.
 #
-#   bench/netns.sh up N RATE     storage host grp-storage (10.233.0.1) and nodes grp-n1..N
-#                                (10.233.0.2..), storage egress capped at RATE (e.g. 400mbit)
-#   bench/netns.sh down          removes every namespace, link and qdisc it made
-#   bench/netns.sh exec NS CMD   runs CMD inside namespace NS
+#   scripts/netns.sh up N RATE     storage host $PREFIX-storage (SUBNET.1) and nodes $PREFIX-n1..N
+#                                  (SUBNET.2..), storage egress capped at RATE (e.g. 400mbit)
+#   scripts/netns.sh down          removes every namespace, link and qdisc it made
+#   scripts/netns.sh exec NS CMD   runs CMD inside namespace NS (and a mount namespace of its own)
 #
-# Traffic stays between these namespaces (addresses in 10.233.0.0/24 exist only here). Needs root.
+# NETNS_PREFIX (default grp) and NETNS_SUBNET (default 10.233.0) keep several sets apart; the
+# tests use their own. Processes that must mount into the caller's mount namespace join only the
+# network namespace: nsenter --net=/run/netns/NS CMD.
+# Traffic stays between these namespaces (the SUBNET addresses exist only here). Needs root.
 set -euo pipefail
-PREFIX=grp
+PREFIX=${NETNS_PREFIX:-grp}
+SUBNET=${NETNS_SUBNET:-10.233.0}
 cmd=${1:?usage: netns.sh up N RATE | down | exec NS CMD...}
 case "$cmd" in
   up)
@@ -24,14 +29,14 @@ case "$cmd" in
       ip netns add "$ns"
       ip link add "$PREFIX-v$i" type veth peer name eth0 netns "$ns"
       ip link set "$PREFIX-v$i" master $PREFIX-br up
-      ip -n "$ns" addr add "10.233.0.$i/24" dev eth0
+      ip -n "$ns" addr add "$SUBNET.$i/24" dev eth0
       ip -n "$ns" link set eth0 up
       ip -n "$ns" link set lo up
       i=$((i + 1))
     done
     # Everything the storage host sends to the nodes shares this one capped link.
     ip netns exec $PREFIX-storage tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kb latency 50ms
-    echo "up: storage 10.233.0.1, nodes 10.233.0.2-$((N + 1)), storage egress $RATE"
+    echo "up: storage $SUBNET.1, nodes $SUBNET.2-$((N + 1)), storage egress $RATE"
     ;;
   down)
     for ns in $(ip netns list | awk '{print $1}' | grep "^$PREFIX-" || true); do

@@ -1,0 +1,300 @@
+// A Granary cluster of several nodes on one machine: network namespaces made by scripts/netns.sh
+// (a storage host running Ceph RGW, and N nodes on one bridge), the master on node 1, and a
+// granary-worker and a granary-fuse on every node. Daemons join only their node's network
+// namespace (nsenter --net), so every FUSE mount lands in this process's mount namespace and the
+// test reads all of them. Bytes the under-storage sends are counted on the storage host's link.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testutil/testutil.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kNodes = 3;
+constexpr uint64_t kBlockSize = 256 * 1024;  // master.block_size below
+const char* const kPrefix = "grt";         // our own namespaces, apart from the rig's (grp)
+const char* const kSubnet = "10.234.0";    // exists only on the bridge netns.sh makes
+
+std::string NodeNs(int n) { return std::string(kPrefix) + "-n" + std::to_string(n); }
+std::string NodeIp(int n) { return std::string(kSubnet) + "." + std::to_string(n + 1); }
+std::vector<std::string> InNs(const std::string& ns, std::vector<std::string> argv) {
+  argv.insert(argv.begin(), {"nsenter", "--net=/run/netns/" + ns, "--"});
+  return argv;
+}
+std::map<std::string, std::string> NetnsEnv() { return {{"NETNS_PREFIX", kPrefix}, {"NETNS_SUBNET", kSubnet}}; }
+
+// What the storage host has sent on its link. (`ip netns exec` mounts the namespace's own /sys.)
+uint64_t StorageTxBytes() {
+  RunResult r = RunCommand({"ip", "netns", "exec", std::string(kPrefix) + "-storage", "cat",
+                            "/sys/class/net/eth0/statistics/tx_bytes"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  return r.code == 0 ? std::stoull(r.out) : 0;
+}
+
+std::string WaitForReadyFile(const std::string& path, Process* p) {
+  std::string addr;
+  WaitFor([&] {
+    addr = ReadFile(path);
+    return !addr.empty() || !p->Running();
+  });
+  while (!addr.empty() && addr.back() == '\n') addr.pop_back();
+  return addr;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  // One cluster for the suite: RGW takes ~20 s to start.
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::string why;
+    up_ = Start(&why);
+    if (!up_) why_ = why;
+  }
+  static void TearDownTestSuite() {
+    for (auto& p : fuse_) {
+      if (p) p->Stop(SIGTERM, std::chrono::seconds(10));
+    }
+    UnmountAllBelow(dir_->path());
+    fuse_.clear();
+    workers_.clear();
+    master_.reset();
+    RunCommand(InNs(std::string(kPrefix) + "-storage", {"bash", SourceDir() + "/scripts/s3-server.sh", "stop", *dir_ / "rgw"}));
+    RunCommand({"bash", SourceDir() + "/scripts/netns.sh", "down"}, NetnsEnv());
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_TRUE(up_) << why_; }
+
+  static bool Start(std::string* why) {
+    RunResult net = RunCommand({"bash", SourceDir() + "/scripts/netns.sh", "up", std::to_string(kNodes), "10gbit"}, NetnsEnv());
+    if (net.code != 0) return *why = "netns.sh up failed:\n" + net.out, false;
+    std::string storage_ns = std::string(kPrefix) + "-storage";
+    RunResult rgw = RunCommand(InNs(storage_ns, {"bash", SourceDir() + "/scripts/s3-server.sh", "start", *dir_ / "rgw"}),
+                               {{"S3_BIND", std::string(kSubnet) + ".1"}}, std::chrono::seconds(180));
+    std::istringstream in(rgw.out.substr(std::min(rgw.out.size(), rgw.out.rfind("READY"))));
+    std::string ready, ak, sk;
+    in >> ready >> endpoint_ >> ak >> sk;
+    if (rgw.code != 0 || ready != "READY") return *why = "RGW did not start:\n" + rgw.out, false;
+    WriteFile(*dir_ / "ak", ak);
+    WriteFile(*dir_ / "sk", sk);
+    chmod((*dir_ / "ak").c_str(), 0600);
+    chmod((*dir_ / "sk").c_str(), 0600);
+
+    // The dataset: small "images" and a few multi-block "shards".
+    nlohmann::json objects = nlohmann::json::array();
+    for (int i = 0; i < 40; ++i) {
+      std::string name = "img/" + std::to_string(i % 4) + "/" + std::to_string(i) + ".jpg";
+      files_[name] = RandomBytes(100'000 + 3'000 * i, 100 + i);
+    }
+    for (int i = 0; i < 4; ++i) files_["shards/shard-" + std::to_string(i)] = RandomBytes(2'500'000 + 77 * i, 200 + i);
+    for (const auto& [name, data] : files_) {
+      WriteFile(*dir_ / ("src/" + name), data);
+      objects.push_back({{"key", "ds/" + name}, {"file", *dir_ / ("src/" + name)}});
+      dataset_bytes_ += data.size();
+    }
+    WriteFile(*dir_ / "spec.json", nlohmann::json{{"bucket", "cluster"}, {"objects", objects}}.dump());
+    RunResult put = RunCommand(InNs(storage_ns, {"/usr/bin/python3", SourceDir() + "/tests/integration/s3_put.py", endpoint_,
+                                                 ak, sk, *dir_ / "spec.json"}),
+                               {}, std::chrono::seconds(300));
+    if (put.code != 0) return *why = "upload failed:\n" + put.out, false;
+
+    master_ = std::make_unique<Process>(
+        InNs(NodeNs(1), {Bin("granary-master"), "--master.listen", NodeIp(1) + ":0", "--master.data_dir", *dir_ / "master",
+                         "--master.block_size", "256Ki", "--master.worker_timeout", "30s", "--ready-file",
+                         *dir_ / "master.addr"}),
+        *dir_ / "master.log");
+    master_addr_ = WaitForReadyFile(*dir_ / "master.addr", master_.get());
+    if (master_addr_.empty()) return *why = "master did not start:\n" + master_->Log(), false;
+    for (int n = 1; n <= kNodes; ++n) {
+      if (!StartWorker(n, NodeIp(n) + ":0", why)) return false;
+    }
+    RunResult m = Cli({"mount", "/ds", "s3://cluster/ds", "-o", "endpoint=" + endpoint_, "-o",
+                       "access_key_file=" + *dir_ / "ak", "-o", "secret_key_file=" + *dir_ / "sk"});
+    if (m.code != 0) return *why = "mount failed:\n" + m.out, false;
+    for (int n = 1; n <= kNodes; ++n) {
+      std::string node = *dir_ / ("node" + std::to_string(n));
+      mkdir((node + "/mnt").c_str(), 0755);
+      fuse_.push_back(std::make_unique<Process>(
+          InNs(NodeNs(n), {Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_[n],
+                           "--fuse.mountpoint", node + "/mnt", "--ready-file", node + "/fuse.addr"}),
+          node + "/fuse.log"));
+      if (WaitForReadyFile(node + "/fuse.addr", fuse_.back().get()).empty() || !IsMounted(node + "/mnt")) {
+        return *why = "fuse on node " + std::to_string(n) + " did not mount:\n" + fuse_.back()->Log(), false;
+      }
+    }
+    // Every worker places blocks over the same membership before anything is read.
+    if (!WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); })) {
+      return *why = "workers never learnt of each other:\n" + Cli({"report", "--json"}).out, false;
+    }
+    return true;
+  }
+
+  static bool StartWorker(int n, const std::string& listen, std::string* why) {
+    std::string node = *dir_ / ("node" + std::to_string(n));
+    fs::create_directories(node);
+    unlink((node + "/worker.addr").c_str());
+    workers_[n] = std::make_unique<Process>(
+        InNs(NodeNs(n), {Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
+                         "--worker.heartbeat_interval", "200ms", "--worker.cache_dir", node + "/cache",
+                         "--worker.cache_quota", "1Gi", "--ready-file", node + "/worker.addr"}),
+        node + "/worker.log");
+    worker_addr_[n] = WaitForReadyFile(node + "/worker.addr", workers_[n].get());
+    if (worker_addr_[n].empty()) return *why = "worker " + std::to_string(n) + " did not start:\n" + workers_[n]->Log(), false;
+    return true;
+  }
+
+  static RunResult Cli(std::vector<std::string> args) {
+    args.insert(args.begin(), {Bin("granary"), "--master", master_addr_});
+    return RunCommand(InNs(NodeNs(1), args), {{"GRANARY_HOME", *dir_ / "home"}});
+  }
+  static nlohmann::json Report() {
+    RunResult r = Cli({"report", "--json"});
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    return r.code == 0 && !j.is_discarded() ? j : nlohmann::json();
+  }
+  // The `peers` gauge of every live worker, ordered by address.
+  static std::vector<uint64_t> PeersKnown() {
+    std::vector<uint64_t> v;
+    auto j = Report();
+    if (j.is_null()) return v;
+    for (const auto& w : j["workers"]) {
+      if (w["alive"]) v.push_back(w["peers"]);
+    }
+    return v;
+  }
+  static uint64_t DatasetBlocks() {
+    uint64_t n = 0;
+    for (const auto& [name, data] : files_) n += (data.size() + kBlockSize - 1) / kBlockSize;
+    return n;
+  }
+  // Sum of a counter over the workers in the report.
+  static uint64_t Sum(const nlohmann::json& report, const char* key) {
+    uint64_t s = 0;
+    for (const auto& w : report["workers"]) s += w[key].get<uint64_t>();
+    return s;
+  }
+
+  // Reads every file of the dataset through node `n`'s mount (in a shuffled order when `seed`),
+  // and counts files whose bytes differ or that failed.
+  static void ReadEpoch(int n, unsigned seed, std::atomic<int>* bad) {
+    std::vector<std::string> names;
+    for (const auto& [name, data] : files_) names.push_back(name);
+    std::shuffle(names.begin(), names.end(), std::mt19937(seed));
+    for (const auto& name : names) {
+      std::string got;
+      bool ok = ReadFileChecked(*dir_ / ("node" + std::to_string(n) + "/mnt/ds/" + name), &got);
+      if (!ok || got != files_[name]) {
+        ++*bad;
+        ADD_FAILURE() << "node " << n << " read " << name << (ok ? ": wrong bytes" : ": error");
+      }
+    }
+  }
+
+  static TempDir* dir_;
+  static bool up_;
+  static std::string why_, endpoint_, master_addr_;
+  static std::map<int, std::string> worker_addr_;
+  static std::unique_ptr<Process> master_;
+  static std::map<int, std::unique_ptr<Process>> workers_;
+  static std::vector<std::unique_ptr<Process>> fuse_;
+  static std::map<std::string, std::string> files_;
+  static uint64_t dataset_bytes_;
+};
+TempDir* ClusterTest::dir_ = nullptr;
+bool ClusterTest::up_ = false;
+std::string ClusterTest::why_, ClusterTest::endpoint_, ClusterTest::master_addr_;
+std::map<int, std::string> ClusterTest::worker_addr_;
+std::unique_ptr<Process> ClusterTest::master_;
+std::map<int, std::unique_ptr<Process>> ClusterTest::workers_;
+std::vector<std::unique_ptr<Process>> ClusterTest::fuse_;
+std::map<std::string, std::string> ClusterTest::files_;
+uint64_t ClusterTest::dataset_bytes_ = 0;
+
+// Every node reads the same cold dataset at the same moment: the under-storage sends each byte
+// once (the workers' own count, and the storage link's, which adds only protocol headers), every
+// node sees identical bytes, and a second epoch reads nothing from the under-storage.
+TEST_F(ClusterTest, AColdDatasetReadByEveryNodeAtOnceIsFetchedOnce) {
+  uint64_t tx0 = StorageTxBytes();
+  std::atomic<int> bad{0};
+  std::vector<std::thread> readers;
+  for (int n = 1; n <= kNodes; ++n) {
+    for (int t = 0; t < 2; ++t) readers.emplace_back([n, &bad] { ReadEpoch(n, 0, &bad); });  // all in one order
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  uint64_t cold_link = StorageTxBytes() - tx0;
+  auto r = Report();
+  std::printf("cold epoch on %d nodes: storage link %.3f x the dataset, under-storage reads %.3f x\n", kNodes,
+              double(cold_link) / double(dataset_bytes_), double(Sum(r, "ufs_bytes")) / double(dataset_bytes_));
+  EXPECT_EQ(Sum(r, "ufs_bytes"), dataset_bytes_) << r.dump(1);
+  EXPECT_LE(cold_link, dataset_bytes_ * 110 / 100) << "the storage link carried " << cold_link << " bytes";
+  EXPECT_GE(cold_link, dataset_bytes_);
+  EXPECT_GT(Sum(r, "peer_reads"), 0u);
+  EXPECT_EQ(Sum(r, "blocks"), DatasetBlocks());  // one copy of each block (cache.replicas 1)
+  ASSERT_EQ(r["mounts"].size(), 1u);
+  EXPECT_EQ(r["mounts"][0]["cached_bytes"].get<uint64_t>(), dataset_bytes_);
+
+  // Warm, shuffled, every node: the under-storage sends nothing.
+  tx0 = StorageTxBytes();
+  readers.clear();
+  for (int n = 1; n <= kNodes; ++n) readers.emplace_back([n, &bad] { ReadEpoch(n, 7 + n, &bad); });
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(Sum(Report(), "ufs_bytes"), dataset_bytes_);
+  EXPECT_LT(StorageTxBytes() - tx0, 64u * 1024);  // ARP and the like, no data
+}
+
+// kill -9 of a worker while the other nodes read: no reader sees an error or a wrong byte; the
+// dead worker's blocks are fetched again by their new homes. The worker then comes back.
+TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
+  // Every open drops the kernel's cached pages of the file (keep_cache is off for files), so each
+  // epoch goes to the workers.
+  std::atomic<int> bad{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> epochs{0};
+  std::vector<std::thread> readers;
+  for (int n : {1, 3}) {
+    readers.emplace_back([n, &bad, &stop, &epochs] {
+      for (unsigned e = 0; !stop; ++e) {
+        ReadEpoch(n, 100 + e, &bad);
+        ++epochs;
+      }
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return epochs.load() >= 1; }));
+  workers_[2]->Stop(SIGKILL);
+  int at_kill = epochs.load();
+  ASSERT_TRUE(WaitFor([&] { return epochs.load() >= at_kill + 4 || bad.load() > 0; }, std::chrono::seconds(120)));
+  stop = true;
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  auto r = Report();
+  uint64_t failovers = 0;
+  for (const auto& w : r["workers"]) {
+    if (w["alive"]) failovers += w["peer_failovers"].get<uint64_t>();
+  }
+  EXPECT_GE(failovers, 1u) << r.dump(1);
+
+  // The worker restarts on its address with its cache, and the cluster takes it back.
+  std::string why;
+  ASSERT_TRUE(StartWorker(2, worker_addr_[2], &why)) << why;
+  EXPECT_TRUE(WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); })) << Report().dump(1);
+  std::atomic<int> bad2{0};
+  ReadEpoch(2, 5, &bad2);
+  EXPECT_EQ(bad2.load(), 0);
+}
+
+}  // namespace
+}  // namespace granary::testing
