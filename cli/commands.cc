@@ -275,6 +275,8 @@ int CmdReport(MasterConn& m, bool json) {
                               {"peer_failovers", s.peer_failovers()},
                               {"coalesced", s.coalesced()},
                               {"peers", s.peers()},
+                              {"leases", s.leases()},
+                              {"local_socket", s.local_socket()},
                               {"tiers", TiersJson(s)}});
     }
     j["mounts"] = nlohmann::json::array();

@@ -161,6 +161,12 @@ std::vector<Setting> MakeSettings() {
                   "The address the master hands to others for this worker. Empty: the listen address, with "
                   "0.0.0.0 replaced by this host's name.",
                   &Config::worker, &WorkerConfig::advertise));
+  t.push_back(Row("worker.local_socket", K::kString, "auto",
+                  "Unix domain socket through which the FUSE client on this node reads cached blocks without "
+                  "copying them (their file descriptors are passed and spliced). auto: "
+                  "/run/granary/worker-<port>.sock; off: none (reads then go over gRPC); or a path. The FUSE "
+                  "client learns it from the worker, so in Kubernetes both pods need the directory (hostPath).",
+                  &Config::worker, &WorkerConfig::local_socket));
   t.push_back(Row("worker.cache_dir", K::kPath, "/var/cache/granary",
                   "Directory holding cached blocks (0700; block files 0600, named by hash).", &Config::worker,
                   &WorkerConfig::cache_dir));
@@ -205,6 +211,16 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("fuse.negative_timeout", K::kDuration, "5s",
                   "How long the kernel may remember that a name does not exist.", &Config::fuse,
                   &FuseConfig::negative_timeout));
+  t.push_back(Row("fuse.keep_cache", K::kBool, "true",
+                  "Keep the kernel's page cache of a file across opens while its version is unchanged, so a "
+                  "re-read costs no request at all. The pages count against the node's memory like any file "
+                  "cache; false makes every open read from the worker (benchmarks of the tiers want that).",
+                  &Config::fuse, &FuseConfig::keep_cache));
+  t.push_back(Row("fuse.zero_copy", K::kBool, "true",
+                  "Read cached blocks through the worker's local socket (worker.local_socket): the block file's "
+                  "descriptor is passed and its pages spliced into the reply, nothing copied. false: every "
+                  "read streams over gRPC.",
+                  &Config::fuse, &FuseConfig::zero_copy));
   t.push_back(Row("fuse.allow_other", K::kBool, "true",
                   "Let users other than the one running granary-fuse use the mount (permissions are still "
                   "checked by the kernel, default_permissions). Needs root or user_allow_other in "

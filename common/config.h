@@ -51,6 +51,7 @@ struct WorkerConfig {
   std::string cache_dir;
   uint64_t cache_quota = 0;
   std::chrono::milliseconds heartbeat_interval{};
+  std::string local_socket;  // "auto", "off" or a path (zero-copy reads for the FUSE client)
   TieredStoreConfig tieredstore;
   // The levels in effect: tieredstore.levels, or one SSD level at cache_dir with cache_quota.
   std::vector<TierLevel> EffectiveLevels() const;
@@ -66,6 +67,8 @@ struct FuseConfig {
   bool allow_other = true;
   uint64_t max_threads = 0;
   uint64_t file_cache_entries = 0;  // open-file info kept in the FUSE process
+  bool keep_cache = true;           // keep the kernel's page cache across opens of an unchanged file
+  bool zero_copy = true;            // read cached blocks through the worker's local socket
 };
 
 struct RpcConfig {

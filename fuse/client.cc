@@ -1,5 +1,7 @@
 #include "fuse/client.h"
 
+#include <unistd.h>
+
 namespace granary::fuse {
 
 StatusOr<std::unique_ptr<Client>> Client::Create(const Config& cfg) {
@@ -71,7 +73,109 @@ StatusOr<rpc::WorkerStats> Client::WorkerStats() {
   return resp;
 }
 
-Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, std::string* out) {
+ReadResult::~ReadResult() {
+  for (auto& p : pieces) {
+    if (channel_) channel_->Release(&p);
+  }
+}
+
+uint64_t ReadResult::size() const {
+  uint64_t n = 0;
+  for (const auto& p : pieces) n += p.length;
+  return n;
+}
+
+std::string ReadResult::Flatten() const {
+  std::string out;
+  for (const auto& p : pieces) {
+    if (p.fd < 0) {
+      out += p.data;
+      continue;
+    }
+    std::string buf(p.length, '\0');
+    ssize_t n = pread(p.fd, buf.data(), buf.size(), static_cast<off_t>(p.offset));
+    buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    out += buf;
+  }
+  return out;
+}
+
+std::shared_ptr<LocalChannel> Client::Local() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (local_ || !cfg_.fuse.zero_copy || probing_) return local_;
+    auto now = std::chrono::steady_clock::now();
+    if (last_probe_ != std::chrono::steady_clock::time_point{} && now - last_probe_ < std::chrono::seconds(5)) {
+      return nullptr;
+    }
+    last_probe_ = now;
+    probing_ = true;
+  }
+  auto stats = WorkerStats();  // outside the lock: reads go on over gRPC meanwhile
+  std::lock_guard<std::mutex> lock(mu_);
+  probing_ = false;
+  if (stats.ok() && !stats->local_socket().empty()) local_ = std::make_shared<LocalChannel>(stats->local_socket());
+  return local_;
+}
+
+void Client::DropLocal(const std::shared_ptr<LocalChannel>& ch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (local_ == ch) local_.reset();
+}
+
+Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out) {
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, cfg_.rpc.timeout);
+  Status st = ReadBlockStream(*worker_.Get(), ctx, req, want, out, "the worker at " + cfg_.fuse.worker);
+  if (st.ok() || st.code() != Code::kUnavailable) {
+    if (st.ok()) counters_.local_grpc_pieces++;
+    return st;
+  }
+  worker_.Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+  // The local worker is unreachable: any other live worker serves the block (it asks the block's
+  // home, or fetches it), so the reader sees no error.
+  std::vector<std::shared_ptr<StubHolder<rpc::Worker>>> others;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (others_.empty() || now - others_fetched_ > std::chrono::seconds(10)) {
+      lock.unlock();
+      rpc::Report report;
+      Status rs = FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& c) {
+                             return m.GetReport(&c, rpc::GetReportRequest(), &report);
+                           }),
+                           "the master");
+      lock.lock();
+      if (rs.ok()) {
+        std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> fresh;
+        for (const auto& w : report.workers()) {
+          if (!w.alive() || w.address() == cfg_.fuse.worker) continue;
+          auto it = others_.find(w.address());
+          fresh[w.address()] = it != others_.end() ? it->second
+                                                   : std::make_shared<StubHolder<rpc::Worker>>(sec_, w.address());
+        }
+        others_.swap(fresh);
+        others_fetched_ = now;
+      }
+    }
+    for (const auto& [addr, h] : others_) others.push_back(h);
+  }
+  for (const auto& h : others) {
+    grpc::ClientContext c;
+    sec_->Prepare(&c, cfg_.rpc.timeout);
+    out->clear();
+    Status os = ReadBlockStream(*h->Get(), c, req, want, out, "the worker at " + h->address());
+    if (os.ok()) {
+      counters_.failover_pieces++;
+      return os;
+    }
+    if (os.code() != Code::kUnavailable) return os;
+    h->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+  }
+  return st;
+}
+
+Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out) {
   uint64_t size = file.attr().size();
   uint64_t bs = file.block_size();
   if (bs == 0) return InternalError("file has no block size");
@@ -89,11 +193,31 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
     req.set_index(index);
     req.set_offset(in_block);
     req.set_length(want);
-    grpc::ClientContext ctx;
-    sec_->Prepare(&ctx, cfg_.rpc.timeout);
-    Status st = ReadBlockStream(*worker_.Get(), ctx, req, want, out, "the worker at " + cfg_.fuse.worker);
-    if (st.code() == Code::kUnavailable) worker_.Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
-    RETURN_IF_ERROR(st);
+    LocalChannel::Piece piece;
+    bool done = false;
+    if (auto ch = Local()) {
+      Status st = ch->Read(req, &piece);
+      if (st.ok()) {
+        if (piece.fd >= 0) counters_.zero_copy_pieces++;
+        if (!out->channel_) out->channel_ = ch;
+        if (piece.length != want) {
+          ch->Release(&piece);
+          return DataLossError("the worker returned " + std::to_string(piece.length) + " bytes, wanted " +
+                               std::to_string(want));
+        }
+        done = true;
+      } else if (st.code() != Code::kUnavailable) {
+        return st;
+      } else {
+        DropLocal(ch);  // the worker restarted or went away: gRPC until it names its socket again
+      }
+    }
+    if (!done) {
+      piece = LocalChannel::Piece{};
+      RETURN_IF_ERROR(ReadOverGrpc(req, want, &piece.data));
+      piece.length = want;
+    }
+    out->pieces.push_back(std::move(piece));
     offset += want;
   }
   return Status::OK();

@@ -1,17 +1,51 @@
 // Client: what the FUSE process asks of the master (metadata) and of the worker on its node
 // (block bytes). Every call has the rpc.timeout deadline and the shared token. Thread-safe.
+//
+// Block bytes come, in order of preference:
+//   1. through the local worker's Unix socket (fuse.zero_copy; the socket's path is learnt from the
+//      worker): a cached block arrives as a leased file descriptor, spliced into the reply;
+//   2. over gRPC from the local worker (a stream of chunks), when the socket is off or unusable;
+//   3. over gRPC from another live worker (from the master's report), when the local worker is
+//      unreachable: a restarting or dead worker costs readers a retry, not an error.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "common/status.h"
+#include "fuse/local_channel.h"
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"
 
 namespace granary::fuse {
+
+// The bytes of one read, in order: leased block files and bytes in memory. The leases end when it
+// is destroyed, so destroy it only after the reply to the kernel went out.
+class ReadResult {
+ public:
+  ReadResult() = default;
+  ReadResult(const ReadResult&) = delete;
+  ReadResult& operator=(const ReadResult&) = delete;
+  ~ReadResult();
+  std::vector<LocalChannel::Piece> pieces;
+  uint64_t size() const;
+  std::string Flatten() const;  // the bytes, copied (tests, tools)
+
+ private:
+  friend class Client;
+  std::shared_ptr<LocalChannel> channel_;  // holds the leases
+};
+
+struct ClientCounters {
+  std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0};
+};
 
 class Client {
  public:
@@ -23,16 +57,31 @@ class Client {
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
   StatusOr<rpc::WorkerStats> WorkerStats();
-  // Appends up to `length` bytes at `offset` of `file` to `out` (fewer only at end of file).
-  Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, std::string* out);
+  // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`.
+  Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out);
+  const ClientCounters& counters() const { return counters_; }
 
  private:
   Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
+  grpc::Status CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call);
+  // The local socket channel, once the worker has named its socket (asked at most every 5 s).
+  std::shared_ptr<LocalChannel> Local();
+  void DropLocal(const std::shared_ptr<LocalChannel>& ch);
+  // One block range over gRPC: the local worker, else another live worker.
+  Status ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out);
+
   const Config cfg_;
   std::shared_ptr<RpcSecurity> sec_;
-  grpc::Status CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call);
   StubHolder<rpc::Master> master_;
   StubHolder<rpc::Worker> worker_;
+  ClientCounters counters_;
+
+  std::mutex mu_;
+  std::shared_ptr<LocalChannel> local_;                                       // GUARDED_BY(mu_)
+  bool probing_ = false;                                                      // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point last_probe_{};                        // GUARDED_BY(mu_)
+  std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> others_;   // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point others_fetched_{};                    // GUARDED_BY(mu_)
 };
 
 }  // namespace granary::fuse

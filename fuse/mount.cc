@@ -43,6 +43,10 @@ struct Fs {
   };
   std::mutex dir_gens_mu;
   std::unordered_map<uint64_t, DirGen> dir_gens;  // master ino -> DirGen
+  // The version whose bytes the kernel's page cache may hold for a file: the one it was last opened
+  // at. An open of the same version keeps those pages (keep_cache); another version drops them.
+  std::mutex page_versions_mu;
+  std::unordered_map<uint64_t, std::string> page_versions;  // master ino -> version
   uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
@@ -86,8 +90,14 @@ void OpInit(void*, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   // Let the kernel ask for up to 1 MiB at once: a ~110 KB image is then one request, not one per
-  // 128 KiB, and sequential reads of large files need a quarter of the round trips.
+  // 128 KiB, and sequential reads of large files need a quarter of the round trips. (libfuse sizes
+  // the kernel's max_pages from max_write, read-only as this mount is.)
   conn->max_readahead = 1 << 20;
+  conn->max_write = 1 << 20;
+  // Cached blocks are handed to the kernel from their files (fuse_reply_data with an fd): splice
+  // moves the pages instead of copying them through this process.
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
 }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -248,22 +258,57 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fs->files->Put(master_ino, of->info);
   }
   fi->fh = reinterpret_cast<uint64_t>(of);
-  fi->keep_cache = 0;
+  {
+    std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+    if (fs->page_versions.size() > 1'000'000) fs->page_versions.clear();  // bounded; forgetting costs a re-read
+    std::string& seen = fs->page_versions[master_ino];
+    fi->keep_cache = fs->cfg.fuse.keep_cache && seen == of->info.version();
+    seen = of->info.version();
+  }
   if (fuse_reply_open(req, fi) != 0) delete of;  // the open was interrupted
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   auto* of = reinterpret_cast<OpenFile*>(fi->fh);
-  std::string data;
-  data.reserve(size);
+  ReadResult data;
   Status st = FsOf(req)->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
   if (!st.ok()) {
     // The file changed in the under-storage since this open: this open fails (ESTALE), the next
     // open asks the master for the new version.
-    if (st.code() == Code::kFailedPrecondition) FsOf(req)->files->Erase(of->info.attr().ino());
+    if (st.code() == Code::kFailedPrecondition) {
+      Fs* fs = FsOf(req);
+      fs->files->Erase(of->info.attr().ino());
+      std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+      fs->page_versions.erase(of->info.attr().ino());
+    }
     return ReplyError(req, st, "read");
   }
-  fuse_reply_buf(req, data.data(), data.size());
+  if (data.pieces.empty()) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  // One buffer per piece: a leased block file (libfuse splices its pages into /dev/fuse) or bytes
+  // in memory. The leases end when `data` goes, after the reply is written.
+  size_t n = data.pieces.size();
+  std::vector<char> storage(sizeof(fuse_bufvec) + (n - 1) * sizeof(fuse_buf));
+  auto* bv = reinterpret_cast<fuse_bufvec*>(storage.data());
+  bv->count = n;
+  bv->idx = 0;
+  bv->off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const LocalChannel::Piece& p = data.pieces[i];
+    fuse_buf& b = bv->buf[i];
+    b = fuse_buf{};
+    b.size = p.length;
+    if (p.fd >= 0) {
+      b.flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      b.fd = p.fd;
+      b.pos = static_cast<off_t>(p.offset);
+    } else {
+      b.mem = const_cast<char*>(p.data.data());
+    }
+  }
+  fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {

@@ -1,6 +1,7 @@
 #include "worker/block_source.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 namespace granary::worker {
 
@@ -9,30 +10,63 @@ BlockSource::BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter
   store_->SetRemovedListener([reporter](const BlockMeta& m) { reporter->BlockRemoved(m); });
 }
 
-Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
+StatusOr<BlockSource::Target> BlockSource::Resolve(const BlockRequest& req) {
   if (req.block_size == 0) return InvalidArgumentError("block_size must be positive");
   uint64_t block_start = req.index * req.block_size;
   if (req.index > req.file_size / req.block_size || block_start >= req.file_size) {
     return InvalidArgumentError("block " + std::to_string(req.index) + " is past the end of the file");
   }
   uint64_t block_len = std::min(req.block_size, req.file_size - block_start);
-  if (req.offset >= block_len) {
-    out->clear();
-    *hit = true;
-    return Status::OK();
-  }
-  uint64_t len = std::min(req.length, block_len - req.offset);
-  ASSIGN_OR_RETURN(MountHandle mount, mounts_->GetMount(req.mount_id));
-  BlockMeta meta{BlockId{MakeFileKey(mount.uri, req.ufs_path, req.version), req.index}, req.mount_id, block_len};
+  Target t;
+  if (req.offset >= block_len) return t;  // nothing to read
+  t.len = std::min(req.length, block_len - req.offset);
+  ASSIGN_OR_RETURN(t.mount, mounts_->GetMount(req.mount_id));
+  t.meta = BlockMeta{BlockId{MakeFileKey(t.mount.uri, req.ufs_path, req.version), req.index}, req.mount_id, block_len};
+  return t;
+}
 
-  out->resize(len);
-  auto cached = store_->Read(meta.id, req.offset, len, out->data());
-  if (cached.ok() && *cached == len) {
-    *hit = true;
+Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
+  ASSIGN_OR_RETURN(Target t, Resolve(req));
+  out->resize(t.len);
+  *hit = true;
+  if (t.len == 0) return Status::OK();
+  auto cached = store_->Read(t.meta.id, req.offset, t.len, out->data());
+  if (cached.ok() && *cached == t.len) {
     counters_.hits++;
-    counters_.bytes_served += len;
+    counters_.bytes_served += t.len;
     return Status::OK();
   }
+  return Miss(req, t, out, hit);
+}
+
+Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, BlockId* leased,
+                                bool* hit) {
+  lease->fd = -1;
+  out->clear();
+  ASSIGN_OR_RETURN(Target t, Resolve(req));
+  *hit = true;
+  if (t.len == 0) return Status::OK();
+  auto l = store_->Lease(t.meta.id, req.offset, t.len);
+  if (l.ok() && l->fd >= 0 && l->length == t.len) {
+    counters_.hits++;
+    counters_.leased++;
+    counters_.bytes_served += t.len;
+    *lease = *l;
+    *leased = t.meta.id;
+    return Status::OK();
+  }
+  if (l.ok() && l->fd >= 0) {  // shorter than the block should be: never serve it
+    close(l->fd);
+    store_->Release(t.meta.id);
+  }
+  out->resize(t.len);
+  return Miss(req, t, out, hit);
+}
+
+Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit) {
+  const MountHandle& mount = t.mount;
+  const BlockMeta& meta = t.meta;
+  const uint64_t len = t.len;
   *hit = false;
   counters_.misses++;
   if (req.from_peer) counters_.peer_served++;

@@ -44,6 +44,7 @@ struct SourceCounters {
   std::atomic<uint64_t> peer_reads{0}, peer_bytes{0};  // ranges and blocks fetched from peers
   std::atomic<uint64_t> peer_served{0};     // requests from peers this worker answered
   std::atomic<uint64_t> peer_failovers{0};  // peer calls that failed and moved to the next worker
+  std::atomic<uint64_t> leased{0};          // hits served as a leased file descriptor (zero-copy)
 };
 
 class BlockSource {
@@ -56,6 +57,10 @@ class BlockSource {
   // from the cache. INVALID_ARGUMENT for a range outside the file; FAILED_PRECONDITION when the file
   // changed in the under-storage.
   Status Read(const BlockRequest& req, std::string* out, bool* hit);
+  // Read for the zero-copy path: a cached block is not copied but leased (BlockStore::Lease) —
+  // lease->fd >= 0, its bytes at lease->data_offset for lease->length, and the caller must call
+  // BlockStore::Release(*leased) when done. Otherwise (a miss) `out` has the bytes, as from Read.
+  Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, BlockId* leased, bool* hit);
 
   const SourceCounters& counters() const { return counters_; }
 
@@ -64,6 +69,15 @@ class BlockSource {
 
  private:
   using Fetched = StatusOr<std::shared_ptr<const std::string>>;
+  // What a request resolves to: its mount, its block, and how many bytes it covers (0: none).
+  struct Target {
+    MountHandle mount;
+    BlockMeta meta;
+    uint64_t len = 0;
+  };
+  StatusOr<Target> Resolve(const BlockRequest& req);
+  // The rest of a read once the store missed: peers, the under-storage, single-flight.
+  Status Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit);
   // How a missed block is fetched: from peers first (`ask_peers`), and whether it is kept.
   struct Route {
     bool ask_peers = false;

@@ -503,7 +503,8 @@ StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t len
   return ReadInternal(id, offset, length, out, true);
 }
 
-StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account) {
+StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
+                                          BlockLease* lease) {
   uint64_t data_len;
   uint32_t header_len;
   std::string path;
@@ -574,7 +575,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     span.resize(span_end - span_start);
     st = PreadFull(fd, span.data(), span.size(), header_len + span_start, path);
   }
-  close(fd);
+  if (lease == nullptr) close(fd);
   for (uint64_t c = first; st.ok() && c <= last; ++c) {
     uint64_t off = c * kChunkSize - span_start;
     uint64_t len = std::min<uint64_t>(kChunkSize, data_len - c * kChunkSize);
@@ -583,13 +584,50 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     }
   }
   if (!st.ok()) {
+    if (lease != nullptr) close(fd);
     spdlog::warn("cached block is corrupt, discarding it: {}", st.message());
     release(true);
     return st.IsDataLoss() ? st : DataLossError(st.message());
   }
+  if (lease != nullptr) {
+    // The verified range goes out through this descriptor; the reader count taken above is the
+    // lease, given back by Release().
+    lease->fd = fd;
+    lease->data_offset = header_len + offset;
+    lease->length = length;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++leases_;
+    return length;
+  }
   std::memcpy(out, span.data() + (offset - span_start), length);
   release(false);
   return length;
+}
+
+StatusOr<BlockLease> BlockStore::Lease(const BlockId& id, uint64_t offset, size_t length) {
+  BlockLease lease;
+  ASSIGN_OR_RETURN(size_t n, ReadInternal(id, offset, length, nullptr, true, &lease));
+  if (lease.fd < 0) lease.length = n;  // nothing at that offset: no lease was taken
+  return lease;
+}
+
+void BlockStore::Release(const BlockId& id) {
+  Removal r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(id);
+    if (it != index_.end() && it->second.readers > 0) {
+      Entry& e = it->second;
+      --e.readers;
+      if (e.doomed && e.readers == 0) {
+        RemoveLocked(id, &r);
+      } else if (e.tier > 0 && options_.promote && promote_queue_.size() < 4096) {
+        promote_queue_.push_back(id);  // read from a lower level: a candidate to move up
+        wake_ = true;
+      }
+    }
+  }
+  Finish(r);
 }
 
 Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
@@ -1006,6 +1044,7 @@ BlockStoreStats BlockStore::Stats() const {
   for (const auto& [id, e] : index_) s.pinned_blocks += e.pinned ? 1 : 0;
   s.corrupt = corrupt_;
   s.rejected = rejected_;
+  s.leases = leases_;
   return s;
 }
 

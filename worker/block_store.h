@@ -104,7 +104,16 @@ struct BlockStoreStats {
   uint64_t corrupt = 0;        // blocks found corrupt and discarded
   uint64_t pinned_blocks = 0;
   uint64_t rejected = 0;       // Puts refused because nothing evictable was left
+  uint64_t leases = 0;         // blocks leased for zero-copy reads
   std::vector<TierStats> tiers;
+};
+
+// A cached block's file, open for one reader: bytes [data_offset, data_offset + length) of `fd` are
+// the block's data. Until BlockStore::Release, the block is neither removed nor moved.
+struct BlockLease {
+  int fd = -1;  // the caller closes it
+  uint64_t data_offset = 0;
+  uint64_t length = 0;
 };
 
 struct StoreOptions {
@@ -136,6 +145,15 @@ class BlockStore {
   // returns the bytes copied. NOT_FOUND when not cached; DATA_LOSS when the bytes failed their
   // checksum (the block is removed).
   StatusOr<size_t> Read(const BlockId& id, uint64_t offset, size_t length, char* out);
+
+  // Leases [offset, offset+length) of a cached block (clipped at its end) for a zero-copy read: the
+  // chunks covering the range are read and checked exactly as Read() does, then the open block file
+  // is handed out instead of a copy, so what the reader splices from it is what was just verified.
+  // NOT_FOUND when not cached; DATA_LOSS when a chunk failed (the block is removed). Counts as a read
+  // (hits, LRU order). A lease with fd >= 0 needs one Release(); fd is -1 (and length 0) when the
+  // offset is past the block's end.
+  StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length);
+  void Release(const BlockId& id);
 
   // Caches a whole block (OK when already cached). RESOURCE_EXHAUSTED when nothing evictable is
   // left to make room.
@@ -229,7 +247,10 @@ class BlockStore {
   void ReserveTier(int t);
   StatusOr<bool> VerifyOne(const BlockId& id);
   // Read(); `account` false leaves the LRU order, the counters and promotion alone (the scrub).
-  StatusOr<size_t> ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account);
+  // With `lease`, nothing is copied to `out` (may be null): the open file and the reader count are
+  // handed to the lease instead.
+  StatusOr<size_t> ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
+                                BlockLease* lease = nullptr);
 
   const StoreOptions options_;
   std::atomic<uint64_t> tmp_seq_{0};
@@ -242,6 +263,7 @@ class BlockStore {
   std::vector<BlockId> promote_queue_;                        // GUARDED_BY(mu_)
   uint64_t seq_ = 0;                                          // GUARDED_BY(mu_)
   uint64_t corrupt_ = 0, rejected_ = 0;                       // GUARDED_BY(mu_)
+  uint64_t leases_ = 0;                                       // GUARDED_BY(mu_)
   RemovedFn on_removed_;                                      // GUARDED_BY(mu_)
   bool stop_ = false;                                         // GUARDED_BY(mu_)
   bool wake_ = false;                                         // GUARDED_BY(mu_)

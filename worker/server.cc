@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "common/net.h"
@@ -10,6 +13,7 @@
 #include "worker/block_source.h"
 #include "worker/block_store.h"
 #include "worker/master_link.h"
+#include "worker/local_server.h"
 #include "worker/peers.h"
 
 namespace granary::worker {
@@ -120,6 +124,7 @@ class WorkerServerImpl final : public WorkerServer {
     if (advertise.empty()) {
       advertise = (hp->host == "0.0.0.0" || hp->host == "::" ? HostName() : hp->host) + ":" + std::to_string(port);
     }
+    RETURN_IF_ERROR(StartLocalSocket(cfg.worker.local_socket, port));
     link_->Start(advertise);
     spdlog::info("granary-worker listening on {} ({} cache levels, policy {}, master {})", address_,
                  so.levels.size(), CachePolicyName(so.policy), cfg.master.address);
@@ -130,12 +135,36 @@ class WorkerServerImpl final : public WorkerServer {
 
   void Shutdown() override {
     if (stopped_.exchange(true)) return;
+    if (local_) local_->Stop();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (link_) link_->Stop();
     server_.reset();
   }
 
  private:
+  // worker.local_socket: "off", "auto" (/run/granary/worker-<port>.sock, skipped with a warning when
+  // that directory cannot be made) or a path (a failure is fatal: it was asked for).
+  Status StartLocalSocket(const std::string& setting, int port) {
+    if (setting == "off" || setting.empty()) return Status::OK();
+    std::string path = setting;
+    if (setting == "auto") {
+      path = "/run/granary/worker-" + std::to_string(port) + ".sock";
+      if (mkdir("/run/granary", 0700) != 0 && errno != EEXIST) {
+        spdlog::warn("zero-copy local reads are off: cannot create /run/granary ({})", strerror(errno));
+        return Status::OK();
+      }
+    }
+    auto local = LocalServer::Start(path, source_.get(), store_.get());
+    if (!local.ok()) {
+      if (setting != "auto") return local.status();
+      spdlog::warn("zero-copy local reads are off: {}", local.status().message());
+      return Status::OK();
+    }
+    local_ = std::move(local).value();
+    spdlog::info("local socket for zero-copy reads: {}", local_->path());
+    return Status::OK();
+  }
+
   rpc::WorkerStats Stats() {
     rpc::WorkerStats s;
     BlockStoreStats b = store_->Stats();
@@ -159,6 +188,8 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_peer_failovers(c.peer_failovers);
     s.set_coalesced(c.coalesced);
     s.set_peers(static_cast<uint32_t>(peers_->Size()));
+    s.set_leases(b.leases);
+    if (local_) s.set_local_socket(local_->path());
     for (const auto& t : b.tiers) {
       rpc::TierStats* ts = s.add_tiers();
       ts->set_medium(t.medium);
@@ -186,6 +217,7 @@ class WorkerServerImpl final : public WorkerServer {
   std::unique_ptr<BlockSource> source_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<LocalServer> local_;
   std::string address_;
 };
 

@@ -128,7 +128,8 @@ class ClusterTest : public ::testing::Test {
       mkdir((node + "/mnt").c_str(), 0755);
       fuse_.push_back(std::make_unique<Process>(
           InNs(NodeNs(n), {Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_[n],
-                           "--fuse.mountpoint", node + "/mnt", "--ready-file", node + "/fuse.addr"}),
+                           "--fuse.mountpoint", node + "/mnt", "--ready-file", node + "/fuse.addr",
+                           "--fuse.keep_cache", "false"}),  // every epoch reaches the workers
           node + "/fuse.log"));
       if (WaitForReadyFile(node + "/fuse.addr", fuse_.back().get()).empty() || !IsMounted(node + "/mnt")) {
         return *why = "fuse on node " + std::to_string(n) + " did not mount:\n" + fuse_.back()->Log(), false;
@@ -259,8 +260,8 @@ TEST_F(ClusterTest, AColdDatasetReadByEveryNodeAtOnceIsFetchedOnce) {
 // kill -9 of a worker while the other nodes read: no reader sees an error or a wrong byte; the
 // dead worker's blocks are fetched again by their new homes. The worker then comes back.
 TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
-  // Every open drops the kernel's cached pages of the file (keep_cache is off for files), so each
-  // epoch goes to the workers.
+  // Every open drops the kernel's cached pages of the file (fuse.keep_cache false), so each epoch
+  // goes to the workers.
   std::atomic<int> bad{0};
   std::atomic<bool> stop{false};
   std::atomic<int> epochs{0};

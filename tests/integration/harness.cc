@@ -106,8 +106,11 @@ nlohmann::json LocalCluster::Report() {
 bool LocalCluster::StartFuse(std::string* why) {
   unlink((dir_ / "fuse.addr").c_str());
   fuse_ = std::make_unique<Process>(
-      With(std::vector<std::string>{Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_,
-                               "--fuse.mountpoint", mountpoint(), "--ready-file", dir_ / "fuse.addr"}, opts_.extra_args),
+      With(With(std::vector<std::string>{Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker",
+                                         worker_addr_, "--fuse.mountpoint", mountpoint(), "--ready-file",
+                                         dir_ / "fuse.addr", "--fuse.keep_cache", opts_.keep_cache ? "true" : "false"},
+                opts_.extra_args),
+           opts_.fuse_args),
       dir_ / "fuse.log");
   if (WaitForReadyFile(dir_ / "fuse.addr", fuse_.get()).empty() || !IsMounted(mountpoint())) {
     *why = "fuse did not mount:\n" + fuse_->Log();

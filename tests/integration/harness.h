@@ -18,6 +18,9 @@ struct ClusterOptions {
   std::string cache_quota = "1Gi";
   std::vector<std::string> extra_args;   // appended to every daemon's command line
   std::vector<std::string> worker_args;  // appended to the worker's (a tieredstore there replaces cache_dir)
+  std::vector<std::string> fuse_args;    // appended to granary-fuse's
+  // Off by default: most tests count the worker's hits, which the kernel's page cache would take.
+  bool keep_cache = false;
 };
 
 class LocalCluster {

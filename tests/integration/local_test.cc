@@ -21,7 +21,9 @@ TEST(GranaryLocal, ServesReadsReportsAndStops) {
   }
   mkdir((dir / "mnt").c_str(), 0755);
   std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"}};
-  Process local({Bin("granary"), "local", "file://" + dir / "imagenet", dir / "mnt", "--dir", dir / "state"},
+  // keep_cache off: the second pass must reach the worker (it counts hits below).
+  Process local({Bin("granary"), "local", "file://" + dir / "imagenet", dir / "mnt", "--dir", dir / "state",
+                 "--fuse.keep_cache", "false"},
                 dir / "local.log", env);
   ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
   ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();

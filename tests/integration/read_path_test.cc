@@ -222,3 +222,88 @@ TEST(ReadPathRestart, CacheAndNamespaceSurviveARestart) {
 
 }  // namespace
 }  // namespace granary::testing
+
+namespace granary::testing {
+namespace {
+
+// Reads every file of `src` through `mnt` (shuffled by `seed`) and compares the bytes.
+int ReadTreeMismatches(const std::string& src, const std::string& mnt) {
+  int bad = 0;
+  for (auto& e : fs::recursive_directory_iterator(src)) {
+    if (!e.is_regular_file()) continue;
+    std::string rel = fs::relative(e.path(), src).string(), got;
+    if (!ReadFileChecked(mnt + "/" + rel, &got) || got != ReadFile(e.path())) {
+      ADD_FAILURE() << rel;
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+uint64_t WorkerField(LocalCluster& c, const char* key) {
+  auto j = c.Report();
+  return j.is_null() || j["workers"].empty() ? 0 : j["workers"][0][key].get<uint64_t>();
+}
+
+// Cached blocks reach the kernel as leased block files (the worker's local socket, spliced), and
+// their bytes are exactly the source's; with fuse.zero_copy false every read streams over gRPC.
+TEST(ZeroCopy, LocalHitsArePassedAsLeasedFilesWithTheRightBytes) {
+  for (bool zero_copy : {true, false}) {
+    TempDir dir;
+    MakeDataset(dir / "src");
+    ClusterOptions opts;
+    opts.fuse_args = {"--fuse.zero_copy", zero_copy ? "true" : "false"};
+    LocalCluster c(dir, opts);
+    std::string why;
+    ASSERT_TRUE(c.StartDaemons(&why)) << why;
+    ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+    ASSERT_TRUE(c.StartFuse(&why)) << why;
+    EXPECT_EQ(ReadTreeMismatches(dir / "src", c.mountpoint() + "/ds"), 0);  // cold: misses, inline
+    uint64_t leases_cold = WorkerField(c, "leases");
+    EXPECT_EQ(ReadTreeMismatches(dir / "src", c.mountpoint() + "/ds"), 0);  // warm: hits
+    ASSERT_TRUE(WaitFor([&] { return WorkerField(c, "hits") >= 30; })) << c.Report().dump(1);
+    uint64_t leases = WorkerField(c, "leases") - leases_cold;
+    if (zero_copy) {
+      EXPECT_GE(leases, 30u) << "warm reads did not take the zero-copy path";
+      EXPECT_FALSE(c.Report()["workers"][0]["local_socket"].get<std::string>().empty());
+    } else {
+      EXPECT_EQ(leases, 0u);
+    }
+    ASSERT_TRUE(c.StopAll(&why)) << why;
+  }
+}
+
+// fuse.keep_cache: a file re-opened at the same version is served by the kernel's page cache (no
+// request reaches the worker); when the under-storage changes it, the next open drops those pages
+// and reads the new bytes.
+TEST(KeepCache, PagesSurviveReopensUntilTheVersionChanges) {
+  TempDir dir;
+  WriteFile(dir / "src/f.bin", RandomBytes(300000, 1));
+  ClusterOptions opts;
+  opts.keep_cache = true;
+  opts.fuse_args = {"--fuse.attr_timeout", "0s", "--fuse.entry_timeout", "0s"};
+  LocalCluster c(dir, opts);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src", "-o", "metadata.sync_interval=always"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  std::string f = c.mountpoint() + "/ds/f.bin", got;
+  ASSERT_TRUE(ReadFileChecked(f, &got));
+  EXPECT_EQ(got, ReadFile(dir / "src/f.bin"));
+  ASSERT_TRUE(WaitFor([&] { return WorkerField(c, "misses") > 0; }));
+  uint64_t reads = WorkerField(c, "hits") + WorkerField(c, "misses");
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(ReadFileChecked(f, &got));
+    EXPECT_EQ(got, ReadFile(dir / "src/f.bin"));
+  }
+  EXPECT_EQ(WorkerField(c, "hits") + WorkerField(c, "misses"), reads) << "re-reads should not reach the worker";
+
+  std::string v2 = RandomBytes(300000, 2);  // same size, new bytes and mtime
+  WriteFile(dir / "src/f.bin", v2);
+  ASSERT_TRUE(ReadFileChecked(f, &got));
+  EXPECT_EQ(got, v2) << "the page cache kept the old version";
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+}  // namespace
+}  // namespace granary::testing

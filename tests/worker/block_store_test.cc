@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <fstream>
 #include <thread>
 
@@ -71,6 +73,57 @@ TEST(BlockStore, CorruptionIsDetectedAndTheBlockDropped) {
   EXPECT_EQ(r.status().code(), Code::kDataLoss);
   EXPECT_FALSE(store->Contains(meta.id));
   EXPECT_EQ(store->Stats().corrupt, 1u);
+}
+
+// A lease hands out the block file itself: the leased range is exactly the block's bytes, the
+// block outlives a Free until released, and a corrupt chunk is never leased.
+TEST(BlockStore, LeasesVerifyTheRangeAndHoldTheBlockUntilReleased) {
+  testing::TempDir dir;
+  auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  std::string data = testing::RandomBytes(300000, 3);
+  auto meta = Meta("a", 0, data.size());
+  ASSERT_TRUE(store->Put(meta, data).ok());
+
+  auto lease = store->Lease(meta.id, 70000, 200000);
+  ASSERT_TRUE(lease.ok()) << lease.status().message();
+  ASSERT_GE(lease->fd, 0);
+  EXPECT_EQ(lease->length, 200000u);
+  EXPECT_EQ(store->Free({meta.id.key}), 1u);
+  EXPECT_FALSE(store->Contains(meta.id));  // freed for new readers...
+  std::string got(lease->length, '\0');
+  ASSERT_EQ(pread(lease->fd, got.data(), got.size(), static_cast<off_t>(lease->data_offset)),
+            static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, data.substr(70000, 200000));  // ...but the leased file is still there
+  std::string path = store->PathOf(meta.id);
+  close(lease->fd);
+  store->Release(meta.id);
+  EXPECT_EQ(store->Stats().blocks, 0u);
+  EXPECT_EQ(store->Stats().leases, 1u);
+
+  // Clipped at the block's end; past it, no lease at all.
+  ASSERT_TRUE(store->Put(meta, data).ok());
+  auto tail = store->Lease(meta.id, 299990, 100);
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ(tail->length, 10u);
+  close(tail->fd);
+  store->Release(meta.id);
+  auto past = store->Lease(meta.id, 300000, 100);
+  ASSERT_TRUE(past.ok());
+  EXPECT_EQ(past->fd, -1);
+
+  // One flipped byte in the leased range: DATA_LOSS, and the block is gone.
+  {
+    std::fstream f(store->PathOf(meta.id), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(BlockHeaderLen(data.size()) + 200000);
+    f.put(static_cast<char>(data[200000] ^ 0x01));
+  }
+  auto clean = store->Lease(meta.id, 0, 1000);  // another chunk: still fine
+  ASSERT_TRUE(clean.ok());
+  close(clean->fd);
+  store->Release(meta.id);
+  EXPECT_EQ(store->Lease(meta.id, 199000, 2000).status().code(), Code::kDataLoss);
+  EXPECT_FALSE(store->Contains(meta.id));
+  EXPECT_EQ(store->Lease(meta.id, 0, 10).status().code(), Code::kNotFound);
 }
 
 TEST(BlockStore, BadFilesAreDiscardedOnOpen) {

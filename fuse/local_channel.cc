@@ -1,0 +1,83 @@
+#include "fuse/local_channel.h"
+
+#include <unistd.h>
+
+#include "proto/local_wire.h"
+
+namespace granary::fuse {
+
+LocalChannel::~LocalChannel() {
+  for (int c : idle_) close(c);
+}
+
+StatusOr<int> LocalChannel::Take() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      int c = idle_.back();
+      idle_.pop_back();
+      return c;
+    }
+  }
+  return ConnectUnix(path_);
+}
+
+void LocalChannel::Give(int conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(conn);
+}
+
+Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
+  ASSIGN_OR_RETURN(int conn, Take());
+  rpc::LocalRequest lr;
+  *lr.mutable_read() = req;
+  rpc::LocalResponse resp;
+  int fd = -1;
+  Status st = SendFrame(conn, lr);
+  if (st.ok()) st = RecvFrame(conn, &resp, &fd);
+  if (!st.ok()) {
+    close(conn);  // broken: never reused
+    return st;
+  }
+  Status answer(static_cast<Code>(resp.code()), resp.message());
+  if (answer.ok() && resp.lease() != 0 && fd < 0) answer = DataLossError("the worker's lease came without a descriptor");
+  if (!answer.ok()) {
+    if (fd >= 0) close(fd);
+    if (resp.lease() != 0) {
+      rpc::LocalRequest rel;
+      rel.set_release(resp.lease());
+      if (!SendFrame(conn, rel).ok()) return close(conn), answer;
+    }
+    Give(conn);
+    return answer;
+  }
+  out->length = resp.length();
+  if (resp.lease() != 0) {
+    out->fd = fd;
+    out->offset = resp.data_offset();
+    out->lease = resp.lease();
+    out->conn = conn;  // held until Release
+    return Status::OK();
+  }
+  if (fd >= 0) close(fd);
+  out->data = std::move(*resp.mutable_data());
+  Give(conn);
+  if (out->data.size() != out->length) return DataLossError("the worker sent a short inline block");
+  return Status::OK();
+}
+
+void LocalChannel::Release(Piece* p) {
+  if (p->fd >= 0) close(p->fd);
+  p->fd = -1;
+  if (p->conn < 0) return;
+  rpc::LocalRequest rel;
+  rel.set_release(p->lease);
+  if (SendFrame(p->conn, rel).ok()) {
+    Give(p->conn);
+  } else {
+    close(p->conn);  // the worker releases a closed connection's leases itself
+  }
+  p->conn = -1;
+}
+
+}  // namespace granary::fuse

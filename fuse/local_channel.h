@@ -1,0 +1,51 @@
+// LocalChannel: granary-fuse's end of the worker's local socket (worker/local_server.h), for
+// zero-copy reads of cached blocks on this node.
+//
+// Read() returns a Piece: either a leased block file (fd >= 0; the requested bytes are `length` at
+// `offset` of it), which the caller splices into its FUSE reply and then hands back with Release()
+// — the lease keeps the worker from evicting or moving the block meanwhile — or the bytes inline (a
+// miss the worker served the usual way). Connections are pooled, one per concurrent reader; a
+// connection that fails is closed and the error returned, so the caller can fall back to gRPC.
+// Thread-safe.
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/granary.pb.h"
+
+namespace granary::fuse {
+
+class LocalChannel {
+ public:
+  struct Piece {
+    int fd = -1;          // a leased block file, or -1
+    uint64_t offset = 0;  // where the bytes start in fd
+    uint64_t length = 0;
+    std::string data;     // the bytes, when fd < 0
+    uint64_t lease = 0;
+    int conn = -1;        // the connection holding the lease
+  };
+
+  explicit LocalChannel(std::string path) : path_(std::move(path)) {}
+  ~LocalChannel();
+  const std::string& path() const { return path_; }
+
+  // UNAVAILABLE when the socket cannot be used (the worker went away); other errors are the
+  // worker's answer about the data (FAILED_PRECONDITION: the file changed, ...).
+  Status Read(const rpc::ReadBlockRequest& req, Piece* out);
+  // Ends a Piece's lease (if any) and closes its descriptor. Safe on any Piece, once.
+  void Release(Piece* p);
+
+ private:
+  StatusOr<int> Take();
+  void Give(int conn);
+
+  const std::string path_;
+  std::mutex mu_;
+  std::vector<int> idle_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace granary::fuse

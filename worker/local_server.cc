@@ -1,0 +1,149 @@
+#include "worker/local_server.h"
+
+#include <errno.h>
+#include <spdlog/spdlog.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "proto/granary.pb.h"
+#include "proto/local_wire.h"
+
+namespace granary::worker {
+
+StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path, BlockSource* source,
+                                                          BlockStore* store) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return InvalidArgumentError("worker.local_socket: '" + path + "' is longer than a socket path may be (" +
+                                std::to_string(sizeof(addr.sun_path) - 1) + " bytes)");
+  }
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoError(errno, "socket");
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      close(fd);
+      return InvalidArgumentError("worker.local_socket: " + path + " exists and is not a socket");
+    }
+    // A socket left by a worker that died; a live one would still answer.
+    auto probe = ConnectUnix(path);
+    if (probe.ok()) {
+      close(*probe);
+      close(fd);
+      return FailedPreconditionError("worker.local_socket: another worker is listening on " + path);
+    }
+    unlink(path.c_str());
+  }
+  mode_t old = umask(0177);  // the socket file is 0600
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  umask(old);
+  if (rc != 0 || listen(fd, 128) != 0) {
+    if (rc == 0) err = errno;
+    close(fd);
+    return ErrnoError(err, "worker.local_socket: cannot listen on " + path);
+  }
+  std::unique_ptr<LocalServer> s(new LocalServer(path, fd, source, store));
+  s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
+  return s;
+}
+
+LocalServer::~LocalServer() { Stop(); }
+
+void LocalServer::Stop() {
+  if (stop_.exchange(true)) return;
+  shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  close(listen_fd_);
+  std::vector<std::thread> servers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int c : conns_) shutdown(c, SHUT_RDWR);
+    servers.swap(servers_);
+  }
+  for (auto& t : servers) t.join();
+  unlink(path_.c_str());
+}
+
+void LocalServer::AcceptLoop() {
+  while (!stop_) {
+    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (!stop_) spdlog::warn("local socket accept: {}", strerror(errno));
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || (cred.uid != 0 && cred.uid != geteuid())) {
+      spdlog::warn("local socket: refusing a process of uid {} (only root or uid {} may read blocks here)", cred.uid,
+                   geteuid());
+      close(c);
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) {
+      close(c);
+      return;
+    }
+    conns_.push_back(c);
+    servers_.emplace_back([this, c] { Serve(c); });
+  }
+}
+
+void LocalServer::Serve(int conn) {
+  std::unordered_map<uint64_t, BlockId> leases;  // held by this connection
+  uint64_t next_lease = 1;
+  for (;;) {
+    rpc::LocalRequest req;
+    int stray = -1;
+    if (!RecvFrame(conn, &req, &stray).ok()) break;
+    if (stray >= 0) close(stray);  // clients send no descriptors
+    if (req.release() != 0) {
+      auto it = leases.find(req.release());
+      if (it != leases.end()) {
+        store_->Release(it->second);
+        leases.erase(it);
+      }
+      continue;
+    }
+    const rpc::ReadBlockRequest& r = req.read();
+    BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
+                    r.index(),    r.offset(),   r.length(),  false};
+    std::string data;
+    BlockLease lease;
+    BlockId id;
+    bool hit = false;
+    Status st = source_->ReadOrLease(br, &data, &lease, &id, &hit);
+    rpc::LocalResponse resp;
+    resp.set_code(static_cast<int32_t>(st.code()));
+    resp.set_message(st.message());
+    if (st.ok() && lease.fd >= 0) {
+      uint64_t n = next_lease++;
+      leases.emplace(n, id);
+      resp.set_lease(n);
+      resp.set_data_offset(lease.data_offset);
+      resp.set_length(lease.length);
+    } else if (st.ok()) {
+      resp.set_length(data.size());
+      resp.set_data(std::move(data));
+    }
+    Status sent = SendFrame(conn, resp, lease.fd);
+    if (lease.fd >= 0) close(lease.fd);  // the client has its own copy now
+    if (!sent.ok()) break;
+  }
+  for (const auto& [n, id] : leases) store_->Release(id);  // the client went away
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.erase(std::find(conns_.begin(), conns_.end(), conn));
+  close(conn);
+}
+
+}  // namespace granary::worker

@@ -1,0 +1,56 @@
+// LocalServer: the worker's Unix domain socket for the FUSE client on the same node (zero-copy
+// reads; protocol in granary.proto, LocalRequest).
+//
+// A read of a cached block is answered with the block file's descriptor (SCM_RIGHTS) and where the
+// bytes are in it; the FUSE client splices them into its reply to the kernel, so cached bytes are
+// never copied through this process or a socket. Each descriptor is a lease on the block
+// (BlockStore::Lease): the block is neither evicted nor moved until the client releases it, or its
+// connection closes (a FUSE process that dies releases everything it held). Misses are served by
+// BlockSource as usual and sent inline.
+//
+// Access: the socket file is 0600 in a directory the worker owns, and a connecting process must
+// run as root or as the worker's own user (SO_PEERCRED); the gRPC token is not asked for here.
+//
+// One thread accepts; each connection gets a thread (a FUSE client opens about one per reader
+// thread). Thread-safe; Stop() closes every connection and joins every thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/block_source.h"
+#include "worker/block_store.h"
+
+namespace granary::worker {
+
+class LocalServer {
+ public:
+  // Listens on `path` (a stale socket file there is replaced).
+  static StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path, BlockSource* source, BlockStore* store);
+  ~LocalServer();
+  void Stop();
+  const std::string& path() const { return path_; }
+
+ private:
+  LocalServer(std::string path, int fd, BlockSource* source, BlockStore* store)
+      : path_(std::move(path)), listen_fd_(fd), source_(source), store_(store) {}
+  void AcceptLoop();
+  void Serve(int conn);
+
+  const std::string path_;
+  const int listen_fd_;
+  BlockSource* source_;
+  BlockStore* store_;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> conns_;             // GUARDED_BY(mu_)
+  std::vector<std::thread> servers_;   // GUARDED_BY(mu_)
+};
+
+}  // namespace granary::worker
