@@ -151,7 +151,14 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
     }
   }
   if (!leader) return future.get();
-  Fetched result = FetchOnce(req, mount, meta, route);
+  // A fetch of this block may have finished between this request's miss in the store and its
+  // arrival here (the leader had already left inflight_): look again before fetching.
+  Fetched result = [&]() -> Fetched {
+    auto data = std::make_shared<std::string>(meta.length, '\0');
+    auto cached = store_->Read(meta.id, 0, meta.length, data->data());
+    if (cached.ok() && *cached == meta.length) return std::shared_ptr<const std::string>(std::move(data));
+    return FetchOnce(req, mount, meta, route);
+  }();
   promise.set_value(result);
   std::lock_guard<std::mutex> lock(mu_);
   inflight_.erase(meta.id);
