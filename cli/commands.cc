@@ -276,6 +276,7 @@ int CmdReport(MasterConn& m, bool json) {
                               {"coalesced", s.coalesced()},
                               {"peers", s.peers()},
                               {"leases", s.leases()},
+                              {"prefetched", s.prefetched()},
                               {"local_socket", s.local_socket()},
                               {"tiers", TiersJson(s)}});
     }

@@ -221,6 +221,11 @@ std::vector<Setting> MakeSettings() {
                   "descriptor is passed and its pages spliced into the reply, nothing copied. false: every "
                   "read streams over gRPC.",
                   &Config::fuse, &FuseConfig::zero_copy));
+  t.push_back(Row("fuse.readahead_blocks", K::kCount, "2",
+                  "When a file is read sequentially, how many of its next blocks the workers fetch into the "
+                  "cache ahead of the reader (each at its home worker). 0 turns readahead off; more helps a "
+                  "slow, high-latency under-storage and costs cache space for shards read only in part.",
+                  &Config::fuse, &FuseConfig::readahead_blocks));
   t.push_back(Row("fuse.allow_other", K::kBool, "true",
                   "Let users other than the one running granary-fuse use the mount (permissions are still "
                   "checked by the kernel, default_permissions). Needs root or user_allow_other in "

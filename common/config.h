@@ -69,6 +69,7 @@ struct FuseConfig {
   uint64_t file_cache_entries = 0;  // open-file info kept in the FUSE process
   bool keep_cache = true;           // keep the kernel's page cache across opens of an unchanged file
   bool zero_copy = true;            // read cached blocks through the worker's local socket
+  uint64_t readahead_blocks = 0;    // blocks warmed ahead of a sequential reader
 };
 
 struct RpcConfig {

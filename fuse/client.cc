@@ -100,6 +100,54 @@ std::string ReadResult::Flatten() const {
   return out;
 }
 
+Client::~Client() {
+  {
+    std::lock_guard<std::mutex> lock(prefetch_mu_);
+    prefetch_stop_ = true;
+  }
+  prefetch_cv_.notify_all();
+  if (prefetcher_.joinable()) prefetcher_.join();
+}
+
+void Client::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count) {
+  uint64_t bs = file.block_size();
+  uint64_t blocks = bs == 0 ? 0 : (file.attr().size() + bs - 1) / bs;
+  rpc::PrefetchRequest pr;
+  for (uint64_t i = first; i < std::min(blocks, first + count); ++i) {
+    rpc::ReadBlockRequest* r = pr.add_blocks();
+    r->set_mount_id(file.mount_id());
+    r->set_ufs_path(file.ufs_path());
+    r->set_version(file.version());
+    r->set_file_size(file.attr().size());
+    r->set_block_size(bs);
+    r->set_index(i);
+  }
+  if (pr.blocks_size() == 0) return;
+  std::lock_guard<std::mutex> lock(prefetch_mu_);
+  if (prefetch_stop_ || prefetch_queue_.size() >= 64) return;
+  prefetch_queue_.push_back(std::move(pr));
+  counters_.prefetch_hints++;
+  if (!prefetcher_.joinable()) prefetcher_ = std::thread([this] { PrefetchLoop(); });
+  prefetch_cv_.notify_one();
+}
+
+void Client::PrefetchLoop() {
+  for (;;) {
+    rpc::PrefetchRequest pr;
+    {
+      std::unique_lock<std::mutex> lock(prefetch_mu_);
+      prefetch_cv_.wait(lock, [&] { return prefetch_stop_ || !prefetch_queue_.empty(); });
+      if (prefetch_stop_) return;
+      pr = std::move(prefetch_queue_.front());
+      prefetch_queue_.pop_front();
+    }
+    rpc::PrefetchResponse resp;
+    grpc::ClientContext ctx;
+    sec_->Prepare(&ctx, std::chrono::seconds(5));
+    worker_.Note(worker_.Get()->Prefetch(&ctx, pr, &resp));  // best effort: a lost hint costs a miss
+  }
+}
+
 std::shared_ptr<LocalChannel> Client::Local() {
   {
     std::lock_guard<std::mutex> lock(mu_);

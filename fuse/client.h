@@ -11,11 +11,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/config.h"
@@ -44,7 +47,7 @@ class ReadResult {
 };
 
 struct ClientCounters {
-  std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0};
+  std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0}, prefetch_hints{0};
 };
 
 class Client {
@@ -59,9 +62,14 @@ class Client {
   StatusOr<rpc::WorkerStats> WorkerStats();
   // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`.
   Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out);
+  // Asks the local worker, in the background, to warm blocks [first, first+count) of `file`
+  // (readahead). Hints beyond a small queue are dropped.
+  void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count);
   const ClientCounters& counters() const { return counters_; }
+  ~Client();
 
  private:
+  void PrefetchLoop();
   Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
   grpc::Status CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call);
   // The local socket channel, once the worker has named its socket (asked at most every 5 s).
@@ -82,6 +90,12 @@ class Client {
   std::chrono::steady_clock::time_point last_probe_{};                        // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> others_;   // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point others_fetched_{};                    // GUARDED_BY(mu_)
+
+  std::mutex prefetch_mu_;
+  std::condition_variable prefetch_cv_;
+  std::deque<rpc::PrefetchRequest> prefetch_queue_;  // GUARDED_BY(prefetch_mu_)
+  bool prefetch_stop_ = false;                       // GUARDED_BY(prefetch_mu_)
+  std::thread prefetcher_;                           // started with the first hint
 };
 
 }  // namespace granary::fuse

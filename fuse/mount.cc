@@ -239,7 +239,33 @@ void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(
 
 struct OpenFile {
   rpc::FileInfo info;
+  // Readahead state: where the next sequential read would start, and the last block hinted.
+  std::mutex mu;
+  uint64_t next_offset = 0;
+  uint64_t hinted_through = 0;  // blocks up to this one were hinted (block 0 never is)
 };
+
+// A read that starts where the previous one ended (or at 0) is sequential: hint the blocks after
+// the last one it touches (fuse.readahead_blocks), so the workers fetch them while the reader is
+// still busy. Each block is hinted once per open.
+void MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
+  uint64_t ahead = fs->cfg.fuse.readahead_blocks, bs = of->info.block_size();
+  if (ahead == 0 || bs == 0 || size == 0) return;
+  uint64_t first = 0, count = 0;
+  {
+    std::lock_guard<std::mutex> lock(of->mu);
+    bool sequential = off == of->next_offset;
+    of->next_offset = off + size;
+    if (!sequential) return;
+    uint64_t end_block = (off + size - 1) / bs;
+    uint64_t last = end_block + ahead;
+    first = std::max(of->hinted_through + 1, end_block + 1);
+    if (last < first) return;
+    count = last - first + 1;
+    of->hinted_through = last;
+  }
+  fs->client->Prefetch(of->info, first, count);
+}
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
@@ -270,6 +296,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   auto* of = reinterpret_cast<OpenFile*>(fi->fh);
+  MaybeReadahead(FsOf(req), of, static_cast<uint64_t>(off), size);
   ReadResult data;
   Status st = FsOf(req)->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
   if (!st.ok()) {

@@ -70,15 +70,7 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   *hit = false;
   counters_.misses++;
   if (req.from_peer) counters_.peer_served++;
-  Route route;
-  if (placement_ != nullptr && !req.from_peer) {
-    size_t self = kNotRanked;
-    std::vector<PeerRef> ranked = placement_->Rank(meta.id, &self);
-    if (!ranked.empty() && self != 0) {
-      route.ask_peers = true;
-      route.keep = self != kNotRanked && self < mount.replicas;
-    }
-  }
+  Route route = RouteFor(req, t, nullptr);
   if (route.ask_peers && !route.keep) {
     // Not a holder: only this range, streamed from the holders.
     BlockRequest range = req;
@@ -97,6 +89,66 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   ASSIGN_OR_RETURN(std::shared_ptr<const std::string> block, Fetch(req, mount, meta, route));
   out->assign(block->data() + req.offset, len);
   counters_.bytes_served += len;
+  return Status::OK();
+}
+
+BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& t, PeerRef* home) {
+  Route route;
+  if (placement_ == nullptr || req.from_peer) return route;  // alone, or asked as the home
+  size_t self = kNotRanked;
+  std::vector<PeerRef> ranked = placement_->Rank(t.meta.id, &self);
+  if (!ranked.empty() && self != 0) {
+    route.ask_peers = true;
+    route.keep = self != kNotRanked && self < t.mount.replicas;
+    if (home != nullptr) *home = ranked[0];
+  }
+  return route;
+}
+
+BlockSource::~BlockSource() {
+  {
+    std::lock_guard<std::mutex> lock(prefetch_mu_);
+    prefetch_stop_ = true;
+  }
+  prefetch_cv_.notify_all();
+  for (auto& t : prefetchers_) t.join();
+}
+
+bool BlockSource::Prefetch(const BlockRequest& req) {
+  std::lock_guard<std::mutex> lock(prefetch_mu_);
+  if (prefetch_stop_ || prefetch_queue_.size() >= kPrefetchQueue) return false;
+  prefetch_queue_.push_back(req);
+  if (prefetchers_.size() < kPrefetchThreads) prefetchers_.emplace_back([this] { PrefetchLoop(); });
+  prefetch_cv_.notify_one();
+  return true;
+}
+
+void BlockSource::PrefetchLoop() {
+  for (;;) {
+    BlockRequest req;
+    {
+      std::unique_lock<std::mutex> lock(prefetch_mu_);
+      prefetch_cv_.wait(lock, [&] { return prefetch_stop_ || !prefetch_queue_.empty(); });
+      if (prefetch_stop_) return;
+      req = std::move(prefetch_queue_.front());
+      prefetch_queue_.pop_front();
+    }
+    Status st = Warm(req);
+    if (!st.ok()) spdlog::debug("prefetch of {} block {}: {}", req.ufs_path, req.index, st.message());
+  }
+}
+
+Status BlockSource::Warm(BlockRequest req) {
+  req.offset = 0;
+  req.length = req.block_size;
+  ASSIGN_OR_RETURN(Target t, Resolve(req));
+  if (t.len == 0 || store_->Contains(t.meta.id)) return Status::OK();
+  PeerRef home;
+  Route route = RouteFor(req, t, &home);
+  // Not a holder: the block's home warms it (a copy here would be dropped).
+  if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
+  ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
+  counters_.prefetched++;
   return Status::OK();
 }
 

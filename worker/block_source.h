@@ -24,12 +24,16 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <future>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "common/status.h"
 #include "worker/block_store.h"
@@ -45,6 +49,7 @@ struct SourceCounters {
   std::atomic<uint64_t> peer_served{0};     // requests from peers this worker answered
   std::atomic<uint64_t> peer_failovers{0};  // peer calls that failed and moved to the next worker
   std::atomic<uint64_t> leased{0};          // hits served as a leased file descriptor (zero-copy)
+  std::atomic<uint64_t> prefetched{0};      // blocks fetched ahead of readers
 };
 
 class BlockSource {
@@ -52,6 +57,7 @@ class BlockSource {
   // Routes the store's removals (evictions, frees, corrupt blocks) to `reporter`. `placement` may be
   // null: the worker works alone.
   BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter, Placement* placement = nullptr);
+  ~BlockSource();
 
   // Fills `out` with the requested range (clipped at the block's end); `hit` tells whether it came
   // from the cache. INVALID_ARGUMENT for a range outside the file; FAILED_PRECONDITION when the file
@@ -62,10 +68,18 @@ class BlockSource {
   // BlockStore::Release(*leased) when done. Otherwise (a miss) `out` has the bytes, as from Read.
   Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, BlockId* leased, bool* hit);
 
+  // Readahead: queues a background fetch of req's whole block unless it is cached. A holder of the
+  // block fetches it like a miss (from the home, or the under-storage); any other worker passes the
+  // hint to the block's home. At most kPrefetchQueue hints wait (false: dropped), kPrefetchThreads
+  // run at once, so readahead never crowds out reads.
+  bool Prefetch(const BlockRequest& req);
+
   const SourceCounters& counters() const { return counters_; }
 
   static constexpr size_t kUncachedBlocks = 16;
   static constexpr int kMaxPeerAttempts = 3;
+  static constexpr size_t kPrefetchQueue = 64;
+  static constexpr size_t kPrefetchThreads = 2;
 
  private:
   using Fetched = StatusOr<std::shared_ptr<const std::string>>;
@@ -88,6 +102,10 @@ class BlockSource {
   // Reads `req` from the best-ranked peer, failing over to the next; UNAVAILABLE when none could
   // serve, with *became_home set when the failures made this worker the block's home.
   Status FromPeers(const BlockRequest& req, const BlockId& id, std::string* out, bool* became_home);
+  // Where a miss of `t` goes (see the design note); `home` gets the block's home when peers are asked.
+  Route RouteFor(const BlockRequest& req, const Target& t, PeerRef* home);
+  void PrefetchLoop();
+  Status Warm(BlockRequest req);
 
   BlockStore* store_;
   MountResolver* mounts_;
@@ -98,6 +116,12 @@ class BlockSource {
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_;  // GUARDED_BY(mu_)
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
   std::list<std::pair<BlockId, std::shared_ptr<const std::string>>> uncached_;  // GUARDED_BY(mu_)
+
+  std::mutex prefetch_mu_;
+  std::condition_variable prefetch_cv_;
+  std::deque<BlockRequest> prefetch_queue_;  // GUARDED_BY(prefetch_mu_)
+  std::vector<std::thread> prefetchers_;     // GUARDED_BY(prefetch_mu_)
+  bool prefetch_stop_ = false;               // GUARDED_BY(prefetch_mu_)
 };
 
 }  // namespace granary::worker

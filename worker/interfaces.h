@@ -59,6 +59,8 @@ class Placement {
   virtual Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) = 0;
   // `peer` failed a call: leave it out of rankings for a while.
   virtual void PeerFailed(const PeerRef& peer) = 0;
+  // Asks `peer` (the block's home) to warm the block into its cache; best effort.
+  virtual Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) = 0;
 };
 
 class MountResolver {

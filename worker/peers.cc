@@ -67,14 +67,14 @@ void PeerSet::PeerFailed(const PeerRef& peer) {
   down_until_[peer.id] = clock_() + kDownFor;
 }
 
-Status PeerSet::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) {
-  std::shared_ptr<StubHolder<rpc::Worker>> holder;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& h = stubs_[peer.address];
-    if (!h) h = std::make_shared<StubHolder<rpc::Worker>>(sec_, peer.address);
-    holder = h;
-  }
+std::shared_ptr<StubHolder<rpc::Worker>> PeerSet::Stub(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& h = stubs_[address];
+  if (!h) h = std::make_shared<StubHolder<rpc::Worker>>(sec_, address);
+  return h;
+}
+
+rpc::ReadBlockRequest PeerSet::ToProto(const BlockRequest& req) {
   rpc::ReadBlockRequest r;
   r.set_mount_id(req.mount_id);
   r.set_ufs_path(req.ufs_path);
@@ -85,11 +85,27 @@ Status PeerSet::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::
   r.set_offset(req.offset);
   r.set_length(req.length);
   r.set_from_peer(true);
+  return r;
+}
+
+Status PeerSet::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) {
+  auto holder = Stub(peer.address);
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, timeout_);
-  Status st = ReadBlockStream(*holder->Get(), ctx, r, req.length, out, "worker " + std::to_string(peer.id) + " at " + peer.address);
+  Status st = ReadBlockStream(*holder->Get(), ctx, ToProto(req), req.length, out,
+                              "worker " + std::to_string(peer.id) + " at " + peer.address);
   if (st.code() == Code::kUnavailable) holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
   return st;
+}
+
+Status PeerSet::PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) {
+  auto holder = Stub(peer.address);
+  rpc::PrefetchRequest pr;
+  *pr.add_blocks() = ToProto(req);
+  rpc::PrefetchResponse resp;
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, timeout_);
+  return FromGrpc(holder->Note(holder->Get()->Prefetch(&ctx, pr, &resp)), "worker at " + peer.address);
 }
 
 }  // namespace granary::worker

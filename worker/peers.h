@@ -45,6 +45,7 @@ class PeerSet final : public Placement {
   std::vector<PeerRef> Rank(const BlockId& id, size_t* self) override;
   Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
   void PeerFailed(const PeerRef& peer) override;
+  Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) override;
 
   // Live workers known (this one included).
   size_t Size();
@@ -53,6 +54,9 @@ class PeerSet final : public Placement {
   static uint64_t Weight(const BlockId& id, const std::string& worker_address);
 
  private:
+  std::shared_ptr<StubHolder<rpc::Worker>> Stub(const std::string& address);
+  static rpc::ReadBlockRequest ToProto(const BlockRequest& req);
+
   const std::shared_ptr<RpcSecurity> sec_;
   const std::chrono::milliseconds timeout_;
   Clock clock_;

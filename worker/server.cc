@@ -76,6 +76,18 @@ class WorkerService final : public rpc::Worker::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Prefetch(grpc::ServerContext* ctx, const rpc::PrefetchRequest* req, rpc::PrefetchResponse* resp) override {
+    if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
+    uint32_t queued = 0;
+    for (const auto& r : req->blocks()) {
+      BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
+                      r.index(),    0,            0,           r.from_peer()};
+      queued += source_->Prefetch(br);
+    }
+    resp->set_queued(queued);
+    return grpc::Status::OK;
+  }
+
   grpc::Status GetStats(grpc::ServerContext* ctx, const rpc::GetStatsRequest*, rpc::WorkerStats* resp) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     *resp = stats_();
@@ -189,6 +201,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_coalesced(c.coalesced);
     s.set_peers(static_cast<uint32_t>(peers_->Size()));
     s.set_leases(b.leases);
+    s.set_prefetched(c.prefetched);
     if (local_) s.set_local_socket(local_->path());
     for (const auto& t : b.tiers) {
       rpc::TierStats* ts = s.add_tiers();

@@ -102,6 +102,7 @@ class Node : public MountResolver, public BlockReporter, public Placement {
   std::vector<PeerRef> Rank(const BlockId& id, size_t* self) override { return peers.Rank(id, self); }
   Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
   void PeerFailed(const PeerRef& peer) override { peers.PeerFailed(peer); }
+  Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) override;
 
   Cluster* cluster;
   uint64_t id;
@@ -154,6 +155,15 @@ Status Node::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::str
   r.from_peer = true;
   bool hit;
   return target.source->Read(r, out, &hit);
+}
+
+Status Node::PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) {
+  Node& target = cluster->node(peer.id);
+  if (target.dead) return UnavailableError("node " + std::to_string(peer.id) + " is down");
+  BlockRequest r = req;
+  r.from_peer = true;
+  target.source->Prefetch(r);
+  return Status::OK();
 }
 
 class PeerRoutingTest : public ::testing::Test {
@@ -261,6 +271,24 @@ TEST_F(PeerRoutingTest, AFileChangedUnderneathIsAnErrorNotAFailover) {
   }
   EXPECT_EQ(failed, static_cast<int>(3 * Blocks()));
   EXPECT_EQ(c.CachedBlocks(), 0u);
+}
+
+// Readahead hints warm each block at its home, once, whichever node gives them.
+TEST_F(PeerRoutingTest, PrefetchWarmsBlocksAtTheirHomes) {
+  Cluster c(dir_, 3, ufs_, 1);
+  for (auto& n : c.nodes) {
+    for (uint64_t i = 0; i < Blocks(); ++i) n->source->Prefetch(Req(i, 0, 0));
+  }
+  ASSERT_TRUE(testing::WaitFor([&] { return c.CachedBlocks() == Blocks(); })) << c.CachedBlocks();
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));
+  for (uint64_t i = 0; i < Blocks(); ++i) {
+    BlockId id{MakeFileKey(ufs_->uri(), "f.bin", version_), i};
+    size_t self;
+    EXPECT_TRUE(c.node(c.nodes[0]->peers.Rank(id, &self)[0].id).store->Contains(id)) << "block " << i;
+  }
+  // Now every read is a hit somewhere: no more under-storage reads.
+  for (auto& n : c.nodes) ASSERT_TRUE(ReadAll(*n));
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));
 }
 
 TEST_F(PeerRoutingTest, WhenEveryPeerIsDownTheReaderBecomesTheHome) {
