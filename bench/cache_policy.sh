@@ -32,17 +32,7 @@ WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
 mkdir -p "$WORK"
 DATA=$WORK/imagenet; MNT=$WORK/mnt
 export GRANARY_HOME=$WORK/home
-LOCAL_PID=""
-
-stop_local() {
-  if [ -n "$LOCAL_PID" ] && kill -0 "$LOCAL_PID" 2>/dev/null; then
-    kill -INT "$LOCAL_PID" 2>/dev/null || true
-    for _ in $(seq 200); do kill -0 "$LOCAL_PID" 2>/dev/null || break; sleep 0.05; done
-    kill -9 "$LOCAL_PID" 2>/dev/null || true
-  fi
-  LOCAL_PID=""
-  if grep -q " $MNT " /proc/mounts 2>/dev/null; then fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; fi
-}
+source "$ROOT/bench/lib.sh"
 cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
@@ -67,14 +57,12 @@ worker:
     policy: lru
     levels:
       - {mediumtype: SSD, path: $WORK/cache-$POLICY-$FRAC, quota: $QUOTA, high: "0.95", low: "0.7"}
+fuse:
+  keep_cache: false  # every epoch must reach the worker's cache, not the kernel's page cache
 YAML
     OPT=()
     [ "$POLICY" = shuffle ] && OPT=(-o cache.policy=shuffle)
-    "$BIN/granary" local "file://$DATA" "$MNT" --dir "$WORK/state-$POLICY-$FRAC" --config "$CONF" "${OPT[@]}" \
-      > "$WORK/local-$POLICY-$FRAC.log" 2>&1 &
-    LOCAL_PID=$!
-    for _ in $(seq 600); do grep -q " $MNT " /proc/mounts && break; kill -0 $LOCAL_PID 2>/dev/null || break; sleep 0.05; done
-    grep -q " $MNT " /proc/mounts || { echo "error: granary local did not mount:" >&2; cat "$WORK/local-$POLICY-$FRAC.log" >&2; exit 1; }
+    start_local "$WORK/local-$POLICY-$FRAC.log" "file://$DATA" "$MNT" --dir "$WORK/state-$POLICY-$FRAC" --config "$CONF" "${OPT[@]}"
     read -r H0 M0 U0 < <(counters)
     U_START=$U0
     RATIOS=()

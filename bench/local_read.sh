@@ -29,17 +29,8 @@ WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
 mkdir -p "$WORK"
 DATA=$WORK/imagenet; MNT=$WORK/mnt; STATE=$WORK/state
 export GRANARY_HOME=$WORK/home
-LOCAL_PID=""
-
-cleanup() {
-  if [ -n "$LOCAL_PID" ] && kill -0 "$LOCAL_PID" 2>/dev/null; then
-    kill -INT "$LOCAL_PID" 2>/dev/null || true
-    for _ in $(seq 200); do kill -0 "$LOCAL_PID" 2>/dev/null || break; sleep 0.05; done
-    kill -9 "$LOCAL_PID" 2>/dev/null || true
-  fi
-  if grep -q " $MNT " /proc/mounts 2>/dev/null; then fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; fi
-  [ "$KEEP" = 1 ] || rm -rf "$WORK"
-}
+source "$ROOT/bench/lib.sh"
+cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
 drop_caches() { sync; if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches; fi; }
@@ -53,10 +44,8 @@ drop_caches
 SRC_COLD=$(read_run "$DATA" 1 "local disk, cold page cache")
 SRC_WARM=$(read_run "$DATA" 2 "local disk, warm page cache")
 
-"$BIN/granary" local "file://$DATA" "$MNT" --dir "$STATE" > "$WORK/local.log" 2>&1 &
-LOCAL_PID=$!
-for _ in $(seq 600); do grep -q " $MNT " /proc/mounts && break; kill -0 $LOCAL_PID 2>/dev/null || break; sleep 0.05; done
-grep -q " $MNT " /proc/mounts || { echo "error: granary local did not mount:" >&2; cat "$WORK/local.log" >&2; exit 1; }
+# keep_cache off: the warm epochs measure the worker's cache, not the kernel's page cache.
+start_local "$WORK/local.log" "file://$DATA" "$MNT" --dir "$STATE" --fuse.keep_cache false
 
 drop_caches
 G_COLD=$(read_run "$MNT" 3 "granary, cold cache (epoch 1)")

@@ -136,10 +136,19 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
         local ip=10.233.0.$((n + 1))
         rm -f "$WORK/w$n.addr"
         on "$n" "$BIN/granary-worker" --master.address "$maddr" --worker.listen "$ip:0" --worker.cache_dir "$WORK/g$nn/cache$n" \
-          --worker.cache_quota 20Gi --ready-file "$WORK/w$n.addr" > "$WORK/g$nn-worker$n.log" 2>&1 &
+          --worker.cache_quota 20Gi --worker.heartbeat_interval 500ms --ready-file "$WORK/w$n.addr" \
+          > "$WORK/g$nn-worker$n.log" 2>&1 &
         for _ in $(seq 200); do [ -s "$WORK/w$n.addr" ] && break; sleep 0.05; done
         on "$n" "$BIN/granary-fuse" --master.address "$maddr" --fuse.worker "$(cat "$WORK/w$n.addr")" --fuse.root /ds \
           --fuse.mountpoint "$WORK/mnt/$n" > "$WORK/g$nn-fuse$n.log" 2>&1 &
+      done
+      # Every worker must place blocks over the same membership before the first read.
+      for _ in $(seq 200); do
+        on 1 "$BIN/granary" --master "$maddr" report --json | python3 -c '
+import json, sys
+w = [x for x in json.load(sys.stdin)["workers"] if x["alive"]]
+sys.exit(0 if len(w) == int(sys.argv[1]) and all(x["peers"] == int(sys.argv[1]) for x in w) else 1)' "$nn" && break
+        sleep 0.1
       done;;
   esac
   [ "$sys" = local ] && return 0

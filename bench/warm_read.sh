@@ -39,15 +39,9 @@ mkdir -p "$WORK"
 DATA=$WORK/data; MNT=$WORK/mnt; STATE=$WORK/state
 if [ "$TIER" = mem ]; then TIERDIR=$(mktemp -d /dev/shm/granary-warm-XXXXXX); MEDIUM=MEM; else TIERDIR=$WORK/tier; MEDIUM=SSD; fi
 export GRANARY_HOME=$WORK/home
-LOCAL_PID=""
-
+source "$ROOT/bench/lib.sh"
 cleanup() {
-  if [ -n "$LOCAL_PID" ] && kill -0 "$LOCAL_PID" 2>/dev/null; then
-    kill -INT "$LOCAL_PID" 2>/dev/null || true
-    for _ in $(seq 200); do kill -0 "$LOCAL_PID" 2>/dev/null || break; sleep 0.05; done
-    kill -9 "$LOCAL_PID" 2>/dev/null || true
-  fi
-  if grep -q " $MNT " /proc/mounts 2>/dev/null; then fusermount3 -u -z "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true; fi
+  stop_local
   case "$TIERDIR" in /dev/shm/granary-warm-*) rm -rf "$TIERDIR";; esac
   [ "$KEEP" = 1 ] || rm -rf "$WORK"
 }
@@ -68,10 +62,7 @@ fuse:
   zero_copy: $ZERO_COPY
 YAML
 
-"$BIN/granary" local "file://$DATA" "$MNT" --dir "$STATE" --config "$WORK/granary.yaml" > "$WORK/local.log" 2>&1 &
-LOCAL_PID=$!
-for _ in $(seq 600); do grep -q " $MNT " /proc/mounts && break; kill -0 $LOCAL_PID 2>/dev/null || break; sleep 0.05; done
-grep -q " $MNT " /proc/mounts || { echo "error: granary local did not mount:" >&2; cat "$WORK/local.log" >&2; exit 1; }
+start_local "$WORK/local.log" "file://$DATA" "$MNT" --dir "$STATE" --config "$WORK/granary.yaml"
 
 run() {  # ROOT MODE THREADS SEED LABEL -> the last epoch's JSON line
   "$BIN/granary-train-read" --root "$1" --mode "$2" --threads "$3" --epochs "$EPOCHS" --seed "$4" --label "$5" | tail -1

@@ -43,12 +43,13 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
   if (answer.ok() && resp.lease() != 0 && fd < 0) answer = DataLossError("the worker's lease came without a descriptor");
   if (!answer.ok()) {
     if (fd >= 0) close(fd);
-    if (resp.lease() != 0) {
-      rpc::LocalRequest rel;
-      rel.set_release(resp.lease());
-      if (!SendFrame(conn, rel).ok()) return close(conn), answer;
+    rpc::LocalRequest rel;
+    rel.set_release(resp.lease());
+    if (resp.lease() != 0 && !SendFrame(conn, rel).ok()) {
+      close(conn);  // the worker releases a closed connection's leases itself
+    } else {
+      Give(conn);
     }
-    Give(conn);
     return answer;
   }
   out->length = resp.length();

@@ -186,6 +186,17 @@ TEST(TieredStoreConfig, MountOptionsSplitCacheFromUnderStorage) {
   EXPECT_NE(s.message().find("unknown mount option 'cache.polcy'"), std::string::npos) << s.message();
   s = SplitMountOptions({{"cache.policy", "mru"}}, &ufs, &cache);
   EXPECT_NE(s.message().find("cache.policy"), std::string::npos) << s.message();
+
+  EXPECT_EQ(cache.replicas, 1u);
+  ASSERT_TRUE(SplitMountOptions({{"cache.replicas", "3"}}, &ufs, &cache).ok());
+  EXPECT_EQ(cache.replicas, 3u);
+  for (const char* bad : {"0", "17", "two", "-1", ""}) {
+    s = SplitMountOptions({{"cache.replicas", bad}}, &ufs, &cache);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("cache.replicas: '" + std::string(bad) + "' is not a whole number from 1 to 16"),
+              std::string::npos)
+        << s.message();
+  }
 }
 
 }  // namespace

@@ -44,15 +44,6 @@ uint64_t StorageTxBytes() {
   return r.code == 0 ? std::stoull(r.out) : 0;
 }
 
-std::string WaitForReadyFile(const std::string& path, Process* p) {
-  std::string addr;
-  WaitFor([&] {
-    addr = ReadFile(path);
-    return !addr.empty() || !p->Running();
-  });
-  while (!addr.empty() && addr.back() == '\n') addr.pop_back();
-  return addr;
-}
 
 class ClusterTest : public ::testing::Test {
  protected:

@@ -14,16 +14,6 @@ std::vector<std::string> With(std::vector<std::string> argv, const std::vector<s
   return argv;
 }
 
-// Called after the process was started with the ready file removed beforehand.
-std::string WaitForReadyFile(const std::string& path, Process* p) {
-  std::string addr;
-  WaitFor([&] {
-    addr = ReadFile(path);
-    return !addr.empty() || !p->Running();
-  });
-  while (!addr.empty() && addr.back() == '\n') addr.pop_back();
-  return addr;
-}
 
 }  // namespace
 

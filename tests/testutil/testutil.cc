@@ -157,6 +157,16 @@ std::string Bin(const std::string& name) {
   return std::string(dir ? dir : ".") + "/" + name;
 }
 
+std::string WaitForReadyFile(const std::string& path, Process* p) {
+  std::string addr;
+  WaitFor([&] {
+    addr = ReadFile(path);
+    return !addr.empty() || !p->Running();
+  });
+  while (!addr.empty() && addr.back() == '\n') addr.pop_back();
+  return addr;
+}
+
 std::string SourceDir() {
   const char* dir = std::getenv("GRANARY_SOURCE_DIR");
   return dir ? dir : ".";

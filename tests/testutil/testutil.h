@@ -55,6 +55,10 @@ class Process {
   std::string log_;
 };
 
+// The address a daemon wrote to its --ready-file `path` ("" when `p` exited first or 30 s passed).
+// Remove the file before starting the process.
+std::string WaitForReadyFile(const std::string& path, Process* p);
+
 struct RunResult {
   int code = -1;
   std::string out;  // stdout and stderr together
