@@ -1,6 +1,21 @@
-# Sourced by the bench scripts that run `granary local`: start it in the background and wait for
-# its mount; stop it and unmount (safe to call from an EXIT trap, and more than once).
-# The caller sets BIN (the build's bin/) and MNT (the mount point).
+# Sourced by the bench scripts that run `granary local`: find the build and a work directory, start
+# `granary local` in the background and wait for its mount, stop it and unmount (safe to call from
+# an EXIT trap, and more than once).
+
+# Sets ROOT, BIN (from $BUILD or ROOT/build; exits unless it has granary and granary-train-read)
+# and WORK ($WORK or a new directory named after PREFIX), and points GRANARY_HOME into WORK.
+bench_setup() {  # PREFIX
+  ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  BIN=${BUILD:-$ROOT/build}/bin
+  for b in granary granary-train-read; do
+    [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
+  done
+  WORK=${WORK:-$(mktemp -d "/tmp/$1-XXXXXX")}
+  mkdir -p "$WORK"
+  export GRANARY_HOME=$WORK/home
+}
+
+# Needs MNT (the mount point); sets LOCAL_PID.
 LOCAL_PID=""
 
 start_local() {  # LOG ARGS... — runs `granary local ARGS...`, output to LOG

@@ -19,17 +19,9 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--files N] [--threads T] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
   esac
 done
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
-BIN=$BUILD/bin
-for b in granary granary-train-read; do
-  [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
-done
-WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
-mkdir -p "$WORK"
+source "$(dirname "$0")/lib.sh"
+bench_setup granary-bench
 DATA=$WORK/imagenet; MNT=$WORK/mnt; STATE=$WORK/state
-export GRANARY_HOME=$WORK/home
-source "$ROOT/bench/lib.sh"
 cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 

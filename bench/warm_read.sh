@@ -28,18 +28,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$TIER" in mem|ssd) ;; *) echo "error: --tier is mem or ssd" >&2; exit 2;; esac
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=${BUILD:-$ROOT/build}
-BIN=$BUILD/bin
-for b in granary granary-train-read; do
-  [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
-done
-WORK=${WORK:-$(mktemp -d /tmp/granary-warm-XXXXXX)}
-mkdir -p "$WORK"
+source "$(dirname "$0")/lib.sh"
+bench_setup granary-warm
 DATA=$WORK/data; MNT=$WORK/mnt; STATE=$WORK/state
 if [ "$TIER" = mem ]; then TIERDIR=$(mktemp -d /dev/shm/granary-warm-XXXXXX); MEDIUM=MEM; else TIERDIR=$WORK/tier; MEDIUM=SSD; fi
-export GRANARY_HOME=$WORK/home
-source "$ROOT/bench/lib.sh"
 cleanup() {
   stop_local
   case "$TIERDIR" in /dev/shm/granary-warm-*) rm -rf "$TIERDIR";; esac
