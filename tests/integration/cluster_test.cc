@@ -279,6 +279,11 @@ TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
   }
   EXPECT_GE(failovers, 1u) << r.dump(1);
 
+  // Node 2's own reader, with its worker dead: granary-fuse sends its reads to another live worker.
+  std::atomic<int> bad_local{0};
+  ReadEpoch(2, 77, &bad_local);
+  EXPECT_EQ(bad_local.load(), 0) << "reads on the dead worker's node failed";
+
   // The worker restarts on its address with its cache, and the cluster takes it back.
   std::string why;
   ASSERT_TRUE(StartWorker(2, worker_addr_[2], &why)) << why;
