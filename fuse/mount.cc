@@ -286,6 +286,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fs->files->Put(master_ino, of->info);
   }
   fi->fh = reinterpret_cast<uint64_t>(of);
+  fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
   {
     std::lock_guard<std::mutex> lock(fs->page_versions_mu);
     if (fs->page_versions.size() > 1'000'000) fs->page_versions.clear();  // bounded; forgetting costs a re-read
