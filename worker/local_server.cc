@@ -63,13 +63,11 @@ void LocalServer::Stop() {
   shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   close(listen_fd_);
-  std::vector<std::thread> servers;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     for (int c : conns_) shutdown(c, SHUT_RDWR);
-    servers.swap(servers_);
+    idle_.wait(lock, [&] { return conns_.empty(); });
   }
-  for (auto& t : servers) t.join();
   unlink(path_.c_str());
 }
 
@@ -95,7 +93,7 @@ void LocalServer::AcceptLoop() {
       return;
     }
     conns_.push_back(c);
-    servers_.emplace_back([this, c] { Serve(c); });
+    std::thread([this, c] { Serve(c); }).detach();  // Stop() waits for conns_ to empty
   }
 }
 
@@ -144,6 +142,7 @@ void LocalServer::Serve(int conn) {
   std::lock_guard<std::mutex> lock(mu_);
   conns_.erase(std::find(conns_.begin(), conns_.end(), conn));
   close(conn);
+  idle_.notify_all();  // under the lock: Stop() cannot return (and free this) before it is done
 }
 
 }  // namespace granary::worker

@@ -11,11 +11,13 @@
 // Access: the socket file is 0600 in a directory the worker owns, and a connecting process must
 // run as root or as the worker's own user (SO_PEERCRED); the gRPC token is not asked for here.
 //
-// One thread accepts; each connection gets a thread (a FUSE client opens about one per reader
-// thread). Thread-safe; Stop() closes every connection and joins every thread.
+// One thread accepts; each connection gets a thread of its own (a FUSE client opens about one per
+// reader thread) that ends with its connection. Thread-safe; Stop() shuts every connection down and
+// waits for their threads.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,8 +51,8 @@ class LocalServer {
   std::atomic<bool> stop_{false};
   std::thread acceptor_;
   std::mutex mu_;
-  std::vector<int> conns_;             // GUARDED_BY(mu_)
-  std::vector<std::thread> servers_;   // GUARDED_BY(mu_)
+  std::condition_variable idle_;       // signalled when a connection thread ends
+  std::vector<int> conns_;             // open connections; GUARDED_BY(mu_)
 };
 
 }  // namespace granary::worker
