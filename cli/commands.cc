@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "cli/load.h"
 #include "cli/local.h"
+#include "cli/master_conn.h"
 #include "common/fs.h"
 #include "common/shutdown.h"
 #include "common/ufs/ufs.h"
@@ -23,37 +25,6 @@ int Fail(const Status& st) {
   std::fprintf(stderr, "granary: error: %s\n", st.message().c_str());
   return 1;
 }
-
-// The master client every command but `local` and `config` uses.
-class MasterConn {
- public:
-  static StatusOr<MasterConn> Open(const Config& cfg) {
-    ASSIGN_OR_RETURN(auto sec, RpcSecurity::FromConfig(cfg.rpc));
-    MasterConn c;
-    c.cfg_ = cfg;
-    c.sec_ = sec;
-    c.stub_ = std::shared_ptr<rpc::Master::Stub>(rpc::Master::NewStub(sec->MakeChannel(cfg.master.address)));
-    return c;
-  }
-  // Calls stub method `fn` with a prepared context.
-  template <typename Req, typename Resp, typename Fn>
-  Status Call(Fn fn, const Req& req, Resp* resp) {
-    grpc::ClientContext ctx;
-    sec_->Prepare(&ctx, cfg_.rpc.timeout);
-    grpc::Status s = ((*stub_).*fn)(&ctx, req, resp);
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      return UnavailableError("cannot reach the master at " + cfg_.master.address + ": " + s.error_message() +
-                              " (is granary-master or `granary local` running? set --master or GRANARY_MASTER;"
-                              " if the master uses TLS, set rpc.tls_ca in --config)");
-    }
-    return FromGrpc(s, "the master");
-  }
-
- private:
-  Config cfg_;
-  std::shared_ptr<RpcSecurity> sec_;
-  std::shared_ptr<rpc::Master::Stub> stub_;
-};
 
 std::string ModeString(const rpc::Attr& a) {
   std::string s = a.type() == rpc::DIRECTORY ? "d" : "-";
@@ -234,6 +205,19 @@ nlohmann::json TiersJson(const rpc::WorkerStats& s) {
   return out;
 }
 
+// A mount's block reads over the live workers: (hits, misses).
+std::pair<uint64_t, uint64_t> MountAccess(const rpc::Report& r, uint64_t mount_id) {
+  uint64_t hits = 0, misses = 0;
+  for (const auto& w : r.workers()) {
+    if (!w.alive()) continue;
+    auto it = w.stats().mount_counters().find(mount_id);
+    if (it == w.stats().mount_counters().end()) continue;
+    hits += it->second.hits();
+    misses += it->second.misses();
+  }
+  return {hits, misses};
+}
+
 int CmdReport(MasterConn& m, bool json) {
   rpc::Report r;
   Status st = m.Call(&rpc::Master::Stub::GetReport, rpc::GetReportRequest(), &r);
@@ -256,6 +240,10 @@ int CmdReport(MasterConn& m, bool json) {
       j["workers"].push_back({{"id", w.id()},
                               {"address", w.address()},
                               {"alive", w.alive()},
+                              {"health", w.alive() ? "alive" : "lost"},
+                              {"last_heartbeat_ns", w.last_heartbeat_ns()},
+                              {"loaded_blocks", s.loaded_blocks()},
+                              {"loaded_bytes", s.loaded_bytes()},
                               {"capacity_bytes", s.capacity_bytes()},
                               {"used_bytes", s.used_bytes()},
                               {"blocks", s.blocks()},
@@ -283,13 +271,19 @@ int CmdReport(MasterConn& m, bool json) {
     j["mounts"] = nlohmann::json::array();
     for (const auto& mr : r.mounts()) {
       double pct = mr.mount().known_bytes() ? 100.0 * mr.cached_bytes() / mr.mount().known_bytes() : 0.0;
+      auto [mh, mm] = MountAccess(r, mr.mount().id());
       j["mounts"].push_back({{"path", mr.mount().path()},
                              {"uri", RedactUri(mr.mount().uri())},
                              {"ufs_files_seen", mr.mount().known_files()},
                              {"ufs_bytes_seen", mr.mount().known_bytes()},
+                             {"ufs_total_bytes", mr.mount().known_bytes()},
                              {"cached_bytes", mr.cached_bytes()},
                              {"cached_blocks", mr.cached_blocks()},
-                             {"cached_percentage", pct}});
+                             {"cache_capacity_bytes", capacity},
+                             {"cached_percentage", pct},
+                             {"hits", mh},
+                             {"misses", mm},
+                             {"hit_ratio", mh + mm ? static_cast<double>(mh) / static_cast<double>(mh + mm) : 0.0}});
     }
     j["cache"] = {{"capacity_bytes", capacity}, {"used_bytes", used}, {"hits", hits},
                   {"misses", misses}, {"ufs_bytes", ufs_bytes}};
@@ -326,12 +320,16 @@ int CmdReport(MasterConn& m, bool json) {
                   static_cast<unsigned long long>(s.peer_failovers()));
     }
   }
-  std::printf("\nMounts:\n  %-20s %-40s %12s %12s %9s\n", "PATH", "URI", "UFS SEEN", "CACHED", "CACHED %");
+  std::printf("\nMounts:\n  %-20s %-36s %14s %12s %14s %9s %9s\n", "PATH", "URI", "UFS TOTAL SIZE", "CACHED",
+              "CACHE CAPACITY", "CACHED %", "HIT RATIO");
   for (const auto& mr : r.mounts()) {
-    std::printf("  %-20s %-40s %12s %12s %9s\n", mr.mount().path().c_str(), RedactUri(mr.mount().uri()).c_str(),
+    auto [mh, mm] = MountAccess(r, mr.mount().id());
+    std::printf("  %-20s %-36s %14s %12s %14s %9s %9s\n", mr.mount().path().c_str(), RedactUri(mr.mount().uri()).c_str(),
                 FormatBytes(mr.mount().known_bytes()).c_str(), FormatBytes(mr.cached_bytes()).c_str(),
-                Percent(mr.cached_bytes(), mr.mount().known_bytes()).c_str());
+                FormatBytes(capacity).c_str(), Percent(mr.cached_bytes(), mr.mount().known_bytes()).c_str(),
+                Percent(mh, mh + mm).c_str());
   }
+  std::printf("  (UFS TOTAL SIZE counts the files listed so far; `granary load --metadata-only PATH` lists them all)\n");
   return 0;
 }
 
@@ -411,6 +409,28 @@ int Main(int argc, char** argv) {
   bool json = false;
   auto* report = app.add_subcommand("report", "Workers, capacity, usage, hits and cached share per mount");
   report->add_flag("--json", json, "Print JSON");
+  auto* du = app.add_subcommand("du", "Under-storage size against cached bytes, for a path and its subdirectories");
+  du->add_option("PATH", path)->required();
+  du->add_flag("--json", json, "Print JSON");
+  LoadOptions load_opts;
+  auto* load = app.add_subcommand("load", "Warm the cache: load files (or directories, recursively) into the workers");
+  load->add_option("PATH", load_opts.paths, "Namespace paths, e.g. /imagenet/train");
+  load->add_option("--replicas", load_opts.replicas, "Copies kept across workers (default: the mount's cache.replicas)")
+      ->check(CLI::Range(1, 16));
+  load->add_flag("--metadata-only", load_opts.metadata_only, "List the under-storage into the namespace; load no data");
+  load->add_option("--include", load_opts.include, "Only files matching this glob (repeatable; a glob with / matches "
+                                                   "the whole path, else the file name)");
+  load->add_option("--exclude", load_opts.exclude, "Leave out files matching this glob (repeatable)");
+  load->add_option("--from-file", load_opts.from_file, "Load the paths listed in this file, one per line (- for stdin)");
+  load->add_option("--parallel", load_opts.parallel, "Concurrent block fetches per worker (default 8)")
+      ->check(CLI::Range(1, 64));
+  load->add_option("--bandwidth", load_opts.bandwidth, "Limit for the whole job in bytes/s, e.g. 100Mi or 50M/s");
+  load->add_flag("--background", load_opts.background, "Submit the job and return (see granary jobs)");
+  load->add_flag("--json", load_opts.json, "Print the job as JSON when it ends (no progress output)");
+  load->add_option("--cancel", load_opts.cancel, "Cancel the load job with this ID");
+  bool jobs_json = false;
+  auto* jobs = app.add_subcommand("jobs", "List load jobs with their state and progress");
+  jobs->add_flag("--json", jobs_json, "Print JSON");
   auto* config = app.add_subcommand("config", "Print every setting with its default and meaning");
   bool markdown = false;
   config->add_flag("--markdown", markdown, "Print a Markdown table (docs/configuration.md)");
@@ -469,6 +489,9 @@ int Main(int argc, char** argv) {
   if (*pin) return CmdPin(*conn, path, true);
   if (*unpin) return CmdPin(*conn, path, false);
   if (*free_cmd) return CmdFree(*conn, path);
+  if (*du) return CmdDu(*conn, path, json);
+  if (*load) return CmdLoad(*conn, load_opts);
+  if (*jobs) return CmdJobs(*conn, jobs_json);
   return 1;
 }
 

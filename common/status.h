@@ -77,6 +77,7 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
+inline Status CancelledError(std::string m) { return Status(Code::kCancelled, std::move(m)); }
 inline Status InvalidArgumentError(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
 inline Status NotFoundError(std::string m) { return Status(Code::kNotFound, std::move(m)); }
 inline Status AlreadyExistsError(std::string m) { return Status(Code::kAlreadyExists, std::move(m)); }

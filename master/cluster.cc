@@ -151,4 +151,16 @@ std::vector<uint64_t> Cluster::Holders(const std::string& file_key, uint64_t ind
   return it == blocks_.end() ? std::vector<uint64_t>{} : it->second.workers;
 }
 
+void Cluster::CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, uint64_t* distinct,
+                       uint64_t* copies) {
+  if (block_size == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t i = 0; i * block_size < size; ++i) {
+    auto it = blocks_.find(BlockKey{file_key, i});
+    if (it == blocks_.end() || it->second.workers.empty()) continue;
+    *distinct += it->second.length;
+    *copies += it->second.length * it->second.workers.size();
+  }
+}
+
 }  // namespace granary::master

@@ -39,6 +39,9 @@ class Cluster {
   std::vector<std::pair<uint64_t, std::string>> AliveWorkers();
   // Worker ids holding a block (for tests and, later, peer reads).
   std::vector<uint64_t> Holders(const std::string& file_key, uint64_t index);
+  // Adds to *distinct the bytes of the file's blocks held by a live worker (each block once), and
+  // to *copies the bytes counting every copy.
+  void CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, uint64_t* distinct, uint64_t* copies);
 
  private:
   struct BlockKey {

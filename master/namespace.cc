@@ -795,12 +795,44 @@ StatusOr<std::string> Namespace::CanonicalPath(const std::string& path) {
   return out.empty() ? "/" : out;
 }
 
+Status Namespace::ForEachFile(const std::string& path,
+                              const std::function<Status(const std::string&, const rpc::FileInfo&)>& fn) {
+  ASSIGN_OR_RETURN(std::string top_path, CanonicalPath(path));
+  ASSIGN_OR_RETURN(rpc::Attr top, Resolve(top_path));
+  if (top.type() == rpc::REGULAR) {
+    ASSIGN_OR_RETURN(rpc::FileInfo f, GetFile(top.ino()));
+    return fn(top_path, f);
+  }
+  std::vector<std::pair<uint64_t, std::string>> dirs{{top.ino(), top_path == "/" ? "" : top_path}};
+  while (!dirs.empty()) {
+    auto [d, dpath] = std::move(dirs.back());
+    dirs.pop_back();
+    std::vector<std::pair<uint64_t, std::string>> subdirs;
+    uint64_t after = 0;
+    for (;;) {
+      rpc::ReadDirResponse page;
+      RETURN_IF_ERROR(ReadDir(d, after, 1000, &page));
+      for (const auto& e : page.entries()) {
+        if (e.attr().type() == rpc::DIRECTORY) {
+          subdirs.push_back({e.attr().ino(), dpath + "/" + e.name()});
+        } else {
+          ASSIGN_OR_RETURN(rpc::FileInfo f, GetFile(e.attr().ino()));
+          RETURN_IF_ERROR(fn(dpath + "/" + e.name(), f));
+        }
+        after = e.cookie();
+      }
+      if (page.end() || page.entries().empty()) break;
+    }
+    // Visit subdirectories in listing order (the stack pops the last first).
+    dirs.insert(dirs.end(), std::make_move_iterator(subdirs.rbegin()), std::make_move_iterator(subdirs.rend()));
+  }
+  return Status::OK();
+}
+
 Status Namespace::ForEachFileKey(const std::string& path,
                                  const std::function<void(const FileKey&, uint64_t size)>& fn) {
-  ASSIGN_OR_RETURN(rpc::Attr top, Resolve(path));
   std::map<uint64_t, std::string> uris;
-  auto visit_file = [&](uint64_t ino) -> Status {
-    ASSIGN_OR_RETURN(rpc::FileInfo f, GetFile(ino));
+  return ForEachFile(path, [&](const std::string&, const rpc::FileInfo& f) -> Status {
     auto u = uris.find(f.mount_id());
     if (u == uris.end()) {
       ASSIGN_OR_RETURN(rpc::MountInfo m, GetMount(f.mount_id()));
@@ -808,28 +840,29 @@ Status Namespace::ForEachFileKey(const std::string& path,
     }
     fn(MakeFileKey(u->second, f.ufs_path(), f.version()), f.attr().size());
     return Status::OK();
-  };
-  if (top.type() == rpc::REGULAR) return visit_file(top.ino());
-  std::vector<uint64_t> dirs{top.ino()};
-  while (!dirs.empty()) {
-    uint64_t d = dirs.back();
-    dirs.pop_back();
-    uint64_t after = 0;
-    for (;;) {
-      rpc::ReadDirResponse page;
-      RETURN_IF_ERROR(ReadDir(d, after, 1000, &page));
-      for (const auto& e : page.entries()) {
-        if (e.attr().type() == rpc::DIRECTORY) {
-          dirs.push_back(e.attr().ino());
-        } else {
-          RETURN_IF_ERROR(visit_file(e.attr().ino()));
-        }
-        after = e.cookie();
-      }
-      if (page.end() || page.entries().empty()) break;
-    }
+  });
+}
+
+Status Namespace::PutJobRecord(const std::string& key, const std::string& value) {
+  return FromRocks(db_->Put({}, "J" + key, value), "record job");
+}
+
+StatusOr<std::string> Namespace::GetJobRecord(const std::string& key) const {
+  std::string v;
+  rocksdb::Status s = db_->Get({}, "J" + key, &v);
+  if (s.IsNotFound()) return NotFoundError("no job record " + key);
+  RETURN_IF_ERROR(FromRocks(s, "read job"));
+  return v;
+}
+
+Status Namespace::ForEachJobRecord(const std::string& prefix,
+                                   const std::function<void(const std::string&, const std::string&)>& fn) const {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+  const std::string p = "J" + prefix;
+  for (it->Seek(p); it->Valid() && it->key().starts_with(p); it->Next()) {
+    fn(it->key().ToString().substr(1), it->value().ToString());
   }
-  return Status::OK();
+  return FromRocks(it->status(), "list jobs");
 }
 
 Status Namespace::PutPin(const std::string& path, const std::vector<FileKey>& keys) {

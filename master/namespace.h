@@ -24,6 +24,7 @@
 //   M be64(mount id)            -> MountInfo
 //   S next_ino / S next_mount   -> be64             allocators
 //   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned
+//   J ...                       -> load jobs (layout in master/jobs.h)
 // Readdir cookies are child inode numbers: children discovered together get consecutive numbers,
 // and a cookie stays valid however the directory grows.
 //
@@ -99,6 +100,15 @@ class Namespace {
   // Every file at or below `path` (a file or a directory; directories are listed as needed), as
   // the FileKeys its cached blocks carry. Calls `fn` for each file; stops at the first error.
   Status ForEachFileKey(const std::string& path, const std::function<void(const FileKey&, uint64_t size)>& fn);
+  // Every file at or below `path`, with its namespace path, depth first and in listing order (the
+  // same order on every walk of an unchanged tree). Stops at the first error, `fn`'s included.
+  Status ForEachFile(const std::string& path,
+                     const std::function<Status(const std::string& path, const rpc::FileInfo&)>& fn);
+  // Load jobs' records (master/jobs.h owns their meaning), kept under J in the same database.
+  Status PutJobRecord(const std::string& key, const std::string& value);
+  StatusOr<std::string> GetJobRecord(const std::string& key) const;  // NOT_FOUND when absent
+  Status ForEachJobRecord(const std::string& prefix,
+                          const std::function<void(const std::string& key, const std::string& value)>& fn) const;
 
   // Pinned paths (canonical, like /imagenet/train) and the FileKeys they cover.
   Status PutPin(const std::string& path, const std::vector<FileKey>& keys);

@@ -11,6 +11,7 @@
 #include "common/net.h"
 #include "common/ufs/ufs.h"
 #include "master/cluster.h"
+#include "master/jobs.h"
 #include "master/namespace.h"
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"
@@ -57,8 +58,8 @@ Status FreeOnWorkers(Cluster& cluster, const RpcSecurity& sec, const std::vector
 // Each handler checks the token, calls the namespace or cluster, and maps the Status once.
 class MasterService final : public rpc::Master::Service {
  public:
-  MasterService(Namespace* ns, Cluster* cluster, std::shared_ptr<RpcSecurity> sec)
-      : ns_(ns), cluster_(cluster), sec_(std::move(sec)) {}
+  MasterService(Namespace* ns, Cluster* cluster, JobManager* jobs, std::shared_ptr<RpcSecurity> sec)
+      : ns_(ns), cluster_(cluster), jobs_(jobs), sec_(std::move(sec)) {}
 
 #define GRANARY_AUTH()                                   \
   do {                                                   \
@@ -180,6 +181,27 @@ class MasterService final : public rpc::Master::Service {
     GRANARY_AUTH();
     return ToGrpc(DoFree(*req, resp));
   }
+  grpc::Status SubmitLoad(ServerContext* ctx, const rpc::LoadJobSpec* req, rpc::LoadJob* resp) override {
+    GRANARY_AUTH();
+    return Reply(jobs_->Submit(*req), resp);
+  }
+  grpc::Status GetJob(ServerContext* ctx, const rpc::GetJobRequest* req, rpc::LoadJob* resp) override {
+    GRANARY_AUTH();
+    return Reply(jobs_->Get(req->id()), resp);
+  }
+  grpc::Status CancelJob(ServerContext* ctx, const rpc::CancelJobRequest* req, rpc::LoadJob* resp) override {
+    GRANARY_AUTH();
+    return Reply(jobs_->Cancel(req->id()), resp);
+  }
+  grpc::Status ListJobs(ServerContext* ctx, const rpc::ListJobsRequest*, rpc::ListJobsResponse* resp) override {
+    GRANARY_AUTH();
+    for (auto& j : jobs_->List()) *resp->add_jobs() = std::move(j);
+    return grpc::Status::OK;
+  }
+  grpc::Status Du(ServerContext* ctx, const rpc::DuRequest* req, rpc::DuResponse* resp) override {
+    GRANARY_AUTH();
+    return ToGrpc(DoDu(*req, resp));
+  }
 #undef GRANARY_AUTH
 
  private:
@@ -271,6 +293,58 @@ class MasterService final : public rpc::Master::Service {
     return st;
   }
 
+  // The path's totals, and one entry per child directory plus one for the files directly in it.
+  Status DoDu(const rpc::DuRequest& req, rpc::DuResponse* resp) {
+    ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
+    ASSIGN_OR_RETURN(rpc::Attr top, ns_->Resolve(path));
+    auto pins = ns_->Pins();
+    auto pinned = [&](const std::string& p) {
+      for (const auto& [pin, keys] : pins) {
+        if (p == pin || pin == "/" || (p.size() > pin.size() && p.compare(0, pin.size(), pin) == 0 && p[pin.size()] == '/')) {
+          return true;
+        }
+      }
+      return false;
+    };
+    std::map<uint64_t, std::string> uris;
+    auto account = [&](const rpc::FileInfo& f, rpc::DuEntry* e) -> Status {
+      auto u = uris.find(f.mount_id());
+      if (u == uris.end()) {
+        ASSIGN_OR_RETURN(rpc::MountInfo m, ns_->GetMount(f.mount_id()));
+        u = uris.emplace(f.mount_id(), m.uri()).first;
+      }
+      FileKey k = MakeFileKey(u->second, f.ufs_path(), f.version());
+      uint64_t distinct = 0, copies = 0;
+      cluster_->CachedOf(std::string(reinterpret_cast<const char*>(k.data()), 16), f.attr().size(), f.block_size(),
+                         &distinct, &copies);
+      e->set_files(e->files() + 1);
+      e->set_bytes(e->bytes() + f.attr().size());
+      e->set_cached_bytes(e->cached_bytes() + distinct);
+      e->set_replica_bytes(e->replica_bytes() + copies);
+      return Status::OK();
+    };
+    rpc::DuEntry* total = resp->mutable_total();
+    total->set_path(path);
+    total->set_pinned(pinned(path));
+    std::map<std::string, rpc::DuEntry> children;  // first path component below `path` -> totals
+    const std::string prefix = path == "/" ? "/" : path + "/";
+    RETURN_IF_ERROR(ns_->ForEachFile(path, [&](const std::string& p, const rpc::FileInfo& f) -> Status {
+      RETURN_IF_ERROR(account(f, total));
+      if (top.type() != rpc::DIRECTORY) return Status::OK();
+      std::string rest = p.substr(prefix.size());
+      size_t slash = rest.find('/');
+      std::string child = slash == std::string::npos ? "" : prefix + rest.substr(0, slash);
+      rpc::DuEntry& e = children[child];
+      if (e.path().empty()) {
+        e.set_path(child.empty() ? prefix + "(files)" : child);
+        e.set_pinned(pinned(child.empty() ? path : child));
+      }
+      return account(f, &e);
+    }));
+    for (auto& [k, e] : children) *resp->add_entries() = std::move(e);
+    return Status::OK();
+  }
+
   std::mutex pin_mu_;  // one pin/unpin at a time
 
 
@@ -280,9 +354,15 @@ class MasterService final : public rpc::Master::Service {
     *resp->mutable_attr() = *a;
     return grpc::Status::OK;
   }
+  static grpc::Status Reply(StatusOr<rpc::LoadJob> j, rpc::LoadJob* resp) {
+    if (!j.ok()) return ToGrpc(j.status());
+    *resp = std::move(*j);
+    return grpc::Status::OK;
+  }
 
   Namespace* ns_;
   Cluster* cluster_;
+  JobManager* jobs_;
   std::shared_ptr<RpcSecurity> sec_;
 };
 
@@ -302,7 +382,8 @@ class MasterServerImpl final : public MasterServer {
       if (reclaim_.size() < 1'000'000) reclaim_.insert(reclaim_.end(), keys.begin(), keys.end());
       cv_.notify_all();
     });
-    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), sec_);
+    jobs_ = std::make_unique<JobManager>(ns_.get(), cluster_.get(), sec_);
+    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), jobs_.get(), sec_);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(cfg.master.listen, sec_->ServerCredentials(), &port);
@@ -332,6 +413,7 @@ class MasterServerImpl final : public MasterServer {
         lock.lock();
       }
     });
+    RETURN_IF_ERROR(jobs_->Start());
     spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
     return Status::OK();
   }
@@ -345,10 +427,12 @@ class MasterServerImpl final : public MasterServer {
       stop_ = true;
     }
     cv_.notify_all();
+    if (jobs_) jobs_->Stop();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (expirer_.joinable()) expirer_.join();
     server_.reset();
     service_.reset();
+    jobs_.reset();
     ns_.reset();
   }
 
@@ -356,6 +440,7 @@ class MasterServerImpl final : public MasterServer {
   std::shared_ptr<RpcSecurity> sec_;
   std::unique_ptr<Namespace> ns_;
   std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<MasterService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

@@ -1,5 +1,7 @@
 #include "worker/block_source.h"
 
+#include "worker/peers.h"
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -33,6 +35,7 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
   auto cached = store_->Read(t.meta.id, req.offset, t.len, out->data());
   if (cached.ok() && *cached == t.len) {
     counters_.hits++;
+    CountAccess(req.mount_id, true);
     counters_.bytes_served += t.len;
     return Status::OK();
   }
@@ -49,6 +52,7 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
   auto l = store_->Lease(t.meta.id, req.offset, t.len);
   if (l.ok() && l->fd >= 0 && l->length == t.len) {
     counters_.hits++;
+    CountAccess(req.mount_id, true);
     counters_.leased++;
     counters_.bytes_served += t.len;
     *lease = *l;
@@ -69,6 +73,7 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   const uint64_t len = t.len;
   *hit = false;
   counters_.misses++;
+  CountAccess(req.mount_id, false);
   if (req.from_peer) counters_.peer_served++;
   Route route = RouteFor(req, t, nullptr);
   if (route.ask_peers && !route.keep) {
@@ -150,6 +155,65 @@ Status BlockSource::Warm(BlockRequest req) {
   ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
   counters_.prefetched++;
   return Status::OK();
+}
+
+StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t replicas, RateLimiter* pace,
+                                                     const std::vector<PeerRef>& members, uint64_t self_id) {
+  req.offset = 0;
+  req.length = req.block_size;
+  req.from_peer = false;
+  ASSIGN_OR_RETURN(Target t, Resolve(req));
+  if (t.len == 0) return LoadOutcome::kNotMine;
+  if (replicas == 0) replicas = t.mount.replicas;
+  Route route;  // alone: fetch from the under-storage and keep
+  if (!members.empty()) {
+    size_t self = LoadRank(t.meta.id, members, self_id);
+    if (self >= replicas) return LoadOutcome::kNotMine;
+    route.ask_peers = self != 0 && placement_ != nullptr;
+  } else if (placement_ != nullptr) {
+    size_t self = kNotRanked;
+    std::vector<PeerRef> ranked = placement_->Rank(t.meta.id, &self);
+    if (!ranked.empty()) {
+      if (self == kNotRanked || self >= replicas) return LoadOutcome::kNotMine;
+      route.ask_peers = self != 0;  // a holder other than the home copies the home's block
+    }
+  }
+  if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;
+  if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
+  ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
+  if (!store_->Contains(t.meta.id)) {
+    return ResourceExhaustedError("fetched but not kept: the cache has no room it may use (raise the tier quotas, "
+                                  "free other datasets, or check the cache policy)");
+  }
+  counters_.loaded_blocks++;
+  counters_.loaded_bytes += block->size();
+  return LoadOutcome::kFetched;
+}
+
+size_t BlockSource::LoadRank(const BlockId& id, const std::vector<PeerRef>& members, uint64_t self_id) {
+  const PeerRef* self = nullptr;
+  for (const auto& m : members) {
+    if (m.id == self_id) self = &m;
+  }
+  if (self == nullptr) return kNotRanked;
+  const uint64_t mine = PeerSet::Weight(id, self->address);
+  size_t above = 0;
+  for (const auto& m : members) {
+    uint64_t w = PeerSet::Weight(id, m.address);
+    if (m.id != self_id && (w > mine || (w == mine && m.address < self->address))) ++above;
+  }
+  return above;
+}
+
+void BlockSource::CountAccess(uint64_t mount_id, bool hit) {
+  std::lock_guard<std::mutex> lock(access_mu_);
+  auto& a = access_[mount_id];
+  (hit ? a.hits : a.misses)++;
+}
+
+std::map<uint64_t, MountAccess> BlockSource::AccessByMount() const {
+  std::lock_guard<std::mutex> lock(access_mu_);
+  return {access_.begin(), access_.end()};
 }
 
 Status BlockSource::FromPeers(const BlockRequest& req, const BlockId& id, std::string* out, bool* became_home) {

@@ -28,6 +28,7 @@
 #include <deque>
 #include <future>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/rate_limiter.h"
 #include "common/status.h"
 #include "worker/block_store.h"
 #include "worker/interfaces.h"
@@ -50,6 +52,11 @@ struct SourceCounters {
   std::atomic<uint64_t> peer_failovers{0};  // peer calls that failed and moved to the next worker
   std::atomic<uint64_t> leased{0};          // hits served as a leased file descriptor (zero-copy)
   std::atomic<uint64_t> prefetched{0};      // blocks fetched ahead of readers
+  std::atomic<uint64_t> loaded_blocks{0}, loaded_bytes{0};  // fetched by load jobs
+};
+
+struct MountAccess {
+  uint64_t hits = 0, misses = 0;
 };
 
 class BlockSource {
@@ -74,7 +81,23 @@ class BlockSource {
   // run at once, so readahead never crowds out reads.
   bool Prefetch(const BlockRequest& req);
 
+  // Load jobs: brings req's whole block into this worker's cache if this worker is one of the
+  // block's first `replicas` holders (0: the mount's cache.replicas) — the home fetches it from the
+  // under-storage, another holder copies it from the home. The ranking is over `members` (the
+  // master's list for the batch; this worker is `self_id` in it), or this worker's own view when
+  // `members` is empty. kNotMine: another worker's share;
+  // kCached: it was cached already, nothing moved. A fetch first takes the block's bytes from
+  // `pace` (may be null); CANCELLED when pace was stopped.
+  enum class LoadOutcome { kNotMine, kCached, kFetched };
+  StatusOr<LoadOutcome> Load(BlockRequest req, uint32_t replicas, RateLimiter* pace = nullptr,
+                             const std::vector<PeerRef>& members = {}, uint64_t self_id = 0);
+  // Where `self_id` ranks for `id` among `members` (0: the home), as PeerSet ranks; kNotRanked
+  // when it is not a member.
+  static size_t LoadRank(const BlockId& id, const std::vector<PeerRef>& members, uint64_t self_id);
+
   const SourceCounters& counters() const { return counters_; }
+  // Cache hits and misses of reads, per mount id.
+  std::map<uint64_t, MountAccess> AccessByMount() const;
 
   static constexpr size_t kUncachedBlocks = 16;
   static constexpr int kMaxPeerAttempts = 3;
@@ -105,6 +128,7 @@ class BlockSource {
   // Where a miss of `t` goes (see the design note); `home` gets the block's home when peers are asked.
   Route RouteFor(const BlockRequest& req, const Target& t, PeerRef* home);
   void PrefetchLoop();
+  void CountAccess(uint64_t mount_id, bool hit);
   Status Warm(BlockRequest req);
 
   BlockStore* store_;
@@ -116,6 +140,9 @@ class BlockSource {
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_;  // GUARDED_BY(mu_)
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
   std::list<std::pair<BlockId, std::shared_ptr<const std::string>>> uncached_;  // GUARDED_BY(mu_)
+
+  mutable std::mutex access_mu_;
+  std::unordered_map<uint64_t, MountAccess> access_;  // GUARDED_BY(access_mu_)
 
   std::mutex prefetch_mu_;
   std::condition_variable prefetch_cv_;

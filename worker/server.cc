@@ -5,9 +5,15 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "common/net.h"
+#include "common/rate_limiter.h"
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"
 #include "worker/block_source.h"
@@ -88,6 +94,61 @@ class WorkerService final : public rpc::Worker::Service {
     return grpc::Status::OK;
   }
 
+  // A batch of a load job: this worker's share of its blocks, `parallel` at a time, paced by the
+  // job's limiter here (one per job, shared by the job's concurrent batches).
+  grpc::Status LoadBlocks(grpc::ServerContext* ctx, const rpc::LoadBlocksRequest* req,
+                          rpc::LoadBlocksResponse* resp) override {
+    if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
+    std::vector<std::pair<int, BlockRequest>> blocks;  // (file index, block)
+    for (int i = 0; i < req->files_size(); ++i) {
+      const rpc::LoadFile& f = req->files(i);
+      if (f.block_size() == 0) return ToGrpc(InvalidArgumentError(f.path() + ": block_size must be positive"));
+      for (uint64_t b = 0; b * f.block_size() < f.size(); ++b) {
+        blocks.push_back({i, BlockRequest{f.mount_id(), f.ufs_path(), f.version(), f.size(), f.block_size(), b,
+                                          0, f.block_size(), false}});
+      }
+    }
+    std::shared_ptr<RateLimiter> pace = Pace(req->job_id(), req->bandwidth());
+    std::vector<PeerRef> members;
+    for (const auto& w : req->workers()) members.push_back(PeerRef{w.id(), w.address()});
+    std::atomic<size_t> next{0};
+    std::atomic<uint64_t> fetched{0}, fetched_bytes{0}, cached{0};
+    std::mutex fail_mu;
+    std::map<int, std::string> failed;  // GUARDED_BY(fail_mu): file index -> first reason
+    auto work = [&] {
+      for (size_t k; (k = next++) < blocks.size();) {
+        if (ctx->IsCancelled()) return;
+        auto outcome = source_->Load(blocks[k].second, req->replicas(), pace.get(), members, req->worker_id());
+        if (!outcome.ok()) {
+          std::lock_guard<std::mutex> lock(fail_mu);
+          failed.emplace(blocks[k].first, outcome.status().message());
+        } else if (*outcome == BlockSource::LoadOutcome::kFetched) {
+          fetched++;
+          uint64_t start = blocks[k].second.index * blocks[k].second.block_size;
+          fetched_bytes += std::min(blocks[k].second.block_size, blocks[k].second.file_size - start);
+        } else if (*outcome == BlockSource::LoadOutcome::kCached) {
+          cached++;
+        }
+      }
+    };
+    size_t threads = std::clamp<size_t>(req->parallel() ? req->parallel() : 8, 1, 64);
+    threads = std::min(threads, std::max<size_t>(blocks.size(), 1));
+    std::vector<std::thread> pool;
+    for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the load batch was cancelled");
+    resp->set_blocks_fetched(fetched);
+    resp->set_bytes_fetched(fetched_bytes);
+    resp->set_blocks_cached(cached);
+    for (const auto& [i, reason] : failed) {
+      rpc::LoadFailure* f = resp->add_failures();
+      f->set_path(req->files(i).path());
+      f->set_reason(reason);
+    }
+    return grpc::Status::OK;
+  }
+
   grpc::Status GetStats(grpc::ServerContext* ctx, const rpc::GetStatsRequest*, rpc::WorkerStats* resp) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     *resp = stats_();
@@ -95,6 +156,18 @@ class WorkerService final : public rpc::Worker::Service {
   }
 
  private:
+  // The job's limiter, made on its first batch (a new rate replaces it); the last few jobs' are kept.
+  std::shared_ptr<RateLimiter> Pace(uint64_t job, uint64_t rate) {
+    if (rate == 0) return nullptr;
+    std::lock_guard<std::mutex> lock(pace_mu_);
+    auto& p = paces_[job];
+    if (!p || p->rate() != rate) p = std::make_shared<RateLimiter>(rate);
+    while (paces_.size() > 16 && paces_.begin()->first != job) paces_.erase(paces_.begin());
+    return paces_[job];
+  }
+
+  std::mutex pace_mu_;
+  std::map<uint64_t, std::shared_ptr<RateLimiter>> paces_;  // GUARDED_BY(pace_mu_), by job id
   BlockSource* source_;
   BlockStore* store_;
   std::shared_ptr<RpcSecurity> sec_;
@@ -202,6 +275,13 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_peers(static_cast<uint32_t>(peers_->Size()));
     s.set_leases(b.leases);
     s.set_prefetched(c.prefetched);
+    s.set_loaded_blocks(c.loaded_blocks);
+    s.set_loaded_bytes(c.loaded_bytes);
+    for (const auto& [mount, a] : source_->AccessByMount()) {
+      rpc::MountCounters& mc = (*s.mutable_mount_counters())[mount];
+      mc.set_hits(a.hits);
+      mc.set_misses(a.misses);
+    }
     if (local_) s.set_local_socket(local_->path());
     for (const auto& t : b.tiers) {
       rpc::TierStats* ts = s.add_tiers();

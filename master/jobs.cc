@@ -1,0 +1,514 @@
+#include "master/jobs.h"
+
+#include <fnmatch.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <future>
+
+#include "common/units.h"
+
+namespace granary::master {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Be64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) s[i] = static_cast<char>(v & 0xff);
+  return s;
+}
+
+uint64_t FromBe64(const std::string& s, size_t at) {
+  uint64_t v = 0;
+  for (size_t i = at; i < at + 8 && i < s.size(); ++i) v = (v << 8) | static_cast<unsigned char>(s[i]);
+  return v;
+}
+
+bool Finished(rpc::JobState s) {
+  return s == rpc::JOB_SUCCEEDED || s == rpc::JOB_FAILED || s == rpc::JOB_CANCELLED;
+}
+
+// A glob with a '/' matches the whole namespace path; one without, the file name.
+bool GlobMatches(const std::string& glob, const std::string& path) {
+  if (glob.find('/') != std::string::npos) return fnmatch(glob.c_str(), path.c_str(), 0) == 0;
+  std::string name = path.substr(path.rfind('/') + 1);
+  return fnmatch(glob.c_str(), name.c_str(), FNM_PERIOD) == 0;
+}
+
+bool Selected(const rpc::LoadJobSpec& spec, const std::string& path) {
+  if (!spec.include().empty() &&
+      std::none_of(spec.include().begin(), spec.include().end(), [&](const auto& g) { return GlobMatches(g, path); })) {
+    return false;
+  }
+  return std::none_of(spec.exclude().begin(), spec.exclude().end(), [&](const auto& g) { return GlobMatches(g, path); });
+}
+
+}  // namespace
+
+// One batch of files, in walk order, and what the workers said about it.
+struct JobManager::Batch {
+  uint64_t end = 0;  // walk index just past its last file
+  std::vector<rpc::LoadFile> files;
+  std::map<std::string, std::string> failed;  // namespace path -> reason
+  uint64_t blocks_fetched = 0, bytes_fetched = 0, blocks_cached = 0;
+};
+
+JobManager::JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<RpcSecurity> sec)
+    : ns_(ns), cluster_(cluster), sec_(std::move(sec)) {}
+
+JobManager::~JobManager() { Stop(); }
+
+Status JobManager::Start() {
+  std::vector<std::pair<uint64_t, rpc::LoadJob>> loaded;
+  Status parse;
+  RETURN_IF_ERROR(ns_->ForEachJobRecord("j", [&](const std::string& key, const std::string& value) {
+    rpc::LoadJob j;
+    if (!j.ParseFromString(value)) {
+      parse = DataLossError("job record " + std::to_string(FromBe64(key, 1)) + " does not parse");
+      return;
+    }
+    loaded.emplace_back(FromBe64(key, 1), std::move(j));
+  }));
+  RETURN_IF_ERROR(parse);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, j] : loaded) {
+      next_id_ = std::max(next_id_, id + 1);
+      if (!Finished(j.state())) {
+        if (j.state() != rpc::JOB_PENDING) j.set_resumed(j.resumed() + 1);
+        queue_.push_back(id);
+        spdlog::info("load job {}: resuming ({} of {} files done)", id, j.files_done(), j.files_total());
+      }
+      jobs_[id] = std::move(j);
+    }
+    stop_ = false;
+  }
+  runner_ = std::thread([this] { RunLoop(); });
+  return Status::OK();
+}
+
+void JobManager::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !runner_.joinable()) return;
+    stop_ = true;
+    for (auto* c : calls_) c->TryCancel();
+  }
+  cv_.notify_all();
+  if (runner_.joinable()) runner_.join();
+}
+
+StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
+  rpc::LoadJobSpec spec = in;
+  if (spec.paths().empty()) return InvalidArgumentError("load: name at least one path (or --from-file LIST)");
+  for (auto& p : *spec.mutable_paths()) {
+    auto canon = Namespace::CanonicalPath(p);
+    if (!canon.ok()) return InvalidArgumentError("load: " + canon.status().message());
+    auto attr = ns_->Resolve(*canon);
+    if (!attr.ok()) {
+      if (attr.status().code() == Code::kNotFound) {
+        return NotFoundError("load: " + *canon + " does not exist in the namespace (see `granary mounts` and "
+                             "`granary ls`)");
+      }
+      return attr.status().WithContext("load: " + *canon);
+    }
+    p = *canon;
+  }
+  for (const auto* globs : {&spec.include(), &spec.exclude()}) {
+    for (const auto& g : *globs) {
+      if (g.empty()) return InvalidArgumentError("load: an empty --include/--exclude glob matches nothing; drop it");
+    }
+  }
+  if (spec.parallel() > 64) {
+    return InvalidArgumentError("load: --parallel " + std::to_string(spec.parallel()) + " is more than 64");
+  }
+  if (!spec.metadata_only()) {
+    size_t alive = cluster_->AliveWorkers().size();
+    if (alive == 0) return UnavailableError("load: no live worker to load into (start granary-worker)");
+    if (spec.replicas() > alive) {
+      return InvalidArgumentError("load: --replicas " + std::to_string(spec.replicas()) + " but only " +
+                                  std::to_string(alive) + " worker" + (alive == 1 ? " is" : "s are") +
+                                  " alive; use --replicas " + std::to_string(alive) + " or fewer, or add workers");
+    }
+  }
+  rpc::LoadJob job;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_id_++;
+  }
+  job.set_id(id);
+  job.set_state(rpc::JOB_PENDING);
+  job.set_created_ns(NowNs());
+  job.set_paths_total(spec.paths_size());
+  *job.mutable_spec() = spec;
+  if (spec.paths_size() > static_cast<int>(kListedPaths)) {
+    job.mutable_spec()->mutable_paths()->DeleteSubrange(kListedPaths, spec.paths_size() - kListedPaths);
+  }
+  RETURN_IF_ERROR(ns_->PutJobRecord("s" + Be64(id), spec.SerializeAsString()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_[id] = job;
+    queue_.push_back(id);
+  }
+  RETURN_IF_ERROR(Persist(id));
+  cv_.notify_all();
+  return job;
+}
+
+StatusOr<rpc::LoadJob> JobManager::Get(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return NotFoundError("no load job " + std::to_string(id) + " (granary jobs lists them)");
+  return it->second;
+}
+
+std::vector<rpc::LoadJob> JobManager::List() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<rpc::LoadJob> out;
+  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) out.push_back(it->second);
+  return out;
+}
+
+StatusOr<rpc::LoadJob> JobManager::Cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return NotFoundError("no load job " + std::to_string(id) + " (granary jobs lists them)");
+    if (Finished(it->second.state())) {
+      return FailedPreconditionError("load job " + std::to_string(id) + " has already ended (" +
+                                     rpc::JobState_Name(it->second.state()).substr(4) + ")");
+    }
+    cancelled_.insert(id);
+    if (it->second.state() == rpc::JOB_PENDING) {
+      it->second.set_state(rpc::JOB_CANCELLED);
+      it->second.set_finished_ns(NowNs());
+      queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+    }
+    for (auto* c : calls_) c->TryCancel();  // only the running job has calls
+  }
+  cv_.notify_all();
+  RETURN_IF_ERROR(Persist(id));
+  return Get(id);
+}
+
+JobManager::Totals JobManager::GetTotals() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Totals t;
+  for (const auto& [id, j] : jobs_) {
+    t.by_state[j.state()]++;
+    t.files_done += j.files_done();
+    t.bytes_done += j.bytes_done();
+    t.bytes_fetched += j.bytes_fetched();
+    t.files_failed += j.files_failed();
+  }
+  return t;
+}
+
+bool JobManager::Cancelled(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_ || cancelled_.count(id) > 0;
+}
+
+template <typename Fn>
+void JobManager::Update(uint64_t id, Fn fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fn(jobs_[id]);
+}
+
+Status JobManager::Persist(uint64_t id) {
+  std::string value;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    value = jobs_[id].SerializeAsString();
+  }
+  return ns_->PutJobRecord("j" + Be64(id), value);
+}
+
+void JobManager::RunLoop() {
+  for (;;) {
+    uint64_t id;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      id = queue_.front();
+    }
+    Run(id);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;  // the job stays queued in RocksDB and resumes on the next start
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  }
+}
+
+void JobManager::Run(uint64_t id) {
+  rpc::LoadJobSpec spec;
+  auto raw = ns_->GetJobRecord("s" + Be64(id));
+  Status st = raw.status();
+  if (st.ok() && !spec.ParseFromString(*raw)) st = DataLossError("the job's request record does not parse");
+  rpc::JobState state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& j = jobs_[id];
+    if (j.started_ns() == 0) j.set_started_ns(NowNs());
+    state = j.state();
+  }
+  if (st.ok() && (state == rpc::JOB_PENDING || state == rpc::JOB_SCANNING)) {
+    Update(id, [](rpc::LoadJob& j) { j.set_state(rpc::JOB_SCANNING); });
+    (void)Persist(id);
+    st = Scan(id, spec);
+    if (st.ok() && !Cancelled(id)) {
+      Update(id, [&](rpc::LoadJob& j) { j.set_state(spec.metadata_only() ? rpc::JOB_SUCCEEDED : rpc::JOB_LOADING); });
+      (void)Persist(id);
+    }
+  }
+  bool loading;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loading = jobs_[id].state() == rpc::JOB_LOADING;
+  }
+  if (st.ok() && loading && !Cancelled(id)) st = Load(id, spec);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;  // shutting down: leave the record as it is, to resume
+    auto& j = jobs_[id];
+    if (cancelled_.count(id)) {
+      j.set_state(rpc::JOB_CANCELLED);
+    } else if (!st.ok()) {
+      j.set_state(rpc::JOB_FAILED);
+      j.set_error(st.message());
+    } else if (j.state() == rpc::JOB_LOADING) {
+      j.set_state(j.files_failed() > 0 ? rpc::JOB_FAILED : rpc::JOB_SUCCEEDED);
+    }
+    j.set_finished_ns(NowNs());
+    spdlog::info("load job {}: {} ({} files, {} fetched, {} failed)", id, rpc::JobState_Name(j.state()),
+                 j.files_done(), FormatBytes(j.bytes_fetched()), j.files_failed());
+  }
+  (void)Persist(id);
+}
+
+Status JobManager::Scan(uint64_t id, const rpc::LoadJobSpec& spec) {
+  // Bulk listing: directories inside a mount in one flat listing each; a directory above mounts
+  // (the root, or a parent of mounts) covers the mounts below it.
+  std::vector<rpc::MountInfo> mounts = ns_->ListMounts();
+  for (const auto& p : spec.paths()) {
+    if (Cancelled(id)) return Status::OK();
+    ASSIGN_OR_RETURN(rpc::Attr a, ns_->Resolve(p));
+    if (a.type() != rpc::DIRECTORY) continue;
+    auto st = ns_->LoadTree(p);
+    if (st.ok()) continue;
+    if (st.status().code() != Code::kInvalidArgument) return st.status().WithContext("listing " + p);
+    for (const auto& m : mounts) {
+      bool below = p == "/" || (m.path().size() > p.size() && m.path().compare(0, p.size(), p) == 0 &&
+                                m.path()[p.size()] == '/');
+      if (below) RETURN_IF_ERROR(ns_->LoadTree(m.path()).status().WithContext("listing " + m.path()));
+    }
+  }
+  uint64_t files = 0, bytes = 0;
+  for (const auto& p : spec.paths()) {
+    RETURN_IF_ERROR(ns_->ForEachFile(p, [&](const std::string& path, const rpc::FileInfo& f) -> Status {
+      if (Cancelled(id)) return CancelledError("cancelled");
+      if (!Selected(spec, path)) return Status::OK();
+      ++files;
+      bytes += f.attr().size();
+      if (files % 10000 == 0) Update(id, [&](rpc::LoadJob& j) { j.set_files_total(files); j.set_bytes_total(bytes); });
+      return Status::OK();
+    }).WithContext("walking " + p));
+  }
+  Update(id, [&](rpc::LoadJob& j) {
+    j.set_files_total(files);
+    j.set_bytes_total(bytes);
+    if (spec.metadata_only()) {
+      j.set_files_done(files);
+      j.set_bytes_done(bytes);
+    }
+  });
+  return Status::OK();
+}
+
+Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
+  uint64_t checkpoint;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    checkpoint = jobs_[id].checkpoint();
+  }
+  std::deque<std::pair<std::unique_ptr<Batch>, std::future<void>>> inflight;
+  auto finish_front = [&] {
+    inflight.front().second.wait();
+    if (!Cancelled(id)) {
+      Apply(id, *inflight.front().first);
+      (void)Persist(id);
+    }
+    inflight.pop_front();
+  };
+  auto launch = [&](std::unique_ptr<Batch> b) {
+    while (inflight.size() >= kInFlight) finish_front();
+    Batch* raw = b.get();
+    inflight.emplace_back(std::move(b), std::async(std::launch::async, [this, id, &spec, raw] {
+                            RunBatch(id, spec, raw);
+                          }));
+  };
+  auto batch = std::make_unique<Batch>();
+  uint64_t batch_bytes = 0, index = 0;
+  for (const auto& p : spec.paths()) {
+    Status st = ns_->ForEachFile(p, [&](const std::string& path, const rpc::FileInfo& f) -> Status {
+      if (Cancelled(id)) return CancelledError("cancelled");
+      if (!Selected(spec, path)) return Status::OK();
+      if (index++ < checkpoint) return Status::OK();  // done before a restart
+      rpc::LoadFile lf;
+      lf.set_mount_id(f.mount_id());
+      lf.set_ufs_path(f.ufs_path());
+      lf.set_version(f.version());
+      lf.set_size(f.attr().size());
+      lf.set_block_size(f.block_size());
+      lf.set_path(path);
+      batch_bytes += f.attr().size();
+      batch->files.push_back(std::move(lf));
+      batch->end = index;
+      if (batch->files.size() >= kBatchFiles || batch_bytes >= kBatchBytes) {
+        launch(std::move(batch));
+        batch = std::make_unique<Batch>();
+        batch_bytes = 0;
+      }
+      return Status::OK();
+    });
+    if (!st.ok()) {
+      while (!inflight.empty()) finish_front();
+      return Cancelled(id) ? Status::OK() : st.WithContext("walking " + p);
+    }
+  }
+  if (!batch->files.empty()) launch(std::move(batch));
+  while (!inflight.empty()) finish_front();
+  return Status::OK();
+}
+
+void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
+  std::set<uint64_t> excluded;  // workers that failed this batch
+  std::set<std::string> pending_paths;
+  for (const auto& f : b->files) pending_paths.insert(f.path());
+  Status last = UnavailableError("no live worker");
+  for (int attempt = 0; attempt < kBatchAttempts && !Cancelled(id); ++attempt) {
+    std::vector<std::pair<uint64_t, std::string>> workers;
+    for (auto& w : cluster_->AliveWorkers()) {
+      if (!excluded.count(w.first)) workers.push_back(w);
+    }
+    // After a master restart the workers come back with their next heartbeat: wait for them.
+    for (auto deadline = std::chrono::steady_clock::now() + kWaitForWorkers;
+         workers.empty() && std::chrono::steady_clock::now() < deadline && !Cancelled(id);) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_ || cancelled_.count(id) > 0; });
+      lock.unlock();
+      for (auto& w : cluster_->AliveWorkers()) {
+        if (!excluded.count(w.first)) workers.push_back(w);
+      }
+    }
+    if (workers.empty()) {
+      last = UnavailableError("no live worker to load into for " + std::to_string(kWaitForWorkers.count()) + " s");
+      break;
+    }
+    rpc::LoadBlocksRequest req;
+    req.set_job_id(id);
+    req.set_replicas(spec.replicas());
+    req.set_parallel(spec.parallel() ? spec.parallel() : kDefaultParallel);
+    req.set_bandwidth(spec.bandwidth() / workers.size());
+    if (spec.bandwidth() > 0 && req.bandwidth() == 0) req.set_bandwidth(1);
+    for (const auto& [wid, addr] : workers) {
+      auto* pi = req.add_workers();
+      pi->set_id(wid);
+      pi->set_address(addr);
+    }
+    for (const auto& f : b->files) *req.add_files() = f;
+    struct Call {
+      grpc::ClientContext ctx;
+      rpc::LoadBlocksResponse resp;
+      grpc::Status status;
+    };
+    std::vector<std::unique_ptr<Call>> calls;
+    std::vector<std::thread> threads;
+    for (const auto& [wid, addr] : workers) {
+      auto c = std::make_unique<Call>();
+      sec_->Prepare(&c->ctx, std::chrono::milliseconds(0));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        calls_.insert(&c->ctx);
+        if (stop_ || cancelled_.count(id)) c->ctx.TryCancel();
+      }
+      rpc::LoadBlocksRequest mine = req;
+      mine.set_worker_id(wid);
+      auto stub = Stub(addr);
+      Call* raw = c.get();
+      threads.emplace_back([stub, raw, mine = std::move(mine)] {
+        raw->status = stub->Note(stub->Get()->LoadBlocks(&raw->ctx, mine, &raw->resp));
+      });
+      calls.push_back(std::move(c));
+    }
+    for (auto& t : threads) t.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& c : calls) calls_.erase(&c->ctx);
+    }
+    bool retry = false;
+    std::map<std::string, std::string> failed;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const Call& c = *calls[i];
+      if (!c.status.ok()) {
+        Status s = FromGrpc(c.status, "worker " + workers[i].second);
+        if (s.IsRetryable() || c.status.error_code() == grpc::StatusCode::CANCELLED) {
+          spdlog::warn("load job {}: {}; the batch goes to the other workers", id, s.message());
+          excluded.insert(workers[i].first);
+          retry = true;
+          last = s;
+        } else {
+          for (const auto& f : b->files) failed.emplace(f.path(), s.message());
+        }
+        continue;
+      }
+      b->blocks_fetched += c.resp.blocks_fetched();
+      b->bytes_fetched += c.resp.bytes_fetched();
+      b->blocks_cached += c.resp.blocks_cached();
+      for (const auto& f : c.resp.failures()) failed.emplace(f.path(), f.reason());
+    }
+    if (!retry || Cancelled(id)) {
+      b->failed = std::move(failed);
+      return;
+    }
+    // Idempotent: the next attempt skips what this one cached.
+  }
+  for (const auto& p : pending_paths) b->failed.emplace(p, last.message());
+}
+
+void JobManager::Apply(uint64_t id, const Batch& b) {
+  Update(id, [&](rpc::LoadJob& j) {
+    for (const auto& f : b.files) {
+      auto it = b.failed.find(f.path());
+      if (it == b.failed.end()) {
+        j.set_files_done(j.files_done() + 1);
+        j.set_bytes_done(j.bytes_done() + f.size());
+        continue;
+      }
+      j.set_files_failed(j.files_failed() + 1);
+      if (static_cast<size_t>(j.failures_size()) < kMaxFailures) {
+        auto* lf = j.add_failures();
+        lf->set_path(it->first);
+        lf->set_reason(it->second);
+      }
+    }
+    j.set_blocks_fetched(j.blocks_fetched() + b.blocks_fetched);
+    j.set_bytes_fetched(j.bytes_fetched() + b.bytes_fetched);
+    j.set_blocks_cached(j.blocks_cached() + b.blocks_cached);
+    j.set_checkpoint(b.end);
+  });
+}
+
+std::shared_ptr<StubHolder<rpc::Worker>> JobManager::Stub(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& s = stubs_[address];
+  if (!s) s = std::make_shared<StubHolder<rpc::Worker>>(sec_, address);
+  return s;
+}
+
+}  // namespace granary::master
