@@ -18,7 +18,7 @@ StatusOr<T> ParseAs(SettingKind kind, std::string_view text);
 template <>
 StatusOr<std::string> ParseAs<std::string>(SettingKind kind, std::string_view text) {
   std::string v(text);
-  if (kind == SettingKind::kAddress && !v.empty()) {
+  if (kind == SettingKind::kAddress && !v.empty() && v != "off") {
     auto hp = ParseHostPort(v);
     if (!hp.ok()) return hp.status();
   }
@@ -129,6 +129,10 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("master.listen", K::kAddress, "0.0.0.0:19998",
                   "Where granary-master's gRPC server listens. Port 0 lets the OS pick a free port.",
                   &Config::master, &MasterConfig::listen));
+  t.push_back(Row("master.metrics_listen", K::kAddress, "0.0.0.0:19996",
+                  "Where granary-master serves Prometheus /metrics and the /healthz and /readyz probes (HTTP). "
+                  "off: no endpoint. A busy port leaves it off with a warning.",
+                  &Config::master, &MasterConfig::metrics_listen));
   t.push_back(Row("master.address", K::kAddress, "127.0.0.1:19998",
                   "Where workers, FUSE clients and the CLI reach the master.", &Config::master,
                   &MasterConfig::address));
@@ -157,6 +161,10 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("worker.listen", K::kAddress, "0.0.0.0:29999",
                   "Where granary-worker's gRPC server listens (FUSE clients and peers read blocks here).",
                   &Config::worker, &WorkerConfig::listen));
+  t.push_back(Row("worker.metrics_listen", K::kAddress, "0.0.0.0:29996",
+                  "Where granary-worker serves Prometheus /metrics and the /healthz and /readyz probes (HTTP). "
+                  "off: no endpoint.",
+                  &Config::worker, &WorkerConfig::metrics_listen));
   t.push_back(Row("worker.advertise", K::kAddress, "",
                   "The address the master hands to others for this worker. Empty: the listen address, with "
                   "0.0.0.0 replaced by this host's name.",
@@ -202,6 +210,10 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("fuse.worker", K::kAddress, "127.0.0.1:29999",
                   "The worker on this node, which serves every read of this FUSE client.", &Config::fuse,
                   &FuseConfig::worker));
+  t.push_back(Row("fuse.metrics_listen", K::kAddress, "0.0.0.0:29997",
+                  "Where granary-fuse serves Prometheus /metrics and the /healthz and /readyz probes (HTTP). "
+                  "off: no endpoint.",
+                  &Config::fuse, &FuseConfig::metrics_listen));
   t.push_back(Row("fuse.entry_timeout", K::kDuration, "60s",
                   "How long the kernel may cache a name lookup. Longer is faster for directory scans; "
                   "the namespace only changes when a dataset is mounted or unmounted.",

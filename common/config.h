@@ -31,6 +31,7 @@ namespace granary {
 
 struct MasterConfig {
   std::string listen;       // host:port the gRPC server binds (port 0: the OS picks)
+  std::string metrics_listen;  // host:port of /metrics, /healthz, /readyz; "off": none
   std::string address;      // host:port clients dial
   std::string data_dir;     // RocksDB directory
   uint64_t block_size = 0;  // bytes per block of new files
@@ -47,6 +48,7 @@ struct TieredStoreConfig {
 
 struct WorkerConfig {
   std::string listen;
+  std::string metrics_listen;
   std::string advertise;  // address others dial; empty: derived from listen
   std::string cache_dir;
   uint64_t cache_quota = 0;
@@ -61,6 +63,7 @@ struct FuseConfig {
   std::string mountpoint;
   std::string root;    // namespace path shown at the mount point
   std::string worker;  // the worker on this node
+  std::string metrics_listen;
   std::chrono::milliseconds entry_timeout{};
   std::chrono::milliseconds attr_timeout{};
   std::chrono::milliseconds negative_timeout{};

@@ -2,7 +2,7 @@
 //
 // Parses --config, the per-setting flags and --ready-file; sets up logging and signal handling;
 // calls `start(config)`; writes the bound address to the ready file (so tests and `granary local`
-// learn OS-chosen ports without sleeping); waits for SIGINT/SIGTERM or an internal shutdown
+// learn OS-chosen ports without sleeping; the metrics endpoint's address goes to <ready-file>.metrics); waits for SIGINT/SIGTERM or an internal shutdown
 // request; calls Shutdown(). Errors print one line "NAME: error: ..." and exit 1.
 #pragma once
 
@@ -47,6 +47,10 @@ int DaemonMain(int argc, char** argv, const std::string& name, StartFn start) {
     return 1;
   }
   if (!ready_file.empty()) {
+    // The metrics endpoint's address first (beside it, OS-chosen ports again), so it is there once
+    // the ready file is.
+    std::string metrics = (*server)->metrics_address();
+    if (!metrics.empty()) (void)WriteFileAtomic(ready_file + ".metrics", metrics + "\n");
     Status st = WriteFileAtomic(ready_file, (*server)->address() + "\n");
     if (!st.ok()) {
       std::fprintf(stderr, "%s: error: --ready-file: %s\n", name.c_str(), st.message().c_str());

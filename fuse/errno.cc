@@ -3,8 +3,27 @@
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
+#include <map>
+#include <mutex>
 
 namespace granary::fuse {
+namespace {
+
+std::mutex errors_mu;
+std::map<std::pair<std::string, std::string>, uint64_t> errors;  // GUARDED_BY(errors_mu)
+
+void CountError(const char* op, int err) {
+  const char* name = strerrorname_np(err);
+  std::lock_guard<std::mutex> lock(errors_mu);
+  errors[{op, name ? name : std::to_string(err)}]++;
+}
+
+}  // namespace
+
+std::map<std::pair<std::string, std::string>, uint64_t> ErrorCounts() {
+  std::lock_guard<std::mutex> lock(errors_mu);
+  return errors;
+}
 
 int ToErrno(const Status& s) {
   switch (s.code()) {
@@ -29,9 +48,13 @@ void ReplyError(fuse_req_t req, const Status& s, const char* op) {
   } else {
     spdlog::debug("{}: {} -> {}", op, s.ToString(), strerrorname_np(err));
   }
+  CountError(op, err);
   fuse_reply_err(req, err);
 }
 
-void ReplyErrno(fuse_req_t req, int err) { fuse_reply_err(req, err); }
+void ReplyErrno(fuse_req_t req, int err) {
+  CountError(err == EROFS ? "write" : "other", err);
+  fuse_reply_err(req, err);
+}
 
 }  // namespace granary::fuse

@@ -12,6 +12,11 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
 #include "common/status.h"
 
 namespace granary::fuse {
@@ -19,5 +24,7 @@ namespace granary::fuse {
 int ToErrno(const Status& s);
 void ReplyError(fuse_req_t req, const Status& s, const char* op);
 void ReplyErrno(fuse_req_t req, int err);
+// Error replies so far, by (operation, errno name), for /metrics.
+std::map<std::pair<std::string, std::string>, uint64_t> ErrorCounts();
 
 }  // namespace granary::fuse

@@ -19,6 +19,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/metrics.h"
 #include "common/shutdown.h"
 #include "fuse/client.h"
 #include "fuse/errno.h"
@@ -48,6 +49,16 @@ struct Fs {
   std::mutex page_versions_mu;
   std::unordered_map<uint64_t, std::string> page_versions;  // master ino -> version
   uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
+  // Latency of each operation, for /metrics (histograms made up front: no lock on the hot path).
+  metrics::HistogramSet op_latency{"op"};
+  metrics::Histogram* lat_lookup = &op_latency.Get("lookup");
+  metrics::Histogram* lat_getattr = &op_latency.Get("getattr");
+  metrics::Histogram* lat_readdir = &op_latency.Get("readdir");
+  metrics::Histogram* lat_open = &op_latency.Get("open");
+  metrics::Histogram* lat_read = &op_latency.Get("read");
+  metrics::Histogram* lat_release = &op_latency.Get("release");
+  metrics::Histogram* lat_statfs = &op_latency.Get("statfs");
+  std::atomic<uint64_t> read_bytes{0};
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
   uint64_t ToMaster(fuse_ino_t ino) const { return ino == FUSE_ROOT_ID ? root_ino : ino; }
@@ -57,6 +68,17 @@ struct Fs {
 constexpr unsigned kMaxReadahead = 1 << 20;  // bytes the kernel may ask for in one read
 
 Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
+
+// Times one operation into its histogram.
+class OpTimer {
+ public:
+  explicit OpTimer(metrics::Histogram* h) : h_(h), start_(std::chrono::steady_clock::now()) {}
+  ~OpTimer() { h_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()); }
+
+ private:
+  metrics::Histogram* h_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 struct stat ToStat(const Fs* fs, const rpc::Attr& a) {
   struct stat st {};
@@ -103,6 +125,7 @@ void OpInit(void*, fuse_conn_info* conn) {
 }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  OpTimer timer(FsOf(req)->lat_lookup);
   Fs* fs = FsOf(req);
   auto a = fs->client->Lookup(fs->ToMaster(parent), name);
   if (!a.ok()) {
@@ -124,6 +147,7 @@ void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
 void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  OpTimer timer(FsOf(req)->lat_getattr);
   Fs* fs = FsOf(req);
   auto a = fs->client->GetAttr(fs->ToMaster(ino));
   if (!a.ok()) return ReplyError(req, a.status(), "getattr");
@@ -232,9 +256,11 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
 }
 
 void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  OpTimer timer(FsOf(req)->lat_readdir);
   ReadDirCommon(req, ino, size, off, false);
 }
 void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  OpTimer timer(FsOf(req)->lat_readdir);
   ReadDirCommon(req, ino, size, off, true);
 }
 void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
@@ -270,6 +296,7 @@ void MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  OpTimer timer(FsOf(req)->lat_open);
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
   Fs* fs = FsOf(req);
   uint64_t master_ino = fs->ToMaster(ino);
@@ -298,6 +325,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  OpTimer timer(FsOf(req)->lat_read);
   auto* of = reinterpret_cast<OpenFile*>(fi->fh);
   MaybeReadahead(FsOf(req), of, static_cast<uint64_t>(off), size);
   ReadResult data;
@@ -338,10 +366,12 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
       b.mem = const_cast<char*>(p.data.data());
     }
   }
+  FsOf(req)->read_bytes += fuse_buf_size(bv);
   fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  OpTimer timer(FsOf(req)->lat_release);
   delete reinterpret_cast<OpenFile*>(fi->fh);
   fuse_reply_err(req, 0);
 }
@@ -350,6 +380,7 @@ void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 
 void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
 
 void OpStatfs(fuse_req_t req, fuse_ino_t) {
+  OpTimer timer(FsOf(req)->lat_statfs);
   auto s = FsOf(req)->client->WorkerStats();
   if (!s.ok()) return ReplyError(req, s.status(), "statfs");
   struct statvfs v {};
@@ -556,13 +587,45 @@ class FuseMountImpl final : public FuseMount {
       }
     });
     spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
+    metrics_ = metrics::StartOrWarn("fuse.metrics_listen", cfg.fuse.metrics_listen,
+                                    [this](metrics::Exposition* e) { Render(e); }, [this] { return Ready(); });
     return Status::OK();
   }
 
   std::string address() const override { return mountpoint_; }
+  std::string metrics_address() const override { return metrics_ ? metrics_->address() : ""; }
+
+  void Render(metrics::Exposition* e) {
+    fs_->op_latency.Write(e, "granary_fuse_operation_duration_seconds",
+                          "Time granary-fuse took to answer a kernel request, by operation.");
+    e->Family("granary_fuse_errors_total", "counter", "Error replies to the kernel, by operation and errno.");
+    for (const auto& [k, n] : ErrorCounts()) {
+      e->Sample("granary_fuse_errors_total", {{"op", k.first}, {"errno", k.second}}, static_cast<double>(n));
+    }
+    e->Counter("granary_fuse_read_bytes_total", "Bytes returned to readers.", static_cast<double>(fs_->read_bytes));
+    const ClientCounters& c = fs_->client->counters();
+    e->Family("granary_fuse_read_pieces_total", "counter",
+              "Pieces of reads by how they came: zero_copy (a leased block file from the local worker), "
+              "local (the local worker over gRPC), failover (another worker, the local one being down).");
+    e->Sample("granary_fuse_read_pieces_total", {{"source", "zero_copy"}}, static_cast<double>(c.zero_copy_pieces));
+    e->Sample("granary_fuse_read_pieces_total", {{"source", "local"}}, static_cast<double>(c.local_grpc_pieces));
+    e->Sample("granary_fuse_read_pieces_total", {{"source", "failover"}}, static_cast<double>(c.failover_pieces));
+    e->Counter("granary_fuse_prefetch_hints_total", "Readahead hints sent to workers.",
+               static_cast<double>(c.prefetch_hints));
+    e->Gauge("granary_fuse_mounted", "1 while the mount is served.", loop_done_ ? 0 : 1);
+  }
+
+  // Ready while mounted and the master answers.
+  Status Ready() {
+    if (loop_done_) return UnavailableError("the mount at " + mountpoint_ + " is gone");
+    auto root = fs_->client->Resolve("/");
+    if (!root.ok()) return root.status().WithContext("the master");
+    return Status::OK();
+  }
 
   void Shutdown() override {
     std::lock_guard<std::mutex> lock(stop_mu_);
+    metrics_.reset();
     if (se_ == nullptr) return;
     stopping_ = true;
     if (!loop_done_) {
@@ -588,6 +651,7 @@ class FuseMountImpl final : public FuseMount {
   std::atomic<bool> loop_done_{false};
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;
+  std::unique_ptr<metrics::MetricsServer> metrics_;
 };
 
 }  // namespace

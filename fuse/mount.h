@@ -26,6 +26,8 @@ class FuseMount {
   virtual ~FuseMount() = default;
   // The mount point.
   virtual std::string address() const = 0;
+  // host:port of /metrics, /healthz and /readyz ("" when off).
+  virtual std::string metrics_address() const { return ""; }
   virtual void Shutdown() = 0;
 };
 

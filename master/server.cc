@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "common/metrics.h"
 #include "common/net.h"
 #include "common/ufs/ufs.h"
 #include "master/cluster.h"
@@ -415,10 +416,62 @@ class MasterServerImpl final : public MasterServer {
     });
     RETURN_IF_ERROR(jobs_->Start());
     spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
+    metrics_ = metrics::StartOrWarn("master.metrics_listen", cfg.master.metrics_listen,
+                                    [this](metrics::Exposition* e) { Render(e); }, [] { return Status::OK(); });
     return Status::OK();
   }
 
   std::string address() const override { return address_; }
+  std::string metrics_address() const override { return metrics_ ? metrics_->address() : ""; }
+
+  // Workers, mounts and cache totals as GetReport sees them, and load jobs.
+  void Render(metrics::Exposition* e) {
+    rpc::Report r;
+    std::vector<rpc::MountReport*> mounts;
+    for (auto& m : ns_->ListMounts()) {
+      auto* mr = r.add_mounts();
+      *mr->mutable_mount() = std::move(m);
+      mounts.push_back(mr);
+    }
+    cluster_->FillReport(&r, mounts);
+    auto d = [](uint64_t v) { return static_cast<double>(v); };
+    uint64_t alive = 0, lost = 0, capacity = 0, used = 0;
+    for (const auto& w : r.workers()) {
+      (w.alive() ? alive : lost)++;
+      if (!w.alive()) continue;
+      capacity += w.stats().capacity_bytes();
+      used += w.stats().used_bytes();
+    }
+    e->Family("granary_master_workers", "gauge", "Workers known to the master, by state.");
+    e->Sample("granary_master_workers", {{"state", "alive"}}, d(alive));
+    e->Sample("granary_master_workers", {{"state", "lost"}}, d(lost));
+    e->Gauge("granary_cluster_cache_capacity_bytes", "Cache quota of every live worker together.", d(capacity));
+    e->Gauge("granary_cluster_cache_used_bytes", "Bytes cached on every live worker together.", d(used));
+    e->Gauge("granary_master_mounts", "Mounted datasets.", d(r.mounts_size()));
+    e->Family("granary_mount_ufs_files", "gauge", "Files of a mount listed so far.");
+    for (const auto& mr : r.mounts()) e->Sample("granary_mount_ufs_files", {{"mount", mr.mount().path()}}, d(mr.mount().known_files()));
+    e->Family("granary_mount_ufs_bytes", "gauge", "Under-storage bytes of a mount's files listed so far.");
+    for (const auto& mr : r.mounts()) e->Sample("granary_mount_ufs_bytes", {{"mount", mr.mount().path()}}, d(mr.mount().known_bytes()));
+    e->Family("granary_mount_cached_bytes", "gauge", "Bytes of a mount's blocks held by live workers (each once).");
+    for (const auto& mr : r.mounts()) e->Sample("granary_mount_cached_bytes", {{"mount", mr.mount().path()}}, d(mr.cached_bytes()));
+    JobManager::Totals t = jobs_->GetTotals();
+    e->Family("granary_load_jobs", "gauge", "Load jobs by state.");
+    for (int s = rpc::JobState_MIN; s <= rpc::JobState_MAX; ++s) {
+      std::string name = rpc::JobState_Name(static_cast<rpc::JobState>(s)).substr(4);
+      for (auto& c : name) c = static_cast<char>(std::tolower(c));
+      e->Sample("granary_load_jobs", {{"state", name}}, d(t.by_state[static_cast<rpc::JobState>(s)]));
+    }
+    e->Counter("granary_load_files_total", "Files loaded (or found cached) by load jobs.", d(t.files_done));
+    e->Counter("granary_load_bytes_total", "Bytes of the files loaded (or found cached) by load jobs.", d(t.bytes_done));
+    e->Counter("granary_load_fetched_bytes_total", "Bytes load jobs brought into the cache.", d(t.bytes_fetched));
+    e->Counter("granary_load_failed_files_total", "Files load jobs could not load.", d(t.files_failed));
+    e->Family("granary_load_job_progress_ratio", "gauge", "Share of a running load job's bytes done (0 to 1).");
+    for (const auto& j : jobs_->List()) {
+      if (j.state() != rpc::JOB_SCANNING && j.state() != rpc::JOB_LOADING) continue;
+      double ratio = j.bytes_total() ? static_cast<double>(j.bytes_done()) / static_cast<double>(j.bytes_total()) : 0;
+      e->Sample("granary_load_job_progress_ratio", {{"job", std::to_string(j.id())}}, ratio);
+    }
+  }
 
   void Shutdown() override {
     {
@@ -427,6 +480,7 @@ class MasterServerImpl final : public MasterServer {
       stop_ = true;
     }
     cv_.notify_all();
+    metrics_.reset();
     if (jobs_) jobs_->Stop();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (expirer_.joinable()) expirer_.join();
@@ -443,6 +497,7 @@ class MasterServerImpl final : public MasterServer {
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<MasterService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<metrics::MetricsServer> metrics_;
   std::string address_;
   std::mutex mu_;
   std::condition_variable cv_;

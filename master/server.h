@@ -17,6 +17,8 @@ class MasterServer {
   virtual ~MasterServer() = default;
   // The address bound (the OS-chosen port when master.listen had port 0).
   virtual std::string address() const = 0;
+  // host:port of /metrics, /healthz and /readyz ("" when off).
+  virtual std::string metrics_address() const { return ""; }
   virtual void Shutdown() = 0;
 };
 

@@ -7,7 +7,8 @@ PKGS=(
   libfuse3-dev fuse3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
-  libssl-dev libcurl4-openssl-dev
+  libssl-dev libcurl4-openssl-dev libcpp-httplib-dev
+  prometheus  # promtool checks the /metrics endpoints
   libgtest-dev libgmock-dev libbenchmark-dev python3-botocore libtinyxml2-dev libnfs-dev
   iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
 )

@@ -297,8 +297,13 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   if (!fetched) {
     data->assign(meta.length, '\0');
     counters_.ufs_reads++;
+    auto start = std::chrono::steady_clock::now();
     auto n = mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, data->data());
-    if (!n.ok()) return n.status();
+    ufs_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (!n.ok()) {
+      counters_.ufs_errors++;
+      return n.status();
+    }
     counters_.ufs_bytes += *n;
     if (*n != meta.length) {
       return FailedPreconditionError(req.ufs_path + " is shorter in the under-storage than when it was listed");

@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/metrics.h"
 #include "common/rate_limiter.h"
 #include "common/status.h"
 #include "worker/block_store.h"
@@ -53,6 +54,7 @@ struct SourceCounters {
   std::atomic<uint64_t> leased{0};          // hits served as a leased file descriptor (zero-copy)
   std::atomic<uint64_t> prefetched{0};      // blocks fetched ahead of readers
   std::atomic<uint64_t> loaded_blocks{0}, loaded_bytes{0};  // fetched by load jobs
+  std::atomic<uint64_t> ufs_errors{0};      // under-storage reads that failed
 };
 
 struct MountAccess {
@@ -96,6 +98,7 @@ class BlockSource {
   static size_t LoadRank(const BlockId& id, const std::vector<PeerRef>& members, uint64_t self_id);
 
   const SourceCounters& counters() const { return counters_; }
+  const metrics::Histogram& ufs_latency() const { return ufs_latency_; }
   // Cache hits and misses of reads, per mount id.
   std::map<uint64_t, MountAccess> AccessByMount() const;
 
@@ -136,6 +139,7 @@ class BlockSource {
   BlockReporter* reporter_;
   Placement* placement_;
   SourceCounters counters_;
+  metrics::Histogram ufs_latency_;  // whole-block reads from the under-storage
   std::mutex mu_;
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_;  // GUARDED_BY(mu_)
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).

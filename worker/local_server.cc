@@ -120,7 +120,9 @@ void LocalServer::Serve(int conn) {
     BlockLease lease;
     BlockId id;
     bool hit = false;
+    auto start = std::chrono::steady_clock::now();
     Status st = source_->ReadOrLease(br, &data, &lease, &id, &hit);
+    read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     rpc::LocalResponse resp;
     resp.set_code(static_cast<int32_t>(st.code()));
     resp.set_message(st.message());

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/metrics.h"
 #include "common/status.h"
 #include "worker/block_source.h"
 #include "worker/block_store.h"
@@ -38,6 +39,9 @@ class LocalServer {
   void Stop();
   const std::string& path() const { return path_; }
 
+  // Time to answer one read request (a lease or the bytes).
+  const metrics::Histogram& read_latency() const { return read_latency_; }
+
  private:
   LocalServer(std::string path, int fd, BlockSource* source, BlockStore* store)
       : path_(std::move(path)), listen_fd_(fd), source_(source), store_(store) {}
@@ -47,6 +51,7 @@ class LocalServer {
   const std::string path_;
   const int listen_fd_;
   BlockSource* source_;
+  metrics::Histogram read_latency_;
   BlockStore* store_;
   std::atomic<bool> stop_{false};
   std::thread acceptor_;

@@ -192,4 +192,9 @@ StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   return h;
 }
 
+uint64_t MasterLink::worker_id() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worker_id_;
+}
+
 }  // namespace granary::worker

@@ -39,6 +39,8 @@ class MasterLink final : public MountResolver, public BlockReporter {
 
   // Registers as `advertise` (the address others dial) and starts the background thread.
   void Start(const std::string& advertise);
+  // The id the master gave this worker; 0 until registered (and again while re-registering).
+  uint64_t worker_id();
   void Stop();
 
   void BlockAdded(const BlockMeta& m) override;

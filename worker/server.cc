@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/metrics.h"
 #include "common/net.h"
 #include "common/rate_limiter.h"
 #include "proto/granary.grpc.pb.h"
@@ -68,7 +69,9 @@ class WorkerService final : public rpc::Worker::Service {
                     req->index(),      req->offset(),   req->length(),  req->from_peer()};
     std::string data;
     bool hit = false;
+    auto start = std::chrono::steady_clock::now();
     Status st = source_->Read(br, &data, &hit);
+    read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (!st.ok()) return ToGrpc(st);
     size_t off = 0;
     do {
@@ -155,7 +158,10 @@ class WorkerService final : public rpc::Worker::Service {
     return grpc::Status::OK;
   }
 
+  const metrics::Histogram& read_latency() const { return read_latency_; }
+
  private:
+  metrics::Histogram read_latency_;
   // The job's limiter, made on its first batch (a new rate replaces it); the last few jobs' are kept.
   std::shared_ptr<RateLimiter> Pace(uint64_t job, uint64_t rate) {
     if (rate == 0) return nullptr;
@@ -213,13 +219,92 @@ class WorkerServerImpl final : public WorkerServer {
     link_->Start(advertise);
     spdlog::info("granary-worker listening on {} ({} cache levels, policy {}, master {})", address_,
                  so.levels.size(), CachePolicyName(so.policy), cfg.master.address);
+    metrics_ = metrics::StartOrWarn(
+        "worker.metrics_listen", cfg.worker.metrics_listen, [this](metrics::Exposition* e) { Render(e); },
+        [this]() -> Status {
+          if (link_->worker_id() == 0) return UnavailableError("not registered with the master yet");
+          return Status::OK();
+        });
     return Status::OK();
+  }
+
+  std::string metrics_address() const override { return metrics_ ? metrics_->address() : ""; }
+
+  // Everything from Stats(), fresh, plus the latency histograms.
+  void Render(metrics::Exposition* e) {
+    rpc::WorkerStats s = Stats();
+    auto d = [](uint64_t v) { return static_cast<double>(v); };
+    e->Family("granary_worker_block_reads_total", "counter",
+              "Block reads by where the bytes came from: cache (this worker's tiers, copied), zero_copy (a leased "
+              "block file handed to the local FUSE client), peer (another worker), under_storage.");
+    e->Sample("granary_worker_block_reads_total", {{"source", "cache"}}, d(s.hits() - std::min(s.hits(), s.leases())));
+    e->Sample("granary_worker_block_reads_total", {{"source", "zero_copy"}}, d(s.leases()));
+    e->Sample("granary_worker_block_reads_total", {{"source", "peer"}}, d(s.peer_reads()));
+    e->Sample("granary_worker_block_reads_total", {{"source", "under_storage"}}, d(s.ufs_reads()));
+    e->Counter("granary_worker_cache_misses_total", "Block reads that missed this worker's cache.", d(s.misses()));
+    e->Counter("granary_worker_served_bytes_total", "Bytes served to readers and peers.", d(s.bytes_served()));
+    e->Counter("granary_worker_peer_bytes_total", "Bytes fetched from peer workers.", d(s.peer_bytes()));
+    e->Counter("granary_worker_ufs_read_bytes_total", "Bytes read from the under-storage.", d(s.ufs_bytes()));
+    e->Counter("granary_worker_ufs_requests_total", "Read calls to the under-storage.", d(s.ufs_reads()));
+    e->Counter("granary_worker_ufs_errors_total", "Under-storage fetches that failed (after the client's retries).",
+               d(source_->counters().ufs_errors));
+    e->Counter("granary_worker_peer_served_total", "Block requests served to peer workers.", d(s.peer_served()));
+    e->Counter("granary_worker_peer_failovers_total", "Peer calls that failed and went to the next worker.",
+               d(s.peer_failovers()));
+    e->Counter("granary_worker_coalesced_reads_total", "Misses that joined a fetch already in flight.",
+               d(s.coalesced()));
+    e->Counter("granary_worker_prefetched_blocks_total", "Blocks fetched ahead of readers.", d(s.prefetched()));
+    e->Counter("granary_worker_loaded_blocks_total", "Blocks fetched by load jobs.", d(s.loaded_blocks()));
+    e->Counter("granary_worker_loaded_bytes_total", "Bytes fetched by load jobs.", d(s.loaded_bytes()));
+    e->Counter("granary_worker_corrupt_blocks_total", "Cached blocks that failed their checksum and were dropped.",
+               d(s.corrupt_blocks()));
+    e->Counter("granary_worker_rejected_blocks_total", "Blocks not cached for want of evictable space.",
+               d(s.rejected()));
+    e->Gauge("granary_worker_pinned_blocks", "Cached blocks that are pinned.", d(s.pinned_blocks()));
+    e->Gauge("granary_worker_peers", "Live workers this worker places blocks over, itself included.", d(s.peers()));
+    e->Gauge("granary_worker_registered", "1 once the master has registered this worker.", link_->worker_id() ? 1 : 0);
+    struct TierMetric {
+      const char* name;
+      const char* type;
+      const char* help;
+      uint64_t (rpc::TierStats::*get)() const;
+    };
+    const TierMetric tier_metrics[] = {
+        {"granary_worker_cache_capacity_bytes", "gauge", "Quota of a cache tier.", &rpc::TierStats::capacity_bytes},
+        {"granary_worker_cache_used_bytes", "gauge", "Bytes cached in a tier.", &rpc::TierStats::used_bytes},
+        {"granary_worker_cache_blocks", "gauge", "Blocks cached in a tier.", &rpc::TierStats::blocks},
+        {"granary_worker_cache_hits_total", "counter", "Reads served from a tier.", &rpc::TierStats::hits},
+        {"granary_worker_evictions_total", "counter", "Blocks evicted from a tier.", &rpc::TierStats::evictions},
+        {"granary_worker_demotions_total", "counter", "Blocks moved down from a tier.", &rpc::TierStats::demotions},
+        {"granary_worker_promotions_total", "counter", "Blocks moved up into a tier.", &rpc::TierStats::promotions},
+    };
+    for (const auto& m : tier_metrics) {
+      e->Family(m.name, m.type, m.help);
+      for (int i = 0; i < s.tiers_size(); ++i) {
+        const auto& t = s.tiers(i);
+        e->Sample(m.name, {{"tier", t.medium()}, {"level", std::to_string(i)}}, d((t.*m.get)()));
+      }
+    }
+    e->Family("granary_worker_mount_reads_total", "counter", "Block reads per mount id, by result.");
+    for (const auto& [mount, c] : s.mount_counters()) {
+      e->Sample("granary_worker_mount_reads_total", {{"mount", std::to_string(mount)}, {"result", "hit"}}, d(c.hits()));
+      e->Sample("granary_worker_mount_reads_total", {{"mount", std::to_string(mount)}, {"result", "miss"}},
+                d(c.misses()));
+    }
+    e->Family("granary_worker_read_duration_seconds", "histogram",
+              "Time to serve one block read (cache hit or fetch), by path: grpc (FUSE clients and peers) or local.");
+    service_->read_latency().Write(e, "granary_worker_read_duration_seconds", {{"path", "grpc"}});
+    if (local_) local_->read_latency().Write(e, "granary_worker_read_duration_seconds", {{"path", "local"}});
+    e->Family("granary_worker_ufs_fetch_duration_seconds", "histogram",
+              "Time to fetch one block from the under-storage.");
+    source_->ufs_latency().Write(e, "granary_worker_ufs_fetch_duration_seconds", {});
   }
 
   std::string address() const override { return address_; }
 
   void Shutdown() override {
     if (stopped_.exchange(true)) return;
+    metrics_.reset();
     if (local_) local_->Stop();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (link_) link_->Stop();
@@ -311,6 +396,7 @@ class WorkerServerImpl final : public WorkerServer {
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<LocalServer> local_;
+  std::unique_ptr<metrics::MetricsServer> metrics_;
   std::string address_;
 };
 

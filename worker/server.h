@@ -16,6 +16,8 @@ class WorkerServer {
   static StatusOr<std::unique_ptr<WorkerServer>> Start(const Config& cfg);
   virtual ~WorkerServer() = default;
   virtual std::string address() const = 0;
+  // host:port of /metrics, /healthz and /readyz ("" when off).
+  virtual std::string metrics_address() const { return ""; }
   virtual void Shutdown() = 0;
 };
 

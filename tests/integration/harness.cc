@@ -40,7 +40,8 @@ bool LocalCluster::StartMaster(const std::string& listen, std::string* why) {
   master_ = std::make_unique<Process>(
       With(std::vector<std::string>{Bin("granary-master"), "--master.listen", listen, "--master.data_dir",
                                     dir_ / "master", "--master.block_size", opts_.block_size,
-                                    "--master.worker_timeout", "30s", "--ready-file", dir_ / "master.addr"},
+                                    "--master.worker_timeout", "30s", "--master.metrics_listen", "127.0.0.1:0",
+                                    "--ready-file", dir_ / "master.addr"},
            opts_.extra_args),
       dir_ / "master.log");
   master_addr_ = WaitForReadyFile(dir_ / "master.addr", master_.get());
@@ -63,7 +64,8 @@ bool LocalCluster::RestartMaster(std::string* why) {
 bool LocalCluster::StartWorker(const std::string& listen, std::string* why) {
   unlink((dir_ / "worker.addr").c_str());
   std::vector<std::string> argv{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
-                                "--worker.heartbeat_interval", "200ms", "--ready-file", dir_ / "worker.addr"};
+                                "--worker.heartbeat_interval", "200ms", "--worker.metrics_listen", "127.0.0.1:0",
+                                "--ready-file", dir_ / "worker.addr"};
   bool tiered = false;
   for (const auto& a : opts_.worker_args) tiered |= a == "--worker.tieredstore.levels";
   if (!tiered) argv = With(argv, {"--worker.cache_dir", dir_ / "cache", "--worker.cache_quota", opts_.cache_quota});
@@ -86,6 +88,12 @@ bool LocalCluster::RestartWorker(std::string* why) {
   return StartWorker(worker_addr_, why);
 }
 
+std::string LocalCluster::MetricsAddress(const std::string& daemon) const {
+  std::string a = ReadFile(dir_ / (daemon + ".addr.metrics"));
+  while (!a.empty() && (a.back() == '\n' || a.back() == ' ')) a.pop_back();
+  return a;
+}
+
 nlohmann::json LocalCluster::Report() {
   RunResult r = Cli({"report", "--json"});
   if (r.code != 0) return nullptr;
@@ -97,7 +105,8 @@ bool LocalCluster::StartFuse(std::string* why) {
   unlink((dir_ / "fuse.addr").c_str());
   fuse_ = std::make_unique<Process>(
       With(With(std::vector<std::string>{Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker",
-                                         worker_addr_, "--fuse.mountpoint", mountpoint(), "--ready-file",
+                                         worker_addr_, "--fuse.mountpoint", mountpoint(), "--fuse.metrics_listen",
+                                         "127.0.0.1:0", "--ready-file",
                                          dir_ / "fuse.addr", "--fuse.keep_cache", opts_.keep_cache ? "true" : "false"},
                 opts_.extra_args),
            opts_.fuse_args),

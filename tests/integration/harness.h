@@ -37,6 +37,9 @@ class LocalCluster {
   // Worker counters from `granary report --json` (first worker).
   bool WorkerCounters(uint64_t* hits, uint64_t* misses, uint64_t* ufs_bytes);
 
+  // host:port of a daemon's /metrics endpoint ("master", "worker" or "fuse"); "" when unknown.
+  std::string MetricsAddress(const std::string& daemon) const;
+
   // `granary report --json`, parsed (null on failure).
   nlohmann::json Report();
   // kill -9 the worker, then start it again on the same address and cache.

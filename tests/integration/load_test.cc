@@ -2,6 +2,7 @@
 // loopback): a 10k-file dataset loaded to 100%, a reload that moves nothing, a master killed with
 // -9 in the middle of a load, cancellation, bad requests, and the progress bar in a terminal.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -288,6 +289,60 @@ TEST_F(LoadTest, ProgressBarInATerminal) {
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_EQ(plain.out.find("\033["), std::string::npos) << plain.out;
   EXPECT_NE(plain.out.find("succeeded"), std::string::npos) << plain.out;
+}
+
+// GET http://address/path: (status, body); status -1 when nothing answered.
+std::pair<int, std::string> HttpGet(const std::string& address, const std::string& path) {
+  size_t colon = address.rfind(':');
+  httplib::Client cli(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  cli.set_connection_timeout(5);
+  cli.set_read_timeout(10);
+  auto res = cli.Get(path.c_str());
+  if (!res) return {-1, ""};
+  return {res->status, res->body};
+}
+
+// /metrics of master, worker and FUSE pass promtool, carry the names dashboards use, and the
+// probes answer; a FUSE client whose master is gone is not ready.
+TEST_F(LoadTest, MetricsPassPromtoolAndProbesAnswer) {
+  TempDir dir;
+  auto c = Start(dir, "slow", /*fuse=*/true);
+  ASSERT_EQ(Load(*c, {"/ds/s00001", "/ds/s00002"}).code, 0);
+  EXPECT_EQ(ReadFile(c->mountpoint() + "/ds/s00003"), ManyBody("slow/s00003", kSlowSize));
+  struct Expect {
+    std::string daemon;
+    std::vector<std::string> names;
+  } expects[] = {
+      {"master",
+       {"granary_master_workers{state=\"alive\"} 1", "granary_load_jobs{state=\"succeeded\"} 1",
+        "granary_load_files_total 2", "granary_mount_ufs_files{mount=\"/ds\"}", "granary_cluster_cache_capacity_bytes"}},
+      {"worker",
+       {"granary_worker_block_reads_total{source=\"under_storage\"} 3", "granary_worker_loaded_blocks_total 2",
+        "granary_worker_cache_used_bytes{tier=", "granary_worker_ufs_fetch_duration_seconds_bucket{le=\"+Inf\"} 3",
+        "granary_worker_read_duration_seconds_count", "granary_worker_evictions_total"}},
+      {"fuse",
+       {"granary_fuse_operation_duration_seconds_bucket{op=\"read\",le=", "granary_fuse_read_bytes_total 4096",
+        "granary_fuse_operation_duration_seconds_count{op=\"lookup\"}", "granary_fuse_mounted 1"}},
+  };
+  for (const auto& e : expects) {
+    std::string addr = c->MetricsAddress(e.daemon);
+    ASSERT_FALSE(addr.empty()) << e.daemon;
+    auto [code, body] = HttpGet(addr, "/metrics");
+    ASSERT_EQ(code, 200) << e.daemon;
+    for (const auto& n : e.names) EXPECT_NE(body.find(n), std::string::npos) << e.daemon << " lacks " << n << ":\n" << body;
+    WriteFile(dir / (e.daemon + ".prom"), body);
+    RunResult check = RunCommand({"sh", "-c", "promtool check metrics < " + (dir / (e.daemon + ".prom"))});
+    EXPECT_EQ(check.code, 0) << e.daemon << ": " << check.out;
+    EXPECT_EQ(HttpGet(addr, "/healthz").first, 200) << e.daemon;
+    EXPECT_EQ(HttpGet(addr, "/readyz").first, 200) << e.daemon;
+  }
+  c->KillMaster();
+  auto [code, body] = HttpGet(c->MetricsAddress("fuse"), "/readyz");
+  EXPECT_EQ(code, 503) << body;
+  EXPECT_NE(body.find("master"), std::string::npos) << body;
+  EXPECT_EQ(HttpGet(c->MetricsAddress("fuse"), "/healthz").first, 200);
+  std::string why;
+  ASSERT_TRUE(c->RestartMaster(&why)) << why;
 }
 
 }  // namespace
