@@ -85,7 +85,8 @@ fuse:
   keep_cache: false
 YAML
 LOCAL_LOG=$WORK/local.log
-node "$BIN/granary" local "s3://warm/images" "$MNT" --name /images --dir "$WORK/state" --config "$WORK/granary.yaml" \
+# nsenter execs granary, so LOCAL_PID is granary itself and stop_local's SIGINT reaches it.
+nsenter --net=/run/netns/grw-n1 "$BIN/granary" local "s3://warm/images" "$MNT" --name /images --dir "$WORK/state" --config "$WORK/granary.yaml" \
   -o "endpoint=$EP" > "$LOCAL_LOG" 2>&1 &
 LOCAL_PID=$!
 for _ in $(seq 600); do grep -q " $MNT " /proc/mounts && break; kill -0 "$LOCAL_PID" 2>/dev/null || break; sleep 0.05; done
@@ -101,7 +102,7 @@ python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["state"]==
 node "$BIN/granary" free /images >/dev/null
 drop_caches
 tx0=$(storage_tx); t0=$(now)
-find "$MNT/images" -type f -print0 | sort -z | xargs -0 -n 1 cat > /dev/null
+find "$MNT" -type f -print0 | sort -z | xargs -0 -n 1 cat > /dev/null
 t1=$(now); tx1=$(storage_tx)
 CAT_S=$(python3 -c "print($t1 - $t0)"); CAT_TX=$((tx1 - tx0))
 
