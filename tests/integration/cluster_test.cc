@@ -293,5 +293,40 @@ TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
   EXPECT_EQ(bad2.load(), 0);
 }
 
+// `granary load --replicas 2` on the whole cluster: one job whose batches every worker shares;
+// each block is fetched from the storage once (counted on its link) and kept on exactly two
+// workers; a second load sends nothing.
+TEST_F(ClusterTest, LoadWithReplicasSpreadsCopiesOverTheWorkers) {
+  ASSERT_EQ(Cli({"free", "/ds"}).code, 0);
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == 0; })) << Report().dump(1);
+  ASSERT_TRUE(WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); }));
+  uint64_t tx0 = StorageTxBytes();
+  RunResult load = RunCommand(InNs(NodeNs(1), {Bin("granary"), "--master", master_addr_, "load", "/ds", "--replicas",
+                                               "2", "--json"}),
+                              {}, std::chrono::seconds(300));
+  ASSERT_EQ(load.code, 0) << load.out;
+  auto j = nlohmann::json::parse(load.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << load.out;
+  EXPECT_EQ(j["files_done"].get<uint64_t>(), files_.size());
+  EXPECT_EQ(j["blocks_fetched"].get<uint64_t>() + j["blocks_cached"].get<uint64_t>(), 2 * DatasetBlocks());
+  uint64_t link = StorageTxBytes() - tx0;
+  EXPECT_GE(link, dataset_bytes_);
+  EXPECT_LE(link, dataset_bytes_ * 110 / 100) << "each block crossed the storage link once";
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == 2 * DatasetBlocks(); })) << Report().dump(1);
+  auto r = Report();
+  EXPECT_EQ(r["mounts"][0]["cached_bytes"].get<uint64_t>(), dataset_bytes_);
+  int loaded_on = 0;
+  for (const auto& w : r["workers"]) loaded_on += w["alive"] && w["loaded_blocks"].get<uint64_t>() > 0;
+  EXPECT_EQ(loaded_on, kNodes) << "the job was split across every worker";
+
+  tx0 = StorageTxBytes();
+  RunResult again = RunCommand(InNs(NodeNs(1), {Bin("granary"), "--master", master_addr_, "load", "/ds", "--replicas",
+                                                "2", "--json"}),
+                               {}, std::chrono::seconds(300));
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(nlohmann::json::parse(again.out)["bytes_fetched"], 0);
+  EXPECT_LT(StorageTxBytes() - tx0, 64u * 1024);
+}
+
 }  // namespace
 }  // namespace granary::testing

@@ -300,5 +300,69 @@ TEST_F(PeerRoutingTest, WhenEveryPeerIsDownTheReaderBecomesTheHome) {
   EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));
 }
 
+// Load jobs: every worker gets the same batch and the master's member list; each block ends on
+// exactly `replicas` workers (the first of its ranking), fetched from the under-storage once; a
+// second load moves nothing; a dead member left out of the list hands its share to the others.
+TEST_F(PeerRoutingTest, LoadKeepsEachBlockOnExactlyReplicasWorkersFetchedOnce) {
+  for (uint32_t replicas : {1u, 3u}) {
+    testing::TempDir d;
+    Cluster c(d, 4, ufs_, /*mount replicas*/ 1);
+    std::vector<PeerRef> members;
+    for (auto& n : c.nodes) members.push_back(PeerRef{n->id, "node-" + std::to_string(n->id)});
+    auto load_all = [&](const std::vector<PeerRef>& list, std::map<BlockSource::LoadOutcome, int>* outcomes) {
+      std::mutex mu;
+      std::vector<std::thread> workers;
+      for (const auto& m : list) {
+        workers.emplace_back([&, id = m.id] {
+          for (uint64_t i = 0; i < Blocks(); ++i) {
+            auto o = c.node(id).source->Load(Req(i, 0, 0), replicas, nullptr, list, id);
+            ASSERT_TRUE(o.ok()) << o.status().message();
+            std::lock_guard<std::mutex> lock(mu);
+            (*outcomes)[*o]++;
+          }
+        });
+      }
+      for (auto& t : workers) t.join();
+    };
+    int before = ufs_->reads_started.load();
+    std::map<BlockSource::LoadOutcome, int> first;
+    load_all(members, &first);
+    EXPECT_EQ(ufs_->reads_started.load() - before, static_cast<int>(Blocks())) << "replicas " << replicas;
+    // A home may have fetched a block for a holder's request before its own turn came (kCached).
+    EXPECT_EQ(first[BlockSource::LoadOutcome::kFetched] + first[BlockSource::LoadOutcome::kCached],
+              static_cast<int>(replicas * Blocks()));
+    EXPECT_GE(first[BlockSource::LoadOutcome::kFetched], static_cast<int>((replicas - 1) * Blocks()));
+    EXPECT_EQ(c.CachedBlocks(), replicas * Blocks()) << "replicas " << replicas;
+    for (uint64_t i = 0; i < Blocks(); ++i) {
+      BlockId id{MakeFileKey(ufs_->uri(), "f.bin", version_), i};
+      size_t self;
+      auto ranked = c.nodes[0]->peers.Rank(id, &self);
+      for (size_t k = 0; k < ranked.size(); ++k) {
+        EXPECT_EQ(c.node(ranked[k].id).store->Contains(id), k < replicas) << "block " << i << " rank " << k;
+      }
+    }
+    std::map<BlockSource::LoadOutcome, int> second;
+    load_all(members, &second);
+    EXPECT_EQ(second[BlockSource::LoadOutcome::kFetched], 0) << "a second load moves nothing";
+    EXPECT_EQ(second[BlockSource::LoadOutcome::kCached], static_cast<int>(replicas * Blocks()));
+    EXPECT_EQ(ufs_->reads_started.load() - before, static_cast<int>(Blocks()));
+
+    // Node 2 dies; the master's next batch lists only the others, which take over its share.
+    c.node(2).dead = true;
+    std::vector<PeerRef> alive;
+    for (const auto& m : members) {
+      if (m.id != 2) alive.push_back(m);
+    }
+    std::map<BlockSource::LoadOutcome, int> third;
+    load_all(alive, &third);
+    for (uint64_t i = 0; i < Blocks(); ++i) {
+      BlockId id{MakeFileKey(ufs_->uri(), "f.bin", version_), i};
+      int copies = 0;
+      for (const auto& m : alive) copies += c.node(m.id).store->Contains(id);
+      EXPECT_EQ(copies, static_cast<int>(replicas)) << "block " << i << " after node 2 left";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace granary::worker
