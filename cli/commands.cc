@@ -1,4 +1,5 @@
 #include <sys/stat.h>
+#include <cerrno>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -8,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "cli/deploy.h"
+#include "cli/fluid.h"
 #include "cli/load.h"
 #include "cli/local.h"
 #include "cli/master_conn.h"
@@ -333,6 +336,71 @@ int CmdReport(MasterConn& m, bool json) {
   return 0;
 }
 
+// The FUSE container of a Fluid ThinRuntime: the Dataset's mounts into the namespace, then
+// granary-fuse at Fluid's targetPath (exec'd, so it is the container's process from then on).
+int CmdFluidFuse(const Config& base, const std::string& fluid_config, const std::string& secrets_dir, bool dry_run,
+                 const std::string& config_file) {
+  auto text = ReadFileToString(fluid_config);
+  if (!text.ok()) {
+    return Fail(NotFoundError("cannot read the Fluid config " + fluid_config + ": " + text.status().message() +
+                              " (Fluid writes it for ThinRuntime FUSE containers; --fluid-config names another)"));
+  }
+  auto plan = ParseFluidConfig(*text, secrets_dir);
+  if (!plan.ok()) return Fail(plan.status().WithContext(fluid_config));
+  Config cfg = base;
+  if (plan->master.empty()) {
+    if (const char* env = std::getenv("GRANARY_MASTER"); env && *env) plan->master = env;
+  }
+  if (!plan->master.empty()) {
+    Status st = cfg.Set("master.address", plan->master, "runtimeOptions.master");
+    if (!st.ok()) return Fail(st);
+  }
+  std::vector<std::string> args{"granary-fuse"};
+  if (!config_file.empty()) args.insert(args.end(), {"--config", config_file});
+  args.insert(args.end(), {"--master.address", cfg.master.address, "--fuse.mountpoint", plan->target_path,
+                           "--fuse.root", plan->root});
+  for (const auto& [k, v] : plan->settings) args.insert(args.end(), {"--" + k, v});
+  if (dry_run) {
+    nlohmann::json j;
+    j["master"] = cfg.master.address;
+    j["target_path"] = plan->target_path;
+    j["root"] = plan->root;
+    j["mounts"] = nlohmann::json::array();
+    for (const auto& m : plan->mounts) j["mounts"].push_back({{"path", m.path}, {"uri", m.uri}, {"options", m.options}});
+    j["fuse_args"] = args;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  auto conn = MasterConn::Open(cfg);
+  if (!conn.ok()) return Fail(conn.status());
+  rpc::ListMountsResponse existing;
+  Status st = conn->Call(&rpc::Master::Stub::ListMounts, rpc::ListMountsRequest(), &existing);
+  if (!st.ok()) return Fail(st);
+  for (const auto& m : plan->mounts) {
+    bool have = false;
+    for (const auto& e : existing.mounts()) {
+      if (e.path() == m.path) {
+        if (RedactUri(e.uri()) != RedactUri(m.uri)) {
+          return Fail(FailedPreconditionError(m.path + " is already mounted from " + RedactUri(e.uri()) + ", not " +
+                                              RedactUri(m.uri) + " (granary unmount " + m.path + " first)"));
+        }
+        have = true;
+      }
+    }
+    if (have) continue;
+    if (CmdMount(*conn, m.path, m.uri, m.options) != 0) return 1;
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  std::string self = n > 0 ? std::string(exe, n) : std::string("/usr/local/bin/granary");
+  self = self.substr(0, self.rfind('/')) + "/granary-fuse";
+  execv(self.c_str(), argv.data());
+  return Fail(ErrnoError(errno, "cannot start " + self));
+}
+
 int CmdConfig(bool markdown) {
   if (markdown) {
     std::printf("| key | default | unit | meaning |\n|---|---|---|---|\n");
@@ -431,9 +499,25 @@ int Main(int argc, char** argv) {
   bool jobs_json = false;
   auto* jobs = app.add_subcommand("jobs", "List load jobs with their state and progress");
   jobs->add_flag("--json", jobs_json, "Print JSON");
+  auto* deploy = app.add_subcommand("deploy", "Generate deployment files from the configuration");
+  auto* worker_tiers = deploy->add_subcommand(
+      "worker-tiers", "Print the worker DaemonSet patch (volumes, memory) for worker.tieredstore.levels of --config");
+  deploy->require_subcommand(1);
+  deploy->fallthrough();  // --config after the subcommand names the file, as before it
+  worker_tiers->fallthrough();
+  std::string fluid_config = kFluidConfig, secrets_dir = kFluidSecrets;
+  bool dry_run = false;
+  auto* fluid = app.add_subcommand("fluid-fuse", "Fluid ThinRuntime FUSE entrypoint: mount the Dataset, run granary-fuse");
+  fluid->add_option("--fluid-config", fluid_config, "Fluid's config.json");
+  fluid->add_option("--secrets-dir", secrets_dir, "Where Fluid mounts the secrets of encryptOptions");
+  fluid->add_flag("--dry-run", dry_run, "Print the plan (mounts, granary-fuse arguments) as JSON and stop");
+  fluid->fallthrough();
   auto* config = app.add_subcommand("config", "Print every setting with its default and meaning");
   bool markdown = false;
   config->add_flag("--markdown", markdown, "Print a Markdown table (docs/configuration.md)");
+  std::string get_key;
+  config->add_option("--get", get_key, "Print the effective value of one setting (after --config and flags)");
+  config->fallthrough();
 
   LocalOptions local_opts;
   ConfigFlags local_flags;
@@ -451,6 +535,17 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  if (*config && !get_key.empty()) {
+    auto cfg = BuildConfig(flags);
+    if (!cfg.ok()) return Fail(cfg.status());
+    for (const auto& st : Config::Settings()) {
+      if (st.key == get_key) {
+        std::printf("%s\n", st.get(*cfg).c_str());
+        return 0;
+      }
+    }
+    return Fail(NotFoundError("no setting " + get_key + " (granary config lists them)"));
+  }
   if (*config) return CmdConfig(markdown);
   auto options = ParseMountOptions(raw_options);
   if (!options.ok()) return Fail(options.status());
@@ -461,6 +556,20 @@ int Main(int argc, char** argv) {
     if (!cfg.ok()) return Fail(cfg.status());
     local_opts.options = *options;
     return RunLocal(local_opts, std::move(cfg).value());
+  }
+
+  if (*deploy) {
+    auto cfg = BuildConfig(flags);
+    if (!cfg.ok()) return Fail(cfg.status());
+    auto patch = WorkerTiersPatch(*cfg, flags.config_file.empty() ? "(defaults)" : flags.config_file);
+    if (!patch.ok()) return Fail(patch.status());
+    std::fputs(patch->c_str(), stdout);
+    return *worker_tiers ? 0 : 1;
+  }
+  if (*fluid) {
+    auto cfg = BuildConfig(flags);
+    if (!cfg.ok()) return Fail(cfg.status());
+    return CmdFluidFuse(*cfg, fluid_config, secrets_dir, dry_run, flags.config_file);
   }
 
   // Find the master.

@@ -9,7 +9,11 @@ PKGS=(
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libssl-dev libcurl4-openssl-dev libcpp-httplib-dev
   prometheus  # promtool checks the /metrics endpoints
+  yamllint python3-yaml  # deploy/ checks
   libgtest-dev libgmock-dev libbenchmark-dev python3-botocore libtinyxml2-dev libnfs-dev
   iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
 )
+# kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl is
+# already installed (it may come from another package that owns /usr/bin/kubectl).
+command -v kubectl >/dev/null || PKGS+=(kubernetes-client)
 exec bash "$(dirname "$0")/apt-ensure.sh" "${PKGS[@]}"

@@ -1,0 +1,428 @@
+#!/usr/bin/python3
+"""Deployment checks (issue 9): the Kubernetes manifests render (kubectl kustomize) and pass
+yamllint, and the properties that matter hold in what renders; the worker's volumes are the ones
+generated from the tier config; the Fluid config parser reads Fluid-shaped config.json files; the
+image's runtime packages cover what the binaries load; and the entrypoint script runs the real
+binaries on this machine the way the pods run them (a real FUSE mount).
+
+Run by ctest with GRANARY_BIN_DIR (the built binaries) and GRANARY_SOURCE_DIR.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import yaml
+
+SRC = os.environ.get("GRANARY_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("GRANARY_BIN_DIR", os.path.join(SRC, "build", "bin"))
+DEPLOY = os.path.join(SRC, "deploy")
+K8S = os.path.join(DEPLOY, "kubernetes")
+ENTRYPOINT = os.path.join(DEPLOY, "docker", "granary-entrypoint")
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
+
+
+def render(overlay):
+    r = run(["kubectl", "kustomize", os.path.join(K8S, overlay)])
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def quantity(q):
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    m = re.fullmatch(r"(\d+)([KMGT]i)?", str(q))
+    assert m, q
+    return int(m.group(1)) * units.get(m.group(2), 1)
+
+
+def find(docs, kind, name):
+    for d in docs:
+        if d["kind"] == kind and d["metadata"]["name"] == name:
+            return d
+    raise AssertionError(f"no {kind} {name} in the rendered manifests")
+
+
+def wait_for(pred, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def read(path):
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f.read()
+
+
+def mounted(path):
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+class ManifestTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.docs = render("overlays/gpu")
+        with open(os.path.join(K8S, "base", "granary.yaml")) as f:
+            cls.config_text = f.read()
+        cls.config = yaml.safe_load(cls.config_text)
+
+    def test_yamllint(self):
+        r = run(["yamllint", "-s", "-c", os.path.join(DEPLOY, ".yamllint"), DEPLOY])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_every_overlay_renders(self):
+        for overlay in ("base", "overlays/gpu", "overlays/prometheus-operator"):
+            kinds = [d["kind"] for d in render(overlay)]
+            self.assertIn("DaemonSet", kinds, overlay)
+        self.assertIn("PodMonitor", [d["kind"] for d in render("overlays/prometheus-operator")])
+
+    def test_the_config_map_is_the_config_and_the_config_parses(self):
+        cm = next(d for d in self.docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("granary-config"))
+        self.assertEqual(cm["data"]["granary.yaml"], self.config_text)
+        r = run([os.path.join(BIN, "granary"), "--config", os.path.join(K8S, "base", "granary.yaml"), "config",
+                 "--get", "fuse.mountpoint"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), self.config["fuse"]["mountpoint"])
+
+    def test_master_statefulset(self):
+        sts = find(self.docs, "StatefulSet", "granary-master")
+        svc = find(self.docs, "Service", "granary-master")
+        self.assertEqual(svc["spec"]["clusterIP"], "None")
+        self.assertEqual(sts["spec"]["serviceName"], "granary-master")
+        self.assertTrue(self.config["master"]["address"].startswith("granary-master-0.granary-master:"))
+        claim = sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"]
+        c = sts["spec"]["template"]["spec"]["containers"][0]
+        data = [m for m in c["volumeMounts"] if m["name"] == claim]
+        self.assertEqual(data[0]["mountPath"], self.config["master"]["data_dir"])
+        self.assertTrue(sts["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"])
+        self.check_probes(c, self.config["master"]["metrics_listen"])
+
+    def check_probes(self, container, metrics_listen):
+        port = int(metrics_listen.rsplit(":", 1)[1])
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        self.assertEqual(ports["metrics"], port)
+        self.assertEqual(container["readinessProbe"]["httpGet"]["path"], "/readyz")
+        self.assertEqual(container["livenessProbe"]["httpGet"]["path"], "/healthz")
+        for probe in ("readinessProbe", "livenessProbe"):
+            self.assertIn(container[probe]["httpGet"]["port"], ("metrics", port))
+
+    def test_worker_volumes_and_memory_follow_the_tiers(self):
+        ds = find(self.docs, "DaemonSet", "granary-worker")
+        spec = ds["spec"]["template"]["spec"]
+        self.assertTrue(spec["hostNetwork"])
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        self.assertEqual(terms[0]["matchExpressions"][0]["key"], "nvidia.com/gpu.present")
+        c = spec["containers"][0]
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mem = 0
+        levels = self.config["worker"]["tieredstore"]["levels"]
+        for level in levels:
+            path, quota = level["path"], quantity(level["quota"])
+            names = [n for n, p in mounts.items() if p == path]
+            self.assertEqual(len(names), 1, f"tier {path} is mounted once")
+            v = volumes[names[0]]
+            if level["mediumtype"] == "MEM":
+                self.assertEqual(v["emptyDir"]["medium"], "Memory")
+                self.assertEqual(quantity(v["emptyDir"]["sizeLimit"]), quota)
+                mem += quota
+            else:
+                self.assertEqual(v["hostPath"]["path"], path)
+        self.assertEqual(quantity(c["resources"]["limits"]["memory"]), 2 * 2**30 + mem,
+                         "the MEM tiers are charged to the pod's memory")
+        self.assertEqual(quantity(c["resources"]["requests"]["memory"]), 1 * 2**30 + mem)
+        self.check_probes(c, self.config["worker"]["metrics_listen"])
+        self.assertEqual(volumes["run"]["hostPath"]["path"], os.path.dirname(self.config["worker"]["local_socket"]))
+
+    def test_the_checked_in_tier_patch_is_what_the_generator_makes(self):
+        r = run([os.path.join(BIN, "granary"), "deploy", "worker-tiers", "--config",
+                 "deploy/kubernetes/base/granary.yaml"], cwd=SRC)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(K8S, "overlays", "gpu", "worker-tiers.yaml")) as f:
+            self.assertEqual(f.read(), r.stdout, "run scripts/render-deploy.sh after changing the tiers")
+
+    def test_fuse_daemonset(self):
+        ds = find(self.docs, "DaemonSet", "granary-fuse")
+        spec = ds["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        self.assertTrue(c["securityContext"]["privileged"])
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        dev = next(n for n, v in volumes.items() if v.get("hostPath", {}).get("path") == "/dev/fuse")
+        self.assertEqual(volumes[dev]["hostPath"]["type"], "CharDevice")
+        self.assertEqual(mounts[dev]["mountPath"], "/dev/fuse")
+        bidi = [m for m in c["volumeMounts"] if m.get("mountPropagation") == "Bidirectional"]
+        self.assertEqual(len(bidi), 1)
+        host_dir = volumes[bidi[0]["name"]]["hostPath"]["path"]
+        mountpoint = self.config["fuse"]["mountpoint"]
+        self.assertEqual(bidi[0]["mountPath"], host_dir, "same path inside and on the host")
+        self.assertEqual(os.path.dirname(mountpoint), host_dir, "the mount point is inside the propagated directory")
+        self.assertIn("fuse-stop", " ".join(c["lifecycle"]["preStop"]["exec"]["command"]))
+        self.check_probes(c, self.config["fuse"]["metrics_listen"])
+        self.assertEqual(volumes["run"]["hostPath"]["path"], os.path.dirname(self.config["worker"]["local_socket"]),
+                         "the FUSE pod sees the worker's local socket")
+        self.__class__.fuse_host_dir = host_dir
+
+    def test_training_job_sees_the_mount_through_host_to_container(self):
+        with open(os.path.join(K8S, "examples", "training-job.yaml")) as f:
+            job = yaml.safe_load(f)
+        spec = job["spec"]["template"]["spec"]
+        m = spec["containers"][0]["volumeMounts"][0]
+        self.assertEqual(m["mountPath"], "/data")
+        self.assertEqual(m["mountPropagation"], "HostToContainer")
+        v = next(v for v in spec["volumes"] if v["name"] == m["name"])
+        self.assertEqual(v["hostPath"]["path"], os.path.dirname(self.config["fuse"]["mountpoint"]),
+                         "the pod mounts the directory the FUSE pod mounts into, not the mount point")
+
+    def test_no_secret_value_inline(self):
+        docs = list(self.docs)
+        for root, _, files in os.walk(DEPLOY):
+            for name in files:
+                if name.endswith((".yaml", ".yml")):
+                    with open(os.path.join(root, name)) as f:
+                        docs += [d for d in yaml.safe_load_all(f) if d]
+        secret_words = re.compile(r"(secret|password|token|access[_-]?key|credential)", re.I)
+        for d in docs:
+            self.assertFalse(d.get("kind") == "Secret" and (d.get("data") or d.get("stringData")),
+                             f"Secret {d.get('metadata', {}).get('name')} carries values")
+
+            def walk(node, path):
+                if isinstance(node, dict):
+                    if "name" in node and "value" in node and secret_words.search(str(node["name"])):
+                        self.fail(f"{path}: env {node['name']} has an inline value")
+                    for k, v in node.items():
+                        walk(v, path + "." + str(k))
+                elif isinstance(node, list):
+                    for i, v in enumerate(node):
+                        walk(v, f"{path}[{i}]")
+            walk(d, d.get("kind", "?"))
+        for kind in ("StatefulSet", "DaemonSet"):
+            for d in self.docs:
+                if d["kind"] == kind:
+                    secrets = [v for v in d["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+                    self.assertTrue(secrets, f"{d['metadata']['name']} mounts its secrets as files")
+
+    def test_pods_are_scraped(self):
+        for d in self.docs:
+            if d["kind"] in ("StatefulSet", "DaemonSet"):
+                a = d["spec"]["template"]["metadata"]["annotations"]
+                self.assertEqual(a["prometheus.io/scrape"], "true")
+                self.assertEqual(a["prometheus.io/path"], "/metrics")
+
+
+class FluidTest(unittest.TestCase):
+    def plan(self, config, secrets="/etc/fluid/secrets"):
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            f.write(config if isinstance(config, str) else json.dumps(config))
+            f.flush()
+            r = run([os.path.join(BIN, "granary"), "fluid-fuse", "--dry-run", "--fluid-config", f.name,
+                     "--secrets-dir", secrets], env={**os.environ, "GRANARY_MASTER": ""})
+        return r
+
+    def test_examples_parse(self):
+        r = self.plan(read(os.path.join(DEPLOY, "fluid", "examples", "config-s3.json")))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        p = json.loads(r.stdout)
+        self.assertEqual(p["target_path"], "/runtime-mnt/thin/default/imagenet/thin-fuse")
+        self.assertEqual(p["root"], "/imagenet", "a single dataset is the mount's root")
+        m = p["mounts"][0]
+        self.assertEqual((m["path"], m["uri"]), ("/imagenet", "s3://datasets/imagenet"))
+        self.assertEqual(m["options"]["access_key_file"], "/etc/fluid/secrets/imagenet-s3/access-key")
+        self.assertEqual(m["options"]["secret_key_file"], "/etc/fluid/secrets/imagenet-s3/secret-key")
+        self.assertEqual(m["options"]["endpoint"], "http://rgw.storage.svc:7480")
+        self.assertIn("--fuse.mountpoint", p["fuse_args"])
+
+        r = self.plan(read(os.path.join(DEPLOY, "fluid", "examples", "config-multi.json")))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        p = json.loads(r.stdout)
+        self.assertEqual(p["master"], "granary-master-0.granary-master.granary:19998")
+        self.assertEqual([m["path"] for m in p["mounts"]], ["/coco", "/web/laion"])
+        self.assertEqual(p["mounts"][0]["options"]["fs.oss.accessKeySecret"], "/etc/fluid/secrets/oss-cred/secret")
+        self.assertEqual(p["root"], "/")
+        self.assertEqual(p["fuse_args"][-2:], ["--fuse.max_threads", "32"])
+
+    def test_bad_configs_get_clear_errors(self):
+        base = json.loads(read(os.path.join(DEPLOY, "fluid", "examples", "config-s3.json")))
+        cases = [
+            ("not json", "not a JSON object"),
+            ({**base, "targetPath": ""}, "no targetPath"),
+            ({**base, "mounts": []}, "no mounts"),
+            ({**base, "accessModes": ["ReadWriteMany"]}, "read-only"),
+            ({**base, "runtimeOptions": {"colour": "blue"}}, "not a Granary option"),
+            ({**base, "mounts": [{**base["mounts"][0], "encryptOptions": [
+                {"name": "password", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}, "known:"),
+            ({**base, "mounts": [{**base["mounts"][0], "encryptOptions": [
+                {"name": "access_key", "valueFrom": {"secretKeyRef": {"name": "../etc", "key": "k"}}}]}]},
+             "secretKeyRef"),
+            ({**base, "mounts": [{**base["mounts"][0], "options": {"secret_key": "inline!"}}]}, "encryptOptions"),
+        ]
+        for config, says in cases:
+            r = self.plan(config)
+            self.assertNotEqual(r.returncode, 0, config)
+            self.assertIn(says, r.stderr, config)
+            self.assertNotIn("inline!", r.stderr + r.stdout, "a secret value is never echoed")
+
+    def test_fluid_manifests(self):
+        kinds = []
+        for name in ("thinruntimeprofile.yaml", "dataset.yaml", "dataload.yaml"):
+            with open(os.path.join(DEPLOY, "fluid", name)) as f:
+                kinds += [d["kind"] for d in yaml.safe_load_all(f) if d]
+        self.assertEqual(sorted(set(kinds)), ["DataLoad", "Dataset", "Job", "ThinRuntime", "ThinRuntimeProfile"])
+
+
+class ImageTest(unittest.TestCase):
+    def test_runtime_packages_cover_every_library_the_binaries_load(self):
+        with open(os.path.join(DEPLOY, "docker", "Dockerfile")) as f:
+            text = f.read()
+        block = text.split("# runtime-packages:begin")[1].split("# runtime-packages:end")[0]
+        listed = set(re.findall(r"\b(lib[\w.+-]+|fuse3|ca-certificates)\b", block))
+        libs = set()
+        for b in ("granary", "granary-master", "granary-worker", "granary-fuse"):
+            out = run(["ldd", os.path.join(BIN, b)]).stdout
+            for lib in re.findall(r"=> (/\S+)", out):
+                libs.add(lib)
+        # dpkg knows files by the path it installed them at (/lib/... or /usr/lib/...), one call for all.
+        paths = sorted(libs | {os.path.realpath(lib) for lib in libs} |
+                       {lib.replace("/lib/", "/usr/lib/", 1) for lib in libs if lib.startswith("/lib/")})
+        owners = run(["dpkg", "-S", *paths]).stdout
+        needed = set()
+        for line in owners.splitlines():
+            pkg = line.split(":")[0].strip()
+            if pkg and pkg not in ("libc6", "libgcc-s1", "libstdc++6", "zlib1g"):
+                needed.add(pkg)
+        self.assertTrue(needed, "dpkg found the binaries' libraries")
+        # Debian's slim image has libc, libgcc, libstdc++ and zlib; everything else is listed, directly
+        # or as a dependency of a listed package (apt pulls those in).
+        r = run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
+                 "--no-breaks", "--no-replaces", "--no-enhances", *sorted(listed)], timeout=300)
+        deps = {line.strip().split(":")[-1].strip() for line in r.stdout.splitlines()}
+        missing = sorted(p for p in needed if p not in listed and p not in deps)
+        self.assertEqual(missing, [], "add these to the Dockerfile's runtime packages")
+        self.assertIn("USER granary", text)
+        self.assertRegex(text, r"FROM debian:12 AS build")
+
+
+class EntrypointTest(unittest.TestCase):
+    """The image's entrypoint, run here as the pods run it: master, worker and FUSE from one config
+    file, a real mount, the preStop unmount, and Fluid's FUSE role from a Fluid config.json."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="granary-entry-")
+        self.procs = []
+        self.mounts = []
+        os.makedirs(os.path.join(self.dir, "data", "ds"))
+        self.payload = os.urandom(300_000)
+        with open(os.path.join(self.dir, "data", "ds", "x.bin"), "wb") as f:
+            f.write(self.payload)
+        self.config = os.path.join(self.dir, "granary.yaml")
+        with open(self.config, "w") as f:
+            f.write(f"""master:
+  listen: "127.0.0.1:0"
+  data_dir: {self.dir}/master
+  metrics_listen: "127.0.0.1:0"
+worker:
+  listen: "127.0.0.1:0"
+  metrics_listen: "127.0.0.1:0"
+  heartbeat_interval: 200ms
+  local_socket: {self.dir}/worker.sock
+  tieredstore:
+    levels:
+      - {{mediumtype: SSD, path: {self.dir}/cache, quota: 1Gi}}
+fuse:
+  mountpoint: {self.dir}/fuse/granary
+  metrics_listen: "127.0.0.1:0"
+  keep_cache: false
+""")
+        self.env = {**os.environ, "GRANARY_CONFIG": self.config, "GRANARY_BIN": BIN,
+                    "GRANARY_HOME": os.path.join(self.dir, "home")}
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        for m in self.mounts:
+            if mounted(m):
+                subprocess.run(["umount", "-l", m], check=False)
+        subprocess.run(["rm", "-rf", self.dir], check=False)
+
+    def start(self, *args, name):
+        with open(os.path.join(self.dir, name + ".log"), "w") as log:
+            p = subprocess.Popen([ENTRYPOINT, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def ready(self, path, proc):
+        wait_for(lambda: os.path.exists(path) or proc.poll() is not None, what=path)
+        self.assertIsNone(proc.poll(), read(path.replace(".addr", ".log")))
+        return read(path).strip()
+
+    def cli(self, *args):
+        return run([os.path.join(BIN, "granary"), "--master", self.master, *args], env=self.env)
+
+    def test_the_pods_roles_run_the_real_binaries(self):
+        d = self.dir
+        m = self.start("master", "--ready-file", f"{d}/master.addr", name="master")
+        self.master = self.ready(f"{d}/master.addr", m)
+        w = self.start("worker", "--master.address", self.master, "--ready-file", f"{d}/worker.addr", name="worker")
+        worker = self.ready(f"{d}/worker.addr", w)
+        r = self.cli("mount", "/ds", f"file://{d}/data/ds")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        mountpoint = f"{d}/fuse/granary"
+        os.makedirs(mountpoint)
+        self.mounts.append(mountpoint)
+        f = self.start("fuse", "--master.address", self.master, "--fuse.worker", worker, "--ready-file",
+                       f"{d}/fuse.addr", name="fuse")
+        self.ready(f"{d}/fuse.addr", f)
+        with open(f"{mountpoint}/ds/x.bin", "rb") as fh:
+            self.assertEqual(fh.read(), self.payload)
+        # readiness as the probes see it
+        for name in ("master", "worker", "fuse"):
+            addr = read(f"{d}/{name}.addr.metrics").strip()
+            r = run(["python3", "-c", f"import urllib.request;print(urllib.request.urlopen('http://{addr}/readyz').status)"])
+            self.assertEqual(r.stdout.strip(), "200", name + r.stderr)
+
+        # preStop: the mount goes, and granary-fuse ends by itself.
+        stop = run([ENTRYPOINT, "fuse-stop"], env=self.env)
+        self.assertEqual(stop.returncode, 0, stop.stderr)
+        wait_for(lambda: not mounted(mountpoint), what="the unmount")
+        wait_for(lambda: f.poll() is not None, what="granary-fuse to exit")
+
+        # Fluid's FUSE role: the Dataset from config.json, mounted at Fluid's targetPath.
+        target = f"{d}/runtime-mnt/thin/default/ds2/thin-fuse"
+        os.makedirs(target)
+        self.mounts.append(target)
+        os.makedirs(f"{d}/secrets/cred")
+        with open(f"{d}/fluid.json", "w") as fh:
+            json.dump({"mounts": [{"mountPoint": f"file://{d}/data/ds", "name": "ds2"}], "targetPath": target,
+                       "runtimeOptions": {"master": self.master, "granary.fuse.worker": worker},
+                       "accessModes": ["ReadOnlyMany"]}, fh)
+        fl = self.start("fluid-fuse", "--fluid-config", f"{d}/fluid.json", "--secrets-dir", f"{d}/secrets",
+                        name="fluid")
+        wait_for(lambda: mounted(target) or fl.poll() is not None, what="the Fluid mount")
+        self.assertTrue(mounted(target), read(f"{d}/fluid.log"))
+        with open(f"{target}/x.bin", "rb") as fh:
+            self.assertEqual(fh.read(), self.payload, "the dataset is the root of Fluid's target path")
+        self.assertIn("/ds2", self.cli("mounts").stdout)
+        fl.send_signal(signal.SIGTERM)
+        self.assertEqual(fl.wait(timeout=30), 0)
+        self.assertFalse(mounted(target))
+        for p in (w, m):
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=30), 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
