@@ -530,8 +530,12 @@ class FuseMountImpl final : public FuseMount {
     mountpoint_ = cfg.fuse.mountpoint;
     char real[PATH_MAX];
     struct stat st {};
-    if (stat(mountpoint_.c_str(), &st) != 0) {
-      if (errno == ENOTCONN || errno == ECONNABORTED) {
+    // A dead FUSE mount (its daemon killed) may still answer stat() from the kernel's attribute
+    // cache; statfs() always asks the daemon, so it is what tells a dead mount apart.
+    struct statvfs probe {};
+    bool dead = statvfs(mountpoint_.c_str(), &probe) != 0 && (errno == ENOTCONN || errno == ECONNABORTED);
+    if (dead || stat(mountpoint_.c_str(), &st) != 0) {
+      if (dead || errno == ENOTCONN || errno == ECONNABORTED) {
         spdlog::warn("clearing a stale mount at {} (Transport endpoint is not connected)", mountpoint_);
         Unmount(mountpoint_);
         umount2(mountpoint_.c_str(), MNT_DETACH);

@@ -423,6 +423,50 @@ fuse:
             p.send_signal(signal.SIGTERM)
             self.assertEqual(p.wait(timeout=30), 0)
 
+    def test_a_replaced_fuse_pod_reaches_running_training_pods(self):
+        """The Upgrades story, with the kernel's real propagation: the FUSE pod's directory is a
+        shared mount (Bidirectional), a training pod's view of it is a slave bind (HostToContainer).
+        A FUSE process killed with -9 leaves a dead mount; the next one clears it and mounts again,
+        and the training pod's view shows the new mount without being restarted."""
+        d = self.dir
+        m = self.start("master", "--ready-file", f"{d}/master.addr", name="master")
+        self.master = self.ready(f"{d}/master.addr", m)
+        w = self.start("worker", "--master.address", self.master, "--ready-file", f"{d}/worker.addr", name="worker")
+        worker = self.ready(f"{d}/worker.addr", w)
+        self.assertEqual(self.cli("mount", "/ds", f"file://{d}/data/ds").returncode, 0)
+        host_dir, pod_view = f"{d}/fuse", f"{d}/pod-data"
+        mountpoint = f"{host_dir}/granary"
+        os.makedirs(mountpoint)
+        os.makedirs(pod_view)
+        self.mounts += [mountpoint, f"{pod_view}/granary", pod_view, host_dir]
+        for cmd in (["mount", "--bind", host_dir, host_dir], ["mount", "--make-shared", host_dir],
+                    ["mount", "--bind", host_dir, pod_view], ["mount", "--make-rslave", pod_view]):
+            r = run(cmd)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        args = ["--master.address", self.master, "--fuse.worker", worker, "--ready-file", f"{d}/fuse.addr"]
+        f1 = self.start("fuse", *args, name="fuse1")
+        self.ready(f"{d}/fuse.addr", f1)
+        with open(f"{pod_view}/granary/ds/x.bin", "rb") as fh:
+            self.assertEqual(fh.read(), self.payload, "the pod sees the mount")
+        f1.kill()  # the FUSE pod dies without unmounting
+        f1.wait(timeout=30)
+        with self.assertRaises(OSError) as dead:
+            os.listdir(f"{mountpoint}/ds")  # a request to the daemon (attributes may be cached)
+        self.assertEqual(dead.exception.errno, 107, "ENOTCONN: Transport endpoint is not connected")
+        os.remove(f"{d}/fuse.addr")
+        f2 = self.start("fuse", *args, name="fuse2")
+        self.ready(f"{d}/fuse.addr", f2)
+        with open(f"{pod_view}/granary/ds/x.bin", "rb") as fh:
+            self.assertEqual(fh.read(), self.payload, "the running pod sees the new mount")
+        self.assertIn("stale", read(f"{d}/fuse2.log"))
+        r = run([ENTRYPOINT, "fuse-stop"], env=self.env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        wait_for(lambda: f2.poll() is not None, what="granary-fuse to exit")
+        self.assertFalse(os.path.exists(f"{pod_view}/granary/ds"), "no dead mount is left in the pod's view")
+        for p in (w, m):
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=30), 0)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
