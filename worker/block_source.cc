@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <optional>
+
 namespace granary::worker {
 
 BlockSource::BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter* reporter, Placement* placement)
@@ -166,10 +168,16 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   if (t.len == 0) return LoadOutcome::kNotMine;
   if (replicas == 0) replicas = t.mount.replicas;
   Route route;  // alone: fetch from the under-storage and keep
+  std::optional<PeerRef> home;  // a holder copies from the home of the batch's ranking
   if (!members.empty()) {
     size_t self = LoadRank(t.meta.id, members, self_id);
     if (self >= replicas) return LoadOutcome::kNotMine;
     route.ask_peers = self != 0 && placement_ != nullptr;
+    if (route.ask_peers) {
+      for (const auto& m : members) {
+        if (LoadRank(t.meta.id, members, m.id) == 0) home = m;
+      }
+    }
   } else if (placement_ != nullptr) {
     size_t self = kNotRanked;
     std::vector<PeerRef> ranked = placement_->Rank(t.meta.id, &self);
@@ -180,6 +188,33 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   }
   if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;
   if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
+  if (home) {
+    // Ask the home the master's list names, not this worker's own view of the membership, which
+    // may lag or still hold a peer marked down: the block is then fetched from the under-storage
+    // once, by that home, and the copy lands here.
+    std::string data;
+    Status st = placement_->ReadFromPeer(*home, req, &data);
+    if (st.ok() && data.size() == t.meta.length) {
+      counters_.peer_reads++;
+      counters_.peer_bytes += data.size();
+      if (t.mount.policy) store_->SetMountPolicy(req.mount_id, *t.mount.policy);
+      Status put = store_->Put(t.meta, data);
+      if (put.ok()) {
+        reporter_->BlockAdded(t.meta);
+        counters_.loaded_blocks++;
+        counters_.loaded_bytes += data.size();
+        return LoadOutcome::kFetched;
+      }
+      if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;  // a reader cached it meanwhile
+      return ResourceExhaustedError("fetched but not kept (" + put.message() + "): raise the tier quotas, free "
+                                    "other datasets, or check the cache policy");
+    }
+    if (!st.ok() && !st.IsRetryable()) return st;
+    if (st.ok()) return DataLossError("the home worker sent " + std::to_string(data.size()) + " bytes of a " +
+                                      std::to_string(t.meta.length) + "-byte block");
+    spdlog::warn("load: home {} failed ({}); fetching the usual way", home->address, st.message());
+    placement_->PeerFailed(*home);
+  }
   ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
   if (!store_->Contains(t.meta.id)) {
     return ResourceExhaustedError("fetched but not kept: the cache has no room it may use (raise the tier quotas, "
