@@ -193,7 +193,9 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     // may lag or still hold a peer marked down: the block is then fetched from the under-storage
     // once, by that home, and the copy lands here.
     std::string data;
-    Status st = placement_->ReadFromPeer(*home, req, &data);
+    BlockRequest whole = req;
+    whole.length = t.meta.length;  // the block's real length (the file's last block is shorter)
+    Status st = placement_->ReadFromPeer(*home, whole, &data);
     if (st.ok() && data.size() == t.meta.length) {
       counters_.peer_reads++;
       counters_.peer_bytes += data.size();

@@ -154,7 +154,11 @@ Status Node::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::str
   BlockRequest r = req;
   r.from_peer = true;
   bool hit;
-  return target.source->Read(r, out, &hit);
+  RETURN_IF_ERROR(target.source->Read(r, out, &hit));
+  if (out->size() != req.length) {  // as PeerSet::ReadFromPeer checks
+    return DataLossError("peer returned " + std::to_string(out->size()) + " bytes, wanted " + std::to_string(req.length));
+  }
+  return Status::OK();
 }
 
 Status Node::PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) {
