@@ -389,6 +389,7 @@ class MasterServerImpl final : public MasterServer {
     int port = 0;
     builder.AddListeningPort(cfg.master.listen, sec_->ServerCredentials(), &port);
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    AllowKeepalivePings(&builder);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();

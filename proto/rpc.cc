@@ -61,6 +61,12 @@ std::shared_ptr<grpc::Channel> RpcSecurity::MakeChannel(const std::string& addre
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  // A peer that vanishes without closing its connection (host down, link cut) fails the calls in
+  // flight after kKeepalive + kKeepaliveTimeout instead of at their deadline: pings go out while a
+  // call waits, however long it waits without data.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(std::chrono::milliseconds(kKeepalive).count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(std::chrono::milliseconds(kKeepaliveTimeout).count()));
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (ca_.empty()) {
     creds = grpc::InsecureChannelCredentials();
@@ -106,6 +112,12 @@ Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const 
     return DataLossError(who + " returned " + std::to_string(got) + " bytes of a block, wanted " + std::to_string(want));
   }
   return Status::OK();
+}
+
+void AllowKeepalivePings(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              static_cast<int>(std::chrono::milliseconds(kKeepalive).count() / 2));
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
 }
 
 }  // namespace granary

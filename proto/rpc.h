@@ -23,6 +23,13 @@ namespace granary {
 grpc::Status ToGrpc(const Status& s);
 Status FromGrpc(const grpc::Status& s, const std::string& context);
 
+// Client keepalive: while a call is open, a ping every kKeepalive; no answer within
+// kKeepaliveTimeout closes the connection and fails its calls (UNAVAILABLE), so a peer whose host
+// vanished costs seconds, not a call deadline. Servers must accept those pings (AllowKeepalivePings).
+constexpr std::chrono::seconds kKeepalive{5};
+constexpr std::chrono::seconds kKeepaliveTimeout{5};
+void AllowKeepalivePings(grpc::ServerBuilder* builder);
+
 // Largest message either side accepts (a 1 MiB chunk plus framing, or a large listing page).
 constexpr int kMaxMessageBytes = 16 * 1024 * 1024;
 
@@ -51,11 +58,16 @@ class StubHolder {
  public:
   using Stub = typename Service::Stub;
   StubHolder(std::shared_ptr<RpcSecurity> sec, std::string address)
-      : sec_(std::move(sec)), address_(std::move(address)), stub_(Service::NewStub(sec_->MakeChannel(address_))) {}
+      : sec_(std::move(sec)), address_(std::move(address)), channel_(sec_->MakeChannel(address_)),
+        stub_(Service::NewStub(channel_)) {}
 
   std::shared_ptr<Stub> Get() {
     std::lock_guard<std::mutex> lock(mu_);
     return stub_;
+  }
+  std::shared_ptr<grpc::Channel> Channel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return channel_;
   }
   // Call with every finished call's status; returns it unchanged.
   const grpc::Status& Note(const grpc::Status& st) {
@@ -63,7 +75,8 @@ class StubHolder {
     std::lock_guard<std::mutex> lock(mu_);
     auto now = std::chrono::steady_clock::now();
     if (now - last_reset_ > std::chrono::milliseconds(500)) {
-      stub_ = Service::NewStub(sec_->MakeChannel(address_));
+      channel_ = sec_->MakeChannel(address_);
+      stub_ = Service::NewStub(channel_);
       last_reset_ = now;
     }
     return st;
@@ -74,6 +87,7 @@ class StubHolder {
   std::shared_ptr<RpcSecurity> sec_;
   const std::string address_;
   std::mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_;              // GUARDED_BY(mu_)
   std::shared_ptr<Stub> stub_;                          // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point last_reset_{};  // GUARDED_BY(mu_)
 };

@@ -90,6 +90,15 @@ rpc::ReadBlockRequest PeerSet::ToProto(const BlockRequest& req) {
 
 Status PeerSet::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) {
   auto holder = Stub(peer.address);
+  // Not connected yet (or reconnecting): give it kConnectTimeout, not the call's whole deadline —
+  // a host that vanished never answers a connect.
+  auto channel = holder->Channel();
+  if (channel->GetState(true) != GRPC_CHANNEL_READY &&
+      !channel->WaitForConnected(std::chrono::system_clock::now() + kConnectTimeout)) {
+    holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+    return UnavailableError("worker " + std::to_string(peer.id) + " at " + peer.address + ": no connection within " +
+                            std::to_string(kConnectTimeout.count()) + " s");
+  }
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, timeout_);
   Status st = ReadBlockStream(*holder->Get(), ctx, ToProto(req), req.length, out,

@@ -13,7 +13,9 @@
 // Failure handling. A peer that fails a call with a retryable error is marked down for kDownFor
 // and left out of every ranking meanwhile, so the next-ranked worker becomes the home at once —
 // readers do not wait for the master to time the worker out (master.worker_timeout). The master's
-// next list brings it back when it is alive again.
+// next list brings it back when it is alive again. A peer whose host vanished without closing its
+// connections is noticed by the connect timeout (kConnectTimeout) or, for calls already open, by
+// gRPC keepalive (kKeepalive + kKeepaliveTimeout in proto/rpc.h), not at the call's deadline.
 //
 // Thread-safe: one mutex guards the membership; peer calls run outside it.
 #pragma once
@@ -35,6 +37,8 @@ class PeerSet final : public Placement {
  public:
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
   static constexpr std::chrono::seconds kDownFor{10};
+  // How long a read waits for a connection to a peer that has none (then: the next worker).
+  static constexpr std::chrono::seconds kConnectTimeout{2};
 
   PeerSet(std::shared_ptr<RpcSecurity> sec, std::chrono::milliseconds timeout,
           Clock clock = std::chrono::steady_clock::now);

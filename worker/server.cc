@@ -197,6 +197,7 @@ class WorkerServerImpl final : public WorkerServer {
     int port = 0;
     builder.AddListeningPort(cfg.worker.listen, sec_->ServerCredentials(), &port);
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    AllowKeepalivePings(&builder);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     auto stats = [this] { return Stats(); };
     peers_ = std::make_unique<PeerSet>(sec_, cfg.rpc.timeout);

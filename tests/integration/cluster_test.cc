@@ -140,7 +140,10 @@ class ClusterTest : public ::testing::Test {
     workers_[n] = std::make_unique<Process>(
         InNs(NodeNs(n), {Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
                          "--worker.heartbeat_interval", "200ms", "--worker.cache_dir", node + "/cache",
-                         "--worker.cache_quota", "1Gi", "--ready-file", node + "/worker.addr"}),
+                         "--worker.cache_quota", "1Gi", "--ready-file", node + "/worker.addr",
+                         // Peer calls never reach their deadline here: a vanished peer must be noticed
+                         // by connect timeouts and keepalive (see VanishedWorker... below).
+                         "--rpc.timeout", "1h"}),
         node + "/worker.log");
     worker_addr_[n] = WaitForReadyFile(node + "/worker.addr", workers_[n].get());
     if (worker_addr_[n].empty()) return *why = "worker " + std::to_string(n) + " did not start:\n" + workers_[n]->Log(), false;
@@ -326,6 +329,30 @@ TEST_F(ClusterTest, LoadWithReplicasSpreadsCopiesOverTheWorkers) {
   ASSERT_EQ(again.code, 0) << again.out;
   EXPECT_EQ(nlohmann::json::parse(again.out)["bytes_fetched"], 0);
   EXPECT_LT(StorageTxBytes() - tx0, 64u * 1024);
+}
+
+// A worker whose host vanishes without closing its connections (its link cut: no RST, no FIN):
+// reads that need it fail over within seconds — a connect timeout for new connections, keepalive
+// for open ones — not at the call deadline (1 h for these workers).
+TEST_F(ClusterTest, AVanishedWorkerCostsSecondsNotTheCallDeadline) {
+  struct LinkBack {
+    ~LinkBack() { RunCommand({"ip", "-n", NodeNs(2), "link", "set", "eth0", "up"}); }
+  } link_back;
+  // Node 1 reads everything once, so its worker has live connections to nodes 2 and 3.
+  std::atomic<int> bad{0};
+  ReadEpoch(1, 11, &bad);
+  ASSERT_EQ(bad.load(), 0);
+  ASSERT_EQ(RunCommand({"ip", "-n", NodeNs(2), "link", "set", "eth0", "down"}).code, 0);
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    ReadEpoch(1, 12, &bad);  // blocks whose home is node 2 go to the next worker
+    done = true;
+  });
+  bool finished = WaitFor([&] { return done.load(); }, std::chrono::seconds(120));
+  if (!finished) RunCommand({"ip", "-n", NodeNs(2), "link", "set", "eth0", "up"});  // let the reader end
+  reader.join();
+  EXPECT_TRUE(finished) << "a read waited for the vanished worker's call deadline";
+  EXPECT_EQ(bad.load(), 0);
 }
 
 }  // namespace
