@@ -53,7 +53,7 @@ int Policy(int argc, char** argv) {
   const int epochs = std::stoi(Flag(argc, argv, "epochs", "5"));
   const std::string base = Flag(argc, argv, "dir", "/dev/shm");
   const uint64_t data = 4096;
-  const uint64_t file = BlockHeaderLen(data) + data;
+  const uint64_t file = BlockFileBytes(data);
   const std::string payload(data, 'x');
   std::printf("| policy | cache/dataset |");
   for (int e = 1; e <= epochs; ++e) std::printf(" epoch %d |", e);
@@ -120,7 +120,7 @@ int Eviction(int argc, char** argv) {
   TierLevel l;
   l.medium = "SSD";
   l.paths = {dir};
-  l.quotas = {blocks * (BlockHeaderLen(data) + data)};
+  l.quotas = {blocks * (BlockFileBytes(data))};
   l.high = 1.0;
   l.low = 1.0;
   o.levels = {l};

@@ -29,6 +29,9 @@ StatusOr<std::string> ParseAs<std::string>(SettingKind kind, std::string_view te
     }
     return InvalidArgumentError("'" + v + "' is not a log level (trace, debug, info, warn, error, critical, off)");
   }
+  if (kind == SettingKind::kOpenMode && v != "auto" && v != "kernel" && v != "passthrough" && v != "daemon") {
+    return InvalidArgumentError("'" + v + "' is not a read mode (auto, kernel, passthrough or daemon)");
+  }
   return v;
 }
 template <>
@@ -76,6 +79,7 @@ const char* UnitOf(SettingKind kind) {
     case SettingKind::kBool: return "true/false";
     case SettingKind::kCount: return "count";
     case SettingKind::kLogLevel: return "level";
+    case SettingKind::kOpenMode: return "mode";
     case SettingKind::kPolicy: return "lru or shuffle";
     case SettingKind::kTierLevels: return "list of levels";
     case SettingKind::kSyncInterval: return "never, always or a duration";
@@ -228,6 +232,16 @@ std::vector<Setting> MakeSettings() {
                   "re-read costs no request at all. The pages count against the node's memory like any file "
                   "cache; false makes every open read from the worker (benchmarks of the tiers want that).",
                   &Config::fuse, &FuseConfig::keep_cache));
+  t.push_back(Row("fuse.open", K::kOpenMode, "auto",
+                  "How reads of cached files reach their bytes. kernel: opens are answered by the kernel itself "
+                  "(no OPEN, RELEASE or FLUSH request) and a re-read is served from the page cache without asking "
+                  "granary-fuse. passthrough: a file that fits in one block and is cached on this node is opened "
+                  "on its cache data file, and the kernel reads it (read, pread, mmap) straight from there; other "
+                  "files go through granary-fuse. daemon: every open and every uncached read asks granary-fuse "
+                  "(the version of a file is pinned per open). auto: passthrough when the kernel offers it "
+                  "(Linux >= 6.9) and granary-fuse has CAP_SYS_ADMIN, else kernel. A mode that cannot work falls "
+                  "back (logged once, and in /metrics as granary_fuse_open_mode). See \"Read modes\".",
+                  &Config::fuse, &FuseConfig::open));
   t.push_back(Row("fuse.zero_copy", K::kBool, "true",
                   "Read cached blocks through the worker's local socket (worker.local_socket): the block file's "
                   "descriptor is passed and its pages spliced into the reply, nothing copied. false: every "

@@ -73,6 +73,7 @@ struct FuseConfig {
   bool keep_cache = true;           // keep the kernel's page cache across opens of an unchanged file
   bool zero_copy = true;            // read cached blocks through the worker's local socket
   uint64_t readahead_blocks = 0;    // blocks warmed ahead of a sequential reader
+  std::string open = "auto";        // read mode: auto, kernel, passthrough or daemon (fuse/mount.h)
 };
 
 struct RpcConfig {
@@ -87,7 +88,7 @@ struct LogConfig {
   std::string level;
 };
 
-enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel, kPolicy, kTierLevels, kSyncInterval };
+enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel, kPolicy, kTierLevels, kSyncInterval, kOpenMode };
 
 struct Config;
 

@@ -271,4 +271,27 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
   return Status::OK();
 }
 
+StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file) {
+  uint64_t size = file.attr().size();
+  if (size == 0 || size > file.block_size()) return InvalidArgumentError("not a one-block file");
+  auto ch = Local();
+  if (!ch) return UnavailableError("no local worker socket");
+  rpc::ReadBlockRequest req;
+  req.set_mount_id(file.mount_id());
+  req.set_ufs_path(file.ufs_path());
+  req.set_version(file.version());
+  req.set_file_size(size);
+  req.set_block_size(file.block_size());
+  req.set_index(0);
+  req.set_offset(0);
+  req.set_length(size);
+  LocalChannel::Piece piece;
+  Status st = ch->LeaseFile(req, &piece);
+  if (st.code() == Code::kUnavailable) DropLocal(ch);
+  RETURN_IF_ERROR(st);
+  auto lease = std::make_unique<FileLease>(ch, std::move(piece));
+  if (lease->length() != size || lease->fd() < 0) return DataLossError("the worker leased a data file of the wrong size");
+  return lease;
+}
+
 }  // namespace granary::fuse

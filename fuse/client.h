@@ -46,6 +46,23 @@ class ReadResult {
   std::shared_ptr<LocalChannel> channel_;  // holds the leases
 };
 
+// The whole data file of a one-block file, leased from the local worker for a passthrough open:
+// `fd` holds the file's bytes at their own offsets. The worker keeps the block (no eviction, no
+// move) until the lease is destroyed.
+class FileLease {
+ public:
+  FileLease(std::shared_ptr<LocalChannel> ch, LocalChannel::Piece p) : channel_(std::move(ch)), piece_(std::move(p)) {}
+  FileLease(const FileLease&) = delete;
+  FileLease& operator=(const FileLease&) = delete;
+  ~FileLease() { channel_->Release(&piece_); }
+  int fd() const { return piece_.fd; }
+  uint64_t length() const { return piece_.length; }
+
+ private:
+  std::shared_ptr<LocalChannel> channel_;
+  LocalChannel::Piece piece_;
+};
+
 struct ClientCounters {
   std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0}, prefetch_hints{0};
 };
@@ -62,6 +79,10 @@ class Client {
   StatusOr<rpc::WorkerStats> WorkerStats();
   // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`.
   Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out);
+  // For a passthrough open: leases the local worker's data file of `file`, which must fit in one
+  // block. NOT_FOUND when the local worker does not keep it (another worker holds the block);
+  // UNAVAILABLE when there is no local socket.
+  StatusOr<std::unique_ptr<FileLease>> LeaseFile(const rpc::FileInfo& file);
   // Asks the local worker, in the background, to warm blocks [first, first+count) of `file`
   // (readahead). Hints beyond a small queue are dropped.
   void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count);

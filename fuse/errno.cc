@@ -52,6 +52,8 @@ void ReplyError(fuse_req_t req, const Status& s, const char* op) {
   fuse_reply_err(req, err);
 }
 
+void ReplyUnsupported(fuse_req_t req) { fuse_reply_err(req, ENOSYS); }
+
 void ReplyErrno(fuse_req_t req, int err) {
   CountError(err == EROFS ? "write" : "other", err);
   fuse_reply_err(req, err);

@@ -24,6 +24,9 @@ namespace granary::fuse {
 int ToErrno(const Status& s);
 void ReplyError(fuse_req_t req, const Status& s, const char* op);
 void ReplyErrno(fuse_req_t req, int err);
+// ENOSYS as a protocol answer, not an error: "the kernel does this itself from now on" (OPEN and
+// FLUSH in the kernel read mode, extended attributes). Not counted in ErrorCounts().
+void ReplyUnsupported(fuse_req_t req);
 // Error replies so far, by (operation, errno name), for /metrics.
 std::map<std::pair<std::string, std::string>, uint64_t> ErrorCounts();
 

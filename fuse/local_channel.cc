@@ -8,6 +8,7 @@ namespace granary::fuse {
 
 LocalChannel::~LocalChannel() {
   for (int c : idle_) close(c);
+  if (lease_conn_ >= 0) close(lease_conn_);
 }
 
 StatusOr<int> LocalChannel::Take() {
@@ -67,9 +68,60 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
   return Status::OK();
 }
 
+Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out) {
+  std::lock_guard<std::mutex> lock(lease_mu_);
+  if (lease_conn_ < 0) {
+    ASSIGN_OR_RETURN(lease_conn_, ConnectUnix(path_));
+    ++lease_gen_;
+  }
+  rpc::LocalRequest lr;
+  *lr.mutable_read() = req;
+  lr.set_whole_file(true);
+  rpc::LocalResponse resp;
+  int fd = -1;
+  Status st = SendFrame(lease_conn_, lr);
+  if (st.ok()) st = RecvFrame(lease_conn_, &resp, &fd);
+  if (!st.ok()) {
+    close(lease_conn_);  // broken: the worker ends its leases; the next call reconnects
+    lease_conn_ = -1;
+    return st;
+  }
+  Status answer(static_cast<Code>(resp.code()), resp.message());
+  if (answer.ok() && (resp.lease() == 0 || fd < 0)) answer = DataLossError("the worker's lease came without a descriptor");
+  if (!answer.ok()) {
+    if (fd >= 0) close(fd);
+    if (resp.lease() != 0) {
+      rpc::LocalRequest rel;
+      rel.set_release(resp.lease());
+      (void)SendFrame(lease_conn_, rel);
+    }
+    return answer;
+  }
+  out->fd = fd;
+  out->offset = resp.data_offset();
+  out->length = resp.length();
+  out->lease = resp.lease();
+  out->conn = -1;
+  out->shared_gen = lease_gen_;
+  return Status::OK();
+}
+
 void LocalChannel::Release(Piece* p) {
   if (p->fd >= 0) close(p->fd);
   p->fd = -1;
+  if (p->shared_gen != 0) {
+    std::lock_guard<std::mutex> lock(lease_mu_);
+    if (p->shared_gen == lease_gen_ && lease_conn_ >= 0) {
+      rpc::LocalRequest rel;
+      rel.set_release(p->lease);
+      if (!SendFrame(lease_conn_, rel).ok()) {
+        close(lease_conn_);
+        lease_conn_ = -1;
+      }
+    }
+    p->shared_gen = 0;
+    return;
+  }
   if (p->conn < 0) return;
   rpc::LocalRequest rel;
   rel.set_release(p->lease);

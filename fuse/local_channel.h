@@ -26,7 +26,8 @@ class LocalChannel {
     uint64_t length = 0;
     std::string data;     // the bytes, when fd < 0
     uint64_t lease = 0;
-    int conn = -1;        // the connection holding the lease
+    int conn = -1;        // the connection holding the lease (-1: none, or the shared lease connection)
+    uint64_t shared_gen = 0;  // nonzero: the lease lives on the shared lease connection of this generation
   };
 
   explicit LocalChannel(std::string path) : path_(std::move(path)) {}
@@ -36,6 +37,11 @@ class LocalChannel {
   // UNAVAILABLE when the socket cannot be used (the worker went away); other errors are the
   // worker's answer about the data (FAILED_PRECONDITION: the file changed, ...).
   Status Read(const rpc::ReadBlockRequest& req, Piece* out);
+  // Leases the whole data file of a one-block file for a passthrough open (LocalRequest.whole_file):
+  // out->fd is the data file, out->length the file's size. Such leases are long (as long as the
+  // file is open), so they all live on one shared connection instead of holding one each.
+  // NOT_FOUND when the local worker does not keep the block.
+  Status LeaseFile(const rpc::ReadBlockRequest& req, Piece* out);
   // Ends a Piece's lease (if any) and closes its descriptor. Safe on any Piece, once.
   void Release(Piece* p);
 
@@ -46,6 +52,11 @@ class LocalChannel {
   const std::string path_;
   std::mutex mu_;
   std::vector<int> idle_;  // GUARDED_BY(mu_)
+  // The shared connection for whole-file leases; a new generation after it broke (the worker ended
+  // the old one's leases when it closed).
+  std::mutex lease_mu_;
+  int lease_conn_ = -1;      // GUARDED_BY(lease_mu_)
+  uint64_t lease_gen_ = 0;   // GUARDED_BY(lease_mu_)
 };
 
 }  // namespace granary::fuse

@@ -1,7 +1,9 @@
 #include "fuse/mount.h"
 
 #include <spdlog/spdlog.h>
+#include <linux/capability.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/sysmacros.h>
@@ -15,6 +17,8 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -24,6 +28,7 @@
 #include "fuse/client.h"
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
+#include "fuse/session_io.h"
 
 namespace granary::fuse {
 namespace {
@@ -33,21 +38,82 @@ constexpr uint64_t kDotDotCookie = 2;  // readdir offset after ".."; children us
 
 double Seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
+// How opens and reads are served on this connection (fuse.open; see docs/configuration.md).
+enum class OpenMode { kDaemon = 0, kKernel = 1, kPassthrough = 2 };
+const char* ModeName(OpenMode m) {
+  switch (m) {
+    case OpenMode::kDaemon: return "daemon";
+    case OpenMode::kKernel: return "kernel";
+    case OpenMode::kPassthrough: return "passthrough";
+  }
+  return "?";
+}
+
+struct OpenFile {
+  rpc::FileInfo info;
+  bool passthrough = false;    // opened on a backing file: the kernel reads it, not us
+  bool counted_cached = false; // counted in InodeOpens::cached (passthrough mode's bookkeeping)
+  std::chrono::steady_clock::time_point confirmed{};  // kernel mode: when the master last confirmed info
+  // Readahead state: where the next sequential read would start, and the last block hinted.
+  std::mutex mu;
+  uint64_t next_offset = 0;
+  uint64_t hinted_through = 0;  // blocks up to this one were hinted (block 0 never is)
+};
+
+// Passthrough mode: what is open on each inode. The kernel puts an inode either in passthrough io
+// mode (every open on one backing file) or in cached io mode, and fails an open that asks for the
+// other one (ETXTBSY) — so new opens follow the mode the inode is in.
+struct InodeOpens {
+  int passthrough = 0;  // open files reading from `lease` through the kernel
+  int cached = 0;       // open files served by granary-fuse through the page cache
+  std::string version;  // the version `lease` holds
+  int backing_id = 0;
+  std::unique_ptr<FileLease> lease;
+};
+
 // Everything the operations need; the session's userdata.
 struct Fs {
   Config cfg;
   std::unique_ptr<Client> client;
   std::unique_ptr<FileCache> files;
+  fuse_session* se = nullptr;
+  SessionIo* io = nullptr;  // set when granary-fuse does the session's I/O (passthrough wanted)
+  OpenMode wanted = OpenMode::kKernel;  // from fuse.open (auto counts as passthrough, quietly)
+  bool wanted_explicitly = false;       // fuse.open named the mode: a fallback is a warning
+  std::atomic<OpenMode> mode{OpenMode::kKernel};  // decided at INIT
+  std::atomic<bool> passthrough_refused{false};    // the kernel refused a backing file (no CAP_SYS_ADMIN)
+  std::string fallback_reason;                     // why the wanted mode is not the mode (set at INIT)
+
   struct DirGen {
     uint64_t generation;                           // whose listing the kernel may hold
     std::chrono::steady_clock::time_point checked;  // when the master last confirmed it
   };
   std::mutex dir_gens_mu;
   std::unordered_map<uint64_t, DirGen> dir_gens;  // master ino -> DirGen
-  // The version whose bytes the kernel's page cache may hold for a file: the one it was last opened
-  // at. An open of the same version keeps those pages (keep_cache); another version drops them.
+  // Daemon mode: the version whose bytes the kernel's page cache may hold for a file: the one it
+  // was last opened at. An open of the same version keeps those pages (keep_cache); another
+  // version drops them.
   std::mutex page_versions_mu;
   std::unordered_map<uint64_t, std::string> page_versions;  // master ino -> version
+  // Every mode: the version hash each file's attributes last carried. A change that the kernel
+  // cannot see in size or mtime (a new ETag) drops its cached pages through the invalidator.
+  std::mutex attr_versions_mu;
+  std::unordered_map<uint64_t, uint64_t> attr_versions;  // kernel ino -> Attr.version_hash
+  // Kernel mode: each file read since its info was last confirmed (no open carries it).
+  std::mutex inode_files_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> inode_files;  // kernel ino -> file
+  // Passthrough mode.
+  std::mutex opens_mu;
+  std::unordered_map<uint64_t, InodeOpens> opens;  // kernel ino -> opens
+
+  // Invalidations of cached pages, sent from their own thread: a notification from inside a
+  // request for the same inode could deadlock on the pages that request holds.
+  std::mutex inval_mu;
+  std::condition_variable inval_cv;
+  std::deque<uint64_t> inval_queue;  // kernel inos
+  bool inval_stop = false;
+  std::thread inval_thread;
+
   uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
   // Latency of each operation, for /metrics (histograms made up front: no lock on the hot path).
   metrics::HistogramSet op_latency{"op"};
@@ -59,10 +125,47 @@ struct Fs {
   metrics::Histogram* lat_release = &op_latency.Get("release");
   metrics::Histogram* lat_statfs = &op_latency.Get("statfs");
   std::atomic<uint64_t> read_bytes{0};
+  std::atomic<uint64_t> opens_passthrough{0}, opens_daemon{0}, opens_kernel{0};
+  std::atomic<uint64_t> reads_by_inode{0};  // kernel mode: reads with no open file handle
+  std::atomic<uint64_t> passthrough_misses{0};  // passthrough mode: opens served by granary-fuse instead
+  std::atomic<uint64_t> invalidations{0};
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
   uint64_t ToMaster(fuse_ino_t ino) const { return ino == FUSE_ROOT_ID ? root_ino : ino; }
   uint64_t ToKernel(uint64_t ino) const { return ino == root_ino ? FUSE_ROOT_ID : ino; }
+
+  void Invalidate(uint64_t kino) {
+    std::lock_guard<std::mutex> lock(inval_mu);
+    if (inval_queue.size() < 100000) inval_queue.push_back(kino);
+    inval_cv.notify_one();
+  }
+  void InvalidateLoop() {
+    for (;;) {
+      uint64_t kino;
+      {
+        std::unique_lock<std::mutex> lock(inval_mu);
+        inval_cv.wait(lock, [&] { return inval_stop || !inval_queue.empty(); });
+        if (inval_stop) return;
+        kino = inval_queue.front();
+        inval_queue.pop_front();
+      }
+      // -ENOENT: the kernel holds nothing of that inode. Fine.
+      fuse_lowlevel_notify_inval_inode(se, kino, 0, 0);
+      invalidations++;
+    }
+  }
+  // Records the version a file's attributes carry; a change drops the kernel's pages of it.
+  void NoteVersion(uint64_t kino, uint64_t version_hash) {
+    if (version_hash == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(attr_versions_mu);
+      if (attr_versions.size() > std::max<uint64_t>(cfg.fuse.file_cache_entries, 1024)) attr_versions.clear();
+      auto [it, fresh] = attr_versions.try_emplace(kino, version_hash);
+      if (fresh || it->second == version_hash) return;
+      it->second = version_hash;
+    }
+    Invalidate(kino);
+  }
 };
 
 constexpr unsigned kMaxReadahead = 1 << 20;  // bytes the kernel may ask for in one read
@@ -97,7 +200,8 @@ struct stat ToStat(const Fs* fs, const rpc::Attr& a) {
   return st;
 }
 
-fuse_entry_param ToEntry(const Fs* fs, const rpc::Attr& a) {
+fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a) {
+  if (a.type() != rpc::DIRECTORY) fs->NoteVersion(fs->ToKernel(a.ino()), a.version_hash());
   fuse_entry_param e{};
   e.ino = fs->ToKernel(a.ino());
   e.generation = 1;
@@ -109,7 +213,42 @@ fuse_entry_param ToEntry(const Fs* fs, const rpc::Attr& a) {
 
 // ---- operations -----------------------------------------------------------------------------
 
-void OpInit(void*, fuse_conn_info* conn) {
+bool HasCapSysAdmin() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  return (data[0].effective & (1u << CAP_SYS_ADMIN)) != 0;
+}
+
+// Decides the connection's read mode once the kernel has said what it offers (INIT).
+void ChooseMode(Fs* fs) {
+  OpenMode mode = fs->wanted;
+  if (mode == OpenMode::kPassthrough) {
+    std::string why;
+    if (fs->io == nullptr || !fs->io->offered()) {
+      why = "the kernel does not offer FUSE passthrough (it needs Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)";
+    } else if (!HasCapSysAdmin()) {
+      why = "granary-fuse lacks CAP_SYS_ADMIN, which the kernel requires to open backing files";
+    }
+    if (!why.empty()) {
+      mode = OpenMode::kKernel;
+      fs->fallback_reason = why;
+      if (fs->wanted_explicitly) {
+        spdlog::warn("fuse.open=passthrough: {}; serving in kernel mode instead", why);
+      } else {
+        spdlog::info("fuse.open=auto: {}; kernel mode", why);
+      }
+    }
+    if (fs->io != nullptr) fs->io->SetWantPassthrough(mode == OpenMode::kPassthrough);
+  }
+  fs->mode = mode;
+  spdlog::info("granary-fuse read mode: {}", ModeName(mode));
+}
+
+void OpInit(void* userdata, fuse_conn_info* conn) {
+  ChooseMode(static_cast<Fs*>(userdata));
+  // The kernel drops a file's cached pages when its attributes show a new size or mtime.
+  if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
@@ -151,6 +290,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   Fs* fs = FsOf(req);
   auto a = fs->client->GetAttr(fs->ToMaster(ino));
   if (!a.ok()) return ReplyError(req, a.status(), "getattr");
+  if (a->type() != rpc::DIRECTORY) fs->NoteVersion(ino, a->version_hash());
   struct stat st = ToStat(fs, *a);
   fuse_reply_attr(req, &st, Seconds(fs->cfg.fuse.attr_timeout));
 }
@@ -265,14 +405,6 @@ void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_
 }
 void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 
-struct OpenFile {
-  rpc::FileInfo info;
-  // Readahead state: where the next sequential read would start, and the last block hinted.
-  std::mutex mu;
-  uint64_t next_offset = 0;
-  uint64_t hinted_through = 0;  // blocks up to this one were hinted (block 0 never is)
-};
-
 // A read that starts where the previous one ended (or at 0) is sequential: hint the blocks after
 // the last one it touches (fuse.readahead_blocks), so the workers fetch them while the reader is
 // still busy. Each block is hinted once per open.
@@ -295,49 +427,200 @@ void MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
   fs->client->Prefetch(of->info, first, count);
 }
 
+// The file's open information: from the FileCache, else from the master.
+StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino) {
+  if (auto cached = fs->files->Get(master_ino)) return std::move(*cached);
+  auto f = fs->client->GetFile(master_ino);
+  if (!f.ok()) return f.status();
+  fs->files->Put(master_ino, *f);
+  return f;
+}
+
+// Passthrough mode: the backing id to open `info` on (its cache data file), counted as one more
+// passthrough open of the inode; 0 leaves the open to granary-fuse (with fi->direct_io set when it
+// must not use the page cache, as while other opens of the inode read another version through the
+// kernel).
+int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_file_info* fi) {
+  {
+    std::lock_guard<std::mutex> lock(fs->opens_mu);
+    auto it = fs->opens.find(kino);
+    if (it != fs->opens.end() && it->second.passthrough > 0) {
+      if (it->second.version == info.version()) {
+        it->second.passthrough++;
+        return it->second.backing_id;
+      }
+      fi->direct_io = 1;  // a new version while the old one is open in passthrough
+      return 0;
+    }
+    if (it != fs->opens.end() && it->second.cached > 0) return 0;
+  }
+  uint64_t size = info.attr().size();
+  if (fs->passthrough_refused || size == 0 || size > info.block_size()) return 0;
+  auto lease = fs->client->LeaseFile(info);
+  if (!lease.ok()) return 0;  // not on this node's worker (a peer holds it), or no local socket
+  auto id = fs->io->OpenBacking((*lease)->fd());
+  if (!id.ok()) {
+    if (!fs->passthrough_refused.exchange(true)) {
+      spdlog::warn("fuse.open=passthrough: the kernel refused a backing file ({}); files are served by granary-fuse",
+                   id.status().message());
+    }
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(fs->opens_mu);
+  InodeOpens& st = fs->opens[kino];
+  if (st.passthrough > 0 || st.cached > 0) {  // another open got there first
+    fs->io->CloseBacking(*id);
+    if (st.passthrough > 0 && st.version == info.version()) {
+      st.passthrough++;
+      return st.backing_id;
+    }
+    if (st.passthrough > 0) fi->direct_io = 1;
+    return 0;
+  }
+  st.passthrough = 1;
+  st.version = info.version();
+  st.backing_id = *id;
+  st.lease = std::move(*lease);
+  return *id;
+}
+
+// Ends one open of an inode in passthrough mode's bookkeeping (its RELEASE, or an interrupted open).
+void EndOpen(Fs* fs, uint64_t kino, const OpenFile& of) {
+  if (!of.passthrough && !of.counted_cached) return;
+  std::unique_ptr<FileLease> done;  // ended after the lock is released
+  std::lock_guard<std::mutex> lock(fs->opens_mu);
+  auto it = fs->opens.find(kino);
+  if (it == fs->opens.end()) return;
+  InodeOpens& st = it->second;
+  if (of.passthrough && --st.passthrough == 0) {
+    fs->io->CloseBacking(st.backing_id);  // each open file keeps its own reference in the kernel
+    done = std::move(st.lease);
+  }
+  if (of.counted_cached) --st.cached;
+  if (st.passthrough == 0 && st.cached == 0) fs->opens.erase(it);
+}
+
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpTimer timer(FsOf(req)->lat_open);
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
   Fs* fs = FsOf(req);
-  uint64_t master_ino = fs->ToMaster(ino);
-  auto* of = new OpenFile;
-  if (auto cached = fs->files->Get(master_ino)) {
-    of->info = std::move(*cached);
-  } else {
-    auto f = fs->client->GetFile(master_ino);
-    if (!f.ok()) {
-      delete of;
-      return ReplyError(req, f.status(), "open");
-    }
-    of->info = std::move(f).value();
-    fs->files->Put(master_ino, of->info);
+  OpenMode mode = fs->mode;
+  if (mode == OpenMode::kKernel) {
+    // The kernel answers every later open itself (no OPEN, no RELEASE), keeps the page cache
+    // across opens, and sends reads with no file handle (OpRead serves them by inode).
+    fs->opens_kernel++;
+    return ReplyUnsupported(req);
   }
+  uint64_t master_ino = fs->ToMaster(ino);
+  auto info = FileInfoOf(fs, master_ino);
+  if (!info.ok()) return ReplyError(req, info.status(), "open");
+  fs->NoteVersion(ino, info->attr().version_hash());
+  auto* of = new OpenFile;
+  of->info = std::move(*info);
+  if (mode == OpenMode::kPassthrough) {
+    if (int backing = PassthroughBacking(fs, ino, of->info, fi); backing > 0) {
+      of->passthrough = true;
+      fi->fh = reinterpret_cast<uint64_t>(of);
+      fi->keep_cache = 0;  // the kernel allows only direct_io and noflush beside passthrough
+      fi->direct_io = 0;
+      fi->noflush = 1;
+      fs->opens_passthrough++;
+      SessionIo::MarkOpenReply(backing);
+      if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
+        SessionIo::MarkOpenReply(0);
+        EndOpen(fs, ino, *of);
+        delete of;
+      }
+      return;
+    }
+    fs->passthrough_misses++;
+  }
+  fs->opens_daemon++;
   fi->fh = reinterpret_cast<uint64_t>(of);
   fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
-  {
-    std::lock_guard<std::mutex> lock(fs->page_versions_mu);
-    if (fs->page_versions.size() > 1'000'000) fs->page_versions.clear();  // bounded; forgetting costs a re-read
-    std::string& seen = fs->page_versions[master_ino];
-    fi->keep_cache = fs->cfg.fuse.keep_cache && seen == of->info.version();
-    seen = of->info.version();
+  if (!fi->direct_io) {
+    {
+      std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+      if (fs->page_versions.size() > 1'000'000) fs->page_versions.clear();  // bounded; forgetting costs a re-read
+      std::string& seen = fs->page_versions[master_ino];
+      fi->keep_cache = fs->cfg.fuse.keep_cache && seen == of->info.version();
+      seen = of->info.version();
+    }
+    if (mode == OpenMode::kPassthrough) {
+      std::lock_guard<std::mutex> lock(fs->opens_mu);
+      fs->opens[ino].cached++;
+      of->counted_cached = true;
+    }
   }
-  if (fuse_reply_open(req, fi) != 0) delete of;  // the open was interrupted
+  if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
+    EndOpen(fs, ino, *of);
+    delete of;
+  }
 }
 
-void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+// Kernel mode: the file behind a read that came with no open file handle, by its inode alone. Its
+// info is confirmed with the master at most once per fuse.attr_timeout. When that shows a new
+// version, the kernel's pages of the old one are dropped; a read from the start of the file then
+// gets the new version, while a read further in (whose reader may hold pages of the old one)
+// fails with ESTALE, as an open file does in daemon mode: bytes of two versions are never mixed.
+StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t off) {
+  auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+    auto it = fs->inode_files.find(ino);
+    if (it != fs->inode_files.end() && now - it->second->confirmed < fs->cfg.fuse.attr_timeout) return it->second;
+  }
+  fs->files->Erase(fs->ToMaster(ino));  // as old as the kernel's attributes may be: ask the master
+  ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
+  fs->NoteVersion(ino, info.attr().version_hash());
+  std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+  auto& slot = fs->inode_files[ino];
+  if (slot && slot->info.version() == info.version()) {
+    slot->confirmed = now;
+    return slot;
+  }
+  bool changed = slot != nullptr;
+  if (fs->inode_files.size() > std::max<uint64_t>(fs->cfg.fuse.file_cache_entries, 1024)) {
+    fs->inode_files.clear();  // bounded; forgetting costs a call to the master
+  }
+  auto f = std::make_shared<OpenFile>();
+  f->info = std::move(info);
+  f->confirmed = now;
+  fs->inode_files[ino] = f;
+  if (changed) {
+    fs->Invalidate(ino);
+    if (off != 0) return FailedPreconditionError("the file changed in the under-storage while it was being read");
+  }
+  return f;
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   OpTimer timer(FsOf(req)->lat_read);
-  auto* of = reinterpret_cast<OpenFile*>(fi->fh);
-  MaybeReadahead(FsOf(req), of, static_cast<uint64_t>(off), size);
+  Fs* fs = FsOf(req);
+  std::shared_ptr<OpenFile> by_inode;
+  OpenFile* of = reinterpret_cast<OpenFile*>(fi->fh);
+  if (of == nullptr) {
+    fs->reads_by_inode++;
+    auto f = InodeFile(fs, ino, static_cast<uint64_t>(off));
+    if (!f.ok()) return ReplyError(req, f.status(), "read");
+    by_inode = std::move(*f);
+    of = by_inode.get();
+  }
+  MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
   ReadResult data;
-  Status st = FsOf(req)->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
+  Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
   if (!st.ok()) {
     // The file changed in the under-storage since this open: this open fails (ESTALE), the next
     // open asks the master for the new version.
     if (st.code() == Code::kFailedPrecondition) {
-      Fs* fs = FsOf(req);
       fs->files->Erase(of->info.attr().ino());
-      std::lock_guard<std::mutex> lock(fs->page_versions_mu);
-      fs->page_versions.erase(of->info.attr().ino());
+      {
+        std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+        fs->page_versions.erase(of->info.attr().ino());
+      }
+      std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+      auto it = fs->inode_files.find(ino);
+      if (it != fs->inode_files.end()) it->second->confirmed = {};  // the next read asks the master
     }
     return ReplyError(req, st, "read");
   }
@@ -366,17 +649,20 @@ void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* 
       b.mem = const_cast<char*>(p.data.data());
     }
   }
-  FsOf(req)->read_bytes += fuse_buf_size(bv);
+  fs->read_bytes += fuse_buf_size(bv);
   fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
 }
 
-void OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpTimer timer(FsOf(req)->lat_release);
-  delete reinterpret_cast<OpenFile*>(fi->fh);
+  auto* of = reinterpret_cast<OpenFile*>(fi->fh);
+  if (of != nullptr) EndOpen(FsOf(req), ino, *of);
+  delete of;
   fuse_reply_err(req, 0);
 }
 
-void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+// Nothing to flush on a read-only mount; ENOSYS makes the kernel stop sending FLUSH at all.
+void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { ReplyUnsupported(req); }
 void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
 
 void OpStatfs(fuse_req_t req, fuse_ino_t) {
@@ -396,8 +682,8 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
 
 // No extended attributes. ENOSYS makes the kernel remember that and answer EOPNOTSUPP itself, so
 // `ls -l` (which asks for ACLs and security labels of every file) costs no request per file.
-void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyErrno(req, ENOSYS); }
-void OpListxattr(fuse_req_t req, fuse_ino_t, size_t) { ReplyErrno(req, ENOSYS); }
+void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyUnsupported(req); }
+void OpListxattr(fuse_req_t req, fuse_ino_t, size_t) { ReplyUnsupported(req); }
 void OpReadlink(fuse_req_t req, fuse_ino_t) { ReplyErrno(req, EINVAL); }
 
 // Write-like operations: the namespace is read-only.
@@ -553,6 +839,15 @@ class FuseMountImpl final : public FuseMount {
 
     fs_ = std::make_unique<Fs>();
     fs_->cfg = cfg;
+    if (cfg.fuse.open == "daemon") {
+      fs_->wanted = OpenMode::kDaemon;
+    } else if (cfg.fuse.open == "kernel") {
+      fs_->wanted = OpenMode::kKernel;
+    } else {
+      fs_->wanted = OpenMode::kPassthrough;  // auto: passthrough where it can work, else kernel
+      fs_->wanted_explicitly = cfg.fuse.open == "passthrough";
+    }
+    fs_->mode = fs_->wanted;
     ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
     fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
     if (cfg.fuse.root != "/") {
@@ -578,6 +873,19 @@ class FuseMountImpl final : public FuseMount {
                               "set in /etc/fuse.conf?)");
     }
     mounted_ = true;
+    fs_->se = se_;
+    if (fs_->wanted == OpenMode::kPassthrough) {
+      // Passthrough needs our own /dev/fuse I/O (session_io.h); it is set up before the loop reads INIT.
+      auto io = SessionIo::Install(se_, true);
+      if (io.ok()) {
+        io_ = std::move(*io);
+        fs_->io = io_.get();
+      } else {
+        spdlog::warn("fuse.open={}: cannot take over the session's I/O ({}); no passthrough", cfg.fuse.open,
+                     io.status().message());
+      }
+    }
+    fs_->inval_thread = std::thread([fs = fs_.get()] { fs->InvalidateLoop(); });
     RaiseReadaheadOf(mountpoint_);
     loop_cfg_ = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(loop_cfg_, static_cast<unsigned>(cfg.fuse.max_threads));
@@ -617,6 +925,29 @@ class FuseMountImpl final : public FuseMount {
     e->Counter("granary_fuse_prefetch_hints_total", "Readahead hints sent to workers.",
                static_cast<double>(c.prefetch_hints));
     e->Gauge("granary_fuse_mounted", "1 while the mount is served.", loop_done_ ? 0 : 1);
+    e->Family("granary_fuse_open_mode", "gauge",
+              "The connection's read mode (fuse.open): 1 for the mode in force. fallback=\"1\" when it is not the "
+              "mode asked for (the log says why).");
+    bool fallback = fs_->mode != fs_->wanted || fs_->passthrough_refused;
+    for (OpenMode m : {OpenMode::kDaemon, OpenMode::kKernel, OpenMode::kPassthrough}) {
+      e->Sample("granary_fuse_open_mode", {{"mode", ModeName(m)}, {"fallback", fallback ? "1" : "0"}},
+                fs_->mode == m ? 1 : 0);
+    }
+    e->Family("granary_fuse_opens_total", "counter",
+              "Opens by how they were served: passthrough (the kernel reads the cache data file), daemon "
+              "(granary-fuse serves the reads), kernel (answered once with ENOSYS; later opens never reach "
+              "granary-fuse).");
+    e->Sample("granary_fuse_opens_total", {{"mode", "passthrough"}}, static_cast<double>(fs_->opens_passthrough));
+    e->Sample("granary_fuse_opens_total", {{"mode", "daemon"}}, static_cast<double>(fs_->opens_daemon));
+    e->Sample("granary_fuse_opens_total", {{"mode", "kernel"}}, static_cast<double>(fs_->opens_kernel));
+    e->Counter("granary_fuse_passthrough_misses_total",
+               "Opens in passthrough mode served by granary-fuse instead: the file spans several blocks, is not "
+               "cached on this node's worker, or the inode is open in the other io mode.",
+               static_cast<double>(fs_->passthrough_misses));
+    e->Counter("granary_fuse_reads_by_inode_total", "Reads that came with no open file (kernel mode).",
+               static_cast<double>(fs_->reads_by_inode));
+    e->Counter("granary_fuse_invalidations_total", "Files whose cached pages were dropped for a new version.",
+               static_cast<double>(fs_->invalidations));
   }
 
   // Ready while mounted and the master answers.
@@ -637,6 +968,13 @@ class FuseMountImpl final : public FuseMount {
       Unmount(mountpoint_);
     }
     if (loop_.joinable()) loop_.join();
+    {
+      std::lock_guard<std::mutex> lock(fs_->inval_mu);
+      fs_->inval_stop = true;
+    }
+    fs_->inval_cv.notify_all();
+    if (fs_->inval_thread.joinable()) fs_->inval_thread.join();
+    fs_->opens.clear();  // the leases end; the connection is gone with its backing ids
     if (mounted_) fuse_session_unmount(se_);
     fuse_session_destroy(se_);
     se_ = nullptr;
@@ -648,6 +986,7 @@ class FuseMountImpl final : public FuseMount {
  private:
   std::string mountpoint_;
   std::unique_ptr<Fs> fs_;
+  std::unique_ptr<SessionIo> io_;
   fuse_session* se_ = nullptr;
   fuse_loop_config* loop_cfg_ = nullptr;
   bool mounted_ = false;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/fs.h"
+#include "common/hash.h"
 #include "common/tiers.h"
 
 namespace granary::master {
@@ -155,6 +156,7 @@ rpc::Attr Namespace::AttrOf(const rpc::InodeRecord& r) const {
   a.set_nlink(r.type() == rpc::DIRECTORY ? 2 : 1);
   a.set_parent(r.parent());
   a.set_generation(r.content_gen());
+  if (r.type() != rpc::DIRECTORY) a.set_version_hash(Checksum64(r.version().data(), r.version().size()));
   return a;
 }
 

@@ -44,9 +44,8 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
   return Miss(req, t, out, hit);
 }
 
-Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, BlockId* leased,
-                                bool* hit) {
-  lease->fd = -1;
+Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit) {
+  lease->Reset();
   out->clear();
   ASSIGN_OR_RETURN(Target t, Resolve(req));
   *hit = true;
@@ -57,16 +56,38 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
     CountAccess(req.mount_id, true);
     counters_.leased++;
     counters_.bytes_served += t.len;
-    *lease = *l;
-    *leased = t.meta.id;
+    *lease = std::move(*l);
     return Status::OK();
   }
-  if (l.ok() && l->fd >= 0) {  // shorter than the block should be: never serve it
-    close(l->fd);
-    store_->Release(t.meta.id);
-  }
+  // Not cached, or shorter than the block should be (never served; the lease ends here).
   out->resize(t.len);
   return Miss(req, t, out, hit);
+}
+
+StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit) {
+  if (req.index != 0 || req.offset != 0 || req.file_size == 0 || req.file_size > req.block_size) {
+    return InvalidArgumentError("only a non-empty file that fits in one block is one data file");
+  }
+  ASSIGN_OR_RETURN(Target t, Resolve(req));
+  *hit = true;
+  auto l = store_->LeaseFile(t.meta.id);
+  if (!l.ok() && l.status().IsNotFound()) {
+    // Not here: fetch it as a read would (from the home, or the under-storage). Only a holder keeps
+    // it; then it can be leased.
+    std::string bytes(t.len, '\0');
+    BlockRequest whole = req;
+    whole.length = t.len;
+    RETURN_IF_ERROR(Miss(whole, t, &bytes, hit));
+    l = store_->LeaseFile(t.meta.id);
+    if (!l.ok()) return l.status();
+  } else if (l.ok()) {
+    counters_.hits++;
+    CountAccess(req.mount_id, true);
+  }
+  if (!l.ok()) return l.status();
+  if (l->length != t.meta.length) return DataLossError("a cached block is not as long as its file");
+  counters_.passthrough_leases++;
+  return l;
 }
 
 Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit) {

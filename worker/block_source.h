@@ -52,6 +52,7 @@ struct SourceCounters {
   std::atomic<uint64_t> peer_served{0};     // requests from peers this worker answered
   std::atomic<uint64_t> peer_failovers{0};  // peer calls that failed and moved to the next worker
   std::atomic<uint64_t> leased{0};          // hits served as a leased file descriptor (zero-copy)
+  std::atomic<uint64_t> passthrough_leases{0};  // whole data files leased for FUSE passthrough opens
   std::atomic<uint64_t> prefetched{0};      // blocks fetched ahead of readers
   std::atomic<uint64_t> loaded_blocks{0}, loaded_bytes{0};  // fetched by load jobs
   std::atomic<uint64_t> ufs_errors{0};      // under-storage reads that failed
@@ -73,9 +74,14 @@ class BlockSource {
   // changed in the under-storage.
   Status Read(const BlockRequest& req, std::string* out, bool* hit);
   // Read for the zero-copy path: a cached block is not copied but leased (BlockStore::Lease) —
-  // lease->fd >= 0, its bytes at lease->data_offset for lease->length, and the caller must call
-  // BlockStore::Release(*leased) when done. Otherwise (a miss) `out` has the bytes, as from Read.
-  Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, BlockId* leased, bool* hit);
+  // lease->fd >= 0, its bytes at lease->data_offset for lease->length; the block stays put until
+  // the lease ends. Otherwise (a miss) `out` has the bytes, as from Read.
+  Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit);
+  // For FUSE passthrough: leases the whole data file of a file that fits in one block (req names
+  // block 0 at offset 0), fetching it first when this worker holds it but has not cached it yet.
+  // NOT_FOUND when this worker does not keep the block (another worker is its holder) or it could
+  // not be cached; INVALID_ARGUMENT for a file of more than one block.
+  StatusOr<BlockLease> LeaseFile(const BlockRequest& req, bool* hit);
 
   // Readahead: queues a background fetch of req's whole block unless it is cached. A holder of the
   // block fetches it like a miss (from the home, or the under-storage); any other worker passes the

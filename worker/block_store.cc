@@ -17,116 +17,35 @@
 
 #include "common/fs.h"
 #include "common/units.h"
+#include "worker/store/block_file.h"
 
 namespace granary::worker {
-namespace {
 
-constexpr char kMagic[8] = {'G', 'R', 'N', 'B', 'L', 'K', '0', '1'};
-constexpr size_t kFixedHeader = 8 + 4 + 4 + 16 + 8 + 8 + 8 + 4 + 4;  // 64 bytes
+uint64_t BlockFileBytes(uint64_t data_len) { return store::BlockFileBytes(data_len); }
 
-template <typename T>
-void Put(std::string* s, T v) {
-  s->append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-template <typename T>
-T Get(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-Status PreadFull(int fd, char* buf, size_t len, uint64_t off, const std::string& path) {
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = pread(fd, buf + done, len - done, static_cast<off_t>(off + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "read " + path);
-    }
-    if (n == 0) return DataLossError(path + " is shorter than its header says");
-    done += static_cast<size_t>(n);
+BlockLease& BlockLease::operator=(BlockLease&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    fd = o.fd;
+    data_offset = o.data_offset;
+    length = o.length;
+    store_ = o.store_;
+    id_ = o.id_;
+    o.fd = -1;
+    o.store_ = nullptr;
   }
-  return Status::OK();
+  return *this;
 }
 
-Status WriteFull(int fd, const char* buf, size_t len, const std::string& path) {
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = write(fd, buf + done, len - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(errno, "write " + path);
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::OK();
+void BlockLease::Reset() {
+  CloseFd();
+  if (store_ != nullptr) store_->Release(id_);
+  store_ = nullptr;
 }
 
-struct Header {
-  uint32_t header_len = 0;
-  uint32_t chunk_size = 0;
-  FileKey key{};
-  uint64_t index = 0;
-  uint64_t mount_id = 0;
-  uint64_t data_len = 0;
-  std::vector<uint64_t> sums;
-};
-
-std::string EncodeHeader(const BlockMeta& meta, std::string_view data) {
-  uint32_t header_len = BlockHeaderLen(data.size());
-  uint32_t nchunks = static_cast<uint32_t>((data.size() + BlockStore::kChunkSize - 1) / BlockStore::kChunkSize);
-  std::string h;
-  h.reserve(header_len);
-  h.append(kMagic, sizeof kMagic);
-  Put<uint32_t>(&h, header_len);
-  Put<uint32_t>(&h, BlockStore::kChunkSize);
-  h.append(reinterpret_cast<const char*>(meta.id.key.data()), meta.id.key.size());
-  Put<uint64_t>(&h, meta.id.index);
-  Put<uint64_t>(&h, meta.mount_id);
-  Put<uint64_t>(&h, data.size());
-  Put<uint32_t>(&h, nchunks);
-  Put<uint32_t>(&h, 0);
-  for (uint32_t c = 0; c < nchunks; ++c) {
-    size_t off = static_cast<size_t>(c) * BlockStore::kChunkSize;
-    Put<uint64_t>(&h, Checksum64(data.data() + off, std::min<size_t>(BlockStore::kChunkSize, data.size() - off)));
-  }
-  Put<uint64_t>(&h, Checksum64(h.data(), h.size()));
-  h.resize(header_len, '\0');
-  return h;
-}
-
-Status DecodeHeader(const std::string& buf, const std::string& path, Header* h) {
-  if (buf.size() < kFixedHeader || std::memcmp(buf.data(), kMagic, sizeof kMagic) != 0) {
-    return DataLossError(path + ": not a block file");
-  }
-  const char* p = buf.data() + 8;
-  h->header_len = Get<uint32_t>(p);
-  h->chunk_size = Get<uint32_t>(p + 4);
-  std::memcpy(h->key.data(), p + 8, 16);
-  h->index = Get<uint64_t>(p + 24);
-  h->mount_id = Get<uint64_t>(p + 32);
-  h->data_len = Get<uint64_t>(p + 40);
-  uint32_t nchunks = Get<uint32_t>(p + 48);
-  if (h->chunk_size != BlockStore::kChunkSize || h->header_len != BlockHeaderLen(h->data_len) ||
-      nchunks != (h->data_len + h->chunk_size - 1) / h->chunk_size || buf.size() < h->header_len) {
-    return DataLossError(path + ": inconsistent block header");
-  }
-  size_t sums_at = kFixedHeader;
-  size_t end = sums_at + 8ull * nchunks;
-  if (Get<uint64_t>(buf.data() + end) != Checksum64(buf.data(), end)) {
-    return DataLossError(path + ": block header checksum mismatch");
-  }
-  h->sums.resize(nchunks);
-  for (uint32_t c = 0; c < nchunks; ++c) h->sums[c] = Get<uint64_t>(buf.data() + sums_at + 8ull * c);
-  return Status::OK();
-}
-
-}  // namespace
-
-uint32_t BlockHeaderLen(uint64_t data_len) {
-  uint64_t nchunks = (data_len + BlockStore::kChunkSize - 1) / BlockStore::kChunkSize;
-  uint64_t raw = kFixedHeader + 8 * nchunks + 8;
-  return static_cast<uint32_t>((raw + 4095) / 4096 * 4096);
+void BlockLease::CloseFd() {
+  if (fd >= 0) close(fd);
+  fd = -1;
 }
 
 size_t FileKeyHash::operator()(const FileKey& k) const {
@@ -310,17 +229,31 @@ Status BlockStore::ScanDir(int tier, int dir) {
   }
   DIR* top = opendir((root + "/blocks").c_str());
   if (top == nullptr) return ErrnoError(errno, "open " + root + "/blocks");
-  std::vector<std::pair<int64_t, BlockId>> loaded;
+  const std::string suffix = store::kSidecarSuffix;
+  size_t debris = 0;
   while (dirent* sub = readdir(top)) {
     if (sub->d_name[0] == '.') continue;
     std::string subdir = root + "/blocks/" + sub->d_name;
     DIR* d = opendir(subdir.c_str());
     if (d == nullptr) continue;
+    std::unordered_set<std::string> names;
     while (dirent* de = readdir(d)) {
-      if (de->d_name[0] == '.') continue;
-      std::string path = subdir + "/" + de->d_name;
-      int64_t mtime = 0;
-      Status st = LoadOne(tier, dir, path, de->d_name, &mtime);
+      if (de->d_name[0] != '.') names.insert(de->d_name);
+    }
+    closedir(d);
+    for (const std::string& name : names) {
+      bool sidecar = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+      std::string data_name = sidecar ? name.substr(0, name.size() - suffix.size()) : name;
+      bool has_sidecar = names.count(data_name + suffix) > 0, has_data = names.count(data_name) > 0;
+      if (!has_sidecar || !has_data) {
+        // Debris of an interrupted write, move or removal (or a cache of an older format).
+        unlink((subdir + "/" + name).c_str());
+        ++debris;
+        continue;
+      }
+      if (sidecar) continue;  // loaded with its data file
+      std::string path = subdir + "/" + data_name;
+      Status st = LoadOne(tier, dir, path, data_name);
       if (!st.ok()) {
         if (st.code() == Code::kAlreadyExists) {
           spdlog::info("dropping a second copy of a block (a move was interrupted): {}", path);
@@ -329,45 +262,36 @@ Status BlockStore::ScanDir(int tier, int dir) {
           std::lock_guard<std::mutex> lock(mu_);
           ++corrupt_;
         }
-        unlink(path.c_str());
+        store::Remove(path);
       }
     }
-    closedir(d);
   }
   closedir(top);
+  if (debris > 0) spdlog::info("{}: removed {} files of interrupted writes or an older cache format", root, debris);
   return Status::OK();
 }
 
-Status BlockStore::LoadOne(int tier, int dir, const std::string& path, const std::string& name, int64_t* mtime) {
+Status BlockStore::LoadOne(int tier, int dir, const std::string& path, const std::string& name) {
   size_t dash = name.find('-');
   BlockId id;
   if (dash != 32 || !ParseFileKeyHex(name.substr(0, 32), &id.key)) return DataLossError(path + ": unexpected name");
   id.index = std::strtoull(name.c_str() + 33, nullptr, 10);
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open " + path);
-  struct stat st;
-  fstat(fd, &st);
-  *mtime = st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec;
-  std::string buf(std::min<uint64_t>(static_cast<uint64_t>(st.st_size), 64 * 1024), '\0');
-  Status rs = PreadFull(fd, buf.data(), buf.size(), 0, path);
-  close(fd);
-  RETURN_IF_ERROR(rs);
-  Header h;
-  RETURN_IF_ERROR(DecodeHeader(buf, path, &h));
-  if (h.key != id.key || h.index != id.index) return DataLossError(path + ": header names another block");
-  if (static_cast<uint64_t>(st.st_size) != h.header_len + h.data_len) return DataLossError(path + ": wrong size");
+  ASSIGN_OR_RETURN(store::Sidecar sc, store::Load(path));
+  if (sc.key != id.key || sc.index != id.index) return DataLossError(path + ": sidecar names another block");
+  struct stat st {};
+  stat(store::SidecarPath(path).c_str(), &st);
+  int64_t mtime = st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec;
   std::lock_guard<std::mutex> lock(mu_);
   if (index_.count(id)) return AlreadyExistsError(path);
   Entry e;
-  e.meta = BlockMeta{id, h.mount_id, h.data_len};
-  e.file_bytes = static_cast<uint64_t>(st.st_size);
-  e.header_len = h.header_len;
+  e.meta = BlockMeta{id, sc.mount_id, sc.data_len};
+  e.file_bytes = store::BlockFileBytes(sc.data_len);
   e.tier = tier;
   e.dir = dir;
   e.pinned = pins_.count(id.key) > 0;
-  // The mtime (when the block was written or moved) orders blocks until Init gives them unique
-  // sequence numbers and lists them.
-  e.seq = static_cast<uint64_t>(std::max<int64_t>(*mtime, 0));
+  // The sidecar's mtime (when the block was written or moved) orders blocks until Init gives them
+  // unique sequence numbers and lists them.
+  e.seq = static_cast<uint64_t>(std::max<int64_t>(mtime, 0));
   tiers_[tier].dirs[dir].used += e.file_bytes;
   tiers_[tier].nblocks++;
   index_.emplace(id, e);
@@ -436,7 +360,7 @@ void BlockStore::RemoveLocked(const BlockId& id, Removal* r) {
   tiers_[e.tier].dirs[e.dir].used -= e.file_bytes;
   tiers_[e.tier].nblocks--;
   // Unlinked under the lock: a later Put of the same block may write the same path.
-  unlink(PathLocked(id, e.tier, e.dir).c_str());
+  store::Remove(PathLocked(id, e.tier, e.dir));
   r->removed.push_back(e.meta);
   index_.erase(it);
 }
@@ -506,7 +430,6 @@ StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t len
 StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
                                           BlockLease* lease) {
   uint64_t data_len;
-  uint32_t header_len;
   std::string path;
   int tier;
   {
@@ -521,7 +444,6 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     Entry& e = it->second;
     ++e.readers;
     data_len = e.meta.length;
-    header_len = e.header_len;
     tier = e.tier;
     path = PathLocked(id, e.tier, e.dir);
     if (account) {
@@ -552,54 +474,31 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     return size_t{0};
   }
   length = std::min<uint64_t>(length, data_len - offset);
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    release(err == ENOENT);
-    return err == ENOENT ? DataLossError(path + " vanished from the cache") : ErrnoError(err, "open " + path);
-  }
-  // Read the header and whole chunks covering the range, verify, then copy out the range.
-  std::string header(header_len, '\0');
-  Status st = PreadFull(fd, header.data(), header_len, 0, path);
-  Header h;
-  if (st.ok()) st = DecodeHeader(header, path, &h);
-  if (st.ok() && (h.key != id.key || h.index != id.index || h.data_len != data_len)) {
-    st = DataLossError(path + ": header names another block");
-  }
-  uint64_t first = offset / kChunkSize;
-  uint64_t last = (offset + length - 1) / kChunkSize;
-  uint64_t span_start = first * kChunkSize;
-  uint64_t span_end = std::min<uint64_t>((last + 1) * kChunkSize, data_len);
   std::string span;
-  if (st.ok()) {
-    span.resize(span_end - span_start);
-    st = PreadFull(fd, span.data(), span.size(), header_len + span_start, path);
-  }
-  if (lease == nullptr) close(fd);
-  for (uint64_t c = first; st.ok() && c <= last; ++c) {
-    uint64_t off = c * kChunkSize - span_start;
-    uint64_t len = std::min<uint64_t>(kChunkSize, data_len - c * kChunkSize);
-    if (Checksum64(span.data() + off, len) != h.sums[c]) {
-      st = DataLossError(path + ": chunk " + std::to_string(c) + " failed its checksum");
-    }
-  }
+  int fd = -1;
+  Status st = store::ReadRange(path, id.key, id.index, data_len, offset, length, &span, lease ? &fd : nullptr);
   if (!st.ok()) {
-    if (lease != nullptr) close(fd);
+    if (!st.IsDataLoss()) {
+      release(false);
+      return st;
+    }
     spdlog::warn("cached block is corrupt, discarding it: {}", st.message());
     release(true);
-    return st.IsDataLoss() ? st : DataLossError(st.message());
+    return st;
   }
   if (lease != nullptr) {
     // The verified range goes out through this descriptor; the reader count taken above is the
-    // lease, given back by Release().
+    // lease, given back when it ends.
     lease->fd = fd;
-    lease->data_offset = header_len + offset;
+    lease->data_offset = offset;
     lease->length = length;
+    lease->store_ = this;
+    lease->id_ = id;
     std::lock_guard<std::mutex> lock(mu_);
     ++leases_;
     return length;
   }
-  std::memcpy(out, span.data() + (offset - span_start), length);
+  std::memcpy(out, span.data(), length);
   release(false);
   return length;
 }
@@ -608,6 +507,32 @@ StatusOr<BlockLease> BlockStore::Lease(const BlockId& id, uint64_t offset, size_
   BlockLease lease;
   ASSIGN_OR_RETURN(size_t n, ReadInternal(id, offset, length, nullptr, true, &lease));
   if (lease.fd < 0) lease.length = n;  // nothing at that offset: no lease was taken
+  return lease;
+}
+
+StatusOr<BlockLease> BlockStore::LeaseFile(const BlockId& id) {
+  BlockLease lease;
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(id);
+    if (it == index_.end() || it->second.doomed) {
+      for (auto& t : tiers_) t.misses++;
+      return NotFoundError("block not cached");
+    }
+    Entry& e = it->second;
+    ++e.readers;
+    TouchLocked(id, e);
+    for (int t = 0; t < e.tier; ++t) tiers_[t].misses++;
+    tiers_[e.tier].hits++;
+    ++leases_;
+    path = PathLocked(id, e.tier, e.dir);
+    lease.length = e.meta.length;
+    lease.store_ = this;
+    lease.id_ = id;
+  }
+  lease.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (lease.fd < 0) return ErrnoError(errno, "open " + path);  // the lease ends with `lease`
   return lease;
 }
 
@@ -632,7 +557,7 @@ void BlockStore::Release(const BlockId& id) {
 
 Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   if (data.size() != meta.length) return InvalidArgumentError("block length does not match its data");
-  uint64_t file_bytes = BlockHeaderLen(data.size()) + data.size();
+  uint64_t file_bytes = store::BlockFileBytes(data.size());
   Removal r;
   int tier = -1, dir = -1;
   std::string path;
@@ -673,40 +598,25 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     tiers_[tier].dirs[dir].reserved -= file_bytes;
   };
   std::string tmp = TmpPath(tier, dir);
-  std::string header = EncodeHeader(meta, data);
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    unreserve();
-    return ErrnoError(errno, "create " + tmp);
-  }
-  Status st = WriteFull(fd, header.data(), header.size(), tmp);
-  if (st.ok()) st = WriteFull(fd, data.data(), data.size(), tmp);
-  if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + tmp);
-  if (st.ok()) {
-    std::string sub = path.substr(0, path.rfind('/'));
-    if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) st = ErrnoError(errno, "mkdir " + sub);
-  }
+  Status st = store::WriteTmp(tmp, data, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, data));
   if (!st.ok()) {
-    unlink(tmp.c_str());
     unreserve();
     return st;
   }
-  // Renamed under the lock, so no removal of an older copy can unlink the new file.
+  // Committed under the lock, so no removal of an older copy can unlink the new files.
   std::lock_guard<std::mutex> lock(mu_);
   tiers_[tier].dirs[dir].reserved -= file_bytes;
   if (index_.count(meta.id)) {  // a concurrent Put of the same block won
-    unlink(tmp.c_str());
+    store::Remove(tmp);
     return Status::OK();
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    Status rs = ErrnoError(errno, "rename to " + path);
-    unlink(tmp.c_str());
-    return rs;
+  if (Status cs = store::Commit(tmp, path); !cs.ok()) {
+    store::Remove(tmp);
+    return cs;
   }
   Entry e;
   e.meta = meta;
   e.file_bytes = file_bytes;
-  e.header_len = static_cast<uint32_t>(header.size());
   e.tier = tier;
   e.dir = dir;
   e.seq = ++seq_;
@@ -781,7 +691,7 @@ size_t BlockStore::Free(const std::vector<FileKey>& keys) {
 
 bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir, double fraction) {
   std::string src, dst;
-  uint64_t bytes;
+  uint64_t bytes, data_len;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(id);
@@ -793,36 +703,13 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
     if (static_cast<double>(d.used + d.reserved + e.file_bytes) > static_cast<double>(d.quota) * fraction) return false;
     e.moving = true;
     bytes = e.file_bytes;
+    data_len = e.meta.length;
     tiers_[to_tier].dirs[to_dir].reserved += bytes;
     src = PathLocked(id, e.tier, e.dir);
     dst = PathLocked(id, to_tier, to_dir);
   }
   std::string tmp = TmpPath(to_tier, to_dir);
-  Status st;
-  {
-    std::ifstream in(src, std::ios::binary);
-    std::string buf;
-    if (in) {
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      buf = ss.str();
-    }
-    if (!in || buf.size() != bytes) {
-      st = DataLossError(src + ": cannot be read for moving");
-    } else {
-      int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (fd < 0) {
-        st = ErrnoError(errno, "create " + tmp);
-      } else {
-        st = WriteFull(fd, buf.data(), buf.size(), tmp);
-        if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + tmp);
-      }
-    }
-  }
-  if (st.ok()) {
-    std::string sub = dst.substr(0, dst.rfind('/'));
-    if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) st = ErrnoError(errno, "mkdir " + sub);
-  }
+  Status st = store::CopyToTmp(src, data_len, tmp);
   Removal r;
   bool moved = false;
   {
@@ -833,8 +720,8 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
       Entry& e = it->second;
       e.moving = false;
       if (st.ok() && e.readers == 0 && !e.doomed && !e.pinned) {
-        // Commit under the lock: the new file appears and the old one goes in one step.
-        if (rename(tmp.c_str(), dst.c_str()) != 0) st = ErrnoError(errno, "rename to " + dst);
+        // Commit under the lock: the new files appear and the old ones go in one step.
+        st = store::Commit(tmp, dst);
       }
       if (st.ok() && e.readers == 0 && !e.doomed && !e.pinned) {
         UnlistLocked(e);
@@ -851,13 +738,13 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
           tiers_[to_tier].promotions++;
         }
         moved = true;
-        unlink(src.c_str());
+        store::Remove(src);
       } else if (e.doomed && e.readers == 0) {
         RemoveLocked(id, &r);  // freed while moving
       }
     }
   }
-  if (!moved) unlink(tmp.c_str());  // aborted: a reader arrived, or it was freed or pinned meanwhile
+  if (!moved) store::Remove(tmp);  // aborted: a reader arrived, or it was freed or pinned meanwhile
   Finish(r);
   if (!st.ok()) spdlog::warn("moving a cached block: {}", st.message());
   return moved;

@@ -7,19 +7,19 @@
 // FileKey hashes the under-storage URI, path and version, so a new version can never be served
 // from an old version's blocks.
 //
-// On disk, in every directory of every level: <dir>/blocks/<2 hex>/<32 hex key>-<index>,
-// directories 0700, files 0600; names are hashes, never object keys. Each file is a header
-// followed by the data:
+// On disk, in every directory of every level: <dir>/blocks/<2 hex>/<32 hex key>-<index>, the
+// block's bytes alone, and beside it <...>.m, its sidecar (identity and a checksum per 64 KiB
+// chunk); directories 0700, files 0600; names are hashes, never object keys. The format, its commit
+// order and its recovery live in worker/store/block_file.h (and docs/block_format.md). Because the
+// data file holds nothing but data, a file that fits in one block can be served by the kernel
+// straight from it (FUSE passthrough, LeaseFile()).
 //
-//   magic "GRNBLK01" | header_len u32 | chunk_size u32 | file_key[16] | index u64 | mount_id u64 |
-//   data_len u64 | nchunks u32 | 0 u32 | nchunks x XXH3-64 of each 64 KiB chunk | XXH3-64 of all
-//   the header bytes before it | zero padding to header_len (a multiple of 4096)
-//
-// Crash safety: blocks are written to <dir>/tmp and renamed into place, so a crash never leaves a
-// half-written file under a block name; tmp is emptied at start. Open() rebuilds the index from
-// the headers (checksum, name, size) and drops what disagrees; a background scrub then checks
-// every chunk checksum, and every read checks the chunks it touches. A mismatch removes the block
-// and returns DATA_LOSS: corrupt bytes are never served (the caller refetches).
+// Crash safety: blocks are written to <dir>/tmp and renamed into place (data, then sidecar), so a
+// crash never leaves a half-written block under a block name; tmp is emptied at start. Open()
+// rebuilds the index from the sidecars (checksum, name, sizes) and drops what disagrees and data
+// files without a sidecar; a background scrub then checks every chunk checksum, and every read
+// through the worker checks the chunks it touches. A mismatch removes the block and returns
+// DATA_LOSS: corrupt bytes are never served through the worker (the caller refetches).
 //
 // Space: used + reserved never exceeds any directory's quota. Put() writes a new block to the
 // fastest level with room. When no level has room it evicts, bottom level first, the blocks the
@@ -98,7 +98,7 @@ struct TierStats {
 
 struct BlockStoreStats {
   uint64_t capacity = 0;
-  uint64_t used = 0;  // bytes of block files (headers included)
+  uint64_t used = 0;  // bytes of block files (sidecars included)
   uint64_t blocks = 0;
   uint64_t evictions = 0;
   uint64_t corrupt = 0;        // blocks found corrupt and discarded
@@ -108,12 +108,35 @@ struct BlockStoreStats {
   std::vector<TierStats> tiers;
 };
 
-// A cached block's file, open for one reader: bytes [data_offset, data_offset + length) of `fd` are
-// the block's data. Until BlockStore::Release, the block is neither removed nor moved.
-struct BlockLease {
-  int fd = -1;  // the caller closes it
+class BlockStore;
+
+// A cached block's data file, open for one reader: bytes [data_offset, data_offset + length) of
+// `fd` are the requested bytes. While the lease is held the block is neither removed nor moved
+// (a Free() of it takes effect when the last lease ends). Move-only; the lease ends, once, at
+// Reset() or destruction, so a second release cannot end another reader's lease.
+class BlockLease {
+ public:
+  BlockLease() = default;
+  BlockLease(BlockLease&& o) noexcept { *this = std::move(o); }
+  BlockLease& operator=(BlockLease&& o) noexcept;
+  BlockLease(const BlockLease&) = delete;
+  BlockLease& operator=(const BlockLease&) = delete;
+  ~BlockLease() { Reset(); }
+
+  // Ends the lease (if held) and closes fd (if open).
+  void Reset();
+  // Closes fd, keeping the lease (once its descriptor has been handed on).
+  void CloseFd();
+  bool held() const { return store_ != nullptr; }
+
+  int fd = -1;
   uint64_t data_offset = 0;
   uint64_t length = 0;
+
+ private:
+  friend class BlockStore;
+  BlockStore* store_ = nullptr;
+  BlockId id_;
 };
 
 struct StoreOptions {
@@ -150,10 +173,12 @@ class BlockStore {
   // chunks covering the range are read and checked exactly as Read() does, then the open block file
   // is handed out instead of a copy, so what the reader splices from it is what was just verified.
   // NOT_FOUND when not cached; DATA_LOSS when a chunk failed (the block is removed). Counts as a read
-  // (hits, LRU order). A lease with fd >= 0 needs one Release(); fd is -1 (and length 0) when the
-  // offset is past the block's end.
+  // (hits, LRU order). fd is -1 (length 0, no lease held) when the offset is past the block's end.
   StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length);
-  void Release(const BlockId& id);
+  // Leases a block's whole data file without reading it (for FUSE passthrough: the kernel then
+  // reads the file itself; its chunks were verified when they entered the cache and by the scrub).
+  // Counts as a read. NOT_FOUND when not cached.
+  StatusOr<BlockLease> LeaseFile(const BlockId& id);
 
   // Caches a whole block (OK when already cached). RESOURCE_EXHAUSTED when nothing evictable is
   // left to make room.
@@ -183,7 +208,8 @@ class BlockStore {
   std::vector<BlockMeta> List() const;
   BlockStoreStats Stats() const;
 
-  // The file a block lives in ("" when not cached; for tests that corrupt it).
+  // The data file a block lives in ("" when not cached; for tests that corrupt it). Its sidecar is
+  // the same path with ".m" appended.
   std::string PathOf(const BlockId& id) const;
 
  private:
@@ -207,8 +233,7 @@ class BlockStore {
   };
   struct Entry {
     BlockMeta meta;
-    uint64_t file_bytes = 0;
-    uint32_t header_len = 0;
+    uint64_t file_bytes = 0;  // data and sidecar
     int tier = 0;
     int dir = 0;
     int readers = 0;
@@ -222,10 +247,12 @@ class BlockStore {
     std::vector<BlockMeta> removed;  // files already unlinked; listeners still to be told
   };
 
+  friend class BlockLease;
   explicit BlockStore(StoreOptions options) : options_(std::move(options)) {}
+  void Release(const BlockId& id);  // a lease ended
   Status Init();
   Status ScanDir(int tier, int dir);
-  Status LoadOne(int tier, int dir, const std::string& path, const std::string& name, int64_t* mtime);
+  Status LoadOne(int tier, int dir, const std::string& path, const std::string& name);
   Status LoadPins();
   Status SavePins();  // needs pins_mu_
   std::string PathLocked(const BlockId& id, int tier, int dir) const;
@@ -274,7 +301,7 @@ class BlockStore {
   std::thread thread_;
 };
 
-// Header size for a block of `data_len` bytes.
-uint32_t BlockHeaderLen(uint64_t data_len);
+// Bytes a block of `data_len` bytes costs against a quota (data and sidecar).
+uint64_t BlockFileBytes(uint64_t data_len);
 
 }  // namespace granary::worker

@@ -98,7 +98,7 @@ void LocalServer::AcceptLoop() {
 }
 
 void LocalServer::Serve(int conn) {
-  std::unordered_map<uint64_t, BlockId> leases;  // held by this connection
+  std::unordered_map<uint64_t, BlockLease> leases;  // held by this connection; they end with it
   uint64_t next_lease = 1;
   for (;;) {
     rpc::LocalRequest req;
@@ -106,11 +106,7 @@ void LocalServer::Serve(int conn) {
     if (!RecvFrame(conn, &req, &stray).ok()) break;
     if (stray >= 0) close(stray);  // clients send no descriptors
     if (req.release() != 0) {
-      auto it = leases.find(req.release());
-      if (it != leases.end()) {
-        store_->Release(it->second);
-        leases.erase(it);
-      }
+      leases.erase(req.release());  // ends the lease; an unknown or repeated number does nothing
       continue;
     }
     const rpc::ReadBlockRequest& r = req.read();
@@ -118,29 +114,39 @@ void LocalServer::Serve(int conn) {
                     r.index(),    r.offset(),   r.length(),  false};
     std::string data;
     BlockLease lease;
-    BlockId id;
     bool hit = false;
     auto start = std::chrono::steady_clock::now();
-    Status st = source_->ReadOrLease(br, &data, &lease, &id, &hit);
+    Status st;
+    if (req.whole_file()) {
+      auto l = source_->LeaseFile(br, &hit);
+      st = l.status();
+      if (l.ok()) lease = std::move(*l);
+    } else {
+      st = source_->ReadOrLease(br, &data, &lease, &hit);
+    }
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     rpc::LocalResponse resp;
     resp.set_code(static_cast<int32_t>(st.code()));
     resp.set_message(st.message());
+    int fd = -1;
     if (st.ok() && lease.fd >= 0) {
       uint64_t n = next_lease++;
-      leases.emplace(n, id);
       resp.set_lease(n);
       resp.set_data_offset(lease.data_offset);
       resp.set_length(lease.length);
+      fd = lease.fd;
     } else if (st.ok()) {
       resp.set_length(data.size());
       resp.set_data(std::move(data));
     }
-    Status sent = SendFrame(conn, resp, lease.fd);
-    if (lease.fd >= 0) close(lease.fd);  // the client has its own copy now
+    Status sent = SendFrame(conn, resp, fd);
+    if (fd >= 0) {
+      lease.CloseFd();  // the client has its own copy now
+      leases.emplace(resp.lease(), std::move(lease));
+    }
     if (!sent.ok()) break;
   }
-  for (const auto& [n, id] : leases) store_->Release(id);  // the client went away
+  leases.clear();  // the client went away: its leases end
   std::lock_guard<std::mutex> lock(mu_);
   conns_.erase(std::find(conns_.begin(), conns_.end(), conn));
   close(conn);

@@ -249,6 +249,10 @@ class WorkerServerImpl final : public WorkerServer {
     e->Counter("granary_worker_ufs_requests_total", "Read calls to the under-storage.", d(s.ufs_reads()));
     e->Counter("granary_worker_ufs_errors_total", "Under-storage fetches that failed (after the client's retries).",
                d(source_->counters().ufs_errors));
+    e->Counter("granary_worker_passthrough_leases_total",
+               "Whole data files leased to the local FUSE client for passthrough opens (the kernel then reads "
+               "them without asking).",
+               d(source_->counters().passthrough_leases));
     e->Counter("granary_worker_peer_served_total", "Block requests served to peer workers.", d(s.peer_served()));
     e->Counter("granary_worker_peer_failovers_total", "Peer calls that failed and went to the next worker.",
                d(s.peer_failovers()));

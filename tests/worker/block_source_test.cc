@@ -95,7 +95,7 @@ TEST_F(BlockSourceTest, CorruptCachedBlockIsRefetchedNeverServed) {
   BlockId id{MakeFileKey(fakes_.ufs->uri(), "f.bin", version_), 0};
   {
     std::fstream f(store_->PathOf(id), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(BlockHeaderLen(65536) + 10);
+    f.seekp(10);  // the data file holds only data
     f.put(static_cast<char>(data_[10] ^ 1));
   }
   ASSERT_TRUE(source_->Read(Req(0, 0, 65536), &out, &hit).ok());

@@ -63,7 +63,7 @@ TEST(BlockStore, CorruptionIsDetectedAndTheBlockDropped) {
   ASSERT_TRUE(store->Put(meta, data).ok());
   {
     std::fstream f(store->PathOf(meta.id), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(BlockHeaderLen(data.size()) + 150000);
+    f.seekp(150000);  // the data file holds only data
     f.put(static_cast<char>(data[150000] ^ 0x40));
   }
   std::string out(100, '\0');
@@ -95,8 +95,8 @@ TEST(BlockStore, LeasesVerifyTheRangeAndHoldTheBlockUntilReleased) {
             static_cast<ssize_t>(got.size()));
   EXPECT_EQ(got, data.substr(70000, 200000));  // ...but the leased file is still there
   std::string path = store->PathOf(meta.id);
-  close(lease->fd);
-  store->Release(meta.id);
+  lease->Reset();
+  lease->Reset();  // a second release is a no-op, not another reader's lease
   EXPECT_EQ(store->Stats().blocks, 0u);
   EXPECT_EQ(store->Stats().leases, 1u);
 
@@ -105,8 +105,7 @@ TEST(BlockStore, LeasesVerifyTheRangeAndHoldTheBlockUntilReleased) {
   auto tail = store->Lease(meta.id, 299990, 100);
   ASSERT_TRUE(tail.ok());
   EXPECT_EQ(tail->length, 10u);
-  close(tail->fd);
-  store->Release(meta.id);
+  tail->Reset();
   auto past = store->Lease(meta.id, 300000, 100);
   ASSERT_TRUE(past.ok());
   EXPECT_EQ(past->fd, -1);
@@ -114,13 +113,12 @@ TEST(BlockStore, LeasesVerifyTheRangeAndHoldTheBlockUntilReleased) {
   // One flipped byte in the leased range: DATA_LOSS, and the block is gone.
   {
     std::fstream f(store->PathOf(meta.id), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(BlockHeaderLen(data.size()) + 200000);
+    f.seekp(200000);
     f.put(static_cast<char>(data[200000] ^ 0x01));
   }
   auto clean = store->Lease(meta.id, 0, 1000);  // another chunk: still fine
   ASSERT_TRUE(clean.ok());
-  close(clean->fd);
-  store->Release(meta.id);
+  clean->Reset();
   EXPECT_EQ(store->Lease(meta.id, 199000, 2000).status().code(), Code::kDataLoss);
   EXPECT_FALSE(store->Contains(meta.id));
   EXPECT_EQ(store->Lease(meta.id, 0, 10).status().code(), Code::kNotFound);
@@ -128,28 +126,77 @@ TEST(BlockStore, LeasesVerifyTheRangeAndHoldTheBlockUntilReleased) {
 
 TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
   testing::TempDir dir;
-  std::string path;
+  // One block per way of being broken, and one good block.
+  std::string torn_data, torn_sidecar, no_sidecar, no_data, bad_sum, good_path;
   {
     auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
-    std::vector<BlockMeta> ev;
-    auto meta = Meta("a", 0, 5000);
-    ASSERT_TRUE(store->Put(meta, std::string(5000, 'z')).ok());
-    ASSERT_TRUE(store->Put(Meta("b", 0, 10), std::string(10, 'y')).ok());
-    path = store->PathOf(meta.id);
+    for (const char* name : {"a", "b", "c", "d", "e", "good"}) {
+      ASSERT_TRUE(store->Put(Meta(name, 0, 5000), std::string(5000, name[0])).ok());
+    }
+    torn_data = store->PathOf(Meta("a", 0, 0).id);
+    torn_sidecar = store->PathOf(Meta("b", 0, 0).id);
+    no_sidecar = store->PathOf(Meta("c", 0, 0).id);
+    no_data = store->PathOf(Meta("d", 0, 0).id);
+    bad_sum = store->PathOf(Meta("e", 0, 0).id);
+    good_path = store->PathOf(Meta("good", 0, 0).id);
   }
-  truncate(path.c_str(), 4200);                           // torn write
+  truncate(torn_data.c_str(), 4200);               // torn data write
+  truncate((torn_sidecar + ".m").c_str(), 40);     // torn sidecar
+  unlink((no_sidecar + ".m").c_str());             // crash between the data's rename and the sidecar's
+  unlink(no_data.c_str());                          // (cannot happen by our order; still handled)
+  {
+    std::fstream f(bad_sum + ".m", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(64);  // the first chunk checksum
+    f.put('\x01');
+  }
   testing::WriteFile(dir / "cache/tmp/half-written", "x");  // crash leftover
   testing::WriteFile(dir / "cache/blocks/zz/not-a-block", "junk");
   auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
   EXPECT_EQ(store->Stats().blocks, 1u);
-  EXPECT_TRUE(store->Contains(Meta("b", 0, 0).id));
+  EXPECT_TRUE(store->Contains(Meta("good", 0, 0).id));
+  EXPECT_EQ(store->Stats().used, BlockFileBytes(5000)) << "debris is not counted";
+  for (const std::string& p : {torn_data, torn_sidecar, no_sidecar, no_data, bad_sum}) {
+    EXPECT_NE(access(p.c_str(), F_OK), 0) << p;
+    EXPECT_NE(access((p + ".m").c_str(), F_OK), 0) << p;
+  }
   EXPECT_NE(access((dir / "cache/tmp/half-written").c_str(), F_OK), 0) << "crash leftovers must be removed";
   EXPECT_NE(access((dir / "cache/blocks/zz/not-a-block").c_str(), F_OK), 0);
+  EXPECT_EQ(access(good_path.c_str(), F_OK), 0);
+}
+
+// The data file holds the block's bytes at their offsets and nothing else, so the kernel can read
+// a one-block file from it (passthrough); its sidecar carries identity and checksums.
+TEST(BlockStore, DataFilesHoldOnlyTheDataAndSidecarsTheIdentity) {
+  testing::TempDir dir;
+  auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  std::string data = testing::RandomBytes(150000, 5);
+  auto meta = Meta("img.jpg", 0, data.size());
+  ASSERT_TRUE(store->Put(meta, data).ok());
+  std::string path = store->PathOf(meta.id);
+  EXPECT_EQ(testing::ReadFile(path), data);
+  struct stat st;
+  ASSERT_EQ(stat((path + ".m").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(store->Stats().used, static_cast<uint64_t>(st.st_size) + data.size());
+
+  // LeaseFile: the whole data file, unread, held against Free until the lease ends.
+  auto lease = store->LeaseFile(meta.id);
+  ASSERT_TRUE(lease.ok()) << lease.status().message();
+  EXPECT_EQ(lease->length, data.size());
+  EXPECT_EQ(lease->data_offset, 0u);
+  EXPECT_EQ(store->Free({meta.id.key}), 1u);
+  EXPECT_EQ(access(path.c_str(), F_OK), 0) << "a leased block must stay until its lease ends";
+  std::string got(data.size(), '\0');
+  ASSERT_EQ(pread(lease->fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, data);
+  lease->Reset();
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+  EXPECT_EQ(store->LeaseFile(meta.id).status().code(), Code::kNotFound);
 }
 
 TEST(BlockStore, QuotaEvictsLeastRecentlyUsed) {
   testing::TempDir dir;
-  uint64_t per = BlockHeaderLen(10000) + 10000;
+  uint64_t per = BlockFileBytes(10000);
   auto store = std::move(BlockStore::Open(dir / "cache", per * 3).value());
   std::vector<BlockMeta> ev;
   store->SetRemovedListener([&](const BlockMeta& m) { ev.push_back(m); });
@@ -168,7 +215,7 @@ TEST(BlockStore, QuotaEvictsLeastRecentlyUsed) {
 
 TEST(BlockStore, ConcurrentPutsAndReadsStayWithinQuota) {
   testing::TempDir dir;
-  uint64_t per = BlockHeaderLen(4096) + 4096;
+  uint64_t per = BlockFileBytes(4096);
   auto store = std::move(BlockStore::Open(dir / "cache", per * 8).value());
   std::vector<std::thread> ts;
   std::atomic<int> bad{0};

@@ -1,0 +1,34 @@
+// Parts of the FUSE kernel protocol that Debian 12's headers (Linux 6.1 UAPI, libfuse 3.14) do not
+// name yet. Each value is the kernel's own, from include/uapi/linux/fuse.h of Linux 6.9 (protocol
+// 7.40), where FUSE passthrough was merged; the kernel this runs on decides whether it offers them.
+#pragma once
+
+#include <linux/fuse.h>
+#include <sys/ioctl.h>
+
+#include <cstdint>
+
+namespace granary::fuse::kabi {
+
+// INIT flag (bit 37: flags2 bit 5, with FUSE_INIT_EXT): the connection may open files in
+// passthrough mode. The daemon must also set max_stack_depth (see below) in its INIT reply.
+constexpr uint64_t kInitPassthrough = 1ULL << 37;
+// Open reply flag: reads, mmap and splice of this open go straight to the backing file named by
+// fuse_open_out.backing_id (the field libfuse 3.14 calls `padding`).
+constexpr uint32_t kOpenPassthrough = 1u << 7;
+// fuse_init_out.max_stack_depth is the first word of what the 7.38 header calls unused[7]: how many
+// stacked filesystems may lie below (1: a backing file on ext4, xfs or tmpfs).
+constexpr uint32_t kMaxStackDepth = 1;
+
+// FUSE_DEV_IOC_BACKING_OPEN / _CLOSE on the /dev/fuse descriptor: register an open file as a
+// backing file (returns its id, > 0) and drop the registration. Both need CAP_SYS_ADMIN in the
+// initial user namespace.
+struct BackingMap {
+  int32_t fd;
+  uint32_t flags;  // 0
+  uint64_t padding;
+};
+constexpr unsigned long kIocBackingOpen = _IOW(229, 1, BackingMap);
+constexpr unsigned long kIocBackingClose = _IOW(229, 2, uint32_t);
+
+}  // namespace granary::fuse::kabi
