@@ -461,8 +461,10 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
   auto id = fs->io->OpenBacking((*lease)->fd());
   if (!id.ok()) {
     if (!fs->passthrough_refused.exchange(true)) {
-      spdlog::warn("fuse.open=passthrough: the kernel refused a backing file ({}); files are served by granary-fuse",
-                   id.status().message());
+      // Refused for good (no CAP_SYS_ADMIN in the initial user namespace): kernel mode from now on.
+      spdlog::warn("fuse.open={}: the kernel refused a backing file ({}); serving in kernel mode instead",
+                   fs->cfg.fuse.open, id.status().message());
+      fs->mode = OpenMode::kKernel;
     }
     return 0;
   }
@@ -533,6 +535,11 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       }
       return;
     }
+    if (fs->mode == OpenMode::kKernel) {  // passthrough was refused just now: as in kernel mode
+      delete of;
+      fs->opens_kernel++;
+      return ReplyUnsupported(req);
+    }
     fs->passthrough_misses++;
   }
   fs->opens_daemon++;
@@ -574,19 +581,21 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
   ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
   fs->NoteVersion(ino, info.attr().version_hash());
   std::lock_guard<std::mutex> lock(fs->inode_files_mu);
-  auto& slot = fs->inode_files[ino];
+  auto it = fs->inode_files.find(ino);
+  std::shared_ptr<OpenFile> slot = it == fs->inode_files.end() ? nullptr : it->second;
   if (slot && slot->info.version() == info.version()) {
     slot->confirmed = now;
     return slot;
   }
   bool changed = slot != nullptr;
-  if (fs->inode_files.size() > std::max<uint64_t>(fs->cfg.fuse.file_cache_entries, 1024)) {
-    fs->inode_files.clear();  // bounded; forgetting costs a call to the master
-  }
   auto f = std::make_shared<OpenFile>();
   f->info = std::move(info);
   f->confirmed = now;
-  fs->inode_files[ino] = f;
+  if (fs->inode_files.size() >= fs->cfg.fuse.file_cache_entries) {
+    fs->inode_files.clear();  // bounded by fuse.file_cache_entries; forgetting costs a call to the master
+  } else {
+    fs->inode_files[ino] = f;
+  }
   if (changed) {
     fs->Invalidate(ino);
     if (off != 0) return FailedPreconditionError("the file changed in the under-storage while it was being read");

@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
+
+#include <sstream>
 
 namespace granary::testing {
 namespace {
@@ -94,6 +97,24 @@ std::string LocalCluster::MetricsAddress(const std::string& daemon) const {
   return a;
 }
 
+double LocalCluster::Metric(const std::string& daemon, const std::string& sample) {
+  std::string address = MetricsAddress(daemon);
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return -1;
+  httplib::Client cli(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  cli.set_connection_timeout(5);
+  auto res = cli.Get("/metrics");
+  if (!res || res->status != 200) return -1;
+  std::istringstream in(res->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > sample.size() && line.compare(0, sample.size(), sample) == 0 && line[sample.size()] == ' ') {
+      return std::stod(line.substr(sample.size() + 1));
+    }
+  }
+  return -1;
+}
+
 nlohmann::json LocalCluster::Report() {
   RunResult r = Cli({"report", "--json"});
   if (r.code != 0) return nullptr;
@@ -103,15 +124,19 @@ nlohmann::json LocalCluster::Report() {
 
 bool LocalCluster::StartFuse(std::string* why) {
   unlink((dir_ / "fuse.addr").c_str());
-  fuse_ = std::make_unique<Process>(
-      With(With(std::vector<std::string>{Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker",
-                                         worker_addr_, "--fuse.mountpoint", mountpoint(), "--fuse.metrics_listen",
-                                         "127.0.0.1:0", "--ready-file",
-                                         dir_ / "fuse.addr", "--fuse.keep_cache", opts_.keep_cache ? "true" : "false"},
-                opts_.extra_args),
-           opts_.fuse_args),
-      dir_ / "fuse.log");
-  if (WaitForReadyFile(dir_ / "fuse.addr", fuse_.get()).empty() || !IsMounted(mountpoint())) {
+  std::vector<std::string> argv =
+      With(opts_.fuse_wrapper, {Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_,
+                                "--fuse.mountpoint", mountpoint(), "--fuse.metrics_listen", "127.0.0.1:0",
+                                "--ready-file", dir_ / "fuse.addr", "--fuse.keep_cache",
+                                opts_.keep_cache ? "true" : "false"});
+  fuse_ = std::make_unique<Process>(With(With(argv, opts_.extra_args), opts_.fuse_args), dir_ / "fuse.log");
+  bool mounted = !WaitForReadyFile(dir_ / "fuse.addr", fuse_.get()).empty();
+  if (mounted && opts_.fuse_wrapper.empty()) mounted = IsMounted(mountpoint());
+  if (mounted && !opts_.fuse_wrapper.empty()) {
+    mounted = ReadFile("/proc/" + std::to_string(fuse_->pid()) + "/mountinfo").find(" " + mountpoint() + " ") !=
+              std::string::npos;
+  }
+  if (!mounted) {
     *why = "fuse did not mount:\n" + fuse_->Log();
     return false;
   }

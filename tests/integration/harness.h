@@ -19,6 +19,9 @@ struct ClusterOptions {
   std::vector<std::string> extra_args;   // appended to every daemon's command line
   std::vector<std::string> worker_args;  // appended to the worker's (a tieredstore there replaces cache_dir)
   std::vector<std::string> fuse_args;    // appended to granary-fuse's
+  // Put before granary-fuse's command (e.g. unshare to run it in its own namespaces, which must
+  // exec it in place); the mount is then looked for in granary-fuse's own mount namespace.
+  std::vector<std::string> fuse_wrapper;
   // Off by default: most tests count the worker's hits, which the kernel's page cache would take.
   bool keep_cache = false;
 };
@@ -40,6 +43,9 @@ class LocalCluster {
   // host:port of a daemon's /metrics endpoint ("master", "worker" or "fuse"); "" when unknown.
   std::string MetricsAddress(const std::string& daemon) const;
 
+  // One sample of a daemon's /metrics, named exactly as exposed (`name{label="v",...}` with the
+  // labels in the daemon's order); -1 when absent or the endpoint does not answer.
+  double Metric(const std::string& daemon, const std::string& sample);
   // `granary report --json`, parsed (null on failure).
   nlohmann::json Report();
   // kill -9 the worker, then start it again on the same address and cache.

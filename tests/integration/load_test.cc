@@ -321,7 +321,8 @@ TEST_F(LoadTest, MetricsPassPromtoolAndProbesAnswer) {
         "granary_worker_cache_used_bytes{tier=", "granary_worker_ufs_fetch_duration_seconds_bucket{le=\"+Inf\"} 3",
         "granary_worker_read_duration_seconds_count", "granary_worker_evictions_total"}},
       {"fuse",
-       {"granary_fuse_operation_duration_seconds_bucket{op=\"read\",le=", "granary_fuse_read_bytes_total 4096",
+       {"granary_fuse_operation_duration_seconds_bucket{op=\"read\",le=", "granary_fuse_read_bytes_total ",
+        "granary_fuse_opens_total{mode=\"", "granary_fuse_open_mode{mode=\"",
         "granary_fuse_operation_duration_seconds_count{op=\"lookup\"}", "granary_fuse_mounted 1"}},
   };
   for (const auto& e : expects) {

@@ -27,11 +27,13 @@ void MakeImages(const std::string& root) {
 }
 
 // Block files in every cache directory below `root`.
+// The blocks' data files (each has a sidecar, <data file>.m, beside it).
 std::vector<std::string> BlockFiles(const std::string& root) {
   std::vector<std::string> out;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(root, ec); it != fs::recursive_directory_iterator(); ++it) {
-    if (it->is_regular_file() && it->path().parent_path().parent_path().filename() == "blocks") {
+    if (it->is_regular_file() && it->path().parent_path().parent_path().filename() == "blocks" &&
+        it->path().extension() != ".m") {
       out.push_back(it->path());
     }
   }

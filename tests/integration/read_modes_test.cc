@@ -1,0 +1,269 @@
+// The read modes of a FUSE mount (fuse.open: kernel, passthrough, daemon) through real processes
+// and a real mount: the bytes through read, pread and mmap, a file that changes in the
+// under-storage, reads with no open file (kernel mode), and what passthrough opens hold.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Compares a file through the mount against `want` with whole reads, random preads and mmap; ""
+// when equal, else what differed.
+std::string Mismatch(const std::string& path, const std::string& want, uint32_t seed) {
+  std::string got;
+  if (!ReadFileChecked(path, &got)) return path + ": read failed: " + strerror(errno);
+  if (got != want) return path + ": read returned other bytes";
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return path + ": open failed";
+  std::mt19937 rng(seed);
+  std::string buf;
+  for (int i = 0; i < 40 && !want.empty(); ++i) {
+    size_t off = rng() % want.size();
+    size_t len = 1 + rng() % 9000;
+    buf.assign(len, '\0');
+    ssize_t n = pread(fd, buf.data(), len, static_cast<off_t>(off));
+    size_t expect = std::min(len, want.size() - off);
+    if (n != static_cast<ssize_t>(expect) || buf.compare(0, expect, want, off, expect) != 0) {
+      close(fd);
+      return path + ": pread at " + std::to_string(off) + " returned other bytes";
+    }
+  }
+  if (!want.empty()) {
+    void* m = mmap(nullptr, want.size(), PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+      close(fd);
+      return path + ": mmap failed: " + strerror(errno);
+    }
+    bool same = std::memcmp(m, want.data(), want.size()) == 0;
+    munmap(m, want.size());
+    if (!same) {
+      close(fd);
+      return path + ": mmap shows other bytes";
+    }
+  }
+  close(fd);
+  return "";
+}
+
+ClusterOptions ModeOptions(const std::string& mode, std::vector<std::string> more = {}) {
+  ClusterOptions o;
+  o.fuse_args = {"--fuse.open", mode};
+  o.fuse_args.insert(o.fuse_args.end(), more.begin(), more.end());
+  return o;
+}
+
+double Opens(LocalCluster& c, const char* mode) {
+  return c.Metric("fuse", std::string("granary_fuse_opens_total{mode=\"") + mode + "\"}");
+}
+
+// Small files (one 64 KiB block), a file of several blocks and an empty file give exactly the
+// source's bytes in every mode, cold and warm; each mode serves them the way it says.
+class ReadModes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReadModes, BytesAreTheSourcesThroughReadPreadAndMmap) {
+  const std::string mode = GetParam();
+  TempDir dir;
+  std::map<std::string, std::string> files;
+  for (int i = 0; i < 12; ++i) files["small/img" + std::to_string(i) + ".jpg"] = RandomBytes(1 + i * 5400, i);
+  files["big.bin"] = RandomBytes(64 * 1024 * 5 + 77, 99);
+  files["empty.bin"] = "";
+  for (const auto& [name, bytes] : files) WriteFile(dir / ("src/" + name), bytes);
+  LocalCluster c(dir, ModeOptions(mode));
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  for (int pass = 0; pass < 2; ++pass) {  // cold, then warm
+    for (const auto& [name, bytes] : files) {
+      EXPECT_EQ(Mismatch(c.mountpoint() + "/ds/" + name, bytes, pass * 1000 + name.size()), "") << mode << " pass " << pass;
+    }
+  }
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_mode{mode=\"" + mode + "\",fallback=\"0\"}"), 1) << c.Logs();
+  if (mode == "kernel") {
+    EXPECT_GE(Opens(c, "kernel"), 1);  // answered ENOSYS once; the kernel opens every file itself after that
+    EXPECT_EQ(Opens(c, "daemon"), 0);
+    EXPECT_GT(c.Metric("fuse", "granary_fuse_reads_by_inode_total"), 0);
+  } else if (mode == "passthrough") {
+    EXPECT_GT(Opens(c, "passthrough"), 0);
+    // Every small file is opened on its cache file; only the file of several blocks is not.
+    double read_bytes = c.Metric("fuse", "granary_fuse_read_bytes_total");
+    for (int i = 0; i < 12; ++i) {
+      std::string name = "small/img" + std::to_string(i) + ".jpg";
+      EXPECT_EQ(Mismatch(c.mountpoint() + "/ds/" + name, files[name], 7), "");
+    }
+    EXPECT_EQ(c.Metric("fuse", "granary_fuse_read_bytes_total"), read_bytes)
+        << "a passthrough read reached granary-fuse";
+  } else {
+    EXPECT_GT(Opens(c, "daemon"), 0);
+    EXPECT_EQ(Opens(c, "passthrough"), 0);
+    EXPECT_EQ(Opens(c, "kernel"), 0);
+  }
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+// A file rewritten in the under-storage shows its new bytes, whole, after the sync interval and
+// attr_timeout (both 0 here) in every mode: never the old pages, never a mix.
+TEST_P(ReadModes, AChangedFileShowsItsNewBytes) {
+  const std::string mode = GetParam();
+  TempDir dir;
+  std::string small1 = RandomBytes(40000, 1), big1 = RandomBytes(200000, 2);
+  WriteFile(dir / "src/small.bin", small1);
+  WriteFile(dir / "src/big.bin", big1);
+  LocalCluster c(dir, ModeOptions(mode, {"--fuse.attr_timeout", "0s", "--fuse.entry_timeout", "0s"}));
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src", "-o", "metadata.sync_interval=always"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Mismatch(c.mountpoint() + "/ds/small.bin", small1, 1), "");
+    EXPECT_EQ(Mismatch(c.mountpoint() + "/ds/big.bin", big1, 2), "");
+  }
+  // Same sizes, new bytes and mtimes.
+  std::string small2 = RandomBytes(40000, 3), big2 = RandomBytes(200000, 4);
+  WriteFile(dir / "src/small.bin", small2);
+  WriteFile(dir / "src/big.bin", big2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Mismatch(c.mountpoint() + "/ds/small.bin", small2, 5), "") << mode << " kept the old version";
+    EXPECT_EQ(Mismatch(c.mountpoint() + "/ds/big.bin", big2, 6), "") << mode << " kept the old version";
+  }
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ReadModes, ::testing::Values("kernel", "passthrough", "daemon"),
+                         [](const auto& info) { return info.param; });
+
+// Kernel mode: reads come with no open file, so granary-fuse serves them by inode alone — also
+// when it keeps nothing about the file (fuse.file_cache_entries 0) and the kernel dropped the pages.
+TEST(KernelMode, AReadWithNoOpenFileWorksAfterGranaryFuseForgotTheFile) {
+  TempDir dir;
+  std::string data = RandomBytes(64 * 1024 * 3 + 5, 11);
+  WriteFile(dir / "src/f.bin", data);
+  LocalCluster c(dir, ModeOptions("kernel", {"--fuse.file_cache_entries", "0"}));
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  int fd = open((c.mountpoint() + "/ds/f.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string buf(data.size(), '\0');
+  ASSERT_EQ(pread(fd, buf.data(), buf.size(), 0), static_cast<ssize_t>(data.size()));
+  EXPECT_EQ(buf, data);
+  double reads = c.Metric("fuse", "granary_fuse_reads_by_inode_total");
+  EXPECT_GT(reads, 0);
+  ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);  // the kernel drops its pages
+  buf.assign(1000, '\0');
+  ASSERT_EQ(pread(fd, buf.data(), buf.size(), 130000), 1000);
+  EXPECT_EQ(buf, data.substr(130000, 1000));
+  EXPECT_GT(c.Metric("fuse", "granary_fuse_reads_by_inode_total"), reads) << "the re-read never reached granary-fuse";
+  close(fd);
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+size_t DataFilesIn(const std::string& cache) {
+  size_t n = 0;
+  if (!fs::exists(cache + "/blocks")) return 0;
+  for (const auto& e : fs::recursive_directory_iterator(cache + "/blocks")) {
+    if (e.is_regular_file() && e.path().extension() != ".m") ++n;
+  }
+  return n;
+}
+
+// A passthrough open holds its cache file: freeing the dataset leaves it until the file is
+// closed, and a worker killed with -9 (and restarted) costs the reader of an open file nothing.
+TEST(Passthrough, AnOpenFileKeepsItsCacheFileThroughAFreeAndAWorkerKill) {
+  TempDir dir;
+  std::string data = RandomBytes(50000, 21);
+  WriteFile(dir / "src/img.jpg", data);
+  LocalCluster c(dir, ModeOptions("passthrough"));
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  std::string path = c.mountpoint() + "/ds/img.jpg";
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(Opens(c, "passthrough"), 1) << c.Logs();
+  std::string buf(data.size(), '\0');
+  ASSERT_EQ(pread(fd, buf.data(), buf.size(), 0), static_cast<ssize_t>(data.size()));
+  EXPECT_EQ(buf, data);
+  ASSERT_EQ(DataFilesIn(dir / "cache"), 1u);
+
+  RunResult freed = c.Cli({"free", "/ds"});
+  ASSERT_EQ(freed.code, 0) << freed.out;
+  EXPECT_EQ(DataFilesIn(dir / "cache"), 1u) << "a block under a passthrough open was removed";
+  ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ASSERT_EQ(pread(fd, buf.data(), buf.size(), 0), static_cast<ssize_t>(data.size()));
+  EXPECT_EQ(buf, data);
+  close(fd);
+  EXPECT_TRUE(WaitFor([&] { return DataFilesIn(dir / "cache") == 0; })) << "the freed block outlived its last open";
+
+  // An open file, then the worker killed: reads, preads and mmap go on from the cache file.
+  fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(Opens(c, "passthrough"), 2);
+  c.KillWorker();
+  std::mt19937 rng(5);
+  for (int i = 0; i < 200; ++i) {
+    size_t off = rng() % data.size(), len = 1 + rng() % 4000;
+    std::string part(len, '\0');
+    ssize_t n = pread(fd, part.data(), len, static_cast<off_t>(off));
+    size_t expect = std::min(len, data.size() - off);
+    ASSERT_EQ(n, static_cast<ssize_t>(expect)) << "pread at " << off << ": " << strerror(errno);
+    ASSERT_EQ(part.substr(0, expect), data.substr(off, expect));
+  }
+  void* m = mmap(nullptr, data.size(), PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  EXPECT_EQ(std::memcmp(m, data.data(), data.size()), 0);
+  munmap(m, data.size());
+  close(fd);
+  ASSERT_TRUE(c.RestartWorker(&why)) << why;
+  EXPECT_EQ(Mismatch(path, data, 9), "");
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+// Without CAP_SYS_ADMIN in the initial user namespace (here: granary-fuse in a user namespace of
+// its own, root only there) the kernel refuses backing files: the first open finds out, the mount
+// goes on in kernel mode, says so once in its log and in /metrics, and no read fails.
+TEST(Passthrough, RefusedBackingFilesFallBackToKernelModeWithoutAnError) {
+  TempDir dir;
+  std::map<std::string, std::string> files;
+  for (int i = 0; i < 6; ++i) files["img" + std::to_string(i) + ".jpg"] = RandomBytes(3000 + i * 7000, 30 + i);
+  for (const auto& [name, bytes] : files) WriteFile(dir / ("src/" + name), bytes);
+  ClusterOptions o = ModeOptions("passthrough");
+  o.fuse_wrapper = {"unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"};
+  LocalCluster c(dir, o);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  // The mount lives in granary-fuse's mount namespace: read it from there.
+  std::string script;
+  for (const auto& [name, bytes] : files) {
+    script += "cmp " + c.mountpoint() + "/ds/" + name + " " + dir / ("src/" + name) + " && ";
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    RunResult r = RunCommand({"nsenter", "--target", std::to_string(c.fuse_pid()), "--user", "--mount",
+                              "--preserve-credentials", "sh", "-c", script + "echo same"});
+    EXPECT_EQ(r.code, 0) << r.out << c.Logs();
+    EXPECT_NE(r.out.find("same"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_mode{mode=\"kernel\",fallback=\"1\"}"), 1) << c.Logs();
+  EXPECT_EQ(Opens(c, "passthrough"), 0);
+  EXPECT_GE(Opens(c, "kernel"), 1);
+  EXPECT_NE(ReadFile(dir / "fuse.log").find("refused a backing file"), std::string::npos);
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_errors_total{op=\"read\",errno=\"EIO\"}"), -1) << "a read failed";
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+}  // namespace
+}  // namespace granary::testing
