@@ -179,6 +179,12 @@ std::vector<Setting> MakeSettings() {
                   "/run/granary/worker-<port>.sock; off: none (reads then go over gRPC); or a path. The FUSE "
                   "client learns it from the worker, so in Kubernetes both pods need the directory (hostPath).",
                   &Config::worker, &WorkerConfig::local_socket));
+  t.push_back(Row("worker.scrub_bandwidth", K::kBytes, "16Mi",
+                  "Bytes per second the background scrub reads to verify every cached block's checksums, over and "
+                  "over, after the full pass at start. Reads through the worker verify what they touch anyway; "
+                  "the scrub is what finds a damaged block that only the kernel reads (fuse.open passthrough). 0 "
+                  "scrubs at start only; more finds damage sooner and costs disk bandwidth.",
+                  &Config::worker, &WorkerConfig::scrub_bandwidth));
   t.push_back(Row("worker.cache_dir", K::kPath, "/var/cache/granary",
                   "Directory holding cached blocks (0700; block files 0600, named by hash).", &Config::worker,
                   &WorkerConfig::cache_dir));

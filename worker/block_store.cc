@@ -843,6 +843,7 @@ StatusOr<bool> BlockStore::VerifyOne(const BlockId& id) {
   // changes neither the LRU order nor the hit counters.
   std::string buf(len, '\0');
   auto n = ReadInternal(id, 0, len, buf.data(), false);
+  if (n.ok()) scrubbed_++;
   if (!n.ok() && n.status().IsDataLoss()) return true;
   return false;
 }
@@ -873,6 +874,11 @@ void BlockStore::Loop() {
     }
   }
   if (bad > 0) spdlog::warn("start-up scrub discarded {} corrupt cached blocks", bad);
+  // Then the reserver every interval (or when woken), and between passes the continuous scrub:
+  // blocks in turn, as many bytes as scrub_bandwidth allows for the time that went by.
+  std::vector<BlockMeta> todo;
+  double budget = 0;
+  auto last = std::chrono::steady_clock::now();
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -880,6 +886,22 @@ void BlockStore::Loop() {
       if (stop_) return;
     }
     Reserve();
+    if (options_.scrub_bandwidth == 0) continue;
+    auto now = std::chrono::steady_clock::now();
+    budget = std::min(budget + std::chrono::duration<double>(now - last).count() * static_cast<double>(options_.scrub_bandwidth),
+                      static_cast<double>(options_.scrub_bandwidth));  // at most a second's worth saved up
+    last = now;
+    while (budget > 0) {
+      if (todo.empty()) {
+        todo = List();  // the next full pass
+        if (todo.empty()) break;
+      }
+      BlockMeta m = todo.back();
+      todo.pop_back();
+      budget -= static_cast<double>(m.length);
+      auto r = VerifyOne(m.id);
+      if (r.ok() && *r) spdlog::warn("the scrub discarded a corrupt cached block");
+    }
   }
 }
 
@@ -930,6 +952,7 @@ BlockStoreStats BlockStore::Stats() const {
   }
   for (const auto& [id, e] : index_) s.pinned_blocks += e.pinned ? 1 : 0;
   s.corrupt = corrupt_;
+  s.scrubbed = scrubbed_;
   s.rejected = rejected_;
   s.leases = leases_;
   return s;

@@ -102,6 +102,7 @@ struct BlockStoreStats {
   uint64_t blocks = 0;
   uint64_t evictions = 0;
   uint64_t corrupt = 0;        // blocks found corrupt and discarded
+  uint64_t scrubbed = 0;       // blocks the scrub verified
   uint64_t pinned_blocks = 0;
   uint64_t rejected = 0;       // Puts refused because nothing evictable was left
   uint64_t leases = 0;         // blocks leased for zero-copy reads
@@ -147,6 +148,9 @@ struct StoreOptions {
   // store by hand set false and call Reserve()/Scrub().
   bool background = true;
   std::chrono::milliseconds reserve_interval{500};
+  // After the start-up scrub, the background thread keeps verifying blocks at this many bytes per
+  // second (0: no continuous scrub).
+  uint64_t scrub_bandwidth = 0;
   bool require_tmpfs_for_mem = true;  // a MEM level must be on tmpfs/ramfs
 };
 
@@ -290,6 +294,7 @@ class BlockStore {
   std::vector<BlockId> promote_queue_;                        // GUARDED_BY(mu_)
   uint64_t seq_ = 0;                                          // GUARDED_BY(mu_)
   uint64_t corrupt_ = 0, rejected_ = 0;                       // GUARDED_BY(mu_)
+  std::atomic<uint64_t> scrubbed_{0};
   uint64_t leases_ = 0;                                       // GUARDED_BY(mu_)
   RemovedFn on_removed_;                                      // GUARDED_BY(mu_)
   bool stop_ = false;                                         // GUARDED_BY(mu_)

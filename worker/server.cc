@@ -191,6 +191,7 @@ class WorkerServerImpl final : public WorkerServer {
     so.levels = cfg.worker.EffectiveLevels();
     so.policy = cfg.worker.tieredstore.policy;
     so.promote = cfg.worker.tieredstore.promote;
+    so.scrub_bandwidth = cfg.worker.scrub_bandwidth;
     policy_ = so.policy;
     ASSIGN_OR_RETURN(store_, BlockStore::Open(so));
     grpc::ServerBuilder builder;
@@ -263,6 +264,8 @@ class WorkerServerImpl final : public WorkerServer {
     e->Counter("granary_worker_loaded_bytes_total", "Bytes fetched by load jobs.", d(s.loaded_bytes()));
     e->Counter("granary_worker_corrupt_blocks_total", "Cached blocks that failed their checksum and were dropped.",
                d(s.corrupt_blocks()));
+    e->Counter("granary_worker_scrubbed_blocks_total", "Cached blocks the scrub read and verified.",
+               d(store_->Stats().scrubbed));
     e->Counter("granary_worker_rejected_blocks_total", "Blocks not cached for want of evictable space.",
                d(s.rejected()));
     e->Gauge("granary_worker_pinned_blocks", "Cached blocks that are pinned.", d(s.pinned_blocks()));
