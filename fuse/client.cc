@@ -273,7 +273,7 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
 
 StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file) {
   uint64_t size = file.attr().size();
-  if (size == 0 || size > file.block_size()) return InvalidArgumentError("not a one-block file");
+  if (size == 0 || file.block_size() == 0) return InvalidArgumentError("an empty file has no data file");
   auto ch = Local();
   if (!ch) return UnavailableError("no local worker socket");
   rpc::ReadBlockRequest req;
@@ -284,7 +284,7 @@ StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file
   req.set_block_size(file.block_size());
   req.set_index(0);
   req.set_offset(0);
-  req.set_length(size);
+  req.set_length(std::min(size, file.block_size()));
   LocalChannel::Piece piece;
   Status st = ch->LeaseFile(req, &piece);
   if (st.code() == Code::kUnavailable) DropLocal(ch);

@@ -46,7 +46,7 @@ class ReadResult {
   std::shared_ptr<LocalChannel> channel_;  // holds the leases
 };
 
-// The whole data file of a one-block file, leased from the local worker for a passthrough open:
+// The data file of a whole file, leased from the local worker for a passthrough open:
 // `fd` holds the file's bytes at their own offsets. The worker keeps the block (no eviction, no
 // move) until the lease is destroyed.
 class FileLease {
@@ -79,8 +79,8 @@ class Client {
   StatusOr<rpc::WorkerStats> WorkerStats();
   // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`.
   Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out);
-  // For a passthrough open: leases the local worker's data file of `file`, which must fit in one
-  // block. NOT_FOUND when the local worker does not keep it (another worker holds the block);
+  // For a passthrough open: leases the local worker's data file of `file` (every block of it
+  // cached in one directory there). NOT_FOUND when the local worker does not have it whole;
   // UNAVAILABLE when there is no local socket.
   StatusOr<std::unique_ptr<FileLease>> LeaseFile(const rpc::FileInfo& file);
   // Asks the local worker, in the background, to warm blocks [first, first+count) of `file`

@@ -37,7 +37,7 @@ class LocalChannel {
   // UNAVAILABLE when the socket cannot be used (the worker went away); other errors are the
   // worker's answer about the data (FAILED_PRECONDITION: the file changed, ...).
   Status Read(const rpc::ReadBlockRequest& req, Piece* out);
-  // Leases the whole data file of a one-block file for a passthrough open (LocalRequest.whole_file):
+  // Leases the whole data file of a file for a passthrough open (LocalRequest.whole_file):
   // out->fd is the data file, out->length the file's size. Such leases are long (as long as the
   // file is open), so they all live on one shared connection instead of holding one each.
   // NOT_FOUND when the local worker does not keep the block.

@@ -454,8 +454,7 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
     }
     if (it != fs->opens.end() && it->second.cached > 0) return 0;
   }
-  uint64_t size = info.attr().size();
-  if (fs->passthrough_refused || size == 0 || size > info.block_size()) return 0;
+  if (fs->passthrough_refused || info.attr().size() == 0) return 0;
   auto lease = fs->client->LeaseFile(info);
   if (!lease.ok()) return 0;  // not on this node's worker (a peer holds it), or no local socket
   auto id = fs->io->OpenBacking((*lease)->fd());

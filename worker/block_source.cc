@@ -25,7 +25,8 @@ StatusOr<BlockSource::Target> BlockSource::Resolve(const BlockRequest& req) {
   if (req.offset >= block_len) return t;  // nothing to read
   t.len = std::min(req.length, block_len - req.offset);
   ASSIGN_OR_RETURN(t.mount, mounts_->GetMount(req.mount_id));
-  t.meta = BlockMeta{BlockId{MakeFileKey(t.mount.uri, req.ufs_path, req.version), req.index}, req.mount_id, block_len};
+  t.meta = BlockMeta{BlockId{MakeFileKey(t.mount.uri, req.ufs_path, req.version), req.index}, req.mount_id, block_len,
+                     block_start};
   return t;
 }
 
@@ -65,27 +66,27 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
 }
 
 StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit) {
-  if (req.index != 0 || req.offset != 0 || req.file_size == 0 || req.file_size > req.block_size) {
-    return InvalidArgumentError("only a non-empty file that fits in one block is one data file");
+  if (req.index != 0 || req.offset != 0 || req.file_size == 0 || req.block_size == 0) {
+    return InvalidArgumentError("a file lease names block 0 of a non-empty file");
   }
   ASSIGN_OR_RETURN(Target t, Resolve(req));
+  const uint64_t blocks = (req.file_size + req.block_size - 1) / req.block_size;
   *hit = true;
-  auto l = store_->LeaseFile(t.meta.id);
-  if (!l.ok() && l.status().IsNotFound()) {
-    // Not here: fetch it as a read would (from the home, or the under-storage). Only a holder keeps
-    // it; then it can be leased.
+  auto l = store_->LeaseFile(t.meta.id.key, blocks, req.file_size);
+  if (!l.ok() && l.status().IsNotFound() && blocks == 1) {
+    // A one-block file not here yet: fetch it as a read would (from the home, or the
+    // under-storage). Only a holder keeps it; then it can be leased. (A larger file is left to
+    // reads, which cache it block by block; a later open finds it whole.)
     std::string bytes(t.len, '\0');
     BlockRequest whole = req;
     whole.length = t.len;
     RETURN_IF_ERROR(Miss(whole, t, &bytes, hit));
-    l = store_->LeaseFile(t.meta.id);
-    if (!l.ok()) return l.status();
+    l = store_->LeaseFile(t.meta.id.key, 1, req.file_size);
   } else if (l.ok()) {
-    counters_.hits++;
+    counters_.hits += blocks;
     CountAccess(req.mount_id, true);
   }
   if (!l.ok()) return l.status();
-  if (l->length != t.meta.length) return DataLossError("a cached block is not as long as its file");
   counters_.passthrough_leases++;
   return l;
 }

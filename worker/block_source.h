@@ -77,10 +77,11 @@ class BlockSource {
   // lease->fd >= 0, its bytes at lease->data_offset for lease->length; the block stays put until
   // the lease ends. Otherwise (a miss) `out` has the bytes, as from Read.
   Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit);
-  // For FUSE passthrough: leases the whole data file of a file that fits in one block (req names
-  // block 0 at offset 0), fetching it first when this worker holds it but has not cached it yet.
-  // NOT_FOUND when this worker does not keep the block (another worker is its holder) or it could
-  // not be cached; INVALID_ARGUMENT for a file of more than one block.
+  // For FUSE passthrough: leases the data file of a whole file (req names block 0 at offset 0, and
+  // the file's size and block size), holding every block of it. A file of one block is fetched
+  // first when this worker keeps it but has not cached it yet. NOT_FOUND when a block is not cached
+  // here (another worker is its holder, it could not be cached, or the blocks are spread over
+  // cache directories).
   StatusOr<BlockLease> LeaseFile(const BlockRequest& req, bool* hit);
 
   // Readahead: queues a background fetch of req's whole block unless it is cached. A holder of the

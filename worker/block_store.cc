@@ -30,17 +30,21 @@ BlockLease& BlockLease::operator=(BlockLease&& o) noexcept {
     data_offset = o.data_offset;
     length = o.length;
     store_ = o.store_;
-    id_ = o.id_;
+    ids_ = std::move(o.ids_);
     o.fd = -1;
     o.store_ = nullptr;
+    o.ids_.clear();
   }
   return *this;
 }
 
 void BlockLease::Reset() {
   CloseFd();
-  if (store_ != nullptr) store_->Release(id_);
+  if (store_ != nullptr) {
+    for (const auto& id : ids_) store_->Release(id);
+  }
   store_ = nullptr;
+  ids_.clear();
 }
 
 void BlockLease::CloseFd() {
@@ -198,8 +202,30 @@ Status BlockStore::Init() {
 }
 
 std::string BlockStore::PathLocked(const BlockId& id, int tier, int dir) const {
-  std::string hex = FileKeyHex(id.key);
-  return tiers_[tier].dirs[dir].path + "/blocks/" + hex.substr(0, 2) + "/" + hex + "-" + std::to_string(id.index);
+  return store::DataPath(tiers_[tier].dirs[dir].path, id.key);
+}
+
+std::string BlockStore::SidecarLocked(const BlockId& id, int tier, int dir) const {
+  return store::SidecarPath(tiers_[tier].dirs[dir].path, id.key, id.index);
+}
+
+void BlockStore::HoldFileLocked(const std::string& path) { ++file_users_[path]; }
+
+void BlockStore::DropFileLocked(const std::string& path) {
+  auto it = file_users_.find(path);
+  if (it == file_users_.end() || --it->second > 0) return;
+  file_users_.erase(it);
+  unlink(path.c_str());  // under the lock: a writer about to use the path holds it first
+}
+
+int BlockStore::FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const {
+  const auto& dirs = tiers_[tier].dirs;
+  for (size_t d = 0; d < dirs.size() && dirs.size() > 1; ++d) {
+    if (!file_users_.count(store::DataPath(dirs[d].path, key))) continue;
+    uint64_t limit = static_cast<uint64_t>(static_cast<double>(dirs[d].quota) * fraction);
+    if (dirs[d].used + dirs[d].reserved + bytes <= limit) return static_cast<int>(d);
+  }
+  return FitLocked(tier, bytes, fraction);
 }
 
 std::string BlockStore::TmpPath(int tier, int dir) {
@@ -218,9 +244,16 @@ std::string BlockStore::PathOf(const BlockId& id) const {
   return PathLocked(id, it->second.tier, it->second.dir);
 }
 
+std::string BlockStore::SidecarPathOf(const BlockId& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return "";
+  return SidecarLocked(id, it->second.tier, it->second.dir);
+}
+
 Status BlockStore::ScanDir(int tier, int dir) {
   std::string root = tiers_[tier].dirs[dir].path;
-  // Half-written blocks from a crash.
+  // Half-written sidecars from a crash.
   if (DIR* d = opendir((root + "/tmp").c_str())) {
     while (dirent* de = readdir(d)) {
       if (de->d_name[0] != '.') unlink((root + "/tmp/" + de->d_name).c_str());
@@ -229,40 +262,54 @@ Status BlockStore::ScanDir(int tier, int dir) {
   }
   DIR* top = opendir((root + "/blocks").c_str());
   if (top == nullptr) return ErrnoError(errno, "open " + root + "/blocks");
-  const std::string suffix = store::kSidecarSuffix;
   size_t debris = 0;
   while (dirent* sub = readdir(top)) {
     if (sub->d_name[0] == '.') continue;
     std::string subdir = root + "/blocks/" + sub->d_name;
     DIR* d = opendir(subdir.c_str());
     if (d == nullptr) continue;
-    std::unordered_set<std::string> names;
+    std::vector<std::string> names;
     while (dirent* de = readdir(d)) {
-      if (de->d_name[0] != '.') names.insert(de->d_name);
+      if (de->d_name[0] != '.') names.push_back(de->d_name);
     }
     closedir(d);
+    std::unordered_set<std::string> data_files;
+    std::vector<std::tuple<FileKey, uint64_t, std::string>> sidecars;
     for (const std::string& name : names) {
-      bool sidecar = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-      std::string data_name = sidecar ? name.substr(0, name.size() - suffix.size()) : name;
-      bool has_sidecar = names.count(data_name + suffix) > 0, has_data = names.count(data_name) > 0;
-      if (!has_sidecar || !has_data) {
-        // Debris of an interrupted write, move or removal (or a cache of an older format).
-        unlink((subdir + "/" + name).c_str());
+      FileKey key;
+      uint64_t index = 0;
+      bool sidecar = false;
+      if (!store::ParseName(name, &key, &index, &sidecar)) {
+        unlink((subdir + "/" + name).c_str());  // not ours, or a cache of an older format
         ++debris;
-        continue;
+      } else if (sidecar) {
+        sidecars.emplace_back(key, index, subdir + "/" + name);
+      } else {
+        data_files.insert(subdir + "/" + name);
       }
-      if (sidecar) continue;  // loaded with its data file
-      std::string path = subdir + "/" + data_name;
-      Status st = LoadOne(tier, dir, path, data_name);
-      if (!st.ok()) {
-        if (st.code() == Code::kAlreadyExists) {
-          spdlog::info("dropping a second copy of a block (a move was interrupted): {}", path);
-        } else {
-          spdlog::warn("discarding cached block: {}", st.message());
-          std::lock_guard<std::mutex> lock(mu_);
-          ++corrupt_;
-        }
-        store::Remove(path);
+    }
+    for (const auto& [key, index, sidecar] : sidecars) {
+      std::string data = subdir + "/" + FileKeyHex(key);
+      Status st = data_files.count(data) ? LoadOne(tier, dir, key, index, data, sidecar)
+                                         : DataLossError(sidecar + ": its data file is missing");
+      if (st.ok()) continue;
+      if (st.code() == Code::kAlreadyExists) {
+        spdlog::info("dropping a second copy of a block (a move was interrupted): {}", sidecar);
+        auto sc = store::ReadSidecar(sidecar);
+        if (sc.ok()) store::PunchData(data, sc->offset, sc->data_len);
+      } else {
+        spdlog::warn("discarding cached block: {}", st.message());
+        std::lock_guard<std::mutex> lock(mu_);
+        ++corrupt_;
+      }
+      unlink(sidecar.c_str());
+    }
+    // Data files no block was found in: debris of interrupted writes and removals.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& data : data_files) {
+      if (!file_users_.count(data)) {
+        unlink(data.c_str());
+        ++debris;
       }
     }
   }
@@ -271,20 +318,23 @@ Status BlockStore::ScanDir(int tier, int dir) {
   return Status::OK();
 }
 
-Status BlockStore::LoadOne(int tier, int dir, const std::string& path, const std::string& name) {
-  size_t dash = name.find('-');
-  BlockId id;
-  if (dash != 32 || !ParseFileKeyHex(name.substr(0, 32), &id.key)) return DataLossError(path + ": unexpected name");
-  id.index = std::strtoull(name.c_str() + 33, nullptr, 10);
-  ASSIGN_OR_RETURN(store::Sidecar sc, store::Load(path));
-  if (sc.key != id.key || sc.index != id.index) return DataLossError(path + ": sidecar names another block");
+Status BlockStore::LoadOne(int tier, int dir, const FileKey& key, uint64_t index, const std::string& data,
+                           const std::string& sidecar) {
+  ASSIGN_OR_RETURN(store::Sidecar sc, store::ReadSidecar(sidecar));
+  if (sc.key != key || sc.index != index) return DataLossError(sidecar + ": sidecar names another block");
   struct stat st {};
-  stat(store::SidecarPath(path).c_str(), &st);
-  int64_t mtime = st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec;
+  if (stat(data.c_str(), &st) != 0) return ErrnoError(errno, "stat " + data);
+  if (static_cast<uint64_t>(st.st_size) < sc.offset + sc.data_len) {
+    return DataLossError(data + ": block " + std::to_string(index) + " lies past the end of its data file");
+  }
+  struct stat mst {};
+  stat(sidecar.c_str(), &mst);
+  int64_t mtime = mst.st_mtim.tv_sec * 1000000000ll + mst.st_mtim.tv_nsec;
+  BlockId id{key, index};
   std::lock_guard<std::mutex> lock(mu_);
-  if (index_.count(id)) return AlreadyExistsError(path);
+  if (index_.count(id)) return AlreadyExistsError(sidecar);
   Entry e;
-  e.meta = BlockMeta{id, sc.mount_id, sc.data_len};
+  e.meta = BlockMeta{id, sc.mount_id, sc.data_len, sc.offset};
   e.file_bytes = store::BlockFileBytes(sc.data_len);
   e.tier = tier;
   e.dir = dir;
@@ -294,6 +344,7 @@ Status BlockStore::LoadOne(int tier, int dir, const std::string& path, const std
   e.seq = static_cast<uint64_t>(std::max<int64_t>(mtime, 0));
   tiers_[tier].dirs[dir].used += e.file_bytes;
   tiers_[tier].nblocks++;
+  HoldFileLocked(data);
   index_.emplace(id, e);
   return Status::OK();
 }
@@ -359,8 +410,11 @@ void BlockStore::RemoveLocked(const BlockId& id, Removal* r) {
   UnlistLocked(e);
   tiers_[e.tier].dirs[e.dir].used -= e.file_bytes;
   tiers_[e.tier].nblocks--;
-  // Unlinked under the lock: a later Put of the same block may write the same path.
-  store::Remove(PathLocked(id, e.tier, e.dir));
+  // Under the lock: a later Put of the same block may write the same sidecar and range.
+  unlink(SidecarLocked(id, e.tier, e.dir).c_str());
+  std::string data = PathLocked(id, e.tier, e.dir);
+  store::PunchData(data, e.meta.offset, e.meta.length);
+  DropFileLocked(data);
   r->removed.push_back(e.meta);
   index_.erase(it);
 }
@@ -429,8 +483,8 @@ StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t len
 
 StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
                                           BlockLease* lease) {
-  uint64_t data_len;
-  std::string path;
+  uint64_t data_len, block_offset;
+  std::string path, sidecar;
   int tier;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -444,6 +498,8 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     Entry& e = it->second;
     ++e.readers;
     data_len = e.meta.length;
+    block_offset = e.meta.offset;
+    sidecar = SidecarLocked(id, e.tier, e.dir);
     tier = e.tier;
     path = PathLocked(id, e.tier, e.dir);
     if (account) {
@@ -476,7 +532,8 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   length = std::min<uint64_t>(length, data_len - offset);
   std::string span;
   int fd = -1;
-  Status st = store::ReadRange(path, id.key, id.index, data_len, offset, length, &span, lease ? &fd : nullptr);
+  Status st = store::ReadRange(path, sidecar, id.key, id.index, block_offset, data_len, offset, length, &span,
+                               lease ? &fd : nullptr);
   if (!st.ok()) {
     if (!st.IsDataLoss()) {
       release(false);
@@ -490,10 +547,10 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     // The verified range goes out through this descriptor; the reader count taken above is the
     // lease, given back when it ends.
     lease->fd = fd;
-    lease->data_offset = offset;
+    lease->data_offset = block_offset + offset;
     lease->length = length;
     lease->store_ = this;
-    lease->id_ = id;
+    lease->ids_ = {id};
     std::lock_guard<std::mutex> lock(mu_);
     ++leases_;
     return length;
@@ -510,29 +567,41 @@ StatusOr<BlockLease> BlockStore::Lease(const BlockId& id, uint64_t offset, size_
   return lease;
 }
 
-StatusOr<BlockLease> BlockStore::LeaseFile(const BlockId& id) {
+StatusOr<BlockLease> BlockStore::LeaseFile(const FileKey& key, uint64_t blocks, uint64_t file_size) {
+  if (blocks == 0) return InvalidArgumentError("a file lease needs at least one block");
   BlockLease lease;
   std::string path;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = index_.find(id);
-    if (it == index_.end() || it->second.doomed) {
-      for (auto& t : tiers_) t.misses++;
-      return NotFoundError("block not cached");
+    int tier = -1, dir = -1;
+    for (uint64_t i = 0; i < blocks; ++i) {
+      auto it = index_.find(BlockId{key, i});
+      if (it == index_.end() || it->second.doomed) return NotFoundError("block " + std::to_string(i) + " not cached");
+      if (i == 0) tier = it->second.tier, dir = it->second.dir;
+      if (it->second.tier != tier || it->second.dir != dir) {
+        return NotFoundError("the file's blocks are in more than one cache directory");
+      }
     }
-    Entry& e = it->second;
-    ++e.readers;
-    TouchLocked(id, e);
-    for (int t = 0; t < e.tier; ++t) tiers_[t].misses++;
-    tiers_[e.tier].hits++;
+    for (uint64_t i = 0; i < blocks; ++i) {
+      BlockId id{key, i};
+      Entry& e = index_.at(id);
+      ++e.readers;
+      TouchLocked(id, e);
+      for (int t = 0; t < tier; ++t) tiers_[t].misses++;
+      tiers_[tier].hits++;
+      lease.ids_.push_back(id);
+    }
     ++leases_;
-    path = PathLocked(id, e.tier, e.dir);
-    lease.length = e.meta.length;
     lease.store_ = this;
-    lease.id_ = id;
+    path = PathLocked(BlockId{key, 0}, tier, dir);
   }
+  lease.length = file_size;
   lease.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (lease.fd < 0) return ErrnoError(errno, "open " + path);  // the lease ends with `lease`
+  struct stat st {};
+  if (fstat(lease.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != file_size) {
+    return NotFoundError("the data file is not the file's length");
+  }
   return lease;
 }
 
@@ -557,15 +626,17 @@ void BlockStore::Release(const BlockId& id) {
 
 Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   if (data.size() != meta.length) return InvalidArgumentError("block length does not match its data");
+  if (meta.id.index == 0 && meta.offset != 0) return InvalidArgumentError("block 0 must start at offset 0");
+  if (meta.id.index > 0 && meta.offset == 0) return InvalidArgumentError("a block after the first needs its offset");
   uint64_t file_bytes = store::BlockFileBytes(data.size());
   Removal r;
   int tier = -1, dir = -1;
-  std::string path;
+  std::string path, sidecar;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (index_.count(meta.id)) return Status::OK();
+    if (index_.count(meta.id) || putting_.count(meta.id)) return Status::OK();
     for (size_t t = 0; t < tiers_.size() && tier < 0; ++t) {
-      int d = FitLocked(static_cast<int>(t), file_bytes, 1.0);
+      int d = FitFileLocked(static_cast<int>(t), meta.id.key, file_bytes, 1.0);
       if (d >= 0) tier = static_cast<int>(t), dir = d;
     }
     // Full everywhere: evict what the policy allows, bottom level first.
@@ -581,6 +652,9 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     } else {
       tiers_[tier].dirs[dir].reserved += file_bytes;
       path = PathLocked(meta.id, tier, dir);
+      sidecar = SidecarLocked(meta.id, tier, dir);
+      HoldFileLocked(path);  // not unlinked while this block is written into it
+      putting_.insert(meta.id);
       const Tier& tr = tiers_[tier];
       if (static_cast<double>(tr.Used()) > tr.level.high * static_cast<double>(tr.Quota())) {
         wake_ = true;
@@ -593,27 +667,39 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     return ResourceExhaustedError("no room in the cache for a block of " + std::to_string(file_bytes) +
                                   " bytes (everything cached is pinned, being read, or kept by the shuffle policy)");
   }
-  auto unreserve = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+  auto abandon = [&] {  // needs mu_: the range written so far is nobody's
     tiers_[tier].dirs[dir].reserved -= file_bytes;
+    store::PunchData(path, meta.offset, meta.length);
+    DropFileLocked(path);
   };
   std::string tmp = TmpPath(tier, dir);
-  Status st = store::WriteTmp(tmp, data, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, data));
+  Status st = store::WriteData(path, meta.offset, data);
+  if (st.ok()) {
+    st = store::WriteSidecarTmp(tmp, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data));
+  }
+  // Committed under the lock, so no removal of an older copy can unlink the new sidecar.
+  std::lock_guard<std::mutex> lock(mu_);
+  putting_.erase(meta.id);
   if (!st.ok()) {
-    unreserve();
+    abandon();
     return st;
   }
-  // Committed under the lock, so no removal of an older copy can unlink the new files.
-  std::lock_guard<std::mutex> lock(mu_);
-  tiers_[tier].dirs[dir].reserved -= file_bytes;
-  if (index_.count(meta.id)) {  // a concurrent Put of the same block won
-    store::Remove(tmp);
+  if (auto won = index_.find(meta.id); won != index_.end()) {  // a concurrent Put of the same block won
+    unlink(tmp.c_str());
+    if (won->second.tier != tier || won->second.dir != dir) {
+      abandon();  // its bytes are elsewhere
+    } else {
+      tiers_[tier].dirs[dir].reserved -= file_bytes;  // the same range, the same bytes
+      DropFileLocked(path);
+    }
     return Status::OK();
   }
-  if (Status cs = store::Commit(tmp, path); !cs.ok()) {
-    store::Remove(tmp);
+  if (Status cs = store::CommitSidecar(tmp, sidecar); !cs.ok()) {
+    unlink(tmp.c_str());
+    abandon();
     return cs;
   }
+  tiers_[tier].dirs[dir].reserved -= file_bytes;
   Entry e;
   e.meta = meta;
   e.file_bytes = file_bytes;
@@ -690,8 +776,8 @@ size_t BlockStore::Free(const std::vector<FileKey>& keys) {
 }
 
 bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir, double fraction) {
-  std::string src, dst;
-  uint64_t bytes, data_len;
+  std::string src, src_sidecar, dst, dst_sidecar;
+  uint64_t bytes, data_len, offset;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(id);
@@ -704,12 +790,21 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
     e.moving = true;
     bytes = e.file_bytes;
     data_len = e.meta.length;
+    offset = e.meta.offset;
     tiers_[to_tier].dirs[to_dir].reserved += bytes;
     src = PathLocked(id, e.tier, e.dir);
+    src_sidecar = SidecarLocked(id, e.tier, e.dir);
     dst = PathLocked(id, to_tier, to_dir);
+    dst_sidecar = SidecarLocked(id, to_tier, to_dir);
+    HoldFileLocked(dst);
   }
+  // The block's range into the other level's data file of its file, and its sidecar as it is.
   std::string tmp = TmpPath(to_tier, to_dir);
-  Status st = store::CopyToTmp(src, data_len, tmp);
+  Status st = store::CopyData(src, dst, offset, data_len);
+  if (st.ok()) {
+    auto sidecar = store::ReadSidecarBytes(src_sidecar, data_len);
+    st = sidecar.ok() ? store::WriteSidecarTmp(tmp, *sidecar) : sidecar.status();
+  }
   Removal r;
   bool moved = false;
   {
@@ -720,8 +815,8 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
       Entry& e = it->second;
       e.moving = false;
       if (st.ok() && e.readers == 0 && !e.doomed && !e.pinned) {
-        // Commit under the lock: the new files appear and the old ones go in one step.
-        st = store::Commit(tmp, dst);
+        // Commit under the lock: the new sidecar appears and the old one goes in one step.
+        st = store::CommitSidecar(tmp, dst_sidecar);
       }
       if (st.ok() && e.readers == 0 && !e.doomed && !e.pinned) {
         UnlistLocked(e);
@@ -738,13 +833,19 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
           tiers_[to_tier].promotions++;
         }
         moved = true;
-        store::Remove(src);
+        unlink(src_sidecar.c_str());
+        store::PunchData(src, offset, data_len);
+        DropFileLocked(src);
       } else if (e.doomed && e.readers == 0) {
         RemoveLocked(id, &r);  // freed while moving
       }
     }
+    if (!moved) {  // aborted: a reader arrived, or it was freed or pinned meanwhile
+      unlink(tmp.c_str());
+      store::PunchData(dst, offset, data_len);
+      DropFileLocked(dst);
+    }
   }
-  if (!moved) store::Remove(tmp);  // aborted: a reader arrived, or it was freed or pinned meanwhile
   Finish(r);
   if (!st.ok()) spdlog::warn("moving a cached block: {}", st.message());
   return moved;

@@ -7,19 +7,23 @@
 // FileKey hashes the under-storage URI, path and version, so a new version can never be served
 // from an old version's blocks.
 //
-// On disk, in every directory of every level: <dir>/blocks/<2 hex>/<32 hex key>-<index>, the
-// block's bytes alone, and beside it <...>.m, its sidecar (identity and a checksum per 64 KiB
-// chunk); directories 0700, files 0600; names are hashes, never object keys. The format, its commit
-// order and its recovery live in worker/store/block_file.h (and docs/block_format.md). Because the
-// data file holds nothing but data, a file that fits in one block can be served by the kernel
-// straight from it (FUSE passthrough, LeaseFile()).
+// On disk, in every directory of every level (worker/store/block_file.h, docs/block_format.md):
+// the blocks of one file (one version) that the directory holds share a data file,
+// <dir>/blocks/<2 hex>/<32 hex key>, each block at its own offset in it (its offset in the file),
+// and each has a sidecar beside it, <32 hex key>-<index>.m (identity and a checksum per 64 KiB
+// chunk). Directories 0700, files 0600; names are hashes, never object keys. Byte N of a data file
+// is byte N of the under-storage file, so a file whose blocks are all in one directory can be read
+// by the kernel straight from its data file (FUSE passthrough, LeaseFile()). A Put prefers the
+// directory that already holds the file's other blocks.
 //
-// Crash safety: blocks are written to <dir>/tmp and renamed into place (data, then sidecar), so a
-// crash never leaves a half-written block under a block name; tmp is emptied at start. Open()
-// rebuilds the index from the sidecars (checksum, name, sizes) and drops what disagrees and data
-// files without a sidecar; a background scrub then checks every chunk checksum, and every read
-// through the worker checks the chunks it touches. A mismatch removes the block and returns
-// DATA_LOSS: corrupt bytes are never served through the worker (the caller refetches).
+// Crash safety: a block's bytes go into its range of the data file and its sidecar is then
+// renamed into place from <dir>/tmp: the sidecar is the commit record (tmp is emptied at start).
+// Removal unlinks the sidecar, then punches the range out (the data file goes with its last
+// block). Open() rebuilds the index from the sidecars (checksum, name, range within the data file)
+// and drops what disagrees and data files without a sidecar; a background scrub then checks every
+// chunk checksum, and every read through the worker checks the chunks it touches. A mismatch
+// removes the block and returns DATA_LOSS: corrupt bytes are never served through the worker (the
+// caller refetches).
 //
 // Space: used + reserved never exceeds any directory's quota. Put() writes a new block to the
 // fastest level with room. When no level has room it evicts, bottom level first, the blocks the
@@ -82,6 +86,7 @@ struct BlockMeta {
   BlockId id;
   uint64_t mount_id = 0;
   uint64_t length = 0;  // data bytes
+  uint64_t offset = 0;  // where the block starts in its file (index x block size)
 };
 
 struct TierStats {
@@ -137,7 +142,7 @@ class BlockLease {
  private:
   friend class BlockStore;
   BlockStore* store_ = nullptr;
-  BlockId id_;
+  std::vector<BlockId> ids_;  // the blocks held (one, or every block of a file)
 };
 
 struct StoreOptions {
@@ -179,13 +184,15 @@ class BlockStore {
   // NOT_FOUND when not cached; DATA_LOSS when a chunk failed (the block is removed). Counts as a read
   // (hits, LRU order). fd is -1 (length 0, no lease held) when the offset is past the block's end.
   StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length);
-  // Leases a block's whole data file without reading it (for FUSE passthrough: the kernel then
-  // reads the file itself; its chunks were verified when they entered the cache and by the scrub).
-  // Counts as a read. NOT_FOUND when not cached.
-  StatusOr<BlockLease> LeaseFile(const BlockId& id);
+  // Leases the data file of a whole file — blocks 0..blocks-1 of `key`, every one cached in the
+  // same directory, the data file `file_size` bytes long — without reading it (for FUSE
+  // passthrough: the kernel then reads the file itself; its chunks were verified when they entered
+  // the cache and are by the scrub). Every block is held until the lease ends. Counts as a read of
+  // each block. NOT_FOUND when a block is missing or the blocks are spread over directories.
+  StatusOr<BlockLease> LeaseFile(const FileKey& key, uint64_t blocks, uint64_t file_size);
 
-  // Caches a whole block (OK when already cached). RESOURCE_EXHAUSTED when nothing evictable is
-  // left to make room.
+  // Caches a whole block (OK when already cached, or while another Put of it is in progress).
+  // RESOURCE_EXHAUSTED when nothing evictable is left to make room.
   Status Put(const BlockMeta& meta, std::string_view data);
 
   // The policy for blocks of a mount (the worker's default until set).
@@ -212,9 +219,10 @@ class BlockStore {
   std::vector<BlockMeta> List() const;
   BlockStoreStats Stats() const;
 
-  // The data file a block lives in ("" when not cached; for tests that corrupt it). Its sidecar is
-  // the same path with ".m" appended.
+  // The data file a block lives in, and its sidecar ("" when not cached; for tests that corrupt
+  // them). The block's bytes start at its BlockMeta::offset in the data file.
   std::string PathOf(const BlockId& id) const;
+  std::string SidecarPathOf(const BlockId& id) const;
 
  private:
   struct Dir {
@@ -256,10 +264,20 @@ class BlockStore {
   void Release(const BlockId& id);  // a lease ended
   Status Init();
   Status ScanDir(int tier, int dir);
-  Status LoadOne(int tier, int dir, const std::string& path, const std::string& name);
+  // Indexes the block whose sidecar is `sidecar` (its data file `data`).
+  Status LoadOne(int tier, int dir, const FileKey& key, uint64_t index, const std::string& data,
+                 const std::string& sidecar);
   Status LoadPins();
   Status SavePins();  // needs pins_mu_
-  std::string PathLocked(const BlockId& id, int tier, int dir) const;
+  std::string PathLocked(const BlockId& id, int tier, int dir) const;         // the data file
+  std::string SidecarLocked(const BlockId& id, int tier, int dir) const;
+  // Data files in use (blocks indexed in them, or being written into them), by path; a data file
+  // is unlinked when its count drops to 0.
+  void HoldFileLocked(const std::string& path);
+  void DropFileLocked(const std::string& path);
+  // Where a new block of `key` goes on level `tier`: the directory already holding the file's
+  // blocks if it has room, else FitLocked's choice (-1: no room).
+  int FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const;
   std::string TmpPath(int tier, int dir);
   void Finish(Removal& r);  // notifies the listener, outside mu_
   void Loop();
@@ -292,6 +310,10 @@ class BlockStore {
   std::unordered_map<uint64_t, CachePolicy> mount_policy_;    // GUARDED_BY(mu_)
   std::unordered_set<FileKey, FileKeyHash> pins_;             // GUARDED_BY(mu_)
   std::vector<BlockId> promote_queue_;                        // GUARDED_BY(mu_)
+  std::unordered_map<std::string, int> file_users_;           // GUARDED_BY(mu_)
+  // Blocks a Put is writing. One Put per block at a time: a second one could write the block's
+  // range while a removal of the first one's copy punches that same range out.
+  std::unordered_set<BlockId, BlockIdHash> putting_;          // GUARDED_BY(mu_)
   uint64_t seq_ = 0;                                          // GUARDED_BY(mu_)
   uint64_t corrupt_ = 0, rejected_ = 0;                       // GUARDED_BY(mu_)
   std::atomic<uint64_t> scrubbed_{0};

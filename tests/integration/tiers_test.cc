@@ -27,13 +27,14 @@ void MakeImages(const std::string& root) {
 }
 
 // Block files in every cache directory below `root`.
-// The blocks' data files (each has a sidecar, <data file>.m, beside it).
-std::vector<std::string> BlockFiles(const std::string& root) {
+// The cache's data files (one per cached file, its blocks at their offsets), or with `sidecars`
+// the blocks' sidecars (one per block).
+std::vector<std::string> BlockFiles(const std::string& root, bool sidecars = false) {
   std::vector<std::string> out;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(root, ec); it != fs::recursive_directory_iterator(); ++it) {
     if (it->is_regular_file() && it->path().parent_path().parent_path().filename() == "blocks" &&
-        it->path().extension() != ".m") {
+        (it->path().extension() == ".m") == sidecars) {
       out.push_back(it->path());
     }
   }
@@ -165,7 +166,7 @@ TEST_F(TiersTest, KillNineWhileWritingBlocksThenEverythingReadsBackIdentical) {
   ASSERT_FALSE(r.is_null());
   EXPECT_GE(r["workers"][0]["corrupt_blocks"].get<uint64_t>(), 1u) << "the torn block was discarded";
   // The restarted worker kept its cache: far fewer misses than blocks.
-  EXPECT_EQ(r["workers"][0]["blocks"].get<uint64_t>(), BlockFiles(dir_ / "cache").size());
+  EXPECT_EQ(r["workers"][0]["blocks"].get<uint64_t>(), BlockFiles(dir_ / "cache", true).size());
 }
 
 TEST_F(TiersTest, FlippedBytesInACachedBlockAreDetectedAndRefetched) {
@@ -177,7 +178,7 @@ TEST_F(TiersTest, FlippedBytesInACachedBlockAreDetectedAndRefetched) {
   }
   auto files = BlockFiles(dir_ / "cache");
   ASSERT_GE(files.size(), 10u);
-  for (const auto& f : files) {
+  for (const auto& f : files) {  // a byte of each file's first block
     std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
     s.seekg(4096 + 1000);
     char c;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "tests/testutil/testutil.h"
@@ -12,8 +13,9 @@
 namespace granary::worker {
 namespace {
 
+// Block `index` of `file`, whose blocks are all `len` bytes long (it starts at index x len).
 BlockMeta Meta(const std::string& file, uint64_t index, uint64_t len) {
-  return BlockMeta{BlockId{MakeFileKey("file:///d", file, "v1"), index}, 1, len};
+  return BlockMeta{BlockId{MakeFileKey("file:///d", file, "v1"), index}, 1, len, index * len};
 }
 
 TEST(BlockStore, PutReadAndReopen) {
@@ -126,27 +128,25 @@ TEST(BlockStore, LeasesVerifyTheRangeAndHoldTheBlockUntilReleased) {
 
 TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
   testing::TempDir dir;
-  // One block per way of being broken, and one good block.
-  std::string torn_data, torn_sidecar, no_sidecar, no_data, bad_sum, good_path;
+  // One block per way of being broken, and one good block; each its own file.
+  struct Paths {
+    std::string data, sidecar;
+  };
+  std::map<std::string, Paths> p;
   {
     auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
-    for (const char* name : {"a", "b", "c", "d", "e", "good"}) {
+    for (const char* name : {"torn_data", "torn_sidecar", "no_sidecar", "no_data", "bad_sum", "good"}) {
       ASSERT_TRUE(store->Put(Meta(name, 0, 5000), std::string(5000, name[0])).ok());
+      p[name] = Paths{store->PathOf(Meta(name, 0, 0).id), store->SidecarPathOf(Meta(name, 0, 0).id)};
     }
-    torn_data = store->PathOf(Meta("a", 0, 0).id);
-    torn_sidecar = store->PathOf(Meta("b", 0, 0).id);
-    no_sidecar = store->PathOf(Meta("c", 0, 0).id);
-    no_data = store->PathOf(Meta("d", 0, 0).id);
-    bad_sum = store->PathOf(Meta("e", 0, 0).id);
-    good_path = store->PathOf(Meta("good", 0, 0).id);
   }
-  truncate(torn_data.c_str(), 4200);               // torn data write
-  truncate((torn_sidecar + ".m").c_str(), 40);     // torn sidecar
-  unlink((no_sidecar + ".m").c_str());             // crash between the data's rename and the sidecar's
-  unlink(no_data.c_str());                          // (cannot happen by our order; still handled)
+  truncate(p["torn_data"].data.c_str(), 4200);       // torn data write
+  truncate(p["torn_sidecar"].sidecar.c_str(), 40);   // torn sidecar
+  unlink(p["no_sidecar"].sidecar.c_str());           // a crash before the sidecar's rename
+  unlink(p["no_data"].data.c_str());                 // (cannot happen by our order; still handled)
   {
-    std::fstream f(bad_sum + ".m", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(64);  // the first chunk checksum
+    std::fstream f(p["bad_sum"].sidecar, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(72);  // the first chunk checksum
     f.put('\x01');
   }
   testing::WriteFile(dir / "cache/tmp/half-written", "x");  // crash leftover
@@ -155,43 +155,80 @@ TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
   EXPECT_EQ(store->Stats().blocks, 1u);
   EXPECT_TRUE(store->Contains(Meta("good", 0, 0).id));
   EXPECT_EQ(store->Stats().used, BlockFileBytes(5000)) << "debris is not counted";
-  for (const std::string& p : {torn_data, torn_sidecar, no_sidecar, no_data, bad_sum}) {
-    EXPECT_NE(access(p.c_str(), F_OK), 0) << p;
-    EXPECT_NE(access((p + ".m").c_str(), F_OK), 0) << p;
+  for (const auto& [name, paths] : p) {
+    if (name == "good") continue;
+    EXPECT_NE(access(paths.data.c_str(), F_OK), 0) << name;
+    EXPECT_NE(access(paths.sidecar.c_str(), F_OK), 0) << name;
   }
   EXPECT_NE(access((dir / "cache/tmp/half-written").c_str(), F_OK), 0) << "crash leftovers must be removed";
   EXPECT_NE(access((dir / "cache/blocks/zz/not-a-block").c_str(), F_OK), 0);
-  EXPECT_EQ(access(good_path.c_str(), F_OK), 0);
+  EXPECT_EQ(access(p["good"].data.c_str(), F_OK), 0);
+  std::string out(5000, '\0');
+  ASSERT_TRUE(store->Read(Meta("good", 0, 0).id, 0, 5000, out.data()).ok());
+  EXPECT_EQ(out, std::string(5000, 'g'));
 }
 
-// The data file holds the block's bytes at their offsets and nothing else, so the kernel can read
-// a one-block file from it (passthrough); its sidecar carries identity and checksums.
-TEST(BlockStore, DataFilesHoldOnlyTheDataAndSidecarsTheIdentity) {
+// A file's blocks share one data file, each at its offset in the file, so the data file of a
+// wholly cached file is a copy of it (what the kernel reads in passthrough); sidecars carry each
+// block's identity and checksums.
+TEST(BlockStore, AFilesBlocksShareADataFileAtTheirOffsets) {
   testing::TempDir dir;
   auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
-  std::string data = testing::RandomBytes(150000, 5);
-  auto meta = Meta("img.jpg", 0, data.size());
-  ASSERT_TRUE(store->Put(meta, data).ok());
-  std::string path = store->PathOf(meta.id);
-  EXPECT_EQ(testing::ReadFile(path), data);
+  const uint64_t bs = 100000;
+  std::string file = testing::RandomBytes(250000, 5);
+  for (uint64_t i = 0; i < 3; ++i) {
+    uint64_t len = std::min<uint64_t>(bs, file.size() - i * bs);
+    BlockMeta m{BlockId{MakeFileKey("file:///d", "big", "v1"), i}, 1, len, i * bs};
+    ASSERT_TRUE(store->Put(m, std::string_view(file).substr(i * bs, len)).ok());
+  }
+  FileKey key = MakeFileKey("file:///d", "big", "v1");
+  std::string path = store->PathOf(BlockId{key, 0});
+  EXPECT_EQ(store->PathOf(BlockId{key, 2}), path);
+  EXPECT_EQ(testing::ReadFile(path), file);
   struct stat st;
-  ASSERT_EQ(stat((path + ".m").c_str(), &st), 0);
+  ASSERT_EQ(stat(store->SidecarPathOf(BlockId{key, 1}).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  EXPECT_EQ(store->Stats().used, static_cast<uint64_t>(st.st_size) + data.size());
+  EXPECT_EQ(store->Stats().used, BlockFileBytes(100000) * 2 + BlockFileBytes(50000));
+  // A read of block 1 is verified against its sidecar and returns its bytes.
+  std::string out(1000, '\0');
+  ASSERT_TRUE(store->Read(BlockId{key, 1}, 500, 1000, out.data()).ok());
+  EXPECT_EQ(out, file.substr(100500, 1000));
+  // A zero-copy lease points into the shared file at the block's offset.
+  auto zc = store->Lease(BlockId{key, 2}, 10, 100);
+  ASSERT_TRUE(zc.ok());
+  EXPECT_EQ(zc->data_offset, 200010u);
+  zc->Reset();
 
-  // LeaseFile: the whole data file, unread, held against Free until the lease ends.
-  auto lease = store->LeaseFile(meta.id);
+  // LeaseFile: the whole data file, unread, every block held against Free until the lease ends.
+  auto lease = store->LeaseFile(key, 3, file.size());
   ASSERT_TRUE(lease.ok()) << lease.status().message();
-  EXPECT_EQ(lease->length, data.size());
-  EXPECT_EQ(lease->data_offset, 0u);
-  EXPECT_EQ(store->Free({meta.id.key}), 1u);
-  EXPECT_EQ(access(path.c_str(), F_OK), 0) << "a leased block must stay until its lease ends";
-  std::string got(data.size(), '\0');
+  EXPECT_EQ(lease->length, file.size());
+  EXPECT_EQ(store->Free({key}), 3u);
+  EXPECT_EQ(access(path.c_str(), F_OK), 0) << "a leased file must stay until its lease ends";
+  std::string got(file.size(), '\0');
   ASSERT_EQ(pread(lease->fd, got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
-  EXPECT_EQ(got, data);
+  EXPECT_EQ(got, file);
   lease->Reset();
+  EXPECT_NE(access(path.c_str(), F_OK), 0) << "the data file goes with its last block";
+  EXPECT_EQ(store->LeaseFile(key, 3, file.size()).status().code(), Code::kNotFound);
+
+  // A file with a block missing is no data file to lease; its other blocks still read.
+  for (uint64_t i = 0; i < 3; ++i) {
+    uint64_t len = std::min<uint64_t>(bs, file.size() - i * bs);
+    BlockMeta m{BlockId{key, i}, 1, len, i * bs};
+    ASSERT_TRUE(store->Put(m, std::string_view(file).substr(i * bs, len)).ok());
+  }
+  ASSERT_TRUE(store->LeaseFile(key, 3, file.size()).ok());  // (and the lease ends at once)
+  std::string middle = store->SidecarPathOf(BlockId{key, 1});
+  store = nullptr;
+  unlink(middle.c_str());  // as if block 1 had been evicted when the worker stopped
+  store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  EXPECT_EQ(store->Stats().blocks, 2u);
+  EXPECT_EQ(store->LeaseFile(key, 3, file.size()).status().code(), Code::kNotFound);
+  ASSERT_TRUE(store->Read(BlockId{key, 2}, 0, 1000, out.data()).ok());
+  EXPECT_EQ(out, file.substr(200000, 1000));
+  EXPECT_EQ(store->Free({key}), 2u);
   EXPECT_NE(access(path.c_str(), F_OK), 0);
-  EXPECT_EQ(store->LeaseFile(meta.id).status().code(), Code::kNotFound);
 }
 
 TEST(BlockStore, QuotaEvictsLeastRecentlyUsed) {

@@ -156,25 +156,26 @@ TEST(TieredStore, MemLevelMustBeOnTmpfs) {
 TEST(TieredStore, RestartKeepsEveryLevelAndDropsAnInterruptedMovesSecondCopy) {
   TwoLevels d;
   auto o = d.Options(4, 8, 1.0, 1.0);
-  std::string dup_src, half_src;
+  std::string dup_src, dup_sidecar, half_src;
   {
     auto s = std::move(BlockStore::Open(o).value());
     for (int f = 0; f < 8; ++f) ASSERT_TRUE(s->Put(Meta(1, f), Content(1, f)).ok());
     dup_src = s->PathOf(Meta(1, 0).id);
+    dup_sidecar = s->SidecarPathOf(Meta(1, 0).id);
     half_src = s->PathOf(Meta(1, 1).id);
   }
-  // A crash between a move's data rename and its sidecar rename leaves a data file alone.
+  // A crash between a move's copy of the data and its sidecar's rename leaves a data file alone.
   std::string half_hex = FileKeyHex(Meta(1, 1).id.key);
   std::string other = (half_src.find(d.ssd.path()) == 0 ? d.mem.path() : d.ssd.path()) + "/c/blocks/" +
                       half_hex.substr(0, 2);
   std::filesystem::create_directories(other);
-  std::filesystem::copy_file(half_src, other + "/" + half_hex + "-1");
+  std::filesystem::copy_file(half_src, other + "/" + half_hex);
   // A crash between a move's commit and its removal of the source leaves the block in two levels.
   std::string hex = FileKeyHex(Meta(1, 0).id.key);
   std::string dup = d.ssd / ("c/blocks/" + hex.substr(0, 2));
   std::filesystem::create_directories(dup);
-  std::filesystem::copy_file(dup_src, dup + "/" + hex + "-0");
-  std::filesystem::copy_file(dup_src + ".m", dup + "/" + hex + "-0.m");
+  std::filesystem::copy_file(dup_src, dup + "/" + hex);
+  std::filesystem::copy_file(dup_sidecar, dup + "/" + hex + "-0.m");
   auto s = std::move(BlockStore::Open(o).value());
   auto st = s->Stats();
   EXPECT_EQ(st.blocks, 8u);
@@ -183,7 +184,7 @@ TEST(TieredStore, RestartKeepsEveryLevelAndDropsAnInterruptedMovesSecondCopy) {
   EXPECT_EQ(st.tiers[1].used, 4 * kFile) << "the second copy is not counted";
   for (int f = 0; f < 8; ++f) EXPECT_TRUE(ReadsBack(*s, 1, f)) << f;
   EXPECT_EQ(s->Scrub(), 0u);
-  EXPECT_NE(access((other + "/" + half_hex + "-1").c_str(), F_OK), 0) << "a data file without sidecar is debris";
+  EXPECT_NE(access((other + "/" + half_hex).c_str(), F_OK), 0) << "a data file without sidecar is debris";
   EXPECT_EQ(s->PathOf(Meta(1, 1).id), half_src);
 }
 

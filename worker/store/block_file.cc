@@ -11,9 +11,12 @@
 namespace granary::worker::store {
 namespace {
 
-// "GRNBLK02": version 2 of the block format (version 1 kept the header in front of the data).
+// "GRNBLK02": version 2 of the block format (version 1 kept a header in front of each block's
+// data, one file per block).
 constexpr char kMagic[8] = {'G', 'R', 'N', 'B', 'L', 'K', '0', '2'};
-constexpr size_t kFixed = 8 + 4 + 4 + 16 + 8 + 8 + 8 + 4 + 4;  // 64 bytes before the chunk sums
+// magic 8 | length 4 | chunk size 4 | key 16 | index 8 | mount 8 | offset 8 | data length 8 |
+// chunks 4 | 0 4
+constexpr size_t kFixed = 8 + 4 + 4 + 16 + 8 + 8 + 8 + 8 + 4 + 4;  // 72 bytes before the chunk sums
 
 template <typename T>
 void Append(std::string* s, T v) {
@@ -42,10 +45,10 @@ Status PreadFull(int fd, char* buf, size_t len, uint64_t off, const std::string&
   return Status::OK();
 }
 
-Status WriteFull(int fd, const char* buf, size_t len, const std::string& path) {
+Status PwriteFull(int fd, const char* buf, size_t len, uint64_t off, const std::string& path) {
   size_t done = 0;
   while (done < len) {
-    ssize_t n = write(fd, buf + done, len - done);
+    ssize_t n = pwrite(fd, buf + done, len - done, static_cast<off_t>(off + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoError(errno, "write " + path);
@@ -55,52 +58,8 @@ Status WriteFull(int fd, const char* buf, size_t len, const std::string& path) {
   return Status::OK();
 }
 
-Status WriteNew(const std::string& path, std::string_view bytes) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoError(errno, "create " + path);
-  Status st = WriteFull(fd, bytes.data(), bytes.size(), path);
-  if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + path);
-  if (!st.ok()) unlink(path.c_str());
-  return st;
-}
-
-// The whole of a file that should be `len` bytes long (DATA_LOSS when it is not).
-Status ReadExactly(const std::string& path, uint64_t len, std::string* out) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return errno == ENOENT ? DataLossError(path + " vanished from the cache") : ErrnoError(errno, "open " + path);
-  }
-  struct stat st {};
-  Status s;
-  if (fstat(fd, &st) != 0) {
-    s = ErrnoError(errno, "stat " + path);
-  } else if (static_cast<uint64_t>(st.st_size) != len) {
-    s = DataLossError(path + ": " + std::to_string(st.st_size) + " bytes where " + std::to_string(len) +
-                      " were expected");
-  } else {
-    out->resize(len);
-    s = PreadFull(fd, out->data(), len, 0, path);
-  }
-  close(fd);
-  return s;
-}
-
-StatusOr<Sidecar> ReadSidecar(const std::string& path, uint64_t* file_size) {
-  std::string mpath = SidecarPath(path);
-  int fd = open(mpath.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return errno == ENOENT ? DataLossError(mpath + " vanished from the cache") : ErrnoError(errno, "open " + mpath);
-  }
-  struct stat st {};
-  fstat(fd, &st);
-  if (file_size) *file_size = static_cast<uint64_t>(st.st_size);
-  std::string buf(std::min<uint64_t>(static_cast<uint64_t>(st.st_size), 64 * 1024), '\0');
-  Status s = PreadFull(fd, buf.data(), buf.size(), 0, mpath);
-  close(fd);
-  RETURN_IF_ERROR(s);
-  Sidecar sc;
-  RETURN_IF_ERROR(DecodeSidecar(buf, mpath, &sc));
-  return sc;
+Status Missing(int err, const std::string& what, const std::string& path) {
+  return err == ENOENT ? DataLossError(path + " vanished from the cache") : ErrnoError(err, what + " " + path);
 }
 
 }  // namespace
@@ -112,9 +71,31 @@ uint32_t SidecarLen(uint64_t data_len) {
 
 uint64_t BlockFileBytes(uint64_t data_len) { return SidecarLen(data_len) + data_len; }
 
-std::string SidecarPath(const std::string& data_path) { return data_path + kSidecarSuffix; }
+std::string DataPath(const std::string& dir, const FileKey& key) {
+  std::string hex = FileKeyHex(key);
+  return dir + "/blocks/" + hex.substr(0, 2) + "/" + hex;
+}
 
-std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, std::string_view data) {
+std::string SidecarPath(const std::string& dir, const FileKey& key, uint64_t index) {
+  return DataPath(dir, key) + "-" + std::to_string(index) + ".m";
+}
+
+bool ParseName(const std::string& name, FileKey* key, uint64_t* index, bool* sidecar) {
+  if (name.size() < 32 || !ParseFileKeyHex(name.substr(0, 32), key)) return false;
+  if (name.size() == 32) {
+    *sidecar = false;
+    return true;
+  }
+  if (name[32] != '-' || name.size() < 36 || name.compare(name.size() - 2, 2, ".m") != 0) return false;
+  std::string digits = name.substr(33, name.size() - 35);
+  if (digits.empty() || digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+  *index = std::stoull(digits);
+  *sidecar = true;
+  return true;
+}
+
+std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, uint64_t offset,
+                          std::string_view data) {
   uint32_t len = SidecarLen(data.size());
   uint32_t nchunks = static_cast<uint32_t>(Chunks(data.size()));
   std::string h;
@@ -125,6 +106,7 @@ std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id,
   h.append(reinterpret_cast<const char*>(key.data()), key.size());
   Append<uint64_t>(&h, index);
   Append<uint64_t>(&h, mount_id);
+  Append<uint64_t>(&h, offset);
   Append<uint64_t>(&h, data.size());
   Append<uint32_t>(&h, nchunks);
   Append<uint32_t>(&h, 0);
@@ -147,10 +129,11 @@ Status DecodeSidecar(const std::string& buf, const std::string& path, Sidecar* o
   std::memcpy(out->key.data(), p + 8, 16);
   out->index = Get<uint64_t>(p + 24);
   out->mount_id = Get<uint64_t>(p + 32);
-  out->data_len = Get<uint64_t>(p + 40);
-  uint32_t nchunks = Get<uint32_t>(p + 48);
+  out->offset = Get<uint64_t>(p + 40);
+  out->data_len = Get<uint64_t>(p + 48);
+  uint32_t nchunks = Get<uint32_t>(p + 56);
   if (chunk != kChunkSize || len != SidecarLen(out->data_len) || nchunks != Chunks(out->data_len) ||
-      buf.size() < len) {
+      buf.size() != len) {
     return DataLossError(path + ": inconsistent block sidecar");
   }
   size_t end = kFixed + 8ull * nchunks;
@@ -162,74 +145,95 @@ Status DecodeSidecar(const std::string& buf, const std::string& path, Sidecar* o
   return Status::OK();
 }
 
-Status WriteTmp(const std::string& tmp_data, std::string_view data, const std::string& sidecar) {
-  RETURN_IF_ERROR(WriteNew(tmp_data, data));
-  Status st = WriteNew(SidecarPath(tmp_data), sidecar);
-  if (!st.ok()) unlink(tmp_data.c_str());
-  return st;
-}
-
-Status CopyToTmp(const std::string& src, uint64_t data_len, const std::string& tmp_data) {
-  std::string data, sidecar;
-  RETURN_IF_ERROR(ReadExactly(src, data_len, &data));
-  RETURN_IF_ERROR(ReadExactly(SidecarPath(src), SidecarLen(data_len), &sidecar));
-  return WriteTmp(tmp_data, data, sidecar);
-}
-
-Status Commit(const std::string& tmp_data, const std::string& path) {
-  std::string sub = path.substr(0, path.rfind('/'));
-  if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "mkdir " + sub);
-  if (rename(tmp_data.c_str(), path.c_str()) != 0) return ErrnoError(errno, "rename to " + path);
-  if (rename(SidecarPath(tmp_data).c_str(), SidecarPath(path).c_str()) != 0) {
-    Status st = ErrnoError(errno, "rename to " + SidecarPath(path));
-    unlink(path.c_str());
-    return st;
-  }
-  return Status::OK();
-}
-
-void Remove(const std::string& path) {
-  unlink(SidecarPath(path).c_str());
-  unlink(path.c_str());
-}
-
-StatusOr<Sidecar> Load(const std::string& path) {
-  uint64_t msize = 0;
-  ASSIGN_OR_RETURN(Sidecar sc, ReadSidecar(path, &msize));
-  if (msize != SidecarLen(sc.data_len)) return DataLossError(SidecarPath(path) + ": wrong size");
+StatusOr<Sidecar> ReadSidecar(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Missing(errno, "open", path);
   struct stat st {};
-  if (stat(path.c_str(), &st) != 0) {
-    return errno == ENOENT ? DataLossError(path + ": data file missing") : ErrnoError(errno, "stat " + path);
-  }
-  if (static_cast<uint64_t>(st.st_size) != sc.data_len) {
-    return DataLossError(path + ": " + std::to_string(st.st_size) + " bytes of data where the sidecar says " +
-                         std::to_string(sc.data_len));
-  }
+  fstat(fd, &st);
+  std::string buf(std::min<uint64_t>(static_cast<uint64_t>(st.st_size), 1 << 20), '\0');
+  Status s = PreadFull(fd, buf.data(), buf.size(), 0, path);
+  close(fd);
+  RETURN_IF_ERROR(s);
+  Sidecar sc;
+  RETURN_IF_ERROR(DecodeSidecar(buf, path, &sc));
   return sc;
 }
 
-Status ReadRange(const std::string& path, const FileKey& key, uint64_t index, uint64_t data_len, uint64_t offset,
-                 uint64_t length, std::string* out, int* keep_fd) {
-  ASSIGN_OR_RETURN(Sidecar sc, ReadSidecar(path, nullptr));
-  if (sc.key != key || sc.index != index || sc.data_len != data_len) {
-    return DataLossError(SidecarPath(path) + ": sidecar names another block");
-  }
+Status WriteData(const std::string& data_path, uint64_t offset, std::string_view data) {
+  std::string sub = data_path.substr(0, data_path.rfind('/'));
+  if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "mkdir " + sub);
+  int fd = open(data_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError(errno, "open " + data_path);
+  Status st = PwriteFull(fd, data.data(), data.size(), offset, data_path);
+  if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + data_path);
+  return st;
+}
+
+Status CopyData(const std::string& src, const std::string& dst, uint64_t offset, uint64_t len) {
+  int in = open(src.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) return Missing(errno, "open", src);
+  std::string buf(len, '\0');
+  Status st = PreadFull(in, buf.data(), len, offset, src);
+  close(in);
+  RETURN_IF_ERROR(st);
+  return WriteData(dst, offset, buf);
+}
+
+void PunchData(const std::string& data_path, uint64_t offset, uint64_t len) {
+  int fd = open(data_path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(len));
+  close(fd);
+}
+
+Status WriteSidecarTmp(const std::string& tmp, std::string_view sidecar) {
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError(errno, "create " + tmp);
+  Status st = PwriteFull(fd, sidecar.data(), sidecar.size(), 0, tmp);
+  if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + tmp);
+  if (!st.ok()) unlink(tmp.c_str());
+  return st;
+}
+
+Status CommitSidecar(const std::string& tmp, const std::string& path) {
+  std::string sub = path.substr(0, path.rfind('/'));
+  if (mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "mkdir " + sub);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError(errno, "rename to " + path);
+  return Status::OK();
+}
+
+StatusOr<std::string> ReadSidecarBytes(const std::string& path, uint64_t data_len) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return errno == ENOENT ? DataLossError(path + " vanished from the cache") : ErrnoError(errno, "open " + path);
+  if (fd < 0) return Missing(errno, "open", path);
+  std::string buf(SidecarLen(data_len), '\0');
+  Status st = PreadFull(fd, buf.data(), buf.size(), 0, path);
+  close(fd);
+  RETURN_IF_ERROR(st);
+  return buf;
+}
+
+Status ReadRange(const std::string& data_path, const std::string& sidecar_path, const FileKey& key, uint64_t index,
+                 uint64_t block_offset, uint64_t data_len, uint64_t offset, uint64_t length, std::string* out,
+                 int* keep_fd) {
+  ASSIGN_OR_RETURN(Sidecar sc, ReadSidecar(sidecar_path));
+  if (sc.key != key || sc.index != index || sc.data_len != data_len || sc.offset != block_offset) {
+    return DataLossError(sidecar_path + ": sidecar names another block");
   }
+  int fd = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Missing(errno, "open", data_path);
   // Whole chunks covering the range are read and verified; then the range is cut out.
   uint64_t first = offset / kChunkSize;
   uint64_t last = (offset + length - 1) / kChunkSize;
   uint64_t span_start = first * kChunkSize;
   uint64_t span_end = std::min<uint64_t>((last + 1) * kChunkSize, data_len);
   std::string span(span_end - span_start, '\0');
-  Status st = PreadFull(fd, span.data(), span.size(), span_start, path);
+  Status st = PreadFull(fd, span.data(), span.size(), block_offset + span_start, data_path);
   for (uint64_t c = first; st.ok() && c <= last; ++c) {
     uint64_t off = c * kChunkSize - span_start;
     uint64_t len = std::min<uint64_t>(kChunkSize, data_len - c * kChunkSize);
     if (Checksum64(span.data() + off, len) != sc.sums[c]) {
-      st = DataLossError(path + ": chunk " + std::to_string(c) + " failed its checksum");
+      st = DataLossError(data_path + ": block " + std::to_string(index) + " chunk " + std::to_string(c) +
+                         " failed its checksum");
     }
   }
   if (!st.ok() || keep_fd == nullptr) {
