@@ -73,6 +73,15 @@ StatusOr<rpc::WorkerStats> Client::WorkerStats() {
   return resp;
 }
 
+StatusOr<rpc::Report> Client::GetReport() {
+  rpc::Report report;
+  RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& c) {
+                             return m.GetReport(&c, rpc::GetReportRequest(), &report);
+                           }),
+                           "the master"));
+  return report;
+}
+
 ReadResult::~ReadResult() {
   for (auto& p : pieces) {
     if (channel_) channel_->Release(&p);

@@ -77,6 +77,8 @@ class Client {
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
   StatusOr<rpc::WorkerStats> WorkerStats();
+  // The master's report (workers, mounts with the files and bytes known of each).
+  StatusOr<rpc::Report> GetReport();
   // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`.
   Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out);
   // For a passthrough open: leases the local worker's data file of `file` (every block of it

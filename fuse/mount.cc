@@ -78,7 +78,7 @@ struct Fs {
   std::unique_ptr<FileCache> files;
   fuse_session* se = nullptr;
   SessionIo* io = nullptr;  // set when granary-fuse does the session's I/O (passthrough wanted)
-  OpenMode wanted = OpenMode::kKernel;  // from fuse.open (auto counts as passthrough, quietly)
+  std::atomic<OpenMode> wanted{OpenMode::kKernel};  // from fuse.open (auto: its choice at INIT)
   bool wanted_explicitly = false;       // fuse.open named the mode: a fallback is a warning
   std::atomic<OpenMode> mode{OpenMode::kKernel};  // decided at INIT
   std::atomic<bool> passthrough_refused{false};    // the kernel refused a backing file (no CAP_SYS_ADMIN)
@@ -220,9 +220,45 @@ bool HasCapSysAdmin() {
   return (data[0].effective & (1u << CAP_SYS_ADMIN)) != 0;
 }
 
+// fuse.open auto picks passthrough for datasets of large files: their reads (sequential, random,
+// mmap) then run at the cache medium's speed with one copy in the page cache. Small files are
+// faster in kernel mode, which spares every open its round trip (docs/benchmarks.md).
+constexpr uint64_t kAutoPassthroughMeanFileSize = 8ull << 20;
+
+// auto: whether the datasets this mount shows average at least kAutoPassthroughMeanFileSize per
+// file, as far as the master knows them now (a dataset not listed yet counts as small).
+bool LargeFiles(Fs* fs, std::string* why) {
+  auto report = fs->client->GetReport();
+  if (!report.ok()) {
+    *why = "the master's report: " + report.status().message();
+    return false;
+  }
+  uint64_t files = 0, bytes = 0;
+  const std::string& root = fs->cfg.fuse.root;
+  for (const auto& m : report->mounts()) {
+    const std::string& p = m.mount().path();
+    bool shown = root == "/" || p == root || p.compare(0, root.size() + 1, root + "/") == 0 ||
+                 root.compare(0, p.size() + 1, p + "/") == 0;
+    if (!shown) continue;
+    files += m.mount().known_files();
+    bytes += m.mount().known_bytes();
+  }
+  *why = std::to_string(files) + " files known, " + std::to_string(files ? bytes / files : 0) + " bytes each on average";
+  return files > 0 && bytes / files >= kAutoPassthroughMeanFileSize;
+}
+
 // Decides the connection's read mode once the kernel has said what it offers (INIT).
 void ChooseMode(Fs* fs) {
   OpenMode mode = fs->wanted;
+  if (mode == OpenMode::kPassthrough && !fs->wanted_explicitly) {
+    std::string figures;
+    if (!LargeFiles(fs, &figures)) {
+      mode = OpenMode::kKernel;
+      spdlog::info("fuse.open=auto: kernel mode, for small files ({})", figures);
+    } else {
+      spdlog::info("fuse.open=auto: passthrough where it can work, for large files ({})", figures);
+    }
+  }
   if (mode == OpenMode::kPassthrough) {
     std::string why;
     if (fs->io == nullptr || !fs->io->offered()) {
@@ -239,9 +275,11 @@ void ChooseMode(Fs* fs) {
         spdlog::info("fuse.open=auto: {}; kernel mode", why);
       }
     }
-    if (fs->io != nullptr) fs->io->SetWantPassthrough(mode == OpenMode::kPassthrough);
   }
+  if (fs->io != nullptr) fs->io->SetWantPassthrough(mode == OpenMode::kPassthrough);
   fs->mode = mode;
+  // auto's choice is not a fallback: "wanted" is what auto chose.
+  if (!fs->wanted_explicitly && fs->wanted == OpenMode::kPassthrough && fs->fallback_reason.empty()) fs->wanted = mode;
   spdlog::info("granary-fuse read mode: {}", ModeName(mode));
 }
 
@@ -855,7 +893,7 @@ class FuseMountImpl final : public FuseMount {
       fs_->wanted = OpenMode::kPassthrough;  // auto: passthrough where it can work, else kernel
       fs_->wanted_explicitly = cfg.fuse.open == "passthrough";
     }
-    fs_->mode = fs_->wanted;
+    fs_->mode = fs_->wanted.load();
     ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
     fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
     if (cfg.fuse.root != "/") {
