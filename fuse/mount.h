@@ -5,6 +5,13 @@
 // The kernel checks permissions itself (default_permissions) against the owner and mode the
 // under-storage reports, with write bits cleared. See docs/semantics.md for each operation.
 //
+// Read modes (fuse.open): `kernel` answers the first OPEN with ENOSYS, so the kernel opens files
+// itself and reads arrive by inode with no file handle; `passthrough` opens a wholly cached file on
+// its cache data file (fuse/session_io.h does the /dev/fuse I/O libfuse 3.14 cannot), so the kernel
+// reads it without us; `daemon` serves every open and read. `auto` chooses at INIT from what the
+// kernel offers, the process's privileges and the datasets' mean file size. A mode that cannot
+// work falls back to `kernel` (logged once; granary_fuse_open_mode{fallback="1"}).
+//
 // Start() refuses a mount point that does not exist, clears a stale mount left by a crashed
 // predecessor ("Transport endpoint is not connected"), mounts, and serves on a background
 // thread. If the mount disappears from outside (fusermount3 -u), the loop ends and

@@ -120,7 +120,7 @@ class ClusterTest : public ::testing::Test {
       fuse_.push_back(std::make_unique<Process>(
           InNs(NodeNs(n), {Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_[n],
                            "--fuse.mountpoint", node + "/mnt", "--ready-file", node + "/fuse.addr",
-                           "--fuse.keep_cache", "false"}),  // every epoch reaches the workers
+                           "--fuse.keep_cache", "false", "--fuse.open", "daemon"}),  // every epoch reaches the workers
           node + "/fuse.log"));
       if (WaitForReadyFile(node + "/fuse.addr", fuse_.back().get()).empty() || !IsMounted(node + "/mnt")) {
         return *why = "fuse on node " + std::to_string(n) + " did not mount:\n" + fuse_.back()->Log(), false;

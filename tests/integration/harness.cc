@@ -1,6 +1,8 @@
 #include "tests/integration/harness.h"
 
 #include <signal.h>
+
+#include <algorithm>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -129,6 +131,10 @@ bool LocalCluster::StartFuse(std::string* why) {
                                 "--fuse.mountpoint", mountpoint(), "--fuse.metrics_listen", "127.0.0.1:0",
                                 "--ready-file", dir_ / "fuse.addr", "--fuse.keep_cache",
                                 opts_.keep_cache ? "true" : "false"});
+  if (!opts_.keep_cache &&
+      std::find(opts_.fuse_args.begin(), opts_.fuse_args.end(), "--fuse.open") == opts_.fuse_args.end()) {
+    argv = With(argv, {"--fuse.open", "daemon"});
+  }
   fuse_ = std::make_unique<Process>(With(With(argv, opts_.extra_args), opts_.fuse_args), dir_ / "fuse.log");
   bool mounted = !WaitForReadyFile(dir_ / "fuse.addr", fuse_.get()).empty();
   if (mounted && opts_.fuse_wrapper.empty()) mounted = IsMounted(mountpoint());

@@ -23,6 +23,8 @@ struct ClusterOptions {
   // exec it in place); the mount is then looked for in granary-fuse's own mount namespace.
   std::vector<std::string> fuse_wrapper;
   // Off by default: most tests count the worker's hits, which the kernel's page cache would take.
+  // Off also runs granary-fuse in the daemon read mode (every read the page cache cannot serve
+  // reaches the worker, and no page is kept across opens) unless fuse_args name a --fuse.open.
   bool keep_cache = false;
 };
 

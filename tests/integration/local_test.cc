@@ -23,7 +23,7 @@ TEST(GranaryLocal, ServesReadsReportsAndStops) {
   std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"}};
   // keep_cache off: the second pass must reach the worker (it counts hits below).
   Process local({Bin("granary"), "local", "file://" + dir / "imagenet", dir / "mnt", "--dir", dir / "state",
-                 "--fuse.keep_cache", "false"},
+                 "--fuse.keep_cache", "false", "--fuse.open", "daemon"},  // the second pass reaches the worker
                 dir / "local.log", env);
   ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
   ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
