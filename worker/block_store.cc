@@ -449,24 +449,17 @@ int BlockStore::FitLocked(int tier, uint64_t bytes, double fraction) const {
 }
 
 bool BlockStore::PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const {
-  bool found = false;
-  uint64_t best = UINT64_MAX;
-  bool shuffle_admit = purpose == Purpose::kAdmit && PolicyLocked(for_mount) == CachePolicy::kShuffle;
-  for (const auto& [mount, list] : tiers_[tier].lru) {
-    if (shuffle_admit && mount == for_mount) continue;  // never replace a shuffle dataset's blocks with its own
-    if (purpose == Purpose::kWatermark && PolicyLocked(mount) == CachePolicy::kShuffle) continue;
-    int scanned = 0;
-    for (const auto& [seq, id] : list) {
-      if (seq >= best || ++scanned > 64) break;
-      const Entry& e = index_.at(id);
-      if (e.readers > 0 || e.moving) continue;
-      best = seq;
-      *out = id;
-      found = true;
-      break;
-    }
-  }
-  return found;
+  store::VictimQuery q;
+  q.purpose = purpose;
+  q.for_mount = for_mount;
+  q.policy = [this](uint64_t mount) { return PolicyLocked(mount); };
+  q.busy = [this](const BlockId& id) {
+    const Entry& e = index_.at(id);
+    return e.readers > 0 || e.moving;
+  };
+  auto victim = store::PickVictim(tiers_[tier].lru, q);
+  if (victim) *out = *victim;
+  return victim.has_value();
 }
 
 bool BlockStore::EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r) {

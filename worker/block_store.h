@@ -67,27 +67,10 @@
 #include "common/hash.h"
 #include "common/status.h"
 #include "common/tiers.h"
+#include "worker/store/block_id.h"
+#include "worker/store/eviction.h"
 
 namespace granary::worker {
-
-struct BlockId {
-  FileKey key{};
-  uint64_t index = 0;
-  bool operator==(const BlockId& o) const { return index == o.index && key == o.key; }
-};
-struct BlockIdHash {
-  size_t operator()(const BlockId& id) const;
-};
-struct FileKeyHash {
-  size_t operator()(const FileKey& k) const;
-};
-
-struct BlockMeta {
-  BlockId id;
-  uint64_t mount_id = 0;
-  uint64_t length = 0;  // data bytes
-  uint64_t offset = 0;  // where the block starts in its file (index x block size)
-};
 
 struct TierStats {
   std::string medium;
@@ -235,8 +218,8 @@ class BlockStore {
     TierLevel level;
     std::vector<Dir> dirs;
     // Evictable-in-principle blocks per mount, oldest access first (seq -> id). Pinned blocks are
-    // not listed.
-    std::unordered_map<uint64_t, std::map<uint64_t, BlockId>> lru;
+    // not listed. The choice among them: store::PickVictim (worker/store/eviction.h).
+    store::LruLists lru;
     uint64_t hits = 0, misses = 0, evictions = 0, demotions = 0, promotions = 0;
     uint64_t Quota() const;
     uint64_t Used() const;      // used + reserved
@@ -254,7 +237,7 @@ class BlockStore {
     bool moving = false;  // being copied to another level
     bool doomed = false;  // freed while read; removed when readers drop to 0
   };
-  enum class Purpose { kAdmit, kWatermark, kDemote };
+  using Purpose = store::Purpose;
   struct Removal {
     std::vector<BlockMeta> removed;  // files already unlinked; listeners still to be told
   };
