@@ -101,7 +101,18 @@ struct Fs {
   std::unordered_map<uint64_t, uint64_t> attr_versions;  // kernel ino -> Attr.version_hash
   // Kernel mode: each file read since its info was last confirmed (no open carries it).
   std::mutex inode_files_mu;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> inode_files;  // kernel ino -> file
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> inode_files;  // kernel ino -> newest known file
+  // Kernel mode: the version each reading process is on, per file (no open pins it). A read at
+  // offset 0 moves the process to the newest version; a read further in stays on its version.
+  struct PidKey {
+    uint64_t ino;
+    pid_t pid;
+    bool operator==(const PidKey& o) const { return ino == o.ino && pid == o.pid; }
+  };
+  struct PidKeyHash {
+    size_t operator()(const PidKey& k) const { return std::hash<uint64_t>()(k.ino * 0x9e3779b97f4a7c15ull ^ k.pid); }
+  };
+  std::unordered_map<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files;  // GUARDED_BY(inode_files_mu)
   // Passthrough mode.
   std::mutex opens_mu;
   std::unordered_map<uint64_t, InodeOpens> opens;  // kernel ino -> opens
@@ -603,41 +614,50 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 // Kernel mode: the file behind a read that came with no open file handle, by its inode alone. Its
-// info is confirmed with the master at most once per fuse.attr_timeout. When that shows a new
-// version, the kernel's pages of the old one are dropped; a read from the start of the file then
-// gets the new version, while a read further in (whose reader may hold pages of the old one)
-// fails with ESTALE, as an open file does in daemon mode: bytes of two versions are never mixed.
-StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t off) {
+// newest info is confirmed with the master at most once per fuse.attr_timeout; when that shows a
+// new version, the kernel's pages of the old one are dropped. Without opens, the version a reader
+// is on is kept per process (the request's pid): a read at offset 0 — a reader starting on the
+// file — moves the process to the newest version; a read further in stays on the version the
+// process has been reading, whose blocks are served while cached and fail with ESTALE once they
+// must be fetched again, as an open file does in daemon mode. So a process reading a file through
+// never gets bytes of two versions.
+StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t off, pid_t pid) {
   auto now = std::chrono::steady_clock::now();
+  std::shared_ptr<OpenFile> newest;
   {
     std::lock_guard<std::mutex> lock(fs->inode_files_mu);
     auto it = fs->inode_files.find(ino);
-    if (it != fs->inode_files.end() && now - it->second->confirmed < fs->cfg.fuse.attr_timeout) return it->second;
+    if (it != fs->inode_files.end() && now - it->second->confirmed < fs->cfg.fuse.attr_timeout) newest = it->second;
   }
-  fs->files->Erase(fs->ToMaster(ino));  // as old as the kernel's attributes may be: ask the master
-  ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
-  fs->NoteVersion(ino, info.attr().version_hash());
+  if (!newest) {
+    fs->files->Erase(fs->ToMaster(ino));  // as old as the kernel's attributes may be: ask the master
+    ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
+    fs->NoteVersion(ino, info.attr().version_hash());
+    std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+    auto it = fs->inode_files.find(ino);
+    std::shared_ptr<OpenFile> slot = it == fs->inode_files.end() ? nullptr : it->second;
+    if (slot && slot->info.version() == info.version()) {
+      slot->confirmed = now;
+      newest = slot;
+    } else {
+      if (slot) fs->Invalidate(ino);  // a new version: the kernel's pages are the old one's
+      newest = std::make_shared<OpenFile>();
+      newest->info = std::move(info);
+      newest->confirmed = now;
+      if (fs->inode_files.size() >= fs->cfg.fuse.file_cache_entries) {
+        fs->inode_files.clear();  // bounded by fuse.file_cache_entries; forgetting costs a call to the master
+      } else {
+        fs->inode_files[ino] = newest;
+      }
+    }
+  }
   std::lock_guard<std::mutex> lock(fs->inode_files_mu);
-  auto it = fs->inode_files.find(ino);
-  std::shared_ptr<OpenFile> slot = it == fs->inode_files.end() ? nullptr : it->second;
-  if (slot && slot->info.version() == info.version()) {
-    slot->confirmed = now;
-    return slot;
-  }
-  bool changed = slot != nullptr;
-  auto f = std::make_shared<OpenFile>();
-  f->info = std::move(info);
-  f->confirmed = now;
-  if (fs->inode_files.size() >= fs->cfg.fuse.file_cache_entries) {
-    fs->inode_files.clear();  // bounded by fuse.file_cache_entries; forgetting costs a call to the master
-  } else {
-    fs->inode_files[ino] = f;
-  }
-  if (changed) {
-    fs->Invalidate(ino);
-    if (off != 0) return FailedPreconditionError("the file changed in the under-storage while it was being read");
-  }
-  return f;
+  if (fs->cfg.fuse.file_cache_entries == 0) return newest;
+  auto [it, fresh] = fs->reader_files.try_emplace(Fs::PidKey{ino, pid}, newest);
+  if (!fresh && off == 0) it->second = newest;
+  std::shared_ptr<OpenFile> mine = it->second;
+  if (fs->reader_files.size() > fs->cfg.fuse.file_cache_entries) fs->reader_files.clear();  // bounded
+  return mine;
 }
 
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -647,7 +667,8 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   OpenFile* of = reinterpret_cast<OpenFile*>(fi->fh);
   if (of == nullptr) {
     fs->reads_by_inode++;
-    auto f = InodeFile(fs, ino, static_cast<uint64_t>(off));
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    auto f = InodeFile(fs, ino, static_cast<uint64_t>(off), ctx ? ctx->pid : 0);
     if (!f.ok()) return ReplyError(req, f.status(), "read");
     by_inode = std::move(*f);
     of = by_inode.get();

@@ -336,6 +336,7 @@ Status BlockStore::LoadOne(int tier, int dir, const FileKey& key, uint64_t index
   Entry e;
   e.meta = BlockMeta{id, sc.mount_id, sc.data_len, sc.offset};
   e.file_bytes = store::BlockFileBytes(sc.data_len);
+  e.sums = std::make_shared<const std::vector<uint64_t>>(std::move(sc.sums));
   e.tier = tier;
   e.dir = dir;
   e.pinned = pins_.count(id.key) > 0;
@@ -477,7 +478,8 @@ StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t len
 StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
                                           BlockLease* lease) {
   uint64_t data_len, block_offset;
-  std::string path, sidecar;
+  std::string path;
+  std::shared_ptr<const std::vector<uint64_t>> sums;
   int tier;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -492,7 +494,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     ++e.readers;
     data_len = e.meta.length;
     block_offset = e.meta.offset;
-    sidecar = SidecarLocked(id, e.tier, e.dir);
+    sums = e.sums;
     tier = e.tier;
     path = PathLocked(id, e.tier, e.dir);
     if (account) {
@@ -525,8 +527,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   length = std::min<uint64_t>(length, data_len - offset);
   std::string span;
   int fd = -1;
-  Status st = store::ReadRange(path, sidecar, id.key, id.index, block_offset, data_len, offset, length, &span,
-                               lease ? &fd : nullptr);
+  Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, &span, lease ? &fd : nullptr);
   if (!st.ok()) {
     if (!st.IsDataLoss()) {
       release(false);
@@ -666,6 +667,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     DropFileLocked(path);
   };
   std::string tmp = TmpPath(tier, dir);
+  auto sums = std::make_shared<const std::vector<uint64_t>>(store::ChunkSums(data));
   Status st = store::WriteData(path, meta.offset, data);
   if (st.ok()) {
     st = store::WriteSidecarTmp(tmp, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data));
@@ -696,6 +698,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   Entry e;
   e.meta = meta;
   e.file_bytes = file_bytes;
+  e.sums = std::move(sums);
   e.tier = tier;
   e.dir = dir;
   e.seq = ++seq_;

@@ -94,6 +94,15 @@ bool ParseName(const std::string& name, FileKey* key, uint64_t* index, bool* sid
   return true;
 }
 
+std::vector<uint64_t> ChunkSums(std::string_view data) {
+  std::vector<uint64_t> sums(Chunks(data.size()));
+  for (size_t c = 0; c < sums.size(); ++c) {
+    size_t off = c * kChunkSize;
+    sums[c] = Checksum64(data.data() + off, std::min<size_t>(kChunkSize, data.size() - off));
+  }
+  return sums;
+}
+
 std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, uint64_t offset,
                           std::string_view data) {
   uint32_t len = SidecarLen(data.size());
@@ -110,10 +119,7 @@ std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id,
   Append<uint64_t>(&h, data.size());
   Append<uint32_t>(&h, nchunks);
   Append<uint32_t>(&h, 0);
-  for (uint32_t c = 0; c < nchunks; ++c) {
-    size_t off = static_cast<size_t>(c) * kChunkSize;
-    Append<uint64_t>(&h, Checksum64(data.data() + off, std::min<size_t>(kChunkSize, data.size() - off)));
-  }
+  for (uint64_t sum : ChunkSums(data)) Append<uint64_t>(&h, sum);
   Append<uint64_t>(&h, Checksum64(h.data(), h.size()));
   h.resize(len, '\0');
   return h;
@@ -212,13 +218,9 @@ StatusOr<std::string> ReadSidecarBytes(const std::string& path, uint64_t data_le
   return buf;
 }
 
-Status ReadRange(const std::string& data_path, const std::string& sidecar_path, const FileKey& key, uint64_t index,
-                 uint64_t block_offset, uint64_t data_len, uint64_t offset, uint64_t length, std::string* out,
-                 int* keep_fd) {
-  ASSIGN_OR_RETURN(Sidecar sc, ReadSidecar(sidecar_path));
-  if (sc.key != key || sc.index != index || sc.data_len != data_len || sc.offset != block_offset) {
-    return DataLossError(sidecar_path + ": sidecar names another block");
-  }
+Status ReadRange(const std::string& data_path, const std::vector<uint64_t>& sums, uint64_t block_offset,
+                 uint64_t data_len, uint64_t offset, uint64_t length, std::string* out, int* keep_fd) {
+  if (sums.size() != Chunks(data_len)) return DataLossError(data_path + ": checksums do not cover the block");
   int fd = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Missing(errno, "open", data_path);
   // Whole chunks covering the range are read and verified; then the range is cut out.
@@ -231,9 +233,9 @@ Status ReadRange(const std::string& data_path, const std::string& sidecar_path, 
   for (uint64_t c = first; st.ok() && c <= last; ++c) {
     uint64_t off = c * kChunkSize - span_start;
     uint64_t len = std::min<uint64_t>(kChunkSize, data_len - c * kChunkSize);
-    if (Checksum64(span.data() + off, len) != sc.sums[c]) {
-      st = DataLossError(data_path + ": block " + std::to_string(index) + " chunk " + std::to_string(c) +
-                         " failed its checksum");
+    if (Checksum64(span.data() + off, len) != sums[c]) {
+      st = DataLossError(data_path + ": the block at offset " + std::to_string(block_offset) + ", chunk " +
+                         std::to_string(c) + ", failed its checksum");
     }
   }
   if (!st.ok() || keep_fd == nullptr) {

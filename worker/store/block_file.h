@@ -24,9 +24,10 @@
 // a data file without any sidecar is removed at start (BlockStore::ScanDir). A sidecar whose own
 // checksum fails, or whose range lies past its data file's end, drops the block.
 //
-// Integrity: chunk checksums are computed from the bytes as they enter the cache. Reads that go
-// through the worker (ReadRange) verify the chunks they touch; the scrub verifies all of them.
-// Reads the kernel serves from the data file (passthrough) are not verified per read.
+// Integrity: chunk checksums are computed from the bytes as they enter the cache, written to the
+// sidecar, and kept in memory by the store (read back from the verified sidecar at start). Reads
+// that go through the worker (ReadRange) verify the chunks they touch; the scrub verifies all of
+// them. Reads the kernel serves from the data file (passthrough) are not verified per read.
 //
 // Thread-safety: free functions, no state. Writers of one data file touch disjoint ranges; the
 // store decides when a data file may be unlinked.
@@ -67,6 +68,8 @@ std::string SidecarPath(const std::string& dir, const FileKey& key, uint64_t ind
 // *index and *sidecar set); false for anything else.
 bool ParseName(const std::string& name, FileKey* key, uint64_t* index, bool* sidecar);
 
+// XXH3-64 of each 64 KiB chunk of `data`.
+std::vector<uint64_t> ChunkSums(std::string_view data);
 std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, uint64_t offset,
                           std::string_view data);
 // DATA_LOSS (naming `path`) when `buf` is not a whole, self-consistent sidecar.
@@ -87,12 +90,12 @@ Status CommitSidecar(const std::string& tmp, const std::string& path);
 StatusOr<std::string> ReadSidecarBytes(const std::string& path, uint64_t data_len);
 
 // Reads [offset, offset+length) of a block (relative to the block; the caller clipped the range to
-// its length), verifying every chunk the range touches against the sidecar at `sidecar_path`,
-// which must name `key`/`index`/`block_offset`/`data_len`. The bytes go to *out. With `keep_fd`,
-// the open data file is returned there (the caller closes it) so a reader can splice exactly what
-// was verified, at block_offset + offset. DATA_LOSS on any mismatch and when a file vanished.
-Status ReadRange(const std::string& data_path, const std::string& sidecar_path, const FileKey& key, uint64_t index,
-                 uint64_t block_offset, uint64_t data_len, uint64_t offset, uint64_t length, std::string* out,
-                 int* keep_fd);
+// its length `data_len`) from its data file, verifying every chunk the range touches against
+// `sums` (the block's chunk checksums, as its sidecar holds them). The bytes go to *out. With
+// `keep_fd`, the open data file is returned there (the caller closes it) so a reader can splice
+// exactly what was verified, at block_offset + offset. DATA_LOSS on any mismatch and when the file
+// vanished.
+Status ReadRange(const std::string& data_path, const std::vector<uint64_t>& sums, uint64_t block_offset,
+                 uint64_t data_len, uint64_t offset, uint64_t length, std::string* out, int* keep_fd);
 
 }  // namespace granary::worker::store
