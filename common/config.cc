@@ -265,8 +265,9 @@ std::vector<Setting> MakeSettings() {
                   &Config::fuse, &FuseConfig::allow_other));
   t.push_back(Row("fuse.file_cache_entries", K::kCount, "100000",
                   "How many files' open information (version, block size, location) granary-fuse keeps, each "
-                  "for attr_timeout, so reopening a file needs no call to the master. About 200 bytes each; 0 "
-                  "turns it off.",
+                  "for attr_timeout, so reopening a file needs no call to the master; as many lookups (name to "
+                  "attributes, each for the shorter of entry_timeout and attr_timeout), so a path walk after the "
+                  "kernel dropped its dentries needs none either. About 200 bytes each; 0 turns both off.",
                   &Config::fuse, &FuseConfig::file_cache_entries));
   t.push_back(Row("fuse.max_threads", K::kCount, "16", "Most threads serving FUSE requests at once.",
                   &Config::fuse, &FuseConfig::max_threads));

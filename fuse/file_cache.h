@@ -1,10 +1,14 @@
-// FileCache: the FUSE process's memory of what `open` needs for each file (rpc::FileInfo), so a
-// file reopened in a later epoch costs no call to the master.
+// TtlCache: what the FUSE process remembers of the master's answers, so a repeated question costs
+// no call. Two instances (fuse/mount.cc):
+//   FileCache   inode -> rpc::FileInfo, what `open` (and a kernel-mode read) needs for a file, so a
+//               file reopened in a later epoch costs no call to the master;
+//   EntryCache  "<parent inode>/<name>" -> rpc::Attr, lookups, so a path walk after the kernel
+//               dropped its dentries (memory pressure, drop_caches) costs no call either.
 //
-// Entries live for `ttl` (fuse.attr_timeout: no longer than the kernel may cache the same
-// attributes) and at most `capacity` are kept; past that, the oldest half is dropped. Inode numbers
-// are never reused by the master, so an entry can only be stale by being old, never by naming
-// another file. Thread-safe.
+// Entries live for `ttl` (no longer than the kernel may cache the same answer itself:
+// fuse.attr_timeout, fuse.entry_timeout) and at most `capacity` are kept; past that, the oldest
+// half is dropped. Inode numbers are never reused by the master, so an entry can only be stale by
+// being old, never by naming another file. Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -12,26 +16,70 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "proto/granary.pb.h"
 
 namespace granary::fuse {
 
-class FileCache {
+template <typename K, typename V>
+class TtlCache {
  public:
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
-  FileCache(size_t capacity, std::chrono::milliseconds ttl, Clock clock = std::chrono::steady_clock::now);
+  TtlCache(size_t capacity, std::chrono::milliseconds ttl, Clock clock = std::chrono::steady_clock::now)
+      : capacity_(capacity), ttl_(ttl), clock_(std::move(clock)) {}
 
-  std::optional<rpc::FileInfo> Get(uint64_t ino);
-  void Put(uint64_t ino, const rpc::FileInfo& info);
-  // Forgets a file (its version turned out stale), so the next open asks the master.
-  void Erase(uint64_t ino);
-  size_t size();
+  // The value, if present and younger than ttl; *age (optional) says how old it is.
+  std::optional<V> Get(const K& key, std::chrono::milliseconds* age = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return std::nullopt;
+    auto old = clock_() - it->second.added;
+    if (old > ttl_) {
+      by_age_.erase(it->second.seq);
+      entries_.erase(it);
+      return std::nullopt;
+    }
+    if (age) *age = std::chrono::duration_cast<std::chrono::milliseconds>(old);
+    return it->second.value;
+  }
+
+  void Put(const K& key, const V& value) {
+    if (capacity_ == 0 || ttl_.count() <= 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end()) by_age_.erase(it->second.seq);
+    uint64_t seq = seq_++;
+    entries_[key] = Entry{value, clock_(), seq};
+    by_age_[seq] = key;
+    if (entries_.size() > capacity_) {
+      // Drop the oldest half: amortised O(1) per insert, and no per-read bookkeeping.
+      size_t drop = entries_.size() - capacity_ / 2;
+      for (auto a = by_age_.begin(); drop > 0 && a != by_age_.end(); --drop) {
+        entries_.erase(a->second);
+        a = by_age_.erase(a);
+      }
+    }
+  }
+
+  // Forgets an entry (it turned out stale), so the next question goes to the master.
+  void Erase(const K& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;
+    by_age_.erase(it->second.seq);
+    entries_.erase(it);
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return entries_.size();
+  }
 
  private:
   struct Entry {
-    rpc::FileInfo info;
+    V value;
     std::chrono::steady_clock::time_point added;
     uint64_t seq;
   };
@@ -39,9 +87,13 @@ class FileCache {
   const std::chrono::milliseconds ttl_;
   Clock clock_;
   std::mutex mu_;
-  uint64_t seq_ = 0;                                // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Entry> entries_;     // GUARDED_BY(mu_)
-  std::map<uint64_t, uint64_t> by_age_;             // seq -> ino; GUARDED_BY(mu_)
+  uint64_t seq_ = 0;                         // GUARDED_BY(mu_)
+  std::unordered_map<K, Entry> entries_;     // GUARDED_BY(mu_)
+  std::map<uint64_t, K> by_age_;             // seq -> key; GUARDED_BY(mu_)
 };
+
+using FileCache = TtlCache<uint64_t, rpc::FileInfo>;
+using EntryCache = TtlCache<std::string, rpc::Attr>;
+inline std::string EntryKey(uint64_t parent, const char* name) { return std::to_string(parent) + "/" + name; }
 
 }  // namespace granary::fuse

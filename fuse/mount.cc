@@ -76,6 +76,7 @@ struct Fs {
   Config cfg;
   std::unique_ptr<Client> client;
   std::unique_ptr<FileCache> files;
+  std::unique_ptr<EntryCache> entries;  // lookups, for min(entry_timeout, attr_timeout)
   fuse_session* se = nullptr;
   SessionIo* io = nullptr;  // set when granary-fuse does the session's I/O (passthrough wanted)
   std::atomic<OpenMode> wanted{OpenMode::kKernel};  // from fuse.open (auto: its choice at INIT)
@@ -315,7 +316,20 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   OpTimer timer(FsOf(req)->lat_lookup);
   Fs* fs = FsOf(req);
+  // A lookup the master answered lately (the kernel may have dropped its dentry since) is answered
+  // from memory, with the kernel's timeouts shortened by the answer's age: never staler than the
+  // kernel's own caching would be.
+  std::string key = EntryKey(fs->ToMaster(parent), name);
+  std::chrono::milliseconds age{};
+  if (auto cached = fs->entries->Get(key, &age)) {
+    fuse_entry_param e = ToEntry(fs, *cached);
+    e.attr_timeout = std::max(0.0, e.attr_timeout - Seconds(age));
+    e.entry_timeout = std::max(0.0, e.entry_timeout - Seconds(age));
+    fuse_reply_entry(req, &e);
+    return;
+  }
   auto a = fs->client->Lookup(fs->ToMaster(parent), name);
+  if (a.ok()) fs->entries->Put(key, *a);
   if (!a.ok()) {
     if (a.status().IsNotFound()) {
       // Negative entry: the kernel remembers the miss for negative_timeout.
@@ -434,6 +448,7 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
       return ReplyError(req, st, plus ? "readdirplus" : "readdir");
     }
     for (const auto& e : page.entries()) {
+      fs->entries->Put(EntryKey(fs->ToMaster(ino), e.name().c_str()), e.attr());  // the scan's lookups to come
       if (!add(e.name().c_str(), e.attr(), e.cookie() + kDotDotCookie, false)) {
         return (void)fuse_reply_buf(req, buf.data(), used);
       }
@@ -917,6 +932,8 @@ class FuseMountImpl final : public FuseMount {
     fs_->mode = fs_->wanted.load();
     ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
     fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
+    fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
+                                                std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
     if (cfg.fuse.root != "/") {
       auto root = fs_->client->Resolve(cfg.fuse.root);
       if (!root.ok()) return root.status().WithContext("fuse.root " + cfg.fuse.root);

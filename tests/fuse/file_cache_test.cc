@@ -41,5 +41,27 @@ TEST(FileCache, ZeroCapacityDisables) {
   EXPECT_FALSE(c.Get(1).has_value());
 }
 
+// The lookup cache is the same mechanism over names: it says how old an answer is, so the kernel
+// can be given what is left of its timeouts.
+TEST(EntryCache, GivesTheAgeOfAnAnswerAndForgetsItAfterTtl) {
+  std::chrono::steady_clock::time_point now{};
+  EntryCache c(10, std::chrono::seconds(60), [&] { return now; });
+  rpc::Attr a;
+  a.set_ino(42);
+  c.Put(EntryKey(1, "img.jpg"), a);
+  now += std::chrono::seconds(20);
+  std::chrono::milliseconds age{};
+  auto got = c.Get(EntryKey(1, "img.jpg"), &age);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->ino(), 42u);
+  EXPECT_EQ(age, std::chrono::seconds(20));
+  EXPECT_FALSE(c.Get(EntryKey(2, "img.jpg")).has_value()) << "another directory's name";
+  now += std::chrono::seconds(41);
+  EXPECT_FALSE(c.Get(EntryKey(1, "img.jpg")).has_value());
+  EntryCache off(10, std::chrono::seconds(0), [&] { return now; });
+  off.Put("1/x", a);
+  EXPECT_FALSE(off.Get("1/x").has_value()) << "a zero timeout caches nothing";
+}
+
 }  // namespace
 }  // namespace granary::fuse
