@@ -69,7 +69,17 @@ struct InodeOpens {
   std::string version;  // the version `lease` holds
   int backing_id = 0;
   std::unique_ptr<FileLease> lease;
+  uint64_t bytes = 0;   // the file's size
+  // Closed, but its backing file kept for a reopen (in Fs::idle, at this sequence number; 0: not).
+  uint64_t idle_seq = 0;
+  std::chrono::steady_clock::time_point idle_since{};
 };
+
+// Passthrough: how many closed files keep their backing file (and their blocks held on the
+// worker) so that reopening them costs one OPEN round trip instead of a lease and an ioctl, and
+// for how many bytes of files at most. A kept file is let go after fuse.attr_timeout.
+constexpr size_t kIdleBackingFiles = 4096;
+constexpr uint64_t kIdleBackingBytes = 1ull << 30;
 
 // Everything the operations need; the session's userdata.
 struct Fs {
@@ -116,7 +126,9 @@ struct Fs {
   std::unordered_map<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files;  // GUARDED_BY(inode_files_mu)
   // Passthrough mode.
   std::mutex opens_mu;
-  std::unordered_map<uint64_t, InodeOpens> opens;  // kernel ino -> opens
+  std::unordered_map<uint64_t, InodeOpens> opens;  // kernel ino -> opens; GUARDED_BY(opens_mu)
+  std::map<uint64_t, uint64_t> idle;               // idle_seq -> kernel ino, oldest first; GUARDED_BY(opens_mu)
+  uint64_t idle_bytes = 0, idle_next = 1;          // GUARDED_BY(opens_mu)
 
   // Invalidations of cached pages, sent from their own thread: a notification from inside a
   // request for the same inode could deadlock on the pages that request holds.
@@ -151,13 +163,23 @@ struct Fs {
     if (inval_queue.size() < 100000) inval_queue.push_back(kino);
     inval_cv.notify_one();
   }
+  // Runs the invalidations; once a second also lets go of kept passthrough backing files that
+  // outlived attr_timeout (trim_idle).
+  std::function<void()> trim_idle;
   void InvalidateLoop() {
+    auto last_trim = std::chrono::steady_clock::now();
     for (;;) {
       uint64_t kino;
       {
         std::unique_lock<std::mutex> lock(inval_mu);
-        inval_cv.wait(lock, [&] { return inval_stop || !inval_queue.empty(); });
+        inval_cv.wait_for(lock, std::chrono::seconds(1), [&] { return inval_stop || !inval_queue.empty(); });
         if (inval_stop) return;
+        if (inval_queue.empty() || std::chrono::steady_clock::now() - last_trim > std::chrono::seconds(1)) {
+          lock.unlock();
+          if (trim_idle) trim_idle();
+          last_trim = std::chrono::steady_clock::now();
+          continue;
+        }
         kino = inval_queue.front();
         inval_queue.pop_front();
       }
@@ -504,10 +526,49 @@ StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino) {
 // passthrough open of the inode; 0 leaves the open to granary-fuse (with fi->direct_io set when it
 // must not use the page cache, as while other opens of the inode read another version through the
 // kernel).
+// Lets go of kept backing files: the oldest while over the bounds, and any older than attr_timeout.
+// Leases to end go to *done (ended by the caller after the lock is released).
+void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) {
+  auto now = std::chrono::steady_clock::now();
+  while (!fs->idle.empty()) {
+    auto oldest = fs->idle.begin();
+    auto it = fs->opens.find(oldest->second);
+    bool over = fs->idle.size() > kIdleBackingFiles || fs->idle_bytes > kIdleBackingBytes;
+    if (it != fs->opens.end() && !over && now - it->second.idle_since < fs->cfg.fuse.attr_timeout) break;
+    fs->idle.erase(oldest);
+    if (it == fs->opens.end()) continue;
+    fs->idle_bytes -= it->second.bytes;
+    fs->io->CloseBacking(it->second.backing_id);
+    done->push_back(std::move(it->second.lease));
+    fs->opens.erase(it);
+  }
+}
+
+// Takes a kept (closed) entry out of the idle list.
+void UnidleLocked(Fs* fs, InodeOpens& st) {
+  if (st.idle_seq == 0) return;
+  fs->idle.erase(st.idle_seq);
+  fs->idle_bytes -= st.bytes;
+  st.idle_seq = 0;
+}
+
 int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_file_info* fi) {
+  std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
   {
     std::lock_guard<std::mutex> lock(fs->opens_mu);
+    TrimIdleLocked(fs, &done);
     auto it = fs->opens.find(kino);
+    if (it != fs->opens.end() && it->second.idle_seq != 0) {
+      UnidleLocked(fs, it->second);
+      if (it->second.version == info.version()) {  // reopened: the kept backing file serves it
+        it->second.passthrough = 1;
+        return it->second.backing_id;
+      }
+      fs->io->CloseBacking(it->second.backing_id);  // a new version: let the old one go
+      done.push_back(std::move(it->second.lease));
+      fs->opens.erase(it);
+      it = fs->opens.end();
+    }
     if (it != fs->opens.end() && it->second.passthrough > 0) {
       if (it->second.version == info.version()) {
         it->second.passthrough++;
@@ -546,23 +607,29 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
   st.version = info.version();
   st.backing_id = *id;
   st.lease = std::move(*lease);
+  st.bytes = info.attr().size();
   return *id;
 }
 
 // Ends one open of an inode in passthrough mode's bookkeeping (its RELEASE, or an interrupted open).
 void EndOpen(Fs* fs, uint64_t kino, const OpenFile& of) {
   if (!of.passthrough && !of.counted_cached) return;
-  std::unique_ptr<FileLease> done;  // ended after the lock is released
+  std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
   std::lock_guard<std::mutex> lock(fs->opens_mu);
   auto it = fs->opens.find(kino);
   if (it == fs->opens.end()) return;
   InodeOpens& st = it->second;
-  if (of.passthrough && --st.passthrough == 0) {
-    fs->io->CloseBacking(st.backing_id);  // each open file keeps its own reference in the kernel
-    done = std::move(st.lease);
-  }
   if (of.counted_cached) --st.cached;
-  if (st.passthrough == 0 && st.cached == 0) fs->opens.erase(it);
+  if (of.passthrough && --st.passthrough == 0 && st.cached == 0) {
+    // Kept for a reopen (the next epoch, another loader worker); TrimIdleLocked lets it go.
+    st.idle_seq = fs->idle_next++;
+    st.idle_since = std::chrono::steady_clock::now();
+    fs->idle.emplace(st.idle_seq, kino);
+    fs->idle_bytes += st.bytes;
+  } else if (st.passthrough == 0 && st.cached == 0) {
+    fs->opens.erase(it);
+  }
+  TrimIdleLocked(fs, &done);
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -969,6 +1036,13 @@ class FuseMountImpl final : public FuseMount {
                      io.status().message());
       }
     }
+    if (fs_->io != nullptr) {
+      fs_->trim_idle = [fs = fs_.get()] {
+        std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
+        std::lock_guard<std::mutex> lock(fs->opens_mu);
+        TrimIdleLocked(fs, &done);
+      };
+    }
     fs_->inval_thread = std::thread([fs = fs_.get()] { fs->InvalidateLoop(); });
     RaiseReadaheadOf(mountpoint_);
     loop_cfg_ = fuse_loop_cfg_create();
@@ -1059,6 +1133,7 @@ class FuseMountImpl final : public FuseMount {
     fs_->inval_cv.notify_all();
     if (fs_->inval_thread.joinable()) fs_->inval_thread.join();
     fs_->opens.clear();  // the leases end; the connection is gone with its backing ids
+    fs_->idle.clear();
     if (mounted_) fuse_session_unmount(se_);
     fuse_session_destroy(se_);
     se_ = nullptr;

@@ -184,7 +184,8 @@ TEST(Passthrough, AnOpenFileKeepsItsCacheFileThroughAFreeAndAWorkerKill) {
   TempDir dir;
   std::string data = RandomBytes(50000, 21);
   WriteFile(dir / "src/img.jpg", data);
-  LocalCluster c(dir, ModeOptions("passthrough"));
+  // A closed file keeps its backing file for a reopen for attr_timeout (then the free completes).
+  LocalCluster c(dir, ModeOptions("passthrough", {"--fuse.attr_timeout", "1s"}));
   std::string why;
   ASSERT_TRUE(c.StartDaemons(&why)) << why;
   ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
