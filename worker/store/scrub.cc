@@ -1,0 +1,97 @@
+// BlockStore, the background thread: the start-up scrub (every chunk of every block), then the
+// reserver every reserve_interval and the continuous scrub at scrub_bandwidth between its passes.
+#include "worker/block_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <tuple>
+
+#include "common/fs.h"
+#include "common/units.h"
+#include "worker/store/block_file.h"
+
+namespace granary::worker {
+
+StatusOr<bool> BlockStore::VerifyOne(const BlockId& id) {
+  uint64_t len;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(id);
+    if (it == index_.end()) return false;
+    len = it->second.meta.length;
+  }
+  // Reading verifies every chunk and removes the block when one fails; unaccounted, so the scrub
+  // changes neither the LRU order nor the hit counters.
+  std::string buf(len, '\0');
+  auto n = ReadInternal(id, 0, len, buf.data(), false);
+  if (n.ok()) scrubbed_++;
+  if (!n.ok() && n.status().IsDataLoss()) return true;
+  return false;
+}
+
+size_t BlockStore::Scrub() {
+  size_t bad = 0;
+  for (const auto& m : List()) {
+    auto r = VerifyOne(m.id);
+    if (r.ok() && *r) ++bad;
+  }
+  return bad;
+}
+
+void BlockStore::Loop() {
+  // The start-up scrub, interleaved with reserver passes so a large cache does not hold them off.
+  size_t bad = 0;
+  auto last_pass = std::chrono::steady_clock::now();
+  for (const auto& m : List()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    auto r = VerifyOne(m.id);
+    if (r.ok() && *r) ++bad;
+    if (std::chrono::steady_clock::now() - last_pass > options_.reserve_interval) {
+      Reserve();
+      last_pass = std::chrono::steady_clock::now();
+    }
+  }
+  if (bad > 0) spdlog::warn("start-up scrub discarded {} corrupt cached blocks", bad);
+  // Then the reserver every interval (or when woken), and between passes the continuous scrub:
+  // blocks in turn, as many bytes as scrub_bandwidth allows for the time that went by.
+  std::vector<BlockMeta> todo;
+  double budget = 0;
+  auto last = std::chrono::steady_clock::now();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, options_.reserve_interval, [&] { return stop_ || wake_; });
+      if (stop_) return;
+    }
+    Reserve();
+    if (options_.scrub_bandwidth == 0) continue;
+    auto now = std::chrono::steady_clock::now();
+    budget = std::min(budget + std::chrono::duration<double>(now - last).count() * static_cast<double>(options_.scrub_bandwidth),
+                      static_cast<double>(options_.scrub_bandwidth));  // at most a second's worth saved up
+    last = now;
+    while (budget > 0) {
+      if (todo.empty()) {
+        todo = List();  // the next full pass
+        if (todo.empty()) break;
+      }
+      BlockMeta m = todo.back();
+      todo.pop_back();
+      budget -= static_cast<double>(m.length);
+      auto r = VerifyOne(m.id);
+      if (r.ok() && *r) spdlog::warn("the scrub discarded a corrupt cached block");
+    }
+  }
+}
+
+}  // namespace granary::worker
