@@ -241,11 +241,12 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("fuse.open", K::kOpenMode, "auto",
                   "How reads of cached files reach their bytes. kernel: opens are answered by the kernel itself "
                   "(no OPEN, RELEASE or FLUSH request) and a re-read is served from the page cache without asking "
-                  "granary-fuse. passthrough: a file that fits in one block and is cached on this node is opened "
-                  "on its cache data file, and the kernel reads it (read, pread, mmap) straight from there; other "
-                  "files go through granary-fuse. daemon: every open and every uncached read asks granary-fuse "
-                  "(the version of a file is pinned per open). auto: passthrough when the kernel offers it "
-                  "(Linux >= 6.9) and granary-fuse has CAP_SYS_ADMIN, else kernel. A mode that cannot work falls "
+                  "granary-fuse. passthrough: a file wholly cached on this node's worker is opened on its cache data "
+                  "file, and the kernel reads it (read, pread, mmap) straight from there; other files go through "
+                  "granary-fuse. daemon: every open and every uncached read asks granary-fuse (the version of a "
+                  "file is pinned per open). auto: passthrough for datasets of large files (8 MiB a file on "
+                  "average) when the kernel offers it (Linux >= 6.9) and granary-fuse has CAP_SYS_ADMIN, else "
+                  "kernel. A mode that cannot work falls "
                   "back (logged once, and in /metrics as granary_fuse_open_mode). See \"Read modes\".",
                   &Config::fuse, &FuseConfig::open));
   t.push_back(Row("fuse.zero_copy", K::kBool, "true",

@@ -522,10 +522,6 @@ StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino) {
   return f;
 }
 
-// Passthrough mode: the backing id to open `info` on (its cache data file), counted as one more
-// passthrough open of the inode; 0 leaves the open to granary-fuse (with fi->direct_io set when it
-// must not use the page cache, as while other opens of the inode read another version through the
-// kernel).
 // Lets go of kept backing files: the oldest while over the bounds, and any older than attr_timeout.
 // Leases to end go to *done (ended by the caller after the lock is released).
 void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) {
@@ -552,6 +548,10 @@ void UnidleLocked(Fs* fs, InodeOpens& st) {
   st.idle_seq = 0;
 }
 
+// Passthrough mode: the backing id to open `info` on (its cache data file), counted as one more
+// passthrough open of the inode; 0 leaves the open to granary-fuse (with fi->direct_io set when it
+// must not use the page cache, as while other opens of the inode read another version through the
+// kernel).
 int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_file_info* fi) {
   std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
   {
@@ -1099,8 +1099,8 @@ class FuseMountImpl final : public FuseMount {
     e->Sample("granary_fuse_opens_total", {{"mode", "daemon"}}, static_cast<double>(fs_->opens_daemon));
     e->Sample("granary_fuse_opens_total", {{"mode", "kernel"}}, static_cast<double>(fs_->opens_kernel));
     e->Counter("granary_fuse_passthrough_misses_total",
-               "Opens in passthrough mode served by granary-fuse instead: the file spans several blocks, is not "
-               "cached on this node's worker, or the inode is open in the other io mode.",
+               "Opens in passthrough mode served by granary-fuse instead: the file is empty, not wholly cached "
+               "on this node's worker in one cache directory, or its inode is open in the other io mode.",
                static_cast<double>(fs_->passthrough_misses));
     e->Counter("granary_fuse_reads_by_inode_total", "Reads that came with no open file (kernel mode).",
                static_cast<double>(fs_->reads_by_inode));

@@ -6,20 +6,15 @@
 //   store/block_file   the on-disk format;  store/eviction  the victim choice (pure)
 #include "worker/block_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <sys/statfs.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
-#include <tuple>
 
 #include "common/fs.h"
 #include "common/units.h"
@@ -466,7 +461,8 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   auto sums = std::make_shared<const std::vector<uint64_t>>(store::ChunkSums(data));
   Status st = store::WriteData(path, meta.offset, data);
   if (st.ok()) {
-    st = store::WriteSidecarTmp(tmp, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data));
+    st = store::WriteSidecarTmp(
+        tmp, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data.size(), *sums));
   }
   // Committed under the lock, so no removal of an older copy can unlink the new sidecar.
   std::lock_guard<std::mutex> lock(mu_);

@@ -103,10 +103,10 @@ std::vector<uint64_t> ChunkSums(std::string_view data) {
   return sums;
 }
 
-std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, uint64_t offset,
-                          std::string_view data) {
-  uint32_t len = SidecarLen(data.size());
-  uint32_t nchunks = static_cast<uint32_t>(Chunks(data.size()));
+std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, uint64_t offset, uint64_t data_len,
+                          const std::vector<uint64_t>& sums) {
+  uint32_t len = SidecarLen(data_len);
+  uint32_t nchunks = static_cast<uint32_t>(sums.size());
   std::string h;
   h.reserve(len);
   h.append(kMagic, sizeof kMagic);
@@ -116,10 +116,10 @@ std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id,
   Append<uint64_t>(&h, index);
   Append<uint64_t>(&h, mount_id);
   Append<uint64_t>(&h, offset);
-  Append<uint64_t>(&h, data.size());
+  Append<uint64_t>(&h, data_len);
   Append<uint32_t>(&h, nchunks);
   Append<uint32_t>(&h, 0);
-  for (uint64_t sum : ChunkSums(data)) Append<uint64_t>(&h, sum);
+  for (uint64_t sum : sums) Append<uint64_t>(&h, sum);
   Append<uint64_t>(&h, Checksum64(h.data(), h.size()));
   h.resize(len, '\0');
   return h;

@@ -70,8 +70,9 @@ bool ParseName(const std::string& name, FileKey* key, uint64_t* index, bool* sid
 
 // XXH3-64 of each 64 KiB chunk of `data`.
 std::vector<uint64_t> ChunkSums(std::string_view data);
-std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, uint64_t offset,
-                          std::string_view data);
+// The sidecar of a block of `data_len` bytes whose chunk checksums are `sums` (ChunkSums).
+std::string EncodeSidecar(const FileKey& key, uint64_t index, uint64_t mount_id, uint64_t offset, uint64_t data_len,
+                          const std::vector<uint64_t>& sums);
 // DATA_LOSS (naming `path`) when `buf` is not a whole, self-consistent sidecar.
 Status DecodeSidecar(const std::string& buf, const std::string& path, Sidecar* out);
 // Reads and decodes the sidecar at `path`.

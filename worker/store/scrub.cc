@@ -2,21 +2,14 @@
 // reserver every reserve_interval and the continuous scrub at scrub_bandwidth between its passes.
 #include "worker/block_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
-#include <tuple>
 
-#include "common/fs.h"
-#include "common/units.h"
-#include "worker/store/block_file.h"
 
 namespace granary::worker {
 

@@ -2,20 +2,14 @@
 // low mark, bottom level first) and the block moves between levels (demotion, promotion).
 #include "worker/block_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
-#include <tuple>
 
-#include "common/fs.h"
-#include "common/units.h"
 #include "worker/store/block_file.h"
 
 namespace granary::worker {
