@@ -245,7 +245,7 @@ std::vector<Setting> MakeSettings() {
                   "file, and the kernel reads it (read, pread, mmap) straight from there; other files go through "
                   "granary-fuse. daemon: every open and every uncached read asks granary-fuse (the version of a "
                   "file is pinned per open). auto: passthrough for datasets of large files (8 MiB a file on "
-                  "average) when the kernel offers it (Linux >= 6.9) and granary-fuse has CAP_SYS_ADMIN, else "
+                  "average) or larger than half the node's memory, when the kernel offers it (Linux >= 6.9) and granary-fuse has CAP_SYS_ADMIN, else "
                   "kernel. A mode that cannot work falls "
                   "back (logged once, and in /metrics as granary_fuse_open_mode). See \"Read modes\".",
                   &Config::fuse, &FuseConfig::open));

@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <condition_variable>
@@ -28,6 +29,7 @@
 #include "fuse/client.h"
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
+#include "fuse/read_mode.h"
 #include "fuse/session_io.h"
 
 namespace granary::fuse {
@@ -254,14 +256,21 @@ bool HasCapSysAdmin() {
   return (data[0].effective & (1u << CAP_SYS_ADMIN)) != 0;
 }
 
-// fuse.open auto picks passthrough for datasets of large files: their reads (sequential, random,
-// mmap) then run at the cache medium's speed with one copy in the page cache. Small files are
-// faster in kernel mode, which spares every open its round trip (docs/benchmarks.md).
-constexpr uint64_t kAutoPassthroughMeanFileSize = 8ull << 20;
+// MemTotal from /proc/meminfo, in bytes; 0 when unknown.
+uint64_t NodeMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
 
-// auto: whether the datasets this mount shows average at least kAutoPassthroughMeanFileSize per
-// file, as far as the master knows them now (a dataset not listed yet counts as small).
-bool LargeFiles(Fs* fs, std::string* why) {
+// auto: AutoChoosesPassthrough (fuse/read_mode.h) for the datasets this mount shows, as far as the
+// master knows them now (a dataset not listed yet counts as small).
+bool PassthroughSuits(Fs* fs, std::string* why) {
   auto report = fs->client->GetReport();
   if (!report.ok()) {
     *why = "the master's report: " + report.status().message();
@@ -277,8 +286,11 @@ bool LargeFiles(Fs* fs, std::string* why) {
     files += m.mount().known_files();
     bytes += m.mount().known_bytes();
   }
-  *why = std::to_string(files) + " files known, " + std::to_string(files ? bytes / files : 0) + " bytes each on average";
-  return files > 0 && bytes / files >= kAutoPassthroughMeanFileSize;
+  uint64_t memory = NodeMemoryBytes();
+  *why = std::to_string(files) + " files known, " + std::to_string(files ? bytes / files : 0) +
+         " bytes each on average, " + std::to_string(bytes >> 20) + " MiB in all against " + std::to_string(memory >> 20) +
+         " MiB of memory";
+  return AutoChoosesPassthrough(files, bytes, memory);
 }
 
 // Decides the connection's read mode once the kernel has said what it offers (INIT).
@@ -286,11 +298,12 @@ void ChooseMode(Fs* fs) {
   OpenMode mode = fs->wanted;
   if (mode == OpenMode::kPassthrough && !fs->wanted_explicitly) {
     std::string figures;
-    if (!LargeFiles(fs, &figures)) {
+    if (!PassthroughSuits(fs, &figures)) {
       mode = OpenMode::kKernel;
-      spdlog::info("fuse.open=auto: kernel mode, for small files ({})", figures);
+      spdlog::info("fuse.open=auto: kernel mode, for small files that fit in the page cache ({})", figures);
     } else {
-      spdlog::info("fuse.open=auto: passthrough where it can work, for large files ({})", figures);
+      spdlog::info("fuse.open=auto: passthrough where it can work, for large files or a dataset larger than half "
+                   "the memory ({})", figures);
     }
   }
   if (mode == OpenMode::kPassthrough) {
@@ -1047,7 +1060,9 @@ class FuseMountImpl final : public FuseMount {
     RaiseReadaheadOf(mountpoint_);
     loop_cfg_ = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(loop_cfg_, static_cast<unsigned>(cfg.fuse.max_threads));
-    fuse_loop_cfg_set_idle_threads(loop_cfg_, std::min<unsigned>(static_cast<unsigned>(cfg.fuse.max_threads), 4));
+    // Idle threads are kept up to the maximum: a burst of requests (8 readers each asking isatty of
+    // a file) then finds a thread waiting instead of making one and letting it exit afterwards.
+    fuse_loop_cfg_set_idle_threads(loop_cfg_, static_cast<unsigned>(cfg.fuse.max_threads));
     loop_ = std::thread([this] {
       int rc = fuse_session_loop_mt(se_, loop_cfg_);
       loop_done_ = true;

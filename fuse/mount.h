@@ -9,7 +9,7 @@
 // itself and reads arrive by inode with no file handle; `passthrough` opens a wholly cached file on
 // its cache data file (fuse/session_io.h does the /dev/fuse I/O libfuse 3.14 cannot), so the kernel
 // reads it without us; `daemon` serves every open and read. `auto` chooses at INIT from what the
-// kernel offers, the process's privileges and the datasets' mean file size. A mode that cannot
+// kernel offers, the process's privileges and the datasets' size (fuse/read_mode.h). A mode that cannot
 // work falls back to `kernel` (logged once; granary_fuse_open_mode{fallback="1"}).
 //
 // Start() refuses a mount point that does not exist, clears a stale mount left by a crashed
