@@ -41,7 +41,7 @@ Status Status::WithContext(std::string_view context) const {
   std::string m(context);
   m += ": ";
   m += message_;
-  return Status(code_, std::move(m));
+  return Status(code_, std::move(m), reason_);
 }
 
 Status ErrnoError(int err, std::string_view what) {

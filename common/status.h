@@ -5,9 +5,15 @@
 // Status maps one-to-one onto a grpc::Status (proto/rpc.h) and onto one errno (fuse/errno.h).
 //
 // Retry logic branches on flags, never on message text:
-//   IsRetryable()  UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED: the same call may succeed later.
-//   IsDataLoss()   DATA_LOSS: stored bytes failed their checksum; refetch, never serve.
-//   IsNotFound()   NOT_FOUND.
+//   IsRetryable()       UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED: the same call may succeed later.
+//   IsDataLoss()        DATA_LOSS: stored bytes failed their checksum; refetch, never serve.
+//   IsNotFound()        NOT_FOUND.
+//   IsVersionChanged()  the file changed in the under-storage since it was listed: a
+//                       FAILED_PRECONDITION with Reason::kVersionChanged (VersionChangedError),
+//                       which granary-fuse turns into ESTALE and a dropped file cache. Any other
+//                       FAILED_PRECONDITION ("unpin it first", "not a holder") is not that.
+// A Reason, like RocksDB's sub-codes, refines a code; it travels with the status over gRPC and the
+// worker's local socket (proto/rpc.h).
 // Messages name what was wrong and, where useful, what to do; they never carry credentials.
 //
 // Thread-safety: values; safe to copy between threads.
@@ -44,15 +50,25 @@ enum class Code : int {
 // The canonical upper-snake name of a code, e.g. "NOT_FOUND".
 std::string_view CodeName(Code code);
 
+// What a code does not say by itself. Values are part of the wire format: never renumber.
+enum class Reason : int {
+  kNone = 0,
+  kVersionChanged = 1,  // with FAILED_PRECONDITION: the file changed in the under-storage
+};
+// A reason as a wire number; one this build does not know reads as kNone.
+inline Reason ReasonFromWire(int r) { return r == 1 ? Reason::kVersionChanged : Reason::kNone; }
+
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(Code code, std::string message, Reason reason = Reason::kNone)
+      : code_(code), reason_(code == Code::kOk ? Reason::kNone : reason), message_(std::move(message)) {}
 
   static Status OK() { return Status(); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
+  Reason reason() const { return reason_; }
   const std::string& message() const { return message_; }
 
   bool IsRetryable() const {
@@ -60,6 +76,7 @@ class [[nodiscard]] Status {
   }
   bool IsDataLoss() const { return code_ == Code::kDataLoss; }
   bool IsNotFound() const { return code_ == Code::kNotFound; }
+  bool IsVersionChanged() const { return code_ == Code::kFailedPrecondition && reason_ == Reason::kVersionChanged; }
 
   // "NOT_FOUND: message" (or "OK").
   std::string ToString() const;
@@ -70,10 +87,11 @@ class [[nodiscard]] Status {
   // Explicitly discards a status whose failure the caller has decided not to act on.
   void IgnoreError() const {}
 
-  bool operator==(const Status& o) const { return code_ == o.code_ && message_ == o.message_; }
+  bool operator==(const Status& o) const { return code_ == o.code_ && reason_ == o.reason_ && message_ == o.message_; }
 
  private:
   Code code_ = Code::kOk;
+  Reason reason_ = Reason::kNone;
   std::string message_;
 };
 
@@ -92,6 +110,10 @@ inline Status UnavailableError(std::string m) { return Status(Code::kUnavailable
 inline Status DataLossError(std::string m) { return Status(Code::kDataLoss, std::move(m)); }
 inline Status DeadlineExceededError(std::string m) { return Status(Code::kDeadlineExceeded, std::move(m)); }
 inline Status UnauthenticatedError(std::string m) { return Status(Code::kUnauthenticated, std::move(m)); }
+// The file changed in the under-storage since it was listed (see IsVersionChanged).
+inline Status VersionChangedError(std::string m) {
+  return Status(Code::kFailedPrecondition, std::move(m), Reason::kVersionChanged);
+}
 
 // A Status for a failed system call: the errno is mapped to the closest code
 // (ENOENT -> NOT_FOUND, EACCES -> PERMISSION_DENIED, ...) and its text appended.

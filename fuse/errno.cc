@@ -26,13 +26,13 @@ std::map<std::pair<std::string, std::string>, uint64_t> ErrorCounts() {
 }
 
 int ToErrno(const Status& s) {
+  if (s.IsVersionChanged()) return ESTALE;
   switch (s.code()) {
     case Code::kOk: return 0;
     case Code::kNotFound: return ENOENT;
     case Code::kPermissionDenied:
     case Code::kUnauthenticated: return EACCES;
     case Code::kInvalidArgument: return EINVAL;
-    case Code::kFailedPrecondition: return ESTALE;
     case Code::kAlreadyExists: return EEXIST;
     case Code::kResourceExhausted: return ENOSPC;
     case Code::kUnimplemented: return ENOSYS;

@@ -3,10 +3,11 @@
 // not a Status, such as EROFS for writes).
 //
 //   NOT_FOUND -> ENOENT          PERMISSION_DENIED, UNAUTHENTICATED -> EACCES
-//   INVALID_ARGUMENT -> EINVAL   FAILED_PRECONDITION (file changed in the under-storage) -> ESTALE
+//   INVALID_ARGUMENT -> EINVAL   version changed (Status::IsVersionChanged) -> ESTALE
 //   ALREADY_EXISTS -> EEXIST     RESOURCE_EXHAUSTED -> ENOSPC
 //   UNIMPLEMENTED -> ENOSYS      CANCELLED -> EINTR
-//   everything else (UNAVAILABLE, DEADLINE_EXCEEDED, DATA_LOSS, INTERNAL, ...) -> EIO
+//   everything else (UNAVAILABLE, DEADLINE_EXCEEDED, DATA_LOSS, INTERNAL, any other
+//   FAILED_PRECONDITION, ...) -> EIO
 #pragma once
 
 #define FUSE_USE_VERSION 312

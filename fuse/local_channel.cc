@@ -40,7 +40,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
     close(conn);  // broken: never reused
     return st;
   }
-  Status answer(static_cast<Code>(resp.code()), resp.message());
+  Status answer(static_cast<Code>(resp.code()), resp.message(), ReasonFromWire(resp.reason()));
   if (answer.ok() && resp.lease() != 0 && fd < 0) answer = DataLossError("the worker's lease came without a descriptor");
   if (!answer.ok()) {
     if (fd >= 0) close(fd);
@@ -86,7 +86,7 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out) {
     lease_conn_ = -1;
     return st;
   }
-  Status answer(static_cast<Code>(resp.code()), resp.message());
+  Status answer(static_cast<Code>(resp.code()), resp.message(), ReasonFromWire(resp.reason()));
   if (answer.ok() && (resp.lease() == 0 || fd < 0)) answer = DataLossError("the worker's lease came without a descriptor");
   if (!answer.ok()) {
     if (fd >= 0) close(fd);

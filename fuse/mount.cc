@@ -774,7 +774,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   if (!st.ok()) {
     // The file changed in the under-storage since this open: this open fails (ESTALE), the next
     // open asks the master for the new version.
-    if (st.code() == Code::kFailedPrecondition) {
+    if (st.IsVersionChanged()) {
       fs->files->Erase(of->info.attr().ino());
       {
         std::lock_guard<std::mutex> lock(fs->page_versions_mu);

@@ -716,7 +716,7 @@ StatusOr<rpc::MountInfo> Namespace::GetMount(uint64_t id) const {
 
 StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name) {
   ASSIGN_OR_RETURN(rpc::InodeRecord dir, GetRecord(parent));
-  if (dir.type() != rpc::DIRECTORY) return FailedPreconditionError("not a directory");
+  if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
   if (!IsValidName(name)) return NotFoundError("'" + name + "' does not exist");
   RETURN_IF_ERROR(EnsureListed(dir));
   ASSIGN_OR_RETURN(uint64_t child, GetChild(parent, name));
@@ -745,7 +745,7 @@ StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path) {
     auto a = Lookup(ino, p);
     if (!a.ok()) {
       if (a.status().IsNotFound()) return NotFoundError(walked + " does not exist");
-      if (a.status().code() == Code::kFailedPrecondition) return NotFoundError(walked + " is not a directory");
+      if (a.status().code() == Code::kInvalidArgument) return NotFoundError(walked + " is not a directory");
       return a.status();
     }
     ino = a->ino();
@@ -768,7 +768,7 @@ StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino) {
 
 Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out) {
   ASSIGN_OR_RETURN(rpc::InodeRecord dir, GetRecord(ino));
-  if (dir.type() != rpc::DIRECTORY) return FailedPreconditionError("not a directory");
+  if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
   RETURN_IF_ERROR(EnsureListed(dir));
   if (limit == 0 || limit > 4096) limit = 4096;
   std::string prefix = "C" + Be64(ino);

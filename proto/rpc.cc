@@ -2,13 +2,30 @@
 
 #include <openssl/crypto.h>
 
+#include <cstdlib>
+#include <string_view>
+
 #include "common/fs.h"
 
 namespace granary {
 
+namespace {
+
+constexpr std::string_view kReasonPrefix = "granary-reason=";
+
+Reason ReasonOf(const grpc::Status& s) {
+  const std::string& d = s.error_details();
+  if (d.size() <= kReasonPrefix.size() || d.compare(0, kReasonPrefix.size(), kReasonPrefix) != 0) return Reason::kNone;
+  return ReasonFromWire(std::atoi(d.c_str() + kReasonPrefix.size()));
+}
+
+}  // namespace
+
 grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), s.message());
+  auto code = static_cast<grpc::StatusCode>(static_cast<int>(s.code()));
+  if (s.reason() == Reason::kNone) return grpc::Status(code, s.message());
+  return grpc::Status(code, s.message(), std::string(kReasonPrefix) + std::to_string(static_cast<int>(s.reason())));
 }
 
 Status FromGrpc(const grpc::Status& s, const std::string& context) {
@@ -19,7 +36,7 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
   // The code alone cannot tell an unreachable server from one that answered UNAVAILABLE (its
   // under-storage failed), so the message names who answered and leaves the diagnosis to it.
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE) return Status(Code::kUnavailable, context + ": " + msg);
-  return Status(static_cast<Code>(code), msg);
+  return Status(static_cast<Code>(code), msg, ReasonOf(s));
 }
 
 StatusOr<std::shared_ptr<RpcSecurity>> RpcSecurity::FromConfig(const RpcConfig& cfg) {

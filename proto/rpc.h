@@ -1,6 +1,7 @@
 // RPC plumbing shared by every server and client.
 //
-// - Status <-> grpc::Status, code for code.
+// - Status <-> grpc::Status, code for code; a status's Reason travels in the error details
+//   ("granary-reason=N"), so a VersionChangedError stays one across servers.
 // - Credentials: TLS when rpc.tls_* are set, and a shared token (rpc.token_file) that clients send
 //   as "authorization: Bearer ..." metadata and servers check with CheckToken.
 // - MakeChannel: a channel to host:port with Granary's message-size limits.

@@ -365,7 +365,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     }
     counters_.ufs_bytes += *n;
     if (*n != meta.length) {
-      return FailedPreconditionError(req.ufs_path + " is shorter in the under-storage than when it was listed");
+      return VersionChangedError(req.ufs_path + " is shorter in the under-storage than when it was listed");
     }
   }
   if (mount.policy) store_->SetMountPolicy(req.mount_id, *mount.policy);

@@ -38,7 +38,7 @@ StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& pat
     if (probe.ok()) {
       close(*probe);
       close(fd);
-      return FailedPreconditionError("worker.local_socket: another worker is listening on " + path);
+      return AlreadyExistsError("worker.local_socket: another worker is listening on " + path);
     }
     unlink(path.c_str());
   }
@@ -128,6 +128,7 @@ void LocalServer::Serve(int conn) {
     rpc::LocalResponse resp;
     resp.set_code(static_cast<int32_t>(st.code()));
     resp.set_message(st.message());
+    resp.set_reason(static_cast<int32_t>(st.reason()));
     int fd = -1;
     if (st.ok() && lease.fd >= 0) {
       uint64_t n = next_lease++;

@@ -108,7 +108,7 @@ StatusOr<size_t> LocalUfs::Read(const std::string& path, const std::string& vers
   int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open " + full);
   auto changed = [&] {
-    return FailedPreconditionError(full + " changed in the under-storage since it was listed");
+    return VersionChangedError(full + " changed in the under-storage since it was listed");
   };
   struct stat st;
   if (fstat(fd, &st) != 0) {

@@ -411,7 +411,7 @@ StatusOr<size_t> NfsUfs::Read(const std::string& path, const std::string& versio
   if (fh != nullptr) nfs_close(c, fh);
   Release(c, st.IsRetryable());
   RETURN_IF_ERROR(st);
-  if (changed) return FailedPreconditionError(uri_ + "/" + path + " changed in the under-storage since it was listed");
+  if (changed) return VersionChangedError(uri_ + "/" + path + " changed in the under-storage since it was listed");
   return done;
 }
 

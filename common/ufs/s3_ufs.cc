@@ -365,7 +365,7 @@ Status S3Ufs::ErrorFor(const HttpResponse& r, const std::string& what) const {
     if (code == "NoSuchBucket") return NotFoundError("bucket '" + s_.bucket + "' does not exist (" + detail + ")");
     return NotFoundError(what + ": not found (" + detail + ")");
   }
-  if (r.status == 412) return FailedPreconditionError(what + " changed in the under-storage since it was listed");
+  if (r.status == 412) return VersionChangedError(what + " changed in the under-storage since it was listed");
   if (Retryable(r.status)) return UnavailableError(what + ": " + detail);
   return InternalError(what + ": unexpected " + detail);
 }

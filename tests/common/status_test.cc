@@ -36,6 +36,18 @@ TEST(Status, RetryableAndDataLossFlags) {
   EXPECT_FALSE(DataLossError("").IsRetryable());
 }
 
+TEST(Status, VersionChangedIsAReasonNotACode) {
+  Status changed = VersionChangedError("f changed in the under-storage since it was listed");
+  EXPECT_EQ(changed.code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(changed.IsVersionChanged());
+  EXPECT_TRUE(changed.WithContext("read f").IsVersionChanged()) << "context must keep the reason";
+  EXPECT_FALSE(FailedPreconditionError("unpin /a first").IsVersionChanged());
+  EXPECT_FALSE(changed == FailedPreconditionError(changed.message()));
+  EXPECT_EQ(ReasonFromWire(1), Reason::kVersionChanged);
+  EXPECT_EQ(ReasonFromWire(99), Reason::kNone);  // a newer peer's reason this build does not know
+  EXPECT_EQ(Status(Code::kOk, "", Reason::kVersionChanged).reason(), Reason::kNone);
+}
+
 TEST(Status, ErrnoMapping) {
   EXPECT_EQ(ErrnoError(ENOENT, "x").code(), Code::kNotFound);
   EXPECT_EQ(ErrnoError(EACCES, "x").code(), Code::kPermissionDenied);

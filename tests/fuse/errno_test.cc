@@ -10,7 +10,10 @@ TEST(ErrnoFunnel, MapsEveryCode) {
   EXPECT_EQ(ToErrno(NotFoundError("")), ENOENT);
   EXPECT_EQ(ToErrno(PermissionDeniedError("")), EACCES);
   EXPECT_EQ(ToErrno(UnauthenticatedError("")), EACCES);
-  EXPECT_EQ(ToErrno(FailedPreconditionError("changed")), ESTALE);
+  EXPECT_EQ(ToErrno(VersionChangedError("changed")), ESTALE);
+  // Only a version change is ESTALE: other precondition failures are not "the file changed".
+  EXPECT_EQ(ToErrno(FailedPreconditionError("not a holder of this block")), EIO);
+  EXPECT_EQ(ToErrno(VersionChangedError("changed").WithContext("read")), ESTALE);
   EXPECT_EQ(ToErrno(DataLossError("")), EIO);
   EXPECT_EQ(ToErrno(UnavailableError("")), EIO);
   EXPECT_EQ(ToErrno(DeadlineExceededError("")), EIO);
