@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "common/metrics.h"
+#include "common/path.h"
 #include "common/shutdown.h"
 #include "fuse/client.h"
 #include "fuse/errno.h"
@@ -280,8 +281,7 @@ bool PassthroughSuits(Fs* fs, std::string* why) {
   const std::string& root = fs->cfg.fuse.root;
   for (const auto& m : report->mounts()) {
     const std::string& p = m.mount().path();
-    bool shown = root == "/" || p == root || p.compare(0, root.size() + 1, root + "/") == 0 ||
-                 root.compare(0, p.size() + 1, p + "/") == 0;
+    bool shown = PathWithin(p, root) || PathWithin(root, p);
     if (!shown) continue;
     files += m.mount().known_files();
     bytes += m.mount().known_bytes();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <future>
 
+#include "common/path.h"
 #include "common/units.h"
 
 namespace granary::master {
@@ -303,8 +304,7 @@ Status JobManager::Scan(uint64_t id, const rpc::LoadJobSpec& spec) {
     if (st.ok()) continue;
     if (st.status().code() != Code::kInvalidArgument) return st.status().WithContext("listing " + p);
     for (const auto& m : mounts) {
-      bool below = p == "/" || (m.path().size() > p.size() && m.path().compare(0, p.size(), p) == 0 &&
-                                m.path()[p.size()] == '/');
+      bool below = m.path() != p && PathWithin(m.path(), p);
       if (below) RETURN_IF_ERROR(ns_->LoadTree(m.path()).status().WithContext("listing " + m.path()));
     }
   }

@@ -4,9 +4,14 @@
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
-#include <unordered_set>
 #include <cstring>
+#include <filesystem>
+#include <set>
+#include <unordered_set>
 
 #include "common/fs.h"
 #include "common/hash.h"
@@ -35,10 +40,35 @@ std::string MountKey(uint64_t id) { return "M" + Be64(id); }
 const char kNextIno[] = "S/next_ino";
 const char kNextMount[] = "S/next_mount";
 
+// A RocksDB status as ours, by its code (never its text): see Namespace::Open.
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return Status::OK();
   if (s.IsNotFound()) return NotFoundError(what + ": not found");
-  return InternalError(what + ": RocksDB: " + s.ToString());
+  std::string m = what + ": RocksDB: " + s.ToString();
+  if (s.IsCorruption()) return DataLossError(m + " (the master's database is damaged; restore master.data_dir from a backup)");
+  if (s.IsNoSpace()) return ResourceExhaustedError(m + " (free space on master.data_dir's disk)");
+  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain() || s.IsIOError() || s.IsShutdownInProgress()) {
+    return UnavailableError(m);
+  }
+  return InternalError(m);
+}
+
+// Data directories this process has open: RocksDB's own lock cannot tell us apart from another
+// process, and a second Namespace on one directory must fail with the same clear error.
+std::mutex open_dirs_mu;
+std::set<std::string> open_dirs;  // GUARDED_BY(open_dirs_mu)
+
+// The pid holding RocksDB's LOCK file in `data_dir` (RocksDB locks it with fcntl), or 0.
+pid_t LockHolder(const std::string& data_dir) {
+  int fd = open((data_dir + "/LOCK").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct flock fl{};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  pid_t holder = 0;
+  if (fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) holder = fl.l_pid;
+  close(fd);
+  return holder;
 }
 
 int64_t NowNs() {
@@ -69,12 +99,40 @@ StatusOr<std::vector<std::string>> SplitPath(const std::string& path) {
 Namespace::Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, int64_t default_sync_ms)
     : db_(std::move(db)), block_size_(block_size), default_sync_ms_(default_sync_ms) {}
 
-Namespace::~Namespace() = default;
+Namespace::~Namespace() {
+  db_.reset();  // RocksDB's lock is released before another Namespace may take the directory
+  if (!open_dir_.empty()) {
+    std::lock_guard<std::mutex> lock(open_dirs_mu);
+    open_dirs.erase(open_dir_);
+  }
+}
 
 StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir, uint64_t block_size,
-                                                     int64_t default_sync_ms, uint64_t cache_bytes) {
+                                                     int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env) {
   RETURN_IF_ERROR(MakeDirs(data_dir, 0700));
+  std::error_code ec;
+  std::string canonical = std::filesystem::canonical(data_dir, ec).string();
+  if (ec) canonical = data_dir;
+  {
+    std::lock_guard<std::mutex> lock(open_dirs_mu);
+    if (!open_dirs.insert(canonical).second) {
+      return FailedPreconditionError("master.data_dir " + data_dir + " is already open in this process");
+    }
+  }
+  auto ns = OpenDb(data_dir, block_size, default_sync_ms, cache_bytes, env);
+  if (!ns.ok()) {
+    std::lock_guard<std::mutex> lock(open_dirs_mu);
+    open_dirs.erase(canonical);
+    return ns.status();
+  }
+  (*ns)->open_dir_ = canonical;
+  return ns;
+}
+
+StatusOr<std::unique_ptr<Namespace>> Namespace::OpenDb(const std::string& data_dir, uint64_t block_size,
+                                                       int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env) {
   rocksdb::Options opts;
+  if (env != nullptr) opts.env = env;
   opts.create_if_missing = true;
   opts.max_open_files = 512;
   rocksdb::BlockBasedTableOptions table;
@@ -87,11 +145,11 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, data_dir, &raw);
   if (!s.ok()) {
-    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
-      return FailedPreconditionError("master.data_dir " + data_dir +
-                                     " is in use by another granary-master (RocksDB lock held)");
+    if (pid_t holder = LockHolder(data_dir); holder != 0) {
+      return FailedPreconditionError("master.data_dir " + data_dir + " is in use by another granary-master (pid " +
+                                     std::to_string(holder) + " holds its lock); stop it or choose another directory");
     }
-    return InternalError("cannot open RocksDB in " + data_dir + ": " + s.ToString());
+    return FromRocks(s, "cannot open RocksDB in " + data_dir);
   }
   std::unique_ptr<Namespace> ns(new Namespace(std::unique_ptr<rocksdb::DB>(raw), block_size, default_sync_ms));
   RETURN_IF_ERROR(ns->Init());
@@ -101,9 +159,20 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir
 Status Namespace::Init() {
   std::lock_guard<std::mutex> lock(mu_);
   std::string v;
-  if (db_->Get({}, kNextIno, &v).ok() && v.size() == 8) next_ino_ = GetBe64(v.data());
-  if (db_->Get({}, kNextMount, &v).ok() && v.size() == 8) next_mount_ = GetBe64(v.data());
-  if (db_->Get({}, InodeKey(kRootIno), &v).IsNotFound()) {
+  // A counter that cannot be read must stop the start: guessing it would reuse inode numbers.
+  auto counter = [&](const char* key, uint64_t* out) -> Status {
+    rocksdb::Status s = db_->Get({}, key, &v);
+    if (s.IsNotFound()) return Status::OK();
+    RETURN_IF_ERROR(FromRocks(s, std::string("read ") + key));
+    if (v.size() != 8) return DataLossError(std::string("the master's database holds a malformed ") + key);
+    *out = GetBe64(v.data());
+    return Status::OK();
+  };
+  RETURN_IF_ERROR(counter(kNextIno, &next_ino_));
+  RETURN_IF_ERROR(counter(kNextMount, &next_mount_));
+  rocksdb::Status root_s = db_->Get({}, InodeKey(kRootIno), &v);
+  if (!root_s.IsNotFound()) RETURN_IF_ERROR(FromRocks(root_s, "read the root inode"));
+  if (root_s.IsNotFound()) {
     rpc::InodeRecord root;
     root.set_ino(kRootIno);
     root.set_parent(kRootIno);
@@ -121,6 +190,7 @@ Status Namespace::Init() {
     }
     mounts_[m.id()] = m;
   }
+  RETURN_IF_ERROR(FromRocks(it->status(), "read mount records"));
   spdlog::info("namespace opened: {} mounts, next inode {}", mounts_.size(), next_ino_);
   return Status::OK();
 }
@@ -295,6 +365,7 @@ Status Namespace::FinishListingLocked(rpc::InodeRecord dir, uint64_t gen, bool s
       uint64_t seen = v.size() == 16 ? GetBe64(v.data() + 8) : 0;
       if (seen < gen) stale.emplace_back(it->key().ToString(), GetBe64(v.data()));
     }
+    RETURN_IF_ERROR(FromRocks(it->status(), "list entries to sweep"));
     for (const auto& [key, ino] : stale) {
       uint64_t files = 0, bytes = 0;
       RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &b->uri, &b->reclaim, &files, &bytes));
@@ -636,6 +707,7 @@ Status Namespace::DeleteSubtreeLocked(uint64_t ino, const std::string* uri, std:
       stack.push_back(child);
       batch.Delete(it->key());
     }
+    RETURN_IF_ERROR(FromRocks(it->status(), "list a subtree to delete"));
     auto rec = GetRecord(cur);
     if (rec.ok()) {
       batch.Delete(EntryKey(rec->parent(), rec->name()));
@@ -681,6 +753,7 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
     std::string prefix = "C" + Be64(parent);
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
     it->Seek(prefix);
+    RETURN_IF_ERROR(FromRocks(it->status(), "look for children of an emptied parent"));
     if (it->Valid() && it->key().starts_with(prefix)) break;
     ASSIGN_OR_RETURN(rpc::InodeRecord pr, GetRecord(parent));
     RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(pr.parent(), pr.ino())), "unlink parent"));
@@ -778,6 +851,7 @@ Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::Rea
     if (children.size() == limit) break;
     children.push_back(GetBe64(it->key().data() + 9));
   }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list a directory"));
   out->set_end(!(it->Valid() && it->key().starts_with(prefix)));
   for (uint64_t child : children) {
     auto r = GetRecord(child);
@@ -876,7 +950,7 @@ Status Namespace::PutPin(const std::string& path, const std::vector<FileKey>& ke
 
 Status Namespace::DeletePin(const std::string& path) { return FromRocks(db_->Delete({}, "P" + path), "remove pin"); }
 
-std::map<std::string, std::vector<FileKey>> Namespace::Pins() const {
+StatusOr<std::map<std::string, std::vector<FileKey>>> Namespace::Pins() const {
   std::map<std::string, std::vector<FileKey>> out;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
   for (it->Seek("P"); it->Valid() && it->key().starts_with("P"); it->Next()) {
@@ -887,6 +961,7 @@ std::map<std::string, std::vector<FileKey>> Namespace::Pins() const {
       keys.push_back(k);
     }
   }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list pins"));
   return out;
 }
 

@@ -66,10 +66,17 @@ class Namespace {
   // Opens (creating if needed) the RocksDB database in `data_dir`. `block_size` applies to files
   // discovered from now on; files keep the block size they were discovered with.
   // `default_sync_ms` applies to mounts without metadata.sync_interval (kSyncNever, 0 = always, or
-  // milliseconds); `cache_bytes` sizes RocksDB's block cache.
+  // milliseconds); `cache_bytes` sizes RocksDB's block cache. `env` replaces RocksDB's default
+  // environment (tests inject I/O faults with it; it must outlive the Namespace).
+  // FAILED_PRECONDITION when another granary-master (or this process) has `data_dir` open.
+  //
+  // RocksDB errors keep their meaning: NotFound -> NOT_FOUND, Corruption -> DATA_LOSS, NoSpace ->
+  // RESOURCE_EXHAUSTED, Busy / TimedOut / TryAgain / IOError -> UNAVAILABLE (retryable), anything
+  // else -> INTERNAL. Every iterator's status is checked: an I/O error in the middle of a listing
+  // fails the call, never reads as the end of the directory.
   static StatusOr<std::unique_ptr<Namespace>> Open(const std::string& data_dir, uint64_t block_size,
                                                     int64_t default_sync_ms = kSyncNever,
-                                                    uint64_t cache_bytes = 64 << 20);
+                                                    uint64_t cache_bytes = 64 << 20, rocksdb::Env* env = nullptr);
   ~Namespace();
 
   // Called, outside the namespace's locks, with the FileKeys of file versions that a sync replaced
@@ -113,7 +120,7 @@ class Namespace {
   // Pinned paths (canonical, like /imagenet/train) and the FileKeys they cover.
   Status PutPin(const std::string& path, const std::vector<FileKey>& keys);
   Status DeletePin(const std::string& path);
-  std::map<std::string, std::vector<FileKey>> Pins() const;
+  StatusOr<std::map<std::string, std::vector<FileKey>>> Pins() const;
   // The canonical form of a namespace path (/a//b/ -> /a/b).
   static StatusOr<std::string> CanonicalPath(const std::string& path);
 
@@ -121,6 +128,8 @@ class Namespace {
 
  private:
   Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, int64_t default_sync_ms);
+  static StatusOr<std::unique_ptr<Namespace>> OpenDb(const std::string& data_dir, uint64_t block_size,
+                                                     int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env);
   int64_t SyncIntervalMs(uint64_t mount_id) const;
   bool SyncDue(const rpc::InodeRecord& r) const;
   // Lists `dir` (first time or again), under its stripe lock.
@@ -156,6 +165,7 @@ class Namespace {
                              uint64_t* files = nullptr, uint64_t* bytes = nullptr);
 
   std::unique_ptr<rocksdb::DB> db_;
+  std::string open_dir_;  // canonical data_dir, in open_dirs while this is open
   const uint64_t block_size_;
   const int64_t default_sync_ms_;
   ReclaimFn on_reclaim_;

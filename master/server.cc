@@ -10,6 +10,7 @@
 
 #include "common/metrics.h"
 #include "common/net.h"
+#include "common/path.h"
 #include "common/ufs/ufs.h"
 #include "master/cluster.h"
 #include "master/jobs.h"
@@ -131,8 +132,10 @@ class MasterService final : public rpc::Master::Service {
     GRANARY_AUTH();
     resp->set_worker_id(cluster_->RegisterWorker(*req));
     AddLiveWorkers(resp->mutable_workers());
+    auto pins = ns_->Pins();
+    if (!pins.ok()) return ToGrpc(pins.status());
     std::set<FileKey> pinned;
-    for (const auto& [path, keys] : ns_->Pins()) pinned.insert(keys.begin(), keys.end());
+    for (const auto& [path, keys] : *pins) pinned.insert(keys.begin(), keys.end());
     for (const auto& k : pinned) resp->add_pinned_keys(std::string(reinterpret_cast<const char*>(k.data()), k.size()));
     return grpc::Status::OK;
   }
@@ -207,12 +210,9 @@ class MasterService final : public rpc::Master::Service {
 
  private:
   // The pinned path at, above or below `path`, or "".
-  std::string PinOverlapping(const std::string& path) {
-    for (const auto& [p, keys] : ns_->Pins()) {
-      auto within = [](const std::string& a, const std::string& b) {  // a at or below b
-        return a == b || b == "/" || (a.size() > b.size() && a.compare(0, b.size(), b) == 0 && a[b.size()] == '/');
-      };
-      if (within(path, p) || within(p, path)) return p;
+  static std::string PinOverlapping(const std::map<std::string, std::vector<FileKey>>& pins, const std::string& path) {
+    for (const auto& [p, keys] : pins) {
+      if (PathWithin(path, p) || PathWithin(p, path)) return p;
     }
     return "";
   }
@@ -224,7 +224,7 @@ class MasterService final : public rpc::Master::Service {
   Status DoPin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
     ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
     std::lock_guard<std::mutex> lock(pin_mu_);
-    auto pins = ns_->Pins();
+    ASSIGN_OR_RETURN(auto pins, ns_->Pins());
     rpc::SetPinsRequest sp;
     if (req.pin()) {
       std::vector<FileKey> keys;
@@ -236,13 +236,10 @@ class MasterService final : public rpc::Master::Service {
       // Unpin removes pins recorded at or below the path; a pin above it must be removed itself.
       std::vector<std::string> gone;
       for (const auto& [p, keys] : pins) {
-        if (p == path || (p.size() > path.size() && p.compare(0, path.size(), path) == 0 &&
-                          (path == "/" || p[path.size()] == '/'))) {
-          gone.push_back(p);
-        }
+        if (PathWithin(p, path)) gone.push_back(p);
       }
       if (gone.empty()) {
-        std::string above = PinOverlapping(path);
+        std::string above = PinOverlapping(pins, path);
         if (!above.empty()) {
           return FailedPreconditionError(path + " is pinned through " + above + "; unpin " + above + " instead");
         }
@@ -278,7 +275,8 @@ class MasterService final : public rpc::Master::Service {
 
   Status DoFree(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
     ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
-    std::string pinned = PinOverlapping(path);
+    ASSIGN_OR_RETURN(auto pins, ns_->Pins());
+    std::string pinned = PinOverlapping(pins, path);
     if (!pinned.empty()) {
       return FailedPreconditionError(path + " overlaps the pinned path " + pinned + "; unpin it first (granary unpin " +
                                      pinned + ")");
@@ -298,12 +296,10 @@ class MasterService final : public rpc::Master::Service {
   Status DoDu(const rpc::DuRequest& req, rpc::DuResponse* resp) {
     ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
     ASSIGN_OR_RETURN(rpc::Attr top, ns_->Resolve(path));
-    auto pins = ns_->Pins();
+    ASSIGN_OR_RETURN(auto pins, ns_->Pins());
     auto pinned = [&](const std::string& p) {
       for (const auto& [pin, keys] : pins) {
-        if (p == pin || pin == "/" || (p.size() > pin.size() && p.compare(0, pin.size(), pin) == 0 && p[pin.size()] == '/')) {
-          return true;
-        }
+        if (PathWithin(p, pin)) return true;
       }
       return false;
     };

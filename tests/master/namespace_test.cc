@@ -1,7 +1,13 @@
 #include "master/namespace.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -360,6 +366,114 @@ TEST_F(LoadTreeTest, BadPathsAreClearErrors) {
   EXPECT_EQ(ns_->LoadTree("/ds/c0/top.txt").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ns_->LoadTree("/").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ns_->LoadTree("/nope").status().code(), Code::kNotFound);
+}
+
+// RocksDB's files, with reads of its tables failing on demand: an I/O error in the middle of a
+// listing must fail the call, not read as the end of the directory.
+class FailingReadsFs : public rocksdb::FileSystemWrapper {
+ public:
+  explicit FailingReadsFs(std::shared_ptr<rocksdb::FileSystem> t) : FileSystemWrapper(std::move(t)) {}
+  const char* Name() const override { return "FailingReadsFs"; }
+  rocksdb::IOStatus NewRandomAccessFile(const std::string& f, const rocksdb::FileOptions& o,
+                                        std::unique_ptr<rocksdb::FSRandomAccessFile>* r,
+                                        rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus st = target()->NewRandomAccessFile(f, o, r, dbg);
+    if (st.ok() && f.size() > 4 && f.compare(f.size() - 4, 4, ".sst") == 0) r->reset(new File(std::move(*r), &fail));
+    return st;
+  }
+  std::atomic<bool> fail{false};
+
+ private:
+  class File : public rocksdb::FSRandomAccessFileOwnerWrapper {
+   public:
+    File(std::unique_ptr<rocksdb::FSRandomAccessFile>&& t, std::atomic<bool>* fail)
+        : FSRandomAccessFileOwnerWrapper(std::move(t)), fail_(fail) {}
+    rocksdb::IOStatus Read(uint64_t off, size_t n, const rocksdb::IOOptions& o, rocksdb::Slice* result, char* scratch,
+                           rocksdb::IODebugContext* dbg) const override {
+      if (*fail_) return rocksdb::IOStatus::IOError("injected read error");
+      return target()->Read(off, n, o, result, scratch, dbg);
+    }
+    rocksdb::IOStatus MultiRead(rocksdb::FSReadRequest* reqs, size_t n, const rocksdb::IOOptions& o,
+                                rocksdb::IODebugContext* dbg) override {
+      if (*fail_) return rocksdb::IOStatus::IOError("injected read error");
+      return target()->MultiRead(reqs, n, o, dbg);
+    }
+
+   private:
+    std::atomic<bool>* fail_;
+  };
+};
+
+TEST_F(NamespaceTest, AnIoErrorInAListingFailsTheCall) {
+  for (int i = 0; i < 400; ++i) testing::WriteFile(dir_ / ("src/many/file-with-a-long-name-" + std::to_string(i)), "x");
+  ASSERT_TRUE(ns_->Mount("/d", dir_ / "src", {}).ok());
+  auto many = ns_->Resolve("/d/many");
+  ASSERT_TRUE(many.ok());
+  ASSERT_EQ(Names(many->ino()).size(), 400u);
+  for (int i = 0; i < 400; ++i) {  // pins over more table blocks than opening reads (it reads the mounts)
+    ASSERT_TRUE(ns_->PutPin("/d/many/file-with-a-long-name-" + std::to_string(i), {}).ok());
+  }
+  ns_.reset();  // the reopen below replays the log into table files, where the fault is
+
+  auto fs = std::make_shared<FailingReadsFs>(rocksdb::FileSystem::Default());
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  auto ns = Namespace::Open(dir_ / "db", 4096, kSyncNever, 64 << 20, env.get());
+  ASSERT_TRUE(ns.ok()) << ns.status().ToString();
+  auto again = (*ns)->Resolve("/d/many");  // the directory's own record is cached now
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  fs->fail = true;
+  rpc::ReadDirResponse page;
+  Status st = (*ns)->ReadDir(again->ino(), 0, 100, &page);
+  EXPECT_FALSE(st.ok()) << "a listing that hit an I/O error came back as " << page.entries_size()
+                        << " entries, end=" << page.end();
+  EXPECT_TRUE(st.IsRetryable()) << st.ToString();
+  EXPECT_NE(st.message().find("injected read error"), std::string::npos) << st.ToString();
+  auto pins = (*ns)->Pins();
+  EXPECT_FALSE(pins.ok()) << "pins listed as " << pins->size() << " despite the I/O error";
+  fs->fail = false;
+  ns->reset();
+}
+
+TEST_F(NamespaceTest, ADataDirInUseIsAClearError) {
+  // The same process: a second Namespace on the directory.
+  auto second = Namespace::Open(dir_ / "db", 4096);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("already open in this process"), std::string::npos) << second.status().message();
+
+  // Another process holding RocksDB's lock (as a second granary-master would): named by its pid.
+  ns_.reset();
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(done[1]);  // else the read below never sees the parent's end close
+    close(ready[0]);
+    int fd = open((dir_ / "db/LOCK").c_str(), O_RDWR);
+    struct flock fl{};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    char c = fd >= 0 && fcntl(fd, F_SETLK, &fl) == 0 ? 'y' : 'n';
+    if (write(ready[1], &c, 1) != 1) _exit(1);
+    if (read(done[0], &c, 1) < 0) _exit(1);  // holds the lock until the parent is done (or gone)
+    _exit(0);
+  }
+  close(ready[1]);
+  close(done[0]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  EXPECT_EQ(c, 'y');
+  auto held = Namespace::Open(dir_ / "db", 4096);
+  close(done[1]);
+  close(ready[0]);
+  int wstatus = 0;
+  waitpid(child, &wstatus, 0);
+  ASSERT_FALSE(held.ok());
+  EXPECT_EQ(held.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(held.status().message().find("pid " + std::to_string(child)), std::string::npos) << held.status().message();
+  Reopen();  // released: opens again
 }
 
 }  // namespace
