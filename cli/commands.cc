@@ -16,6 +16,7 @@
 #include "cli/master_conn.h"
 #include "common/fs.h"
 #include "common/shutdown.h"
+#include "common/tiers.h"
 #include "common/ufs/ufs.h"
 #include "common/units.h"
 #include "proto/granary.grpc.pb.h"
@@ -61,17 +62,9 @@ StatusOr<std::map<std::string, std::string>> ParseMountOptions(const std::vector
     if (eq == std::string::npos || eq == 0) {
       return InvalidArgumentError("--option '" + kv.substr(0, kv.find('=')) + "' must be KEY=VALUE");
     }
-    std::string key = kv.substr(0, eq);
-    std::string value = kv.substr(eq + 1);
-    if (key == "secret_key" || key == "access_key" || key == "session_token") {
-      return InvalidArgumentError("--option " + key + " would put a credential in the process arguments; use " +
-                                  key + "_file=PATH (a file holding it) or the environment instead");
-    }
-    if ((key == "fs.oss.accessKeySecret" || key == "fs.oss.securityToken") && (value.empty() || value[0] != '/')) {
-      return InvalidArgumentError("--option " + key + " must be the path of a file holding the secret, not the secret");
-    }
-    out[key] = value;
+    out[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  RETURN_IF_ERROR(RefuseInlineSecrets(out));  // before the options go anywhere
   return out;
 }
 

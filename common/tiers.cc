@@ -192,8 +192,26 @@ std::string FormatSyncInterval(int64_t ms) {
   return FormatDuration(std::chrono::milliseconds(ms));
 }
 
+Status RefuseInlineSecrets(const std::map<std::string, std::string>& options) {
+  for (const auto& [k, v] : options) {
+    if (k == "access_key" || k == "secret_key" || k == "session_token") {
+      return InvalidArgumentError("mount option " + k + " would keep a credential in process arguments, the master's " +
+                                  "database and `granary mounts`; use " + k +
+                                  "_file=PATH (a file holding it, such as a mounted Kubernetes Secret) or the "
+                                  "environment instead");
+    }
+    if ((k == "fs.oss.accessKeySecret" || k == "fs.oss.securityToken") && (v.empty() || v[0] != '/')) {
+      return InvalidArgumentError("mount option " + k +
+                                  " must be the absolute path of a file holding the secret (such as a mounted "
+                                  "Kubernetes Secret), not the secret itself");
+    }
+  }
+  return Status::OK();
+}
+
 Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map<std::string, std::string>* ufs,
                          MountCacheOptions* cache) {
+  RETURN_IF_ERROR(RefuseInlineSecrets(all));
   for (const auto& [k, v] : all) {
     if (k == "metadata.sync_interval") {
       auto ms = ParseSyncInterval(v);

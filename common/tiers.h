@@ -69,8 +69,16 @@ struct MountCacheOptions {
   uint32_t replicas = 1;
 };
 
+// The secret policy of mount options, enforced wherever options are parsed (the CLI, the master's
+// Mount RPC, the worker, every under-storage client): a credential never travels or rests inline
+// (it would sit in process arguments, the master's database and `granary mounts`). `access_key`,
+// `secret_key` and `session_token` are refused (use `<key>_file=PATH`); `fs.oss.accessKeySecret`
+// and `fs.oss.securityToken` must be absolute paths of files holding them. INVALID_ARGUMENT names
+// the option (never its value) and the option to use instead.
+Status RefuseInlineSecrets(const std::map<std::string, std::string>& options);
+
 // Splits a mount's options into the under-storage's and Granary's own ("cache.*"); unknown
-// "cache.*" keys and bad values are INVALID_ARGUMENT.
+// "cache.*" keys, bad values and inline secrets (RefuseInlineSecrets) are INVALID_ARGUMENT.
 Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map<std::string, std::string>* ufs,
                          MountCacheOptions* cache);
 

@@ -189,6 +189,7 @@ Status Namespace::Init() {
       return DataLossError("corrupt mount record in RocksDB");
     }
     mounts_[m.id()] = m;
+    sync_ms_[m.id()] = ParsedSyncMs(m);
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "read mount records"));
   spdlog::info("namespace opened: {} mounts, next inode {}", mounts_.size(), next_ino_);
@@ -247,17 +248,25 @@ StatusOr<std::shared_ptr<UnderFileSystem>> Namespace::UfsFor(uint64_t mount_id) 
 
 Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) {
   mounts_[m.id()] = m;
+  sync_ms_[m.id()] = ParsedSyncMs(m);
   return FromRocks(batch->Put(MountKey(m.id()), m.SerializeAsString()), "write mount");
 }
 
 int64_t Namespace::SyncIntervalMs(uint64_t mount_id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = mounts_.find(mount_id);
-  if (it == mounts_.end()) return kSyncNever;
-  auto opt = it->second.options().find("metadata.sync_interval");
-  if (opt == it->second.options().end()) return default_sync_ms_;
-  auto ms = ParseSyncInterval(opt->second);
-  return ms.ok() ? *ms : default_sync_ms_;
+  auto it = sync_ms_.find(mount_id);
+  if (it == sync_ms_.end()) return kSyncNever;
+  return it->second.value_or(default_sync_ms_);
+}
+
+std::optional<int64_t> Namespace::ParsedSyncMs(const rpc::MountInfo& m) {
+  std::map<std::string, std::string> ufs_options;
+  MountCacheOptions cache;
+  std::map<std::string, std::string> opts(m.options().begin(), m.options().end());
+  // Options were checked when the mount was made; a record that no longer parses (written by an
+  // older release) syncs at the master's default.
+  if (!SplitMountOptions(opts, &ufs_options, &cache).ok()) return std::nullopt;
+  return cache.metadata_sync_ms;
 }
 
 bool Namespace::SyncDue(const rpc::InodeRecord& r) const {
@@ -764,6 +773,7 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
   wo.sync = true;
   RETURN_IF_ERROR(FromRocks(db_->Delete(wo, MountKey(found.id())), "delete mount"));
   mounts_.erase(found.id());
+  sync_ms_.erase(found.id());
   ufs_.erase(found.id());
   spdlog::info("unmounted {}", canonical);
   found.clear_options();

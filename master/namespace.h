@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,7 @@ class Namespace {
   static StatusOr<std::unique_ptr<Namespace>> OpenDb(const std::string& data_dir, uint64_t block_size,
                                                      int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env);
   int64_t SyncIntervalMs(uint64_t mount_id) const;
+  static std::optional<int64_t> ParsedSyncMs(const rpc::MountInfo& m);
   bool SyncDue(const rpc::InodeRecord& r) const;
   // Lists `dir` (first time or again), under its stripe lock.
   Status ListDir(rpc::InodeRecord dir);
@@ -174,6 +176,8 @@ class Namespace {
   uint64_t next_ino_ = 2;                     // GUARDED_BY(mu_)
   uint64_t next_mount_ = 1;                   // GUARDED_BY(mu_)
   std::map<uint64_t, rpc::MountInfo> mounts_; // GUARDED_BY(mu_)
+  // Each mount's metadata.sync_interval, parsed once (SplitMountOptions); nullopt: the default.
+  std::map<uint64_t, std::optional<int64_t>> sync_ms_;  // GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<UnderFileSystem>> ufs_;  // GUARDED_BY(mu_)
 
   std::array<std::mutex, 64> list_locks_;  // stripe by directory inode

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fs.h"
+#include "common/tiers.h"
 #include "common/ufs/oss_sign.h"
 #include "common/units.h"
 
@@ -101,9 +102,10 @@ Status ApplyRequestOptions(const std::map<std::string, std::string>& options, S3
 StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::string& prefix,
                                        const std::map<std::string, std::string>& options) {
   static const std::set<std::string> kKnown = {
-      "endpoint",   "region",          "path_style",      "access_key",         "secret_key",
-      "session_token", "access_key_file", "secret_key_file", "session_token_file", "credentials_file",
-      "profile",    "max_attempts",    "retry_deadline", "max_requests"};
+      "endpoint",      "region",          "path_style",       "access_key_file", "secret_key_file",
+      "session_token_file", "credentials_file", "profile",     "max_attempts",    "retry_deadline",
+      "max_requests"};
+  RETURN_IF_ERROR(RefuseInlineSecrets(options));
   for (const auto& [k, v] : options) {
     if (!kKnown.count(k)) return InvalidArgumentError("unknown s3 mount option '" + k + "'");
   }
@@ -133,7 +135,7 @@ StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::str
     ASSIGN_OR_RETURN(s.path_style, ParseBool(opt("path_style")));
   }
   RETURN_IF_ERROR(ApplyRequestOptions(options, &s));
-  // Credentials: options, option files, environment, shared credentials file.
+  // Credentials: option files, environment, shared credentials file (never inline options).
   auto from_file = [&](const std::string& key, std::string* out) -> Status {
     if (!out->empty() || opt(key).empty()) return Status::OK();
     auto data = ReadFileToString(opt(key));
@@ -141,9 +143,6 @@ StatusOr<S3Settings> ResolveS3Settings(const std::string& bucket, const std::str
     *out = Trimmed(*data);
     return Status::OK();
   };
-  s.creds.access_key = opt("access_key");
-  s.creds.secret_key = opt("secret_key");
-  s.creds.session_token = opt("session_token");
   RETURN_IF_ERROR(from_file("access_key_file", &s.creds.access_key));
   RETURN_IF_ERROR(from_file("secret_key_file", &s.creds.secret_key));
   RETURN_IF_ERROR(from_file("session_token_file", &s.creds.session_token));
@@ -181,6 +180,7 @@ StatusOr<S3Settings> ResolveOssSettings(const std::string& bucket, const std::st
   static const std::set<std::string> kKnown = {"fs.oss.endpoint",      "fs.oss.region",       "fs.oss.accessKeyId",
                                                "fs.oss.accessKeySecret", "fs.oss.securityToken", "fs.oss.signatureVersion",
                                                "max_attempts",         "retry_deadline",        "max_requests"};
+  RETURN_IF_ERROR(RefuseInlineSecrets(options));
   for (const auto& [k, v] : options) {
     if (!kKnown.count(k)) return InvalidArgumentError("unknown oss mount option '" + k + "'");
   }
@@ -220,14 +220,11 @@ StatusOr<S3Settings> ResolveOssSettings(const std::string& bucket, const std::st
   }
   s.path_style = false;  // OSS serves buckets by host name only
   RETURN_IF_ERROR(ApplyRequestOptions(options, &s));
-  // Secrets come by file reference (a mounted Secret); an inline secret is refused.
-  auto from_file = [&](const std::string& key, const std::string& value, bool secret, std::string* out) -> Status {
+  // Secrets come by file reference (a mounted Secret; RefuseInlineSecrets refused anything else);
+  // the access key id may also be given as it is.
+  auto from_file = [&](const std::string& key, const std::string& value, std::string* out) -> Status {
     if (value.empty()) return Status::OK();
     if (value[0] != '/') {
-      if (secret) {
-        return InvalidArgumentError(key + " must name a file holding the secret (e.g. a mounted Kubernetes Secret), "
-                                          "not the secret itself");
-      }
       *out = value;
       return Status::OK();
     }
@@ -237,13 +234,13 @@ StatusOr<S3Settings> ResolveOssSettings(const std::string& bucket, const std::st
     return Status::OK();
   };
   if (auto it = options.find("fs.oss.accessKeyId"); it != options.end()) {
-    RETURN_IF_ERROR(from_file(it->first, it->second, false, &s.creds.access_key));
+    RETURN_IF_ERROR(from_file(it->first, it->second, &s.creds.access_key));
   }
   if (auto it = options.find("fs.oss.accessKeySecret"); it != options.end()) {
-    RETURN_IF_ERROR(from_file(it->first, it->second, true, &s.creds.secret_key));
+    RETURN_IF_ERROR(from_file(it->first, it->second, &s.creds.secret_key));
   }
   if (auto it = options.find("fs.oss.securityToken"); it != options.end()) {
-    RETURN_IF_ERROR(from_file(it->first, it->second, true, &s.creds.session_token));
+    RETURN_IF_ERROR(from_file(it->first, it->second, &s.creds.session_token));
   }
   if (s.creds.access_key.empty()) s.creds.access_key = Env("OSS_ACCESS_KEY_ID");
   if (s.creds.secret_key.empty()) s.creds.secret_key = Env("OSS_ACCESS_KEY_SECRET");

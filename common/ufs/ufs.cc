@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/tiers.h"
 #include "common/ufs/local_ufs.h"
 #include "common/ufs/nfs_ufs.h"
 #include "common/ufs/s3_ufs.h"
@@ -74,6 +75,7 @@ std::string JoinPath(const std::string& dir, const std::string& name) {
 
 StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string& uri,
                                                                 const std::map<std::string, std::string>& options) {
+  RETURN_IF_ERROR(RefuseInlineSecrets(options));
   ASSIGN_OR_RETURN(ParsedUri p, ParseUri(uri));
   if (p.scheme == "file") {
     if (!options.empty()) {

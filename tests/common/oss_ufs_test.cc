@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/tiers.h"
 #include "common/ufs/s3_ufs.h"
 #include "tests/testutil/testutil.h"
 
@@ -57,7 +58,8 @@ TEST(OssSettings, FluidNamesAndFileReferencedSecrets) {
                                                       {"fs.oss.accessKeyId", "LTAI"},
                                                       {"fs.oss.accessKeySecret", "plain-secret"}});
   EXPECT_EQ(inline_secret.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(inline_secret.status().message().find("must name a file"), std::string::npos);
+  EXPECT_NE(inline_secret.status().message().find("path of a file holding the secret"), std::string::npos)
+      << inline_secret.status().message();
   EXPECT_EQ(inline_secret.status().message().find("plain-secret"), std::string::npos);
 
   EXPECT_NE(ResolveOssSettings("bkt", "", {{"fs.oss.endpointt", "x"}}).status().message().find("unknown oss mount option"),
@@ -134,6 +136,22 @@ TEST(S3Settings, SharedCredentialsFileAndProfile) {
   auto none = ResolveS3Settings("bkt", "p", {{"credentials_file", dir / "missing"}});
   EXPECT_EQ(none.status().code(), Code::kUnauthenticated);
   EXPECT_NE(none.status().message().find("no S3 credentials"), std::string::npos);
+}
+
+TEST(S3Settings, InlineCredentialsAreRefusedByName) {
+  for (const char* key : {"access_key", "secret_key", "session_token"}) {
+    auto s = ResolveS3Settings("bkt", "p", {{key, "V3RY-S3CRET-VALUE"}});
+    ASSERT_FALSE(s.ok()) << key;
+    EXPECT_EQ(s.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(std::string(key) + "_file=PATH"), std::string::npos) << s.status().message();
+    EXPECT_EQ(s.status().message().find("V3RY-S3CRET-VALUE"), std::string::npos) << "the value must not be echoed";
+    // Every entry point applies the same policy: opening any under-storage, and the mount-option split.
+    EXPECT_EQ(OpenUnderFileSystem("s3://bkt/p", {{key, "x"}}).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(OpenUnderFileSystem("file:///tmp", {{key, "x"}}).status().message(), s.status().message());
+    std::map<std::string, std::string> ufs;
+    MountCacheOptions cache;
+    EXPECT_EQ(SplitMountOptions({{key, "x"}}, &ufs, &cache).message(), s.status().message());
+  }
 }
 
 TEST(S3Ufs, VirtualHostedAddressingWithoutAnEndpoint) {

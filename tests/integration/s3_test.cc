@@ -115,11 +115,18 @@ class S3Test : public ::testing::Test {
   }
   void SetUp() override { ASSERT_TRUE(started_) << "S3 server did not start:\n" << start_log_; }
 
+  // A file holding one credential (mount options take credentials only by file).
+  static std::string CredFile(const std::string& name, const std::string& value) {
+    std::string path = *dir_ / ("cred-" + name + "-" + std::to_string(std::hash<std::string>()(value)));
+    WriteFile(path, value + "\n");
+    chmod(path.c_str(), 0600);
+    return path;
+  }
   std::shared_ptr<UnderFileSystem> Open(const std::string& uri, std::map<std::string, std::string> opts = {},
                                         std::shared_ptr<HttpClient> http = nullptr, Status* err = nullptr) {
     opts.emplace("endpoint", endpoint_);
-    opts.emplace("access_key", ak_);
-    opts.emplace("secret_key", sk_);
+    opts.emplace("access_key_file", CredFile("ak", ak_));
+    opts.emplace("secret_key_file", CredFile("sk", sk_));
     auto p = ParseUri(uri);
     auto s = ResolveS3Settings(p->authority, p->path, opts);
     if (!s.ok()) {
@@ -221,7 +228,7 @@ TEST_F(S3Test, RangedReadsAndChangedObjects) {
 TEST_F(S3Test, WrongSecretFailsOnceWithAClearError) {
   auto http = std::make_shared<CountingHttp>();
   Status err;
-  auto ufs = Open("s3://granary-test/ds", {{"secret_key", "wrong-secret"}}, http, &err);
+  auto ufs = Open("s3://granary-test/ds", {{"secret_key_file", CredFile("sk", "wrong-secret")}}, http, &err);
   EXPECT_FALSE(ufs);
   EXPECT_EQ(err.code(), Code::kPermissionDenied) << err.message();
   EXPECT_NE(err.message().find("SignatureDoesNotMatch"), std::string::npos) << err.message();
@@ -343,7 +350,8 @@ TEST_F(S3Test, MetadataSyncShowsChangesAndNeverMixesVersions) {
 // keys included (a key hidden by a directory of the same name, an empty segment, a name too long).
 TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
   TempDir dir;
-  std::map<std::string, std::string> opts{{"endpoint", endpoint_}, {"access_key", ak_}, {"secret_key", sk_}};
+  std::map<std::string, std::string> opts{
+      {"endpoint", endpoint_}, {"access_key_file", CredFile("ak", ak_)}, {"secret_key_file", CredFile("sk", sk_)}};
   auto open_ns = [&](const std::string& name) {
     auto ns = master::Namespace::Open(dir / name, 4 << 20);
     EXPECT_TRUE(ns.ok()) << ns.status().message();
