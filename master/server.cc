@@ -394,21 +394,23 @@ class MasterServerImpl final : public MasterServer {
     address_ = hp->host + ":" + std::to_string(port);
     auto interval = std::max<std::chrono::milliseconds>(cfg.master.worker_timeout / 4, std::chrono::milliseconds(100));
     expirer_ = std::thread([this, interval] {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!stop_) {
-        cv_.wait_for(lock, interval, [&] { return stop_ || !reclaim_.empty(); });
-        if (stop_) break;
-        cluster_->ExpireWorkers();
-        if (reclaim_.empty()) continue;
+      for (;;) {
+        // mu_ guards only the queue and the stop flag; the work (the cluster's lock, RPCs to
+        // workers) happens without it, so the reclaim listener never waits behind an expiry.
         std::vector<FileKey> keys;
-        keys.swap(reclaim_);
-        lock.unlock();
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait_for(lock, interval, [&] { return stop_ || !reclaim_.empty(); });
+          if (stop_) return;
+          keys.swap(reclaim_);
+        }
+        cluster_->ExpireWorkers();
+        if (keys.empty()) continue;
         uint64_t blocks = 0;
         uint32_t told = 0;
         Status st = FreeOnWorkers(*cluster_, *sec_, keys, &blocks, &told);
         if (!st.ok()) spdlog::warn("reclaiming the blocks of {} replaced file versions: {}", keys.size(), st.message());
         spdlog::info("reclaimed {} cached blocks of {} replaced or deleted file versions", blocks, keys.size());
-        lock.lock();
       }
     });
     RETURN_IF_ERROR(jobs_->Start());
@@ -496,6 +498,11 @@ class MasterServerImpl final : public MasterServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   std::string address_;
+  // Lock order in the master (docs/architecture.md, "Locks"): MasterService::pin_mu_ is the only
+  // lock held across calls into other objects (the namespace, the cluster, RPCs to workers).
+  // Namespace::mu_, the Cluster's mutex, JobManager::mu_ and this mu_ are leaves, each held only
+  // inside its own object's methods. mu_ guards reclaim_ and stop_; the namespace calls the
+  // reclaim listener outside its own lock.
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
