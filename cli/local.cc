@@ -12,6 +12,7 @@
 #include "common/tiers.h"
 #include "common/ufs/ufs.h"
 #include "fuse/mount.h"
+#include "master/namespace.h"
 #include "master/server.h"
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"
@@ -36,8 +37,26 @@ std::string DefaultName(const std::string& uri) {
   return "/" + (IsValidName(name) ? name : std::string("data"));
 }
 
-Status EnsureMounted(const Config& cfg, const std::string& name, const std::string& uri,
-                     const std::map<std::string, std::string>& options) {
+// Whether a mount's under-storage is gone (its root answers NOT_FOUND). Anything else, such as an
+// unreachable server, is not proof: the mount is kept.
+bool SourceGone(const rpc::MountInfo& m) {
+  std::map<std::string, std::string> all(m.options().begin(), m.options().end()), ufs_options;
+  MountCacheOptions cache;
+  if (!SplitMountOptions(all, &ufs_options, &cache).ok()) return false;
+  auto ufs = OpenUnderFileSystem(m.uri(), ufs_options);
+  if (!ufs.ok()) return ufs.status().IsNotFound();
+  auto root = (*ufs)->Stat("");
+  return !root.ok() && root.status().IsNotFound();
+}
+
+// Mounts `uri` in this state directory's namespace and returns the path it is served under.
+// `name` was given with --name (`named`) or derived from the URI's last segment. A path already
+// mounted from the same URI is reused (an earlier run with the same --dir). A derived name taken by
+// another source is replaced when that source is gone, else the next free "<name>-2", "<name>-3"...
+// is used, so serving another dataset with the same folder name just works. A --name taken by
+// another source is a real conflict: ALREADY_EXISTS.
+StatusOr<std::string> EnsureMounted(const Config& cfg, const std::string& name, bool named, const std::string& uri,
+                                    const std::map<std::string, std::string>& options) {
   ASSIGN_OR_RETURN(auto sec, RpcSecurity::FromConfig(cfg.rpc));
   auto stub = rpc::Master::NewStub(sec->MakeChannel(cfg.master.address));
   rpc::ListMountsResponse mounts;
@@ -46,20 +65,40 @@ Status EnsureMounted(const Config& cfg, const std::string& name, const std::stri
     sec->Prepare(&ctx, cfg.rpc.timeout);
     RETURN_IF_ERROR(FromGrpc(stub->ListMounts(&ctx, {}, &mounts), "the master"));
   }
+  std::map<std::string, const rpc::MountInfo*> by_path;
   for (const auto& m : mounts.mounts()) {
-    if (m.path() != name) continue;
-    if (m.uri() == uri) return Status::OK();  // kept from an earlier run with the same --dir
-    return AlreadyExistsError(name + " is already mounted from " + RedactUri(m.uri()) +
-                              " in this state directory; use --name or another --dir");
+    if (m.uri() == uri && (named ? m.path() == name : m.path().rfind(name, 0) == 0)) return m.path();
+    by_path[m.path()] = &m;
+  }
+  std::string path = name;
+  for (int n = 2; by_path.count(path); ++n) {
+    const rpc::MountInfo& taken = *by_path[path];
+    if (named) {
+      return AlreadyExistsError(name + " is already mounted from " + RedactUri(taken.uri()) +
+                                " in this state directory; choose another --name or another --dir");
+    }
+    if (SourceGone(taken)) {
+      spdlog::info("{} was mounted from {}, which is gone; serving {} there instead", path, RedactUri(taken.uri()),
+                   RedactUri(uri));
+      rpc::UnmountRequest ur;
+      ur.set_path(path);
+      rpc::UnmountResponse uresp;
+      grpc::ClientContext ctx;
+      sec->Prepare(&ctx, cfg.rpc.timeout);
+      RETURN_IF_ERROR(FromGrpc(stub->Unmount(&ctx, ur, &uresp), "the master"));
+      break;
+    }
+    path = name + "-" + std::to_string(n);
   }
   rpc::MountRequest req;
-  req.set_path(name);
+  req.set_path(path);
   req.set_uri(uri);
   req.mutable_options()->insert(options.begin(), options.end());
   rpc::MountResponse resp;
   grpc::ClientContext ctx;
   sec->Prepare(&ctx, cfg.rpc.timeout);
-  return FromGrpc(stub->Mount(&ctx, req, &resp), "the master");
+  RETURN_IF_ERROR(FromGrpc(stub->Mount(&ctx, req, &resp), "the master"));
+  return path;
 }
 
 }  // namespace
@@ -94,20 +133,26 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   SetDefault(&cfg, "worker.listen", "127.0.0.1:0");
   SetDefault(&cfg, "master.data_dir", dir + "/master");
   if (cfg.worker.tieredstore.levels.empty()) SetDefault(&cfg, "worker.cache_dir", dir + "/cache");
-  SetDefault(&cfg, "fuse.root", name);
   SetDefault(&cfg, "worker.heartbeat_interval", "1s");
   Status set = cfg.Set("fuse.mountpoint", opts.mountpoint, "MOUNTPOINT");
   if (!set.ok()) return fail(set);
   InitLogging("granary", cfg.log.level);
 
+  if (pid_t holder = master::DataDirLockHolder(cfg.master.data_dir); holder != 0) {
+    return fail(FailedPreconditionError("another granary (pid " + std::to_string(holder) +
+                                        ") is using the state directory " + dir +
+                                        "; stop it, or give this one its own with --dir"));
+  }
   auto master = master::MasterServer::Start(cfg);
   if (!master.ok()) return fail(master.status());
   cfg.master.address = (*master)->address();
   auto worker = worker::WorkerServer::Start(cfg);
   if (!worker.ok()) return fail(worker.status());
   cfg.fuse.worker = (*worker)->address();
-  st = EnsureMounted(cfg, name, opts.uri, opts.options);
-  if (!st.ok()) return fail(st);
+  auto served = EnsureMounted(cfg, name, !opts.name.empty(), opts.uri, opts.options);
+  if (!served.ok()) return fail(served.status());
+  name = *served;
+  SetDefault(&cfg, "fuse.root", name);
   auto fuse = fuse::FuseMount::Start(cfg);
   if (!fuse.ok()) return fail(fuse.status());
 

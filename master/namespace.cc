@@ -58,8 +58,9 @@ Status FromRocks(const rocksdb::Status& s, const std::string& what) {
 std::mutex open_dirs_mu;
 std::set<std::string> open_dirs;  // GUARDED_BY(open_dirs_mu)
 
-// The pid holding RocksDB's LOCK file in `data_dir` (RocksDB locks it with fcntl), or 0.
-pid_t LockHolder(const std::string& data_dir) {
+}  // namespace
+
+pid_t DataDirLockHolder(const std::string& data_dir) {
   int fd = open((data_dir + "/LOCK").c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   struct flock fl{};
@@ -70,6 +71,8 @@ pid_t LockHolder(const std::string& data_dir) {
   close(fd);
   return holder;
 }
+
+namespace {
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -145,7 +148,7 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::OpenDb(const std::string& data_d
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, data_dir, &raw);
   if (!s.ok()) {
-    if (pid_t holder = LockHolder(data_dir); holder != 0) {
+    if (pid_t holder = DataDirLockHolder(data_dir); holder != 0) {
       return FailedPreconditionError("master.data_dir " + data_dir + " is in use by another granary-master (pid " +
                                      std::to_string(holder) + " holds its lock); stop it or choose another directory");
     }

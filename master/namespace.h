@@ -36,6 +36,8 @@
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 
+#include <sys/types.h>
+
 #include <array>
 #include <atomic>
 #include <functional>
@@ -61,6 +63,10 @@ struct LoadStats {
   uint64_t files = 0, bytes = 0, dirs = 0, skipped = 0;
   uint64_t added = 0, changed = 0, removed = 0;
 };
+
+// The pid of another process holding the RocksDB lock of the master data directory `data_dir`
+// (RocksDB takes it with fcntl), or 0 when none does (or the directory has no database yet).
+pid_t DataDirLockHolder(const std::string& data_dir);
 
 class Namespace {
  public:

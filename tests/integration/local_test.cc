@@ -67,6 +67,64 @@ TEST(GranaryLocal, ServesReadsReportsAndStops) {
   EXPECT_NE(after.code, 0);
 }
 
+// Two datasets that share a folder name, served one after the other from one state directory:
+// each just works (a distinct name, or the old name when its source is gone), a --name taken by
+// another source stays an error, and a second `granary local` on a busy state directory is told so.
+TEST(GranaryLocal, AnotherSourceWithTheSameFolderNameJustWorks) {
+  TempDir dir;
+  WriteFile(dir / "a/imagenet/x.txt", "from a\n");
+  WriteFile(dir / "b/imagenet/x.txt", "from b\n");
+  WriteFile(dir / "c/imagenet/x.txt", "from c\n");
+  mkdir((dir / "mnt").c_str(), 0755);
+  std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"}};
+  // Serves `src` (plus `extra` arguments) at mnt until the file reads back; returns what it read.
+  auto serve = [&](const std::string& src, std::vector<std::string> extra, std::string* mounts) {
+    std::vector<std::string> argv{Bin("granary"), "local", "file://" + dir / src, dir / "mnt", "--dir", dir / "state"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    Process local(argv, dir / "local.log", env);
+    if (!WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); }) || !IsMounted(dir / "mnt")) {
+      local.Wait();
+      return "(not served) " + local.Log();
+    }
+    std::string got = ReadFile(dir / "mnt/x.txt");
+    *mounts = RunCommand({Bin("granary"), "mounts"}, env).out;
+    EXPECT_EQ(local.Stop(SIGINT), 0) << local.Log();
+    return got;
+  };
+  std::string mounts;
+  EXPECT_EQ(serve("a/imagenet", {}, &mounts), "from a\n");
+  EXPECT_EQ(serve("b/imagenet", {}, &mounts), "from b\n");
+  EXPECT_NE(mounts.find("/imagenet-2"), std::string::npos) << mounts;
+  EXPECT_EQ(serve("a/imagenet", {}, &mounts), "from a\n") << "the first dataset keeps its name";
+  // a's source is gone: c takes /imagenet over; b keeps /imagenet-2.
+  fs::remove_all(dir / "a");
+  EXPECT_EQ(serve("c/imagenet", {}, &mounts), "from c\n");
+  EXPECT_EQ(mounts.find("/imagenet-3"), std::string::npos) << mounts;
+  EXPECT_NE(mounts.find("/imagenet-2"), std::string::npos) << mounts;
+  EXPECT_EQ(serve("b/imagenet", {}, &mounts), "from b\n");
+
+  // A name given with --name and taken by another source is a real conflict.
+  Process named({Bin("granary"), "local", "file://" + dir / "c/imagenet", dir / "mnt", "--dir", dir / "state", "--name",
+                 "/imagenet-2"},
+                dir / "named.log", env);
+  EXPECT_NE(named.Wait(), 0);
+  EXPECT_NE(named.Log().find("already mounted from"), std::string::npos) << named.Log();
+  EXPECT_FALSE(IsMounted(dir / "mnt"));
+
+  // Two at once on one state directory: the second says who holds it.
+  Process first({Bin("granary"), "local", "file://" + dir / "b/imagenet", dir / "mnt", "--dir", dir / "state"},
+                dir / "first.log", env);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !first.Running(); })) << first.Log();
+  mkdir((dir / "mnt2").c_str(), 0755);
+  Process second({Bin("granary"), "local", "file://" + dir / "c/imagenet", dir / "mnt2", "--dir", dir / "state"},
+                 dir / "second.log", env);
+  EXPECT_NE(second.Wait(), 0);
+  EXPECT_NE(second.Log().find("pid " + std::to_string(first.pid())), std::string::npos) << second.Log();
+  EXPECT_NE(second.Log().find("--dir"), std::string::npos) << second.Log();
+  EXPECT_FALSE(IsMounted(dir / "mnt2"));
+  EXPECT_EQ(first.Stop(SIGINT), 0) << first.Log();
+}
+
 TEST(GranaryLocal, ConfigFileTieredStoreAndPerMountPolicy) {
   TempDir dir;
   TempDir shm("/dev/shm");
