@@ -192,12 +192,12 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   Route route;  // alone: fetch from the under-storage and keep
   std::optional<PeerRef> home;  // a holder copies from the home of the batch's ranking
   if (!members.empty()) {
-    size_t self = LoadRank(t.meta.id, members, self_id);
+    size_t self = RankOf(t.meta.id, members, self_id);
     if (self >= replicas) return LoadOutcome::kNotMine;
     route.ask_peers = self != 0 && placement_ != nullptr;
     if (route.ask_peers) {
       for (const auto& m : members) {
-        if (LoadRank(t.meta.id, members, m.id) == 0) home = m;
+        if (RankOf(t.meta.id, members, m.id) == 0) home = m;
       }
     }
   } else if (placement_ != nullptr) {
@@ -247,21 +247,6 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   counters_.loaded_blocks++;
   counters_.loaded_bytes += block->size();
   return LoadOutcome::kFetched;
-}
-
-size_t BlockSource::LoadRank(const BlockId& id, const std::vector<PeerRef>& members, uint64_t self_id) {
-  const PeerRef* self = nullptr;
-  for (const auto& m : members) {
-    if (m.id == self_id) self = &m;
-  }
-  if (self == nullptr) return kNotRanked;
-  const uint64_t mine = PeerSet::Weight(id, self->address);
-  size_t above = 0;
-  for (const auto& m : members) {
-    uint64_t w = PeerSet::Weight(id, m.address);
-    if (m.id != self_id && (w > mine || (w == mine && m.address < self->address))) ++above;
-  }
-  return above;
 }
 
 void BlockSource::CountAccess(uint64_t mount_id, bool hit) {

@@ -100,9 +100,6 @@ class BlockSource {
   enum class LoadOutcome { kNotMine, kCached, kFetched };
   StatusOr<LoadOutcome> Load(BlockRequest req, uint32_t replicas, RateLimiter* pace = nullptr,
                              const std::vector<PeerRef>& members = {}, uint64_t self_id = 0);
-  // Where `self_id` ranks for `id` among `members` (0: the home), as PeerSet ranks; kNotRanked
-  // when it is not a member.
-  static size_t LoadRank(const BlockId& id, const std::vector<PeerRef>& members, uint64_t self_id);
 
   const SourceCounters& counters() const { return counters_; }
   const metrics::Histogram& ufs_latency() const { return ufs_latency_; }

@@ -1,7 +1,5 @@
 #include "worker/peers.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -22,15 +20,8 @@ void PeerSet::Update(uint64_t self, const std::vector<PeerRef>& live) {
   stubs_.swap(stubs);  // forget the channels of workers that left
 }
 
-uint64_t PeerSet::Weight(const BlockId& id, const std::string& worker_address) {
-  char buf[24];
-  std::memcpy(buf, id.key.data(), 16);
-  std::memcpy(buf + 16, &id.index, 8);
-  return XXH3_64bits_withSeed(buf, sizeof(buf), XXH3_64bits(worker_address.data(), worker_address.size()));
-}
-
 std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
-  std::vector<std::pair<uint64_t, PeerRef>> weighted;
+  std::vector<PeerRef> members;
   uint64_t self_id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -39,20 +30,13 @@ std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
     for (const auto& p : live_) {
       auto d = down_until_.find(p.id);
       if (d != down_until_.end() && d->second > now && p.id != self_) continue;
-      weighted.emplace_back(0, p);
+      members.push_back(p);
     }
   }
-  // Weights are by address, so every worker ranks the same way whatever ids the master handed out.
-  for (auto& [w, p] : weighted) w = Weight(id, p.address);
-  std::sort(weighted.begin(), weighted.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second.address < b.second.address;
-  });
-  std::vector<PeerRef> ranked;
-  ranked.reserve(weighted.size());
+  std::vector<PeerRef> ranked = RankForBlock(id, std::move(members));
   *self = kNotRanked;
-  for (auto& [w, p] : weighted) {
-    if (p.id == self_id) *self = ranked.size();
-    ranked.push_back(std::move(p));
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    if (ranked[i].id == self_id) *self = i;
   }
   return ranked;
 }

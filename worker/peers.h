@@ -1,6 +1,6 @@
 // PeerSet: the other workers of the cluster, and where each block lives among them.
 //
-// Design. Every worker learns the live workers (id, address) from the master's answers to its
+// Design. The ranking itself is worker/placement.h (one function for reads and loads). Every worker learns the live workers (id, address) from the master's answers to its
 // heartbeats. A block's *ranking* is that list ordered by a per-(block, worker) hash, highest first
 // (rendezvous, or highest-random-weight, hashing). The first worker is the block's *home*: it is
 // the one that fetches the block from the under-storage. The first `cache.replicas` workers are
@@ -30,6 +30,7 @@
 
 #include "proto/rpc.h"
 #include "worker/interfaces.h"
+#include "worker/placement.h"
 
 namespace granary::worker {
 
@@ -54,8 +55,6 @@ class PeerSet final : public Placement {
   // Live workers known (this one included).
   size_t Size();
 
-  // The rendezvous weight of `worker_address` for a block; higher ranks first. Exposed for tests.
-  static uint64_t Weight(const BlockId& id, const std::string& worker_address);
 
  private:
   std::shared_ptr<StubHolder<rpc::Worker>> Stub(const std::string& address);
