@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <future>
 
+#include "common/keys.h"
 #include "common/path.h"
 #include "common/units.h"
 
@@ -17,17 +18,6 @@ int64_t NowNs() {
       .count();
 }
 
-std::string Be64(uint64_t v) {
-  std::string s(8, '\0');
-  for (int i = 7; i >= 0; --i, v >>= 8) s[i] = static_cast<char>(v & 0xff);
-  return s;
-}
-
-uint64_t FromBe64(const std::string& s, size_t at) {
-  uint64_t v = 0;
-  for (size_t i = at; i < at + 8 && i < s.size(); ++i) v = (v << 8) | static_cast<unsigned char>(s[i]);
-  return v;
-}
 
 bool Finished(rpc::JobState s) {
   return s == rpc::JOB_SUCCEEDED || s == rpc::JOB_FAILED || s == rpc::JOB_CANCELLED;
@@ -69,10 +59,10 @@ Status JobManager::Start() {
   RETURN_IF_ERROR(ns_->ForEachJobRecord("j", [&](const std::string& key, const std::string& value) {
     rpc::LoadJob j;
     if (!j.ParseFromString(value)) {
-      parse = DataLossError("job record " + std::to_string(FromBe64(key, 1)) + " does not parse");
+      parse = DataLossError("job record " + std::to_string(GetBe64(key, 1)) + " does not parse");
       return;
     }
-    loaded.emplace_back(FromBe64(key, 1), std::move(j));
+    loaded.emplace_back(GetBe64(key, 1), std::move(j));
   }));
   RETURN_IF_ERROR(parse);
   {

@@ -15,24 +15,12 @@
 
 #include "common/fs.h"
 #include "common/hash.h"
+#include "common/keys.h"
 #include "common/tiers.h"
 
 namespace granary::master {
 namespace {
 
-void PutBe64(std::string* s, uint64_t v) {
-  for (int i = 7; i >= 0; --i) s->push_back(static_cast<char>((v >> (i * 8)) & 0xff));
-}
-uint64_t GetBe64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = v << 8 | static_cast<uint8_t>(p[i]);
-  return v;
-}
-std::string Be64(uint64_t v) {
-  std::string s;
-  PutBe64(&s, v);
-  return s;
-}
 std::string InodeKey(uint64_t ino) { return "I" + Be64(ino); }
 std::string EntryKey(uint64_t parent, const std::string& name) { return "E" + Be64(parent) + name; }
 std::string ChildKey(uint64_t parent, uint64_t child) { return "C" + Be64(parent) + Be64(child); }
@@ -957,7 +945,7 @@ Status Namespace::ForEachJobRecord(const std::string& prefix,
 Status Namespace::PutPin(const std::string& path, const std::vector<FileKey>& keys) {
   std::string v;
   v.reserve(keys.size() * 16);
-  for (const auto& k : keys) v.append(reinterpret_cast<const char*>(k.data()), k.size());
+  for (const auto& k : keys) v += FileKeyBytes(k);
   return FromRocks(db_->Put({}, "P" + path, v), "record pin");
 }
 
@@ -970,8 +958,7 @@ StatusOr<std::map<std::string, std::vector<FileKey>>> Namespace::Pins() const {
     auto& keys = out[it->key().ToString().substr(1)];
     for (size_t off = 0; off + 16 <= it->value().size(); off += 16) {
       FileKey k;
-      std::memcpy(k.data(), it->value().data() + off, 16);
-      keys.push_back(k);
+      if (FileKeyFromBytes(std::string_view(it->value().data() + off, 16), &k)) keys.push_back(k);
     }
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "list pins"));

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "common/keys.h"
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/path.h"
@@ -45,7 +46,7 @@ Status ForEachWorker(Cluster& cluster, const RpcSecurity& sec,
 Status FreeOnWorkers(Cluster& cluster, const RpcSecurity& sec, const std::vector<FileKey>& keys, uint64_t* blocks,
                      uint32_t* told) {
   rpc::FreeBlocksRequest fb;
-  for (const auto& k : keys) fb.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
+  for (const auto& k : keys) fb.add_file_keys(FileKeyBytes(k));
   return ForEachWorker(
       cluster, sec,
       [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
@@ -136,7 +137,7 @@ class MasterService final : public rpc::Master::Service {
     if (!pins.ok()) return ToGrpc(pins.status());
     std::set<FileKey> pinned;
     for (const auto& [path, keys] : *pins) pinned.insert(keys.begin(), keys.end());
-    for (const auto& k : pinned) resp->add_pinned_keys(std::string(reinterpret_cast<const char*>(k.data()), k.size()));
+    for (const auto& k : pinned) resp->add_pinned_keys(FileKeyBytes(k));
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(ServerContext* ctx, const rpc::HeartbeatRequest* req, rpc::HeartbeatResponse* resp) override {
@@ -230,7 +231,7 @@ class MasterService final : public rpc::Master::Service {
       std::vector<FileKey> keys;
       RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) { keys.push_back(k); }));
       RETURN_IF_ERROR(ns_->PutPin(path, keys));
-      for (const auto& k : keys) sp.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
+      for (const auto& k : keys) sp.add_file_keys(FileKeyBytes(k));
       resp->set_files(keys.size());
     } else {
       // Unpin removes pins recorded at or below the path; a pin above it must be removed itself.
@@ -254,7 +255,7 @@ class MasterService final : public rpc::Master::Service {
         RETURN_IF_ERROR(ns_->DeletePin(p));
         for (const auto& k : pins[p]) {
           ++files;
-          if (!still.count(k)) sp.add_file_keys(std::string(reinterpret_cast<const char*>(k.data()), 16));
+          if (!still.count(k)) sp.add_file_keys(FileKeyBytes(k));
         }
       }
       resp->set_files(files);
@@ -312,7 +313,7 @@ class MasterService final : public rpc::Master::Service {
       }
       FileKey k = MakeFileKey(u->second, f.ufs_path(), f.version());
       uint64_t distinct = 0, copies = 0;
-      cluster_->CachedOf(std::string(reinterpret_cast<const char*>(k.data()), 16), f.attr().size(), f.block_size(),
+      cluster_->CachedOf(FileKeyBytes(k), f.attr().size(), f.block_size(),
                          &distinct, &copies);
       e->set_files(e->files() + 1);
       e->set_bytes(e->bytes() + f.attr().size());

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <set>
 
+#include "common/keys.h"
+
 namespace granary::worker {
 
 rpc::BlockRef ToBlockRef(const BlockMeta& m) {
@@ -70,10 +72,8 @@ Status MasterLink::Register() {
   RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->RegisterWorker(&ctx, req, &resp)), "the master at " + cfg_.master.address));
   std::vector<FileKey> pins;
   for (const auto& k : resp.pinned_keys()) {
-    if (k.size() != 16) continue;
     FileKey f;
-    std::memcpy(f.data(), k.data(), 16);
-    pins.push_back(f);
+    if (FileKeyFromBytes(k, &f)) pins.push_back(f);
   }
   Status ps = store_->SetPins(pins);
   if (!ps.ok()) spdlog::warn("cannot record pins: {}", ps.message());

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/keys.h"
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/rate_limiter.h"
@@ -32,9 +33,8 @@ StatusOr<std::vector<FileKey>> ParseFileKeys(const google::protobuf::RepeatedPtr
   std::vector<FileKey> keys;
   keys.reserve(raw.size());
   for (const auto& k : raw) {
-    if (k.size() != 16) return InvalidArgumentError("a file key must be 16 bytes");
     FileKey f;
-    std::memcpy(f.data(), k.data(), 16);
+    if (!FileKeyFromBytes(k, &f)) return InvalidArgumentError("a file key must be 16 bytes");
     keys.push_back(f);
   }
   return keys;
