@@ -10,7 +10,11 @@ StatusOr<std::unique_ptr<Client>> Client::Create(const Config& cfg) {
 }
 
 Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
-    : cfg_(cfg), sec_(std::move(sec)), master_(sec_, cfg_.master.address), worker_(sec_, cfg_.fuse.worker) {}
+    : cfg_(cfg),
+      sec_(std::move(sec)),
+      master_(sec_, cfg_.master.address),
+      worker_(sec_, cfg_.fuse.worker),
+      other_stubs_(sec_) {}
 
 grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call) {
   // Metadata calls are idempotent: after UNAVAILABLE (the master restarted), try once more on the
@@ -204,18 +208,16 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
                            "the master");
       lock.lock();
       if (rs.ok()) {
-        std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> fresh;
+        std::set<std::string> fresh;
         for (const auto& w : report.workers()) {
-          if (!w.alive() || w.address() == cfg_.fuse.worker) continue;
-          auto it = others_.find(w.address());
-          fresh[w.address()] = it != others_.end() ? it->second
-                                                   : std::make_shared<StubHolder<rpc::Worker>>(sec_, w.address());
+          if (w.alive() && w.address() != cfg_.fuse.worker) fresh.insert(w.address());
         }
+        other_stubs_.Retain(fresh);
         others_.swap(fresh);
         others_fetched_ = now;
       }
     }
-    for (const auto& [addr, h] : others_) others.push_back(h);
+    for (const auto& addr : others_) others.push_back(other_stubs_.Get(addr));
   }
   for (const auto& h : others) {
     grpc::ClientContext c;

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,7 +112,8 @@ class Client {
   std::shared_ptr<LocalChannel> local_;                                       // GUARDED_BY(mu_)
   bool probing_ = false;                                                      // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point last_probe_{};                        // GUARDED_BY(mu_)
-  std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> others_;   // GUARDED_BY(mu_)
+  std::set<std::string> others_;                                              // GUARDED_BY(mu_): live workers but ours
+  StubPool<rpc::Worker> other_stubs_;                                         // thread-safe on its own
   std::chrono::steady_clock::time_point others_fetched_{};                    // GUARDED_BY(mu_)
 
   std::mutex prefetch_mu_;

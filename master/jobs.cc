@@ -48,8 +48,8 @@ struct JobManager::Batch {
   uint64_t blocks_fetched = 0, bytes_fetched = 0, blocks_cached = 0;
 };
 
-JobManager::JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<RpcSecurity> sec)
-    : ns_(ns), cluster_(cluster), sec_(std::move(sec)) {}
+JobManager::JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<StubPool<rpc::Worker>> workers)
+    : ns_(ns), cluster_(cluster), workers_(std::move(workers)) {}
 
 JobManager::~JobManager() { Stop(); }
 
@@ -421,7 +421,7 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
     std::vector<std::thread> threads;
     for (const auto& [wid, addr] : workers) {
       auto c = std::make_unique<Call>();
-      sec_->Prepare(&c->ctx, std::chrono::milliseconds(0));
+      workers_->security().Prepare(&c->ctx, std::chrono::milliseconds(0));
       {
         std::lock_guard<std::mutex> lock(mu_);
         calls_.insert(&c->ctx);
@@ -429,7 +429,7 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
       }
       rpc::LoadBlocksRequest mine = req;
       mine.set_worker_id(wid);
-      auto stub = Stub(addr);
+      auto stub = workers_->Get(addr);
       Call* raw = c.get();
       threads.emplace_back([stub, raw, mine = std::move(mine)] {
         raw->status = stub->Note(stub->Get()->LoadBlocks(&raw->ctx, mine, &raw->resp));
@@ -492,13 +492,6 @@ void JobManager::Apply(uint64_t id, const Batch& b) {
     j.set_blocks_cached(j.blocks_cached() + b.blocks_cached);
     j.set_checkpoint(b.end);
   });
-}
-
-std::shared_ptr<StubHolder<rpc::Worker>> JobManager::Stub(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& s = stubs_[address];
-  if (!s) s = std::make_shared<StubHolder<rpc::Worker>>(sec_, address);
-  return s;
 }
 
 }  // namespace granary::master

@@ -72,7 +72,8 @@ class JobManager {
   static constexpr size_t kListedPaths = 8;
   static constexpr uint32_t kDefaultParallel = 8;
 
-  JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<RpcSecurity> sec);
+  // `workers` is the master's pool of worker stubs (shared with its other calls to workers).
+  JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<StubPool<rpc::Worker>> workers);
   ~JobManager();
 
   // Reads the jobs from RocksDB, queues the unfinished ones (resumed) and starts the runner.
@@ -108,11 +109,10 @@ class JobManager {
   Status Persist(uint64_t id);
   template <typename Fn>
   void Update(uint64_t id, Fn fn);
-  std::shared_ptr<StubHolder<rpc::Worker>> Stub(const std::string& address);
 
   Namespace* ns_;
   Cluster* cluster_;
-  std::shared_ptr<RpcSecurity> sec_;
+  std::shared_ptr<StubPool<rpc::Worker>> workers_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -120,7 +120,6 @@ class JobManager {
   std::deque<uint64_t> queue_;             // GUARDED_BY(mu_): pending and resumed jobs, in order
   std::set<uint64_t> cancelled_;           // GUARDED_BY(mu_)
   std::set<grpc::ClientContext*> calls_;   // GUARDED_BY(mu_): in-flight worker calls
-  std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> stubs_;  // GUARDED_BY(mu_)
   uint64_t next_id_ = 1;                   // GUARDED_BY(mu_)
   bool stop_ = false;                      // GUARDED_BY(mu_)
   std::thread runner_;

@@ -24,15 +24,24 @@ namespace {
 
 using grpc::ServerContext;
 
+// The master's calls to its workers: one stub per worker for the whole process (shared with load
+// jobs), each call with rpc.timeout as its deadline.
+struct WorkerCalls {
+  std::shared_ptr<StubPool<rpc::Worker>> pool;
+  std::chrono::milliseconds timeout{};
+};
+
 // Calls `call` on every live worker; counts the successes in *told; returns the first failure.
-Status ForEachWorker(Cluster& cluster, const RpcSecurity& sec,
+Status ForEachWorker(Cluster& cluster, const WorkerCalls& workers,
                      const std::function<Status(rpc::Worker::Stub&, grpc::ClientContext&)>& call, uint32_t* told) {
   Status first;
   for (const auto& [id, address] : cluster.AliveWorkers()) {
-    auto stub = rpc::Worker::NewStub(sec.MakeChannel(address));
+    auto holder = workers.pool->Get(address);
     grpc::ClientContext ctx;
-    sec.Prepare(&ctx, std::chrono::seconds(30));
+    workers.pool->security().Prepare(&ctx, workers.timeout);
+    auto stub = holder->Get();
     Status st = call(*stub, ctx);
+    if (st.code() == Code::kUnavailable) holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
     if (st.ok()) {
       ++*told;
     } else if (first.ok()) {
@@ -43,12 +52,12 @@ Status ForEachWorker(Cluster& cluster, const RpcSecurity& sec,
 }
 
 // Frees the cached blocks of these file versions on every live worker.
-Status FreeOnWorkers(Cluster& cluster, const RpcSecurity& sec, const std::vector<FileKey>& keys, uint64_t* blocks,
-                     uint32_t* told) {
+Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys,
+                     uint64_t* blocks, uint32_t* told) {
   rpc::FreeBlocksRequest fb;
   for (const auto& k : keys) fb.add_file_keys(FileKeyBytes(k));
   return ForEachWorker(
-      cluster, sec,
+      cluster, workers,
       [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
         rpc::FreeBlocksResponse r;
         Status s = FromGrpc(w.FreeBlocks(&ctx, fb, &r), "FreeBlocks");
@@ -61,8 +70,9 @@ Status FreeOnWorkers(Cluster& cluster, const RpcSecurity& sec, const std::vector
 // Each handler checks the token, calls the namespace or cluster, and maps the Status once.
 class MasterService final : public rpc::Master::Service {
  public:
-  MasterService(Namespace* ns, Cluster* cluster, JobManager* jobs, std::shared_ptr<RpcSecurity> sec)
-      : ns_(ns), cluster_(cluster), jobs_(jobs), sec_(std::move(sec)) {}
+  MasterService(Namespace* ns, Cluster* cluster, JobManager* jobs, std::shared_ptr<RpcSecurity> sec,
+                WorkerCalls workers)
+      : ns_(ns), cluster_(cluster), jobs_(jobs), sec_(std::move(sec)), workers_(std::move(workers)) {}
 
 #define GRANARY_AUTH()                                   \
   do {                                                   \
@@ -219,7 +229,7 @@ class MasterService final : public rpc::Master::Service {
   }
 
   Status ForWorkers(const std::function<Status(rpc::Worker::Stub&, grpc::ClientContext&)>& call, uint32_t* told) {
-    return ForEachWorker(*cluster_, *sec_, call, told);
+    return ForEachWorker(*cluster_, workers_, call, told);
   }
 
   Status DoPin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
@@ -287,7 +297,7 @@ class MasterService final : public rpc::Master::Service {
     resp->set_files(keys.size());
     uint64_t blocks = 0;
     uint32_t told = 0;
-    Status st = FreeOnWorkers(*cluster_, *sec_, keys, &blocks, &told);
+    Status st = FreeOnWorkers(*cluster_, workers_, keys, &blocks, &told);
     resp->set_blocks(blocks);
     resp->set_workers(told);
     return st;
@@ -362,6 +372,7 @@ class MasterService final : public rpc::Master::Service {
   Cluster* cluster_;
   JobManager* jobs_;
   std::shared_ptr<RpcSecurity> sec_;
+  WorkerCalls workers_;
 };
 
 class MasterServerImpl final : public MasterServer {
@@ -380,8 +391,9 @@ class MasterServerImpl final : public MasterServer {
       if (reclaim_.size() < 1'000'000) reclaim_.insert(reclaim_.end(), keys.begin(), keys.end());
       cv_.notify_all();
     });
-    jobs_ = std::make_unique<JobManager>(ns_.get(), cluster_.get(), sec_);
-    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), jobs_.get(), sec_);
+    workers_ = WorkerCalls{std::make_shared<StubPool<rpc::Worker>>(sec_), cfg.rpc.timeout};
+    jobs_ = std::make_unique<JobManager>(ns_.get(), cluster_.get(), workers_.pool);
+    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), jobs_.get(), sec_, workers_);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(cfg.master.listen, sec_->ServerCredentials(), &port);
@@ -409,7 +421,7 @@ class MasterServerImpl final : public MasterServer {
         if (keys.empty()) continue;
         uint64_t blocks = 0;
         uint32_t told = 0;
-        Status st = FreeOnWorkers(*cluster_, *sec_, keys, &blocks, &told);
+        Status st = FreeOnWorkers(*cluster_, workers_, keys, &blocks, &told);
         if (!st.ok()) spdlog::warn("reclaiming the blocks of {} replaced file versions: {}", keys.size(), st.message());
         spdlog::info("reclaimed {} cached blocks of {} replaced or deleted file versions", blocks, keys.size());
       }
@@ -494,6 +506,7 @@ class MasterServerImpl final : public MasterServer {
   std::shared_ptr<RpcSecurity> sec_;
   std::unique_ptr<Namespace> ns_;
   std::unique_ptr<Cluster> cluster_;
+  WorkerCalls workers_;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<MasterService> service_;
   std::unique_ptr<grpc::Server> server_;

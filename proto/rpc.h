@@ -4,15 +4,19 @@
 //   ("granary-reason=N"), so a VersionChangedError stays one across servers.
 // - Credentials: TLS when rpc.tls_* are set, and a shared token (rpc.token_file) that clients send
 //   as "authorization: Bearer ..." metadata and servers check with CheckToken.
-// - MakeChannel: a channel to host:port with Granary's message-size limits.
+// - MakeChannel: a channel to host:port with Granary's message-size limits; StubHolder (a stub that
+//   reconnects after UNAVAILABLE) and StubPool (one StubHolder per address for a whole process).
 // Thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "common/config.h"
@@ -91,6 +95,35 @@ class StubHolder {
   std::shared_ptr<grpc::Channel> channel_;              // GUARDED_BY(mu_)
   std::shared_ptr<Stub> stub_;                          // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point last_reset_{};  // GUARDED_BY(mu_)
+};
+
+// One StubHolder per address, shared by every caller in a process (peers, load jobs, the master's
+// calls to workers, granary-fuse's fallback reads), so a process keeps one channel per server.
+// Retain() forgets the channels of servers that left. Thread-safe.
+template <typename Service>
+class StubPool {
+ public:
+  explicit StubPool(std::shared_ptr<RpcSecurity> sec) : sec_(std::move(sec)) {}
+
+  std::shared_ptr<StubHolder<Service>> Get(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& h = holders_[address];
+    if (!h) h = std::make_shared<StubHolder<Service>>(sec_, address);
+    return h;
+  }
+  // Drops every address not in `keep` (callers holding a stub keep it alive until they finish).
+  void Retain(const std::set<std::string>& keep) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = holders_.begin(); it != holders_.end();) {
+      it = keep.count(it->first) ? std::next(it) : holders_.erase(it);
+    }
+  }
+  const RpcSecurity& security() const { return *sec_; }
+
+ private:
+  const std::shared_ptr<RpcSecurity> sec_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<StubHolder<Service>>> holders_;  // GUARDED_BY(mu_)
 };
 
 // Runs one Worker.ReadBlock call on `stub` (ctx already prepared) and appends the streamed bytes

@@ -2,22 +2,20 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 namespace granary::worker {
 
 PeerSet::PeerSet(std::shared_ptr<RpcSecurity> sec, std::chrono::milliseconds timeout, Clock clock)
-    : sec_(std::move(sec)), timeout_(timeout), clock_(std::move(clock)) {}
+    : sec_(sec), timeout_(timeout), clock_(std::move(clock)), stubs_(std::move(sec)) {}
 
 void PeerSet::Update(uint64_t self, const std::vector<PeerRef>& live) {
   std::lock_guard<std::mutex> lock(mu_);
   self_ = self;
   live_ = live;
-  std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> stubs;
-  for (const auto& p : live_) {
-    auto it = stubs_.find(p.address);
-    if (it != stubs_.end()) stubs[p.address] = it->second;
-  }
-  stubs_.swap(stubs);  // forget the channels of workers that left
+  std::set<std::string> addresses;
+  for (const auto& p : live_) addresses.insert(p.address);
+  stubs_.Retain(addresses);  // forget the channels of workers that left
 }
 
 std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
@@ -51,12 +49,7 @@ void PeerSet::PeerFailed(const PeerRef& peer) {
   down_until_[peer.id] = clock_() + kDownFor;
 }
 
-std::shared_ptr<StubHolder<rpc::Worker>> PeerSet::Stub(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& h = stubs_[address];
-  if (!h) h = std::make_shared<StubHolder<rpc::Worker>>(sec_, address);
-  return h;
-}
+std::shared_ptr<StubHolder<rpc::Worker>> PeerSet::Stub(const std::string& address) { return stubs_.Get(address); }
 
 rpc::ReadBlockRequest PeerSet::ToProto(const BlockRequest& req) {
   rpc::ReadBlockRequest r;

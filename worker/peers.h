@@ -67,7 +67,7 @@ class PeerSet final : public Placement {
   uint64_t self_ = 0;                                                         // GUARDED_BY(mu_)
   std::vector<PeerRef> live_;                                                 // GUARDED_BY(mu_)
   std::map<uint64_t, std::chrono::steady_clock::time_point> down_until_;     // GUARDED_BY(mu_)
-  std::map<std::string, std::shared_ptr<StubHolder<rpc::Worker>>> stubs_;    // GUARDED_BY(mu_)
+  StubPool<rpc::Worker> stubs_;  // thread-safe on its own
 };
 
 }  // namespace granary::worker
