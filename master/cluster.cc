@@ -56,7 +56,7 @@ void Cluster::ForgetWorkerBlocksLocked(uint64_t worker) {
 }
 
 uint64_t Cluster::RegisterWorker(const rpc::RegisterWorkerRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // A worker re-registering from the same address replaces its old entry.
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (it->second.address == req.address()) {
@@ -78,7 +78,7 @@ uint64_t Cluster::RegisterWorker(const rpc::RegisterWorkerRequest& req) {
 }
 
 bool Cluster::Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.alive) return false;
   it->second.stats = stats;
@@ -88,7 +88,7 @@ bool Cluster::Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats) {
 }
 
 bool Cluster::ReportBlocks(const rpc::ReportBlocksRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = workers_.find(req.worker_id());
   if (it == workers_.end() || !it->second.alive) return false;
   if (req.has_stats()) it->second.stats = req.stats();
@@ -98,7 +98,7 @@ bool Cluster::ReportBlocks(const rpc::ReportBlocksRequest& req) {
 }
 
 void Cluster::ExpireWorkers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto now = clock_();
   for (auto& [id, w] : workers_) {
     if (w.alive && now - w.last_heartbeat > timeout_) {
@@ -111,7 +111,7 @@ void Cluster::ExpireWorkers() {
 }
 
 void Cluster::DropMount(uint64_t mount_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = blocks_.begin(); it != blocks_.end();) {
     it = it->second.mount_id == mount_id ? blocks_.erase(it) : std::next(it);
   }
@@ -119,7 +119,7 @@ void Cluster::DropMount(uint64_t mount_id) {
 }
 
 void Cluster::FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mounts) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, w] : workers_) {
     auto* wr = report->add_workers();
     wr->set_id(id);
@@ -137,7 +137,7 @@ void Cluster::FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mou
 }
 
 std::vector<std::pair<uint64_t, std::string>> Cluster::AliveWorkers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::pair<uint64_t, std::string>> out;
   for (const auto& [id, w] : workers_) {
     if (w.alive) out.emplace_back(id, w.address);
@@ -146,7 +146,7 @@ std::vector<std::pair<uint64_t, std::string>> Cluster::AliveWorkers() {
 }
 
 std::vector<uint64_t> Cluster::Holders(const std::string& file_key, uint64_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = blocks_.find(BlockKey{file_key, index});
   return it == blocks_.end() ? std::vector<uint64_t>{} : it->second.workers;
 }
@@ -154,7 +154,7 @@ std::vector<uint64_t> Cluster::Holders(const std::string& file_key, uint64_t ind
 void Cluster::CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, uint64_t* distinct,
                        uint64_t* copies) {
   if (block_size == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (uint64_t i = 0; i * block_size < size; ++i) {
     auto it = blocks_.find(BlockKey{file_key, i});
     if (it == blocks_.end() || it->second.workers.empty()) continue;

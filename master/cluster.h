@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "proto/granary.pb.h"
 
 namespace granary::master {
@@ -69,17 +70,17 @@ class Cluster {
     uint64_t blocks = 0;
   };
 
-  void AddLocked(uint64_t worker, const rpc::BlockRef& b);
-  void RemoveLocked(uint64_t worker, const rpc::BlockRef& b);
-  void ForgetWorkerBlocksLocked(uint64_t worker);
+  void AddLocked(uint64_t worker, const rpc::BlockRef& b) REQUIRES(mu_);
+  void RemoveLocked(uint64_t worker, const rpc::BlockRef& b) REQUIRES(mu_);
+  void ForgetWorkerBlocksLocked(uint64_t worker) REQUIRES(mu_);
 
   const std::chrono::milliseconds timeout_;
   Clock clock_;
-  std::mutex mu_;
-  uint64_t next_worker_ = 1;                                  // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Worker> workers_;              // GUARDED_BY(mu_)
-  std::unordered_map<BlockKey, BlockLoc, BlockKeyHash> blocks_;  // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, MountUsage> usage_;            // GUARDED_BY(mu_)
+  Mutex mu_;
+  uint64_t next_worker_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, Worker> workers_ GUARDED_BY(mu_);
+  std::unordered_map<BlockKey, BlockLoc, BlockKeyHash> blocks_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, MountUsage> usage_ GUARDED_BY(mu_);
 };
 
 }  // namespace granary::master

@@ -66,7 +66,7 @@ Status JobManager::Start() {
   }));
   RETURN_IF_ERROR(parse);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& [id, j] : loaded) {
       next_id_ = std::max(next_id_, id + 1);
       if (!Finished(j.state())) {
@@ -84,7 +84,7 @@ Status JobManager::Start() {
 
 void JobManager::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_ && !runner_.joinable()) return;
     stop_ = true;
     for (auto* c : calls_) c->TryCancel();
@@ -129,7 +129,7 @@ StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
   rpc::LoadJob job;
   uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     id = next_id_++;
   }
   job.set_id(id);
@@ -142,7 +142,7 @@ StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
   }
   RETURN_IF_ERROR(ns_->PutJobRecord("s" + Be64(id), spec.SerializeAsString()));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     jobs_[id] = job;
     queue_.push_back(id);
   }
@@ -152,14 +152,14 @@ StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
 }
 
 StatusOr<rpc::LoadJob> JobManager::Get(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFoundError("no load job " + std::to_string(id) + " (granary jobs lists them)");
   return it->second;
 }
 
 std::vector<rpc::LoadJob> JobManager::List() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<rpc::LoadJob> out;
   for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) out.push_back(it->second);
   return out;
@@ -167,7 +167,7 @@ std::vector<rpc::LoadJob> JobManager::List() {
 
 StatusOr<rpc::LoadJob> JobManager::Cancel(uint64_t id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return NotFoundError("no load job " + std::to_string(id) + " (granary jobs lists them)");
     if (Finished(it->second.state())) {
@@ -188,7 +188,7 @@ StatusOr<rpc::LoadJob> JobManager::Cancel(uint64_t id) {
 }
 
 JobManager::Totals JobManager::GetTotals() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Totals t;
   for (const auto& [id, j] : jobs_) {
     t.by_state[j.state()]++;
@@ -201,20 +201,20 @@ JobManager::Totals JobManager::GetTotals() {
 }
 
 bool JobManager::Cancelled(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stop_ || cancelled_.count(id) > 0;
 }
 
 template <typename Fn>
 void JobManager::Update(uint64_t id, Fn fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fn(jobs_[id]);
 }
 
 Status JobManager::Persist(uint64_t id) {
   std::string value;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     value = jobs_[id].SerializeAsString();
   }
   return ns_->PutJobRecord("j" + Be64(id), value);
@@ -224,13 +224,13 @@ void JobManager::RunLoop() {
   for (;;) {
     uint64_t id;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) lock.Wait(&cv_);
       if (stop_) return;
       id = queue_.front();
     }
     Run(id);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;  // the job stays queued in RocksDB and resumes on the next start
     queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
   }
@@ -243,7 +243,7 @@ void JobManager::Run(uint64_t id) {
   if (st.ok() && !spec.ParseFromString(*raw)) st = DataLossError("the job's request record does not parse");
   rpc::JobState state;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto& j = jobs_[id];
     if (j.started_ns() == 0) j.set_started_ns(NowNs());
     state = j.state();
@@ -259,12 +259,12 @@ void JobManager::Run(uint64_t id) {
   }
   bool loading;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     loading = jobs_[id].state() == rpc::JOB_LOADING;
   }
   if (st.ok() && loading && !Cancelled(id)) st = Load(id, spec);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;  // shutting down: leave the record as it is, to resume
     auto& j = jobs_[id];
     if (cancelled_.count(id)) {
@@ -323,7 +323,7 @@ Status JobManager::Scan(uint64_t id, const rpc::LoadJobSpec& spec) {
 Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
   uint64_t checkpoint;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     checkpoint = jobs_[id].checkpoint();
   }
   std::deque<std::pair<std::unique_ptr<Batch>, std::future<void>>> inflight;
@@ -389,9 +389,10 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
     // After a master restart the workers come back with their next heartbeat: wait for them.
     for (auto deadline = std::chrono::steady_clock::now() + kWaitForWorkers;
          workers.empty() && std::chrono::steady_clock::now() < deadline && !Cancelled(id);) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_ || cancelled_.count(id) > 0; });
-      lock.unlock();
+      {
+        MutexLock lock(&mu_);
+        if (!stop_ && cancelled_.count(id) == 0) lock.WaitFor(&cv_, std::chrono::milliseconds(250));
+      }
       for (auto& w : cluster_->AliveWorkers()) {
         if (!excluded.count(w.first)) workers.push_back(w);
       }
@@ -423,7 +424,7 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
       auto c = std::make_unique<Call>();
       workers_->security().Prepare(&c->ctx, std::chrono::milliseconds(0));
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         calls_.insert(&c->ctx);
         if (stop_ || cancelled_.count(id)) c->ctx.TryCancel();
       }
@@ -438,7 +439,7 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
     }
     for (auto& t : threads) t.join();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (auto& c : calls) calls_.erase(&c->ctx);
     }
     bool retry = false;

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "master/cluster.h"
 #include "master/namespace.h"
 #include "proto/granary.grpc.pb.h"
@@ -114,14 +115,14 @@ class JobManager {
   Cluster* cluster_;
   std::shared_ptr<StubPool<rpc::Worker>> workers_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::map<uint64_t, rpc::LoadJob> jobs_;  // GUARDED_BY(mu_)
-  std::deque<uint64_t> queue_;             // GUARDED_BY(mu_): pending and resumed jobs, in order
-  std::set<uint64_t> cancelled_;           // GUARDED_BY(mu_)
-  std::set<grpc::ClientContext*> calls_;   // GUARDED_BY(mu_): in-flight worker calls
-  uint64_t next_id_ = 1;                   // GUARDED_BY(mu_)
-  bool stop_ = false;                      // GUARDED_BY(mu_)
+  std::map<uint64_t, rpc::LoadJob> jobs_ GUARDED_BY(mu_);
+  std::deque<uint64_t> queue_ GUARDED_BY(mu_);  // pending and resumed jobs, in order
+  std::set<uint64_t> cancelled_ GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> calls_ GUARDED_BY(mu_);  // in-flight worker calls
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread runner_;
 };
 

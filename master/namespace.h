@@ -50,6 +50,7 @@
 
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/tiers.h"
 #include "common/ufs/ufs.h"
 #include "proto/granary.pb.h"
@@ -152,11 +153,11 @@ class Namespace {
     uint64_t added = 0, changed = 0, removed = 0;
   };
   // Adds or updates one child of `dir`, stamped with `gen`; returns its inode. Needs mu_.
-  StatusOr<uint64_t> UpsertChildLocked(const rpc::InodeRecord& dir, uint64_t gen, const UfsEntry& e, SyncBatch* b);
+  StatusOr<uint64_t> UpsertChildLocked(const rpc::InodeRecord& dir, uint64_t gen, const UfsEntry& e, SyncBatch* b) REQUIRES(mu_);
   // Marks `dir` listed at `gen`; with `sweep`, deletes children not stamped with `gen`. Needs mu_.
-  Status FinishListingLocked(rpc::InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b);
+  Status FinishListingLocked(rpc::InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b) REQUIRES(mu_);
   // Writes the batch with the allocator and the mount's counts. Needs mu_.
-  Status WriteLocked(SyncBatch* b);
+  Status WriteLocked(SyncBatch* b) REQUIRES(mu_);
   // A file record due for a check: Stat it and update it (new version, or NOT_FOUND when gone).
   Status SyncFile(rpc::InodeRecord* r);
   void Reclaim(std::vector<FileKey> keys);
@@ -166,11 +167,11 @@ class Namespace {
   Status EnsureListed(const rpc::InodeRecord& dir);
   StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id);
   rpc::Attr AttrOf(const rpc::InodeRecord& r) const;
-  Status PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch);
+  Status PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) REQUIRES(mu_);
   // Deletes an inode and everything below it. With `uri`, the deleted files' FileKeys are appended
   // to `reclaim` and their count and bytes to *files / *bytes.
   Status DeleteSubtreeLocked(uint64_t ino, const std::string* uri = nullptr, std::vector<FileKey>* reclaim = nullptr,
-                             uint64_t* files = nullptr, uint64_t* bytes = nullptr);
+                             uint64_t* files = nullptr, uint64_t* bytes = nullptr) REQUIRES(mu_);
 
   std::unique_ptr<rocksdb::DB> db_;
   std::string open_dir_;  // canonical data_dir, in open_dirs while this is open
@@ -178,13 +179,13 @@ class Namespace {
   const int64_t default_sync_ms_;
   ReclaimFn on_reclaim_;
 
-  mutable std::mutex mu_;                     // guards the fields below and all writes
-  uint64_t next_ino_ = 2;                     // GUARDED_BY(mu_)
-  uint64_t next_mount_ = 1;                   // GUARDED_BY(mu_)
-  std::map<uint64_t, rpc::MountInfo> mounts_; // GUARDED_BY(mu_)
+  mutable Mutex mu_;                     // guards the fields below and all writes
+  uint64_t next_ino_ GUARDED_BY(mu_) = 2;
+  uint64_t next_mount_ GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, rpc::MountInfo> mounts_ GUARDED_BY(mu_);
   // Each mount's metadata.sync_interval, parsed once (SplitMountOptions); nullopt: the default.
-  std::map<uint64_t, std::optional<int64_t>> sync_ms_;  // GUARDED_BY(mu_)
-  std::map<uint64_t, std::shared_ptr<UnderFileSystem>> ufs_;  // GUARDED_BY(mu_)
+  std::map<uint64_t, std::optional<int64_t>> sync_ms_ GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<UnderFileSystem>> ufs_ GUARDED_BY(mu_);
 
   std::array<std::mutex, 64> list_locks_;  // stripe by directory inode
 };

@@ -12,6 +12,7 @@
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/path.h"
+#include "common/thread_annotations.h"
 #include "common/ufs/ufs.h"
 #include "master/cluster.h"
 #include "master/jobs.h"
@@ -234,7 +235,7 @@ class MasterService final : public rpc::Master::Service {
 
   Status DoPin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
     ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
-    std::lock_guard<std::mutex> lock(pin_mu_);
+    MutexLock lock(&pin_mu_);
     ASSIGN_OR_RETURN(auto pins, ns_->Pins());
     rpc::SetPinsRequest sp;
     if (req.pin()) {
@@ -353,7 +354,7 @@ class MasterService final : public rpc::Master::Service {
     return Status::OK();
   }
 
-  std::mutex pin_mu_;  // one pin/unpin at a time
+  Mutex pin_mu_;  // one pin/unpin at a time; held across namespace, cluster and worker calls
 
 
  private:
@@ -387,7 +388,7 @@ class MasterServerImpl final : public MasterServer {
     cluster_ = std::make_unique<Cluster>(cfg.master.worker_timeout);
     // Versions replaced or deleted by a metadata sync: free their blocks in the background.
     ns_->SetReclaimListener([this](std::vector<FileKey> keys) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (reclaim_.size() < 1'000'000) reclaim_.insert(reclaim_.end(), keys.begin(), keys.end());
       cv_.notify_all();
     });
@@ -412,8 +413,8 @@ class MasterServerImpl final : public MasterServer {
         // workers) happens without it, so the reclaim listener never waits behind an expiry.
         std::vector<FileKey> keys;
         {
-          std::unique_lock<std::mutex> lock(mu_);
-          cv_.wait_for(lock, interval, [&] { return stop_ || !reclaim_.empty(); });
+          MutexLock lock(&mu_);
+          if (!stop_ && reclaim_.empty()) lock.WaitFor(&cv_, interval);
           if (stop_) return;
           keys.swap(reclaim_);
         }
@@ -487,7 +488,7 @@ class MasterServerImpl final : public MasterServer {
 
   void Shutdown() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
       stop_ = true;
     }
@@ -517,10 +518,10 @@ class MasterServerImpl final : public MasterServer {
   // Namespace::mu_, the Cluster's mutex, JobManager::mu_ and this mu_ are leaves, each held only
   // inside its own object's methods. mu_ guards reclaim_ and stop_; the namespace calls the
   // reclaim listener outside its own lock.
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;
-  std::vector<FileKey> reclaim_;  // GUARDED_BY(mu_)
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::vector<FileKey> reclaim_ GUARDED_BY(mu_);
   std::thread expirer_;           // expires workers and sends reclaims
 };
 

@@ -10,5 +10,6 @@ bash "$ROOT/scripts/nfs-server.sh" install  # nfs-ganesha for the NFS tests
 command -v npm >/dev/null || bash "$ROOT/scripts/apt-ensure.sh" nodejs npm
 (cd "$ROOT/tests/common/oss_sdk" && npm ci --silent --no-audit --no-fund >/dev/null)
 bash "$ROOT/scripts/build.sh"
+bash "$ROOT/scripts/thread-safety.sh"       # the annotated modules' locks, checked by clang
 cd "${BUILD_DIR:-$ROOT/build}"
 ctest --output-on-failure --timeout 900 "$@"
