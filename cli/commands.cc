@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <google/protobuf/message.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
@@ -182,21 +183,34 @@ int CmdFree(MasterConn& m, const std::string& raw) {
   return 0;
 }
 
-nlohmann::json TiersJson(const rpc::WorkerStats& s) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& t : s.tiers()) {
-    out.push_back({{"medium", t.medium()},
-                   {"paths", std::vector<std::string>(t.paths().begin(), t.paths().end())},
-                   {"capacity_bytes", t.capacity_bytes()},
-                   {"used_bytes", t.used_bytes()},
-                   {"blocks", t.blocks()},
-                   {"hits", t.hits()},
-                   {"misses", t.misses()},
-                   {"evictions", t.evictions()},
-                   {"demotions", t.demotions()},
-                   {"promotions", t.promotions()},
-                   {"high", t.high()},
-                   {"low", t.low()}});
+// A message's scalar fields (and repeated strings) as JSON, keyed by field name: a counter added to
+// WorkerStats or TierStats shows in `granary report --json` without another list to update.
+// Message and map fields are left to the caller.
+nlohmann::json ScalarFieldsJson(const google::protobuf::Message& m) {
+  using FD = google::protobuf::FieldDescriptor;
+  const auto* d = m.GetDescriptor();
+  const auto* r = m.GetReflection();
+  nlohmann::json out = nlohmann::json::object();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    if (f->is_repeated()) {
+      if (f->cpp_type() != FD::CPPTYPE_STRING) continue;
+      std::vector<std::string> v;
+      for (int k = 0; k < r->FieldSize(m, f); ++k) v.push_back(r->GetRepeatedString(m, f, k));
+      out[f->name()] = v;
+      continue;
+    }
+    switch (f->cpp_type()) {
+      case FD::CPPTYPE_UINT64: out[f->name()] = r->GetUInt64(m, f); break;
+      case FD::CPPTYPE_UINT32: out[f->name()] = r->GetUInt32(m, f); break;
+      case FD::CPPTYPE_INT64: out[f->name()] = r->GetInt64(m, f); break;
+      case FD::CPPTYPE_INT32: out[f->name()] = r->GetInt32(m, f); break;
+      case FD::CPPTYPE_DOUBLE: out[f->name()] = r->GetDouble(m, f); break;
+      case FD::CPPTYPE_FLOAT: out[f->name()] = r->GetFloat(m, f); break;
+      case FD::CPPTYPE_BOOL: out[f->name()] = r->GetBool(m, f); break;
+      case FD::CPPTYPE_STRING: out[f->name()] = r->GetString(m, f); break;
+      default: break;  // messages, enums: the caller's
+    }
   }
   return out;
 }
@@ -233,36 +247,15 @@ int CmdReport(MasterConn& m, bool json) {
     j["workers"] = nlohmann::json::array();
     for (const auto& w : r.workers()) {
       const auto& s = w.stats();
-      j["workers"].push_back({{"id", w.id()},
-                              {"address", w.address()},
-                              {"alive", w.alive()},
-                              {"health", w.alive() ? "alive" : "lost"},
-                              {"last_heartbeat_ns", w.last_heartbeat_ns()},
-                              {"loaded_blocks", s.loaded_blocks()},
-                              {"loaded_bytes", s.loaded_bytes()},
-                              {"capacity_bytes", s.capacity_bytes()},
-                              {"used_bytes", s.used_bytes()},
-                              {"blocks", s.blocks()},
-                              {"hits", s.hits()},
-                              {"misses", s.misses()},
-                              {"ufs_reads", s.ufs_reads()},
-                              {"ufs_bytes", s.ufs_bytes()},
-                              {"evictions", s.evictions()},
-                              {"corrupt_blocks", s.corrupt_blocks()},
-                              {"pinned_blocks", s.pinned_blocks()},
-                              {"rejected", s.rejected()},
-                              {"policy", s.policy()},
-                              {"bytes_served", s.bytes_served()},
-                              {"peer_reads", s.peer_reads()},
-                              {"peer_bytes", s.peer_bytes()},
-                              {"peer_served", s.peer_served()},
-                              {"peer_failovers", s.peer_failovers()},
-                              {"coalesced", s.coalesced()},
-                              {"peers", s.peers()},
-                              {"leases", s.leases()},
-                              {"prefetched", s.prefetched()},
-                              {"local_socket", s.local_socket()},
-                              {"tiers", TiersJson(s)}});
+      nlohmann::json wj = ScalarFieldsJson(s);
+      wj["id"] = w.id();
+      wj["address"] = w.address();
+      wj["alive"] = w.alive();
+      wj["health"] = w.alive() ? "alive" : "lost";
+      wj["last_heartbeat_ns"] = w.last_heartbeat_ns();
+      wj["tiers"] = nlohmann::json::array();
+      for (const auto& t : s.tiers()) wj["tiers"].push_back(ScalarFieldsJson(t));
+      j["workers"].push_back(std::move(wj));
     }
     j["mounts"] = nlohmann::json::array();
     for (const auto& mr : r.mounts()) {

@@ -23,6 +23,7 @@
 #include "worker/master_link.h"
 #include "worker/local_server.h"
 #include "worker/peers.h"
+#include "worker/stat_metrics.h"
 
 namespace granary::worker {
 namespace {
@@ -243,33 +244,13 @@ class WorkerServerImpl final : public WorkerServer {
     e->Sample("granary_worker_block_reads_total", {{"source", "zero_copy"}}, d(s.leases()));
     e->Sample("granary_worker_block_reads_total", {{"source", "peer"}}, d(s.peer_reads()));
     e->Sample("granary_worker_block_reads_total", {{"source", "under_storage"}}, d(s.ufs_reads()));
-    e->Counter("granary_worker_cache_misses_total", "Block reads that missed this worker's cache.", d(s.misses()));
-    e->Counter("granary_worker_served_bytes_total", "Bytes served to readers and peers.", d(s.bytes_served()));
-    e->Counter("granary_worker_peer_bytes_total", "Bytes fetched from peer workers.", d(s.peer_bytes()));
-    e->Counter("granary_worker_ufs_read_bytes_total", "Bytes read from the under-storage.", d(s.ufs_bytes()));
-    e->Counter("granary_worker_ufs_requests_total", "Read calls to the under-storage.", d(s.ufs_reads()));
-    e->Counter("granary_worker_ufs_errors_total", "Under-storage fetches that failed (after the client's retries).",
-               d(source_->counters().ufs_errors));
-    e->Counter("granary_worker_passthrough_leases_total",
-               "Whole data files leased to the local FUSE client for passthrough opens (the kernel then reads "
-               "them without asking).",
-               d(source_->counters().passthrough_leases));
-    e->Counter("granary_worker_peer_served_total", "Block requests served to peer workers.", d(s.peer_served()));
-    e->Counter("granary_worker_peer_failovers_total", "Peer calls that failed and went to the next worker.",
-               d(s.peer_failovers()));
-    e->Counter("granary_worker_coalesced_reads_total", "Misses that joined a fetch already in flight.",
-               d(s.coalesced()));
-    e->Counter("granary_worker_prefetched_blocks_total", "Blocks fetched ahead of readers.", d(s.prefetched()));
-    e->Counter("granary_worker_loaded_blocks_total", "Blocks fetched by load jobs.", d(s.loaded_blocks()));
-    e->Counter("granary_worker_loaded_bytes_total", "Bytes fetched by load jobs.", d(s.loaded_bytes()));
-    e->Counter("granary_worker_corrupt_blocks_total", "Cached blocks that failed their checksum and were dropped.",
-               d(s.corrupt_blocks()));
-    e->Counter("granary_worker_scrubbed_blocks_total", "Cached blocks the scrub read and verified.",
-               d(store_->Stats().scrubbed));
-    e->Counter("granary_worker_rejected_blocks_total", "Blocks not cached for want of evictable space.",
-               d(s.rejected()));
-    e->Gauge("granary_worker_pinned_blocks", "Cached blocks that are pinned.", d(s.pinned_blocks()));
-    e->Gauge("granary_worker_peers", "Live workers this worker places blocks over, itself included.", d(s.peers()));
+    for (const StatMetric& m : kStatMetrics) {
+      if (m.gauge) {
+        e->Gauge(m.metric, m.help, StatValue(s, m.field));
+      } else {
+        e->Counter(m.metric, m.help, StatValue(s, m.field));
+      }
+    }
     e->Gauge("granary_worker_registered", "1 once the master has registered this worker.", link_->worker_id() ? 1 : 0);
     struct TierMetric {
       const char* name;
@@ -370,6 +351,9 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_prefetched(c.prefetched);
     s.set_loaded_blocks(c.loaded_blocks);
     s.set_loaded_bytes(c.loaded_bytes);
+    s.set_ufs_errors(c.ufs_errors);
+    s.set_passthrough_leases(c.passthrough_leases);
+    s.set_scrubbed_blocks(b.scrubbed);
     for (const auto& [mount, a] : source_->AccessByMount()) {
       rpc::MountCounters& mc = (*s.mutable_mount_counters())[mount];
       mc.set_hits(a.hits);

@@ -1,0 +1,62 @@
+// The worker's plain counters and gauges on /metrics, written once: each names the WorkerStats
+// field that holds it (what GetStats, heartbeats and `granary report --json` carry, the JSON by
+// reflection), so adding a counter is a proto field, a line in WorkerServer::Stats() and a row
+// here. Families with labels (block reads by source, tiers, mounts) are rendered by hand.
+#pragma once
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
+#include <cstdint>
+
+#include "proto/granary.pb.h"
+
+namespace granary::worker {
+
+struct StatMetric {
+  const char* field;   // an integer field of rpc::WorkerStats
+  const char* metric;  // Prometheus name
+  bool gauge;          // else a counter
+  const char* help;
+};
+
+inline constexpr StatMetric kStatMetrics[] = {
+    {"misses", "granary_worker_cache_misses_total", false, "Block reads that missed this worker's cache."},
+    {"bytes_served", "granary_worker_served_bytes_total", false, "Bytes served to readers and peers."},
+    {"peer_bytes", "granary_worker_peer_bytes_total", false, "Bytes fetched from peer workers."},
+    {"ufs_bytes", "granary_worker_ufs_read_bytes_total", false, "Bytes read from the under-storage."},
+    {"ufs_reads", "granary_worker_ufs_requests_total", false, "Read calls to the under-storage."},
+    {"ufs_errors", "granary_worker_ufs_errors_total", false,
+     "Under-storage fetches that failed (after the client's retries)."},
+    {"passthrough_leases", "granary_worker_passthrough_leases_total", false,
+     "Whole data files leased to the local FUSE client for passthrough opens (the kernel then reads them "
+     "without asking)."},
+    {"peer_served", "granary_worker_peer_served_total", false, "Block requests served to peer workers."},
+    {"peer_failovers", "granary_worker_peer_failovers_total", false,
+     "Peer calls that failed and went to the next worker."},
+    {"coalesced", "granary_worker_coalesced_reads_total", false, "Misses that joined a fetch already in flight."},
+    {"prefetched", "granary_worker_prefetched_blocks_total", false, "Blocks fetched ahead of readers."},
+    {"loaded_blocks", "granary_worker_loaded_blocks_total", false, "Blocks fetched by load jobs."},
+    {"loaded_bytes", "granary_worker_loaded_bytes_total", false, "Bytes fetched by load jobs."},
+    {"corrupt_blocks", "granary_worker_corrupt_blocks_total", false,
+     "Cached blocks that failed their checksum and were dropped."},
+    {"scrubbed_blocks", "granary_worker_scrubbed_blocks_total", false, "Cached blocks the scrub read and verified."},
+    {"rejected", "granary_worker_rejected_blocks_total", false, "Blocks not cached for want of evictable space."},
+    {"pinned_blocks", "granary_worker_pinned_blocks", true, "Cached blocks that are pinned."},
+    {"peers", "granary_worker_peers", true, "Live workers this worker places blocks over, itself included."},
+};
+
+// The value of integer field `field` of `s`; -1 when WorkerStats has no such integer field.
+inline double StatValue(const rpc::WorkerStats& s, const char* field) {
+  using FD = google::protobuf::FieldDescriptor;
+  const FD* f = rpc::WorkerStats::descriptor()->FindFieldByName(field);
+  if (f == nullptr || f->is_repeated()) return -1;
+  const auto* r = s.GetReflection();
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_UINT64: return static_cast<double>(r->GetUInt64(s, f));
+    case FD::CPPTYPE_UINT32: return static_cast<double>(r->GetUInt32(s, f));
+    default: return -1;
+  }
+}
+
+}  // namespace granary::worker
