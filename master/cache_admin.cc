@@ -1,0 +1,181 @@
+#include "master/cache_admin.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/keys.h"
+#include "common/path.h"
+
+namespace granary::master {
+namespace {
+
+// The pinned path at, above or below `path`, or "".
+std::string PinOverlapping(const std::map<std::string, std::vector<FileKey>>& pins, const std::string& path) {
+  for (const auto& [p, keys] : pins) {
+    if (PathWithin(path, p) || PathWithin(p, path)) return p;
+  }
+  return "";
+}
+
+}  // namespace
+
+// Calls `call` on every live worker; counts the successes in *told; returns the first failure.
+Status ForEachWorker(Cluster& cluster, const WorkerCalls& workers,
+                     const std::function<Status(rpc::Worker::Stub&, grpc::ClientContext&)>& call, uint32_t* told) {
+  Status first;
+  for (const auto& [id, address] : cluster.AliveWorkers()) {
+    auto holder = workers.pool->Get(address);
+    grpc::ClientContext ctx;
+    workers.pool->security().Prepare(&ctx, workers.timeout);
+    auto stub = holder->Get();
+    Status st = call(*stub, ctx);
+    if (st.code() == Code::kUnavailable) holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+    if (st.ok()) {
+      ++*told;
+    } else if (first.ok()) {
+      first = st.WithContext("worker " + std::to_string(id) + " at " + address);
+    }
+  }
+  return first;
+}
+
+// Frees the cached blocks of these file versions on every live worker.
+Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys,
+                     uint64_t* blocks, uint32_t* told) {
+  rpc::FreeBlocksRequest fb;
+  for (const auto& k : keys) fb.add_file_keys(FileKeyBytes(k));
+  return ForEachWorker(
+      cluster, workers,
+      [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
+        rpc::FreeBlocksResponse r;
+        Status s = FromGrpc(w.FreeBlocks(&ctx, fb, &r), "FreeBlocks");
+        *blocks += r.blocks();
+        return s;
+      },
+      told);
+}
+
+Status CacheAdmin::Pin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
+  ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
+  MutexLock lock(&pin_mu_);
+  ASSIGN_OR_RETURN(auto pins, ns_->Pins());
+  rpc::SetPinsRequest sp;
+  if (req.pin()) {
+    std::vector<FileKey> keys;
+    RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) { keys.push_back(k); }));
+    RETURN_IF_ERROR(ns_->PutPin(path, keys));
+    for (const auto& k : keys) sp.add_file_keys(FileKeyBytes(k));
+    resp->set_files(keys.size());
+  } else {
+    // Unpin removes pins recorded at or below the path; a pin above it must be removed itself.
+    std::vector<std::string> gone;
+    for (const auto& [p, keys] : pins) {
+      if (PathWithin(p, path)) gone.push_back(p);
+    }
+    if (gone.empty()) {
+      std::string above = PinOverlapping(pins, path);
+      if (!above.empty()) {
+        return FailedPreconditionError(path + " is pinned through " + above + "; unpin " + above + " instead");
+      }
+      return NotFoundError(path + " is not pinned (granary report lists pinned blocks per worker)");
+    }
+    std::set<FileKey> still;
+    for (const auto& [p, keys] : pins) {
+      if (std::find(gone.begin(), gone.end(), p) == gone.end()) still.insert(keys.begin(), keys.end());
+    }
+    uint64_t files = 0;
+    for (const auto& p : gone) {
+      RETURN_IF_ERROR(ns_->DeletePin(p));
+      for (const auto& k : pins[p]) {
+        ++files;
+        if (!still.count(k)) sp.add_file_keys(FileKeyBytes(k));
+      }
+    }
+    resp->set_files(files);
+  }
+  sp.set_pin(req.pin());
+  uint32_t told = 0;
+  Status st = ForEachWorker(
+      *cluster_, workers_,
+      [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
+        rpc::SetPinsResponse r;
+        return FromGrpc(w.SetPins(&ctx, sp, &r), "SetPins");
+      },
+      &told);
+  resp->set_workers(told);
+  // The record is durable; a worker that missed the call gets the whole set when it registers again.
+  if (!st.ok()) spdlog::warn("pin {}: {}", path, st.message());
+  return Status::OK();
+}
+
+Status CacheAdmin::Free(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
+  ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
+  ASSIGN_OR_RETURN(auto pins, ns_->Pins());
+  std::string pinned = PinOverlapping(pins, path);
+  if (!pinned.empty()) {
+    return FailedPreconditionError(path + " overlaps the pinned path " + pinned + "; unpin it first (granary unpin " +
+                                   pinned + ")");
+  }
+  std::vector<FileKey> keys;
+  RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) { keys.push_back(k); }));
+  resp->set_files(keys.size());
+  uint64_t blocks = 0;
+  uint32_t told = 0;
+  Status st = FreeOnWorkers(*cluster_, workers_, keys, &blocks, &told);
+  resp->set_blocks(blocks);
+  resp->set_workers(told);
+  return st;
+}
+
+Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
+  ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
+  ASSIGN_OR_RETURN(rpc::Attr top, ns_->Resolve(path));
+  ASSIGN_OR_RETURN(auto pins, ns_->Pins());
+  auto pinned = [&](const std::string& p) {
+    for (const auto& [pin, keys] : pins) {
+      if (PathWithin(p, pin)) return true;
+    }
+    return false;
+  };
+  std::map<uint64_t, std::string> uris;
+  auto account = [&](const rpc::FileInfo& f, rpc::DuEntry* e) -> Status {
+    auto u = uris.find(f.mount_id());
+    if (u == uris.end()) {
+      ASSIGN_OR_RETURN(rpc::MountInfo m, ns_->GetMount(f.mount_id()));
+      u = uris.emplace(f.mount_id(), m.uri()).first;
+    }
+    FileKey k = MakeFileKey(u->second, f.ufs_path(), f.version());
+    uint64_t distinct = 0, copies = 0;
+    cluster_->CachedOf(FileKeyBytes(k), f.attr().size(), f.block_size(),
+                       &distinct, &copies);
+    e->set_files(e->files() + 1);
+    e->set_bytes(e->bytes() + f.attr().size());
+    e->set_cached_bytes(e->cached_bytes() + distinct);
+    e->set_replica_bytes(e->replica_bytes() + copies);
+    return Status::OK();
+  };
+  rpc::DuEntry* total = resp->mutable_total();
+  total->set_path(path);
+  total->set_pinned(pinned(path));
+  std::map<std::string, rpc::DuEntry> children;  // first path component below `path` -> totals
+  const std::string prefix = path == "/" ? "/" : path + "/";
+  RETURN_IF_ERROR(ns_->ForEachFile(path, [&](const std::string& p, const rpc::FileInfo& f) -> Status {
+    RETURN_IF_ERROR(account(f, total));
+    if (top.type() != rpc::DIRECTORY) return Status::OK();
+    std::string rest = p.substr(prefix.size());
+    size_t slash = rest.find('/');
+    std::string child = slash == std::string::npos ? "" : prefix + rest.substr(0, slash);
+    rpc::DuEntry& e = children[child];
+    if (e.path().empty()) {
+      e.set_path(child.empty() ? prefix + "(files)" : child);
+      e.set_pinned(pinned(child.empty() ? path : child));
+    }
+    return account(f, &e);
+  }));
+  for (auto& [k, e] : children) *resp->add_entries() = std::move(e);
+  return Status::OK();
+}
+
+}  // namespace granary::master
