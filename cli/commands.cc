@@ -18,7 +18,7 @@
 #include "common/fs.h"
 #include "common/shutdown.h"
 #include "common/tiers.h"
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 #include "common/units.h"
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"

@@ -10,7 +10,7 @@
 #include "common/logging.h"
 #include "common/shutdown.h"
 #include "common/tiers.h"
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 #include "fuse/mount.h"
 #include "master/namespace.h"
 #include "master/server.h"

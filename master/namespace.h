@@ -52,7 +52,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "common/tiers.h"
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 #include "proto/granary.pb.h"
 #include "proto/meta.pb.h"
 

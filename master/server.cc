@@ -12,7 +12,7 @@
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/thread_annotations.h"
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 #include "master/cache_admin.h"
 #include "master/cluster.h"
 #include "master/jobs.h"

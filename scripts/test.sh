@@ -8,7 +8,7 @@ bash "$ROOT/scripts/s3-server.sh" install   # Ceph RGW for the S3 tests
 bash "$ROOT/scripts/nfs-server.sh" install  # nfs-ganesha for the NFS tests
 # The official ali-oss SDK, to check OSS signatures against (versions pinned by package-lock.json).
 command -v npm >/dev/null || bash "$ROOT/scripts/apt-ensure.sh" nodejs npm
-(cd "$ROOT/tests/common/oss_sdk" && npm ci --silent --no-audit --no-fund >/dev/null)
+(cd "$ROOT/tests/ufs/oss_sdk" && npm ci --silent --no-audit --no-fund >/dev/null)
 bash "$ROOT/scripts/build.sh"
 bash "$ROOT/scripts/thread-safety.sh"       # the annotated modules' locks, checked by clang
 cd "${BUILD_DIR:-$ROOT/build}"

@@ -15,7 +15,7 @@
 
 #include "common/status.h"
 #include "common/tiers.h"
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 #include "worker/block_store.h"
 
 namespace granary::worker {

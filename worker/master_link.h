@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/config.h"
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 #include "proto/granary.grpc.pb.h"
 #include "proto/rpc.h"
 #include "worker/block_store.h"

@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/ufs/nfs_ufs.h"
+#include "ufs/nfs_ufs.h"
 #include "tests/integration/harness.h"
 
 namespace granary::testing {

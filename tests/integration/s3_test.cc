@@ -15,7 +15,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/ufs/s3_ufs.h"
+#include "ufs/s3_ufs.h"
 #include "master/namespace.h"
 #include "tests/integration/harness.h"
 #include "tests/testutil/proxy.h"

@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 
 namespace granary::testing {
 

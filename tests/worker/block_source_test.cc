@@ -5,7 +5,7 @@
 #include <fstream>
 #include <thread>
 
-#include "common/ufs/local_ufs.h"
+#include "ufs/local_ufs.h"
 #include "tests/testutil/fault_ufs.h"
 #include "tests/testutil/testutil.h"
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <thread>
 
-#include "common/ufs/local_ufs.h"
+#include "ufs/local_ufs.h"
 #include "tests/testutil/fault_ufs.h"
 #include "tests/testutil/testutil.h"
 #include "worker/block_source.h"

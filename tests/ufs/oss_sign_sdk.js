@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Recomputes the OSS signatures printed by oss_sign_vectors with the official ali-oss SDK
 // (signUtils) and compares them. Usage: node oss_sign_sdk.js PATH/TO/oss_sign_vectors
-// Needs tests/common/oss_sdk/node_modules (npm ci there; scripts/test.sh does it).
+// Needs tests/ufs/oss_sdk/node_modules (npm ci there; scripts/test.sh does it).
 'use strict';
 const { execFileSync } = require('child_process');
 const path = require('path');

@@ -1,11 +1,11 @@
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 
 #include <algorithm>
 
 #include "common/tiers.h"
-#include "common/ufs/local_ufs.h"
-#include "common/ufs/nfs_ufs.h"
-#include "common/ufs/s3_ufs.h"
+#include "ufs/local_ufs.h"
+#include "ufs/nfs_ufs.h"
+#include "ufs/s3_ufs.h"
 
 namespace granary {
 

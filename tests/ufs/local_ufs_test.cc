@@ -1,4 +1,4 @@
-#include "common/ufs/local_ufs.h"
+#include "ufs/local_ufs.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -8,13 +8,13 @@
 // <x-oss- headers>\n<resource with sub-resources>)).
 //
 // Checked against the official ali-oss SDK's signUtils for generated requests
-// (tests/common/oss_sign_vectors.cc, tests/common/oss_sign_sdk.js). Pure and thread-safe.
+// (tests/ufs/oss_sign_vectors.cc, tests/ufs/oss_sign_sdk.js). Pure and thread-safe.
 #pragma once
 
 #include <ctime>
 #include <string>
 
-#include "common/ufs/sigv4.h"
+#include "ufs/sigv4.h"
 
 namespace granary {
 

@@ -1,4 +1,4 @@
-#include "common/ufs/nfs_ufs.h"
+#include "ufs/nfs_ufs.h"
 
 #include <fcntl.h>
 #include <nfsc/libnfs.h>

@@ -1,10 +1,10 @@
 // Prints generated OSS requests and Granary's V4 and V1 signatures, one JSON object per line, for
-// tests/common/oss_sign_sdk.js to recompute with the official ali-oss SDK and compare.
+// tests/ufs/oss_sign_sdk.js to recompute with the official ali-oss SDK and compare.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "common/ufs/oss_sign.h"
+#include "ufs/oss_sign.h"
 
 int main() {
   std::mt19937 rng(1121);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/ufs/sigv4.h"
+#include "ufs/sigv4.h"
 
 namespace granary {
 

@@ -12,8 +12,9 @@
 //   endpoint        http(s)://host[:port]   AWS_ENDPOINT_URL; default https://s3.<region>.amazonaws.com
 //   region          us-east-1               AWS_REGION, AWS_DEFAULT_REGION
 //   path_style      true with a custom endpoint, else false (virtual-hosted: bucket.host)
-//   access_key, secret_key, session_token           AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
 //   access_key_file, secret_key_file, session_token_file  (files, e.g. a mounted Kubernetes Secret)
+//                                           AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
+//   (inline access_key / secret_key / session_token are refused: RefuseInlineSecrets, common/tiers.h)
 //   credentials_file, profile               AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials), AWS_PROFILE
 //   max_attempts (5), retry_deadline (20s), max_requests (32: requests in flight at once; each
 //   keeps its connection alive for reuse)
@@ -29,9 +30,9 @@
 #include <memory>
 #include <string>
 
-#include "common/ufs/http.h"
-#include "common/ufs/sigv4.h"
-#include "common/ufs/ufs.h"
+#include "ufs/http.h"
+#include "ufs/sigv4.h"
+#include "ufs/ufs.h"
 
 namespace granary {
 

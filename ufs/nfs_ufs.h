@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 
 struct nfs_context;
 

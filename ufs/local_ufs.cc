@@ -1,4 +1,4 @@
-#include "common/ufs/local_ufs.h"
+#include "ufs/local_ufs.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "common/tiers.h"
-#include "common/ufs/s3_ufs.h"
+#include "ufs/s3_ufs.h"
 #include "tests/testutil/testutil.h"
 
 namespace granary {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "common/ufs/ufs.h"
+#include "ufs/ufs.h"
 
 namespace granary {
 

@@ -1,4 +1,4 @@
-#include "common/ufs/http.h"
+#include "ufs/http.h"
 
 #include <curl/curl.h>
 

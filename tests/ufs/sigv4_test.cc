@@ -1,4 +1,4 @@
-#include "common/ufs/sigv4.h"
+#include "ufs/sigv4.h"
 
 #include <gtest/gtest.h>
 

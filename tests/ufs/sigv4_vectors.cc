@@ -1,10 +1,10 @@
 // Prints generated S3 requests and Granary's SigV4 signatures for them, one JSON object per line,
-// for tests/common/sigv4_botocore.py to re-sign with botocore and compare.
+// for tests/ufs/sigv4_botocore.py to re-sign with botocore and compare.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "common/ufs/sigv4.h"
+#include "ufs/sigv4.h"
 
 int main() {
   using granary::HeaderList;

@@ -1,4 +1,4 @@
-#include "common/ufs/oss_sign.h"
+#include "ufs/oss_sign.h"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>

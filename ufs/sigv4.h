@@ -7,7 +7,7 @@
 // never leaves this function; only the derived signature does.
 //
 // Checked against AWS's documented example and against botocore signing the same generated
-// requests (tests/common/sigv4_test.cc, tests/common/sigv4_botocore.py). Pure and thread-safe.
+// requests (tests/ufs/sigv4_test.cc, tests/ufs/sigv4_botocore.py). Pure and thread-safe.
 #pragma once
 
 #include <ctime>

@@ -1,4 +1,4 @@
-#include "common/ufs/s3_ufs.h"
+#include "ufs/s3_ufs.h"
 
 #include <spdlog/spdlog.h>
 #include <tinyxml2.h>
@@ -13,7 +13,7 @@
 
 #include "common/fs.h"
 #include "common/tiers.h"
-#include "common/ufs/oss_sign.h"
+#include "ufs/oss_sign.h"
 #include "common/units.h"
 
 namespace granary {
