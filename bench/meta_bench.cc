@@ -20,7 +20,7 @@
 
 #include "common/config.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 using namespace granary;
 using Clock = std::chrono::steady_clock;

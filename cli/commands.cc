@@ -21,7 +21,7 @@
 #include "ufs/ufs.h"
 #include "common/units.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 namespace granary::cli {
 namespace {

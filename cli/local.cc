@@ -15,7 +15,7 @@
 #include "master/namespace.h"
 #include "master/server.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 #include "worker/server.h"
 
 namespace granary::cli {

@@ -8,7 +8,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 namespace granary::cli {
 

@@ -26,7 +26,7 @@
 #include "common/status.h"
 #include "fuse/local_channel.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 namespace granary::fuse {
 

@@ -2,7 +2,7 @@
 
 #include <unistd.h>
 
-#include "proto/local_wire.h"
+#include "rpc/local_wire.h"
 
 namespace granary::fuse {
 

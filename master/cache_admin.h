@@ -24,7 +24,7 @@
 #include "master/cluster.h"
 #include "master/namespace.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 namespace granary::master {
 

@@ -54,7 +54,7 @@
 #include "master/cluster.h"
 #include "master/namespace.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 namespace grpc {
 class ClientContext;

@@ -18,7 +18,7 @@
 #include "master/jobs.h"
 #include "master/namespace.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 namespace granary::master {
 namespace {

@@ -12,7 +12,7 @@
 #include <unordered_map>
 
 #include "proto/granary.pb.h"
-#include "proto/local_wire.h"
+#include "rpc/local_wire.h"
 
 namespace granary::worker {
 

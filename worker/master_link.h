@@ -22,7 +22,7 @@
 #include "common/config.h"
 #include "ufs/ufs.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 #include "worker/block_store.h"
 #include "worker/interfaces.h"
 

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 #include "worker/interfaces.h"
 #include "worker/placement.h"
 

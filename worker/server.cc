@@ -17,7 +17,7 @@
 #include "common/net.h"
 #include "common/rate_limiter.h"
 #include "proto/granary.grpc.pb.h"
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 #include "worker/block_source.h"
 #include "worker/block_store.h"
 #include "worker/master_link.h"

@@ -1,6 +1,6 @@
 // Status <-> grpc::Status: code for code, and a Reason survives the trip (a version change seen by
 // a worker must still be one when granary-fuse gets it).
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 #include <gtest/gtest.h>
 

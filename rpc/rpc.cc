@@ -1,4 +1,4 @@
-#include "proto/rpc.h"
+#include "rpc/rpc.h"
 
 #include <openssl/crypto.h>
 

@@ -1,4 +1,4 @@
-#include "proto/local_wire.h"
+#include "rpc/local_wire.h"
 
 #include <errno.h>
 #include <string.h>
