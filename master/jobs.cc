@@ -9,6 +9,7 @@
 #include "common/keys.h"
 #include "common/path.h"
 #include "common/units.h"
+#include "master/records.h"
 
 namespace granary::master {
 namespace {
@@ -57,12 +58,12 @@ Status JobManager::Start() {
   std::vector<std::pair<uint64_t, rpc::LoadJob>> loaded;
   Status parse;
   RETURN_IF_ERROR(ns_->ForEachJobRecord("j", [&](const std::string& key, const std::string& value) {
-    rpc::LoadJob j;
-    if (!j.ParseFromString(value)) {
+    LoadJobRecord r;
+    if (!r.ParseFromString(value)) {
       parse = DataLossError("job record " + std::to_string(GetBe64(key, 1)) + " does not parse");
       return;
     }
-    loaded.emplace_back(GetBe64(key, 1), std::move(j));
+    loaded.emplace_back(GetBe64(key, 1), FromRecord(r));
   }));
   RETURN_IF_ERROR(parse);
   {
@@ -140,7 +141,7 @@ StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
   if (spec.paths_size() > static_cast<int>(kListedPaths)) {
     job.mutable_spec()->mutable_paths()->DeleteSubrange(kListedPaths, spec.paths_size() - kListedPaths);
   }
-  RETURN_IF_ERROR(ns_->PutJobRecord("s" + Be64(id), spec.SerializeAsString()));
+  RETURN_IF_ERROR(ns_->PutJobRecord("s" + Be64(id), ToRecord(spec).SerializeAsString()));
   {
     MutexLock lock(&mu_);
     jobs_[id] = job;
@@ -215,7 +216,7 @@ Status JobManager::Persist(uint64_t id) {
   std::string value;
   {
     MutexLock lock(&mu_);
-    value = jobs_[id].SerializeAsString();
+    value = ToRecord(jobs_[id]).SerializeAsString();
   }
   return ns_->PutJobRecord("j" + Be64(id), value);
 }
@@ -240,7 +241,9 @@ void JobManager::Run(uint64_t id) {
   rpc::LoadJobSpec spec;
   auto raw = ns_->GetJobRecord("s" + Be64(id));
   Status st = raw.status();
-  if (st.ok() && !spec.ParseFromString(*raw)) st = DataLossError("the job's request record does not parse");
+  LoadJobSpecRecord spec_record;
+  if (st.ok() && !spec_record.ParseFromString(*raw)) st = DataLossError("the job's request record does not parse");
+  if (st.ok()) spec = FromRecord(spec_record);
   rpc::JobState state;
   {
     MutexLock lock(&mu_);

@@ -30,8 +30,8 @@
 // one at its next step (its in-flight worker calls are cancelled).
 //
 // RocksDB records (under the namespace's J prefix; be64 ids sort numerically):
-//   J s be64(id)  -> LoadJobSpec   the request, whole (a --from-file list can be long)
-//   J j be64(id)  -> LoadJob       state and counters, with spec.paths cut to kListedPaths
+//   J s be64(id)  -> LoadJobSpecRecord  the request, whole (a --from-file list can be long)
+//   J j be64(id)  -> LoadJobRecord      state and counters, with spec.paths cut to kListedPaths
 //
 // Thread-safe: `mu_` guards the in-memory jobs and the queue; one runner thread does the work.
 #pragma once

@@ -17,6 +17,7 @@
 #include "common/hash.h"
 #include "common/keys.h"
 #include "common/tiers.h"
+#include "master/records.h"
 
 namespace granary::master {
 namespace {
@@ -164,7 +165,7 @@ Status Namespace::Init() {
   rocksdb::Status root_s = db_->Get({}, InodeKey(kRootIno), &v);
   if (!root_s.IsNotFound()) RETURN_IF_ERROR(FromRocks(root_s, "read the root inode"));
   if (root_s.IsNotFound()) {
-    rpc::InodeRecord root;
+    InodeRecord root;
     root.set_ino(kRootIno);
     root.set_parent(kRootIno);
     root.set_type(rpc::DIRECTORY);
@@ -175,10 +176,11 @@ Status Namespace::Init() {
   }
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
   for (it->Seek("M"); it->Valid() && it->key().starts_with("M"); it->Next()) {
-    rpc::MountInfo m;
-    if (!m.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+    MountRecord r;
+    if (!r.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
       return DataLossError("corrupt mount record in RocksDB");
     }
+    rpc::MountInfo m = FromRecord(r);
     mounts_[m.id()] = m;
     sync_ms_[m.id()] = ParsedSyncMs(m);
   }
@@ -187,12 +189,12 @@ Status Namespace::Init() {
   return Status::OK();
 }
 
-StatusOr<rpc::InodeRecord> Namespace::GetRecord(uint64_t ino) const {
+StatusOr<InodeRecord> Namespace::GetRecord(uint64_t ino) const {
   std::string v;
   rocksdb::Status s = db_->Get({}, InodeKey(ino), &v);
   if (s.IsNotFound()) return NotFoundError("no inode " + std::to_string(ino));
   RETURN_IF_ERROR(FromRocks(s, "read inode"));
-  rpc::InodeRecord r;
+  InodeRecord r;
   if (!r.ParseFromString(v)) return DataLossError("corrupt inode record " + std::to_string(ino));
   return r;
 }
@@ -206,7 +208,7 @@ StatusOr<uint64_t> Namespace::GetChild(uint64_t parent, const std::string& name)
   return GetBe64(v.data());
 }
 
-rpc::Attr Namespace::AttrOf(const rpc::InodeRecord& r) const {
+rpc::Attr Namespace::AttrOf(const InodeRecord& r) const {
   rpc::Attr a;
   a.set_ino(r.ino());
   a.set_type(r.type());
@@ -240,7 +242,7 @@ StatusOr<std::shared_ptr<UnderFileSystem>> Namespace::UfsFor(uint64_t mount_id) 
 Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) {
   mounts_[m.id()] = m;
   sync_ms_[m.id()] = ParsedSyncMs(m);
-  return FromRocks(batch->Put(MountKey(m.id()), m.SerializeAsString()), "write mount");
+  return FromRocks(batch->Put(MountKey(m.id()), ToRecord(m).SerializeAsString()), "write mount");
 }
 
 int64_t Namespace::SyncIntervalMs(uint64_t mount_id) const {
@@ -260,7 +262,7 @@ std::optional<int64_t> Namespace::ParsedSyncMs(const rpc::MountInfo& m) {
   return cache.metadata_sync_ms;
 }
 
-bool Namespace::SyncDue(const rpc::InodeRecord& r) const {
+bool Namespace::SyncDue(const InodeRecord& r) const {
   if (r.mount_id() == 0) return false;  // virtual directories have nothing to sync with
   int64_t interval = SyncIntervalMs(r.mount_id());
   if (interval < 0) return false;
@@ -271,11 +273,11 @@ void Namespace::Reclaim(std::vector<FileKey> keys) {
   if (!keys.empty() && on_reclaim_) on_reclaim_(std::move(keys));
 }
 
-Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
+Status Namespace::EnsureListed(const InodeRecord& dir) {
   if (dir.type() != rpc::DIRECTORY) return Status::OK();
   if (dir.listed() && !SyncDue(dir)) return Status::OK();
   std::lock_guard<std::mutex> list_lock(list_locks_[dir.ino() % list_locks_.size()]);
-  ASSIGN_OR_RETURN(rpc::InodeRecord fresh, GetRecord(dir.ino()));
+  ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(dir.ino()));
   if (fresh.listed() && !SyncDue(fresh)) return Status::OK();  // another caller just listed it
   bool was_listed = fresh.listed();
   std::string path = fresh.ufs_path();
@@ -289,14 +291,14 @@ Status Namespace::EnsureListed(const rpc::InodeRecord& dir) {
   return st;
 }
 
-StatusOr<uint64_t> Namespace::UpsertChildLocked(const rpc::InodeRecord& dir, uint64_t gen, const UfsEntry& e,
+StatusOr<uint64_t> Namespace::UpsertChildLocked(const InodeRecord& dir, uint64_t gen, const UfsEntry& e,
                                                   SyncBatch* b) {
   std::string existing;
   if (db_->Get({}, EntryKey(dir.ino(), e.name), &existing).ok() && existing.size() >= 8) {
     uint64_t ino = GetBe64(existing.data());
     auto old = GetRecord(ino);
     if (old.ok() && (old->type() == rpc::DIRECTORY) == e.is_dir) {
-      rpc::InodeRecord r = *old;
+      InodeRecord r = *old;
       bool update = r.mode() != e.mode || r.uid() != e.uid || r.gid() != e.gid;
       if (!e.is_dir && r.version() != e.version) {
         // A new version: same inode, new identity for its blocks; the old blocks are reclaimed.
@@ -328,7 +330,7 @@ StatusOr<uint64_t> Namespace::UpsertChildLocked(const rpc::InodeRecord& dir, uin
     b->mount.set_known_bytes(b->mount.known_bytes() - std::min(b->mount.known_bytes(), bytes));
     ++b->removed;
   }
-  rpc::InodeRecord r;
+  InodeRecord r;
   r.set_ino(next_ino_++);
   r.set_parent(dir.ino());
   r.set_name(e.name);
@@ -354,7 +356,7 @@ StatusOr<uint64_t> Namespace::UpsertChildLocked(const rpc::InodeRecord& dir, uin
   return r.ino();
 }
 
-Status Namespace::FinishListingLocked(rpc::InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b) {
+Status Namespace::FinishListingLocked(InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b) {
   if (sweep) {
     // Children the listing did not stamp are gone from the under-storage.
     std::string prefix = EntryKey(dir.ino(), "");
@@ -394,7 +396,7 @@ Status Namespace::WriteLocked(SyncBatch* b) {
   return Status::OK();
 }
 
-Status Namespace::ListDir(rpc::InodeRecord dir) {
+Status Namespace::ListDir(InodeRecord dir) {
   ASSIGN_OR_RETURN(auto ufs, UfsFor(dir.mount_id()));
   SyncBatch b;
   {
@@ -437,7 +439,7 @@ Status Namespace::ListDir(rpc::InodeRecord dir) {
 
 StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
   ASSIGN_OR_RETURN(rpc::Attr top_attr, Resolve(path));
-  ASSIGN_OR_RETURN(rpc::InodeRecord top, GetRecord(top_attr.ino()));
+  ASSIGN_OR_RETURN(InodeRecord top, GetRecord(top_attr.ino()));
   if (top.type() != rpc::DIRECTORY) return InvalidArgumentError(path + " is a file; load a directory");
   if (top.mount_id() == 0) return InvalidArgumentError(path + " is not inside a mounted dataset (see `granary mounts`)");
   ASSIGN_OR_RETURN(auto ufs, UfsFor(top.mount_id()));
@@ -452,7 +454,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
   // marked listed (and swept of children the listing did not see).
   struct Open {
     std::string rel;  // relative to top, "" for top itself
-    rpc::InodeRecord rec;
+    InodeRecord rec;
     uint64_t gen;
   };
   std::vector<Open> chain{{"", top, top.sync_gen() + 1}};
@@ -465,7 +467,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
     RETURN_IF_ERROR(WriteLocked(&b));  // the sweep reads the stamps from RocksDB
     Open o = std::move(chain.back());
     chain.pop_back();
-    ASSIGN_OR_RETURN(rpc::InodeRecord fresh, GetRecord(o.rec.ino()));  // content_gen may have moved
+    ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(o.rec.ino()));  // content_gen may have moved
     RETURN_IF_ERROR(FinishListingLocked(fresh, o.gen, true, &b));
     entered.insert(o.rec.ino());
     ++stats.dirs;
@@ -525,7 +527,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
         }
         ASSIGN_OR_RETURN(uint64_t ino, UpsertChildLocked(chain.back().rec, chain.back().gen, d, &b));
         RETURN_IF_ERROR(WriteLocked(&b));
-        ASSIGN_OR_RETURN(rpc::InodeRecord rec, GetRecord(ino));
+        ASSIGN_OR_RETURN(InodeRecord rec, GetRecord(ino));
         chain.push_back(Open{chain.back().rel.empty() ? parts[i] : chain.back().rel + "/" + parts[i], rec,
                              rec.sync_gen() + 1});
       }
@@ -576,7 +578,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
   return stats;
 }
 
-Status Namespace::SyncFile(rpc::InodeRecord* r) {
+Status Namespace::SyncFile(InodeRecord* r) {
   ASSIGN_OR_RETURN(auto ufs, UfsFor(r->mount_id()));
   auto e = ufs->Stat(r->ufs_path());
   if (!e.ok()) {
@@ -636,13 +638,13 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
     auto child = GetChild(parent, parts[i]);
     bool last = i + 1 == parts.size();
     if (child.ok()) {
-      ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(*child));
+      ASSIGN_OR_RETURN(InodeRecord r, GetRecord(*child));
       if (last) return AlreadyExistsError(canonical + " is already mounted or in use");
       if (r.mount_id() != 0) return InvalidArgumentError(canonical + " is a mounted dataset; mounts cannot nest");
       parent = r.ino();
       continue;
     }
-    rpc::InodeRecord r;
+    InodeRecord r;
     r.set_ino(next_ino_++);
     r.set_parent(parent);
     r.set_name(parts[i]);
@@ -670,7 +672,7 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
     }
     if (!bumped) {
       // The first new entry lands in an existing directory: its listing changed.
-      ASSIGN_OR_RETURN(rpc::InodeRecord pr, GetRecord(parent));
+      ASSIGN_OR_RETURN(InodeRecord pr, GetRecord(parent));
       pr.set_content_gen(pr.content_gen() + 1);
       batch.Put(InodeKey(parent), pr.SerializeAsString());
       bumped = true;
@@ -742,7 +744,7 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
     }
   }
   if (!ok) return NotFoundError(canonical + " is not a mounted dataset (see `granary mounts`)");
-  ASSIGN_OR_RETURN(rpc::InodeRecord root, GetRecord(found.root_ino()));
+  ASSIGN_OR_RETURN(InodeRecord root, GetRecord(found.root_ino()));
   uint64_t parent = root.parent();
   RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(parent, root.ino())), "unlink mount"));
   if (auto pr = GetRecord(parent); pr.ok()) {
@@ -757,7 +759,7 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
     it->Seek(prefix);
     RETURN_IF_ERROR(FromRocks(it->status(), "look for children of an emptied parent"));
     if (it->Valid() && it->key().starts_with(prefix)) break;
-    ASSIGN_OR_RETURN(rpc::InodeRecord pr, GetRecord(parent));
+    ASSIGN_OR_RETURN(InodeRecord pr, GetRecord(parent));
     RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(pr.parent(), pr.ino())), "unlink parent"));
     RETURN_IF_ERROR(DeleteSubtreeLocked(pr.ino()));
     parent = pr.parent();
@@ -791,17 +793,17 @@ StatusOr<rpc::MountInfo> Namespace::GetMount(uint64_t id) const {
 }
 
 StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name) {
-  ASSIGN_OR_RETURN(rpc::InodeRecord dir, GetRecord(parent));
+  ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(parent));
   if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
   if (!IsValidName(name)) return NotFoundError("'" + name + "' does not exist");
   RETURN_IF_ERROR(EnsureListed(dir));
   ASSIGN_OR_RETURN(uint64_t child, GetChild(parent, name));
-  ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(child));
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(child));
   return AttrOf(r);
 }
 
 StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino) {
-  ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(ino));
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
   if (r.type() == rpc::REGULAR && SyncDue(r)) RETURN_IF_ERROR(SyncFile(&r));
   if (r.type() == rpc::DIRECTORY && r.listed() && SyncDue(r)) {
     // A listed directory due for a sync is synced here too: granary-fuse asks for its attributes
@@ -830,7 +832,7 @@ StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path) {
 }
 
 StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino) {
-  ASSIGN_OR_RETURN(rpc::InodeRecord r, GetRecord(ino));
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
   if (r.type() != rpc::REGULAR) return InvalidArgumentError("inode " + std::to_string(ino) + " is not a file");
   if (SyncDue(r)) RETURN_IF_ERROR(SyncFile(&r));
   rpc::FileInfo f;
@@ -843,7 +845,7 @@ StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino) {
 }
 
 Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out) {
-  ASSIGN_OR_RETURN(rpc::InodeRecord dir, GetRecord(ino));
+  ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(ino));
   if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
   RETURN_IF_ERROR(EnsureListed(dir));
   if (limit == 0 || limit > 4096) limit = 4096;

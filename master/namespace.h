@@ -21,7 +21,7 @@
 //   I be64(ino)                 -> InodeRecord
 //   E be64(parent) name         -> be64(child) be64(generation of the listing that saw it)
 //   C be64(parent) be64(child)  -> ""               readdir order; the child inode is the cookie
-//   M be64(mount id)            -> MountInfo
+//   M be64(mount id)            -> MountRecord       (proto/meta.proto; master/records.h converts)
 //   S next_ino / S next_mount   -> be64             allocators
 //   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned
 //   J ...                       -> load jobs (layout in master/jobs.h)
@@ -140,9 +140,9 @@ class Namespace {
                                                      int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env);
   int64_t SyncIntervalMs(uint64_t mount_id) const;
   static std::optional<int64_t> ParsedSyncMs(const rpc::MountInfo& m);
-  bool SyncDue(const rpc::InodeRecord& r) const;
+  bool SyncDue(const InodeRecord& r) const;
   // Lists `dir` (first time or again), under its stripe lock.
-  Status ListDir(rpc::InodeRecord dir);
+  Status ListDir(InodeRecord dir);
   // What a listing writes, one batch at a time.
   struct SyncBatch {
     std::string uri;
@@ -153,20 +153,20 @@ class Namespace {
     uint64_t added = 0, changed = 0, removed = 0;
   };
   // Adds or updates one child of `dir`, stamped with `gen`; returns its inode. Needs mu_.
-  StatusOr<uint64_t> UpsertChildLocked(const rpc::InodeRecord& dir, uint64_t gen, const UfsEntry& e, SyncBatch* b) REQUIRES(mu_);
+  StatusOr<uint64_t> UpsertChildLocked(const InodeRecord& dir, uint64_t gen, const UfsEntry& e, SyncBatch* b) REQUIRES(mu_);
   // Marks `dir` listed at `gen`; with `sweep`, deletes children not stamped with `gen`. Needs mu_.
-  Status FinishListingLocked(rpc::InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b) REQUIRES(mu_);
+  Status FinishListingLocked(InodeRecord dir, uint64_t gen, bool sweep, SyncBatch* b) REQUIRES(mu_);
   // Writes the batch with the allocator and the mount's counts. Needs mu_.
   Status WriteLocked(SyncBatch* b) REQUIRES(mu_);
   // A file record due for a check: Stat it and update it (new version, or NOT_FOUND when gone).
-  Status SyncFile(rpc::InodeRecord* r);
+  Status SyncFile(InodeRecord* r);
   void Reclaim(std::vector<FileKey> keys);
   Status Init();
-  StatusOr<rpc::InodeRecord> GetRecord(uint64_t ino) const;
+  StatusOr<InodeRecord> GetRecord(uint64_t ino) const;
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
-  Status EnsureListed(const rpc::InodeRecord& dir);
+  Status EnsureListed(const InodeRecord& dir);
   StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id);
-  rpc::Attr AttrOf(const rpc::InodeRecord& r) const;
+  rpc::Attr AttrOf(const InodeRecord& r) const;
   Status PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) REQUIRES(mu_);
   // Deletes an inode and everything below it. With `uri`, the deleted files' FileKeys are appended
   // to `reclaim` and their count and bytes to *files / *bytes.
