@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/shutdown.h"
 #include "common/tiers.h"
+#include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "fuse/mount.h"
 #include "master/namespace.h"
@@ -40,12 +41,9 @@ std::string DefaultName(const std::string& uri) {
 // Whether a mount's under-storage is gone (its root answers NOT_FOUND). Anything else, such as an
 // unreachable server, is not proof: the mount is kept.
 bool SourceGone(const rpc::MountInfo& m) {
-  std::map<std::string, std::string> all(m.options().begin(), m.options().end()), ufs_options;
-  MountCacheOptions cache;
-  if (!SplitMountOptions(all, &ufs_options, &cache).ok()) return false;
-  auto ufs = OpenUnderFileSystem(m.uri(), ufs_options);
-  if (!ufs.ok()) return ufs.status().IsNotFound();
-  auto root = (*ufs)->Stat("");
+  auto opened = OpenMount(m.uri(), {m.options().begin(), m.options().end()});
+  if (!opened.ok()) return opened.status().IsNotFound();
+  auto root = opened->ufs->Stat("");
   return !root.ok() && root.status().IsNotFound();
 }
 
@@ -115,12 +113,8 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   if (!parsed.ok()) return fail(parsed.status());
   {
     // Fail before starting anything when the under-storage is not there.
-    std::map<std::string, std::string> ufs_options;
-    MountCacheOptions cache_options;
-    Status split = SplitMountOptions(opts.options, &ufs_options, &cache_options);
-    if (!split.ok()) return fail(split);
-    auto ufs = OpenUnderFileSystem(opts.uri, ufs_options);
-    if (!ufs.ok()) return fail(ufs.status());
+    auto opened = OpenMount(opts.uri, opts.options);
+    if (!opened.ok()) return fail(opened.status());
   }
   if (!IsDirectory(opts.mountpoint)) {
     return fail(NotFoundError("mount point " + opts.mountpoint + " does not exist (create it with mkdir -p " +

@@ -225,18 +225,16 @@ rpc::Attr Namespace::AttrOf(const InodeRecord& r) const {
 }
 
 StatusOr<std::shared_ptr<UnderFileSystem>> Namespace::UfsFor(uint64_t mount_id) {
+  // Opened outside mu_ (an NFS connect must not hold up the namespace); the loader takes mu_.
+  ASSIGN_OR_RETURN(OpenedMount m, open_mounts_.Get(mount_id));
+  return m.ufs;
+}
+
+StatusOr<MountTable::Source> Namespace::MountSource(uint64_t mount_id) {
   MutexLock lock(&mu_);
-  auto it = ufs_.find(mount_id);
-  if (it != ufs_.end()) return it->second;
   auto m = mounts_.find(mount_id);
   if (m == mounts_.end()) return NotFoundError("mount " + std::to_string(mount_id) + " is gone");
-  std::map<std::string, std::string> opts(m->second.options().begin(), m->second.options().end());
-  std::map<std::string, std::string> ufs_options;
-  MountCacheOptions cache_options;
-  RETURN_IF_ERROR(SplitMountOptions(opts, &ufs_options, &cache_options));
-  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(m->second.uri(), ufs_options));
-  ufs_[mount_id] = ufs;
-  return ufs;
+  return MountTable::Source{m->second.uri(), {m->second.options().begin(), m->second.options().end()}};
 }
 
 Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) {
@@ -620,11 +618,8 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
                                           const std::map<std::string, std::string>& options) {
   ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
   if (parts.empty()) return InvalidArgumentError("cannot mount over / (mount at a path like /imagenet)");
-  std::map<std::string, std::string> ufs_options;
-  MountCacheOptions cache_options;
-  RETURN_IF_ERROR(SplitMountOptions(options, &ufs_options, &cache_options));
-  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(uri, ufs_options));
-  ASSIGN_OR_RETURN(UfsEntry root_entry, ufs->Stat(""));
+  ASSIGN_OR_RETURN(OpenedMount opened, OpenMount(uri, options));
+  ASSIGN_OR_RETURN(UfsEntry root_entry, opened.ufs->Stat(""));
   if (!root_entry.is_dir) return InvalidArgumentError(RedactUri(uri) + " is not a directory");
 
   MutexLock lock(&mu_);
@@ -664,7 +659,7 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
       r.set_mtime_ns(root_entry.mtime_ns);
       r.set_listed(false);
       RETURN_IF_ERROR(PutMountLocked(m, &batch));
-      ufs_[m.id()] = ufs;
+      open_mounts_.Put(m.id(), opened);
     } else {
       r.set_mode(0755);
       r.set_mtime_ns(now);
@@ -769,7 +764,7 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
   RETURN_IF_ERROR(FromRocks(db_->Delete(wo, MountKey(found.id())), "delete mount"));
   mounts_.erase(found.id());
   sync_ms_.erase(found.id());
-  ufs_.erase(found.id());
+  open_mounts_.Erase(found.id());
   spdlog::info("unmounted {}", canonical);
   found.clear_options();
   return found;

@@ -52,6 +52,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "common/tiers.h"
+#include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "proto/granary.pb.h"
 #include "proto/meta.pb.h"
@@ -165,7 +166,8 @@ class Namespace {
   StatusOr<InodeRecord> GetRecord(uint64_t ino) const;
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
   Status EnsureListed(const InodeRecord& dir);
-  StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id);
+  StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id) EXCLUDES(mu_);
+  StatusOr<MountTable::Source> MountSource(uint64_t mount_id) EXCLUDES(mu_);
   rpc::Attr AttrOf(const InodeRecord& r) const;
   Status PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) REQUIRES(mu_);
   // Deletes an inode and everything below it. With `uri`, the deleted files' FileKeys are appended
@@ -185,7 +187,8 @@ class Namespace {
   std::map<uint64_t, rpc::MountInfo> mounts_ GUARDED_BY(mu_);
   // Each mount's metadata.sync_interval, parsed once (SplitMountOptions); nullopt: the default.
   std::map<uint64_t, std::optional<int64_t>> sync_ms_ GUARDED_BY(mu_);
-  std::map<uint64_t, std::shared_ptr<UnderFileSystem>> ufs_ GUARDED_BY(mu_);
+  // Opened under-storages by mount id (thread-safe on its own; loads from mounts_ via MountSource).
+  MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }};
 
   std::array<std::mutex, 64> list_locks_;  // stripe by directory inode
 };

@@ -168,28 +168,21 @@ void MasterLink::Loop() {
   }
 }
 
-StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = mounts_.find(mount_id);
-    if (it != mounts_.end()) return it->second;
-  }
+StatusOr<MountTable::Source> MasterLink::MountSource(uint64_t mount_id) {
   rpc::GetMountRequest req;
   req.set_id(mount_id);
   rpc::MountInfo info;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
   RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->GetMount(&ctx, req, &info)), "the master at " + cfg_.master.address));
-  std::map<std::string, std::string> opts(info.options().begin(), info.options().end());
-  std::map<std::string, std::string> ufs_options;
-  MountCacheOptions cache_options;
-  RETURN_IF_ERROR(SplitMountOptions(opts, &ufs_options, &cache_options));
-  ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(info.uri(), ufs_options));
-  MountHandle h{info.uri(), std::move(ufs), cache_options.policy, cache_options.replicas};
-  if (h.policy) store_->SetMountPolicy(mount_id, *h.policy);
-  std::lock_guard<std::mutex> lock(mu_);
-  mounts_[mount_id] = h;
-  return h;
+  return MountTable::Source{info.uri(), {info.options().begin(), info.options().end()}};
+}
+
+StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
+  bool opened_now = false;
+  ASSIGN_OR_RETURN(OpenedMount m, mounts_.Get(mount_id, &opened_now));
+  if (opened_now && m.cache.policy) store_->SetMountPolicy(mount_id, *m.cache.policy);
+  return MountHandle{m.uri, m.ufs, m.cache.policy, m.cache.replicas};
 }
 
 uint64_t MasterLink::worker_id() {

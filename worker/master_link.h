@@ -5,7 +5,7 @@
 // when a report is queued). The master's answers carry the live workers, handed to MembersFn (the
 // PeerSet's membership). When the master answers "re-register" (it restarted and forgot this
 // worker) or cannot be reached, the thread keeps trying; the worker keeps serving cached blocks
-// meanwhile. GetMount() caches each mount's URI and opened under-storage.
+// meanwhile. GetMount() opens each mount once (MountTable, ufs/mount_table.h).
 //
 // Thread-safe.
 #pragma once
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
@@ -53,6 +54,8 @@ class MasterLink final : public MountResolver, public BlockReporter {
   Status Beat();
   Status Flush();
   void Members(uint64_t self, const google::protobuf::RepeatedPtrField<rpc::PeerInfo>& workers);
+  // A mount's URI and options, from the master.
+  StatusOr<MountTable::Source> MountSource(uint64_t mount_id);
 
   const Config cfg_;
   std::shared_ptr<RpcSecurity> sec_;
@@ -67,7 +70,7 @@ class MasterLink final : public MountResolver, public BlockReporter {
   bool stop_ = false;                                 // GUARDED_BY(mu_)
   uint64_t worker_id_ = 0;                            // GUARDED_BY(mu_); 0: not registered
   std::vector<rpc::BlockRef> added_, removed_;        // GUARDED_BY(mu_)
-  std::map<uint64_t, MountHandle> mounts_;            // GUARDED_BY(mu_)
+  MountTable mounts_{[this](uint64_t id) { return MountSource(id); }};  // thread-safe on its own
   std::thread thread_;
 };
 

@@ -1,0 +1,39 @@
+#include "ufs/mount_table.h"
+
+namespace granary {
+
+StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::string, std::string>& options) {
+  OpenedMount m;
+  m.uri = uri;
+  std::map<std::string, std::string> ufs_options;
+  RETURN_IF_ERROR(SplitMountOptions(options, &ufs_options, &m.cache));
+  ASSIGN_OR_RETURN(m.ufs, OpenUnderFileSystem(uri, ufs_options));
+  return m;
+}
+
+StatusOr<OpenedMount> MountTable::Get(uint64_t id, bool* opened_now) {
+  if (opened_now) *opened_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = open_.find(id);
+    if (it != open_.end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(Source src, load_(id));
+  ASSIGN_OR_RETURN(OpenedMount m, OpenMount(src.uri, src.options));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = open_.emplace(id, std::move(m));  // a concurrent first use may have won
+  if (opened_now) *opened_now = inserted;
+  return it->second;
+}
+
+void MountTable::Put(uint64_t id, OpenedMount m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_[id] = std::move(m);
+}
+
+void MountTable::Erase(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_.erase(id);
+}
+
+}  // namespace granary
