@@ -62,6 +62,10 @@ class SCOPED_CAPABILITY MutexLock {
   bool WaitFor(std::condition_variable* cv, Duration d) {
     return cv->wait_for(lock_, d) == std::cv_status::no_timeout;
   }
+  template <typename TimePoint>
+  bool WaitUntil(std::condition_variable* cv, TimePoint t) {
+    return cv->wait_until(lock_, t) == std::cv_status::no_timeout;
+  }
 
  private:
   std::unique_lock<std::mutex> lock_;

@@ -8,5 +8,5 @@ BUILD=${TSA_BUILD_DIR:-$ROOT/build-tsa}
 command -v clang++ >/dev/null || bash "$ROOT/scripts/apt-ensure.sh" clang
 CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DGRANARY_THREAD_SAFETY=ON \
   -DGRANARY_BUILD_TESTS=OFF -DGRANARY_BUILD_BENCH=OFF >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target granary_master
-echo "thread-safety: the annotated modules (master) pass clang -Wthread-safety"
+cmake --build "$BUILD" -j"$(nproc)" --target granary_master granary_worker
+echo "thread-safety: the annotated modules (master, worker) pass clang -Wthread-safety"

@@ -136,7 +136,7 @@ BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& 
 
 BlockSource::~BlockSource() {
   {
-    std::lock_guard<std::mutex> lock(prefetch_mu_);
+    MutexLock lock(&prefetch_mu_);
     prefetch_stop_ = true;
   }
   prefetch_cv_.notify_all();
@@ -144,7 +144,7 @@ BlockSource::~BlockSource() {
 }
 
 bool BlockSource::Prefetch(const BlockRequest& req) {
-  std::lock_guard<std::mutex> lock(prefetch_mu_);
+  MutexLock lock(&prefetch_mu_);
   if (prefetch_stop_ || prefetch_queue_.size() >= kPrefetchQueue) return false;
   prefetch_queue_.push_back(req);
   if (prefetchers_.size() < kPrefetchThreads) prefetchers_.emplace_back([this] { PrefetchLoop(); });
@@ -156,8 +156,8 @@ void BlockSource::PrefetchLoop() {
   for (;;) {
     BlockRequest req;
     {
-      std::unique_lock<std::mutex> lock(prefetch_mu_);
-      prefetch_cv_.wait(lock, [&] { return prefetch_stop_ || !prefetch_queue_.empty(); });
+      MutexLock lock(&prefetch_mu_);
+      while (!prefetch_stop_ && prefetch_queue_.empty()) lock.Wait(&prefetch_cv_);
       if (prefetch_stop_) return;
       req = std::move(prefetch_queue_.front());
       prefetch_queue_.pop_front();
@@ -250,13 +250,13 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
 }
 
 void BlockSource::CountAccess(uint64_t mount_id, bool hit) {
-  std::lock_guard<std::mutex> lock(access_mu_);
+  MutexLock lock(&access_mu_);
   auto& a = access_[mount_id];
   (hit ? a.hits : a.misses)++;
 }
 
 std::map<uint64_t, MountAccess> BlockSource::AccessByMount() const {
-  std::lock_guard<std::mutex> lock(access_mu_);
+  MutexLock lock(&access_mu_);
   return {access_.begin(), access_.end()};
 }
 
@@ -292,7 +292,7 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
   std::shared_future<Fetched> future;
   bool leader = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto u = uncached_.begin(); u != uncached_.end(); ++u) {
       if (u->first == meta.id) {
         counters_.buffered++;
@@ -320,7 +320,7 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
     return FetchOnce(req, mount, meta, route);
   }();
   promise.set_value(result);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   inflight_.erase(meta.id);
   return result;
 }
@@ -360,7 +360,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     reporter_->BlockAdded(meta);
   } else {
     spdlog::debug("serving block uncached: {}", st.message());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     uncached_.emplace_front(meta.id, block);
     if (uncached_.size() > kUncachedBlocks) uncached_.pop_back();
   }

@@ -39,6 +39,7 @@
 #include "common/metrics.h"
 #include "common/rate_limiter.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "worker/block_store.h"
 #include "worker/interfaces.h"
 
@@ -144,19 +145,19 @@ class BlockSource {
   Placement* placement_;
   SourceCounters counters_;
   metrics::Histogram ufs_latency_;  // whole-block reads from the under-storage
-  std::mutex mu_;
-  std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_ GUARDED_BY(mu_);
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
-  std::list<std::pair<BlockId, std::shared_ptr<const std::string>>> uncached_;  // GUARDED_BY(mu_)
+  std::list<std::pair<BlockId, std::shared_ptr<const std::string>>> uncached_ GUARDED_BY(mu_);
 
-  mutable std::mutex access_mu_;
-  std::unordered_map<uint64_t, MountAccess> access_;  // GUARDED_BY(access_mu_)
+  mutable Mutex access_mu_;
+  std::unordered_map<uint64_t, MountAccess> access_ GUARDED_BY(access_mu_);
 
-  std::mutex prefetch_mu_;
+  Mutex prefetch_mu_;
   std::condition_variable prefetch_cv_;
-  std::deque<BlockRequest> prefetch_queue_;  // GUARDED_BY(prefetch_mu_)
-  std::vector<std::thread> prefetchers_;     // GUARDED_BY(prefetch_mu_)
-  bool prefetch_stop_ = false;               // GUARDED_BY(prefetch_mu_)
+  std::deque<BlockRequest> prefetch_queue_ GUARDED_BY(prefetch_mu_);
+  std::vector<std::thread> prefetchers_ GUARDED_BY(prefetch_mu_);
+  bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
 };
 
 }  // namespace granary::worker

@@ -104,7 +104,7 @@ StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const std::string& dir, u
 
 BlockStore::~BlockStore() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -112,7 +112,7 @@ BlockStore::~BlockStore() {
 }
 
 void BlockStore::SetRemovedListener(RemovedFn fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   on_removed_ = std::move(fn);
 }
 
@@ -146,21 +146,21 @@ int BlockStore::FitFileLocked(int tier, const FileKey& key, uint64_t bytes, doub
 std::string BlockStore::TmpPath(int tier, int dir) {
   std::string base;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     base = tiers_[tier].dirs[dir].path;
   }
   return base + "/tmp/" + std::to_string(getpid()) + "-" + std::to_string(tmp_seq_++);
 }
 
 std::string BlockStore::PathOf(const BlockId& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(id);
   if (it == index_.end()) return "";
   return PathLocked(id, it->second.tier, it->second.dir);
 }
 
 std::string BlockStore::SidecarPathOf(const BlockId& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(id);
   if (it == index_.end()) return "";
   return SidecarLocked(id, it->second.tier, it->second.dir);
@@ -172,7 +172,7 @@ CachePolicy BlockStore::PolicyLocked(uint64_t mount_id) const {
 }
 
 void BlockStore::SetMountPolicy(uint64_t mount_id, CachePolicy policy) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   mount_policy_[mount_id] = policy;
 }
 
@@ -215,7 +215,7 @@ void BlockStore::Finish(Removal& r) {
   if (r.removed.empty()) return;
   RemovedFn fn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fn = on_removed_;
   }
   if (fn) {
@@ -244,8 +244,9 @@ bool BlockStore::PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount,
   store::VictimQuery q;
   q.purpose = purpose;
   q.for_mount = for_mount;
-  q.policy = [this](uint64_t mount) { return PolicyLocked(mount); };
-  q.busy = [this](const BlockId& id) {
+  // The query's callbacks run inside store::PickVictim, called below with mu_ held.
+  q.policy = [this](uint64_t mount) NO_THREAD_SAFETY_ANALYSIS { return PolicyLocked(mount); };
+  q.busy = [this](const BlockId& id) NO_THREAD_SAFETY_ANALYSIS {
     const Entry& e = index_.at(id);
     return e.readers > 0 || e.moving;
   };
@@ -273,7 +274,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   std::shared_ptr<const std::vector<uint64_t>> sums;
   int tier;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = index_.find(id);
     if (it == index_.end() || it->second.doomed) {
       if (account) {
@@ -297,7 +298,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   auto release = [&](bool corrupt) {
     Removal r;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = index_.find(id);
       if (it != index_.end()) {
         --it->second.readers;
@@ -336,7 +337,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     lease->length = length;
     lease->store_ = this;
     lease->ids_ = {id};
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++leases_;
     return length;
   }
@@ -357,7 +358,7 @@ StatusOr<BlockLease> BlockStore::LeaseFile(const FileKey& key, uint64_t blocks, 
   BlockLease lease;
   std::string path;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     int tier = -1, dir = -1;
     for (uint64_t i = 0; i < blocks; ++i) {
       auto it = index_.find(BlockId{key, i});
@@ -393,7 +394,7 @@ StatusOr<BlockLease> BlockStore::LeaseFile(const FileKey& key, uint64_t blocks, 
 void BlockStore::Release(const BlockId& id) {
   Removal r;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = index_.find(id);
     if (it != index_.end() && it->second.readers > 0) {
       Entry& e = it->second;
@@ -418,7 +419,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   int tier = -1, dir = -1;
   std::string path, sidecar;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (index_.count(meta.id) || putting_.count(meta.id)) return Status::OK();
     for (size_t t = 0; t < tiers_.size() && tier < 0; ++t) {
       int d = FitFileLocked(static_cast<int>(t), meta.id.key, file_bytes, 1.0);
@@ -452,7 +453,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     return ResourceExhaustedError("no room in the cache for a block of " + std::to_string(file_bytes) +
                                   " bytes (everything cached is pinned, being read, or kept by the shuffle policy)");
   }
-  auto abandon = [&] {  // needs mu_: the range written so far is nobody's
+  auto abandon = [&]() NO_THREAD_SAFETY_ANALYSIS {  // called with mu_ held: the range written so far is nobody's
     tiers_[tier].dirs[dir].reserved -= file_bytes;
     store::PunchData(path, meta.offset, meta.length);
     DropFileLocked(path);
@@ -465,7 +466,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
         tmp, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data.size(), *sums));
   }
   // Committed under the lock, so no removal of an older copy can unlink the new sidecar.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   putting_.erase(meta.id);
   if (!st.ok()) {
     abandon();
@@ -503,9 +504,9 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
 }
 
 Status BlockStore::Pin(const std::vector<FileKey>& keys, bool pin) {
-  std::lock_guard<std::mutex> plock(pins_mu_);
+  MutexLock plock(&pins_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::unordered_set<FileKey, FileKeyHash> set(keys.begin(), keys.end());
     for (const auto& k : keys) {
       if (pin) {
@@ -525,9 +526,9 @@ Status BlockStore::Pin(const std::vector<FileKey>& keys, bool pin) {
 }
 
 Status BlockStore::SetPins(const std::vector<FileKey>& keys) {
-  std::lock_guard<std::mutex> plock(pins_mu_);
+  MutexLock plock(&pins_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pins_ = std::unordered_set<FileKey, FileKeyHash>(keys.begin(), keys.end());
     for (auto& [id, e] : index_) {
       bool pin = pins_.count(id.key) > 0;
@@ -545,7 +546,7 @@ size_t BlockStore::Free(const std::vector<FileKey>& keys) {
   Removal r;
   size_t n = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<BlockId> now;
     for (auto& [id, e] : index_) {
       if (!set.count(id.key) || e.doomed) continue;
@@ -564,19 +565,19 @@ size_t BlockStore::Free(const std::vector<FileKey>& keys) {
 }
 
 bool BlockStore::Contains(const BlockId& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(id);
   return it != index_.end() && !it->second.doomed;
 }
 
 int BlockStore::LevelOf(const BlockId& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = index_.find(id);
   return it == index_.end() || it->second.doomed ? -1 : it->second.tier;
 }
 
 std::vector<BlockMeta> BlockStore::List() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<BlockMeta> out;
   out.reserve(index_.size());
   for (const auto& [id, e] : index_) {
@@ -586,7 +587,7 @@ std::vector<BlockMeta> BlockStore::List() const {
 }
 
 BlockStoreStats BlockStore::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   BlockStoreStats s;
   for (const auto& t : tiers_) {
     TierStats ts;

@@ -66,6 +66,7 @@
 
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/tiers.h"
 #include "worker/store/block_id.h"
 #include "worker/store/eviction.h"
@@ -248,34 +249,38 @@ class BlockStore {
   friend class BlockLease;
   explicit BlockStore(StoreOptions options) : options_(std::move(options)) {}
   void Release(const BlockId& id);  // a lease ended
-  Status Init();
-  Status ScanDir(int tier, int dir);
+  // Init and ScanDir run inside Open, before the store is shared with any other thread: they touch
+  // the guarded state without mu_ (the analysis is told so).
+  // How many levels there are: fixed once Open returns (levels change inside, never in number).
+  size_t TierCount() const NO_THREAD_SAFETY_ANALYSIS { return tiers_.size(); }
+  Status Init() NO_THREAD_SAFETY_ANALYSIS;
+  Status ScanDir(int tier, int dir) NO_THREAD_SAFETY_ANALYSIS;
   // Indexes the block whose sidecar is `sidecar` (its data file `data`).
   Status LoadOne(int tier, int dir, const FileKey& key, uint64_t index, const std::string& data,
                  const std::string& sidecar);
   Status LoadPins();
   Status SavePins();  // needs pins_mu_
-  std::string PathLocked(const BlockId& id, int tier, int dir) const;         // the data file
-  std::string SidecarLocked(const BlockId& id, int tier, int dir) const;
+  std::string PathLocked(const BlockId& id, int tier, int dir) const REQUIRES(mu_);         // the data file
+  std::string SidecarLocked(const BlockId& id, int tier, int dir) const REQUIRES(mu_);
   // Data files in use (blocks indexed in them, or being written into them), by path; a data file
   // is unlinked when its count drops to 0.
-  void HoldFileLocked(const std::string& path);
-  void DropFileLocked(const std::string& path);
+  void HoldFileLocked(const std::string& path) REQUIRES(mu_);
+  void DropFileLocked(const std::string& path) REQUIRES(mu_);
   // Where a new block of `key` goes on level `tier`: the directory already holding the file's
   // blocks if it has room, else FitLocked's choice (-1: no room).
-  int FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const;
+  int FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const REQUIRES(mu_);
   std::string TmpPath(int tier, int dir);
   void Finish(Removal& r);  // notifies the listener, outside mu_
   void Loop();
 
-  CachePolicy PolicyLocked(uint64_t mount_id) const;
-  void ListLocked(const BlockId& id, Entry& e);
-  void UnlistLocked(Entry& e);
-  void TouchLocked(const BlockId& id, Entry& e);
-  void RemoveLocked(const BlockId& id, Removal* r);
-  int FitLocked(int tier, uint64_t bytes, double fraction) const;  // dir index or -1
-  bool PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const;
-  bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r);
+  CachePolicy PolicyLocked(uint64_t mount_id) const REQUIRES(mu_);
+  void ListLocked(const BlockId& id, Entry& e) REQUIRES(mu_);
+  void UnlistLocked(Entry& e) REQUIRES(mu_);
+  void TouchLocked(const BlockId& id, Entry& e) REQUIRES(mu_);
+  void RemoveLocked(const BlockId& id, Removal* r) REQUIRES(mu_);
+  int FitLocked(int tier, uint64_t bytes, double fraction) const REQUIRES(mu_);  // dir index or -1
+  bool PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const REQUIRES(mu_);
+  bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r) REQUIRES(mu_);
   // Moves a block one level (down: demotion; up: promotion) into `to_dir` if it still has room
   // below fraction x quota. Takes and releases mu_ itself.
   bool MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir, double fraction);
@@ -290,27 +295,27 @@ class BlockStore {
   const StoreOptions options_;
   std::atomic<uint64_t> tmp_seq_{0};
 
-  mutable std::mutex mu_;
-  std::vector<Tier> tiers_;                                   // GUARDED_BY(mu_)
-  std::unordered_map<BlockId, Entry, BlockIdHash> index_;     // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, CachePolicy> mount_policy_;    // GUARDED_BY(mu_)
-  std::unordered_set<FileKey, FileKeyHash> pins_;             // GUARDED_BY(mu_)
-  std::vector<BlockId> promote_queue_;                        // GUARDED_BY(mu_)
-  std::unordered_map<std::string, int> file_users_;           // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<Tier> tiers_ GUARDED_BY(mu_);
+  std::unordered_map<BlockId, Entry, BlockIdHash> index_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, CachePolicy> mount_policy_ GUARDED_BY(mu_);
+  std::unordered_set<FileKey, FileKeyHash> pins_ GUARDED_BY(mu_);
+  std::vector<BlockId> promote_queue_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, int> file_users_ GUARDED_BY(mu_);
   // Blocks a Put is writing. One Put per block at a time: a second one could write the block's
   // range while a removal of the first one's copy punches that same range out.
-  std::unordered_set<BlockId, BlockIdHash> putting_;          // GUARDED_BY(mu_)
-  uint64_t seq_ = 0;                                          // GUARDED_BY(mu_)
-  uint64_t corrupt_ = 0, rejected_ = 0;                       // GUARDED_BY(mu_)
+  std::unordered_set<BlockId, BlockIdHash> putting_ GUARDED_BY(mu_);
+  uint64_t seq_ GUARDED_BY(mu_) = 0;
+  uint64_t corrupt_ GUARDED_BY(mu_) = 0, rejected_ = 0;
   std::atomic<uint64_t> scrubbed_{0};
-  uint64_t leases_ = 0;                                       // GUARDED_BY(mu_)
-  RemovedFn on_removed_;                                      // GUARDED_BY(mu_)
-  bool stop_ = false;                                         // GUARDED_BY(mu_)
-  bool wake_ = false;                                         // GUARDED_BY(mu_)
+  uint64_t leases_ GUARDED_BY(mu_) = 0;
+  RemovedFn on_removed_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool wake_ GUARDED_BY(mu_) = false;
   std::condition_variable cv_;
 
-  std::mutex pins_mu_;  // serialises writes of the pins file
-  std::mutex move_mu_;  // one reserver pass at a time
+  Mutex pins_mu_;  // serialises writes of the pins file
+  Mutex move_mu_;  // one reserver pass at a time
   std::thread thread_;
 };
 

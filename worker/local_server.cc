@@ -64,9 +64,9 @@ void LocalServer::Stop() {
   if (acceptor_.joinable()) acceptor_.join();
   close(listen_fd_);
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (int c : conns_) shutdown(c, SHUT_RDWR);
-    idle_.wait(lock, [&] { return conns_.empty(); });
+    while (!conns_.empty()) lock.Wait(&idle_);
   }
   unlink(path_.c_str());
 }
@@ -87,7 +87,7 @@ void LocalServer::AcceptLoop() {
       close(c);
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) {
       close(c);
       return;
@@ -148,7 +148,7 @@ void LocalServer::Serve(int conn) {
     if (!sent.ok()) break;
   }
   leases.clear();  // the client went away: its leases end
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   conns_.erase(std::find(conns_.begin(), conns_.end(), conn));
   close(conn);
   idle_.notify_all();  // under the lock: Stop() cannot return (and free this) before it is done

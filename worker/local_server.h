@@ -26,6 +26,7 @@
 
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "worker/block_source.h"
 #include "worker/block_store.h"
 
@@ -55,7 +56,7 @@ class LocalServer {
   BlockStore* store_;
   std::atomic<bool> stop_{false};
   std::thread acceptor_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable idle_;       // signalled when a connection thread ends
   std::vector<int> conns_;             // open connections; GUARDED_BY(mu_)
 };

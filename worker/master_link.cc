@@ -35,7 +35,7 @@ void MasterLink::Start(const std::string& advertise) {
 
 void MasterLink::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     stop_ = true;
   }
@@ -44,13 +44,13 @@ void MasterLink::Stop() {
 }
 
 void MasterLink::BlockAdded(const BlockMeta& m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   added_.push_back(ToBlockRef(m));
   cv_.notify_all();
 }
 
 void MasterLink::BlockRemoved(const BlockMeta& m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   removed_.push_back(ToBlockRef(m));
   cv_.notify_all();
 }
@@ -61,7 +61,7 @@ Status MasterLink::Register() {
   *req.mutable_stats() = stats_();
   {
     // Reports queued before registration are covered by the full list.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     added_.clear();
     removed_.clear();
   }
@@ -82,7 +82,7 @@ Status MasterLink::Register() {
   for (const auto& b : req.blocks()) mount_ids.insert(b.mount_id());
   for (uint64_t id : mount_ids) GetMount(id).status().IgnoreError();
   Members(resp.worker_id(), resp.workers());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   worker_id_ = resp.worker_id();
   spdlog::info("registered with the master at {} as worker {}", cfg_.master.address, worker_id_);
   return Status::OK();
@@ -100,7 +100,7 @@ Status MasterLink::Beat() {
   rpc::HeartbeatRequest req;
   uint64_t self;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     self = worker_id_;
     req.set_worker_id(self);
   }
@@ -110,7 +110,7 @@ Status MasterLink::Beat() {
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
   RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->Heartbeat(&ctx, req, &resp)), "the master"));
   if (resp.reregister()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     worker_id_ = 0;
     return Status::OK();
   }
@@ -121,7 +121,7 @@ Status MasterLink::Beat() {
 Status MasterLink::Flush() {
   rpc::ReportBlocksRequest req;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (added_.empty() && removed_.empty()) return Status::OK();
     req.set_worker_id(worker_id_);
     for (auto& b : added_) *req.add_added() = std::move(b);
@@ -136,7 +136,7 @@ Status MasterLink::Flush() {
   Status st = FromGrpc(stub_->Note(stub_->Get()->ReportBlocks(&ctx, req, &resp)), "the master");
   if (!st.ok() || resp.reregister()) {
     // The next registration sends the full list, which includes these blocks.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     worker_id_ = 0;
   }
   return st;
@@ -147,8 +147,10 @@ void MasterLink::Loop() {
   for (;;) {
     bool registered;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, next_beat, [&] { return stop_ || (worker_id_ != 0 && (!added_.empty() || !removed_.empty())); });
+      MutexLock lock(&mu_);
+      while (!stop_ && !(worker_id_ != 0 && (!added_.empty() || !removed_.empty())) &&
+             lock.WaitUntil(&cv_, next_beat)) {
+      }
       if (stop_) return;
       registered = worker_id_ != 0;
     }
@@ -186,7 +188,7 @@ StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
 }
 
 uint64_t MasterLink::worker_id() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return worker_id_;
 }
 

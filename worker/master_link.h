@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/thread_annotations.h"
 #include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "proto/granary.grpc.pb.h"
@@ -65,11 +66,11 @@ class MasterLink final : public MountResolver, public BlockReporter {
   MembersFn members_;
   std::unique_ptr<StubHolder<rpc::Master>> stub_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;                                 // GUARDED_BY(mu_)
-  uint64_t worker_id_ = 0;                            // GUARDED_BY(mu_); 0: not registered
-  std::vector<rpc::BlockRef> added_, removed_;        // GUARDED_BY(mu_)
+  bool stop_ GUARDED_BY(mu_) = false;
+  uint64_t worker_id_ GUARDED_BY(mu_) = 0;  // 0: not registered
+  std::vector<rpc::BlockRef> added_, removed_ GUARDED_BY(mu_);
   MountTable mounts_{[this](uint64_t id) { return MountSource(id); }};  // thread-safe on its own
   std::thread thread_;
 };

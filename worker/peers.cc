@@ -10,7 +10,7 @@ PeerSet::PeerSet(std::shared_ptr<RpcSecurity> sec, std::chrono::milliseconds tim
     : sec_(sec), timeout_(timeout), clock_(std::move(clock)), stubs_(std::move(sec)) {}
 
 void PeerSet::Update(uint64_t self, const std::vector<PeerRef>& live) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   self_ = self;
   live_ = live;
   std::set<std::string> addresses;
@@ -22,7 +22,7 @@ std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
   std::vector<PeerRef> members;
   uint64_t self_id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     self_id = self_;
     auto now = clock_();
     for (const auto& p : live_) {
@@ -40,12 +40,12 @@ std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
 }
 
 size_t PeerSet::Size() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return live_.size();
 }
 
 void PeerSet::PeerFailed(const PeerRef& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   down_until_[peer.id] = clock_() + kDownFor;
 }
 

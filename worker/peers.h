@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "rpc/rpc.h"
 #include "worker/interfaces.h"
 #include "worker/placement.h"
@@ -63,10 +64,10 @@ class PeerSet final : public Placement {
   const std::shared_ptr<RpcSecurity> sec_;
   const std::chrono::milliseconds timeout_;
   Clock clock_;
-  std::mutex mu_;
-  uint64_t self_ = 0;                                                         // GUARDED_BY(mu_)
-  std::vector<PeerRef> live_;                                                 // GUARDED_BY(mu_)
-  std::map<uint64_t, std::chrono::steady_clock::time_point> down_until_;     // GUARDED_BY(mu_)
+  Mutex mu_;
+  uint64_t self_ GUARDED_BY(mu_) = 0;
+  std::vector<PeerRef> live_ GUARDED_BY(mu_);
+  std::map<uint64_t, std::chrono::steady_clock::time_point> down_until_ GUARDED_BY(mu_);
   StubPool<rpc::Worker> stubs_;  // thread-safe on its own
 };
 

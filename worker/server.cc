@@ -117,14 +117,14 @@ class WorkerService final : public rpc::Worker::Service {
     for (const auto& w : req->workers()) members.push_back(PeerRef{w.id(), w.address()});
     std::atomic<size_t> next{0};
     std::atomic<uint64_t> fetched{0}, fetched_bytes{0}, cached{0};
-    std::mutex fail_mu;
+    Mutex fail_mu;
     std::map<int, std::string> failed;  // GUARDED_BY(fail_mu): file index -> first reason
     auto work = [&] {
       for (size_t k; (k = next++) < blocks.size();) {
         if (ctx->IsCancelled()) return;
         auto outcome = source_->Load(blocks[k].second, req->replicas(), pace.get(), members, req->worker_id());
         if (!outcome.ok()) {
-          std::lock_guard<std::mutex> lock(fail_mu);
+          MutexLock lock(&fail_mu);
           failed.emplace(blocks[k].first, outcome.status().message());
         } else if (*outcome == BlockSource::LoadOutcome::kFetched) {
           fetched++;
@@ -166,14 +166,14 @@ class WorkerService final : public rpc::Worker::Service {
   // The job's limiter, made on its first batch (a new rate replaces it); the last few jobs' are kept.
   std::shared_ptr<RateLimiter> Pace(uint64_t job, uint64_t rate) {
     if (rate == 0) return nullptr;
-    std::lock_guard<std::mutex> lock(pace_mu_);
+    MutexLock lock(&pace_mu_);
     auto& p = paces_[job];
     if (!p || p->rate() != rate) p = std::make_shared<RateLimiter>(rate);
     while (paces_.size() > 16 && paces_.begin()->first != job) paces_.erase(paces_.begin());
     return paces_[job];
   }
 
-  std::mutex pace_mu_;
+  Mutex pace_mu_;
   std::map<uint64_t, std::shared_ptr<RateLimiter>> paces_;  // GUARDED_BY(pace_mu_), by job id
   BlockSource* source_;
   BlockStore* store_;

@@ -59,7 +59,7 @@ Status BlockStore::Init() {
   }
   {
     // Older files first in LRU order; sequence numbers must be unique (they key the policy lists).
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<std::pair<uint64_t, BlockId>> order;
     order.reserve(index_.size());
     for (const auto& [id, e] : index_) order.emplace_back(e.seq, id);
@@ -74,7 +74,7 @@ Status BlockStore::Init() {
   // ones: the quota wins).
   Removal r;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (size_t t = 0; t < tiers_.size(); ++t) {
       for (size_t d = 0; d < tiers_[t].dirs.size(); ++d) {
         Dir& dir = tiers_[t].dirs[d];
@@ -94,7 +94,7 @@ Status BlockStore::Init() {
     }
   }
   Finish(r);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& t : tiers_) {
     spdlog::info("cache level {}: {} blocks, {} of {} ({})", t.level.medium, t.nblocks, FormatBytes(t.Occupied()),
                  FormatBytes(t.Quota()), [&] {
@@ -154,13 +154,13 @@ Status BlockStore::ScanDir(int tier, int dir) {
         if (sc.ok()) store::PunchData(data, sc->offset, sc->data_len);
       } else {
         spdlog::warn("discarding cached block: {}", st.message());
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         ++corrupt_;
       }
       unlink(sidecar.c_str());
     }
     // Data files no block was found in: debris of interrupted writes and removals.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& data : data_files) {
       if (!file_users_.count(data)) {
         unlink(data.c_str());
@@ -186,7 +186,7 @@ Status BlockStore::LoadOne(int tier, int dir, const FileKey& key, uint64_t index
   stat(sidecar.c_str(), &mst);
   int64_t mtime = mst.st_mtim.tv_sec * 1000000000ll + mst.st_mtim.tv_nsec;
   BlockId id{key, index};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (index_.count(id)) return AlreadyExistsError(sidecar);
   Entry e;
   e.meta = BlockMeta{id, sc.mount_id, sc.data_len, sc.offset};
@@ -210,7 +210,7 @@ Status BlockStore::LoadPins() {
   std::ifstream in(path);
   if (!in) return Status::OK();
   std::string line;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (std::getline(in, line)) {
     FileKey k;
     if (ParseFileKeyHex(line, &k)) pins_.insert(k);
@@ -221,7 +221,7 @@ Status BlockStore::LoadPins() {
 Status BlockStore::SavePins() {
   std::string body;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& k : pins_) body += FileKeyHex(k) + "\n";
   }
   std::string path = options_.levels.back().paths[0] + "/pins";

@@ -16,7 +16,7 @@ namespace granary::worker {
 StatusOr<bool> BlockStore::VerifyOne(const BlockId& id) {
   uint64_t len;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = index_.find(id);
     if (it == index_.end()) return false;
     len = it->second.meta.length;
@@ -45,7 +45,7 @@ void BlockStore::Loop() {
   auto last_pass = std::chrono::steady_clock::now();
   for (const auto& m : List()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
     }
     auto r = VerifyOne(m.id);
@@ -63,8 +63,10 @@ void BlockStore::Loop() {
   auto last = std::chrono::steady_clock::now();
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, options_.reserve_interval, [&] { return stop_ || wake_; });
+      MutexLock lock(&mu_);
+      auto until = std::chrono::steady_clock::now() + options_.reserve_interval;
+      while (!stop_ && !wake_ && lock.WaitUntil(&cv_, until)) {
+      }
       if (stop_) return;
     }
     Reserve();

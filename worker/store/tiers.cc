@@ -18,7 +18,7 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
   std::string src, src_sidecar, dst, dst_sidecar;
   uint64_t bytes, data_len, offset;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = index_.find(id);
     if (it == index_.end()) return false;
     Entry& e = it->second;
@@ -47,7 +47,7 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
   Removal r;
   bool moved = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tiers_[to_tier].dirs[to_dir].reserved -= bytes;
     auto it = index_.find(id);
     if (it != index_.end()) {
@@ -91,14 +91,14 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
 }
 
 void BlockStore::ReserveTier(int t) {
-  const bool last = t + 1 == static_cast<int>(tiers_.size());
+  const bool last = t + 1 == static_cast<int>(TierCount());
   for (int guard = 0; guard < 1 << 20; ++guard) {
     Removal r;
     BlockId victim;
     int to_dir = -1;
     bool stuck = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       const Tier& tier = tiers_[t];
       double target = tier.level.low * static_cast<double>(tier.Quota());
       if (static_cast<double>(tier.Used()) <= target) return;
@@ -129,10 +129,10 @@ void BlockStore::ReserveTier(int t) {
 }
 
 void BlockStore::Reserve() {
-  std::lock_guard<std::mutex> guard(move_mu_);
+  MutexLock guard(&move_mu_);
   std::vector<BlockId> promote;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     promote.swap(promote_queue_);
     wake_ = false;
   }
@@ -140,7 +140,7 @@ void BlockStore::Reserve() {
     int from, to_dir = -1;
     double promote_fraction = 1.0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = index_.find(id);
       if (it == index_.end() || it->second.tier == 0) continue;
       from = it->second.tier;
@@ -153,12 +153,12 @@ void BlockStore::Reserve() {
   }
   // Bottom level first, so a demotion finds room below; a demotion can push the level below over
   // its high mark again, hence a few passes.
-  for (size_t pass = 0; pass <= tiers_.size(); ++pass) {
+  for (size_t pass = 0; pass <= TierCount(); ++pass) {
     bool any = false;
-    for (int t = static_cast<int>(tiers_.size()) - 1; t >= 0; --t) {
+    for (int t = static_cast<int>(TierCount()) - 1; t >= 0; --t) {
       bool over;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         const Tier& tier = tiers_[t];
         over = static_cast<double>(tier.Used()) > tier.level.high * static_cast<double>(tier.Quota());
       }
