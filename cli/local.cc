@@ -9,7 +9,6 @@
 #include "common/fs.h"
 #include "common/logging.h"
 #include "common/shutdown.h"
-#include "common/tiers.h"
 #include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "fuse/mount.h"

@@ -2,7 +2,7 @@
 //
 // No exceptions cross a module, RPC or FUSE boundary; functions that can fail return a Status (or a
 // StatusOr<T>) and callers must look at it ([[nodiscard]]). Codes are the canonical gRPC codes, so a
-// Status maps one-to-one onto a grpc::Status (proto/rpc.h) and onto one errno (fuse/errno.h).
+// Status maps one-to-one onto a grpc::Status (rpc/rpc.h) and onto one errno (fuse/errno.h).
 //
 // Retry logic branches on flags, never on message text:
 //   IsRetryable()       UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED: the same call may succeed later.
@@ -13,7 +13,7 @@
 //                       which granary-fuse turns into ESTALE and a dropped file cache. Any other
 //                       FAILED_PRECONDITION ("unpin it first", "not a holder") is not that.
 // A Reason, like RocksDB's sub-codes, refines a code; it travels with the status over gRPC and the
-// worker's local socket (proto/rpc.h).
+// worker's local socket (rpc/rpc.h).
 // Messages name what was wrong and, where useful, what to do; they never carry credentials.
 //
 // Thread-safety: values; safe to copy between threads.

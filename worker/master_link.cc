@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstring>
 #include <set>
 
 #include "common/keys.h"

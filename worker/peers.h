@@ -15,7 +15,7 @@
 // readers do not wait for the master to time the worker out (master.worker_timeout). The master's
 // next list brings it back when it is alive again. A peer whose host vanished without closing its
 // connections is noticed by the connect timeout (kConnectTimeout) or, for calls already open, by
-// gRPC keepalive (kKeepalive + kKeepaliveTimeout in proto/rpc.h), not at the call's deadline.
+// gRPC keepalive (kKeepalive + kKeepaliveTimeout in rpc/rpc.h), not at the call's deadline.
 //
 // Thread-safe: one mutex guards the membership; peer calls run outside it.
 #pragma once
