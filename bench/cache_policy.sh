@@ -6,26 +6,33 @@
 # counters (read requests served from the cache / all read requests) per epoch, and the bytes read
 # from the under-storage per later epoch as a share of the dataset (ideal: 1 - cache/dataset).
 #
-#   bench/cache_policy.sh [--files N] [--epochs E] [--threads T] [--build DIR] [--work DIR] [--keep]
+# With --levels 2 the cache is two levels, a MEM level on /dev/shm holding a quarter of it above an
+# SSD level holding the rest (the shuffle policy must then hold across levels).
+#
+#   bench/cache_policy.sh [--files N] [--epochs E] [--threads T] [--levels 1|2] [--fractions "0.25 0.5"]
+#                         [--build DIR] [--work DIR] [--keep]
 #
 # Prints a Markdown table. Everything it starts is stopped and unmounted on exit.
 set -euo pipefail
-FILES=1500; EPOCHS=5; THREADS=4; BUILD=""; WORK=""; KEEP=0
+FILES=1500; EPOCHS=5; THREADS=4; LEVELS=1; FRACTIONS="0.25 0.50 0.75"; BUILD=""; WORK=""; KEEP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --files) FILES=$2; shift 2;;
     --epochs) EPOCHS=$2; shift 2;;
     --threads) THREADS=$2; shift 2;;
+    --levels) LEVELS=$2; shift 2;;
+    --fractions) FRACTIONS=$2; shift 2;;
     --build) BUILD=$2; shift 2;;
     --work) WORK=$2; shift 2;;
     --keep) KEEP=1; shift;;
-    *) echo "usage: $0 [--files N] [--epochs E] [--threads T] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
+    *) echo "usage: $0 [--files N] [--epochs E] [--threads T] [--levels 1|2] [--fractions LIST] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
   esac
 done
 source "$(dirname "$0")/lib.sh"
 bench_setup granary-bench
 DATA=$WORK/imagenet; MNT=$WORK/mnt
-cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
+SHM=/dev/shm/granary-cache-policy-$$
+cleanup() { stop_local; rm -rf "$SHM"; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 
 [ -d "$DATA" ] || python3 "$ROOT/bench/gen_dataset.py" --out "$DATA" --files "$FILES" --seed 42 >/dev/null
@@ -39,18 +46,27 @@ counters() {  # hits misses ufs_bytes
 DATA_BYTES=$(find "$DATA" -type f -printf '%s\n' | awk '{n += $1} END {print n}')
 
 ROWS=()
-for FRAC in 0.25 0.50 0.75; do
+for FRAC in $FRACTIONS; do
   for POLICY in lru shuffle; do
     QUOTA=$(python3 -c "print(int($CACHED_BYTES * $FRAC))")
     CONF=$WORK/granary-$POLICY-$FRAC.yaml
+    if [ "$LEVELS" = 2 ]; then
+      LEVEL_LINES="      - {mediumtype: MEM, path: $SHM/mem-$POLICY-$FRAC, quota: $((QUOTA / 4)), high: \"0.95\", low: \"0.7\"}
+      - {mediumtype: SSD, path: $WORK/cache-$POLICY-$FRAC, quota: $((QUOTA - QUOTA / 4)), high: \"0.95\", low: \"0.7\"}"
+    else
+      LEVEL_LINES="      - {mediumtype: SSD, path: $WORK/cache-$POLICY-$FRAC, quota: $QUOTA, high: \"0.95\", low: \"0.7\"}"
+    fi
     cat > "$CONF" <<YAML
 worker:
   tieredstore:
     policy: lru
     levels:
-      - {mediumtype: SSD, path: $WORK/cache-$POLICY-$FRAC, quota: $QUOTA, high: "0.95", low: "0.7"}
+$LEVEL_LINES
 fuse:
-  keep_cache: false  # every epoch must reach the worker's cache, not the kernel's page cache
+  # Every epoch must reach the worker's cache, not the kernel's page cache: no kept pages, and
+  # every open asks granary-fuse (kernel-served opens keep pages whatever keep_cache says).
+  keep_cache: false
+  open: daemon
 YAML
     OPT=()
     [ "$POLICY" = shuffle ] && OPT=(-o cache.policy=shuffle)

@@ -1,6 +1,7 @@
 // granary-cache-bench: the cache policies and the eviction path, measured on the real BlockStore.
 //
-//   granary-cache-bench policy   [--blocks N] [--epochs E] [--dir D]   hit ratio per shuffled epoch
+//   granary-cache-bench policy   [--blocks N] [--epochs E] [--levels 1|2] [--dir D]
+//                                hit ratio per shuffled epoch (2 levels: MEM a quarter, SSD the rest)
 //   granary-cache-bench eviction [--seconds S] [--write-mbps R] [--dir D]  eviction cost under readers
 //
 // policy: a trace of E shuffled epochs over N blocks is replayed against a store whose quota holds
@@ -52,6 +53,10 @@ int Policy(int argc, char** argv) {
   const uint64_t n = std::stoull(Flag(argc, argv, "blocks", "4000"));
   const int epochs = std::stoi(Flag(argc, argv, "epochs", "5"));
   const std::string base = Flag(argc, argv, "dir", "/dev/shm");
+  // 1: one SSD level holding the whole cache. 2: a MEM level (a quarter of the cache) above an SSD
+  // level (the rest), the way a node with a tmpfs and a disk is set up.
+  const int levels = std::stoi(Flag(argc, argv, "levels", "1"));
+  if (levels != 1 && levels != 2) return Fail("--levels is 1 or 2");
   const uint64_t data = 4096;
   const uint64_t file = BlockFileBytes(data);
   const std::string payload(data, 'x');
@@ -65,11 +70,21 @@ int Policy(int argc, char** argv) {
       std::string dir = base + "/granary-cache-bench-" + std::to_string(getpid());
       std::filesystem::remove_all(dir);
       StoreOptions o;
-      TierLevel l;
+      const uint64_t cache = static_cast<uint64_t>(frac * static_cast<double>(n)) * file;
+      TierLevel l;  // default watermarks 0.95 / 0.7
       l.medium = "SSD";
-      l.paths = {dir};
-      l.quotas = {static_cast<uint64_t>(frac * static_cast<double>(n)) * file};
-      o.levels = {l};  // default watermarks 0.95 / 0.7
+      l.paths = {dir + "/ssd"};
+      l.quotas = {levels == 1 ? cache : cache - cache / 4};
+      if (levels == 2) {
+        TierLevel mem;
+        mem.medium = "MEM";
+        mem.paths = {dir + "/mem"};
+        mem.quotas = {cache / 4};
+        o.levels = {mem, l};
+        o.require_tmpfs_for_mem = false;
+      } else {
+        o.levels = {l};
+      }
       o.policy = policy;
       o.background = false;
       auto store = BlockStore::Open(o);
@@ -208,7 +223,7 @@ int main(int argc, char** argv) {
   if (cmd == "policy") return Policy(argc, argv);
   if (cmd == "eviction") return Eviction(argc, argv);
   std::fprintf(stderr,
-               "usage: granary-cache-bench policy [--blocks N] [--epochs E] [--dir D]\n"
+               "usage: granary-cache-bench policy [--blocks N] [--epochs E] [--levels 1|2] [--dir D]\n"
                "       granary-cache-bench eviction [--seconds S] [--write-mbps R] [--dir D]\n");
   return 2;
 }

@@ -268,6 +268,8 @@ int CmdReport(MasterConn& m, bool json) {
                              {"ufs_total_bytes", mr.mount().known_bytes()},
                              {"cached_bytes", mr.cached_bytes()},
                              {"cached_blocks", mr.cached_blocks()},
+                             {"replica_bytes", mr.replica_bytes()},
+                             {"elastic_bytes", mr.elastic_bytes()},
                              {"cache_capacity_bytes", capacity},
                              {"cached_percentage", pct},
                              {"hits", mh},
@@ -283,14 +285,15 @@ int CmdReport(MasterConn& m, bool json) {
               FormatBytes(capacity).c_str(), FormatBytes(used).c_str(), static_cast<unsigned long long>(hits),
               static_cast<unsigned long long>(misses), Percent(hits, hits + misses).c_str(),
               FormatBytes(ufs_bytes).c_str());
-  std::printf("\nWorkers:\n  %-4s %-28s %-6s %10s %10s %8s %10s %10s\n", "ID", "ADDRESS", "STATE", "CAPACITY", "USED",
-              "BLOCKS", "HITS", "MISSES");
+  std::printf("\nWorkers:\n  %-4s %-24s %-6s %10s %10s %10s %8s %10s %10s\n", "ID", "ADDRESS", "STATE", "CAPACITY",
+              "USED", "ELASTIC", "BLOCKS", "HITS", "MISSES");
   for (const auto& w : r.workers()) {
     const auto& s = w.stats();
-    std::printf("  %-4llu %-28s %-6s %10s %10s %8llu %10llu %10llu\n", static_cast<unsigned long long>(w.id()),
+    std::printf("  %-4llu %-24s %-6s %10s %10s %10s %8llu %10llu %10llu\n", static_cast<unsigned long long>(w.id()),
                 w.address().c_str(), w.alive() ? "alive" : "lost", FormatBytes(s.capacity_bytes()).c_str(),
-                FormatBytes(s.used_bytes()).c_str(), static_cast<unsigned long long>(s.blocks()),
-                static_cast<unsigned long long>(s.hits()), static_cast<unsigned long long>(s.misses()));
+                FormatBytes(s.used_bytes()).c_str(), FormatBytes(s.elastic_bytes()).c_str(),
+                static_cast<unsigned long long>(s.blocks()), static_cast<unsigned long long>(s.hits()),
+                static_cast<unsigned long long>(s.misses()));
     for (const auto& t : s.tiers()) {
       std::string paths;
       for (const auto& p : t.paths()) paths += (paths.empty() ? "" : ",") + p;
@@ -309,15 +312,18 @@ int CmdReport(MasterConn& m, bool json) {
                   static_cast<unsigned long long>(s.peer_failovers()));
     }
   }
-  std::printf("\nMounts:\n  %-20s %-36s %14s %12s %14s %9s %9s\n", "PATH", "URI", "UFS TOTAL SIZE", "CACHED",
-              "CACHE CAPACITY", "CACHED %", "HIT RATIO");
+  std::printf("\nMounts:\n  %-20s %-32s %14s %10s %10s %10s %14s %9s %9s\n", "PATH", "URI", "UFS TOTAL SIZE", "CACHED",
+              "REPLICAS", "ELASTIC", "CACHE CAPACITY", "CACHED %", "HIT RATIO");
   for (const auto& mr : r.mounts()) {
     auto [mh, mm] = MountAccess(r, mr.mount().id());
-    std::printf("  %-20s %-36s %14s %12s %14s %9s %9s\n", mr.mount().path().c_str(), RedactUri(mr.mount().uri()).c_str(),
-                FormatBytes(mr.mount().known_bytes()).c_str(), FormatBytes(mr.cached_bytes()).c_str(),
-                FormatBytes(capacity).c_str(), Percent(mr.cached_bytes(), mr.mount().known_bytes()).c_str(),
-                Percent(mh, mh + mm).c_str());
+    std::printf("  %-20s %-32s %14s %10s %10s %10s %14s %9s %9s\n", mr.mount().path().c_str(),
+                RedactUri(mr.mount().uri()).c_str(), FormatBytes(mr.mount().known_bytes()).c_str(),
+                FormatBytes(mr.cached_bytes()).c_str(), FormatBytes(mr.replica_bytes()).c_str(),
+                FormatBytes(mr.elastic_bytes()).c_str(), FormatBytes(capacity).c_str(),
+                Percent(mr.cached_bytes(), mr.mount().known_bytes()).c_str(), Percent(mh, mh + mm).c_str());
   }
+  std::printf("  (CACHED counts each block once; REPLICAS every replica copy; ELASTIC the nodes' extra local copies,\n"
+              "   evicted first: mount option cache.elastic)\n");
   std::printf("  (UFS TOTAL SIZE counts the files listed so far; `granary load --metadata-only PATH` lists them all)\n");
   return 0;
 }

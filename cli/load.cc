@@ -298,7 +298,8 @@ int CmdDu(MasterConn& m, const std::string& path, bool json) {
   auto entry_json = [](const rpc::DuEntry& e) {
     return nlohmann::json{{"path", e.path()},           {"files", e.files()},
                           {"bytes", e.bytes()},         {"cached_bytes", e.cached_bytes()},
-                          {"replica_bytes", e.replica_bytes()}, {"pinned", e.pinned()}};
+                          {"replica_bytes", e.replica_bytes()}, {"elastic_bytes", e.elastic_bytes()},
+                          {"pinned", e.pinned()}};
   };
   if (json) {
     nlohmann::json out{{"total", entry_json(resp.total())}, {"entries", nlohmann::json::array()}};
@@ -306,11 +307,15 @@ int CmdDu(MasterConn& m, const std::string& path, bool json) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("%12s %12s %8s %10s %12s  %s\n", "UFS SIZE", "CACHED", "CACHED%", "FILES", "WITH COPIES", "PATH");
+  // CACHED counts each block once; REPLICAS every replica copy; ELASTIC the nodes' extra local
+  // copies (evicted first, see cache.elastic).
+  std::printf("%12s %12s %8s %10s %12s %12s  %s\n", "UFS SIZE", "CACHED", "CACHED%", "FILES", "REPLICAS", "ELASTIC",
+              "PATH");
   auto line = [](const rpc::DuEntry& e) {
-    std::printf("%12s %12s %8s %10llu %12s  %s%s\n", FormatBytes(e.bytes()).c_str(), FormatBytes(e.cached_bytes()).c_str(),
-                Pct(e.cached_bytes(), e.bytes()).c_str(), static_cast<unsigned long long>(e.files()),
-                FormatBytes(e.replica_bytes()).c_str(), e.path().c_str(), e.pinned() ? "  (pinned)" : "");
+    std::printf("%12s %12s %8s %10llu %12s %12s  %s%s\n", FormatBytes(e.bytes()).c_str(),
+                FormatBytes(e.cached_bytes()).c_str(), Pct(e.cached_bytes(), e.bytes()).c_str(),
+                static_cast<unsigned long long>(e.files()), FormatBytes(e.replica_bytes()).c_str(),
+                FormatBytes(e.elastic_bytes()).c_str(), e.path().c_str(), e.pinned() ? "  (pinned)" : "");
   };
   for (const auto& e : resp.entries()) line(e);
   line(resp.total());

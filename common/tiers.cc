@@ -234,9 +234,14 @@ Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map
                                     std::to_string(kMaxReplicas));
       }
       cache->replicas = static_cast<uint32_t>(*n);
+    } else if (k == "cache.elastic") {
+      if (v != "true" && v != "false") {
+        return InvalidArgumentError("mount option cache.elastic: '" + v + "' is not true or false");
+      }
+      cache->elastic = v == "true";
     } else {
       return InvalidArgumentError("unknown mount option '" + k +
-                                  "' (Granary's own options: cache.policy, cache.replicas, metadata.sync_interval)");
+                                  "' (Granary's own options: cache.policy, cache.replicas, cache.elastic, metadata.sync_interval)");
     }
   }
   return Status::OK();

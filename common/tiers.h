@@ -67,6 +67,9 @@ struct MountCacheOptions {
   // cache.replicas: how many workers keep a copy of each block (the first N of its rendezvous
   // ranking); 1 (the default) keeps only the home worker's. 1..16.
   uint32_t replicas = 1;
+  // cache.elastic: a worker that is not one of a block's replica holders keeps a copy of what its
+  // node reads while it has room (evicted first, never a replica). true/false; default true.
+  bool elastic = true;
 };
 
 // The secret policy of mount options, enforced wherever options are parsed (the CLI, the master's

@@ -147,13 +147,13 @@ Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
       u = uris.emplace(f.mount_id(), m.uri()).first;
     }
     FileKey k = MakeFileKey(u->second, f.ufs_path(), f.version());
-    uint64_t distinct = 0, copies = 0;
-    cluster_->CachedOf(FileKeyBytes(k), f.attr().size(), f.block_size(),
-                       &distinct, &copies);
+    Cluster::Cached c;
+    cluster_->CachedOf(FileKeyBytes(k), f.attr().size(), f.block_size(), &c);
     e->set_files(e->files() + 1);
     e->set_bytes(e->bytes() + f.attr().size());
-    e->set_cached_bytes(e->cached_bytes() + distinct);
-    e->set_replica_bytes(e->replica_bytes() + copies);
+    e->set_cached_bytes(e->cached_bytes() + c.distinct);
+    e->set_replica_bytes(e->replica_bytes() + c.replica);
+    e->set_elastic_bytes(e->elastic_bytes() + c.elastic);
     return Status::OK();
   };
   rpc::DuEntry* total = resp->mutable_total();

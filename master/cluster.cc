@@ -15,39 +15,56 @@ int64_t WallNs() {
 Cluster::Cluster(std::chrono::milliseconds worker_timeout, Clock clock)
     : timeout_(worker_timeout), clock_(std::move(clock)) {}
 
+bool Cluster::DropHolderLocked(BlockLoc& loc, uint64_t worker) {
+  for (auto* list : {&loc.workers, &loc.elastic}) {
+    auto it = std::find(list->begin(), list->end(), worker);
+    if (it == list->end()) continue;
+    list->erase(it);
+    MountUsage& u = usage_[loc.mount_id];
+    uint64_t& kind = list == &loc.workers ? u.replica_bytes : u.elastic_bytes;
+    kind -= std::min(kind, loc.length);
+    return true;
+  }
+  return false;
+}
+
+void Cluster::ReleaseIfEmptyLocked(const BlockLoc& loc) {
+  MountUsage& u = usage_[loc.mount_id];
+  u.bytes -= std::min(u.bytes, loc.length);
+  u.blocks -= std::min<uint64_t>(u.blocks, 1);
+}
+
 void Cluster::AddLocked(uint64_t worker, const rpc::BlockRef& b) {
   BlockLoc& loc = blocks_[BlockKey{b.file_key(), b.index()}];
-  if (std::find(loc.workers.begin(), loc.workers.end(), worker) != loc.workers.end()) return;
-  if (loc.workers.empty()) {
+  auto& mine = b.elastic() ? loc.elastic : loc.workers;
+  if (std::find(mine.begin(), mine.end(), worker) != mine.end()) return;
+  if (loc.empty()) {
     loc.mount_id = b.mount_id();
     loc.length = b.length();
     usage_[loc.mount_id].bytes += loc.length;
     usage_[loc.mount_id].blocks += 1;
   }
-  loc.workers.push_back(worker);
+  DropHolderLocked(loc, worker);  // the same worker, the other kind: the block changed kind
+  mine.push_back(worker);
+  MountUsage& u = usage_[loc.mount_id];
+  (b.elastic() ? u.elastic_bytes : u.replica_bytes) += loc.length;
 }
 
 void Cluster::RemoveLocked(uint64_t worker, const rpc::BlockRef& b) {
   auto it = blocks_.find(BlockKey{b.file_key(), b.index()});
   if (it == blocks_.end()) return;
-  auto& ws = it->second.workers;
-  ws.erase(std::remove(ws.begin(), ws.end(), worker), ws.end());
-  if (ws.empty()) {
-    MountUsage& u = usage_[it->second.mount_id];
-    u.bytes -= std::min(u.bytes, it->second.length);
-    u.blocks -= std::min<uint64_t>(u.blocks, 1);
+  DropHolderLocked(it->second, worker);
+  if (it->second.empty()) {
+    ReleaseIfEmptyLocked(it->second);
     blocks_.erase(it);
   }
 }
 
 void Cluster::ForgetWorkerBlocksLocked(uint64_t worker) {
   for (auto it = blocks_.begin(); it != blocks_.end();) {
-    auto& ws = it->second.workers;
-    ws.erase(std::remove(ws.begin(), ws.end(), worker), ws.end());
-    if (ws.empty()) {
-      MountUsage& u = usage_[it->second.mount_id];
-      u.bytes -= std::min(u.bytes, it->second.length);
-      u.blocks -= std::min<uint64_t>(u.blocks, 1);
+    DropHolderLocked(it->second, worker);
+    if (it->second.empty()) {
+      ReleaseIfEmptyLocked(it->second);
       it = blocks_.erase(it);
     } else {
       ++it;
@@ -133,6 +150,8 @@ void Cluster::FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mou
     if (it == usage_.end()) continue;
     m->set_cached_bytes(it->second.bytes);
     m->set_cached_blocks(it->second.blocks);
+    m->set_replica_bytes(it->second.replica_bytes);
+    m->set_elastic_bytes(it->second.elastic_bytes);
   }
 }
 
@@ -151,15 +170,21 @@ std::vector<uint64_t> Cluster::Holders(const std::string& file_key, uint64_t ind
   return it == blocks_.end() ? std::vector<uint64_t>{} : it->second.workers;
 }
 
-void Cluster::CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, uint64_t* distinct,
-                       uint64_t* copies) {
+std::vector<uint64_t> Cluster::ElasticHolders(const std::string& file_key, uint64_t index) {
+  MutexLock lock(&mu_);
+  auto it = blocks_.find(BlockKey{file_key, index});
+  return it == blocks_.end() ? std::vector<uint64_t>{} : it->second.elastic;
+}
+
+void Cluster::CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, Cached* out) {
   if (block_size == 0) return;
   MutexLock lock(&mu_);
   for (uint64_t i = 0; i * block_size < size; ++i) {
     auto it = blocks_.find(BlockKey{file_key, i});
-    if (it == blocks_.end() || it->second.workers.empty()) continue;
-    *distinct += it->second.length;
-    *copies += it->second.length * it->second.workers.size();
+    if (it == blocks_.end() || it->second.empty()) continue;
+    out->distinct += it->second.length;
+    out->replica += it->second.length * it->second.workers.size();
+    out->elastic += it->second.length * it->second.elastic.size();
   }
 }
 

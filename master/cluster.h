@@ -38,11 +38,16 @@ class Cluster {
   void FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mounts);
   // Live workers: id and address.
   std::vector<std::pair<uint64_t, std::string>> AliveWorkers();
-  // Worker ids holding a block (for tests and, later, peer reads).
+  // Worker ids holding a block as one of its replicas (for tests), and as an elastic copy.
   std::vector<uint64_t> Holders(const std::string& file_key, uint64_t index);
-  // Adds to *distinct the bytes of the file's blocks held by a live worker (each block once), and
-  // to *copies the bytes counting every copy.
-  void CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, uint64_t* distinct, uint64_t* copies);
+  std::vector<uint64_t> ElasticHolders(const std::string& file_key, uint64_t index);
+  // What live workers hold of a file's blocks, added to the totals.
+  struct Cached {
+    uint64_t distinct = 0;  // bytes of blocks held somewhere, each block once
+    uint64_t replica = 0;   // bytes held as replicas, every replica copy counted
+    uint64_t elastic = 0;   // bytes held as elastic copies, every copy counted
+  };
+  void CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, Cached* out);
 
  private:
   struct BlockKey {
@@ -56,7 +61,9 @@ class Cluster {
   struct BlockLoc {
     uint64_t mount_id = 0;
     uint64_t length = 0;
-    std::vector<uint64_t> workers;
+    std::vector<uint64_t> workers;  // replica holders
+    std::vector<uint64_t> elastic;  // elastic copies
+    bool empty() const { return workers.empty() && elastic.empty(); }
   };
   struct Worker {
     std::string address;
@@ -66,13 +73,18 @@ class Cluster {
     bool alive = true;
   };
   struct MountUsage {
-    uint64_t bytes = 0;
+    uint64_t bytes = 0;  // distinct blocks
     uint64_t blocks = 0;
+    uint64_t replica_bytes = 0;
+    uint64_t elastic_bytes = 0;
   };
 
   void AddLocked(uint64_t worker, const rpc::BlockRef& b) REQUIRES(mu_);
   void RemoveLocked(uint64_t worker, const rpc::BlockRef& b) REQUIRES(mu_);
   void ForgetWorkerBlocksLocked(uint64_t worker) REQUIRES(mu_);
+  // Takes `worker` out of the block's holders (either kind); true when it was one.
+  bool DropHolderLocked(BlockLoc& loc, uint64_t worker) REQUIRES(mu_);
+  void ReleaseIfEmptyLocked(const BlockLoc& loc) REQUIRES(mu_);
 
   const std::chrono::milliseconds timeout_;
   Clock clock_;

@@ -100,6 +100,12 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   CountAccess(req.mount_id, false);
   if (req.from_peer) counters_.peer_served++;
   Route route = RouteFor(req, t, nullptr);
+  if (route.elastic) {
+    BlockMeta copy = meta;
+    copy.elastic = true;
+    // No room an elastic copy may take: fetching the whole block would be wasted; stream the range.
+    if (!store_->CanAdmit(copy)) route = Route{true, false, false};
+  }
   if (route.ask_peers && !route.keep) {
     // Not a holder: only this range, streamed from the holders.
     BlockRequest range = req;
@@ -129,6 +135,7 @@ BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& 
   if (!ranked.empty() && self != 0) {
     route.ask_peers = true;
     route.keep = self != kNotRanked && self < t.mount.replicas;
+    if (!route.keep && t.mount.elastic) route.keep = route.elastic = true;
     if (home != nullptr) *home = ranked[0];
   }
   return route;
@@ -141,6 +148,57 @@ BlockSource::~BlockSource() {
   }
   prefetch_cv_.notify_all();
   for (auto& t : prefetchers_) t.join();
+  std::thread classifier;
+  {
+    MutexLock lock(&classify_mu_);
+    classify_stop_ = true;
+    classifier.swap(classifier_);
+  }
+  classify_cv_.notify_all();
+  if (classifier.joinable()) classifier.join();
+}
+
+void BlockSource::MembershipChanged() {
+  if (placement_ == nullptr) return;
+  MutexLock lock(&classify_mu_);
+  if (classify_stop_) return;
+  classify_wanted_ = true;
+  if (!classifier_.joinable()) classifier_ = std::thread([this] { ClassifyLoop(); });
+  classify_cv_.notify_one();
+}
+
+void BlockSource::ClassifyLoop() {
+  for (;;) {
+    {
+      MutexLock lock(&classify_mu_);
+      while (!classify_stop_ && !classify_wanted_) lock.Wait(&classify_cv_);
+      if (classify_stop_) return;
+      classify_wanted_ = false;
+    }
+    size_t n = ClassifyNow();
+    if (n > 0) spdlog::info("membership changed: {} cached blocks changed kind (replica / elastic copy)", n);
+  }
+}
+
+size_t BlockSource::ClassifyNow() {
+  if (placement_ == nullptr) return 0;
+  uint64_t self = 0;
+  std::vector<PeerRef> members = placement_->Members(&self);
+  if (members.empty()) return 0;  // membership unknown: leave everything as it is
+  std::map<uint64_t, std::optional<uint32_t>> replicas;  // per mount; nullopt: unknown mount
+  auto changed = store_->Classify([&](const BlockMeta& m) {
+    auto it = replicas.find(m.mount_id);
+    if (it == replicas.end()) {
+      auto mount = mounts_->GetMount(m.mount_id);
+      it = replicas.emplace(m.mount_id, mount.ok() ? std::optional<uint32_t>(mount->replicas) : std::nullopt).first;
+    }
+    if (!it->second) return m.elastic;  // cannot tell: keep its kind
+    size_t rank = RankOf(m.id, members, self);
+    return !(rank != kNotRanked && rank < *it->second);
+  });
+  for (const auto& m : changed) reporter_->BlockAdded(m);  // the master moves it to its new kind
+  counters_.classified += changed.size();
+  return changed.size();
 }
 
 bool BlockSource::Prefetch(const BlockRequest& req) {
@@ -174,7 +232,12 @@ Status BlockSource::Warm(BlockRequest req) {
   if (t.len == 0 || store_->Contains(t.meta.id)) return Status::OK();
   PeerRef home;
   Route route = RouteFor(req, t, &home);
-  // Not a holder: the block's home warms it (a copy here would be dropped).
+  if (route.elastic) {
+    BlockMeta copy = t.meta;
+    copy.elastic = true;
+    if (!store_->CanAdmit(copy)) route.keep = route.elastic = false;
+  }
+  // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
   if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
   ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
   counters_.prefetched++;
@@ -208,7 +271,11 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
       route.ask_peers = self != 0;  // a holder other than the home copies the home's block
     }
   }
-  if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;
+  if (store_->Contains(t.meta.id)) {
+    // Held already; an elastic copy becomes one of the replicas the load asks for.
+    if (store_->MakeReplica(t.meta.id)) reporter_->BlockAdded(t.meta);
+    return LoadOutcome::kCached;
+  }
   if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
   if (home) {
     // Ask the home the master's list names, not this worker's own view of the membership, which
@@ -337,6 +404,9 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     Status st = FromPeers(whole, meta.id, data.get(), &became_home);
     if (!st.ok() && !st.IsRetryable()) return st;
     fetched = st.ok();
+    if (fetched && route.elastic) counters_.elastic_peer_bytes += data->size();
+    // No holder could serve and this worker is the home now: what it fetches is a replica.
+    if (!fetched && became_home) route.elastic = false;
   }
   if (!fetched) {
     data->assign(meta.length, '\0');
@@ -354,10 +424,12 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     }
   }
   if (mount.policy) store_->SetMountPolicy(req.mount_id, *mount.policy);
-  Status st = route.keep ? store_->Put(meta, *data) : FailedPreconditionError("not a holder of this block");
+  BlockMeta kept = meta;
+  kept.elastic = route.elastic;
+  Status st = route.keep ? store_->Put(kept, *data) : FailedPreconditionError("not a holder of this block");
   std::shared_ptr<const std::string> block(std::move(data));
   if (st.ok()) {
-    reporter_->BlockAdded(meta);
+    reporter_->BlockAdded(kept);
   } else {
     spdlog::debug("serving block uncached: {}", st.message());
     MutexLock lock(&mu_);

@@ -6,8 +6,19 @@
 //     from a peer: one fetch of the whole block from the under-storage;
 //   - this worker is one of the mount's `cache.replicas` holders but not the home: the whole block
 //     from the home (which fetches it once for the whole cluster), kept here too;
-//   - otherwise: just the requested range from the home, streamed and not kept, so the cluster
-//     never caches more than replicas × the dataset.
+//   - otherwise, with the mount's `cache.elastic` on (the default) and room for it here: the whole
+//     block from a holder, kept as an *elastic copy* (BlockMeta::elastic) — evicted before any
+//     replica, never counted as one, never asked for by peers (they ask the ranking's holders), and
+//     never a reason for an under-storage fetch (only a holder fetches). The next read of it, and the
+//     kernel-served and passthrough fast paths, are local. The node's reads thus make every node a
+//     full copy of the dataset when the caches have room, and give the room back first when not;
+//   - otherwise (cache.elastic off, or no room an elastic copy may take): just the requested range
+//     from the home, streamed and not kept, so the cluster never caches more than replicas × the
+//     dataset.
+// Whether a cached block is a replica or an elastic copy is a function of the membership: after a
+// change (MembershipChanged) every cached block is classified again in the background, so blocks a
+// worker holds beyond their replica count after a join or a leave become elastic copies (evicted
+// first) and the cache never keeps more replicas than asked.
 // Whole-block fetches are shared by every concurrent request for the same block (single-flight);
 // a fetched block is written to the store and reported to the master. A peer that fails with a
 // retryable error is marked down and the next-ranked worker asked (kMaxPeerAttempts); when no peer
@@ -57,6 +68,8 @@ struct SourceCounters {
   std::atomic<uint64_t> prefetched{0};      // blocks fetched ahead of readers
   std::atomic<uint64_t> loaded_blocks{0}, loaded_bytes{0};  // fetched by load jobs
   std::atomic<uint64_t> ufs_errors{0};      // under-storage reads that failed
+  std::atomic<uint64_t> elastic_peer_bytes{0};  // bytes copied from holders into elastic copies
+  std::atomic<uint64_t> classified{0};      // cached blocks whose kind a classification changed
 };
 
 struct MountAccess {
@@ -102,6 +115,12 @@ class BlockSource {
   StatusOr<LoadOutcome> Load(BlockRequest req, uint32_t replicas, RateLimiter* pace = nullptr,
                              const std::vector<PeerRef>& members = {}, uint64_t self_id = 0);
 
+  // The membership changed: classify every cached block again (replica or elastic copy), in the
+  // background, and report the changes. Calls while one runs coalesce into one more pass.
+  void MembershipChanged();
+  // One classification pass, now (the background thread runs this); returns the blocks changed.
+  size_t ClassifyNow();
+
   const SourceCounters& counters() const { return counters_; }
   const metrics::Histogram& ufs_latency() const { return ufs_latency_; }
   // Cache hits and misses of reads, per mount id.
@@ -127,6 +146,7 @@ class BlockSource {
   struct Route {
     bool ask_peers = false;
     bool keep = true;
+    bool elastic = false;  // kept as an elastic copy
   };
   Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
   Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
@@ -136,6 +156,7 @@ class BlockSource {
   // Where a miss of `t` goes (see the design note); `home` gets the block's home when peers are asked.
   Route RouteFor(const BlockRequest& req, const Target& t, PeerRef* home);
   void PrefetchLoop();
+  void ClassifyLoop();
   void CountAccess(uint64_t mount_id, bool hit);
   Status Warm(BlockRequest req);
 
@@ -152,6 +173,12 @@ class BlockSource {
 
   mutable Mutex access_mu_;
   std::unordered_map<uint64_t, MountAccess> access_ GUARDED_BY(access_mu_);
+
+  Mutex classify_mu_;
+  std::condition_variable classify_cv_;
+  bool classify_wanted_ GUARDED_BY(classify_mu_) = false;
+  bool classify_stop_ GUARDED_BY(classify_mu_) = false;
+  std::thread classifier_ GUARDED_BY(classify_mu_);
 
   Mutex prefetch_mu_;
   std::condition_variable prefetch_cv_;

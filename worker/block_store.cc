@@ -178,11 +178,11 @@ void BlockStore::SetMountPolicy(uint64_t mount_id, CachePolicy policy) {
 
 void BlockStore::ListLocked(const BlockId& id, Entry& e) {
   if (e.pinned || e.doomed) return;
-  tiers_[e.tier].lru[e.meta.mount_id].emplace(e.seq, id);
+  (e.meta.elastic ? tiers_[e.tier].elastic : tiers_[e.tier].lru)[e.meta.mount_id].emplace(e.seq, id);
 }
 
 void BlockStore::UnlistLocked(Entry& e) {
-  auto& lists = tiers_[e.tier].lru;
+  auto& lists = e.meta.elastic ? tiers_[e.tier].elastic : tiers_[e.tier].lru;
   auto it = lists.find(e.meta.mount_id);
   if (it == lists.end()) return;
   it->second.erase(e.seq);
@@ -240,24 +240,28 @@ int BlockStore::FitLocked(int tier, uint64_t bytes, double fraction) const {
   return best;
 }
 
-bool BlockStore::PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const {
+bool BlockStore::PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, bool for_elastic, BlockId* out,
+                                  bool elastic_only) const {
   store::VictimQuery q;
   q.purpose = purpose;
   q.for_mount = for_mount;
+  q.for_elastic = for_elastic;
+  q.elastic_only = elastic_only;
   // The query's callbacks run inside store::PickVictim, called below with mu_ held.
   q.policy = [this](uint64_t mount) NO_THREAD_SAFETY_ANALYSIS { return PolicyLocked(mount); };
   q.busy = [this](const BlockId& id) NO_THREAD_SAFETY_ANALYSIS {
     const Entry& e = index_.at(id);
     return e.readers > 0 || e.moving;
   };
-  auto victim = store::PickVictim(tiers_[tier].lru, q);
+  auto victim = store::PickVictim(tiers_[tier].elastic, tiers_[tier].lru, q);
   if (victim) *out = *victim;
   return victim.has_value();
 }
 
-bool BlockStore::EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r) {
+bool BlockStore::EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, bool for_elastic, Removal* r,
+                                bool elastic_only) {
   BlockId victim;
-  if (!PickVictimLocked(tier, purpose, for_mount, &victim)) return false;
+  if (!PickVictimLocked(tier, purpose, for_mount, for_elastic, &victim, elastic_only)) return false;
   RemoveLocked(victim, r);
   tiers_[tier].evictions++;
   return true;
@@ -420,18 +424,26 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   std::string path, sidecar;
   {
     MutexLock lock(&mu_);
-    if (index_.count(meta.id) || putting_.count(meta.id)) return Status::OK();
+    if (auto have = index_.find(meta.id); have != index_.end()) {
+      // Cached already. An elastic copy that is now wanted as a replica becomes one.
+      if (have->second.meta.elastic && !meta.elastic) SetElasticLocked(meta.id, have->second, false);
+      return Status::OK();
+    }
+    if (putting_.count(meta.id)) return Status::OK();
     for (size_t t = 0; t < tiers_.size() && tier < 0; ++t) {
       int d = FitFileLocked(static_cast<int>(t), meta.id.key, file_bytes, 1.0);
       if (d >= 0) tier = static_cast<int>(t), dir = d;
     }
-    // Full everywhere: evict what the policy allows, bottom level first.
-    for (int t = static_cast<int>(tiers_.size()) - 1; t >= 0 && tier < 0; --t) {
-      int d;
-      while ((d = FitLocked(t, file_bytes, 1.0)) < 0) {
-        if (!EvictOneLocked(t, Purpose::kAdmit, meta.mount_id, &r)) break;
+    // Full everywhere: evict what the policy allows, bottom level first — elastic copies on every
+    // level before any replica on any level.
+    for (bool elastic_only : {true, false}) {
+      for (int t = static_cast<int>(tiers_.size()) - 1; t >= 0 && tier < 0; --t) {
+        int d;
+        while ((d = FitLocked(t, file_bytes, 1.0)) < 0) {
+          if (!EvictOneLocked(t, Purpose::kAdmit, meta.mount_id, meta.elastic, &r, elastic_only)) break;
+        }
+        if (d >= 0) tier = t, dir = d;
       }
-      if (d >= 0) tier = t, dir = d;
     }
     if (tier < 0) {
       ++rejected_;
@@ -450,8 +462,10 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   }
   Finish(r);
   if (tier < 0) {
-    return ResourceExhaustedError("no room in the cache for a block of " + std::to_string(file_bytes) +
-                                  " bytes (everything cached is pinned, being read, or kept by the shuffle policy)");
+    return ResourceExhaustedError(
+        "no room in the cache for " + std::string(meta.elastic ? "an elastic copy" : "a block") + " of " +
+        std::to_string(file_bytes) + " bytes (everything cached is pinned, being read, kept by the shuffle policy" +
+        (meta.elastic ? ", or a replica, which an elastic copy never replaces)" : ")"));
   }
   auto abandon = [&]() NO_THREAD_SAFETY_ANALYSIS {  // called with mu_ held: the range written so far is nobody's
     tiers_[tier].dirs[dir].reserved -= file_bytes;
@@ -586,6 +600,58 @@ std::vector<BlockMeta> BlockStore::List() const {
   return out;
 }
 
+void BlockStore::SetElasticLocked(const BlockId& id, Entry& e, bool elastic) {
+  if (e.meta.elastic == elastic) return;
+  UnlistLocked(e);
+  e.meta.elastic = elastic;
+  ListLocked(id, e);
+}
+
+std::vector<BlockMeta> BlockStore::Classify(const std::function<bool(const BlockMeta&)>& elastic) {
+  // The classifier (a rendezvous ranking per block) runs outside the lock, on a snapshot; changes
+  // are applied in batches so readers never wait long behind a large cache.
+  std::vector<BlockMeta> all = List();
+  std::vector<BlockMeta> changed;
+  constexpr size_t kBatch = 4096;
+  for (size_t start = 0; start < all.size(); start += kBatch) {
+    std::vector<BlockMeta> batch;
+    for (size_t i = start; i < std::min(all.size(), start + kBatch); ++i) {
+      bool want = elastic(all[i]);
+      if (want != all[i].elastic) {
+        all[i].elastic = want;
+        batch.push_back(all[i]);
+      }
+    }
+    MutexLock lock(&mu_);
+    for (const auto& m : batch) {
+      auto it = index_.find(m.id);
+      if (it == index_.end() || it->second.meta.elastic == m.elastic) continue;  // gone, or changed meanwhile
+      SetElasticLocked(m.id, it->second, m.elastic);
+      changed.push_back(it->second.meta);
+    }
+  }
+  return changed;
+}
+
+bool BlockStore::MakeReplica(const BlockId& id) {
+  MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end() || !it->second.meta.elastic) return false;
+  SetElasticLocked(id, it->second, false);
+  return true;
+}
+
+bool BlockStore::CanAdmit(const BlockMeta& meta) const {
+  const uint64_t file_bytes = store::BlockFileBytes(meta.length);
+  MutexLock lock(&mu_);
+  BlockId victim;
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    if (FitLocked(static_cast<int>(t), file_bytes, 1.0) >= 0) return true;
+    if (PickVictimLocked(static_cast<int>(t), Purpose::kAdmit, meta.mount_id, meta.elastic, &victim)) return true;
+  }
+  return false;
+}
+
 BlockStoreStats BlockStore::Stats() const {
   MutexLock lock(&mu_);
   BlockStoreStats s;
@@ -609,7 +675,13 @@ BlockStoreStats BlockStore::Stats() const {
     s.evictions += ts.evictions;
     s.tiers.push_back(std::move(ts));
   }
-  for (const auto& [id, e] : index_) s.pinned_blocks += e.pinned ? 1 : 0;
+  for (const auto& [id, e] : index_) {
+    s.pinned_blocks += e.pinned ? 1 : 0;
+    if (e.meta.elastic) {
+      s.elastic_blocks++;
+      s.elastic_bytes += e.meta.length;
+    }
+  }
   s.corrupt = corrupt_;
   s.scrubbed = scrubbed_;
   s.rejected = rejected_;

@@ -41,6 +41,9 @@
 //            evict blocks of the same dataset, and the reserver never evicts them from the last
 //            level. Once the cache is full the cached fraction stays put, so every shuffled epoch
 //            hits on it; new blocks are admitted as space frees (another dataset's blocks, free).
+// Elastic copies (BlockMeta::elastic: blocks this node keeps beyond their replica holders) are
+// evicted before any replica whatever the policy, and an elastic copy never evicts a replica; the
+// rules are worker/store/eviction.h. Classify() re-sorts blocks after a membership change.
 // Pinned blocks (Pin) are never evicted or moved. A block with a reader is never removed or moved
 // under it: Free() of such a block takes effect when its last reader finishes.
 //
@@ -95,6 +98,7 @@ struct BlockStoreStats {
   uint64_t pinned_blocks = 0;
   uint64_t rejected = 0;       // Puts refused because nothing evictable was left
   uint64_t leases = 0;         // blocks leased for zero-copy reads
+  uint64_t elastic_blocks = 0, elastic_bytes = 0;  // elastic copies among `blocks` (data bytes)
   std::vector<TierStats> tiers;
 };
 
@@ -176,8 +180,19 @@ class BlockStore {
   StatusOr<BlockLease> LeaseFile(const FileKey& key, uint64_t blocks, uint64_t file_size);
 
   // Caches a whole block (OK when already cached, or while another Put of it is in progress).
-  // RESOURCE_EXHAUSTED when nothing evictable is left to make room.
+  // RESOURCE_EXHAUSTED when nothing evictable is left to make room. `meta.elastic` puts an elastic
+  // copy, which only takes free room or another elastic copy's; a replica Put of a block cached as
+  // an elastic copy makes it a replica.
   Status Put(const BlockMeta& meta, std::string_view data);
+  // Whether a Put of `meta` would find room now (free room, or a block the rules let it evict):
+  // a hint for callers deciding whether to fetch a whole block, not a reservation.
+  bool CanAdmit(const BlockMeta& meta) const;
+  // Re-decides, for every cached block, whether it is an elastic copy (`elastic(meta)` true) or a
+  // replica — after a membership change, so the cache never keeps more replicas than asked. Returns
+  // the blocks whose kind changed, as they are now. `elastic` runs without the store's lock.
+  std::vector<BlockMeta> Classify(const std::function<bool(const BlockMeta&)>& elastic);
+  // Makes a cached elastic copy a replica; true when it was one (false: not cached, or a replica).
+  bool MakeReplica(const BlockId& id);
 
   // The policy for blocks of a mount (the worker's default until set).
   void SetMountPolicy(uint64_t mount_id, CachePolicy policy);
@@ -221,6 +236,7 @@ class BlockStore {
     // Evictable-in-principle blocks per mount, oldest access first (seq -> id). Pinned blocks are
     // not listed. The choice among them: store::PickVictim (worker/store/eviction.h).
     store::LruLists lru;
+    store::LruLists elastic;  // the same, for elastic copies (evicted first)
     uint64_t hits = 0, misses = 0, evictions = 0, demotions = 0, promotions = 0;
     uint64_t Quota() const;
     uint64_t Used() const;      // used + reserved
@@ -279,8 +295,11 @@ class BlockStore {
   void TouchLocked(const BlockId& id, Entry& e) REQUIRES(mu_);
   void RemoveLocked(const BlockId& id, Removal* r) REQUIRES(mu_);
   int FitLocked(int tier, uint64_t bytes, double fraction) const REQUIRES(mu_);  // dir index or -1
-  bool PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, BlockId* out) const REQUIRES(mu_);
-  bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, Removal* r) REQUIRES(mu_);
+  bool PickVictimLocked(int tier, Purpose purpose, uint64_t for_mount, bool for_elastic, BlockId* out,
+                        bool elastic_only = false) const REQUIRES(mu_);
+  bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, bool for_elastic, Removal* r,
+                      bool elastic_only = false) REQUIRES(mu_);
+  void SetElasticLocked(const BlockId& id, Entry& e, bool elastic) REQUIRES(mu_);
   // Moves a block one level (down: demotion; up: promotion) into `to_dir` if it still has room
   // below fraction x quota. Takes and releases mu_ itself.
   bool MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir, double fraction);

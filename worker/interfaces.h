@@ -38,6 +38,7 @@ struct MountHandle {
   std::shared_ptr<UnderFileSystem> ufs;
   std::optional<CachePolicy> policy;  // the mount's cache.policy, when it sets one
   uint32_t replicas = 1;              // the mount's cache.replicas
+  bool elastic = true;                // the mount's cache.elastic: keep elastic copies of what this node reads
 };
 
 struct PeerRef {
@@ -54,6 +55,9 @@ class Placement {
   // position, or kNotRanked when it is not in the list (not registered yet). An empty list means
   // the membership is unknown: the worker acts alone.
   virtual std::vector<PeerRef> Rank(const BlockId& id, size_t* self) = 0;
+  // The membership as the master last listed it (peers marked down included: a short outage must
+  // not re-sort the cache), and this worker's id in it. Empty when unknown.
+  virtual std::vector<PeerRef> Members(uint64_t* self) = 0;
   // Reads req.offset..+req.length (within one block) from `peer`, which serves it from its cache or
   // its own under-storage fetch. Retryable errors mean the peer is unusable, not the data.
   virtual Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) = 0;

@@ -14,6 +14,7 @@ rpc::BlockRef ToBlockRef(const BlockMeta& m) {
   r.set_index(m.id.index);
   r.set_mount_id(m.mount_id);
   r.set_length(m.length);
+  r.set_elastic(m.elastic);
   return r;
 }
 
@@ -183,7 +184,7 @@ StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   bool opened_now = false;
   ASSIGN_OR_RETURN(OpenedMount m, mounts_.Get(mount_id, &opened_now));
   if (opened_now && m.cache.policy) store_->SetMountPolicy(mount_id, *m.cache.policy);
-  return MountHandle{m.uri, m.ufs, m.cache.policy, m.cache.replicas};
+  return MountHandle{m.uri, m.ufs, m.cache.policy, m.cache.replicas, m.cache.elastic};
 }
 
 uint64_t MasterLink::worker_id() {

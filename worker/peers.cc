@@ -9,13 +9,26 @@ namespace granary::worker {
 PeerSet::PeerSet(std::shared_ptr<RpcSecurity> sec, std::chrono::milliseconds timeout, Clock clock)
     : sec_(sec), timeout_(timeout), clock_(std::move(clock)), stubs_(std::move(sec)) {}
 
-void PeerSet::Update(uint64_t self, const std::vector<PeerRef>& live) {
+bool PeerSet::Update(uint64_t self, const std::vector<PeerRef>& live) {
   MutexLock lock(&mu_);
+  auto key = [](const std::vector<PeerRef>& v) {
+    std::set<std::pair<uint64_t, std::string>> k;
+    for (const auto& p : v) k.emplace(p.id, p.address);
+    return k;
+  };
+  const bool changed = self != self_ || key(live) != key(live_);
   self_ = self;
   live_ = live;
   std::set<std::string> addresses;
   for (const auto& p : live_) addresses.insert(p.address);
   stubs_.Retain(addresses);  // forget the channels of workers that left
+  return changed;
+}
+
+std::vector<PeerRef> PeerSet::Members(uint64_t* self) {
+  MutexLock lock(&mu_);
+  *self = self_;
+  return live_;
 }
 
 std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {

@@ -46,9 +46,11 @@ class PeerSet final : public Placement {
           Clock clock = std::chrono::steady_clock::now);
 
   // Replaces the membership with the master's list of live workers; `self` is this worker's id.
-  void Update(uint64_t self, const std::vector<PeerRef>& live);
+  // True when the membership changed (another set of workers, or another self).
+  bool Update(uint64_t self, const std::vector<PeerRef>& live);
 
   std::vector<PeerRef> Rank(const BlockId& id, size_t* self) override;
+  std::vector<PeerRef> Members(uint64_t* self) override;
   Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
   void PeerFailed(const PeerRef& peer) override;
   Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) override;

@@ -205,7 +205,9 @@ class WorkerServerImpl final : public WorkerServer {
     peers_ = std::make_unique<PeerSet>(sec_, cfg.rpc.timeout);
     link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats,
                                          [this](uint64_t self, const std::vector<PeerRef>& live) {
-                                           peers_->Update(self, live);
+                                           // The cache re-sorts replicas and elastic copies when
+                                           // the membership changes.
+                                           if (peers_->Update(self, live) && source_) source_->MembershipChanged();
                                          });
     source_ = std::make_unique<BlockSource>(store_.get(), link_.get(), link_.get(), peers_.get());
     service_ = std::make_unique<WorkerService>(source_.get(), store_.get(), sec_, stats);
@@ -339,6 +341,8 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ufs_bytes(c.ufs_bytes);
     s.set_bytes_served(c.bytes_served);
     s.set_pinned_blocks(b.pinned_blocks);
+    s.set_elastic_blocks(b.elastic_blocks);
+    s.set_elastic_bytes(b.elastic_bytes);
     s.set_rejected(b.rejected);
     s.set_policy(CachePolicyName(policy_));
     s.set_peer_reads(c.peer_reads);
@@ -354,6 +358,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ufs_errors(c.ufs_errors);
     s.set_passthrough_leases(c.passthrough_leases);
     s.set_scrubbed_blocks(b.scrubbed);
+    s.set_elastic_peer_bytes(c.elastic_peer_bytes);
     for (const auto& [mount, a] : source_->AccessByMount()) {
       rpc::MountCounters& mc = (*s.mutable_mount_counters())[mount];
       mc.set_hits(a.hits);

@@ -43,6 +43,11 @@ inline constexpr StatMetric kStatMetrics[] = {
     {"scrubbed_blocks", "granary_worker_scrubbed_blocks_total", false, "Cached blocks the scrub read and verified."},
     {"rejected", "granary_worker_rejected_blocks_total", false, "Blocks not cached for want of evictable space."},
     {"pinned_blocks", "granary_worker_pinned_blocks", true, "Cached blocks that are pinned."},
+    {"elastic_blocks", "granary_worker_elastic_blocks", true,
+     "Cached blocks held as elastic copies (beyond the block's cache.replicas holders; evicted first)."},
+    {"elastic_bytes", "granary_worker_elastic_bytes", true, "Data bytes of the elastic copies."},
+    {"elastic_peer_bytes", "granary_worker_elastic_peer_bytes_total", false,
+     "Bytes copied from peer workers into elastic copies."},
     {"peers", "granary_worker_peers", true, "Live workers this worker places blocks over, itself included."},
 };
 

@@ -95,11 +95,12 @@ class Cluster;
 
 class Node : public MountResolver, public BlockReporter, public Placement {
  public:
-  Node(Cluster* c, uint64_t id, const std::string& cache_dir);
+  Node(Cluster* c, uint64_t id, const std::string& cache_dir, uint64_t quota);
   StatusOr<MountHandle> GetMount(uint64_t id) override;
   void BlockAdded(const BlockMeta&) override { added++; }
   void BlockRemoved(const BlockMeta&) override {}
   std::vector<PeerRef> Rank(const BlockId& id, size_t* self) override { return peers.Rank(id, self); }
+  std::vector<PeerRef> Members(uint64_t* self) override { return peers.Members(self); }
   Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
   void PeerFailed(const PeerRef& peer) override { peers.PeerFailed(peer); }
   Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) override;
@@ -115,12 +116,13 @@ class Node : public MountResolver, public BlockReporter, public Placement {
 
 class Cluster {
  public:
-  Cluster(const testing::TempDir& dir, int nodes, std::shared_ptr<UnderFileSystem> ufs, uint32_t replicas)
-      : ufs(std::move(ufs)), replicas(replicas) {
-    std::vector<PeerRef> live;
+  // Each node's cache holds `quota` bytes; `elastic` is the mount's cache.elastic.
+  Cluster(const testing::TempDir& dir, int nodes, std::shared_ptr<UnderFileSystem> ufs, uint32_t replicas,
+          bool elastic = false, uint64_t quota = 1 << 30)
+      : ufs(std::move(ufs)), replicas(replicas), elastic(elastic) {
     for (int i = 0; i < nodes; ++i) {
       live.push_back(PeerRef{static_cast<uint64_t>(i + 1), "node-" + std::to_string(i + 1)});
-      this->nodes.push_back(std::make_unique<Node>(this, i + 1, dir / ("cache-" + std::to_string(i))));
+      this->nodes.push_back(std::make_unique<Node>(this, i + 1, dir / ("cache-" + std::to_string(i)), quota));
     }
     for (auto& n : this->nodes) n->peers.Update(n->id, live);
   }
@@ -130,21 +132,35 @@ class Cluster {
     for (auto& node : nodes) n += node->store->Stats().blocks;
     return n;
   }
+  uint64_t ElasticBlocks() {
+    uint64_t n = 0;
+    for (auto& node : nodes) n += node->store->Stats().elastic_blocks;
+    return n;
+  }
+  // Every node learns a new membership (the master's next list).
+  void SetMembers(const std::vector<PeerRef>& members) {
+    live = members;
+    for (auto& n : nodes) {
+      if (n->peers.Update(n->id, live)) n->source->ClassifyNow();
+    }
+  }
 
   std::shared_ptr<UnderFileSystem> ufs;
   uint32_t replicas;
+  bool elastic;
+  std::vector<PeerRef> live;
   std::vector<std::unique_ptr<Node>> nodes;
 };
 
-Node::Node(Cluster* c, uint64_t id, const std::string& cache_dir)
+Node::Node(Cluster* c, uint64_t id, const std::string& cache_dir, uint64_t quota)
     : cluster(c), id(id), peers(RpcSecurity::FromConfig(RpcConfig{}).value(), std::chrono::seconds(5)) {
-  store = std::move(BlockStore::Open(cache_dir, 1 << 30).value());
+  store = std::move(BlockStore::Open(cache_dir, quota).value());
   source = std::make_unique<BlockSource>(store.get(), this, this, this);
 }
 
 StatusOr<MountHandle> Node::GetMount(uint64_t mount) {
   if (mount != 1) return NotFoundError("no such mount");
-  return MountHandle{cluster->ufs->uri(), cluster->ufs, std::nullopt, cluster->replicas};
+  return MountHandle{cluster->ufs->uri(), cluster->ufs, std::nullopt, cluster->replicas, cluster->elastic};
 }
 
 // What the Worker.ReadBlock handler does for a peer's request; a dead node answers UNAVAILABLE.
@@ -367,6 +383,109 @@ TEST_F(PeerRoutingTest, LoadKeepsEachBlockOnExactlyReplicasWorkersFetchedOnce) {
       for (const auto& m : alive) copies += c.node(m.id).store->Contains(id);
       EXPECT_EQ(copies, static_cast<int>(replicas)) << "block " << i << " after node 2 left";
     }
+  }
+}
+
+
+// ---- elastic copies (cache.elastic) ----
+
+// Whether each node holds each of its cached blocks as the kind the ranking says: a replica when
+// it is one of the block's first `replicas` among `live`, else an elastic copy. Returns the
+// numbers of replica and elastic blocks seen.
+std::pair<uint64_t, uint64_t> ExpectKindsFollowTheRanking(Cluster& c, const std::vector<PeerRef>& live) {
+  uint64_t replicas = 0, elastic = 0;
+  for (const auto& m : live) {
+    for (const auto& b : c.node(m.id).store->List()) {
+      bool holder = RankOf(b.id, live, m.id) < c.replicas;
+      EXPECT_EQ(b.elastic, !holder) << "node " << m.id << " block " << b.id.index;
+      (b.elastic ? elastic : replicas)++;
+    }
+  }
+  return {replicas, elastic};
+}
+
+TEST_F(PeerRoutingTest, WithRoomEveryNodeEndsAnEpochWholeAndTheStorageSendsTheDatasetOnce) {
+  Cluster c(dir_, 4, ufs_, 1, /*elastic=*/true);
+  ufs_->CloseGate();  // every node's first reads pile up on the homes' fetches
+  std::vector<std::thread> readers;
+  std::atomic<int> good{0};
+  for (auto& n : c.nodes) {
+    for (int t = 0; t < 2; ++t) readers.emplace_back([&, node = n.get()] { good += ReadAll(*node); });
+  }
+  ASSERT_TRUE(testing::WaitFor([&] { return ufs_->reads_started.load() >= 1; }));
+  ufs_->OpenGate();
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(good.load(), 8);
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks())) << "each block once for the cluster";
+  for (auto& n : c.nodes) EXPECT_EQ(n->store->Stats().blocks, Blocks()) << "node " << n->id << " is whole";
+  auto [replicas, elastic] = ExpectKindsFollowTheRanking(c, c.live);
+  EXPECT_EQ(replicas, Blocks()) << "exactly cache.replicas copies count as replicas";
+  EXPECT_EQ(elastic, 3 * Blocks());
+  // The next epoch is local everywhere: no peer read, no under-storage read.
+  uint64_t peer_reads = 0;
+  for (auto& n : c.nodes) peer_reads += n->source->counters().peer_reads;
+  for (auto& n : c.nodes) ASSERT_TRUE(ReadAll(*n));
+  uint64_t after = 0;
+  for (auto& n : c.nodes) after += n->source->counters().peer_reads;
+  EXPECT_EQ(after, peer_reads);
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));
+}
+
+TEST_F(PeerRoutingTest, WithoutRoomElasticCopiesGiveWayAndReplicasStayExact) {
+  // Each node's cache holds 9 of the 21 blocks: its replicas (about 5) and a few elastic copies.
+  Cluster c(dir_, 4, ufs_, 1, /*elastic=*/true, 9 * BlockFileBytes(kBlock));
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (auto& n : c.nodes) ASSERT_TRUE(ReadAll(*n)) << "epoch " << epoch;
+  }
+  auto [replicas, elastic] = ExpectKindsFollowTheRanking(c, c.live);
+  EXPECT_EQ(replicas, Blocks()) << "every block stays at its home, none beyond";
+  EXPECT_GT(elastic, 0u) << "the room left is used";
+  for (auto& n : c.nodes) {
+    auto st = n->store->Stats();
+    EXPECT_LE(st.used, st.capacity);
+  }
+  // Every block was fetched from the under-storage once, by its home: elastic copies come from
+  // holders, and giving way never cost a replica.
+  EXPECT_EQ(ufs_->reads_started.load(), static_cast<int>(Blocks()));
+}
+
+TEST_F(PeerRoutingTest, WithElasticOffANonHolderKeepsNothing) {
+  Cluster c(dir_, 3, ufs_, 1, /*elastic=*/false);
+  for (auto& n : c.nodes) ASSERT_TRUE(ReadAll(*n));
+  EXPECT_EQ(c.CachedBlocks(), Blocks());
+  EXPECT_EQ(c.ElasticBlocks(), 0u);
+}
+
+TEST_F(PeerRoutingTest, AJoinAndALeaveLeaveNoReplicaBeyondTheCount) {
+  for (bool elastic : {false, true}) {
+    SCOPED_TRACE(elastic ? "cache.elastic on" : "cache.elastic off");
+    testing::TempDir d;
+    Cluster c(d, 4, ufs_, 1, elastic);
+    std::vector<PeerRef> all = c.live, three(all.begin(), all.begin() + 3);
+    c.SetMembers(three);  // node 4 has not joined yet
+    for (uint64_t n = 1; n <= 3; ++n) ASSERT_TRUE(ReadAll(c.node(n)));
+    ExpectKindsFollowTheRanking(c, three);
+    // Node 4 joins: the blocks it is now the home of become elastic copies where they were.
+    c.SetMembers(all);
+    auto [replicas, extra] = ExpectKindsFollowTheRanking(c, all);
+    uint64_t homed_at_4 = 0;
+    for (uint64_t i = 0; i < Blocks(); ++i) {
+      BlockId id{MakeFileKey(ufs_->uri(), "f.bin", version_), i};
+      homed_at_4 += RankOf(id, all, 4) == 0;
+    }
+    EXPECT_EQ(replicas, Blocks() - homed_at_4);
+    if (!elastic) EXPECT_EQ(extra, homed_at_4);
+    ASSERT_TRUE(ReadAll(c.node(4)));
+    // Node 2 leaves: its blocks' new homes hold them as replicas if they had copies.
+    c.node(2).dead = true;
+    std::vector<PeerRef> without2;
+    for (const auto& m : all) {
+      if (m.id != 2) without2.push_back(m);
+    }
+    c.SetMembers(without2);
+    for (uint64_t n : {1, 3, 4}) ASSERT_TRUE(ReadAll(c.node(n)));
+    auto [after, elastic_after] = ExpectKindsFollowTheRanking(c, without2);
+    EXPECT_EQ(after, Blocks()) << "one replica of each block among the workers left";
   }
 }
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "tests/testutil/testutil.h"
 #include "worker/block_store.h"
@@ -232,10 +233,18 @@ TEST(TieredStore, ContinuousScrubFindsDamageNoReadTouches) {
 
 // Hit ratio over shuffled epochs of a dataset twice the cache: lru keeps missing, shuffle holds
 // the fraction that fits.
-double ShuffledHitRatio(CachePolicy policy, int dataset, int cache_blocks, int epochs, double* last_epoch) {
+// With `levels` 2 the cache is a MEM level holding a quarter of it above an SSD level.
+double ShuffledHitRatio(CachePolicy policy, int dataset, int cache_blocks, int epochs, double* last_epoch,
+                        int levels = 1) {
   testing::TempDir dir;
+  TwoLevels two;
   StoreOptions o;
-  o.levels = {Level("SSD", dir / "c", static_cast<uint64_t>(cache_blocks), 0.95, 0.7)};
+  if (levels == 2) {
+    o = two.Options(static_cast<uint64_t>(cache_blocks / 4), static_cast<uint64_t>(cache_blocks - cache_blocks / 4),
+                    0.95, 0.7);
+  } else {
+    o.levels = {Level("SSD", dir / "c", static_cast<uint64_t>(cache_blocks), 0.95, 0.7)};
+  }
   o.policy = policy;
   o.background = false;
   auto s = std::move(BlockStore::Open(o).value());
@@ -273,6 +282,18 @@ TEST(TieredStore, ShufflePolicyHoldsTheFractionThatFits) {
   EXPECT_LT(lru, shuffle);
 }
 
+// The same across two levels: the reserver's demotions from MEM into a full SSD level neither
+// evict the dataset's blocks from MEM nor drop them at the bottom (watermark low), so the levels
+// together hold a fixed subset.
+TEST(TieredStore, ShufflePolicyHoldsTheFractionThatFitsAcrossTwoLevels) {
+  double last;
+  double lru = ShuffledHitRatio(CachePolicy::kLru, 400, 200, 4, &last, 2);
+  double shuffle = ShuffledHitRatio(CachePolicy::kShuffle, 400, 200, 4, &last, 2);
+  EXPECT_GE(shuffle, 0.95 * 0.5) << "shuffle from epoch 2 on";
+  EXPECT_GE(last, 0.95 * 0.5);
+  EXPECT_LT(lru, shuffle);
+}
+
 TEST(TieredStore, AnotherDatasetMayReplaceAShuffleDatasetsBlocks) {
   testing::TempDir dir;
   StoreOptions o;
@@ -289,12 +310,51 @@ TEST(TieredStore, AnotherDatasetMayReplaceAShuffleDatasetsBlocks) {
   EXPECT_TRUE(s->Put(Meta(3, 1), Content(3, 1)).ok());
 }
 
+// An elastic copy on any level goes before a replica on any level, and an elastic copy takes only
+// free room or another elastic copy's.
+TEST(TieredStore, ElasticCopiesGoFirstFromEveryLevel) {
+  TwoLevels d;
+  auto s = std::move(BlockStore::Open(d.Options(1, 2, 1.0, 1.0)).value());
+  BlockMeta e = Meta(1, 0);
+  e.elastic = true;
+  ASSERT_TRUE(s->Put(e, Content(1, 0)).ok());
+  ASSERT_EQ(s->LevelOf(e.id), 0) << "the fastest level with room";
+  ASSERT_TRUE(s->Put(Meta(1, 1), Content(1, 1)).ok());
+  ASSERT_TRUE(s->Put(Meta(1, 2), Content(1, 2)).ok());
+  BlockMeta e2 = Meta(1, 5);
+  e2.elastic = true;
+  EXPECT_EQ(s->Put(e2, Content(1, 5)).code(), Code::kOk) << "an elastic copy replaces an older elastic copy";
+  EXPECT_FALSE(s->Contains(e.id));
+  EXPECT_TRUE(s->Contains(Meta(1, 1).id) && s->Contains(Meta(1, 2).id));
+  ASSERT_TRUE(s->Put(Meta(1, 3), Content(1, 3)).ok());
+  EXPECT_FALSE(s->Contains(e2.id)) << "the elastic copy in MEM went, not a replica in SSD";
+  EXPECT_TRUE(s->Contains(Meta(1, 1).id) && s->Contains(Meta(1, 2).id));
+  EXPECT_EQ(s->Stats().elastic_blocks, 0u);
+  BlockMeta e3 = Meta(1, 6);
+  e3.elastic = true;
+  EXPECT_EQ(s->Put(e3, Content(1, 6)).code(), Code::kResourceExhausted) << "an elastic copy never replaces a replica";
+  EXPECT_FALSE(s->CanAdmit(e3));
+  EXPECT_TRUE(s->CanAdmit(Meta(1, 7))) << "a replica may replace an lru replica";
+  // Classify turns replicas into elastic copies and back; MakeReplica one of them.
+  auto changed = s->Classify([](const BlockMeta& m) { return m.id == Meta(1, 1).id || m.id == Meta(1, 2).id; });
+  EXPECT_EQ(changed.size(), 2u);
+  EXPECT_EQ(s->Stats().elastic_blocks, 2u);
+  EXPECT_TRUE(s->MakeReplica(Meta(1, 1).id));
+  EXPECT_FALSE(s->MakeReplica(Meta(1, 1).id)) << "a replica already";
+  EXPECT_EQ(s->Stats().elastic_blocks, 1u);
+  ASSERT_TRUE(s->Put(Meta(1, 8), Content(1, 8)).ok());
+  EXPECT_FALSE(s->Contains(Meta(1, 2).id)) << "the block made elastic went first";
+  EXPECT_TRUE(ReadsBack(*s, 1, 1) && ReadsBack(*s, 1, 3) && ReadsBack(*s, 1, 8));
+}
+
 // ---- property test ----------------------------------------------------------------------------
 //
 // Random sequences of Put, Read, Pin, Unpin, Free, Reserve and restart against a model that knows
-// each block's bytes and which blocks are pinned. After every step: no level above its quota, the
-// store's block count matches its listing, every pinned block that was cached still is, and every
-// read returns the model's bytes or NOT_FOUND (never other bytes, never DATA_LOSS).
+// each block's bytes and which blocks are pinned. A third of the files are put as elastic copies.
+// After every step: no level above its quota, the store's block count matches its listing, every
+// pinned block that was cached still is, and every read returns the model's bytes or NOT_FOUND
+// (never other bytes, never DATA_LOSS). Around every Put: an elastic copy's Put evicted no replica,
+// and a replica's Put evicted a replica only when no unpinned elastic copy was left.
 class TieredStoreProperty : public ::testing::TestWithParam<int> {};
 
 TEST_P(TieredStoreProperty, AgreesWithTheModel) {
@@ -308,6 +368,8 @@ TEST_P(TieredStoreProperty, AgreesWithTheModel) {
   std::set<int> pinned_cached;        // pinned files whose block must stay cached
   const int kFiles = 40;
   auto pick = [&] { return static_cast<int>(rng() % kFiles); };
+  std::unordered_map<FileKey, int, FileKeyHash> file_of;
+  for (int f = 0; f < kFiles; ++f) file_of[Meta(1 + static_cast<uint64_t>(f % 2), f).id.key] = f;
   for (int step = 0; step < 600; ++step) {
     int op = static_cast<int>(rng() % 100);
     int f = pick();
@@ -315,8 +377,25 @@ TEST_P(TieredStoreProperty, AgreesWithTheModel) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " step " + std::to_string(step) + " op " + std::to_string(op) +
                  " file " + std::to_string(f));
     if (op < 45) {
-      Status st = s->Put(Meta(mount, f), Content(mount, f));
+      BlockMeta m = Meta(mount, f);
+      m.elastic = f % 3 == 0;
+      auto cached = [&] {  // file -> whether it is cached as an elastic copy
+        std::map<uint64_t, bool> now;
+        for (const auto& b : s->List()) now[static_cast<uint64_t>(file_of.at(b.id.key))] = b.elastic;
+        return now;
+      };
+      std::map<uint64_t, bool> before = cached();
+      Status st = s->Put(m, Content(mount, f));
       ASSERT_TRUE(st.ok() || st.code() == Code::kResourceExhausted) << st.ToString();
+      std::map<uint64_t, bool> after = cached();
+      bool replica_evicted = false, elastic_left = false;
+      for (const auto& [file, elastic] : before) {
+        if (pinned.count(static_cast<int>(file))) continue;
+        if (!after.count(file) && !elastic) replica_evicted = true;
+        if (after.count(file) && elastic) elastic_left = true;
+      }
+      if (m.elastic) ASSERT_FALSE(replica_evicted) << "an elastic copy evicted a replica";
+      ASSERT_FALSE(replica_evicted && elastic_left) << "a replica went while an elastic copy stayed";
       if (st.ok() && pinned.count(f) && s->Contains(Meta(mount, f).id)) pinned_cached.insert(f);
     } else if (op < 80) {
       std::string out(kData, '\0');

@@ -27,6 +27,10 @@ struct BlockMeta {
   uint64_t mount_id = 0;
   uint64_t length = 0;  // data bytes
   uint64_t offset = 0;  // where the block starts in its file (index x block size)
+  // An elastic copy: kept by a node that is not one of the block's `cache.replicas` holders, while
+  // it has room; evicted before any replica and never counted as one (worker/block_source.h).
+  // Not stored on disk: a restarted worker's blocks are replicas until its first classification.
+  bool elastic = false;
 };
 
 }  // namespace granary::worker

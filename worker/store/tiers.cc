@@ -103,18 +103,18 @@ void BlockStore::ReserveTier(int t) {
       double target = tier.level.low * static_cast<double>(tier.Quota());
       if (static_cast<double>(tier.Used()) <= target) return;
       if (last) {
-        if (!EvictOneLocked(t, Purpose::kWatermark, 0, &r)) return;
+        if (!EvictOneLocked(t, Purpose::kWatermark, 0, false, &r)) return;
       } else {
-        if (!PickVictimLocked(t, Purpose::kDemote, 0, &victim)) return;
+        if (!PickVictimLocked(t, Purpose::kDemote, 0, false, &victim)) return;
         const Entry& e = index_.at(victim);
         to_dir = FitLocked(t + 1, e.file_bytes, 1.0);
         // The level below is full: make room there as an admission of this block would.
-        while (to_dir < 0 && EvictOneLocked(t + 1, Purpose::kAdmit, e.meta.mount_id, &r)) {
+        while (to_dir < 0 && EvictOneLocked(t + 1, Purpose::kAdmit, e.meta.mount_id, e.meta.elastic, &r)) {
           to_dir = FitLocked(t + 1, e.file_bytes, 1.0);
         }
         if (to_dir < 0) {
           // No room below. An lru block is evicted; a shuffle block stays where it is.
-          if (PolicyLocked(e.meta.mount_id) == CachePolicy::kShuffle || !EvictOneLocked(t, Purpose::kWatermark, 0, &r)) {
+          if (PolicyLocked(e.meta.mount_id) == CachePolicy::kShuffle || !EvictOneLocked(t, Purpose::kWatermark, 0, false, &r)) {
             stuck = true;
           }
         }
