@@ -104,7 +104,7 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     BlockMeta copy = meta;
     copy.elastic = true;
     // No room an elastic copy may take: fetching the whole block would be wasted; stream the range.
-    if (!store_->CanAdmit(copy)) route = Route{true, false, false};
+    if (route.ask_peers && !store_->CanAdmit(copy)) route.keep = false;
   }
   if (route.ask_peers && !route.keep) {
     // Not a holder: only this range, streamed from the holders.
@@ -119,7 +119,8 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     }
     if (!st.IsRetryable()) return st;
     // No peer could serve: fetch it here, and keep it if this worker is the block's home now.
-    route = Route{false, became_home};
+    route.ask_peers = false;
+    route.keep = became_home;
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const std::string> block, Fetch(req, mount, meta, route));
   out->assign(block->data() + req.offset, len);
@@ -129,13 +130,20 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
 
 BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& t, PeerRef* home) {
   Route route;
-  if (placement_ == nullptr || req.from_peer) return route;  // alone, or asked as the home
+  if (placement_ == nullptr) return route;  // alone
+  // The kind of what is kept follows the master's membership, not the ranking with peers marked
+  // down: a block fetched while standing in for a failed holder is an elastic copy (evicted first),
+  // so a short outage leaves no replica beyond the count.
+  uint64_t self_id = 0;
+  std::vector<PeerRef> members = placement_->Members(&self_id);
+  const size_t rank = members.empty() ? 0 : RankOf(t.meta.id, members, self_id);
+  route.elastic = !(rank != kNotRanked && rank < t.mount.replicas);
+  if (req.from_peer) return route;  // asked as the home: fetch (if need be) and keep
   size_t self = kNotRanked;
   std::vector<PeerRef> ranked = placement_->Rank(t.meta.id, &self);
   if (!ranked.empty() && self != 0) {
     route.ask_peers = true;
-    route.keep = self != kNotRanked && self < t.mount.replicas;
-    if (!route.keep && t.mount.elastic) route.keep = route.elastic = true;
+    route.keep = !route.elastic || t.mount.elastic;
     if (home != nullptr) *home = ranked[0];
   }
   return route;
@@ -232,10 +240,10 @@ Status BlockSource::Warm(BlockRequest req) {
   if (t.len == 0 || store_->Contains(t.meta.id)) return Status::OK();
   PeerRef home;
   Route route = RouteFor(req, t, &home);
-  if (route.elastic) {
+  if (route.elastic && route.ask_peers) {
     BlockMeta copy = t.meta;
     copy.elastic = true;
-    if (!store_->CanAdmit(copy)) route.keep = route.elastic = false;
+    if (!store_->CanAdmit(copy)) route.keep = false;
   }
   // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
   if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
@@ -405,8 +413,6 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     if (!st.ok() && !st.IsRetryable()) return st;
     fetched = st.ok();
     if (fetched && route.elastic) counters_.elastic_peer_bytes += data->size();
-    // No holder could serve and this worker is the home now: what it fetches is a replica.
-    if (!fetched && became_home) route.elastic = false;
   }
   if (!fetched) {
     data->assign(meta.length, '\0');

@@ -197,6 +197,13 @@ TEST(TieredStoreConfig, MountOptionsSplitCacheFromUnderStorage) {
               std::string::npos)
         << s.message();
   }
+
+  EXPECT_TRUE(cache.elastic) << "elastic copies are on by default";
+  ASSERT_TRUE(SplitMountOptions({{"cache.elastic", "false"}}, &ufs, &cache).ok());
+  EXPECT_FALSE(cache.elastic);
+  s = SplitMountOptions({{"cache.elastic", "no"}}, &ufs, &cache);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("cache.elastic: 'no' is not true or false"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 namespace granary::master {
 namespace {
 
@@ -55,6 +57,52 @@ TEST(Cluster, TracksBlocksPerMountOnce) {
   EXPECT_EQ(CachedBytes(c, 7), 100u);
   c.DropMount(7);
   EXPECT_EQ(CachedBytes(c, 7), 0u);
+}
+
+// Replica and elastic copies are counted apart; a block reported again with the other kind moves,
+// and a worker that goes silent takes both kinds with it.
+TEST(Cluster, ReplicaAndElasticBytesApart) {
+  FakeClock clk;
+  Cluster c(std::chrono::seconds(10), clk.fn());
+  rpc::RegisterWorkerRequest w;
+  w.set_address("a:1");
+  uint64_t a = c.RegisterWorker(w);
+  w.set_address("b:1");
+  uint64_t b = c.RegisterWorker(w);
+  auto report = [&](uint64_t worker, rpc::BlockRef blk, bool elastic, bool add = true) {
+    rpc::ReportBlocksRequest r;
+    r.set_worker_id(worker);
+    blk.set_elastic(elastic);
+    *(add ? r.add_added() : r.add_removed()) = blk;
+    EXPECT_TRUE(c.ReportBlocks(r));
+  };
+  auto usage = [&] {
+    rpc::Report r;
+    rpc::MountReport mr;
+    mr.mutable_mount()->set_id(7);
+    c.FillReport(&r, {&mr});
+    return std::make_tuple(mr.cached_bytes(), mr.replica_bytes(), mr.elastic_bytes());
+  };
+  report(a, Block("k", 0, 7, 100), false);
+  report(b, Block("k", 0, 7, 100), true);
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{100}, uint64_t{100}));
+  EXPECT_EQ(c.Holders("k", 0), std::vector<uint64_t>{a});
+  EXPECT_EQ(c.ElasticHolders("k", 0), std::vector<uint64_t>{b});
+  Cluster::Cached cached;
+  c.CachedOf("k", 100, 100, &cached);
+  EXPECT_EQ(cached.distinct, 100u);
+  EXPECT_EQ(cached.replica, 100u);
+  EXPECT_EQ(cached.elastic, 100u);
+  report(a, Block("k", 0, 7, 100), true);  // a membership change made a's copy elastic
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{0}, uint64_t{200}));
+  EXPECT_TRUE(c.Holders("k", 0).empty());
+  report(b, Block("k", 0, 7, 100), false);  // and b's a replica
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{100}, uint64_t{100}));
+  report(a, Block("k", 0, 7, 100), true, /*add=*/false);
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{100}, uint64_t{0}));
+  clk.now += std::chrono::seconds(11);
+  c.ExpireWorkers();
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{0}, uint64_t{0}, uint64_t{0}));
 }
 
 TEST(Cluster, SilentWorkersLoseTheirBlocks) {

@@ -489,5 +489,18 @@ TEST_F(PeerRoutingTest, AJoinAndALeaveLeaveNoReplicaBeyondTheCount) {
   }
 }
 
+// While a holder is marked down (not yet left the master's list), the worker standing in for it
+// fetches its blocks and keeps them as elastic copies: when it is back, there is no excess
+// replica to trim, and no classification is needed.
+TEST_F(PeerRoutingTest, AStandInForAFailedHolderKeepsElasticCopies) {
+  Cluster c(dir_, 3, ufs_, 1, /*elastic=*/false);
+  c.node(2).dead = true;  // kill -9; the membership still lists it
+  ASSERT_TRUE(ReadAll(c.node(1)));
+  ASSERT_TRUE(ReadAll(c.node(3)));
+  auto [replicas, elastic] = ExpectKindsFollowTheRanking(c, c.live);  // node 2's cache is empty
+  EXPECT_GT(elastic, 0u) << "node 2's blocks, fetched by the others in its place";
+  EXPECT_EQ(replicas + elastic, Blocks());
+}
+
 }  // namespace
 }  // namespace granary::worker
