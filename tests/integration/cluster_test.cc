@@ -183,13 +183,13 @@ class ClusterTest : public ::testing::Test {
 
   // Reads every file of the dataset through node `n`'s mount (in a shuffled order when `seed`),
   // and counts files whose bytes differ or that failed.
-  static void ReadEpoch(int n, unsigned seed, std::atomic<int>* bad) {
+  static void ReadEpoch(int n, unsigned seed, std::atomic<int>* bad, const std::string& mount = "ds") {
     std::vector<std::string> names;
     for (const auto& [name, data] : files_) names.push_back(name);
     std::shuffle(names.begin(), names.end(), std::mt19937(seed));
     for (const auto& name : names) {
       std::string got;
-      bool ok = ReadFileChecked(*dir_ / ("node" + std::to_string(n) + "/mnt/ds/" + name), &got);
+      bool ok = ReadFileChecked(*dir_ / ("node" + std::to_string(n) + "/mnt/" + mount + "/" + name), &got);
       if (!ok || got != files_[name]) {
         ++*bad;
         ADD_FAILURE() << "node " << n << " read " << name << (ok ? ": wrong bytes" : ": error");
@@ -219,7 +219,10 @@ uint64_t ClusterTest::dataset_bytes_ = 0;
 
 // Every node reads the same cold dataset at the same moment: the under-storage sends each byte
 // once (the workers' own count, and the storage link's, which adds only protocol headers), every
-// node sees identical bytes, and a second epoch reads nothing from the under-storage.
+// node sees identical bytes, and a second epoch reads nothing from the under-storage. With room
+// (cache.elastic, the default), every node ends the epoch with the whole dataset in its own cache:
+// one replica of each block (cache.replicas 1) and elastic copies on the other nodes, so the
+// warm epoch asks no peer.
 TEST_F(ClusterTest, AColdDatasetReadByEveryNodeAtOnceIsFetchedOnce) {
   uint64_t tx0 = StorageTxBytes();
   std::atomic<int> bad{0};
@@ -237,23 +240,45 @@ TEST_F(ClusterTest, AColdDatasetReadByEveryNodeAtOnceIsFetchedOnce) {
   EXPECT_LE(cold_link, dataset_bytes_ * 110 / 100) << "the storage link carried " << cold_link << " bytes";
   EXPECT_GE(cold_link, dataset_bytes_);
   EXPECT_GT(Sum(r, "peer_reads"), 0u);
-  EXPECT_EQ(Sum(r, "blocks"), DatasetBlocks());  // one copy of each block (cache.replicas 1)
+  // The report follows the workers' block reports: wait for the epoch's last ones.
+  EXPECT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == kNodes * DatasetBlocks(); })) << Report().dump(1);
+  r = Report();
+  for (const auto& w : r["workers"]) EXPECT_EQ(w["blocks"].get<uint64_t>(), DatasetBlocks()) << "every node is whole";
   ASSERT_EQ(r["mounts"].size(), 1u);
   EXPECT_EQ(r["mounts"][0]["cached_bytes"].get<uint64_t>(), dataset_bytes_);
+  EXPECT_EQ(r["mounts"][0]["replica_bytes"].get<uint64_t>(), dataset_bytes_) << "one replica of each block";
+  EXPECT_EQ(r["mounts"][0]["elastic_bytes"].get<uint64_t>(), (kNodes - 1) * dataset_bytes_);
+  RunResult du = Cli({"du", "/ds", "--json"});
+  ASSERT_EQ(du.code, 0) << du.out;
+  auto dj = nlohmann::json::parse(du.out, nullptr, false);
+  ASSERT_FALSE(dj.is_discarded()) << du.out;
+  EXPECT_EQ(dj["total"]["replica_bytes"].get<uint64_t>(), dataset_bytes_);
+  EXPECT_EQ(dj["total"]["elastic_bytes"].get<uint64_t>(), (kNodes - 1) * dataset_bytes_);
 
-  // Warm, shuffled, every node: the under-storage sends nothing.
+  // Warm, shuffled, every node: the under-storage sends nothing, and no node asks a peer.
   tx0 = StorageTxBytes();
+  uint64_t peer_reads = Sum(r, "peer_reads");
   readers.clear();
   for (int n = 1; n <= kNodes; ++n) readers.emplace_back([n, &bad] { ReadEpoch(n, 7 + n, &bad); });
   for (auto& t : readers) t.join();
   EXPECT_EQ(bad.load(), 0);
-  EXPECT_EQ(Sum(Report(), "ufs_bytes"), dataset_bytes_);
+  r = Report();
+  EXPECT_EQ(Sum(r, "ufs_bytes"), dataset_bytes_);
+  EXPECT_EQ(Sum(r, "peer_reads"), peer_reads) << "a warm epoch is local on every node";
   EXPECT_LT(StorageTxBytes() - tx0, 64u * 1024);  // ARP and the like, no data
 }
 
 // kill -9 of a worker while the other nodes read: no reader sees an error or a wrong byte; the
-// dead worker's blocks are fetched again by their new homes. The worker then comes back.
+// dead worker's blocks are fetched again by stand-ins. The worker then comes back. The readers use
+// a second mount of the same bucket without elastic copies (cache.elastic=false), so every epoch
+// keeps asking the worker that is killed (with elastic copies, a warm node asks no one).
 TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
+  ASSERT_EQ(Cli({"free", "/ds"}).code, 0);  // the same objects: the same cached blocks
+  RunResult m = Cli({"mount", "/ds-remote", "s3://cluster/ds", "-o", "endpoint=" + endpoint_, "-o",
+                     "access_key_file=" + *dir_ / "ak", "-o", "secret_key_file=" + *dir_ / "sk", "-o",
+                     "cache.elastic=false"});
+  ASSERT_EQ(m.code, 0) << m.out;
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == 0; })) << Report().dump(1);
   // Every open drops the kernel's cached pages of the file (fuse.keep_cache false), so each epoch
   // goes to the workers.
   std::atomic<int> bad{0};
@@ -263,7 +288,7 @@ TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
   for (int n : {1, 3}) {
     readers.emplace_back([n, &bad, &stop, &epochs] {
       for (unsigned e = 0; !stop; ++e) {
-        ReadEpoch(n, 100 + e, &bad);
+        ReadEpoch(n, 100 + e, &bad, "ds-remote");
         ++epochs;
       }
     });
@@ -284,7 +309,7 @@ TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
 
   // Node 2's own reader, with its worker dead: granary-fuse sends its reads to another live worker.
   std::atomic<int> bad_local{0};
-  ReadEpoch(2, 77, &bad_local);
+  ReadEpoch(2, 77, &bad_local, "ds-remote");
   EXPECT_EQ(bad_local.load(), 0) << "reads on the dead worker's node failed";
 
   // The worker restarts on its address with its cache, and the cluster takes it back.
@@ -292,8 +317,18 @@ TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
   ASSERT_TRUE(StartWorker(2, worker_addr_[2], &why)) << why;
   EXPECT_TRUE(WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); })) << Report().dump(1);
   std::atomic<int> bad2{0};
-  ReadEpoch(2, 5, &bad2);
+  ReadEpoch(2, 5, &bad2, "ds-remote");
   EXPECT_EQ(bad2.load(), 0);
+  // What the others fetched while standing in for worker 2 are elastic copies, and the restarted
+  // worker's cache is classified again: no block has more than one replica (cache.replicas 1).
+  ReadEpoch(1, 6, &bad2, "ds-remote");  // every block cached at its home
+  uint64_t replica = 0;
+  EXPECT_TRUE(WaitFor([&] {
+    replica = 0;
+    auto r = Report();  // (kept: a range over a temporary's member would dangle)
+    for (const auto& mr : r["mounts"]) replica += mr["replica_bytes"].get<uint64_t>();
+    return replica == dataset_bytes_;
+  })) << replica << " bytes of replicas for a " << dataset_bytes_ << "-byte dataset\n" << Report().dump(1);
 }
 
 // `granary load --replicas 2` on the whole cluster: one job whose batches every worker shares;
