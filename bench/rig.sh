@@ -8,19 +8,22 @@
 # storage host sent (counted on its capped interface, not by the systems themselves).
 #
 #   bench/rig.sh [--quick] [--nodes N] [--rate 400mbit] [--images N] [--shards N] [--shard-mb M]
-#                [--epochs E] [--procs P] [--threads T] [--systems "local s3fs rclone granary"]
+#                [--epochs E] [--procs P] [--threads T] [--systems "local s3fs rclone granary"] [--no-docs]
 #
+# Systems: local, s3fs, rclone, granary (defaults), and granary-no-elastic (the dataset mounted
+# with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers).
 # Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
-# docs/benchmarks.md (between the rig markers). Everything it starts is torn down on exit or Ctrl-C.
+# docs/benchmarks.md (between the rig markers) unless --no-docs. Everything it starts is torn down on exit or Ctrl-C.
 set -euo pipefail
 NODES=4; RATE=400mbit; IMAGES=2000; SHARDS=4; SHARD_MB=56; EPOCHS=2; PROCS=2; THREADS=4
-SYSTEMS="local s3fs rclone granary"; QUICK=0; CMDLINE="bench/rig.sh${*:+ $*}"
+SYSTEMS="local s3fs rclone granary"; QUICK=0; DOCS=1; CMDLINE="bench/rig.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; IMAGES=300; SHARDS=2; SHARD_MB=16; shift;;
     --nodes) NODES=$2; shift 2;; --rate) RATE=$2; shift 2;; --images) IMAGES=$2; shift 2;;
     --shards) SHARDS=$2; shift 2;; --shard-mb) SHARD_MB=$2; shift 2;; --epochs) EPOCHS=$2; shift 2;;
     --procs) PROCS=$2; shift 2;; --threads) THREADS=$2; shift 2;; --systems) SYSTEMS=$2; shift 2;;
+    --no-docs) DOCS=0; shift;;
     *) sed -n '2,16p' "$0" >&2; exit 2;;
   esac
 done
@@ -76,12 +79,20 @@ PY
 on 1 /usr/bin/python3 "$ROOT/tests/integration/s3_put.py" "$EP" "$AK" "$SK" "$WORK/spec.json" >/dev/null
 
 RESULTS=$WORK/results.jsonl; : > "$RESULTS"
-# run_epochs SYSTEM DATASET MODE NODES: all nodes read together, epoch by epoch.
+# CPU time the whole machine spent busy (every node, the storage server, the readers), in ticks:
+# on a machine shared by all the nodes, the epoch's cost in CPU, beside its wall time.
+cpu_busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+# run_epochs SYSTEM DATASET MODE NODES: all nodes read together, epoch by epoch. On several nodes,
+# one more warm epoch follows with the nodes reading one at a time ("alone": its time is the
+# slowest node's): the time a node takes when it does not share this machine's cores with the
+# other nodes' readers and daemons, as on a real cluster (the peers it reads from still run).
 run_epochs() {
   local sys=$1 ds=$2 mode=$3 nn=$4
-  for e in $(seq 1 "$EPOCHS"); do
+  local last=$EPOCHS; [ "$nn" -gt 1 ] && [ "$sys" != local ] && last=$((EPOCHS + 1))
+  for e in $(seq 1 "$last"); do
+    local alone=0 alone_failed=0; [ "$e" -gt "$EPOCHS" ] && alone=1
     drop_caches
-    local before; before=$(storage_tx); local pids=()
+    local before; before=$(storage_tx); local cpu0; cpu0=$(cpu_busy); local pids=()
     for n in $(seq 1 "$nn"); do
       local root="$WORK/mnt/$n/$ds"; [ "$sys" = local ] && root="$WORK/src/$ds"
       if [ "$sys" = local ]; then
@@ -91,19 +102,20 @@ run_epochs() {
         on "$n" "$BIN/granary-train-read" --root "$root" --mode "$mode" --processes "$PROCS" --threads "$THREADS" \
           --seed "$((e * 100 + n))" --verify "$WORK/src/$ds" --verify-sample 20 --label "$n" > "$WORK/out.$n" &
       fi
-      pids+=($!)
+      if [ "$alone" = 1 ]; then wait "$!" || alone_failed=1; else pids+=($!); fi
     done
-    local failed=0; for p in "${pids[@]}"; do wait "$p" || failed=1; done
-    local after; after=$(storage_tx)
-    python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
-import json, sys
-sysname, ds, nn, epoch, served, failed = sys.argv[1:7]
-runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[7:]]
+    local failed=$alone_failed; for p in "${pids[@]}"; do wait "$p" || failed=1; done
+    local after; after=$(storage_tx); local cpu1; cpu1=$(cpu_busy)
+    python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" "$((cpu1 - cpu0))" "$alone" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
+import json, os, sys
+sysname, ds, nn, epoch, served, failed, cpu_ticks, alone = sys.argv[1:9]
+runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[9:]]
 print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": int(epoch),
                   "seconds": max(r["seconds"] for r in runs), "files_per_s_node": sum(r["files_per_s"] for r in runs) / len(runs),
                   "mb_per_s_node": sum(r["mb_per_s"] for r in runs) / len(runs), "p50_ms": max(r["p50_ms"] for r in runs),
                   "p99_ms": max(r["p99_ms"] for r in runs), "storage_bytes": int(served),
-                  "dataset_bytes": runs[0]["bytes"], "errors": sum(r["errors"] + r["mismatches"] for r in runs) + int(failed)}))
+                  "dataset_bytes": runs[0]["bytes"], "cpu_s": int(cpu_ticks) / os.sysconf("SC_CLK_TCK"), "alone": alone == "1",
+                  "errors": sum(r["errors"] + r["mismatches"] for r in runs) + int(failed)}))
 PY
     tail -1 "$RESULTS" >&2
   done
@@ -125,22 +137,23 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
           on "$n" env -u AWS_CA_BUNDLE rclone mount rig:rig "$WORK/mnt/$n" --vfs-cache-mode full --cache-dir "$WORK/rclone-cache-$nn-$n" \
           --read-only --daemon --config /dev/null
       done;;
-    granary)
+    granary|granary-no-elastic)
+      local opts=(); [ "$sys" = granary-no-elastic ] && opts=(-o cache.elastic=false)
       rm -f "$WORK/master.addr"
-      on 1 "$BIN/granary-master" --master.listen 10.233.0.2:0 --master.data_dir "$WORK/g$nn/master" \
-        --ready-file "$WORK/master.addr" > "$WORK/g$nn-master.log" 2>&1 &
+      on 1 "$BIN/granary-master" --master.listen 10.233.0.2:0 --master.data_dir "$WORK/$sys-$nn/master" \
+        --ready-file "$WORK/master.addr" > "$WORK/$sys-$nn-master.log" 2>&1 &
       for _ in $(seq 200); do [ -s "$WORK/master.addr" ] && break; sleep 0.05; done
       local maddr; maddr=$(cat "$WORK/master.addr")
-      on 1 "$BIN/granary" --master "$maddr" mount /ds s3://rig -o endpoint="$EP" >&2
+      on 1 "$BIN/granary" --master "$maddr" mount /ds s3://rig -o endpoint="$EP" "${opts[@]}" >&2
       for n in $(seq 1 "$nn"); do
         local ip=10.233.0.$((n + 1))
         rm -f "$WORK/w$n.addr"
-        on "$n" "$BIN/granary-worker" --master.address "$maddr" --worker.listen "$ip:0" --worker.cache_dir "$WORK/g$nn/cache$n" \
+        on "$n" "$BIN/granary-worker" --master.address "$maddr" --worker.listen "$ip:0" --worker.cache_dir "$WORK/$sys-$nn/cache$n" \
           --worker.cache_quota 20Gi --worker.heartbeat_interval 500ms --ready-file "$WORK/w$n.addr" \
-          > "$WORK/g$nn-worker$n.log" 2>&1 &
+          > "$WORK/$sys-$nn-worker$n.log" 2>&1 &
         for _ in $(seq 200); do [ -s "$WORK/w$n.addr" ] && break; sleep 0.05; done
         on "$n" "$BIN/granary-fuse" --master.address "$maddr" --fuse.worker "$(cat "$WORK/w$n.addr")" --fuse.root /ds \
-          --fuse.mountpoint "$WORK/mnt/$n" > "$WORK/g$nn-fuse$n.log" 2>&1 &
+          --fuse.mountpoint "$WORK/mnt/$n" > "$WORK/$sys-$nn-fuse$n.log" 2>&1 &
       done
       # Every worker must place blocks over the same membership before the first read.
       for _ in $(seq 200); do
@@ -179,9 +192,10 @@ for nn in 1 "$NODES"; do
   done
 done
 
-/usr/bin/python3 "$ROOT/bench/rig_report.py" "$RESULTS" "$ROOT/docs/img/rig.png" "$CMDLINE" "$NODES" "$RATE" "$IMAGES" "$SHARDS" "$SHARD_MB" "$EPOCHS" "$PROCS" "$THREADS" > "$WORK/table.md"
+PNG=$ROOT/docs/img/rig.png; [ "$DOCS" = 1 ] || PNG=$WORK/rig.png
+/usr/bin/python3 "$ROOT/bench/rig_report.py" "$RESULTS" "$PNG" "$CMDLINE" "$NODES" "$RATE" "$IMAGES" "$SHARDS" "$SHARD_MB" "$EPOCHS" "$PROCS" "$THREADS" > "$WORK/table.md"
 cat "$WORK/table.md"
-python3 - "$ROOT/docs/benchmarks.md" "$WORK/table.md" <<'PY'
+[ "$DOCS" = 1 ] && python3 - "$ROOT/docs/benchmarks.md" "$WORK/table.md" <<'PY'
 import sys
 doc, table = open(sys.argv[1]).read(), open(sys.argv[2]).read()
 b, e = "<!-- rig:begin -->", "<!-- rig:end -->"

@@ -18,23 +18,28 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main():
     results, chart, cmd, nodes, rate, images, shards, shard_mb, epochs, procs, threads = sys.argv[1:12]
     rows = [json.loads(line) for line in open(results) if line.strip()]
-    names = {"local": "local disk", "s3fs": "s3fs", "rclone": "rclone (full VFS cache)", "granary": "Granary"}
+    names = {"local": "local disk", "s3fs": "s3fs", "rclone": "rclone (full VFS cache)", "granary": "Granary",
+             "granary-no-elastic": "Granary, cache.elastic=false"}
     print("### %s — %d cores, %s, %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
     print("Command: `%s`. Scale: %s images (~110 KB), %s shards of %s MB; %s nodes sharing a %s link to "
           "the S3 server; each node runs %s processes × %s threads; %s epochs.\n"
           % (cmd, images, shards, shard_mb, nodes, rate, procs, threads, epochs))
     print("| dataset | system | nodes | epoch | epoch time s | files/s per node | MB/s per node | p50 ms | p99 ms | "
-          "storage sent MB | × dataset | errors |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "storage sent MB | × dataset | CPU s | CPU s per node | errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ratio = r["storage_bytes"] / r["dataset_bytes"] if r["dataset_bytes"] else 0
-        print("| %s | %s | %d | %d | %.2f | %.0f | %.1f | %.1f | %.1f | %.0f | %.2f | %d |" % (
-            r["dataset"], names.get(r["system"], r["system"]), r["nodes"], r["epoch"], r["seconds"],
+        cpu = r.get("cpu_s", 0.0)
+        print("| %s | %s | %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f | %d |" % (
+            r["dataset"], names.get(r["system"], r["system"]), r["nodes"],
+            "%d%s" % (r["epoch"], " (each node alone)" if r.get("alone") else ""), r["seconds"],
             r["files_per_s_node"], r["mb_per_s_node"], r["p50_ms"], r["p99_ms"], r["storage_bytes"] / 1e6, ratio,
-            r["errors"]))
+            cpu, cpu / r["nodes"], r["errors"]))
     print("\n![epoch times](img/rig.png)\n")
     print("Storage sent is counted on the storage host's capped interface (all protocol bytes); "
-          "`× dataset` divides it by one copy of the dataset.")
+          "`× dataset` divides it by one copy of the dataset. CPU s is the whole machine's busy CPU time "
+          "during the epoch (%d cores shared by every node, the S3 server and the readers); per node "
+          "divides it by the nodes." % os.cpu_count())
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, ds in zip(axes, ["images", "shards"]):
