@@ -43,16 +43,22 @@ void MasterLink::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void MasterLink::NoteLocked(const BlockMeta& m, bool added) {
+  rpc::BlockRef ref = ToBlockRef(m);
+  std::string key = ref.file_key();
+  key.append(reinterpret_cast<const char*>(&m.id.index), sizeof(m.id.index));
+  pending_[key] = Pending{std::move(ref), added};
+  cv_.notify_all();
+}
+
 void MasterLink::BlockAdded(const BlockMeta& m) {
   MutexLock lock(&mu_);
-  added_.push_back(ToBlockRef(m));
-  cv_.notify_all();
+  NoteLocked(m, true);
 }
 
 void MasterLink::BlockRemoved(const BlockMeta& m) {
   MutexLock lock(&mu_);
-  removed_.push_back(ToBlockRef(m));
-  cv_.notify_all();
+  NoteLocked(m, false);
 }
 
 Status MasterLink::Register() {
@@ -62,8 +68,7 @@ Status MasterLink::Register() {
   {
     // Reports queued before registration are covered by the full list.
     MutexLock lock(&mu_);
-    added_.clear();
-    removed_.clear();
+    pending_.clear();
   }
   for (const auto& b : store_->List()) *req.add_blocks() = ToBlockRef(b);
   rpc::RegisterWorkerResponse resp;
@@ -122,12 +127,10 @@ Status MasterLink::Flush() {
   rpc::ReportBlocksRequest req;
   {
     MutexLock lock(&mu_);
-    if (added_.empty() && removed_.empty()) return Status::OK();
+    if (pending_.empty()) return Status::OK();
     req.set_worker_id(worker_id_);
-    for (auto& b : added_) *req.add_added() = std::move(b);
-    for (auto& b : removed_) *req.add_removed() = std::move(b);
-    added_.clear();
-    removed_.clear();
+    for (auto& [key, p] : pending_) *(p.added ? req.add_added() : req.add_removed()) = std::move(p.ref);
+    pending_.clear();
   }
   *req.mutable_stats() = stats_();
   rpc::ReportBlocksResponse resp;
@@ -148,7 +151,7 @@ void MasterLink::Loop() {
     bool registered;
     {
       MutexLock lock(&mu_);
-      while (!stop_ && !(worker_id_ != 0 && (!added_.empty() || !removed_.empty())) &&
+      while (!stop_ && !(worker_id_ != 0 && !pending_.empty()) &&
              lock.WaitUntil(&cv_, next_beat)) {
       }
       if (stop_) return;

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/config.h"
@@ -70,7 +71,15 @@ class MasterLink final : public MountResolver, public BlockReporter {
   std::condition_variable cv_;
   bool stop_ GUARDED_BY(mu_) = false;
   uint64_t worker_id_ GUARDED_BY(mu_) = 0;  // 0: not registered
-  std::vector<rpc::BlockRef> added_, removed_ GUARDED_BY(mu_);
+  // Block changes not yet reported, one per block, the latest winning (a block evicted and cached
+  // again, or reclassified twice, between two reports is reported as it is now): the master applies
+  // a report's additions before its removals, so two events of one block must not both travel.
+  struct Pending {
+    rpc::BlockRef ref;
+    bool added = false;
+  };
+  std::unordered_map<std::string, Pending> pending_ GUARDED_BY(mu_);  // by file key + index
+  void NoteLocked(const BlockMeta& m, bool added) REQUIRES(mu_);
   MountTable mounts_{[this](uint64_t id) { return MountSource(id); }};  // thread-safe on its own
   std::thread thread_;
 };
