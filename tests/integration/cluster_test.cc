@@ -133,14 +133,14 @@ class ClusterTest : public ::testing::Test {
     return true;
   }
 
-  static bool StartWorker(int n, const std::string& listen, std::string* why) {
+  static bool StartWorker(int n, const std::string& listen, std::string* why, const std::string& quota = "1Gi") {
     std::string node = *dir_ / ("node" + std::to_string(n));
     fs::create_directories(node);
     unlink((node + "/worker.addr").c_str());
     workers_[n] = std::make_unique<Process>(
         InNs(NodeNs(n), {Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
                          "--worker.heartbeat_interval", "200ms", "--worker.cache_dir", node + "/cache",
-                         "--worker.cache_quota", "1Gi", "--ready-file", node + "/worker.addr",
+                         "--worker.cache_quota", quota, "--ready-file", node + "/worker.addr",
                          // Peer calls never reach their deadline here: a vanished peer must be noticed
                          // by connect timeouts and keepalive (see VanishedWorker... below).
                          "--rpc.timeout", "1h"}),
@@ -388,6 +388,45 @@ TEST_F(ClusterTest, AVanishedWorkerCostsSecondsNotTheCallDeadline) {
   reader.join();
   EXPECT_TRUE(finished) << "a read waited for the vanished worker's call deadline";
   EXPECT_EQ(bad.load(), 0);
+}
+
+// Every node's cache smaller than the dataset (12 MiB each for a 16 MB dataset; one node's share
+// of the replicas is about a third of it): elastic copies give way, the cluster keeps exactly one
+// replica of each block (cache.replicas 1), no worker goes over its quota, and the bytes are right.
+// Last in the suite: it restarts the workers with the small cache.
+TEST_F(ClusterTest, WithoutRoomElasticCopiesGiveWayAndReplicasStayExact) {
+  ASSERT_EQ(Cli({"free", "/ds"}).code, 0);
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == 0; })) << Report().dump(1);
+  for (int n = 1; n <= kNodes; ++n) {
+    workers_[n]->Stop(SIGTERM, std::chrono::seconds(10));
+    std::string why;
+    ASSERT_TRUE(StartWorker(n, worker_addr_[n], &why, "12Mi")) << why;
+  }
+  ASSERT_TRUE(WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); })) << Report().dump(1);
+  std::atomic<int> bad{0};
+  for (unsigned epoch = 0; epoch < 2; ++epoch) {
+    std::vector<std::thread> readers;
+    for (int n = 1; n <= kNodes; ++n) readers.emplace_back([n, epoch, &bad] { ReadEpoch(n, 40 + 10 * epoch + n, &bad); });
+    for (auto& t : readers) t.join();
+  }
+  EXPECT_EQ(bad.load(), 0);
+  uint64_t replica = 0, elastic = 0;
+  EXPECT_TRUE(WaitFor([&] {
+    replica = elastic = 0;
+    auto r = Report();
+    for (const auto& mr : r["mounts"]) {
+      replica += mr["replica_bytes"].get<uint64_t>();
+      elastic += mr["elastic_bytes"].get<uint64_t>();
+    }
+    return replica == dataset_bytes_;
+  })) << replica << " bytes of replicas for a " << dataset_bytes_ << "-byte dataset\n" << Report().dump(1);
+  EXPECT_GT(elastic, 0u) << "the room the replicas leave holds elastic copies";
+  EXPECT_LT(replica + elastic, kNodes * dataset_bytes_) << "the caches could not all be whole";
+  auto r = Report();
+  for (const auto& w : r["workers"]) {
+    if (!w["alive"]) continue;
+    EXPECT_LE(w["used_bytes"].get<uint64_t>(), w["capacity_bytes"].get<uint64_t>()) << w.dump(1);
+  }
 }
 
 }  // namespace
