@@ -390,8 +390,9 @@ TEST_F(ClusterTest, AVanishedWorkerCostsSecondsNotTheCallDeadline) {
   EXPECT_EQ(bad.load(), 0);
 }
 
-// Every node's cache smaller than the dataset (12 MiB each for a 16 MB dataset; one node's share
-// of the replicas is about a third of it): elastic copies give way, the cluster keeps exactly one
+// Every node's cache smaller than the dataset (14 MiB each for a 16 MB dataset; one node's share
+// of the replicas is about a third of it, and its low watermark, 10 MB, leaves room for the
+// largest share placement can give it): elastic copies give way, the cluster keeps exactly one
 // replica of each block (cache.replicas 1), no worker goes over its quota, and the bytes are right.
 // Last in the suite: it restarts the workers with the small cache.
 TEST_F(ClusterTest, WithoutRoomElasticCopiesGiveWayAndReplicasStayExact) {
@@ -400,7 +401,7 @@ TEST_F(ClusterTest, WithoutRoomElasticCopiesGiveWayAndReplicasStayExact) {
   for (int n = 1; n <= kNodes; ++n) {
     workers_[n]->Stop(SIGTERM, std::chrono::seconds(10));
     std::string why;
-    ASSERT_TRUE(StartWorker(n, worker_addr_[n], &why, "12Mi")) << why;
+    ASSERT_TRUE(StartWorker(n, worker_addr_[n], &why, "14Mi")) << why;
   }
   ASSERT_TRUE(WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); })) << Report().dump(1);
   std::atomic<int> bad{0};
