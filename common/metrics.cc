@@ -1,5 +1,9 @@
 #include "common/metrics.h"
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
@@ -114,6 +118,7 @@ void HistogramSet::Write(Exposition* e, const std::string& name, const std::stri
 
 struct MetricsServer::Impl {
   httplib::Server http;
+  std::atomic<bool> ended{false};  // the listening thread returned
 };
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
@@ -143,12 +148,33 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string&
     return UnavailableError("cannot listen on " + listen + " (is the port in use?)");
   }
   s->address_ = hp.host + ":" + std::to_string(port);
-  s->thread_ = std::thread([impl = s->impl_.get()] { impl->http.listen_after_bind(); });
+  s->thread_ = std::thread([impl = s->impl_.get()] {
+    impl->http.listen_after_bind();
+    impl->ended = true;
+  });
+  // httplib's stop() does nothing until the server runs, and a stop() that came first would leave
+  // the thread listening for ever (seen: a `granary local` failing right after start hung in this
+  // destructor). Return only once it runs, so the destructor's stop() always takes.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!s->impl_->http.is_running() && !s->impl_->ended && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!s->impl_->http.is_running()) return UnavailableError("the metrics endpoint on " + listen + " did not start");
   return s;
 }
 
 MetricsServer::~MetricsServer() {
-  if (impl_) impl_->http.stop();
+  if (impl_ && thread_.joinable()) {
+    // stop() takes only once the server runs (see Start), and must be called once: wait for the
+    // server to run (or its thread to have returned), then stop it.
+    while (!impl_->ended) {
+      if (impl_->http.is_running()) {
+        impl_->http.stop();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   if (thread_.joinable()) thread_.join();
 }
 
