@@ -100,12 +100,6 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   CountAccess(req.mount_id, false);
   if (req.from_peer) counters_.peer_served++;
   Route route = RouteFor(req, t, nullptr);
-  if (route.elastic) {
-    BlockMeta copy = meta;
-    copy.elastic = true;
-    // No room an elastic copy may take: fetching the whole block would be wasted; stream the range.
-    if (route.ask_peers && !store_->CanAdmit(copy)) route.keep = false;
-  }
   if (route.ask_peers && !route.keep) {
     // Not a holder: only this range, streamed from the holders.
     BlockRequest range = req;
@@ -144,6 +138,12 @@ BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& 
   if (!ranked.empty() && self != 0) {
     route.ask_peers = true;
     route.keep = !route.elastic || t.mount.elastic;
+    if (route.keep && route.elastic) {
+      // No room an elastic copy may take: fetching the whole block would be wasted; stream the range.
+      BlockMeta copy = t.meta;
+      copy.elastic = true;
+      route.keep = store_->CanAdmit(copy);
+    }
     if (home != nullptr) *home = ranked[0];
   }
   return route;
@@ -240,11 +240,6 @@ Status BlockSource::Warm(BlockRequest req) {
   if (t.len == 0 || store_->Contains(t.meta.id)) return Status::OK();
   PeerRef home;
   Route route = RouteFor(req, t, &home);
-  if (route.elastic && route.ask_peers) {
-    BlockMeta copy = t.meta;
-    copy.elastic = true;
-    if (!store_->CanAdmit(copy)) route.keep = false;
-  }
   // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
   if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
   ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
