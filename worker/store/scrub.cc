@@ -75,11 +75,10 @@ void BlockStore::Loop() {
     budget = std::min(budget + std::chrono::duration<double>(now - last).count() * static_cast<double>(options_.scrub_bandwidth),
                       static_cast<double>(options_.scrub_bandwidth));  // at most a second's worth saved up
     last = now;
-    while (budget > 0) {
-      if (todo.empty()) {
-        todo = List();  // the next full pass
-        if (todo.empty()) break;
-      }
+    // At most one pass begins per wake: a cache smaller than a second's budget would otherwise be
+    // verified over and over, and the loop would not see stop_ for as long.
+    if (todo.empty()) todo = List();  // the next full pass
+    while (budget > 0 && !todo.empty()) {
       BlockMeta m = todo.back();
       todo.pop_back();
       budget -= static_cast<double>(m.length);
