@@ -253,32 +253,49 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
     req.set_offset(in_block);
     req.set_length(want);
     LocalChannel::Piece piece;
-    bool done = false;
-    if (auto ch = Local()) {
-      Status st = ch->Read(req, &piece);
+    // No worker can serve it (this node's restarting, no live peer has it): wait for one, up to
+    // fuse.worker_wait, instead of failing the read.
+    auto deadline = std::chrono::steady_clock::now() + cfg_.fuse.worker_wait;
+    auto pause = std::chrono::milliseconds(50);
+    for (bool waited = false;; waited = true) {
+      Status st = ReadPiece(req, want, &piece, out);
       if (st.ok()) {
-        if (piece.fd >= 0) counters_.zero_copy_pieces++;
-        if (!out->channel_) out->channel_ = ch;
-        if (piece.length != want) {
-          ch->Release(&piece);
-          return DataLossError("the worker returned " + std::to_string(piece.length) + " bytes, wanted " +
-                               std::to_string(want));
-        }
-        done = true;
-      } else if (st.code() != Code::kUnavailable) {
-        return st;
-      } else {
-        DropLocal(ch);  // the worker restarted or went away: gRPC until it names its socket again
+        if (waited) counters_.worker_waits_ended++;
+        break;
       }
-    }
-    if (!done) {
-      piece = LocalChannel::Piece{};
-      RETURN_IF_ERROR(ReadOverGrpc(req, want, &piece.data));
-      piece.length = want;
+      if (st.code() != Code::kUnavailable) return st;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return st.WithContext("no worker could serve the read within fuse.worker_wait");
+      }
+      if (!waited) counters_.worker_waits++;
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::seconds(1));
     }
     out->pieces.push_back(std::move(piece));
     offset += want;
   }
+  return Status::OK();
+}
+
+Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out) {
+  if (auto ch = Local()) {
+    Status st = ch->Read(req, piece);
+    if (st.ok()) {
+      if (piece->fd >= 0) counters_.zero_copy_pieces++;
+      if (!out->channel_) out->channel_ = ch;
+      if (piece->length != want) {
+        ch->Release(piece);
+        return DataLossError("the worker returned " + std::to_string(piece->length) + " bytes, wanted " +
+                             std::to_string(want));
+      }
+      return Status::OK();
+    }
+    if (st.code() != Code::kUnavailable) return st;
+    DropLocal(ch);  // the worker restarted or went away: gRPC until it names its socket again
+  }
+  *piece = LocalChannel::Piece{};
+  RETURN_IF_ERROR(ReadOverGrpc(req, want, &piece->data));
+  piece->length = want;
   return Status::OK();
 }
 

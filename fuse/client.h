@@ -6,7 +6,9 @@
 //      worker): a cached block arrives as a leased file descriptor, spliced into the reply;
 //   2. over gRPC from the local worker (a stream of chunks), when the socket is off or unusable;
 //   3. over gRPC from another live worker (from the master's report), when the local worker is
-//      unreachable: a restarting or dead worker costs readers a retry, not an error.
+//      unreachable: a restarting or dead worker costs readers a retry, not an error;
+//   4. when none answers, the read waits for one (up to fuse.worker_wait), so a worker's restart
+//      is a stall for readers, not EIO.
 #pragma once
 
 #include <atomic>
@@ -66,6 +68,9 @@ class FileLease {
 
 struct ClientCounters {
   std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0}, prefetch_hints{0};
+  // Reads that found no worker and waited for one (fuse.worker_wait), and those whose wait ended
+  // with the bytes.
+  std::atomic<uint64_t> worker_waits{0}, worker_waits_ended{0};
 };
 
 class Client {
@@ -99,6 +104,9 @@ class Client {
   // The local socket channel, once the worker has named its socket (asked at most every 5 s).
   std::shared_ptr<LocalChannel> Local();
   void DropLocal(const std::shared_ptr<LocalChannel>& ch);
+  // One block range: the local socket, else gRPC from the local worker, else another live worker.
+  // UNAVAILABLE when none of them answers.
+  Status ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out);
   // One block range over gRPC: the local worker, else another live worker.
   Status ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out);
 

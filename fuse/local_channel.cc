@@ -29,7 +29,11 @@ void LocalChannel::Give(int conn) {
 }
 
 Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
-  ASSIGN_OR_RETURN(int conn, Take());
+  // A failure to reach the worker or a broken connection is UNAVAILABLE (the worker restarting or
+  // gone); only the worker's own answers carry other codes.
+  auto taken = Take();
+  if (!taken.ok()) return UnavailableError("the worker's local socket: " + taken.status().message());
+  int conn = *taken;
   rpc::LocalRequest lr;
   *lr.mutable_read() = req;
   rpc::LocalResponse resp;
@@ -38,7 +42,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
   if (st.ok()) st = RecvFrame(conn, &resp, &fd);
   if (!st.ok()) {
     close(conn);  // broken: never reused
-    return st;
+    return UnavailableError("the worker's local socket: " + st.message());
   }
   Status answer(static_cast<Code>(resp.code()), resp.message(), ReasonFromWire(resp.reason()));
   if (answer.ok() && resp.lease() != 0 && fd < 0) answer = DataLossError("the worker's lease came without a descriptor");
