@@ -249,6 +249,29 @@ std::vector<Setting> MakeSettings() {
                   "kernel. A mode that cannot work falls "
                   "back (logged once, and in /metrics as granary_fuse_open_mode). See \"Read modes\".",
                   &Config::fuse, &FuseConfig::open));
+  t.push_back(Row("fuse.handover_socket", K::kPath, "",
+                  "Unix socket on which the serving granary-fuse hands its live FUSE connection over to a "
+                  "successor: starting granary-fuse with the same configuration while one runs takes the mount "
+                  "over with no error to readers (fuse/handover.h). Empty: /run/granary/fuse-<hash of "
+                  "fuse.mountpoint>.sock (under $XDG_RUNTIME_DIR or /tmp when /run/granary is not writable).",
+                  &Config::fuse, &FuseConfig::handover_socket));
+  t.push_back(Row("fuse.keeper", K::kString, "spawn",
+                  "What keeps the FUSE connection alive when granary-fuse dies, so that the next granary-fuse "
+                  "takes it over instead of readers seeing \"Transport endpoint is not connected\". spawn: a "
+                  "small keeper process started beside granary-fuse (socket <fuse.handover_socket>.keeper). A "
+                  "socket path: an external keeper listening there (granary-fuse --keeper PATH; in Kubernetes "
+                  "a sidecar that outlives a crash of the FUSE container). off: none (a crash ends the mount).",
+                  &Config::fuse, &FuseConfig::keeper));
+  t.push_back(Row("fuse.exit_after_handover", K::kBool, "true",
+                  "Exit once the connection is handed over to a successor. false: stay idle (not ready) until "
+                  "SIGTERM, then exit without unmounting; for a supervisor that would restart an exited "
+                  "process, as Kubernetes does.",
+                  &Config::fuse, &FuseConfig::exit_after_handover));
+  t.push_back(Row("fuse.worker_wait", K::kDuration, "2m",
+                  "How long a read waits for a worker when none can serve it (this node's worker restarting "
+                  "and no live peer holding the block) before it fails with EIO. Reads the kernel serves "
+                  "itself (page cache, passthrough) go on meanwhile.",
+                  &Config::fuse, &FuseConfig::worker_wait));
   t.push_back(Row("fuse.zero_copy", K::kBool, "true",
                   "Read cached blocks through the worker's local socket (worker.local_socket): the block file's "
                   "descriptor is passed and its pages spliced into the reply, nothing copied. false: every "

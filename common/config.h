@@ -75,6 +75,10 @@ struct FuseConfig {
   bool zero_copy = true;            // read cached blocks through the worker's local socket
   uint64_t readahead_blocks = 0;    // blocks warmed ahead of a sequential reader
   std::string open = "auto";        // read mode: auto, kernel, passthrough or daemon (fuse/mount.h)
+  std::string handover_socket;      // take-over socket of the serving process ("": derived from mountpoint)
+  std::string keeper = "spawn";     // who keeps the connection across a crash: spawn, off or a socket path
+  bool exit_after_handover = true;  // exit once handed over (false: idle until SIGTERM, for Kubernetes)
+  std::chrono::milliseconds worker_wait{};  // how long a read waits for a restarting worker
 };
 
 struct RpcConfig {

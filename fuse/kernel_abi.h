@@ -20,6 +20,10 @@ constexpr uint32_t kOpenPassthrough = 1u << 7;
 // stacked filesystems may lie below (1: a backing file on ext4, xfs or tmpfs).
 constexpr uint32_t kMaxStackDepth = 1;
 
+// Notification (fuse_out_header.error with unique 0): move every request read and not answered
+// back to the queue, to be read again (their unique gets bit 63, FUSE_UNIQUE_RESEND). Linux >= 6.9.
+constexpr int32_t kNotifyResend = 7;
+
 // FUSE_DEV_IOC_BACKING_OPEN / _CLOSE on the /dev/fuse descriptor: register an open file as a
 // backing file (returns its id, > 0) and drop the registration. Both need CAP_SYS_ADMIN in the
 // initial user namespace.

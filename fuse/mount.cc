@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 #include <linux/capability.h>
+#include <poll.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -17,6 +19,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <condition_variable>
 #include <deque>
@@ -30,6 +33,7 @@
 #include "fuse/client.h"
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
+#include "fuse/handover.h"
 #include "fuse/read_mode.h"
 #include "fuse/session_io.h"
 
@@ -71,7 +75,8 @@ struct InodeOpens {
   int cached = 0;       // open files served by granary-fuse through the page cache
   std::string version;  // the version `lease` holds
   int backing_id = 0;
-  std::unique_ptr<FileLease> lease;
+  rpc::FileInfo info;   // the file `lease` holds (for a successor, fuse/handover.h)
+  std::unique_ptr<FileLease> lease;  // null after a hand-over whose re-lease failed
   uint64_t bytes = 0;   // the file's size
   // Closed, but its backing file kept for a reopen (in Fs::idle, at this sequence number; 0: not).
   uint64_t idle_seq = 0;
@@ -132,6 +137,53 @@ struct Fs {
   std::unordered_map<uint64_t, InodeOpens> opens;  // kernel ino -> opens; GUARDED_BY(opens_mu)
   std::map<uint64_t, uint64_t> idle;               // idle_seq -> kernel ino, oldest first; GUARDED_BY(opens_mu)
   uint64_t idle_bytes = 0, idle_next = 1;          // GUARDED_BY(opens_mu)
+
+  // Open file handles (fi->fh) of daemon-served opens and passthrough opens. The numbers carry a
+  // random epoch in their top bits, so a handle of a crashed predecessor (which the kernel still
+  // sends) never names one of ours; such a handle is rebuilt from its inode (OpRead).
+  std::mutex handles_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> handles;  // GUARDED_BY(handles_mu)
+  uint64_t next_fh = 0;                                             // GUARDED_BY(handles_mu)
+  uint64_t AddHandle(std::shared_ptr<OpenFile> of) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    uint64_t fh = next_fh++;
+    handles.emplace(fh, std::move(of));
+    return fh;
+  }
+  // The handle `fh` when it is of inode `kino` (a stale or foreign number: null).
+  std::shared_ptr<OpenFile> FindHandle(uint64_t fh, uint64_t kino) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    auto it = handles.find(fh);
+    if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
+    return it->second;
+  }
+  std::shared_ptr<OpenFile> TakeHandle(uint64_t fh, uint64_t kino) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    auto it = handles.find(fh);
+    if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
+    auto of = std::move(it->second);
+    handles.erase(it);
+    return of;
+  }
+  void AdoptHandle(uint64_t fh, std::shared_ptr<OpenFile> of) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    if (handles.size() < 1'000'000) handles.emplace(fh, std::move(of));
+  }
+
+  // Hand-over (fuse/handover.h). The keeper is told about backing ids as they change.
+  std::unique_ptr<KeeperLink> keeper;
+  bool taken_over = false;        // this process took the connection over: the mode is the predecessor's
+  void KeeperPut(uint64_t kino, const InodeOpens& st) {
+    if (!keeper) return;
+    rpc::FuseBacking b;
+    b.set_kino(kino);
+    b.set_backing_id(st.backing_id);
+    *b.mutable_info() = st.info;
+    keeper->PutBacking(b);
+  }
+  void KeeperDrop(uint64_t kino) {
+    if (keeper) keeper->DropBacking(kino);
+  }
 
   // Invalidations of cached pages, sent from their own thread: a notification from inside a
   // request for the same inode could deadlock on the pages that request holds.
@@ -331,7 +383,10 @@ void ChooseMode(Fs* fs) {
 }
 
 void OpInit(void* userdata, fuse_conn_info* conn) {
-  ChooseMode(static_cast<Fs*>(userdata));
+  Fs* fs = static_cast<Fs*>(userdata);
+  // A connection taken over keeps the mode its predecessor told the kernel about (this INIT is a
+  // replay, and its reply is not sent).
+  if (!fs->taken_over) ChooseMode(fs);
   // The kernel drops a file's cached pages when its attributes show a new size or mtime.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
@@ -548,6 +603,7 @@ void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) {
     if (it == fs->opens.end()) continue;
     fs->idle_bytes -= it->second.bytes;
     fs->io->CloseBacking(it->second.backing_id);
+    fs->KeeperDrop(it->first);
     done->push_back(std::move(it->second.lease));
     fs->opens.erase(it);
   }
@@ -578,6 +634,7 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
         return it->second.backing_id;
       }
       fs->io->CloseBacking(it->second.backing_id);  // a new version: let the old one go
+      fs->KeeperDrop(kino);
       done.push_back(std::move(it->second.lease));
       fs->opens.erase(it);
       it = fs->opens.end();
@@ -619,8 +676,10 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
   st.passthrough = 1;
   st.version = info.version();
   st.backing_id = *id;
+  st.info = info;
   st.lease = std::move(*lease);
   st.bytes = info.attr().size();
+  fs->KeeperPut(kino, st);
   return *id;
 }
 
@@ -660,12 +719,12 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   auto info = FileInfoOf(fs, master_ino);
   if (!info.ok()) return ReplyError(req, info.status(), "open");
   fs->NoteVersion(ino, info->attr().version_hash());
-  auto* of = new OpenFile;
+  auto of = std::make_shared<OpenFile>();
   of->info = std::move(*info);
   if (mode == OpenMode::kPassthrough) {
     if (int backing = PassthroughBacking(fs, ino, of->info, fi); backing > 0) {
       of->passthrough = true;
-      fi->fh = reinterpret_cast<uint64_t>(of);
+      fi->fh = fs->AddHandle(of);
       fi->keep_cache = 0;  // the kernel allows only direct_io and noflush beside passthrough
       fi->direct_io = 0;
       fi->noflush = 1;
@@ -674,19 +733,18 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
         SessionIo::MarkOpenReply(0);
         EndOpen(fs, ino, *of);
-        delete of;
+        fs->TakeHandle(fi->fh, ino);
       }
       return;
     }
     if (fs->mode == OpenMode::kKernel) {  // passthrough was refused just now: as in kernel mode
-      delete of;
       fs->opens_kernel++;
       return ReplyUnsupported(req);
     }
     fs->passthrough_misses++;
   }
   fs->opens_daemon++;
-  fi->fh = reinterpret_cast<uint64_t>(of);
+  fi->fh = fs->AddHandle(of);
   fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
   if (!fi->direct_io) {
     {
@@ -704,7 +762,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
     EndOpen(fs, ino, *of);
-    delete of;
+    fs->TakeHandle(fi->fh, ino);
   }
 }
 
@@ -758,16 +816,18 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   OpTimer timer(FsOf(req)->lat_read);
   Fs* fs = FsOf(req);
-  std::shared_ptr<OpenFile> by_inode;
-  OpenFile* of = reinterpret_cast<OpenFile*>(fi->fh);
-  if (of == nullptr) {
+  std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->FindHandle(fi->fh, ino) : nullptr;
+  if (!held) {
+    // Kernel mode (no open), or a handle of a predecessor that died before handing it over:
+    // served by inode, and such a handle keeps the version it is given now.
     fs->reads_by_inode++;
     const fuse_ctx* ctx = fuse_req_ctx(req);
     auto f = InodeFile(fs, ino, static_cast<uint64_t>(off), ctx ? ctx->pid : 0);
     if (!f.ok()) return ReplyError(req, f.status(), "read");
-    by_inode = std::move(*f);
-    of = by_inode.get();
+    held = std::move(*f);
+    if (fi->fh != 0) fs->AdoptHandle(fi->fh, held);
   }
+  OpenFile* of = held.get();
   MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
   ReadResult data;
   Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
@@ -817,9 +877,8 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpTimer timer(FsOf(req)->lat_release);
-  auto* of = reinterpret_cast<OpenFile*>(fi->fh);
-  if (of != nullptr) EndOpen(FsOf(req), ino, *of);
-  delete of;
+  // A handle this process does not know (a crashed predecessor's) has nothing to end.
+  if (auto of = FsOf(req)->TakeHandle(fi->fh, ino)) EndOpen(FsOf(req), ino, *of);
   fuse_reply_err(req, 0);
 }
 
@@ -976,6 +1035,161 @@ class FuseMountImpl final : public FuseMount {
 
   Status Init(const Config& cfg) {
     mountpoint_ = cfg.fuse.mountpoint;
+    RETURN_IF_ERROR(CheckKeeperSetting(cfg));
+    handover_path_ = HandoverSocketPath(cfg);
+    keeper_path_ = KeeperSocketPath(cfg);
+    // A running granary-fuse hands its connection over (an upgrade); else a keeper holds the
+    // connection of one that died (a crash). Asked before anything touches the mount point: a
+    // connection nobody serves would stall our own stat() of it.
+    ASSIGN_OR_RETURN(std::optional<HandoverReceived> got,
+                     RequestTakeover(handover_path_, Fingerprint(cfg), std::chrono::minutes(2)));
+    bool from_keeper = false;
+    if (!got) {
+      auto kept = WithdrawFromKeeper(keeper_path_, cfg.fuse.mountpoint);
+      if (!kept.ok()) {
+        spdlog::warn("the FUSE keeper: {}; mounting anew", kept.status().message());
+      } else if (*kept) {
+        got = std::move(*kept);
+        from_keeper = true;
+      }
+    }
+    if (got && got->msg.state().format() != kHandoverFormat) {
+      close(got->fd);
+      return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " is in hand-over format " +
+                                     std::to_string(got->msg.state().format()) + ", this granary-fuse speaks " +
+                                     std::to_string(kHandoverFormat) + "; unmount it (fusermount3 -u) and start again");
+    }
+    if (got && got->msg.state().fingerprint() != Fingerprint(cfg)) {
+      close(got->fd);
+      return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " was made with other " +
+                                     "settings (" + got->msg.state().fingerprint() + "); start granary-fuse with the same " +
+                                     "fuse.mountpoint, fuse.root, fuse.open and fuse.allow_other, or " +
+                                     "unmount it first");
+    }
+    if (!got) RETURN_IF_ERROR(CheckMountPoint());
+
+    fs_ = std::make_unique<Fs>();
+    fs_->cfg = cfg;
+    if (cfg.fuse.open == "daemon") {
+      fs_->wanted = OpenMode::kDaemon;
+    } else if (cfg.fuse.open == "kernel") {
+      fs_->wanted = OpenMode::kKernel;
+    } else {
+      fs_->wanted = OpenMode::kPassthrough;  // auto: passthrough where it can work, else kernel
+      fs_->wanted_explicitly = cfg.fuse.open == "passthrough";
+    }
+    fs_->mode = fs_->wanted.load();
+    {
+      std::random_device rd;
+      fs_->next_fh = ((static_cast<uint64_t>(rd()) & 0x7fffff) + 1) << 40;
+    }
+    ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
+    fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
+    fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
+                                                std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
+    if (got) {
+      fs_->root_ino = got->msg.state().root_ino();
+    } else if (cfg.fuse.root != "/") {
+      auto root = fs_->client->Resolve(cfg.fuse.root);
+      if (!root.ok()) return root.status().WithContext("fuse.root " + cfg.fuse.root);
+      if (root->type() != rpc::DIRECTORY) return InvalidArgumentError("fuse.root " + cfg.fuse.root + " is not a directory");
+      fs_->root_ino = root->ino();
+    }
+
+    std::string opts = "default_permissions,ro,fsname=granary,subtype=granary";
+    if (cfg.fuse.allow_other) opts += ",allow_other";
+    const char* argv[] = {"granary-fuse", "-o", opts.c_str()};
+    fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
+    fuse_lowlevel_ops ops = MakeOps();
+    se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
+    fuse_opt_free_args(&args);
+    if (se_ == nullptr) {
+      if (got) close(got->fd);
+      return InternalError("cannot create the FUSE session (see the message above)");
+    }
+    fs_->se = se_;
+    int fd = -1;
+    std::string replay;
+    if (got) {
+      const rpc::FuseConnectionState& st = got->msg.state();
+      mountpoint_ = st.mountpoint();
+      fd = got->fd;
+      replay = st.init_request();
+      fs_->taken_over = true;
+      fs_->mode = static_cast<OpenMode>(st.mode());
+      if (fs_->mode != fs_->wanted && !(fs_->wanted == OpenMode::kPassthrough && !fs_->wanted_explicitly)) {
+        fs_->fallback_reason = "the predecessor's";
+      }
+      if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
+      fs_->passthrough_refused = st.passthrough_refused();
+    } else {
+      if (fuse_session_mount(se_, mountpoint_.c_str()) != 0) {
+        fuse_session_destroy(se_);
+        se_ = nullptr;
+        return UnavailableError("cannot mount FUSE at " + mountpoint_ +
+                                " (is /dev/fuse available, and for allow_other are you root or is user_allow_other "
+                                "set in /etc/fuse.conf?)");
+      }
+      mounted_ = true;
+      fd = fuse_session_fd(se_);
+    }
+    // Our own /dev/fuse I/O (session_io.h): passthrough, INIT kept and replayed, hand-over.
+    auto io = SessionIo::Install(se_, fd, fs_->mode == OpenMode::kPassthrough, replay);
+    if (!io.ok()) {
+      if (!mounted_) close(fd);
+      fuse_session_destroy(se_);
+      se_ = nullptr;
+      return io.status().WithContext("granary-fuse's /dev/fuse I/O");
+    }
+    io_ = std::move(*io);
+    fs_->io = io_.get();
+    if (got) {
+      io_->SetNegotiated(got->msg.state().passthrough_negotiated());
+      ApplyState(got->msg.state());
+    }
+    fs_->trim_idle = [fs = fs_.get()] {
+      std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
+      std::lock_guard<std::mutex> lock(fs->opens_mu);
+      TrimIdleLocked(fs, &done);
+    };
+    if (!keeper_path_.empty()) {  // deposits once INIT is known
+      fs_->keeper = std::make_unique<KeeperLink>(keeper_path_, cfg.fuse.keeper == "spawn", io_->fd(),
+                                                 [this] { return Snapshot(false); });
+    }
+    StartInvalidator();
+    if (!got) RaiseReadaheadOf(mountpoint_);
+    StartLoop();
+    if (got) {
+      spdlog::info("took over the FUSE connection of {} from {} ({} mode, {} open files, {} backing files)", mountpoint_,
+                   from_keeper ? "the keeper (the previous granary-fuse died)" : got->msg.state().sender(),
+                   ModeName(fs_->mode), got->msg.state().handles_size(), got->msg.state().backings_size());
+      // Requests a dead predecessor had read and not answered: the kernel sends them again.
+      if (from_keeper) {
+        Status rs = io_->NotifyResend();
+        if (!rs.ok()) {
+          spdlog::warn("{}: requests the previous granary-fuse had read and not answered fail with EIO", rs.message());
+        }
+      }
+    }
+    auto listener = ListenLocal(handover_path_);
+    if (listener.ok()) {
+      listen_fd_ = *listener;
+      responder_ = std::thread([this] { RespondLoop(); });
+    } else {
+      spdlog::warn("no hand-over socket ({}): an upgrade of granary-fuse will remount instead",
+                   listener.status().message());
+    }
+    if (!got) {
+      spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
+    }
+    metrics_ = metrics::StartOrWarn("fuse.metrics_listen", cfg.fuse.metrics_listen,
+                                    [this](metrics::Exposition* e) { Render(e); }, [this] { return Ready(); });
+    return Status::OK();
+  }
+
+  // A fresh mount: the mount point exists and is a directory; a stale mount left by a crashed
+  // predecessor with no keeper ("Transport endpoint is not connected") is cleared.
+  Status CheckMountPoint() {
     char real[PATH_MAX];
     struct stat st {};
     // A dead FUSE mount (its daemon killed) may still answer stat() from the kernel's attribute
@@ -998,83 +1212,201 @@ class FuseMountImpl final : public FuseMount {
     }
     if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("mount point " + mountpoint_ + " is not a directory");
     if (realpath(mountpoint_.c_str(), real) != nullptr) mountpoint_ = real;
+    return Status::OK();
+  }
 
-    fs_ = std::make_unique<Fs>();
-    fs_->cfg = cfg;
-    if (cfg.fuse.open == "daemon") {
-      fs_->wanted = OpenMode::kDaemon;
-    } else if (cfg.fuse.open == "kernel") {
-      fs_->wanted = OpenMode::kKernel;
-    } else {
-      fs_->wanted = OpenMode::kPassthrough;  // auto: passthrough where it can work, else kernel
-      fs_->wanted_explicitly = cfg.fuse.open == "passthrough";
-    }
-    fs_->mode = fs_->wanted.load();
-    ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
-    fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
-    fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
-                                                std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
-    if (cfg.fuse.root != "/") {
-      auto root = fs_->client->Resolve(cfg.fuse.root);
-      if (!root.ok()) return root.status().WithContext("fuse.root " + cfg.fuse.root);
-      if (root->type() != rpc::DIRECTORY) return InvalidArgumentError("fuse.root " + cfg.fuse.root + " is not a directory");
-      fs_->root_ino = root->ino();
-    }
-
-    std::string opts = "default_permissions,ro,fsname=granary,subtype=granary";
-    if (cfg.fuse.allow_other) opts += ",allow_other";
-    const char* argv[] = {"granary-fuse", "-o", opts.c_str()};
-    fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
-    fuse_lowlevel_ops ops = MakeOps();
-    se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
-    fuse_opt_free_args(&args);
-    if (se_ == nullptr) return InternalError("cannot create the FUSE session (see the message above)");
-    if (fuse_session_mount(se_, mountpoint_.c_str()) != 0) {
-      fuse_session_destroy(se_);
-      se_ = nullptr;
-      return UnavailableError("cannot mount FUSE at " + mountpoint_ +
-                              " (is /dev/fuse available, and for allow_other are you root or is user_allow_other "
-                              "set in /etc/fuse.conf?)");
-    }
-    mounted_ = true;
-    fs_->se = se_;
-    if (fs_->wanted == OpenMode::kPassthrough) {
-      // Passthrough needs our own /dev/fuse I/O (session_io.h); it is set up before the loop reads INIT.
-      auto io = SessionIo::Install(se_, true);
-      if (io.ok()) {
-        io_ = std::move(*io);
-        fs_->io = io_.get();
-      } else {
-        spdlog::warn("fuse.open={}: cannot take over the session's I/O ({}); no passthrough", cfg.fuse.open,
-                     io.status().message());
-      }
-    }
-    if (fs_->io != nullptr) {
-      fs_->trim_idle = [fs = fs_.get()] {
-        std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
-        std::lock_guard<std::mutex> lock(fs->opens_mu);
-        TrimIdleLocked(fs, &done);
-      };
-    }
-    fs_->inval_thread = std::thread([fs = fs_.get()] { fs->InvalidateLoop(); });
-    RaiseReadaheadOf(mountpoint_);
+  void StartLoop() {
     loop_cfg_ = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(loop_cfg_, static_cast<unsigned>(cfg.fuse.max_threads));
+    fuse_loop_cfg_set_max_threads(loop_cfg_, static_cast<unsigned>(fs_->cfg.fuse.max_threads));
     // A few idle threads only: the kernel hands requests to waiting threads in turn, so more idle
     // threads means colder ones (keeping all 16 cut warm passthrough opens from 66 k to 40-51 k/s).
-    fuse_loop_cfg_set_idle_threads(loop_cfg_, std::min<unsigned>(static_cast<unsigned>(cfg.fuse.max_threads), 4));
+    fuse_loop_cfg_set_idle_threads(loop_cfg_, std::min<unsigned>(static_cast<unsigned>(fs_->cfg.fuse.max_threads), 4));
+    loop_done_ = false;
     loop_ = std::thread([this] {
       int rc = fuse_session_loop_mt(se_, loop_cfg_);
       loop_done_ = true;
-      if (!stopping_) {
+      if (!stopping_ && !handing_over_) {
         spdlog::warn("the FUSE mount at {} went away (rc {}); stopping", mountpoint_, rc);
         Shutdown::Request("FUSE mount removed");
       }
     });
-    spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
-    metrics_ = metrics::StartOrWarn("fuse.metrics_listen", cfg.fuse.metrics_listen,
-                                    [this](metrics::Exposition* e) { Render(e); }, [this] { return Ready(); });
-    return Status::OK();
+  }
+
+  void StartInvalidator() {
+    {
+      std::lock_guard<std::mutex> lock(fs_->inval_mu);
+      fs_->inval_stop = false;
+    }
+    fs_->inval_thread = std::thread([fs = fs_.get()] { fs->InvalidateLoop(); });
+  }
+  void StopInvalidator() {
+    {
+      std::lock_guard<std::mutex> lock(fs_->inval_mu);
+      fs_->inval_stop = true;
+    }
+    fs_->inval_cv.notify_all();
+    if (fs_->inval_thread.joinable()) fs_->inval_thread.join();
+  }
+
+  // What a successor needs (with_handles: a hand-over; without: a deposit with the keeper, which
+  // learns backing ids as they change and never tracks handles).
+  rpc::FuseConnectionState Snapshot(bool with_handles) {
+    rpc::FuseConnectionState st;
+    st.set_format(kHandoverFormat);
+    st.set_mountpoint(mountpoint_);
+    st.set_init_request(io_->init_request());
+    st.set_mode(static_cast<uint32_t>(fs_->mode.load()));
+    st.set_passthrough_negotiated(io_->negotiated());
+    st.set_root_ino(fs_->root_ino);
+    st.set_fingerprint(Fingerprint(fs_->cfg));
+    st.set_sender("granary-fuse pid " + std::to_string(getpid()));
+    st.set_passthrough_refused(fs_->passthrough_refused);
+    {
+      std::lock_guard<std::mutex> lock(fs_->opens_mu);
+      for (const auto& [kino, o] : fs_->opens) {
+        if (o.backing_id <= 0) continue;
+        rpc::FuseBacking* b = st.add_backings();
+        b->set_kino(kino);
+        b->set_backing_id(o.backing_id);
+        *b->mutable_info() = o.info;
+        b->set_passthrough(o.passthrough);
+        b->set_idle(o.idle_seq != 0);
+      }
+    }
+    if (with_handles) {
+      std::lock_guard<std::mutex> lock(fs_->handles_mu);
+      st.set_next_fh(fs_->next_fh);
+      for (const auto& [fh, of] : fs_->handles) {
+        rpc::FuseHandle* h = st.add_handles();
+        h->set_fh(fh);
+        h->set_kino(fs_->ToKernel(of->info.attr().ino()));
+        *h->mutable_info() = of->info;
+        h->set_passthrough(of->passthrough);
+        h->set_counted_cached(of->counted_cached);
+      }
+    }
+    return st;
+  }
+
+  // A successor's side of Snapshot: the handles and backing ids of the connection it took over.
+  void ApplyState(const rpc::FuseConnectionState& st) {
+    // After a crash the keeper does not know how many files are open on a backing id: it stays
+    // registered (and reused by reopens of that version) until the mount ends.
+    constexpr int kUnknownOpens = 1 << 30;
+    for (const rpc::FuseBacking& b : st.backings()) {
+      InodeOpens o;
+      o.backing_id = b.backing_id();
+      o.info = b.info();
+      o.version = b.info().version();
+      o.bytes = b.info().attr().size();
+      o.passthrough = b.passthrough() < 0 ? kUnknownOpens : b.passthrough();
+      // Our own lease keeps the worker from evicting the data file under the kernel's reads (the
+      // kernel holds the file it opened either way, so bytes stay right without one).
+      auto lease = fs_->client->LeaseFile(b.info());
+      if (lease.ok()) o.lease = std::move(*lease);
+      std::lock_guard<std::mutex> lock(fs_->opens_mu);
+      if (b.idle() && o.passthrough == 0) {
+        o.idle_seq = fs_->idle_next++;
+        o.idle_since = std::chrono::steady_clock::now();
+        fs_->idle.emplace(o.idle_seq, b.kino());
+        fs_->idle_bytes += o.bytes;
+      }
+      fs_->opens[b.kino()] = std::move(o);
+    }
+    std::lock_guard<std::mutex> lock(fs_->handles_mu);
+    if (st.next_fh() > 0) fs_->next_fh = st.next_fh();
+    for (const rpc::FuseHandle& h : st.handles()) {
+      auto of = std::make_shared<OpenFile>();
+      of->info = h.info();
+      of->passthrough = h.passthrough();
+      of->counted_cached = h.counted_cached();
+      if (of->counted_cached) {
+        std::lock_guard<std::mutex> l2(fs_->opens_mu);
+        fs_->opens[h.kino()].cached++;
+      }
+      fs_->handles.emplace(h.fh(), std::move(of));
+      fs_->next_fh = std::max(fs_->next_fh, h.fh() + 1);
+    }
+  }
+
+  // Serves the hand-over socket: a successor's TAKEOVER.
+  void RespondLoop() {
+    while (!stopping_ && !handed_over_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 500) <= 0) continue;
+      int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      auto m = ReceiveHandover(c, std::chrono::seconds(5));
+      if (m.ok() && m->msg.kind() == rpc::HandoverMessage::TAKEOVER) HandOver(c, m->msg);
+      if (m.ok() && m->fd >= 0) close(m->fd);
+      close(c);
+    }
+  }
+
+  void HandOver(int c, const rpc::HandoverMessage& m) {
+    auto refuse = [&](const std::string& why) {
+      rpc::HandoverMessage r;
+      r.set_kind(rpc::HandoverMessage::REFUSED);
+      r.set_text(why);
+      (void)SendHandover(c, r);
+      spdlog::warn("refused to hand {} over: {}", mountpoint_, why);
+    };
+    if (m.format() != kHandoverFormat) {
+      return refuse("the successor speaks hand-over format " + std::to_string(m.format()) + " and this granary-fuse " +
+                    std::to_string(kHandoverFormat) + "; stop this one (SIGTERM unmounts) and start the new one");
+    }
+    std::string mine = Fingerprint(fs_->cfg);
+    if (m.fingerprint() != mine) {
+      return refuse("the successor's settings (" + m.fingerprint() + ") differ from this mount's (" + mine +
+                    "); start it with the same fuse.mountpoint, fuse.root, fuse.open and fuse.allow_other");
+    }
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (stopping_ || loop_done_) return refuse("this granary-fuse is stopping");
+    auto start = std::chrono::steady_clock::now();
+    handing_over_ = true;
+    // Its port is the successor's when both share a network namespace. A process that stays idle
+    // (Kubernetes, each pod its own network) keeps answering probes: /readyz says "handed over".
+    if (fs_->cfg.fuse.exit_after_handover) metrics_.reset();
+    io_->Drain(se_);   // every request read is answered; nothing more is read
+    if (loop_.joinable()) loop_.join();
+    StopInvalidator();
+    rpc::HandoverMessage out;
+    out.set_kind(rpc::HandoverMessage::STATE);
+    *out.mutable_state() = Snapshot(true);
+    close(listen_fd_);  // the successor listens on the same path
+    listen_fd_ = -1;
+    Status st = SendHandover(c, out, io_->fd());
+    if (!st.ok()) {
+      spdlog::warn("handing {} over failed ({}); serving on", mountpoint_, st.message());
+      io_->Resume();
+      fuse_session_reset(se_);
+      handing_over_ = false;
+      StartInvalidator();
+      StartLoop();
+      auto listener = ListenLocal(handover_path_);
+      if (listener.ok()) listen_fd_ = *listener;
+      if (!metrics_) {
+        metrics_ = metrics::StartOrWarn("fuse.metrics_listen", fs_->cfg.fuse.metrics_listen,
+                                        [this](metrics::Exposition* e) { Render(e); }, [this] { return Ready(); });
+      }
+      return;
+    }
+    handed_over_ = true;
+    if (fs_->keeper) fs_->keeper->Stop();  // the successor deposits with the keeper; it keeps ours meanwhile
+    {
+      // The successor registered its own leases; ours end. The backing ids are the successor's now.
+      std::lock_guard<std::mutex> l2(fs_->opens_mu);
+      fs_->opens.clear();
+      fs_->idle.clear();
+    }
+    spdlog::info("handed {} over ({} open files, {} backing files) in {} ms", mountpoint_, out.state().handles_size(),
+                 out.state().backings_size(),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());
+    if (fs_->cfg.fuse.exit_after_handover) {
+      Shutdown::Request("handed the mount over to a successor");
+    } else {
+      spdlog::info("fuse.exit_after_handover is false: idle until stopped (SIGTERM leaves the mount to the successor)");
+    }
   }
 
   std::string address() const override { return mountpoint_; }
@@ -1097,6 +1429,13 @@ class FuseMountImpl final : public FuseMount {
     e->Sample("granary_fuse_read_pieces_total", {{"source", "failover"}}, static_cast<double>(c.failover_pieces));
     e->Counter("granary_fuse_prefetch_hints_total", "Readahead hints sent to workers.",
                static_cast<double>(c.prefetch_hints));
+    e->Counter("granary_fuse_worker_waits_total",
+               "Reads that found no worker able to serve them and waited for one (fuse.worker_wait).",
+               static_cast<double>(c.worker_waits));
+    e->Counter("granary_fuse_worker_waits_ended_total", "Of those, the reads whose wait ended with their bytes.",
+               static_cast<double>(c.worker_waits_ended));
+    e->Gauge("granary_fuse_keeper_holds", "1 while a keeper holds a copy of the FUSE connection (fuse.keeper).",
+             fs_->keeper && fs_->keeper->deposited() ? 1 : 0);
     e->Gauge("granary_fuse_mounted", "1 while the mount is served.", loop_done_ ? 0 : 1);
     e->Family("granary_fuse_open_mode", "gauge",
               "The connection's read mode (fuse.open): 1 for the mode in force. fallback=\"1\" when it is not the "
@@ -1123,8 +1462,9 @@ class FuseMountImpl final : public FuseMount {
                static_cast<double>(fs_->invalidations));
   }
 
-  // Ready while mounted and the master answers.
+  // Ready while serving the mount and the master answers.
   Status Ready() {
+    if (handed_over_) return UnavailableError("handed the mount at " + mountpoint_ + " over to a successor");
     if (loop_done_) return UnavailableError("the mount at " + mountpoint_ + " is gone");
     auto root = fs_->client->Resolve("/");
     if (!root.ok()) return root.status().WithContext("the master");
@@ -1132,21 +1472,34 @@ class FuseMountImpl final : public FuseMount {
   }
 
   void Shutdown() override {
+    stopping_ = true;
+    if (responder_.joinable()) responder_.join();
     std::lock_guard<std::mutex> lock(stop_mu_);
     metrics_.reset();
     if (se_ == nullptr) return;
-    stopping_ = true;
+    if (listen_fd_ >= 0) {
+      close(listen_fd_);
+      listen_fd_ = -1;
+      unlink(handover_path_.c_str());
+    }
+    if (handed_over_) {
+      // The successor serves the mount: leave it, and close only our copy of the connection.
+      fuse_session_destroy(se_);
+      se_ = nullptr;
+      if (loop_cfg_) fuse_loop_cfg_destroy(loop_cfg_);
+      loop_cfg_ = nullptr;
+      spdlog::info("left {} to its successor", mountpoint_);
+      return;
+    }
+    // Stopped for good: the keeper lets the connection go, and the mount goes.
+    if (fs_->keeper) fs_->keeper->Release(mountpoint_);
     if (!loop_done_) {
       fuse_session_exit(se_);
       Unmount(mountpoint_);
     }
     if (loop_.joinable()) loop_.join();
-    {
-      std::lock_guard<std::mutex> lock(fs_->inval_mu);
-      fs_->inval_stop = true;
-    }
-    fs_->inval_cv.notify_all();
-    if (fs_->inval_thread.joinable()) fs_->inval_thread.join();
+    StopInvalidator();
+    fs_->keeper.reset();
     fs_->opens.clear();  // the leases end; the connection is gone with its backing ids
     fs_->idle.clear();
     if (mounted_) fuse_session_unmount(se_);
@@ -1159,6 +1512,11 @@ class FuseMountImpl final : public FuseMount {
 
  private:
   std::string mountpoint_;
+  std::string handover_path_, keeper_path_;
+  int listen_fd_ = -1;
+  std::thread responder_;
+  std::atomic<bool> handing_over_{false};
+  std::atomic<bool> handed_over_{false};
   std::unique_ptr<Fs> fs_;
   std::unique_ptr<SessionIo> io_;
   fuse_session* se_ = nullptr;

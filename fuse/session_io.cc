@@ -1,10 +1,14 @@
 #include "fuse/session_io.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <mutex>
 
 #include "fuse/kernel_abi.h"
@@ -26,10 +30,24 @@ SessionIo* Of(int fd) { return fd >= 0 && fd < kMaxFd ? g_by_fd[fd].load(std::me
 
 }  // namespace
 
-StatusOr<std::unique_ptr<SessionIo>> SessionIo::Install(fuse_session* se, bool want_passthrough) {
-  int fd = fuse_session_fd(se);
+StatusOr<std::unique_ptr<SessionIo>> SessionIo::Install(fuse_session* se, int fd, bool want_passthrough,
+                                                        std::string replay_init) {
   if (fd < 0 || fd >= kMaxFd) return InternalError("the FUSE session has no usable descriptor");
   std::unique_ptr<SessionIo> io(new SessionIo(fd, want_passthrough));
+  io->se_ = se;
+  io->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (io->wake_fd_ < 0) return ErrnoError(errno, "eventfd");
+  // Non-blocking: a reader that finds nothing goes back to poll(), where Drain can wake it.
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return ErrnoError(errno, "fcntl O_NONBLOCK on /dev/fuse");
+  if (!replay_init.empty()) {
+    if (replay_init.size() < sizeof(fuse_in_header)) return InvalidArgumentError("the handed-over INIT is truncated");
+    const auto* h = reinterpret_cast<const fuse_in_header*>(replay_init.data());
+    if (h->opcode != FUSE_INIT) return InvalidArgumentError("the handed-over INIT is not an INIT request");
+    io->replay_unique_ = h->unique;
+    io->init_pending_ = true;
+    io->replay_ = std::move(replay_init);
+  }
   g_by_fd[fd].store(io.get(), std::memory_order_release);
   fuse_custom_io hooks{};
   hooks.read = &SessionIo::Read;
@@ -44,34 +62,157 @@ StatusOr<std::unique_ptr<SessionIo>> SessionIo::Install(fuse_session* se, bool w
 
 SessionIo::~SessionIo() {
   if (Of(fd_) == this) g_by_fd[fd_].store(nullptr);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+std::string SessionIo::init_request() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return init_;
+}
+
+void SessionIo::NoteInit(const void* buf, size_t n) {
+  const auto* h = static_cast<const fuse_in_header*>(buf);
+  if (n >= sizeof(fuse_in_header) + 16) {
+    const auto* in = reinterpret_cast<const fuse_init_in*>(h + 1);
+    uint64_t flags = in->flags;
+    if ((flags & FUSE_INIT_EXT) && n >= sizeof(fuse_in_header) + sizeof(fuse_init_in)) {
+      flags |= static_cast<uint64_t>(in->flags2) << 32;
+    }
+    offered_ = (flags & kabi::kInitPassthrough) != 0;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  init_.assign(static_cast<const char*>(buf), n);
+}
+
+ssize_t SessionIo::DoRead(void* buf, size_t len) {
+  // Cancellation off in here: libfuse cancels its threads when its loop ends, and a thread
+  // cancelled inside a C++ wait is not safe. Instead every wait here wakes at least once a second
+  // and leaves when the session has exited.
+  struct NoCancel {
+    int old = 0;
+    NoCancel() { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old); }
+    ~NoCancel() { pthread_setcancelstate(old, nullptr); }
+  } no_cancel;
+  auto poke = [this] {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    cv_.notify_all();
+  };
+  // A request this thread read before has been answered: it is back.
+  thread_local bool t_holding = false;
+  if (t_holding) {
+    t_holding = false;
+    busy_.fetch_sub(1);
+    if (stopping_) poke();
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!replay_.empty()) {  // a handed-over connection: its INIT first
+      size_t n = std::min(len, replay_.size());
+      std::memcpy(buf, replay_.data(), n);
+      replay_.clear();
+      lock.unlock();
+      t_holding = true;
+      busy_.fetch_add(1);
+      return static_cast<ssize_t>(n);
+    }
+    // Nothing reaches libfuse before it has processed the replayed INIT.
+    while (init_pending_ && !stopping_ && !fuse_session_exited(se_)) cv_.wait_for(lock, std::chrono::seconds(1));
+  }
+  for (;;) {
+    in_read_.fetch_add(1);
+    if (stopping_ || fuse_session_exited(se_)) {
+      in_read_.fetch_sub(1);
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.notify_all();
+      while (!released_ && !fuse_session_exited(se_)) cv_.wait_for(lock, std::chrono::seconds(1));
+      errno = EINTR;  // libfuse sees its session exited and ends this thread's loop
+      return -1;
+    }
+    ssize_t n = read(fd_, buf, len);
+    int err = errno;
+    if (n > 0) {
+      t_holding = true;
+      busy_.fetch_add(1);
+    }
+    in_read_.fetch_sub(1);
+    if (n >= 0) return n;
+    if (err == EAGAIN || err == EINTR) {
+      if (stopping_) poke();
+      pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      poll(p, 2, 1000);
+      continue;
+    }
+    errno = err;
+    return -1;
+  }
+}
+
+void SessionIo::Drain(fuse_session* se) {
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_ = true;
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return in_read_.load() == 0 && busy_.load() == 0; });
+  fuse_session_exit(se);
+  released_ = true;
+  cv_.notify_all();
+}
+
+void SessionIo::Resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t v;
+  (void)!read(wake_fd_, &v, sizeof v);
+  stopping_ = false;
+  released_ = false;
+}
+
+Status SessionIo::NotifyResend() {
+  fuse_out_header h{};
+  h.len = sizeof h;
+  h.error = kabi::kNotifyResend;
+  h.unique = 0;
+  if (write(fd_, &h, sizeof h) != static_cast<ssize_t>(sizeof h)) {
+    if (errno == EINVAL) return UnimplementedError("the kernel does not know FUSE_NOTIFY_RESEND (Linux < 6.9)");
+    return ErrnoError(errno, "FUSE_NOTIFY_RESEND");
+  }
+  return Status::OK();
 }
 
 ssize_t SessionIo::Read(int fd, void* buf, size_t len, void*) {
   // libfuse 3.14 reads a hook's result as a syscall's: -1 with errno set.
-  ssize_t n = read(fd, buf, len);
+  SessionIo* io = Of(fd);
+  ssize_t n = io != nullptr ? io->DoRead(buf, len) : read(fd, buf, len);
   if (n < 0) return n;
   t_opcode = 0;
   if (static_cast<size_t>(n) < sizeof(fuse_in_header)) return n;
   const auto* h = static_cast<const fuse_in_header*>(buf);
   t_opcode = h->opcode;
   t_unique = h->unique;
-  if (h->opcode == FUSE_INIT && static_cast<size_t>(n) >= sizeof(fuse_in_header) + 16) {
-    const auto* in = reinterpret_cast<const fuse_init_in*>(h + 1);
-    uint64_t flags = in->flags;
-    if ((flags & FUSE_INIT_EXT) && static_cast<size_t>(n) >= sizeof(fuse_in_header) + sizeof(fuse_init_in)) {
-      flags |= static_cast<uint64_t>(in->flags2) << 32;
-    }
-    if (SessionIo* io = Of(fd)) io->offered_ = (flags & kabi::kInitPassthrough) != 0;
-  }
+  if (h->opcode == FUSE_INIT && io != nullptr) io->NoteInit(buf, static_cast<size_t>(n));
   return n;
 }
 
 ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
+  SessionIo* io = Of(fd);
+  if (count >= 1 && iov[0].iov_len == sizeof(fuse_out_header) && io != nullptr && t_opcode == FUSE_INIT) {
+    const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
+    std::unique_lock<std::mutex> lock(io->mu_);
+    if (io->init_pending_ && out->unique == io->replay_unique_) {
+      // The replayed INIT's reply: the kernel answered INIT with the predecessor's long ago.
+      io->init_pending_ = false;
+      io->cv_.notify_all();
+      lock.unlock();
+      t_backing = 0;
+      ssize_t total = 0;
+      for (int i = 0; i < count; ++i) total += static_cast<ssize_t>(iov[i].iov_len);
+      return total;
+    }
+  }
   if (count >= 2 && iov[0].iov_len == sizeof(fuse_out_header)) {
     const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
     if (out->unique == t_unique && out->unique != 0 && out->error == 0) {
       if (t_opcode == FUSE_INIT && iov[1].iov_len >= offsetof(fuse_init_out, unused) + 4) {
-        SessionIo* io = Of(fd);
         auto* init = static_cast<fuse_init_out*>(iov[1].iov_base);
         if (io != nullptr && io->want_ && io->offered_ && (init->flags & FUSE_INIT_EXT) &&
             !(init->flags & FUSE_WRITEBACK_CACHE)) {

@@ -1,8 +1,23 @@
 // SessionIo: granary-fuse's own reads and writes of /dev/fuse (libfuse's fuse_custom_io hooks),
-// which is how FUSE passthrough works with Debian 12's libfuse 3.14, a library that predates it.
+// which is how FUSE passthrough and the hand-over of a live connection (fuse/handover.h) work with
+// Debian 12's libfuse 3.14, a library that predates both.
 //
 // Design
 // ------
+// Hand-over needs three things libfuse 3.14 cannot do:
+//   - keep the kernel's INIT request (init_request()), which a successor needs: the kernel sends
+//     INIT once per connection, and a libfuse session answers every other request with an error
+//     until it has seen one. A successor's read hook returns the saved INIT first (ReplayInit) and
+//     its write hook swallows the reply; other threads' reads wait until that reply is "written",
+//     so nothing reaches libfuse before it has processed INIT;
+//   - stop reading without losing a request (Drain): the descriptor is non-blocking and the read
+//     hook polls it beside an eventfd. Drain sets `stopping`, wakes the pollers, and waits until no
+//     thread is inside read(2) and every request read has come back to the hook (its reply is
+//     written: every operation answers before it returns). Then it ends libfuse's loop, whose
+//     threads are parked in the hook and never read again. libfuse's own fuse_session_exit would
+//     drop a request a thread had just read;
+//   - ask the kernel to re-send requests a dead predecessor had read and not answered
+//     (NotifyResend: FUSE_NOTIFY_RESEND, Linux >= 6.9).
 // Passthrough needs three things libfuse 3.14 cannot say: the FUSE_PASSTHROUGH flag and a
 // max_stack_depth in the INIT reply, and FOPEN_PASSTHROUGH with a backing id in an open reply. Both
 // replies are written by libfuse from the thread that read the request, so:
@@ -21,7 +36,10 @@
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "common/status.h"
 
@@ -29,10 +47,27 @@ namespace granary::fuse {
 
 class SessionIo {
  public:
-  // Takes over the I/O of a mounted session. With `want_passthrough`, the INIT reply asks for
-  // passthrough when the kernel offers it.
-  static StatusOr<std::unique_ptr<SessionIo>> Install(fuse_session* se, bool want_passthrough);
+  // Takes over the I/O of a session on `fd` (a fresh mount's, or one handed over). With
+  // `want_passthrough`, the INIT reply asks for passthrough when the kernel offers it. With a
+  // non-empty `replay_init` (a handed-over connection), that INIT request is the first thing read
+  // and its reply is not written: the kernel had it long ago.
+  static StatusOr<std::unique_ptr<SessionIo>> Install(fuse_session* se, int fd, bool want_passthrough,
+                                                     std::string replay_init = "");
   ~SessionIo();
+
+  // The kernel's INIT request as read on this connection ("" until read).
+  std::string init_request() const;
+  // Stops reading, waits until every request read has been answered, and ends the session's loop
+  // (fuse_session_loop_mt returns). Reading never resumes unless Resume() is called.
+  void Drain(fuse_session* se);
+  // After a Drain whose hand-over failed: reads again (call fuse_session_reset and loop anew).
+  void Resume();
+  // Asks the kernel to send again the requests read and not answered on this connection.
+  // UNIMPLEMENTED on kernels before 6.9.
+  Status NotifyResend();
+  // A handed-over connection: whether the predecessor negotiated passthrough.
+  void SetNegotiated(bool v) { negotiated_ = v; }
+  int fd() const { return fd_; }
 
   // Whether the INIT reply asks for passthrough (when offered). Set before INIT is answered (the
   // init handler runs between the two hooks).
@@ -57,10 +92,26 @@ class SessionIo {
 
  private:
   SessionIo(int fd, bool want) : fd_(fd), want_(want) {}
+  ssize_t DoRead(void* buf, size_t len);
+  void NoteInit(const void* buf, size_t n);
+
   const int fd_;
+  fuse_session* se_ = nullptr;
+  int wake_fd_ = -1;  // eventfd: readable once Drain starts
   std::atomic<bool> want_;
   std::atomic<bool> offered_{false};
   std::atomic<bool> negotiated_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string init_;                     // GUARDED_BY(mu_): the INIT request read (or replayed)
+  std::string replay_;                   // GUARDED_BY(mu_): to be returned by the first read
+  uint64_t replay_unique_ = 0;           // GUARDED_BY(mu_): its unique, whose reply is swallowed
+  bool init_pending_ = false;            // GUARDED_BY(mu_): replayed INIT not yet answered
+  std::atomic<bool> stopping_{false};
+  bool released_ = false;                // GUARDED_BY(mu_): parked readers may leave
+  std::atomic<int> in_read_{0};          // threads inside read(2)
+  std::atomic<int> busy_{0};             // requests read and not yet back in the hook
 };
 
 }  // namespace granary::fuse

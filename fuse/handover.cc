@@ -1,0 +1,600 @@
+#include "fuse/handover.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/hash.h"
+
+extern char** environ;
+
+namespace granary::fuse {
+namespace {
+
+constexpr uint32_t kMaxMessage = 64u << 20;
+
+std::string Dir(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+}
+
+bool WritableDir(const std::string& dir) {
+  if (MakeDirs(dir, 0700).ok() && access(dir.c_str(), W_OK) == 0) return true;
+  return false;
+}
+
+sockaddr_un AddressOf(const std::string& path, Status* st) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(a.sun_path)) {
+    *st = InvalidArgumentError("socket path " + path + " is longer than " + std::to_string(sizeof(a.sun_path) - 1) +
+                               " bytes; set fuse.handover_socket to a shorter path");
+    return a;
+  }
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  return a;
+}
+
+// Reads exactly n bytes (the first recvmsg may carry a descriptor) before `deadline`.
+Status ReadFully(int sock, char* buf, size_t n, int* fd, std::chrono::steady_clock::time_point deadline) {
+  size_t got = 0;
+  while (got < n) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return DeadlineExceededError("no answer on the hand-over socket in time");
+    pollfd p{sock, POLLIN, 0};
+    int rc = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (rc < 0 && errno != EINTR) return ErrnoError(errno, "poll");
+    if (rc <= 0) continue;
+    iovec iov{buf + got, n - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    if (fd != nullptr && *fd < 0) {
+      m.msg_control = control;
+      m.msg_controllen = sizeof control;
+    }
+    ssize_t r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return ErrnoError(errno, "recvmsg");
+    }
+    if (r == 0) return UnavailableError("the other side closed the hand-over socket");
+    if (m.msg_controllen > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+      }
+    }
+    got += static_cast<size_t>(r);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string Fingerprint(const Config& cfg) {
+  // Not master.address: a restarted `granary local` gets a new port for the same namespace.
+  return "mountpoint=" + cfg.fuse.mountpoint + ";root=" + cfg.fuse.root + ";open=" + cfg.fuse.open +
+         ";allow_other=" + (cfg.fuse.allow_other ? "1" : "0");
+}
+
+std::string HandoverSocketPath(const Config& cfg) {
+  if (!cfg.fuse.handover_socket.empty()) return cfg.fuse.handover_socket;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(Checksum64(cfg.fuse.mountpoint.data(), cfg.fuse.mountpoint.size())));
+  std::string name = std::string("fuse-") + hex + ".sock";
+  if (WritableDir("/run/granary")) return "/run/granary/" + name;
+  const char* xdg = getenv("XDG_RUNTIME_DIR");
+  if (xdg != nullptr && *xdg == '/' && WritableDir(std::string(xdg) + "/granary")) return std::string(xdg) + "/granary/" + name;
+  return "/tmp/granary-" + std::to_string(getuid()) + "/" + name;
+}
+
+std::string KeeperSocketPath(const Config& cfg) {
+  if (cfg.fuse.keeper == "off") return "";
+  if (cfg.fuse.keeper == "spawn") return HandoverSocketPath(cfg) + ".keeper";
+  return cfg.fuse.keeper;
+}
+
+Status CheckKeeperSetting(const Config& cfg) {
+  const std::string& k = cfg.fuse.keeper;
+  if (k == "spawn" || k == "off" || (!k.empty() && k[0] == '/')) return Status::OK();
+  return InvalidArgumentError("fuse.keeper '" + k + "' is not spawn, off or the absolute path of a keeper's socket");
+}
+
+Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd) {
+  std::string body;
+  if (!m.SerializeToString(&body)) return InternalError("cannot serialize a hand-over message");
+  uint32_t len = static_cast<uint32_t>(body.size());
+  std::string frame(reinterpret_cast<const char*>(&len), 4);
+  frame += body;
+  size_t sent = 0;
+  while (sent < frame.size()) {
+    iovec iov{frame.data() + sent, frame.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (sent == 0 && fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        pollfd p{sock, POLLOUT, 0};
+        poll(&p, 1, 1000);
+        continue;
+      }
+      return ErrnoError(errno, "sendmsg on the hand-over socket");
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  HandoverReceived r;
+  uint32_t len = 0;
+  Status st = ReadFully(sock, reinterpret_cast<char*>(&len), 4, &r.fd, deadline);
+  if (st.ok() && len > kMaxMessage) st = DataLossError("a hand-over message of " + std::to_string(len) + " bytes");
+  std::string body(st.ok() ? len : 0, '\0');
+  if (st.ok()) st = ReadFully(sock, body.data(), len, nullptr, deadline);
+  if (st.ok() && !r.msg.ParseFromString(body)) st = DataLossError("a hand-over message that does not parse");
+  if (!st.ok()) {
+    if (r.fd >= 0) close(r.fd);
+    return st;
+  }
+  return r;
+}
+
+StatusOr<int> ConnectLocal(const std::string& path) {
+  Status st;
+  sockaddr_un a = AddressOf(path, &st);
+  RETURN_IF_ERROR(st);
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return ErrnoError(errno, "socket");
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    int err = errno;
+    close(s);
+    if (err == ENOENT || err == ECONNREFUSED) return UnavailableError("nobody listens on " + path);
+    return ErrnoError(err, "connect " + path);
+  }
+  return s;
+}
+
+StatusOr<int> ListenLocal(const std::string& path) {
+  RETURN_IF_ERROR(MakeDirs(Dir(path), 0700));
+  if (auto s = ConnectLocal(path); s.ok()) {
+    close(*s);
+    return AlreadyExistsError("another process listens on " + path);
+  }
+  unlink(path.c_str());  // a stale socket file: its process is gone
+  Status st;
+  sockaddr_un a = AddressOf(path, &st);
+  RETURN_IF_ERROR(st);
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return ErrnoError(errno, "socket");
+  mode_t old = umask(0177);
+  int rc = bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  int err = errno;
+  umask(old);
+  if (rc != 0 || listen(s, 16) != 0) {
+    if (rc == 0) err = errno;
+    close(s);
+    return ErrnoError(err, "listen on " + path);
+  }
+  return s;
+}
+
+StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& socket_path,
+                                                          const std::string& fingerprint,
+                                                          std::chrono::milliseconds timeout) {
+  auto s = ConnectLocal(socket_path);
+  if (!s.ok()) {
+    if (s.status().code() == Code::kUnavailable) return std::optional<HandoverReceived>();
+    return s.status();
+  }
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::TAKEOVER);
+  m.set_format(kHandoverFormat);
+  m.set_fingerprint(fingerprint);
+  Status st = SendHandover(*s, m);
+  StatusOr<HandoverReceived> r = st.ok() ? ReceiveHandover(*s, timeout) : StatusOr<HandoverReceived>(st);
+  close(*s);
+  if (!r.ok()) return r.status().WithContext("taking over from the granary-fuse on " + socket_path);
+  if (r->msg.kind() == rpc::HandoverMessage::REFUSED) {
+    return FailedPreconditionError("the running granary-fuse refused the hand-over and keeps serving: " +
+                                   r->msg.text());
+  }
+  if (r->msg.kind() != rpc::HandoverMessage::STATE || r->fd < 0) {
+    if (r->fd >= 0) close(r->fd);
+    return DataLossError("the running granary-fuse answered the hand-over without a connection");
+  }
+  return std::optional<HandoverReceived>(std::move(*r));
+}
+
+StatusOr<std::optional<HandoverReceived>> WithdrawFromKeeper(const std::string& keeper_path,
+                                                             const std::string& mountpoint) {
+  if (keeper_path.empty()) return std::optional<HandoverReceived>();
+  auto s = ConnectLocal(keeper_path);
+  if (!s.ok()) {
+    if (s.status().code() == Code::kUnavailable) return std::optional<HandoverReceived>();
+    return s.status();
+  }
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::WITHDRAW);
+  m.set_mountpoint(mountpoint);
+  Status st = SendHandover(*s, m);
+  StatusOr<HandoverReceived> r = st.ok() ? ReceiveHandover(*s, std::chrono::seconds(10)) : StatusOr<HandoverReceived>(st);
+  close(*s);
+  if (!r.ok()) return r.status().WithContext("the keeper on " + keeper_path);
+  if (r->msg.kind() != rpc::HandoverMessage::STATE || r->fd < 0) {
+    if (r->fd >= 0) close(r->fd);
+    return std::optional<HandoverReceived>();
+  }
+  return std::optional<HandoverReceived>(std::move(*r));
+}
+
+// ---- KeeperLink -------------------------------------------------------------------------------
+
+KeeperLink::KeeperLink(std::string path, bool spawn, int fd, std::function<rpc::FuseConnectionState()> snapshot)
+    : path_(std::move(path)), spawn_(spawn), fd_(fd), snapshot_(std::move(snapshot)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+KeeperLink::~KeeperLink() { Stop(); }
+
+void KeeperLink::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (sock_ >= 0) close(sock_);
+  sock_ = -1;
+  std::lock_guard<std::mutex> lock(mu_);
+  deposited_ = false;
+}
+
+void KeeperLink::PutBacking(const rpc::FuseBacking& b) {
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::BACKING_PUT);
+  *m.mutable_backing() = b;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.size() < 100000) queue_.push_back(std::move(m));
+  cv_.notify_all();
+}
+
+void KeeperLink::DropBacking(uint64_t kino) {
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::BACKING_DROP);
+  m.mutable_backing()->set_kino(kino);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.size() < 100000) queue_.push_back(std::move(m));
+  cv_.notify_all();
+}
+
+void KeeperLink::Release(const std::string& mountpoint) {
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::RELEASE);
+  m.set_mountpoint(mountpoint);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!deposited_) return;
+  queue_.push_back(std::move(m));
+  cv_.notify_all();
+  cv_.wait_for(lock, std::chrono::seconds(2), [&] { return queue_.empty() || !deposited_; });
+}
+
+bool KeeperLink::deposited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return deposited_;
+}
+
+bool KeeperLink::Connect(const rpc::FuseConnectionState& snap) {
+  auto s = ConnectLocal(path_);
+  auto now = std::chrono::steady_clock::now();
+  if (!s.ok() && spawn_ && (last_spawn_ == std::chrono::steady_clock::time_point{} ||
+                            now - last_spawn_ > std::chrono::seconds(30))) {
+    last_spawn_ = now;
+    Status sp = SpawnKeeper(path_);
+    if (!sp.ok()) spdlog::warn("cannot start the FUSE keeper at {}: {}", path_, sp.message());
+    s = ConnectLocal(path_);
+  }
+  if (!s.ok()) return false;
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::DEPOSIT);
+  *m.mutable_state() = snap;
+  if (!SendHandover(*s, m, fd_).ok()) {
+    close(*s);
+    return false;
+  }
+  sock_ = *s;
+  return true;
+}
+
+void KeeperLink::Loop() {
+  bool warned = false;
+  for (;;) {
+    if (sock_ < 0) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        queue_.clear();  // a fresh deposit carries everything
+      }
+      rpc::FuseConnectionState snap = snapshot_();  // no lock of ours held: it takes the mount's
+      if (snap.init_request().empty()) {            // the kernel's INIT not read yet
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return stop_; });
+        continue;
+      }
+      bool ok = Connect(snap);
+      std::unique_lock<std::mutex> lock(mu_);
+      deposited_ = ok;
+      cv_.notify_all();
+      if (!ok) {
+        if (!warned) spdlog::warn("no FUSE keeper on {}: a crash of granary-fuse would end the mount; retrying", path_);
+        warned = true;
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
+        continue;
+      }
+      if (warned) spdlog::info("the FUSE keeper on {} holds the connection again", path_);
+      warned = false;
+    }
+    rpc::HandoverMessage m;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Wakes every second to notice a keeper that went away (its socket reads EOF).
+      cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || !queue_.empty(); });
+      if (stop_ && queue_.empty()) return;
+      if (queue_.empty()) {
+        lock.unlock();
+        pollfd p{sock_, POLLIN, 0};
+        if (poll(&p, 1, 0) > 0) {  // the keeper never writes to us: readable means closed
+          close(sock_);
+          sock_ = -1;
+          std::lock_guard<std::mutex> l2(mu_);
+          deposited_ = false;
+        }
+        continue;
+      }
+      m = queue_.front();
+    }
+    bool sent = SendHandover(sock_, m).ok();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!sent) {
+      close(sock_);
+      sock_ = -1;
+      deposited_ = false;
+      continue;
+    }
+    if (!queue_.empty()) queue_.pop_front();
+    if (m.kind() == rpc::HandoverMessage::RELEASE) deposited_ = false;
+    cv_.notify_all();
+  }
+}
+
+// ---- the keeper process -------------------------------------------------------------------------
+
+Status SpawnKeeper(const std::string& path) {
+  RETURN_IF_ERROR(MakeDirs(Dir(path), 0700));
+  std::string log = path + ".log";
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  // Its own session: not in granary-fuse's process group, so a signal to that group spares it.
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigfillset(&defaults);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  // The keeper is granary-fuse's own binary: this one, or the one beside it (granary local).
+  std::string self;
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    self = exe;
+  }
+  if (self.size() < 12 || self.compare(self.size() - 12, 12, "granary-fuse") != 0) {
+    std::string beside = Dir(self) + "/granary-fuse";
+    if (self.empty() || access(beside.c_str(), X_OK) != 0) {
+      return NotFoundError("granary-fuse, which runs the keeper, is not beside " + self +
+                           " (install it there, or set fuse.keeper off)");
+    }
+    self = beside;
+  }
+  std::vector<std::string> args{self, "--keeper", path, "--exit-when-empty"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, self.c_str(), &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return ErrnoError(rc, "starting the FUSE keeper " + self);
+  spdlog::info("started the FUSE keeper (pid {}) on {}", pid, path);
+  // Reaped by nobody on purpose: it must outlive this process. Wait until it listens.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto s = ConnectLocal(path); s.ok()) {
+      close(*s);
+      return Status::OK();
+    }
+    if (waitpid(pid, nullptr, WNOHANG) == pid) break;  // it exited (its log says why)
+    usleep(10000);
+  }
+  return UnavailableError("the FUSE keeper did not listen on " + path + " (see " + log + ")");
+}
+
+namespace {
+
+volatile sig_atomic_t g_keeper_stop = 0;
+void OnKeeperSignal(int) { g_keeper_stop = 1; }
+
+struct Held {
+  int fd = -1;
+  rpc::FuseConnectionState state;
+};
+
+}  // namespace
+
+int RunKeeper(const std::string& path, bool exit_when_empty) {
+  struct sigaction sa {};
+  sa.sa_handler = OnKeeperSignal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
+  auto listener = ListenLocal(path);
+  if (!listener.ok()) {
+    std::fprintf(stderr, "granary-fuse keeper: error: %s\n", listener.status().message().c_str());
+    return 1;
+  }
+  (void)WriteFileAtomic(path + ".pid", std::to_string(getpid()) + "\n");
+  std::fprintf(stderr, "granary-fuse keeper: pid %d listening on %s\n", getpid(), path.c_str());
+  std::map<std::string, Held> held;  // mount point -> connection
+  std::vector<int> clients;
+  std::map<int, std::string> client_mount;  // a depositor's socket -> the mount point it deposited
+  bool had = false;
+  auto start = std::chrono::steady_clock::now();
+  auto drop = [&](const std::string& mp, const char* why) {
+    auto it = held.find(mp);
+    if (it == held.end()) return;
+    close(it->second.fd);
+    held.erase(it);
+    std::fprintf(stderr, "granary-fuse keeper: let go of the connection of %s (%s)\n", mp.c_str(), why);
+  };
+  while (!g_keeper_stop) {
+    std::vector<pollfd> fds;
+    fds.push_back({*listener, POLLIN, 0});
+    for (int c : clients) fds.push_back({c, POLLIN, 0});
+    std::vector<std::string> order;
+    // events 0: poll still reports POLLERR when the connection is aborted or unmounted.
+    for (auto& [mp, h] : held) {
+      fds.push_back({h.fd, 0, 0});
+      order.push_back(mp);
+    }
+    int rc = poll(fds.data(), fds.size(), 1000);
+    if (rc < 0 && errno != EINTR) break;
+    if (exit_when_empty && held.empty() && clients.empty() &&
+        (had || std::chrono::steady_clock::now() - start > std::chrono::seconds(60))) {
+      break;
+    }
+    if (rc <= 0) continue;
+    size_t base = 1 + clients.size();
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (fds[base + i].revents & (POLLERR | POLLHUP | POLLNVAL)) drop(order[i], "the connection ended");
+    }
+    std::vector<int> still;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      int c = clients[i];
+      if (!(fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) {
+        still.push_back(c);
+        continue;
+      }
+      auto r = ReceiveHandover(c, std::chrono::seconds(5));
+      if (!r.ok()) {  // the depositor went away (it may have crashed: keep what it deposited)
+        close(c);
+        client_mount.erase(c);
+        continue;
+      }
+      still.push_back(c);
+      const rpc::HandoverMessage& m = r->msg;
+      switch (m.kind()) {
+        case rpc::HandoverMessage::DEPOSIT: {
+          const std::string& mp = m.state().mountpoint();
+          if (r->fd < 0) break;
+          auto it = held.find(mp);
+          if (it != held.end()) close(it->second.fd);
+          held[mp] = Held{r->fd, m.state()};
+          client_mount[c] = mp;
+          r->fd = -1;
+          had = true;
+          std::fprintf(stderr, "granary-fuse keeper: holding the connection of %s for %s\n", mp.c_str(),
+                       m.state().sender().c_str());
+          break;
+        }
+        case rpc::HandoverMessage::BACKING_PUT:
+        case rpc::HandoverMessage::BACKING_DROP: {
+          auto cm = client_mount.find(c);
+          auto it = cm == client_mount.end() ? held.end() : held.find(cm->second);
+          if (it != held.end()) {
+            auto* bs = it->second.state.mutable_backings();
+            for (int k = 0; k < bs->size(); ++k) {
+              if (bs->Get(k).kino() == m.backing().kino()) {
+                bs->SwapElements(k, bs->size() - 1);
+                bs->RemoveLast();
+                break;
+              }
+            }
+            if (m.kind() == rpc::HandoverMessage::BACKING_PUT) *bs->Add() = m.backing();
+          }
+          break;
+        }
+        case rpc::HandoverMessage::RELEASE:
+          drop(m.mountpoint(), "released");
+          break;
+        case rpc::HandoverMessage::WITHDRAW: {
+          rpc::HandoverMessage out;
+          auto it = held.find(m.mountpoint());
+          if (it == held.end()) {
+            out.set_kind(rpc::HandoverMessage::EMPTY);
+            (void)SendHandover(c, out);
+            break;
+          }
+          out.set_kind(rpc::HandoverMessage::STATE);
+          *out.mutable_state() = it->second.state;
+          for (auto& b : *out.mutable_state()->mutable_backings()) b.set_passthrough(-1);  // counts unknown
+          (void)SendHandover(c, out, it->second.fd);
+          std::fprintf(stderr, "granary-fuse keeper: handed the connection of %s to a successor\n",
+                       m.mountpoint().c_str());
+          break;
+        }
+        default:
+          break;
+      }
+      if (r->fd >= 0) close(r->fd);
+    }
+    clients.swap(still);
+    if (fds[0].revents & POLLIN) {
+      int c = accept4(*listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) clients.push_back(c);
+    }
+  }
+  for (auto& [mp, h] : held) close(h.fd);
+  for (int c : clients) close(c);
+  close(*listener);
+  unlink(path.c_str());
+  unlink((path + ".pid").c_str());
+  std::fprintf(stderr, "granary-fuse keeper: stopped\n");
+  return 0;
+}
+
+}  // namespace granary::fuse

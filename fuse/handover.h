@@ -1,0 +1,141 @@
+// Hand-over of a live FUSE connection between granary-fuse processes, and the keeper that holds it
+// across a crash.
+//
+// Design
+// ------
+// The kernel keeps a FUSE connection (and so the mount, and every reader's open files and mmaps)
+// alive while some process holds its /dev/fuse descriptor. Requests wait in the kernel's queue
+// while nobody reads them. So a successor that gets the descriptor (SCM_RIGHTS over a Unix socket)
+// can go on serving the same mount:
+//
+//   upgrade   The successor connects to the serving process's hand-over socket
+//             (fuse.handover_socket) and sends TAKEOVER. The serving process checks that the
+//             successor can serve this connection (Fingerprint, kHandoverFormat; else REFUSED and it
+//             goes on serving), stops reading /dev/fuse, lets the requests it has read be answered
+//             (SessionIo::Drain), and sends STATE: the descriptor, the kernel's INIT request, the
+//             read mode, the open file handles and the passthrough backing ids (which belong to the
+//             connection). It then exits without unmounting. No request is lost.
+//   crash     A keeper holds a duplicate of the descriptor and the connection's state (DEPOSIT,
+//             then BACKING_PUT / BACKING_DROP as backing ids change). When the serving process dies
+//             the connection lives on in the keeper; the next granary-fuse finds no one on the
+//             hand-over socket, asks the keeper (WITHDRAW) and gets STATE from it. Requests the dead
+//             process had read but not answered are re-sent by the kernel when told to
+//             (FUSE_NOTIFY_RESEND, Linux >= 6.9); open file handles are rebuilt from the inode.
+//
+// A successor's libfuse session has never seen INIT, and the kernel sends INIT only once: the
+// successor replays the saved INIT request through its own /dev/fuse I/O and swallows the reply
+// (fuse/session_io.h).
+//
+// Where the keeper lives (fuse.keeper): `spawn` starts it as a small process of its own, detached
+// from granary-fuse (`granary-fuse --keeper PATH`), one per mount, which exits when the connection
+// ends; in Kubernetes it is a sidecar container of the FUSE pod, which a crash of the FUSE container
+// does not take down (docs/architecture.md says why not the worker).
+//
+// The wire format: a little-endian u32 length, then a serialized rpc::HandoverMessage; a message
+// that carries the descriptor sends it as SCM_RIGHTS with its first byte. Only local sockets (0600
+// in a 0700 directory); nothing here touches the network.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "proto/granary.pb.h"
+
+namespace granary::fuse {
+
+// Bumped when FuseConnectionState changes meaning; a successor of another format is refused.
+inline constexpr uint32_t kHandoverFormat = 1;
+
+// The settings a successor must share with the process it takes over from: the mount, what it
+// shows, and the read mode the kernel was told about.
+std::string Fingerprint(const Config& cfg);
+
+// fuse.handover_socket, or its default for `mountpoint`.
+std::string HandoverSocketPath(const Config& cfg);
+// The keeper's socket: fuse.keeper when it is a path, <handover socket>.keeper for `spawn`, "" off.
+std::string KeeperSocketPath(const Config& cfg);
+// INVALID_ARGUMENT unless fuse.keeper is spawn, off or an absolute path.
+Status CheckKeeperSetting(const Config& cfg);
+
+struct HandoverReceived {
+  rpc::HandoverMessage msg;
+  int fd = -1;  // the descriptor that came with it, owned by the receiver (-1: none)
+};
+
+// Framing on a connected Unix stream socket. Send passes `fd` along when >= 0.
+Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd = -1);
+// DEADLINE_EXCEEDED past `timeout`; UNAVAILABLE when the peer closed.
+StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds timeout);
+
+// A connected socket to `path`; UNAVAILABLE when nobody listens there.
+StatusOr<int> ConnectLocal(const std::string& path);
+// A listening socket at `path` (its directory made 0700, the socket 0600); a stale socket file
+// nobody answers on is replaced. ALREADY_EXISTS when someone listens there.
+StatusOr<int> ListenLocal(const std::string& path);
+
+// Successor side of an upgrade: asks whoever serves `socket_path` for the connection. nullopt when
+// nobody listens there; FAILED_PRECONDITION (with the server's reason) when refused.
+StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& socket_path, const std::string& fingerprint,
+                                                          std::chrono::milliseconds timeout);
+// Successor side of a crash: the connection the keeper at `keeper_path` holds for `mountpoint`.
+// nullopt when there is no keeper or it holds nothing for that mount.
+StatusOr<std::optional<HandoverReceived>> WithdrawFromKeeper(const std::string& keeper_path,
+                                                             const std::string& mountpoint);
+
+// granary-fuse's link to its keeper: deposits the connection, tells it about backing ids, and
+// deposits again whenever the keeper comes back (a restarted sidecar). Never blocks the caller:
+// messages go from a thread of its own. With `spawn`, starts the keeper process when none answers.
+class KeeperLink {
+ public:
+  // `snapshot` gives the state to deposit (called from the link's thread); `fd` is the connection.
+  KeeperLink(std::string path, bool spawn, int fd, std::function<rpc::FuseConnectionState()> snapshot);
+  ~KeeperLink();  // Stop()
+  // Stops talking to the keeper; the keeper keeps what it holds (the successor's deposit
+  // replaces it). Call once, from one thread.
+  void Stop();
+  KeeperLink(const KeeperLink&) = delete;
+  KeeperLink& operator=(const KeeperLink&) = delete;
+
+  void PutBacking(const rpc::FuseBacking& b);
+  void DropBacking(uint64_t kino);
+  // The mount is gone for good: the keeper lets the connection go (waits up to 2 s for it to hear).
+  void Release(const std::string& mountpoint);
+  // Whether a keeper holds the connection now.
+  bool deposited() const;
+
+ private:
+  void Loop();
+  bool Connect(const rpc::FuseConnectionState& snap);  // under no lock; spawns the keeper when allowed
+
+  const std::string path_;
+  const bool spawn_;
+  const int fd_;
+  const std::function<rpc::FuseConnectionState()> snapshot_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<rpc::HandoverMessage> queue_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                       // GUARDED_BY(mu_)
+  bool deposited_ = false;                  // GUARDED_BY(mu_)
+  int sock_ = -1;                           // only the link's thread uses it
+  std::chrono::steady_clock::time_point last_spawn_{};  // only the link's thread uses it
+  std::thread thread_;
+};
+
+// Starts a detached keeper process (`granary-fuse --keeper PATH --exit-when-empty`, its log at
+// PATH.log, its pid in PATH.pid) and waits until it listens.
+Status SpawnKeeper(const std::string& path);
+
+// The keeper's main: serves `path` until SIGTERM/SIGINT, or, with `exit_when_empty`, until it holds
+// no connection and no one is connected (after having held one, or 60 s after start). Returns the
+// process's exit code.
+int RunKeeper(const std::string& path, bool exit_when_empty);
+
+}  // namespace granary::fuse
