@@ -30,6 +30,10 @@ LocalCluster::~LocalCluster() {
   std::string why;
   if (fuse_) fuse_->Stop(SIGTERM, std::chrono::seconds(10));
   UnmountAllBelow(dir_.path());
+  // granary-fuse's keeper (fuse.keeper spawn) is its own process: it exits when the connection
+  // ends, and is stopped here in any case.
+  std::string keeper = ReadFile(dir_ / "fuse.sock.keeper.pid");
+  if (!keeper.empty()) kill(static_cast<pid_t>(std::stol(keeper)), SIGTERM);
   fuse_.reset();
   worker_.reset();
   master_.reset();
@@ -129,23 +133,64 @@ bool LocalCluster::StartFuse(std::string* why) {
   std::vector<std::string> argv =
       With(opts_.fuse_wrapper, {Bin("granary-fuse"), "--master.address", master_addr_, "--fuse.worker", worker_addr_,
                                 "--fuse.mountpoint", mountpoint(), "--fuse.metrics_listen", "127.0.0.1:0",
-                                "--ready-file", dir_ / "fuse.addr", "--fuse.keep_cache",
+                                "--fuse.handover_socket", dir_ / "fuse.sock", "--fuse.keep_cache",
                                 opts_.keep_cache ? "true" : "false"});
   if (!opts_.keep_cache &&
       std::find(opts_.fuse_args.begin(), opts_.fuse_args.end(), "--fuse.open") == opts_.fuse_args.end()) {
     argv = With(argv, {"--fuse.open", "daemon"});
   }
-  fuse_ = std::make_unique<Process>(With(With(argv, opts_.extra_args), opts_.fuse_args), dir_ / "fuse.log");
-  bool mounted = !WaitForReadyFile(dir_ / "fuse.addr", fuse_.get()).empty();
+  fuse_argv_ = With(With(argv, opts_.extra_args), opts_.fuse_args);
+  fuse_ = std::make_unique<Process>(With(fuse_argv_, {"--ready-file", dir_ / "fuse.addr"}), dir_ / "fuse.log");
+  return WaitForFuse(fuse_.get(), dir_ / "fuse.addr", why);
+}
+
+bool LocalCluster::WaitForFuse(Process* p, const std::string& ready, std::string* why) {
+  bool mounted = !WaitForReadyFile(ready, p).empty();
   if (mounted && opts_.fuse_wrapper.empty()) mounted = IsMounted(mountpoint());
   if (mounted && !opts_.fuse_wrapper.empty()) {
-    mounted = ReadFile("/proc/" + std::to_string(fuse_->pid()) + "/mountinfo").find(" " + mountpoint() + " ") !=
+    mounted = ReadFile("/proc/" + std::to_string(p->pid()) + "/mountinfo").find(" " + mountpoint() + " ") !=
               std::string::npos;
   }
   if (!mounted) {
-    *why = "fuse did not mount:\n" + fuse_->Log();
+    *why = "fuse did not mount:\n" + p->Log();
     return false;
   }
+  return true;
+}
+
+bool LocalCluster::UpgradeFuse(std::string* why) {
+  std::string n = std::to_string(++fuse_starts_);
+  std::string ready = dir_ / ("fuse" + n + ".addr");
+  unlink(ready.c_str());
+  auto next = std::make_unique<Process>(With(fuse_argv_, {"--ready-file", ready}), dir_ / ("fuse" + n + ".log"));
+  if (!WaitForFuse(next.get(), ready, why)) return false;
+  if (next->Log().find("took over the FUSE connection") == std::string::npos) {
+    *why = "the new granary-fuse did not take the connection over:\n" + next->Log();
+    return false;
+  }
+  int code = fuse_->Wait(std::chrono::seconds(60));
+  if (code != 0) {
+    *why = "the old granary-fuse exited with " + std::to_string(code) + " after the hand-over:\n" + fuse_->Log();
+    return false;
+  }
+  // The metrics address of the serving process, where tests look for it.
+  (void)WriteFile(dir_ / "fuse.addr.metrics", ReadFile(ready + ".metrics"));
+  fuse_ = std::move(next);
+  return true;
+}
+
+bool LocalCluster::CrashAndRestartFuse(std::string* why) {
+  fuse_->Stop(SIGKILL);
+  std::string n = std::to_string(++fuse_starts_);
+  std::string ready = dir_ / ("fuse" + n + ".addr");
+  unlink(ready.c_str());
+  fuse_ = std::make_unique<Process>(With(fuse_argv_, {"--ready-file", ready}), dir_ / ("fuse" + n + ".log"));
+  if (!WaitForFuse(fuse_.get(), ready, why)) return false;
+  if (fuse_->Log().find("took over the FUSE connection of " + mountpoint() + " from the keeper") == std::string::npos) {
+    *why = "the restarted granary-fuse did not take the connection over from the keeper:\n" + fuse_->Log();
+    return false;
+  }
+  (void)WriteFile(dir_ / "fuse.addr.metrics", ReadFile(ready + ".metrics"));
   return true;
 }
 

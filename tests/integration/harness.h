@@ -37,6 +37,12 @@ class LocalCluster {
   bool StartDaemons(std::string* why);
   // Starts granary-fuse at dir/mnt.
   bool StartFuse(std::string* why);
+  // Starts another granary-fuse with the same command while one serves: it takes the mount over
+  // (fuse/handover.h); waits until it is ready and the old one has exited with 0.
+  bool UpgradeFuse(std::string* why);
+  // kill -9 granary-fuse (its keeper holds the connection), then starts it again with the same
+  // command: it takes the mount over from the keeper.
+  bool CrashAndRestartFuse(std::string* why);
   // Runs the CLI against this cluster's master.
   RunResult Cli(std::vector<std::string> args);
   // Worker counters from `granary report --json` (first worker).
@@ -70,6 +76,9 @@ class LocalCluster {
   const TempDir& dir_;
   ClusterOptions opts_;
   std::unique_ptr<Process> master_, worker_, fuse_;
+  std::vector<std::string> fuse_argv_;
+  int fuse_starts_ = 0;
+  bool WaitForFuse(Process* p, const std::string& ready, std::string* why);
   bool StartWorker(const std::string& listen, std::string* why);
   bool StartMaster(const std::string& listen, std::string* why);
   std::string master_addr_, worker_addr_;

@@ -1,0 +1,236 @@
+// A restart of granary-fuse or of the worker never breaks a reader (fuse/handover.h): a reader
+// that keeps files open and reads them through read, pread and mmap, and opens others anew, goes
+// on with no error and only the source's bytes across an upgrade of granary-fuse, a kill -9 and
+// restart of it, ten of those in a row, and kill -9 and restart of the worker; in every read mode.
+// The mount is the same mount throughout (one entry, same device), and nothing is left behind.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+// The reader (tests/integration/reader.py) as a process.
+class Reader {
+ public:
+  Reader(const TempDir& dir, const std::string& mount, const std::vector<std::string>& files, bool mmap = true)
+      : dir_(dir) {
+    std::string list;
+    for (const auto& f : files) list += f + ",";
+    std::vector<std::string> argv{"python3", SourceDir() + "/tests/integration/reader.py", "--mount", mount,
+                                  "--source", dir / "src", "--files", list, "--status", dir / "reader.json",
+                                  "--stop", dir / "reader.stop"};
+    if (!mmap) argv.push_back("--no-mmap");
+    p_ = std::make_unique<Process>(argv, dir / "reader.log");
+  }
+  ~Reader() {
+    WriteFile(dir_ / "reader.stop", "");
+    p_->Wait(std::chrono::seconds(30));
+  }
+  nlohmann::json Status() {
+    auto j = nlohmann::json::parse(ReadFile(dir_ / "reader.json"), nullptr, false);
+    return j.is_discarded() ? nlohmann::json() : j;
+  }
+  uint64_t Rounds() {
+    auto j = Status();
+    return j.is_object() ? j["rounds"].get<uint64_t>() : 0;
+  }
+  // Waits until the reader has done `more` rounds beyond now (it is reading through the mount).
+  bool Progress(uint64_t more = 3) {
+    uint64_t start = Rounds();
+    return WaitFor([&] { return Rounds() >= start + more || !p_->Running(); }, std::chrono::seconds(120)) &&
+           p_->Running();
+  }
+  // Stops the reader; its final status.
+  nlohmann::json Finish() {
+    WriteFile(dir_ / "reader.stop", "");
+    int code = p_->Wait(std::chrono::seconds(60));
+    auto j = Status();
+    j["exit"] = code;
+    j["log"] = p_->Log();
+    return j;
+  }
+
+ private:
+  const TempDir& dir_;
+  std::unique_ptr<Process> p_;
+};
+
+// How many mounts sit on `mp` (a stacked mount would make two).
+int MountsAt(const std::string& mp) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    if (line.find(" " + mp + " ") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+dev_t DeviceOf(const std::string& mp) {
+  struct stat st {};
+  return stat(mp.c_str(), &st) == 0 ? st.st_dev : 0;
+}
+
+std::vector<std::string> MakeDataset(const TempDir& dir) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 6; ++i) {
+    std::string n = "img" + std::to_string(i) + ".jpg";
+    WriteFile(dir / ("src/" + n), RandomBytes(20000 + i * 7000, i));
+    names.push_back(n);
+  }
+  WriteFile(dir / "src/big.bin", RandomBytes(64 * 1024 * 4 + 99, 77));
+  names.push_back("big.bin");
+  return names;
+}
+
+std::string FinalVerdict(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("errors")) return "the reader left no status: " + j.dump();
+  if (j["errors"].get<int>() != 0 || j["exit"].get<int>() != 0) return "the reader saw errors: " + j.dump();
+  return "";
+}
+
+class Handover : public ::testing::TestWithParam<std::string> {};
+
+// (a) an upgrade, (b) kill -9 and restart, (c) ten more of those, alternating.
+TEST_P(Handover, AReaderSeesNoErrorAcrossUpgradesAndCrashes) {
+  const std::string mode = GetParam();
+  TempDir dir;
+  auto names = MakeDataset(dir);
+  ClusterOptions o;
+  o.fuse_args = {"--fuse.open", mode};
+  o.keep_cache = mode != "daemon";
+  LocalCluster c(dir, o);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_EQ(c.Cli({"load", "/ds"}).code, 0);  // wholly cached: passthrough opens on cache files
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  dev_t dev = DeviceOf(c.mountpoint());
+  ASSERT_NE(dev, 0u);
+  Reader reader(dir, c.mountpoint() + "/ds", names);
+  ASSERT_TRUE(reader.Progress()) << reader.Finish().dump();
+
+  ASSERT_TRUE(c.UpgradeFuse(&why)) << why;
+  ASSERT_TRUE(reader.Progress()) << "after the upgrade: " << reader.Finish().dump();
+  ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << why;
+  ASSERT_TRUE(reader.Progress()) << "after the crash: " << reader.Finish().dump();
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(i % 2 == 0 ? c.CrashAndRestartFuse(&why) : c.UpgradeFuse(&why)) << "round " << i << ": " << why;
+    ASSERT_TRUE(reader.Progress(2)) << "round " << i << ": " << reader.Finish().dump();
+  }
+  nlohmann::json verdict = reader.Finish();
+  EXPECT_EQ(FinalVerdict(verdict), "");
+  EXPECT_GT(verdict["rounds"].get<uint64_t>(), 10u);
+  EXPECT_EQ(MountsAt(c.mountpoint()), 1) << "a stacked or dead mount was left";
+  EXPECT_EQ(DeviceOf(c.mountpoint()), dev) << "the mount point is not the same mount";
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_mode{mode=\"" + mode + "\",fallback=\"0\"}"), 1) << c.Logs();
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+  EXPECT_EQ(MountsAt(c.mountpoint()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Handover, ::testing::Values("kernel", "passthrough", "daemon"),
+                         [](const auto& info) { return info.param; });
+
+// kill -9 of the worker and its restart 2 s later (what Kubernetes does with a crashed
+// container), three times: reads stall, none fails. Daemon mode, no page cache: every read goes to
+// the worker.
+TEST(WorkerRestart, IsAStallNotAnError) {
+  TempDir dir;
+  auto names = MakeDataset(dir);
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  Reader reader(dir, c.mountpoint() + "/ds", names, /*mmap=*/false);
+  ASSERT_TRUE(reader.Progress()) << reader.Finish().dump();
+  for (int i = 0; i < 3; ++i) {
+    c.KillWorker();
+    // The reader is stalled now; the worker comes back while it waits (fuse.worker_wait).
+    uint64_t at = reader.Rounds();
+    WaitFor([&] { return reader.Rounds() > at + 1; }, std::chrono::seconds(2));
+    ASSERT_TRUE(c.RestartWorker(&why)) << why;
+    ASSERT_TRUE(reader.Progress()) << "restart " << i << ": " << reader.Finish().dump() << c.Logs();
+  }
+  EXPECT_EQ(FinalVerdict(reader.Finish()), "") << c.Logs();
+  EXPECT_GT(c.Metric("fuse", "granary_fuse_worker_waits_total"), 0) << "no read waited: the test did not test";
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+// A large listing in flight across a hand-over completes with no duplicates or gaps.
+TEST(Handover, ListingsInFlightCompleteWhole) {
+  TempDir dir;
+  for (int d = 0; d < 20; ++d) {
+    for (int f = 0; f < 150; ++f) {
+      WriteFile(dir / ("src/d" + std::to_string(d) + "/f" + std::to_string(f)), std::to_string(d * 1000 + f));
+    }
+  }
+  ClusterOptions o;
+  o.fuse_args = {"--fuse.open", "kernel", "--fuse.attr_timeout", "0s", "--fuse.entry_timeout", "0s"};
+  LocalCluster c(dir, o);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  auto list = [&] { return RunCommand({"ls", "-lRn", "--time-style=+", c.mountpoint() + "/ds"}); };
+  RunResult want = list();
+  ASSERT_EQ(want.code, 0) << want.out;
+  ASSERT_GT(std::count(want.out.begin(), want.out.end(), '\n'), 3000);
+  // Listings run back to back in a loop while granary-fuse is handed over and crashes.
+  std::atomic<bool> stop{false};
+  std::atomic<int> runs{0};
+  std::string bad;
+  std::thread lister([&] {
+    while (!stop) {
+      RunResult r = list();
+      if (r.code != 0 || r.out != want.out) {
+        if (bad.empty()) bad = "exit " + std::to_string(r.code) + "\n" + r.out.substr(0, 2000);
+      }
+      runs++;
+    }
+  });
+  for (int i = 0; i < 2; ++i) {
+    int before = runs;
+    bool ok = i % 2 == 0 ? c.UpgradeFuse(&why) : c.CrashAndRestartFuse(&why);
+    EXPECT_TRUE(ok) << why;
+    if (!ok) break;
+    WaitFor([&] { return runs > before; }, std::chrono::seconds(60));
+  }
+  stop = true;
+  lister.join();
+  EXPECT_EQ(bad, "");
+  EXPECT_GE(runs.load(), 2);
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+// A successor with other settings is refused with a clear message; the running one keeps serving.
+TEST(Handover, AnIncompatibleSuccessorIsRefused) {
+  TempDir dir;
+  auto names = MakeDataset(dir);
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  RunResult r = RunCommand({Bin("granary-fuse"), "--master.address", c.master_address(), "--fuse.mountpoint",
+                            c.mountpoint(), "--fuse.handover_socket", dir / "fuse.sock", "--fuse.open", "kernel"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("refused the hand-over"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fuse.open"), std::string::npos) << r.out;
+  std::string got;
+  EXPECT_TRUE(ReadFileChecked(c.mountpoint() + "/ds/" + names[0], &got));
+  EXPECT_EQ(got, ReadFile(dir / ("src/" + names[0])));
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+}  // namespace
+}  // namespace granary::testing
