@@ -2,8 +2,9 @@
 """Deployment checks (issue 9): the Kubernetes manifests render (kubectl kustomize) and pass
 yamllint, and the properties that matter hold in what renders; the worker's volumes are the ones
 generated from the tier config; the Fluid config parser reads Fluid-shaped config.json files; the
-image's runtime packages cover what the binaries load; and the entrypoint script runs the real
-binaries on this machine the way the pods run them (a real FUSE mount).
+image's runtime packages cover what the binaries load; the entrypoint script's roles exec the
+command lines they should (fake binaries), and it runs the real binaries on this machine the way the
+pods run them (a real FUSE mount; the FUSE pod's hand-over, keeper and crash story).
 
 Run by ctest with GRANARY_BIN_DIR (the built binaries) and GRANARY_SOURCE_DIR.
 """
@@ -15,6 +16,8 @@ import subprocess
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 import yaml
 
@@ -145,6 +148,8 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(quantity(c["resources"]["requests"]["memory"]), 1 * 2**30 + mem)
         self.check_probes(c, self.config["worker"]["metrics_listen"])
         self.assertEqual(volumes["run"]["hostPath"]["path"], os.path.dirname(self.config["worker"]["local_socket"]))
+        self.assertEqual(c["securityContext"].get("runAsUser"), 0,
+                         "root without capabilities: its hostPath directories are root-owned (the image's user is not)")
 
     def test_the_checked_in_tier_patch_is_what_the_generator_makes(self):
         r = run([os.path.join(BIN, "granary"), "deploy", "worker-tiers", "--config",
@@ -152,6 +157,18 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         with open(os.path.join(K8S, "overlays", "gpu", "worker-tiers.yaml")) as f:
             self.assertEqual(f.read(), r.stdout, "run scripts/render-deploy.sh after changing the tiers")
+
+    def setting(self, container, key):
+        """The value of a setting for a container: its --KEY VALUE argument, else granary.yaml."""
+        args = container.get("command", []) + container.get("args", [])
+        if "--" + key in args:
+            return args[args.index("--" + key) + 1]
+        node = self.config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
 
     def test_fuse_daemonset(self):
         ds = find(self.docs, "DaemonSet", "granary-fuse")
@@ -169,11 +186,82 @@ class ManifestTest(unittest.TestCase):
         mountpoint = self.config["fuse"]["mountpoint"]
         self.assertEqual(bidi[0]["mountPath"], host_dir, "same path inside and on the host")
         self.assertEqual(os.path.dirname(mountpoint), host_dir, "the mount point is inside the propagated directory")
-        self.assertIn("fuse-stop", " ".join(c["lifecycle"]["preStop"]["exec"]["command"]))
         self.check_probes(c, self.config["fuse"]["metrics_listen"])
         self.assertEqual(volumes["run"]["hostPath"]["path"], os.path.dirname(self.config["worker"]["local_socket"]),
                          "the FUSE pod sees the worker's local socket")
         self.__class__.fuse_host_dir = host_dir
+
+    def test_fuse_updates_hand_the_mount_over(self):
+        """A new FUSE pod starts beside the old one and takes the live connection over through the
+        hand-over socket in the hostPath /run/granary; the old one idles until deleted, and nothing
+        unmounts on the way (docs/deploy.md, "Upgrades")."""
+        ds = find(self.docs, "DaemonSet", "granary-fuse")
+        self.assertEqual(ds["spec"]["updateStrategy"]["type"], "RollingUpdate")
+        self.assertEqual(ds["spec"]["updateStrategy"]["rollingUpdate"], {"maxSurge": 1, "maxUnavailable": 0})
+        spec = ds["spec"]["template"]["spec"]
+        c = next(c for c in spec["containers"] if c["name"] == "fuse")
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        run_dir = next(m["mountPath"] for m in c["volumeMounts"]
+                       if volumes[m["name"]].get("hostPath", {}).get("path") == "/run/granary")
+        self.assertEqual(run_dir, "/run/granary")
+        handover = self.setting(c, "fuse.handover_socket")
+        if handover:  # else derived: /run/granary/fuse-<hash>.sock for root
+            self.assertEqual(os.path.dirname(handover), run_dir, "the hand-over socket is in the shared hostPath")
+        self.assertEqual(c["securityContext"].get("runAsUser"), 0,
+                         "root: the image's user could not make the hand-over socket in the root-owned /run/granary")
+        self.assertIn(self.setting(c, "fuse.exit_after_handover"), (False, "false"),
+                      "a handed-over granary-fuse idles until SIGTERM (an exit would be restarted by the kubelet)")
+        # Two granary-fuse on a node at once, each with its metrics port: not on the host network.
+        self.assertFalse(spec.get("hostNetwork", False), "the surge pod would contend for the old one's port")
+        self.assertFalse([p for p in c["ports"] if "hostPort" in p])
+        env = {e["name"]: e for e in c.get("env", [])}
+        self.assertEqual(env["GRANARY_WORKER_HOST"]["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP",
+                         "off the host network, granary-fuse dials the node's worker at the node's IP")
+        # No preStop unmounts: it would pull the mount from under running pods at every update.
+        for cont in spec["containers"] + spec.get("initContainers", []):
+            pre = json.dumps(cont.get("lifecycle", {}).get("preStop", {}))
+            self.assertNotIn("fuse-stop", pre, cont["name"])
+            self.assertNotIn("umount", pre, cont["name"])
+        self.assertEqual(c["readinessProbe"]["httpGet"]["path"], "/readyz")
+        self.assertIn("startupProbe", c)
+        live = c["livenessProbe"]
+        self.assertGreaterEqual(live.get("periodSeconds", 10) * live.get("failureThreshold", 3), 60,
+                                "a liveness kill is a SIGTERM, on which a serving granary-fuse unmounts")
+        self.assertGreaterEqual(spec.get("terminationGracePeriodSeconds", 30), 30)
+
+    def test_fuse_keeper_sidecar(self):
+        """The keeper is a native sidecar holding the /dev/fuse descriptor across a crash of the fuse
+        container, listening where fuse.keeper points, in an emptyDir the two containers share."""
+        spec = find(self.docs, "DaemonSet", "granary-fuse")["spec"]["template"]["spec"]
+        keepers = [k for k in spec.get("initContainers", []) if k["name"] == "fuse-keeper"]
+        self.assertEqual(len(keepers), 1)
+        k = keepers[0]
+        c = next(c for c in spec["containers"] if c["name"] == "fuse")
+        self.assertEqual(k.get("restartPolicy"), "Always", "a native sidecar (Kubernetes >= 1.29)")
+        self.assertEqual(k["image"], c["image"])
+        self.assertEqual(k["command"][-1], "fuse-keeper")
+        self.assertTrue(k["command"][0].endswith("granary-entrypoint"))
+        # Unprivileged, no /dev/fuse, small.
+        self.assertFalse(k.get("securityContext", {}).get("privileged", False))
+        self.assertTrue(k["securityContext"]["runAsNonRoot"])
+        self.assertFalse(k["securityContext"]["allowPrivilegeEscalation"])
+        self.assertFalse([m for m in k["volumeMounts"] if m["mountPath"] == "/dev/fuse"])
+        self.assertLessEqual(quantity(k["resources"]["limits"]["memory"]), 256 * 2**20)
+        # The socket: GRANARY_KEEPER_SOCKET, else the entrypoint's default; = the fuse container's fuse.keeper.
+        env = {e["name"]: e.get("value") for e in k.get("env", [])}
+        default = re.search(r"GRANARY_KEEPER_SOCKET:-([^}]+)\}", read(ENTRYPOINT)).group(1)
+        sock = env.get("GRANARY_KEEPER_SOCKET", default)
+        self.assertEqual(self.setting(c, "fuse.keeper"), sock, "granary-fuse deposits where the keeper listens")
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        shared = [m for m in k["volumeMounts"] if m["mountPath"] == os.path.dirname(sock)]
+        self.assertEqual(len(shared), 1, "the socket's directory is a volume")
+        self.assertIn("emptyDir", volumes[shared[0]["name"]],
+                      "the pod's own: it outlives a crash of the fuse container")
+        self.assertIn({"name": shared[0]["name"], "mountPath": os.path.dirname(sock)},
+                      [{"name": m["name"], "mountPath": m["mountPath"]} for m in c["volumeMounts"]],
+                      "the fuse container sees the keeper's socket at the same path")
+        for probe in ("startupProbe", "readinessProbe"):
+            self.assertEqual(k[probe]["exec"]["command"], ["test", "-S", sock], probe)
 
     def test_training_job_sees_the_mount_through_host_to_container(self):
         with open(os.path.join(K8S, "examples", "training-job.yaml")) as f:
@@ -314,9 +402,84 @@ class ImageTest(unittest.TestCase):
         self.assertRegex(text, r"FROM debian:12 AS build")
 
 
+class EntrypointCommandLineTest(unittest.TestCase):
+    """The command line each role of the entrypoint execs, with fake binaries in GRANARY_BIN that
+    record how they were called (no build needed)."""
+
+    FAKE = """#!/usr/bin/python3
+import json, os, sys
+name, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+if name == "granary" and "config" in args:
+    print({"worker.listen": "0.0.0.0:29999", "fuse.mountpoint": "/nowhere"}[args[args.index("--get") + 1]])
+    sys.exit(0)
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps([name] + args) + "\\n")
+"""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="granary-entry-cli-")
+        self.bin = os.path.join(self.dir, "bin")
+        os.makedirs(self.bin)
+        for name in ("granary", "granary-master", "granary-worker", "granary-fuse"):
+            path = os.path.join(self.bin, name)
+            with open(path, "w") as f:
+                f.write(self.FAKE)
+            os.chmod(path, 0o755)
+        self.config = os.path.join(self.dir, "granary.yaml")
+        with open(self.config, "w") as f:
+            f.write("{}\n")
+        self.log = os.path.join(self.dir, "calls")
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GRANARY_")}
+        self.env.update(GRANARY_BIN=self.bin, GRANARY_CONFIG=self.config, FAKE_LOG=self.log)
+
+    def tearDown(self):
+        subprocess.run(["rm", "-rf", self.dir], check=False)
+
+    def call(self, *args, **env):
+        if os.path.exists(self.log):
+            os.remove(self.log)
+        r = run([ENTRYPOINT, *args], env={**self.env, **env})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.log) as f:
+            return [json.loads(line) for line in f][-1]
+
+    def test_daemon_roles(self):
+        cfg = ["--config", self.config]
+        self.assertEqual(self.call("master", "--x", "1"), ["granary-master", *cfg, "--x", "1"])
+        self.assertEqual(self.call("worker"), ["granary-worker", *cfg])
+        self.assertEqual(self.call("worker", GRANARY_ADVERTISE_HOST="10.1.2.3"),
+                         ["granary-worker", *cfg, "--worker.advertise", "10.1.2.3:29999"])
+        self.assertEqual(self.call("fuse", "--x", "1"), ["granary-fuse", *cfg, "--x", "1"])
+        self.assertEqual(self.call("fuse", "--x", "1", GRANARY_WORKER_HOST="10.1.2.3"),
+                         ["granary-fuse", *cfg, "--fuse.worker", "10.1.2.3:29999", "--x", "1"],
+                         "the node's worker at the node's IP and worker.listen's port")
+        self.assertEqual(self.call("fluid-fuse", "--fluid-config", "f.json"),
+                         ["granary", *cfg, "fluid-fuse", "--fluid-config", "f.json"])
+
+    def test_fuse_keeper(self):
+        sock = os.path.join(self.dir, "keeper", "run", "keeper.sock")
+        self.assertEqual(self.call("fuse-keeper", GRANARY_KEEPER_SOCKET=sock), ["granary-fuse", "--keeper", sock],
+                         "no config: the keeper needs none")
+        self.assertEqual(os.stat(os.path.dirname(sock)).st_mode & 0o777, 0o700, "a private directory")
+        self.assertEqual(self.call("fuse-keeper", GRANARY_KEEPER_SOCKET=sock), ["granary-fuse", "--keeper", sock],
+                         "the directory may be there already (an emptyDir)")
+        # The default, without running it (it would make /run/granary-keeper on this machine).
+        self.assertIn('${GRANARY_KEEPER_SOCKET:-/run/granary-keeper/keeper.sock}', read(ENTRYPOINT))
+
+    def test_usage_prints_the_whole_comment_block(self):
+        r = run([ENTRYPOINT], env=self.env)
+        self.assertEqual(r.returncode, 2)
+        lines = read(ENTRYPOINT).splitlines()
+        block = lines[1:next(i for i, line in enumerate(lines) if i and not line.startswith("#"))]
+        self.assertEqual(r.stderr.splitlines(), block)
+        for role in ("master", "worker", "fuse", "fuse-keeper", "fuse-stop", "fluid-fuse"):
+            self.assertRegex(r.stderr, rf"granary-entrypoint [\w|-]*\b{role}\b", role)
+
+
 class EntrypointTest(unittest.TestCase):
-    """The image's entrypoint, run here as the pods run it: master, worker and FUSE from one config
-    file, a real mount, the preStop unmount, and Fluid's FUSE role from a Fluid config.json."""
+    """The image's entrypoint, run here as the pods run it: master, worker, FUSE and its keeper from
+    one config file, a real mount, the unmount by hand, and Fluid's FUSE role from a Fluid
+    config.json."""
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="granary-entry-")
@@ -358,9 +521,10 @@ fuse:
                 subprocess.run(["umount", "-l", m], check=False)
         subprocess.run(["rm", "-rf", self.dir], check=False)
 
-    def start(self, *args, name):
+    def start(self, *args, name, env=None):
         with open(os.path.join(self.dir, name + ".log"), "w") as log:
-            p = subprocess.Popen([ENTRYPOINT, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            p = subprocess.Popen([ENTRYPOINT, *args], env={**self.env, **(env or {})}, stdout=log,
+                                 stderr=subprocess.STDOUT)
         self.procs.append(p)
         return p
 
@@ -394,7 +558,7 @@ fuse:
             r = run(["python3", "-c", f"import urllib.request;print(urllib.request.urlopen('http://{addr}/readyz').status)"])
             self.assertEqual(r.stdout.strip(), "200", name + r.stderr)
 
-        # preStop: the mount goes, and granary-fuse ends by itself.
+        # fuse-stop (by hand): the mount goes, and granary-fuse ends by itself.
         stop = run([ENTRYPOINT, "fuse-stop"], env=self.env)
         self.assertEqual(stop.returncode, 0, stop.stderr)
         wait_for(lambda: not mounted(mountpoint), what="the unmount")
@@ -424,10 +588,11 @@ fuse:
             self.assertEqual(p.wait(timeout=30), 0)
 
     def test_a_replaced_fuse_pod_reaches_running_training_pods(self):
-        """The Upgrades story, with the kernel's real propagation: the FUSE pod's directory is a
-        shared mount (Bidirectional), a training pod's view of it is a slave bind (HostToContainer).
-        A FUSE process killed with -9 leaves a dead mount; the next one clears it and mounts again,
-        and the training pod's view shows the new mount without being restarted."""
+        """A mount made afresh reaches running pods, with the kernel's real propagation: the FUSE
+        pod's directory is a shared mount (Bidirectional), a training pod's view of it is a slave
+        bind (HostToContainer). A FUSE process with no keeper killed with -9 leaves a dead mount; the
+        next one clears it and mounts again, and the training pod's view shows the new mount
+        without being restarted."""
         d = self.dir
         m = self.start("master", "--ready-file", f"{d}/master.addr", name="master")
         self.master = self.ready(f"{d}/master.addr", m)
@@ -443,7 +608,9 @@ fuse:
                     ["mount", "--bind", host_dir, pod_view], ["mount", "--make-rslave", pod_view]):
             r = run(cmd)
             self.assertEqual(r.returncode, 0, r.stderr)
-        args = ["--master.address", self.master, "--fuse.worker", worker, "--ready-file", f"{d}/fuse.addr"]
+        # No keeper: the crash below is one that nothing survives (the keeper's test is further down).
+        args = ["--master.address", self.master, "--fuse.worker", worker, "--ready-file", f"{d}/fuse.addr",
+                "--fuse.keeper", "off", "--fuse.handover_socket", f"{d}/handover.sock"]
         f1 = self.start("fuse", *args, name="fuse1")
         self.ready(f"{d}/fuse.addr", f1)
         with open(f"{pod_view}/granary/ds/x.bin", "rb") as fh:
@@ -463,6 +630,139 @@ fuse:
         self.assertEqual(r.returncode, 0, r.stderr)
         wait_for(lambda: f2.poll() is not None, what="granary-fuse to exit")
         self.assertFalse(os.path.exists(f"{pod_view}/granary/ds"), "no dead mount is left in the pod's view")
+        for p in (w, m):
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=30), 0)
+
+
+    def reader(self, path, name):
+        """A process that reads `path` over and over until told to stop; says how many reads failed."""
+        stop = os.path.join(self.dir, name + ".stop")
+        code = ("import os, sys, time\n"
+                "path, stop, want = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+                "n = bad = 0\n"
+                "while not os.path.exists(stop):\n"
+                "    try:\n"
+                "        with open(path, 'rb') as f:\n"
+                "            bad += len(f.read()) != want\n"
+                "    except OSError as e:\n"
+                "        bad += 1\n"
+                "        print(e, file=sys.stderr, flush=True)\n"
+                "    n += 1\n"
+                "    time.sleep(0.005)\n"
+                "print(n, bad)\n")
+        p = subprocess.Popen(["python3", "-c", code, path, stop, str(len(self.payload))], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        self.procs.append(p)
+
+        def finish():
+            with open(stop, "w"):
+                pass
+            out, err = p.communicate(timeout=120)
+            n, bad = map(int, out.split())
+            return n, bad, err
+        return finish
+
+    def cat(self, path):
+        r = subprocess.run(["cat", path], capture_output=True, timeout=60)  # a hung mount fails, not hangs
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    def probe(self, ready_file, path="/readyz"):
+        addr = read(ready_file + ".metrics").strip()
+        try:
+            with urllib.request.urlopen(f"http://{addr}{path}", timeout=10) as resp:
+                return resp.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def test_the_keeper_sidecar_and_the_hand_over(self):
+        """The FUSE pod's story in docs/deploy.md, "Upgrades", with the real binaries: the keeper
+        run by the entrypoint as the sidecar runs it; an update (a second granary-fuse takes the
+        mount over, the first idles not ready and exits on SIGTERM without unmounting); a crash
+        (kill -9: the keeper holds the connection, the next granary-fuse takes it over); a keeper
+        restart; and the stop for good (SIGTERM to the one serving unmounts). The training pod's
+        view reads on throughout."""
+        d = self.dir
+        m = self.start("master", "--ready-file", f"{d}/master.addr", name="master")
+        self.master = self.ready(f"{d}/master.addr", m)
+        w = self.start("worker", "--master.address", self.master, "--ready-file", f"{d}/worker.addr", name="worker")
+        worker = self.ready(f"{d}/worker.addr", w)
+        self.assertEqual(self.cli("mount", "/ds", f"file://{d}/data/ds").returncode, 0)
+        host_dir, pod_view = f"{d}/fuse", f"{d}/pod-data"
+        mountpoint = f"{host_dir}/granary"
+        os.makedirs(mountpoint)
+        os.makedirs(pod_view)
+        self.mounts += [mountpoint, f"{pod_view}/granary", pod_view, host_dir]
+        for cmd in (["mount", "--bind", host_dir, host_dir], ["mount", "--make-shared", host_dir],
+                    ["mount", "--bind", host_dir, pod_view], ["mount", "--make-rslave", pod_view]):
+            r = run(cmd)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        sock = f"{d}/keeper/keeper.sock"
+        keeper_env = {"GRANARY_KEEPER_SOCKET": sock}
+        k = self.start("fuse-keeper", name="keeper", env=keeper_env)
+        wait_for(lambda: os.path.exists(sock) or k.poll() is not None, what="the keeper's socket")
+        self.assertIsNone(k.poll(), read(f"{d}/keeper.log"))
+
+        def fuse(n):
+            return self.start("fuse", "--master.address", self.master, "--fuse.worker", worker,
+                              "--fuse.keeper", sock, "--fuse.exit_after_handover", "false",
+                              "--fuse.handover_socket", f"{d}/handover.sock", "--ready-file", f"{d}/fuse{n}.addr",
+                              name=f"fuse{n}")
+
+        f1 = fuse(1)
+        self.ready(f"{d}/fuse1.addr", f1)
+        data = f"{pod_view}/granary/ds/x.bin"
+        self.assertEqual(self.cat(data), self.payload)
+        self.assertEqual(self.probe(f"{d}/fuse1.addr"), 200)
+
+        # The update: the new pod's granary-fuse takes over while a reader reads on.
+        done = self.reader(data, "update")
+        f2 = fuse(2)
+        self.ready(f"{d}/fuse2.addr", f2)
+        self.assertEqual(self.probe(f"{d}/fuse2.addr"), 200)
+        wait_for(lambda: self.probe(f"{d}/fuse1.addr") == 503, what="the old granary-fuse to report not ready")
+        self.assertIsNone(f1.poll(), "exit_after_handover false: the old one idles")
+        self.assertEqual(self.probe(f"{d}/fuse1.addr", "/healthz"), 200, "idle, not dead: no liveness restart")
+        f1.send_signal(signal.SIGTERM)  # Kubernetes deletes the old pod
+        self.assertEqual(f1.wait(timeout=30), 0, read(f"{d}/fuse1.log"))
+        self.assertTrue(mounted(mountpoint), "a handed-over granary-fuse does not unmount")
+        time.sleep(0.5)
+        n, bad, err = done()
+        self.assertGreater(n, 0)
+        self.assertEqual(bad, 0, "readers see no error across the hand-over: " + err)
+
+        # A crash of the fuse container: the keeper keeps the connection, the restarted one takes it.
+        done = self.reader(data, "crash")
+        time.sleep(0.3)
+        f2.kill()
+        f2.wait(timeout=30)
+        f3 = fuse(3)
+        self.ready(f"{d}/fuse3.addr", f3)
+        self.assertEqual(self.cat(data), self.payload)
+        time.sleep(0.5)
+        n, bad, err = done()
+        if tuple(map(int, re.findall(r"\d+", os.uname().release)[:2])) >= (6, 9):
+            self.assertEqual(bad, 0, "the kernel re-sends what the dead process had read: " + err)
+        else:
+            self.assertNotIn("not connected", err, "at most EIO for requests the dead process had read")
+
+        # A crash of the keeper: nothing to see; the restarted keeper gets the connection again.
+        k.kill()
+        k.wait(timeout=30)
+        os.remove(sock)
+        k = self.start("fuse-keeper", name="keeper2", env=keeper_env)
+        wait_for(lambda: os.path.exists(sock) or k.poll() is not None, what="the restarted keeper's socket")
+        self.assertEqual(self.cat(data), self.payload)
+        self.assertEqual(self.probe(f"{d}/fuse3.addr"), 200)
+
+        # Stop for good: SIGTERM to the granary-fuse that serves unmounts.
+        f3.send_signal(signal.SIGTERM)
+        self.assertEqual(f3.wait(timeout=30), 0, read(f"{d}/fuse3.log"))
+        self.assertFalse(mounted(mountpoint))
+        self.assertFalse(os.path.exists(f"{pod_view}/granary/ds"), "no dead mount is left in the pod's view")
+        k.send_signal(signal.SIGTERM)
+        k.wait(timeout=30)
         for p in (w, m):
             p.send_signal(signal.SIGTERM)
             self.assertEqual(p.wait(timeout=30), 0)
