@@ -30,6 +30,29 @@ SessionIo* Of(int fd) { return fd >= 0 && fd < kMaxFd ? g_by_fd[fd].load(std::me
 
 }  // namespace
 
+// The request this thread read and has not yet come back for. libfuse's loop ends a worker
+// thread once it has answered and more than the idle limit are waiting, so a thread may never
+// read again: its request counts as answered when it reads again or when it exits.
+struct SessionIo::Holding {
+  SessionIo* io = nullptr;
+  void Take(SessionIo* s) {
+    io = s;
+    s->busy_.fetch_add(1);
+  }
+  void Return() {
+    SessionIo* s = io;
+    if (s == nullptr) return;
+    io = nullptr;
+    s->busy_.fetch_sub(1);
+    if (s->stopping_) {
+      { std::lock_guard<std::mutex> lock(s->mu_); }
+      s->cv_.notify_all();
+    }
+  }
+  ~Holding() { Return(); }
+};
+thread_local SessionIo::Holding SessionIo::t_holding;
+
 StatusOr<std::unique_ptr<SessionIo>> SessionIo::Install(fuse_session* se, int fd, bool want_passthrough,
                                                         std::string replay_init) {
   if (fd < 0 || fd >= kMaxFd) return InternalError("the FUSE session has no usable descriptor");
@@ -98,12 +121,7 @@ ssize_t SessionIo::DoRead(void* buf, size_t len) {
     cv_.notify_all();
   };
   // A request this thread read before has been answered: it is back.
-  thread_local bool t_holding = false;
-  if (t_holding) {
-    t_holding = false;
-    busy_.fetch_sub(1);
-    if (stopping_) poke();
-  }
+  t_holding.Return();
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!replay_.empty()) {  // a handed-over connection: its INIT first
@@ -111,8 +129,7 @@ ssize_t SessionIo::DoRead(void* buf, size_t len) {
       std::memcpy(buf, replay_.data(), n);
       replay_.clear();
       lock.unlock();
-      t_holding = true;
-      busy_.fetch_add(1);
+      t_holding.Take(this);
       return static_cast<ssize_t>(n);
     }
     // Nothing reaches libfuse before it has processed the replayed INIT.
@@ -130,10 +147,7 @@ ssize_t SessionIo::DoRead(void* buf, size_t len) {
     }
     ssize_t n = read(fd_, buf, len);
     int err = errno;
-    if (n > 0) {
-      t_holding = true;
-      busy_.fetch_add(1);
-    }
+    if (n > 0) t_holding.Take(this);
     in_read_.fetch_sub(1);
     if (n >= 0) return n;
     if (err == EAGAIN || err == EINTR) {

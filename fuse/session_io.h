@@ -12,8 +12,9 @@
 //     so nothing reaches libfuse before it has processed INIT;
 //   - stop reading without losing a request (Drain): the descriptor is non-blocking and the read
 //     hook polls it beside an eventfd. Drain sets `stopping`, wakes the pollers, and waits until no
-//     thread is inside read(2) and every request read has come back to the hook (its reply is
-//     written: every operation answers before it returns). Then it ends libfuse's loop, whose
+//     thread is inside read(2) and every request read has come back to the hook or its thread
+//     has ended (its reply is written: every operation answers before it returns; libfuse ends
+//     surplus idle threads after they answer, and a thread's exit returns its request). Then it ends libfuse's loop, whose
 //     threads are parked in the hook and never read again. libfuse's own fuse_session_exit would
 //     drop a request a thread had just read;
 //   - ask the kernel to re-send requests a dead predecessor had read and not answered
@@ -93,6 +94,8 @@ class SessionIo {
  private:
   SessionIo(int fd, bool want) : fd_(fd), want_(want) {}
   ssize_t DoRead(void* buf, size_t len);
+  struct Holding;
+  static thread_local Holding t_holding;
   void NoteInit(const void* buf, size_t n);
 
   const int fd_;
