@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "common/fs.h"
@@ -258,8 +260,21 @@ StatusOr<std::optional<HandoverReceived>> WithdrawFromKeeper(const std::string& 
 
 // ---- KeeperLink -------------------------------------------------------------------------------
 
-KeeperLink::KeeperLink(std::string path, bool spawn, int fd, std::function<rpc::FuseConnectionState()> snapshot)
-    : path_(std::move(path)), spawn_(spawn), fd_(fd), snapshot_(std::move(snapshot)) {
+KeeperLink::KeeperLink(std::string path, bool spawn, int fd, std::function<rpc::FuseConnectionState()> snapshot,
+                       std::function<void(int)> close_backing, bool deposit_now)
+    : path_(std::move(path)),
+      spawn_(spawn),
+      fd_(fd),
+      snapshot_(std::move(snapshot)),
+      close_backing_(std::move(close_backing)) {
+  if (deposit_now) {
+    rpc::FuseConnectionState snap = snapshot_();
+    if (!snap.init_request().empty()) {
+      int s = Connect(snap);
+      std::lock_guard<std::mutex> lock(mu_);
+      sock_ = s;
+    }
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -272,10 +287,25 @@ void KeeperLink::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
   if (sock_ >= 0) close(sock_);
   sock_ = -1;
-  std::lock_guard<std::mutex> lock(mu_);
-  deposited_ = false;
+}
+
+void KeeperLink::DisconnectLocked() {
+  if (sock_ >= 0) close(sock_);
+  sock_ = -1;
+  cv_.notify_all();  // the link's thread deposits again
+}
+
+void KeeperLink::SendLocked(rpc::HandoverMessage m) {
+  if (sock_ >= 0) {
+    if (SendHandover(sock_, m).ok()) return;
+    DisconnectLocked();
+  }
+  // A change after the snapshot now being taken (or the next one) is replayed after its deposit;
+  // the list is cleared when a snapshot begins, so it holds at most the changes of one attempt.
+  if (pending_.size() < 1'000'000) pending_.push_back(std::move(m));
 }
 
 void KeeperLink::PutBacking(const rpc::FuseBacking& b) {
@@ -283,36 +313,41 @@ void KeeperLink::PutBacking(const rpc::FuseBacking& b) {
   m.set_kind(rpc::HandoverMessage::BACKING_PUT);
   *m.mutable_backing() = b;
   std::lock_guard<std::mutex> lock(mu_);
-  if (queue_.size() < 100000) queue_.push_back(std::move(m));
-  cv_.notify_all();
+  if (stop_) return;
+  SendLocked(std::move(m));
 }
 
-void KeeperLink::DropBacking(uint64_t kino) {
+bool KeeperLink::DropBacking(uint64_t kino, int backing_id) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::BACKING_DROP);
   m.mutable_backing()->set_kino(kino);
+  m.mutable_backing()->set_backing_id(backing_id);
   std::lock_guard<std::mutex> lock(mu_);
-  if (queue_.size() < 100000) queue_.push_back(std::move(m));
-  cv_.notify_all();
+  if (stop_) return false;  // handed over: the id is the successor's to close
+  SendLocked(std::move(m));
+  if (sock_ >= 0) return true;
+  to_close_.push_back(backing_id);
+  return false;
 }
 
 void KeeperLink::Release(const std::string& mountpoint) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::RELEASE);
   m.set_mountpoint(mountpoint);
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!deposited_) return;
-  queue_.push_back(std::move(m));
-  cv_.notify_all();
-  cv_.wait_for(lock, std::chrono::seconds(2), [&] { return queue_.empty() || !deposited_; });
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sock_ < 0) return;
+  (void)SendHandover(sock_, m);
+  pending_.clear();
+  DisconnectLocked();
+  stop_ = true;  // nothing more to deposit
 }
 
 bool KeeperLink::deposited() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return deposited_;
+  return sock_ >= 0;
 }
 
-bool KeeperLink::Connect(const rpc::FuseConnectionState& snap) {
+int KeeperLink::Connect(const rpc::FuseConnectionState& snap) {
   auto s = ConnectLocal(path_);
   auto now = std::chrono::steady_clock::now();
   if (!s.ok() && spawn_ && (last_spawn_ == std::chrono::steady_clock::time_point{} ||
@@ -322,76 +357,65 @@ bool KeeperLink::Connect(const rpc::FuseConnectionState& snap) {
     if (!sp.ok()) spdlog::warn("cannot start the FUSE keeper at {}: {}", path_, sp.message());
     s = ConnectLocal(path_);
   }
-  if (!s.ok()) return false;
+  if (!s.ok()) return -1;
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::DEPOSIT);
   *m.mutable_state() = snap;
   if (!SendHandover(*s, m, fd_).ok()) {
     close(*s);
-    return false;
+    return -1;
   }
-  sock_ = *s;
-  return true;
+  return *s;
 }
 
 void KeeperLink::Loop() {
   bool warned = false;
   for (;;) {
-    if (sock_ < 0) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_) return;
+      if (sock_ >= 0) {
+        // Connected: wakes every second to notice a keeper that went away (the keeper never
+        // writes to us: readable means closed).
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || sock_ < 0; });
         if (stop_) return;
-        queue_.clear();  // a fresh deposit carries everything
-      }
-      rpc::FuseConnectionState snap = snapshot_();  // no lock of ours held: it takes the mount's
-      if (snap.init_request().empty()) {            // the kernel's INIT not read yet
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return stop_; });
+        if (sock_ >= 0) {
+          pollfd p{sock_, POLLIN, 0};
+          if (poll(&p, 1, 0) > 0) DisconnectLocked();
+        }
         continue;
       }
-      bool ok = Connect(snap);
+      pending_.clear();  // the snapshot below carries every change made before it
+    }
+    rpc::FuseConnectionState snap = snapshot_();  // takes the mount's locks: none of ours held
+    if (snap.init_request().empty()) {            // the kernel's INIT not read yet
       std::unique_lock<std::mutex> lock(mu_);
-      deposited_ = ok;
-      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return stop_; });
+      continue;
+    }
+    int s = Connect(snap);
+    std::vector<int> closable;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      bool ok = s >= 0;
+      // The changes made since the snapshot, in order, before anyone else writes.
+      while (ok && !pending_.empty()) {
+        ok = SendHandover(s, pending_.front()).ok();
+        pending_.pop_front();
+      }
       if (!ok) {
+        if (s >= 0) close(s);
         if (!warned) spdlog::warn("no FUSE keeper on {}: a crash of granary-fuse would end the mount; retrying", path_);
         warned = true;
         cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
         continue;
       }
+      sock_ = s;
+      closable.swap(to_close_);
       if (warned) spdlog::info("the FUSE keeper on {} holds the connection again", path_);
       warned = false;
     }
-    rpc::HandoverMessage m;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // Wakes every second to notice a keeper that went away (its socket reads EOF).
-      cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || !queue_.empty(); });
-      if (stop_ && queue_.empty()) return;
-      if (queue_.empty()) {
-        lock.unlock();
-        pollfd p{sock_, POLLIN, 0};
-        if (poll(&p, 1, 0) > 0) {  // the keeper never writes to us: readable means closed
-          close(sock_);
-          sock_ = -1;
-          std::lock_guard<std::mutex> l2(mu_);
-          deposited_ = false;
-        }
-        continue;
-      }
-      m = queue_.front();
-    }
-    bool sent = SendHandover(sock_, m).ok();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!sent) {
-      close(sock_);
-      sock_ = -1;
-      deposited_ = false;
-      continue;
-    }
-    if (!queue_.empty()) queue_.pop_front();
-    if (m.kind() == rpc::HandoverMessage::RELEASE) deposited_ = false;
-    cv_.notify_all();
+    for (int id : closable) close_backing_(id);
   }
 }
 
@@ -491,7 +515,42 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
     held.erase(it);
     std::fprintf(stderr, "granary-fuse keeper: let go of the connection of %s (%s)\n", mp.c_str(), why);
   };
+  auto apply_backing = [&](int c, const rpc::HandoverMessage& m) {
+    auto cm = client_mount.find(c);
+    auto it = cm == client_mount.end() ? held.end() : held.find(cm->second);
+    if (it == held.end()) return;
+    auto* bs = it->second.state.mutable_backings();
+    for (int k = 0; k < bs->size(); ++k) {
+      if (bs->Get(k).kino() == m.backing().kino()) {
+        bs->SwapElements(k, bs->size() - 1);
+        bs->RemoveLast();
+        break;
+      }
+    }
+    if (m.kind() == rpc::HandoverMessage::BACKING_PUT) *bs->Add() = m.backing();
+  };
+  std::set<int> gone;  // client sockets closed this round
+  // Before a successor gets a connection: every change its depositor wrote before dying, read.
+  auto drain_depositors = [&](const std::string& mp) {
+    for (auto& [d, dmp] : client_mount) {
+      if (dmp != mp || gone.count(d)) continue;
+      for (;;) {
+        pollfd p{d, POLLIN, 0};
+        if (poll(&p, 1, 0) <= 0) break;
+        auto r = ReceiveHandover(d, std::chrono::milliseconds(500));
+        if (!r.ok()) {
+          gone.insert(d);
+          break;
+        }
+        if (r->fd >= 0) close(r->fd);
+        if (r->msg.kind() == rpc::HandoverMessage::BACKING_PUT || r->msg.kind() == rpc::HandoverMessage::BACKING_DROP) {
+          apply_backing(d, r->msg);
+        }
+      }
+    }
+  };
   while (!g_keeper_stop) {
+    gone.clear();
     std::vector<pollfd> fds;
     fds.push_back({*listener, POLLIN, 0});
     for (int c : clients) fds.push_back({c, POLLIN, 0});
@@ -515,6 +574,7 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
     std::vector<int> still;
     for (size_t i = 0; i < clients.size(); ++i) {
       int c = clients[i];
+      if (gone.count(c)) continue;
       if (!(fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) {
         still.push_back(c);
         continue;
@@ -542,26 +602,14 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
           break;
         }
         case rpc::HandoverMessage::BACKING_PUT:
-        case rpc::HandoverMessage::BACKING_DROP: {
-          auto cm = client_mount.find(c);
-          auto it = cm == client_mount.end() ? held.end() : held.find(cm->second);
-          if (it != held.end()) {
-            auto* bs = it->second.state.mutable_backings();
-            for (int k = 0; k < bs->size(); ++k) {
-              if (bs->Get(k).kino() == m.backing().kino()) {
-                bs->SwapElements(k, bs->size() - 1);
-                bs->RemoveLast();
-                break;
-              }
-            }
-            if (m.kind() == rpc::HandoverMessage::BACKING_PUT) *bs->Add() = m.backing();
-          }
+        case rpc::HandoverMessage::BACKING_DROP:
+          apply_backing(c, m);
           break;
-        }
         case rpc::HandoverMessage::RELEASE:
           drop(m.mountpoint(), "released");
           break;
         case rpc::HandoverMessage::WITHDRAW: {
+          drain_depositors(m.mountpoint());
           rpc::HandoverMessage out;
           auto it = held.find(m.mountpoint());
           if (it == held.end()) {
@@ -582,6 +630,11 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
       }
       if (r->fd >= 0) close(r->fd);
     }
+    for (int d : gone) {
+      close(d);
+      client_mount.erase(d);
+    }
+    still.erase(std::remove_if(still.begin(), still.end(), [&](int c) { return gone.count(c) > 0; }), still.end());
     clients.swap(still);
     if (fds[0].revents & POLLIN) {
       int c = accept4(*listener, nullptr, nullptr, SOCK_CLOEXEC);

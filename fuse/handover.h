@@ -43,6 +43,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "common/config.h"
@@ -91,12 +92,24 @@ StatusOr<std::optional<HandoverReceived>> WithdrawFromKeeper(const std::string& 
                                                              const std::string& mountpoint);
 
 // granary-fuse's link to its keeper: deposits the connection, tells it about backing ids, and
-// deposits again whenever the keeper comes back (a restarted sidecar). Never blocks the caller:
-// messages go from a thread of its own. With `spawn`, starts the keeper process when none answers.
+// deposits again whenever the keeper comes back (a restarted sidecar). With `spawn`, starts the
+// keeper process when none answers.
+//
+// What the keeper holds must never name a backing id the kernel no longer has: a successor after a
+// crash would answer opens with it, and the kernel fails such an open with EIO, every time. So a
+// change reaches the keeper's socket before the kernel sees it: PutBacking before the open reply
+// that uses the id, DropBacking before the id is closed. Both write to the socket from the
+// caller's thread (one small message; the keeper reads at once). While no keeper is connected they
+// are kept and replayed after the next deposit, and ids to close wait until then (`close_backing`
+// closes them from the link's thread).
 class KeeperLink {
  public:
-  // `snapshot` gives the state to deposit (called from the link's thread); `fd` is the connection.
-  KeeperLink(std::string path, bool spawn, int fd, std::function<rpc::FuseConnectionState()> snapshot);
+  // `snapshot` gives the state to deposit (called with no lock of the link's held); `fd` is the
+  // connection. With `deposit_now`, the first deposit is made before the constructor returns (a
+  // connection taken over: the keeper must hold this process's state before it serves, or a crash
+  // right after would hand a successor the predecessor's); else from the link's thread.
+  KeeperLink(std::string path, bool spawn, int fd, std::function<rpc::FuseConnectionState()> snapshot,
+             std::function<void(int)> close_backing, bool deposit_now = false);
   ~KeeperLink();  // Stop()
   // Stops talking to the keeper; the keeper keeps what it holds (the successor's deposit
   // replaces it). Call once, from one thread.
@@ -104,27 +117,35 @@ class KeeperLink {
   KeeperLink(const KeeperLink&) = delete;
   KeeperLink& operator=(const KeeperLink&) = delete;
 
+  // Call in the same order as the changes they describe (the mount makes both under one lock).
   void PutBacking(const rpc::FuseBacking& b);
-  void DropBacking(uint64_t kino);
-  // The mount is gone for good: the keeper lets the connection go (waits up to 2 s for it to hear).
+  // True: the keeper has been told, close `backing_id` now. False: the link closes it once a
+  // keeper holds a state without it.
+  bool DropBacking(uint64_t kino, int backing_id);
+  // The mount is gone for good: the keeper lets the connection go.
   void Release(const std::string& mountpoint);
   // Whether a keeper holds the connection now.
   bool deposited() const;
 
  private:
   void Loop();
-  bool Connect(const rpc::FuseConnectionState& snap);  // under no lock; spawns the keeper when allowed
+  // Connects (spawning the keeper when allowed) and deposits `snap`: the socket, or -1.
+  int Connect(const rpc::FuseConnectionState& snap);
+  // Under mu_: writes `m` to the keeper, or keeps it for the next deposit.
+  void SendLocked(rpc::HandoverMessage m);
+  void DisconnectLocked();
 
   const std::string path_;
   const bool spawn_;
   const int fd_;
   const std::function<rpc::FuseConnectionState()> snapshot_;
+  const std::function<void(int)> close_backing_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<rpc::HandoverMessage> queue_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                       // GUARDED_BY(mu_)
-  bool deposited_ = false;                  // GUARDED_BY(mu_)
-  int sock_ = -1;                           // only the link's thread uses it
+  std::deque<rpc::HandoverMessage> pending_;  // GUARDED_BY(mu_): changes since the snapshot being deposited
+  std::vector<int> to_close_;                 // GUARDED_BY(mu_): backing ids whose drop the keeper has not heard
+  bool stop_ = false;                         // GUARDED_BY(mu_)
+  int sock_ = -1;                             // GUARDED_BY(mu_): connected and deposited when >= 0
   std::chrono::steady_clock::time_point last_spawn_{};  // only the link's thread uses it
   std::thread thread_;
 };

@@ -181,8 +181,9 @@ struct Fs {
     *b.mutable_info() = st.info;
     keeper->PutBacking(b);
   }
-  void KeeperDrop(uint64_t kino) {
-    if (keeper) keeper->DropBacking(kino);
+  // Lets a backing id go: the keeper hears of it first (fuse/handover.h says why).
+  void DropBacking(uint64_t kino, int backing_id) {
+    if (!keeper || keeper->DropBacking(kino, backing_id)) io->CloseBacking(backing_id);
   }
 
   // Invalidations of cached pages, sent from their own thread: a notification from inside a
@@ -602,8 +603,7 @@ void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) {
     fs->idle.erase(oldest);
     if (it == fs->opens.end()) continue;
     fs->idle_bytes -= it->second.bytes;
-    fs->io->CloseBacking(it->second.backing_id);
-    fs->KeeperDrop(it->first);
+    fs->DropBacking(it->first, it->second.backing_id);
     done->push_back(std::move(it->second.lease));
     fs->opens.erase(it);
   }
@@ -633,8 +633,7 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
         it->second.passthrough = 1;
         return it->second.backing_id;
       }
-      fs->io->CloseBacking(it->second.backing_id);  // a new version: let the old one go
-      fs->KeeperDrop(kino);
+      fs->DropBacking(kino, it->second.backing_id);  // a new version: let the old one go
       done.push_back(std::move(it->second.lease));
       fs->opens.erase(it);
       it = fs->opens.end();
@@ -664,6 +663,20 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
   }
   std::lock_guard<std::mutex> lock(fs->opens_mu);
   InodeOpens& st = fs->opens[kino];
+  if (st.idle_seq != 0) {
+    // Another open got there first and has been closed since: its backing id is still the
+    // inode's in the kernel until trimmed. Use it (same version) or let it go properly; writing
+    // ours over it would leave it in the idle list, to be closed later under our open files.
+    UnidleLocked(fs, st);
+    if (st.version == info.version()) {
+      fs->io->CloseBacking(*id);
+      st.passthrough = 1;
+      return st.backing_id;
+    }
+    fs->DropBacking(kino, st.backing_id);
+    done.push_back(std::move(st.lease));
+    st = InodeOpens{};
+  }
   if (st.passthrough > 0 || st.cached > 0) {  // another open got there first
     fs->io->CloseBacking(*id);
     if (st.passthrough > 0 && st.version == info.version()) {
@@ -1154,7 +1167,8 @@ class FuseMountImpl final : public FuseMount {
     };
     if (!keeper_path_.empty()) {  // deposits once INIT is known
       fs_->keeper = std::make_unique<KeeperLink>(keeper_path_, cfg.fuse.keeper == "spawn", io_->fd(),
-                                                 [this] { return Snapshot(false); });
+                                                 [this] { return Snapshot(false); },
+                                                 [io = io_.get()](int id) { io->CloseBacking(id); }, got.has_value());
     }
     StartInvalidator();
     if (!got) RaiseReadaheadOf(mountpoint_);

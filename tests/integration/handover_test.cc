@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -94,6 +95,22 @@ std::vector<std::string> MakeDataset(const TempDir& dir) {
   return names;
 }
 
+// The warnings and errors of every granary-fuse the test started (fuse.log, fuse2.log, ...), and
+// of the keeper.
+std::string FuseWarnings(const TempDir& dir) {
+  std::string out;
+  for (int i = 1; i < 100; ++i) {
+    std::string path = dir / (i == 1 ? std::string("fuse.log") : "fuse" + std::to_string(i) + ".log");
+    if (access(path.c_str(), F_OK) != 0) continue;
+    std::istringstream in(ReadFile(path));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.find(" W ") != std::string::npos || line.find(" E ") != std::string::npos) out += line + "\n";
+    }
+  }
+  return out + ReadFile(dir / "fuse.sock.keeper.log");
+}
+
 std::string FinalVerdict(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("errors")) return "the reader left no status: " + j.dump();
   if (j["errors"].get<int>() != 0 || j["exit"].get<int>() != 0) return "the reader saw errors: " + j.dump();
@@ -168,6 +185,43 @@ TEST(Handover, AnUpgradeUnderManyReadersDrains) {
   }
   for (auto& r : readers) EXPECT_EQ(FinalVerdict(r->Finish()), "");
   EXPECT_EQ(MountsAt(c.mountpoint()), 1);
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
+// Passthrough under crashes while backing ids come and go (a short attr_timeout lets idle ones go
+// at once): the keeper must never hold an id the kernel has closed, or every open of that file
+// after the crash fails with EIO (the link once told the keeper from a thread of its own, after
+// the kernel had closed the id).
+TEST(Handover, PassthroughCrashesWhileBackingIdsChange) {
+  TempDir dir;
+  std::vector<std::string> names;
+  for (int i = 0; i < 24; ++i) {
+    std::string n = "f" + std::to_string(i) + ".bin";
+    WriteFile(dir / ("src/" + n), RandomBytes(3000 + i * 500, 100 + i));
+    names.push_back(n);
+  }
+  ClusterOptions o;
+  o.fuse_args = {"--fuse.open", "passthrough", "--fuse.attr_timeout", "1ms"};
+  o.keep_cache = true;
+  LocalCluster c(dir, o);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_EQ(c.Cli({"load", "/ds"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  std::vector<std::unique_ptr<Reader>> readers;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::string> mine(names.begin() + i, names.end());
+    mine.insert(mine.end(), names.begin(), names.begin() + i);
+    readers.push_back(std::make_unique<Reader>(dir, c.mountpoint() + "/ds", mine, false, "reader" + std::to_string(i)));
+  }
+  for (auto& r : readers) ASSERT_TRUE(r->Progress()) << r->Finish().dump();
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << "crash " << i << ": " << why;
+    for (auto& r : readers) ASSERT_TRUE(r->Progress(2)) << "crash " << i << ": " << r->Finish().dump();
+  }
+  for (auto& r : readers) EXPECT_EQ(FinalVerdict(r->Finish()), "") << FuseWarnings(dir);
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_mode{mode=\"passthrough\",fallback=\"0\"}"), 1) << c.Logs();
   ASSERT_TRUE(c.StopAll(&why)) << why;
 }
 
