@@ -1,5 +1,9 @@
 #include "common/fs.h"
 
+#include <cstdlib>
+
+#include "common/hash.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,6 +70,16 @@ StatusOr<std::string> ReadFileToString(const std::string& path) {
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string RuntimeDir() {
+  if (const char* d = std::getenv("GRANARY_RUN_DIR"); d && *d) return d;
+  if (geteuid() == 0) return "/run/granary";
+  return "/tmp/granary-" + std::to_string(getuid()) + "/run";
+}
+
+std::string MountEndpointsFile(const std::string& mountpoint) {
+  return RuntimeDir() + "/fuse-" + std::to_string(Checksum64(mountpoint.data(), mountpoint.size())) + ".json";
 }
 
 }  // namespace granary

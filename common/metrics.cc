@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/net.h"
 
@@ -116,19 +118,107 @@ void HistogramSet::Write(Exposition* e, const std::string& name, const std::stri
   for (const auto& [v, h] : by_value_) h->Write(e, name, {{label_, v}});
 }
 
+namespace {
+
+uint64_t ReadNumberFile(const char* path, bool* present) {
+  *present = false;
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return 0;
+  char buf[64] = {0};
+  bool got = std::fgets(buf, sizeof buf, f) != nullptr;
+  std::fclose(f);
+  if (!got) return 0;
+  *present = true;
+  if (std::strncmp(buf, "max", 3) == 0) return 0;
+  return std::strtoull(buf, nullptr, 10);
+}
+
+}  // namespace
+
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "VmRSS:", 6) == 0) {
+        m.rss_bytes = std::strtoull(line + 6, nullptr, 10) * 1024;  // in kB
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  bool present = false;
+  uint64_t limit = ReadNumberFile("/sys/fs/cgroup/memory.max", &present);
+  if (!present) {
+    limit = ReadNumberFile("/sys/fs/cgroup/memory/memory.limit_in_bytes", &present);
+    if (limit >= (uint64_t{1} << 60)) limit = 0;  // v1's "no limit" is a huge number
+  }
+  m.limit_bytes = limit;
+  return m;
+}
+
+void WriteProcessMetrics(Exposition* e) {
+  ProcessMemory m = ReadProcessMemory();
+  e->Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", static_cast<double>(m.rss_bytes));
+  e->Gauge("granary_process_memory_limit_bytes", "Memory limit of the process's cgroup in bytes; 0: none.",
+           static_cast<double>(m.limit_bytes));
+}
+
 struct MetricsServer::Impl {
   httplib::Server http;
   std::atomic<bool> ended{false};  // the listening thread returned
+  std::atomic<int> streams{0};     // stream handlers running
 };
+
+namespace {
+
+class HttpSink final : public StreamSink {
+ public:
+  explicit HttpSink(httplib::DataSink* sink) : sink_(sink) {}
+  bool Write(const std::string& text) override {
+    if (!sink_->is_writable()) return false;
+    return sink_->write(text.data(), text.size());
+  }
+  bool Alive() override { return sink_->is_writable(); }
+
+ private:
+  httplib::DataSink* sink_;
+};
+
+}  // namespace
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                               std::function<void(Exposition*)> render,
-                                                              std::function<Status()> ready) {
+                                                              std::function<Status()> ready,
+                                                              std::map<std::string, StreamHandler> streams) {
   ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(listen));
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->impl_ = std::make_unique<Impl>();
   auto& http = s->impl_->http;
-  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  const int threads = 2 + (streams.empty() ? 0 : kMaxStreams);
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  for (auto& [path, handler] : streams) {
+    Impl* impl = s->impl_.get();
+    http.Get(path, [impl, handler](const httplib::Request& req, httplib::Response& res) {
+      if (impl->streams.fetch_add(1) >= kMaxStreams) {
+        impl->streams--;
+        res.status = 503;
+        res.set_content("too many streams at once (at most " + std::to_string(kMaxStreams) + ")\n", "text/plain");
+        return;
+      }
+      std::map<std::string, std::string> params;
+      for (const auto& [k, v] : req.params) params[k] = v;
+      res.set_chunked_content_provider(
+          "text/plain; charset=utf-8",
+          [handler, params](size_t, httplib::DataSink& sink) {
+            HttpSink out(&sink);
+            handler(params, &out);
+            sink.done();
+            return true;
+          },
+          [impl](bool) { impl->streams--; });
+    });
+  }
   http.Get("/metrics", [render](const httplib::Request&, httplib::Response& res) {
     Exposition e;
     render(&e);
@@ -179,9 +269,10 @@ MetricsServer::~MetricsServer() {
 }
 
 std::unique_ptr<MetricsServer> StartOrWarn(const std::string& setting_key, const std::string& listen,
-                                           std::function<void(Exposition*)> render, std::function<Status()> ready) {
+                                           std::function<void(Exposition*)> render, std::function<Status()> ready,
+                                           std::map<std::string, StreamHandler> streams) {
   if (listen.empty() || listen == "off") return nullptr;
-  auto s = MetricsServer::Start(listen, std::move(render), std::move(ready));
+  auto s = MetricsServer::Start(listen, std::move(render), std::move(ready), std::move(streams));
   if (!s.ok()) {
     spdlog::warn("metrics endpoint off: {} ({}: set another host:port, or off)", s.status().message(), setting_key);
     return nullptr;

@@ -73,12 +73,37 @@ class HistogramSet {
   std::map<std::string, std::unique_ptr<Histogram>> by_value_;  // GUARDED_BY(mu_); entries never removed
 };
 
+// The process's memory: resident bytes (/proc/self/status) and its cgroup's limit (v2 memory.max,
+// else v1 memory.limit_in_bytes; 0 when there is none).
+struct ProcessMemory {
+  uint64_t rss_bytes = 0;
+  uint64_t limit_bytes = 0;
+};
+ProcessMemory ReadProcessMemory();
+// Writes process_resident_memory_bytes (the name Prometheus clients use) and
+// granary_process_memory_limit_bytes.
+void WriteProcessMetrics(Exposition* e);
+
+// A long-lived answer (e.g. an access trace): the handler writes lines until it returns. Write
+// returns false once the client went away; Alive tells that without writing.
+class StreamSink {
+ public:
+  virtual ~StreamSink() = default;
+  virtual bool Write(const std::string& text) = 0;
+  virtual bool Alive() = 0;
+};
+using StreamHandler = std::function<void(const std::map<std::string, std::string>& params, StreamSink* sink)>;
+
 class MetricsServer {
  public:
   // Listens on `listen` (host:port; port 0 picks one). `render` fills the exposition per scrape.
+  // `streams` adds GET paths answered by a StreamHandler (chunked text/plain), at most
+  // kMaxStreams at once (503 beyond), so scrapes and probes always find a free thread.
+  static constexpr int kMaxStreams = 4;
   static StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
                                                         std::function<void(Exposition*)> render,
-                                                        std::function<Status()> ready);
+                                                        std::function<Status()> ready,
+                                                        std::map<std::string, StreamHandler> streams = {});
   ~MetricsServer();
   std::string address() const { return address_; }  // host:port bound
 
@@ -93,6 +118,7 @@ class MetricsServer {
 // "off" or "" disables an endpoint; anything else is a host:port to listen on. A busy default port
 // must not stop a daemon, so a failure to listen is logged and the endpoint left off.
 std::unique_ptr<MetricsServer> StartOrWarn(const std::string& setting_key, const std::string& listen,
-                                           std::function<void(Exposition*)> render, std::function<Status()> ready);
+                                           std::function<void(Exposition*)> render, std::function<Status()> ready,
+                                           std::map<std::string, StreamHandler> streams = {});
 
 }  // namespace granary::metrics

@@ -53,4 +53,9 @@ std::string Shutdown::Wait() {
   return g_reason;
 }
 
+bool Shutdown::WaitFor(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  return g_cv.wait_for(lock, d, [] { return g_requested; });
+}
+
 }  // namespace granary

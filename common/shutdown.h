@@ -6,6 +6,7 @@
 // sigwait. Request() and Wait() are thread-safe.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace granary {
@@ -18,6 +19,8 @@ class Shutdown {
   static bool Requested();
   // Blocks until Request() (or a signal); returns the reason.
   static std::string Wait();
+  // Blocks for `d` or until Request(), whichever comes first; true when a stop was requested.
+  static bool WaitFor(std::chrono::milliseconds d);
 };
 
 }  // namespace granary

@@ -618,7 +618,7 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
                                           const std::map<std::string, std::string>& options) {
   ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
   if (parts.empty()) return InvalidArgumentError("cannot mount over / (mount at a path like /imagenet)");
-  ASSIGN_OR_RETURN(OpenedMount opened, OpenMount(uri, options));
+  ASSIGN_OR_RETURN(OpenedMount opened, OpenMount(uri, options, &ufs_counters_));
   ASSIGN_OR_RETURN(UfsEntry root_entry, opened.ufs->Stat(""));
   if (!root_entry.is_dir) return InvalidArgumentError(RedactUri(uri) + " is not a directory");
 

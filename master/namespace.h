@@ -135,6 +135,9 @@ class Namespace {
 
   uint64_t block_size() const { return block_size_; }
 
+ // Calls to the under-storage of every mount (listings, stats), for /metrics.
+  const UfsCounters& ufs_counters() const { return ufs_counters_; }
+
  private:
   Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, int64_t default_sync_ms);
   static StatusOr<std::unique_ptr<Namespace>> OpenDb(const std::string& data_dir, uint64_t block_size,
@@ -188,7 +191,8 @@ class Namespace {
   // Each mount's metadata.sync_interval, parsed once (SplitMountOptions); nullopt: the default.
   std::map<uint64_t, std::optional<int64_t>> sync_ms_ GUARDED_BY(mu_);
   // Opened under-storages by mount id (thread-safe on its own; loads from mounts_ via MountSource).
-  MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }};
+  UfsCounters ufs_counters_;
+  MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }, &ufs_counters_};
 
   std::array<std::mutex, 64> list_locks_;  // stripe by directory inode
 };

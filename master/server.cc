@@ -281,6 +281,13 @@ class MasterServerImpl final : public MasterServer {
     e->Gauge("granary_cluster_cache_capacity_bytes", "Cache quota of every live worker together.", d(capacity));
     e->Gauge("granary_cluster_cache_used_bytes", "Bytes cached on every live worker together.", d(used));
     e->Gauge("granary_master_mounts", "Mounted datasets.", d(r.mounts_size()));
+    metrics::WriteProcessMetrics(e);
+    const UfsCounters& u = ns_->ufs_counters();
+    e->Counter("granary_master_ufs_calls_total", "Under-storage calls of the master (listings, stats).",
+               d(u.stats + u.lists + u.reads));
+    e->Counter("granary_master_ufs_retries_total", "Under-storage attempts of the master beyond the first of a call.",
+               d(u.retries));
+    e->Counter("granary_master_ufs_errors_total", "Under-storage calls of the master that failed.", d(u.errors));
     e->Family("granary_mount_ufs_files", "gauge", "Files of a mount listed so far.");
     for (const auto& mr : r.mounts()) e->Sample("granary_mount_ufs_files", {{"mount", mr.mount().path()}}, d(mr.mount().known_files()));
     e->Family("granary_mount_ufs_bytes", "gauge", "Under-storage bytes of a mount's files listed so far.");

@@ -113,13 +113,15 @@ grpc::Status RpcSecurity::CheckToken(const grpc::ServerContext* ctx) const {
 }
 
 Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const rpc::ReadBlockRequest& req,
-                       uint64_t want, std::string* out, const std::string& who, bool* cache_hit) {
+                       uint64_t want, std::string* out, const std::string& who, bool* cache_hit,
+                       uint32_t* source) {
   auto reader = stub.ReadBlock(&ctx, req);
   rpc::ReadBlockChunk chunk;
   uint64_t got = 0;
   bool first = true;
   while (reader->Read(&chunk)) {
     if (first && cache_hit) *cache_hit = chunk.cache_hit();
+    if (first && source) *source = chunk.source();
     first = false;
     out->append(chunk.data());
     got += chunk.data().size();

@@ -129,6 +129,7 @@ class StubPool {
 // Runs one Worker.ReadBlock call on `stub` (ctx already prepared) and appends the streamed bytes
 // to `out`. DATA_LOSS when the stream ends short of `want` bytes; `who` names the worker in errors.
 Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const rpc::ReadBlockRequest& req,
-                       uint64_t want, std::string* out, const std::string& who, bool* cache_hit = nullptr);
+                       uint64_t want, std::string* out, const std::string& who, bool* cache_hit = nullptr,
+                       uint32_t* source = nullptr);
 
 }  // namespace granary

@@ -2,12 +2,14 @@
 
 namespace granary {
 
-StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::string, std::string>& options) {
+StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::string, std::string>& options,
+                                UfsCounters* counters) {
   OpenedMount m;
   m.uri = uri;
   std::map<std::string, std::string> ufs_options;
   RETURN_IF_ERROR(SplitMountOptions(options, &ufs_options, &m.cache));
   ASSIGN_OR_RETURN(m.ufs, OpenUnderFileSystem(uri, ufs_options));
+  m.ufs = CountedUfs(std::move(m.ufs), counters);
   return m;
 }
 
@@ -19,7 +21,7 @@ StatusOr<OpenedMount> MountTable::Get(uint64_t id, bool* opened_now) {
     if (it != open_.end()) return it->second;
   }
   ASSIGN_OR_RETURN(Source src, load_(id));
-  ASSIGN_OR_RETURN(OpenedMount m, OpenMount(src.uri, src.options));
+  ASSIGN_OR_RETURN(OpenedMount m, OpenMount(src.uri, src.options, counters_));
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = open_.emplace(id, std::move(m));  // a concurrent first use may have won
   if (opened_now) *opened_now = inserted;

@@ -28,7 +28,9 @@ struct OpenedMount {
 };
 
 // INVALID_ARGUMENT for a bad option (an inline secret included); the under-storage's own errors.
-StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::string, std::string>& options);
+// With `counters`, every call to the under-storage is counted there (CountedUfs).
+StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::string, std::string>& options,
+                                UfsCounters* counters = nullptr);
 
 class MountTable {
  public:
@@ -38,7 +40,8 @@ class MountTable {
   };
   // Where a mount's URI and options come from (the master's namespace; the master, for a worker).
   using Loader = std::function<StatusOr<Source>(uint64_t id)>;
-  explicit MountTable(Loader load) : load_(std::move(load)) {}
+  // Mounts opened here count their under-storage calls into `counters` (may be null).
+  explicit MountTable(Loader load, UfsCounters* counters = nullptr) : load_(std::move(load)), counters_(counters) {}
 
   // The mount, opened on first use. *opened_now (optional) tells whether this call opened it.
   StatusOr<OpenedMount> Get(uint64_t id, bool* opened_now = nullptr);
@@ -47,6 +50,7 @@ class MountTable {
 
  private:
   const Loader load_;
+  UfsCounters* const counters_;
   std::mutex mu_;
   std::map<uint64_t, OpenedMount> open_;  // GUARDED_BY(mu_)
 };

@@ -288,6 +288,7 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
   Status last = Status::OK();
   for (int attempt = 0; attempt < s_.max_attempts; ++attempt) {
     if (attempt > 0) {
+      NoteUfsRetry();
       // Full jitter: uniform in [0, min(cap, base * 2^attempt)).
       int64_t ceiling = std::min<int64_t>(5000, 100LL << std::min(attempt, 10));
       auto wait = std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(0, ceiling)(rng));

@@ -127,4 +127,62 @@ Status UnderFileSystem::ListTree(const std::string& dir, size_t page_size, const
   return Status::OK();
 }
 
+namespace {
+
+thread_local uint64_t t_retries = 0;  // retries noted on this thread, ever
+
+// Counts around every call; retries are what the wrapped call noted on this thread meanwhile.
+class CountingUfs final : public UnderFileSystem {
+ public:
+  CountingUfs(std::shared_ptr<UnderFileSystem> inner, UfsCounters* c) : inner_(std::move(inner)), c_(c) {}
+  const std::string& uri() const override { return inner_->uri(); }
+  StatusOr<UfsEntry> Stat(const std::string& path) override {
+    c_->stats++;
+    uint64_t before = t_retries;
+    auto r = inner_->Stat(path);
+    Done(before, r.ok());
+    return r;
+  }
+  Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override {
+    c_->lists++;
+    uint64_t before = t_retries;
+    Status st = inner_->List(dir, page_size, on_page);
+    Done(before, st.ok());
+    return st;
+  }
+  Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) override {
+    c_->lists++;
+    uint64_t before = t_retries;
+    Status st = inner_->ListTree(dir, page_size, on_page);
+    Done(before, st.ok());
+    return st;
+  }
+  StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                        char* out) override {
+    c_->reads++;
+    uint64_t before = t_retries;
+    auto r = inner_->Read(path, version, offset, length, out);
+    if (r.ok()) c_->read_bytes += *r;
+    Done(before, r.ok());
+    return r;
+  }
+
+ private:
+  void Done(uint64_t retries_before, bool ok) {
+    c_->retries += t_retries - retries_before;
+    if (!ok) c_->errors++;
+  }
+  std::shared_ptr<UnderFileSystem> inner_;
+  UfsCounters* c_;
+};
+
+}  // namespace
+
+void NoteUfsRetry() { ++t_retries; }
+
+std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs, UfsCounters* counters) {
+  if (counters == nullptr) return ufs;
+  return std::make_shared<CountingUfs>(std::move(ufs), counters);
+}
+
 }  // namespace granary

@@ -9,6 +9,7 @@
 // Implementations are thread-safe: the master lists and the worker reads from many threads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -83,6 +84,24 @@ Status CheckRelativePath(const std::string& path);
 
 // Joins a relative directory and a child name ("" + "a" = "a", "a" + "b" = "a/b").
 std::string JoinPath(const std::string& dir, const std::string& name);
+
+// Requests to the under-storage, counted by whoever opened it (the worker's reads, the master's
+// listings): one count per call of the interface, however many attempts it took. `retries` counts
+// the attempts beyond the first (an implementation that retries calls NoteUfsRetry() on the thread
+// making the call), `errors` the calls that failed in the end (NOT_FOUND and a changed version
+// included: the caller decides what they mean). Shared by /metrics, `granary stats` and GetStats.
+struct UfsCounters {
+  std::atomic<uint64_t> stats{0}, lists{0}, reads{0};  // calls by operation
+  std::atomic<uint64_t> read_bytes{0};
+  std::atomic<uint64_t> retries{0};
+  std::atomic<uint64_t> errors{0};
+};
+
+// Called by an implementation before each attempt beyond the first of one call.
+void NoteUfsRetry();
+
+// `ufs`, with every call counted into `counters` (which must outlive the result).
+std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs, UfsCounters* counters);
 
 // Opens the under-storage named by `uri`. `options` are per-mount settings (credentials, endpoint).
 StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string& uri,

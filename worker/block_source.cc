@@ -30,10 +30,20 @@ StatusOr<BlockSource::Target> BlockSource::Resolve(const BlockRequest& req) {
   return t;
 }
 
-Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
+const char* ReadSourceName(ReadSource s) {
+  switch (s) {
+    case ReadSource::kCache: return "cache";
+    case ReadSource::kPeer: return "peer";
+    case ReadSource::kUnderStorage: return "under_storage";
+  }
+  return "cache";
+}
+
+Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit, ReadSource* source) {
   ASSIGN_OR_RETURN(Target t, Resolve(req));
   out->resize(t.len);
   *hit = true;
+  if (source) *source = ReadSource::kCache;
   if (t.len == 0) return Status::OK();
   auto cached = store_->Read(t.meta.id, req.offset, t.len, out->data());
   if (cached.ok() && *cached == t.len) {
@@ -42,14 +52,16 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit) {
     counters_.bytes_served += t.len;
     return Status::OK();
   }
-  return Miss(req, t, out, hit);
+  return Miss(req, t, out, hit, source);
 }
 
-Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit) {
+Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit,
+                                ReadSource* source) {
   lease->Reset();
   out->clear();
   ASSIGN_OR_RETURN(Target t, Resolve(req));
   *hit = true;
+  if (source) *source = ReadSource::kCache;
   if (t.len == 0) return Status::OK();
   auto l = store_->Lease(t.meta.id, req.offset, t.len);
   if (l.ok() && l->fd >= 0 && l->length == t.len) {
@@ -62,16 +74,17 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
   }
   // Not cached, or shorter than the block should be (never served; the lease ends here).
   out->resize(t.len);
-  return Miss(req, t, out, hit);
+  return Miss(req, t, out, hit, source);
 }
 
-StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit) {
+StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source) {
   if (req.index != 0 || req.offset != 0 || req.file_size == 0 || req.block_size == 0) {
     return InvalidArgumentError("a file lease names block 0 of a non-empty file");
   }
   ASSIGN_OR_RETURN(Target t, Resolve(req));
   const uint64_t blocks = (req.file_size + req.block_size - 1) / req.block_size;
   *hit = true;
+  if (source) *source = ReadSource::kCache;
   auto l = store_->LeaseFile(t.meta.id.key, blocks, req.file_size);
   if (!l.ok() && l.status().IsNotFound() && blocks == 1) {
     // A one-block file not here yet: fetch it as a read would (from the home, or the
@@ -80,7 +93,7 @@ StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit) 
     std::string bytes(t.len, '\0');
     BlockRequest whole = req;
     whole.length = t.len;
-    RETURN_IF_ERROR(Miss(whole, t, &bytes, hit));
+    RETURN_IF_ERROR(Miss(whole, t, &bytes, hit, source));
     l = store_->LeaseFile(t.meta.id.key, 1, req.file_size);
   } else if (l.ok()) {
     counters_.hits += blocks;
@@ -91,7 +104,7 @@ StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit) 
   return l;
 }
 
-Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit) {
+Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source) {
   const MountHandle& mount = t.mount;
   const BlockMeta& meta = t.meta;
   const uint64_t len = t.len;
@@ -109,6 +122,8 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     Status st = FromPeers(range, meta.id, out, &became_home);
     if (st.ok()) {
       counters_.bytes_served += len;
+      CountSource(req.mount_id, ReadSource::kPeer);
+      if (source) *source = ReadSource::kPeer;
       return Status::OK();
     }
     if (!st.IsRetryable()) return st;
@@ -116,9 +131,11 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     route.ask_peers = false;
     route.keep = became_home;
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const std::string> block, Fetch(req, mount, meta, route));
-  out->assign(block->data() + req.offset, len);
+  ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block, Fetch(req, mount, meta, route));
+  out->assign(block->bytes.data() + req.offset, len);
   counters_.bytes_served += len;
+  CountSource(req.mount_id, block->source);
+  if (source) *source = block->source;
   return Status::OK();
 }
 
@@ -315,7 +332,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
                                   "free other datasets, or check the cache policy)");
   }
   counters_.loaded_blocks++;
-  counters_.loaded_bytes += block->size();
+  counters_.loaded_bytes += block->bytes.size();
   return LoadOutcome::kFetched;
 }
 
@@ -323,6 +340,12 @@ void BlockSource::CountAccess(uint64_t mount_id, bool hit) {
   MutexLock lock(&access_mu_);
   auto& a = access_[mount_id];
   (hit ? a.hits : a.misses)++;
+}
+
+void BlockSource::CountSource(uint64_t mount_id, ReadSource source) {
+  MutexLock lock(&access_mu_);
+  auto& a = access_[mount_id];
+  (source == ReadSource::kPeer ? a.peer : a.under_storage)++;
 }
 
 std::map<uint64_t, MountAccess> BlockSource::AccessByMount() const {
@@ -384,9 +407,11 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
   // A fetch of this block may have finished between this request's miss in the store and its
   // arrival here (the leader had already left inflight_): look again before fetching.
   Fetched result = [&]() -> Fetched {
-    auto data = std::make_shared<std::string>(meta.length, '\0');
-    auto cached = store_->Read(meta.id, 0, meta.length, data->data());
-    if (cached.ok() && *cached == meta.length) return std::shared_ptr<const std::string>(std::move(data));
+    auto data = std::make_shared<FetchedBlock>();
+    data->bytes.assign(meta.length, '\0');
+    data->source = ReadSource::kUnderStorage;  // it was fetched an instant ago; as that fetch did
+    auto cached = store_->Read(meta.id, 0, meta.length, data->bytes.data());
+    if (cached.ok() && *cached == meta.length) return std::shared_ptr<const FetchedBlock>(std::move(data));
     return FetchOnce(req, mount, meta, route);
   }();
   promise.set_value(result);
@@ -397,16 +422,19 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
 
 BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
                                             Route route) {
-  auto data = std::make_shared<std::string>();
+  auto fb = std::make_shared<FetchedBlock>();
+  fb->source = ReadSource::kUnderStorage;
+  std::string* data = &fb->bytes;
   bool fetched = false;
   if (route.ask_peers) {
     BlockRequest whole = req;
     whole.offset = 0;
     whole.length = meta.length;
     bool became_home = false;
-    Status st = FromPeers(whole, meta.id, data.get(), &became_home);
+    Status st = FromPeers(whole, meta.id, data, &became_home);
     if (!st.ok() && !st.IsRetryable()) return st;
     fetched = st.ok();
+    if (fetched) fb->source = ReadSource::kPeer;
     if (fetched && route.elastic) counters_.elastic_peer_bytes += data->size();
   }
   if (!fetched) {
@@ -428,7 +456,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   BlockMeta kept = meta;
   kept.elastic = route.elastic;
   Status st = route.keep ? store_->Put(kept, *data) : FailedPreconditionError("not a holder of this block");
-  std::shared_ptr<const std::string> block(std::move(data));
+  std::shared_ptr<const FetchedBlock> block(std::move(fb));
   if (st.ok()) {
     reporter_->BlockAdded(kept);
   } else {

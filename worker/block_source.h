@@ -72,8 +72,16 @@ struct SourceCounters {
   std::atomic<uint64_t> classified{0};      // cached blocks whose kind a classification changed
 };
 
+// Where the bytes of a read came from: this worker's cache, another worker, or the under-storage
+// (a read that joined a fetch in flight, or found the block in the uncached buffer, counts where
+// that fetch got it).
+enum class ReadSource : uint8_t { kCache = 0, kPeer = 1, kUnderStorage = 2 };
+const char* ReadSourceName(ReadSource s);  // "cache", "peer", "under_storage"
+
+// Reads of one mount: hits + misses, and of the misses served, where the bytes came from.
 struct MountAccess {
   uint64_t hits = 0, misses = 0;
+  uint64_t peer = 0, under_storage = 0;
 };
 
 class BlockSource {
@@ -86,17 +94,19 @@ class BlockSource {
   // Fills `out` with the requested range (clipped at the block's end); `hit` tells whether it came
   // from the cache. INVALID_ARGUMENT for a range outside the file; FAILED_PRECONDITION when the file
   // changed in the under-storage.
-  Status Read(const BlockRequest& req, std::string* out, bool* hit);
+  // `source` (optional) gets where the bytes came from.
+  Status Read(const BlockRequest& req, std::string* out, bool* hit, ReadSource* source = nullptr);
   // Read for the zero-copy path: a cached block is not copied but leased (BlockStore::Lease) —
   // lease->fd >= 0, its bytes at lease->data_offset for lease->length; the block stays put until
   // the lease ends. Otherwise (a miss) `out` has the bytes, as from Read.
-  Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit);
+  Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit,
+                     ReadSource* source = nullptr);
   // For FUSE passthrough: leases the data file of a whole file (req names block 0 at offset 0, and
   // the file's size and block size), holding every block of it. A file of one block is fetched
   // first when this worker keeps it but has not cached it yet. NOT_FOUND when a block is not cached
   // here (another worker is its holder, it could not be cached, or the blocks are spread over
   // cache directories).
-  StatusOr<BlockLease> LeaseFile(const BlockRequest& req, bool* hit);
+  StatusOr<BlockLease> LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source = nullptr);
 
   // Readahead: queues a background fetch of req's whole block unless it is cached. A holder of the
   // block fetches it like a miss (from the home, or the under-storage); any other worker passes the
@@ -132,7 +142,11 @@ class BlockSource {
   static constexpr size_t kPrefetchThreads = 2;
 
  private:
-  using Fetched = StatusOr<std::shared_ptr<const std::string>>;
+  struct FetchedBlock {
+    std::string bytes;
+    ReadSource source;  // kPeer or kUnderStorage
+  };
+  using Fetched = StatusOr<std::shared_ptr<const FetchedBlock>>;
   // What a request resolves to: its mount, its block, and how many bytes it covers (0: none).
   struct Target {
     MountHandle mount;
@@ -141,7 +155,7 @@ class BlockSource {
   };
   StatusOr<Target> Resolve(const BlockRequest& req);
   // The rest of a read once the store missed: peers, the under-storage, single-flight.
-  Status Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit);
+  Status Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source);
   // How a missed block is fetched: from peers first (`ask_peers`), and whether it is kept.
   struct Route {
     bool ask_peers = false;
@@ -158,6 +172,7 @@ class BlockSource {
   void PrefetchLoop();
   void ClassifyLoop();
   void CountAccess(uint64_t mount_id, bool hit);
+  void CountSource(uint64_t mount_id, ReadSource source);
   Status Warm(BlockRequest req);
 
   BlockStore* store_;
@@ -169,7 +184,7 @@ class BlockSource {
   Mutex mu_;
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_ GUARDED_BY(mu_);
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
-  std::list<std::pair<BlockId, std::shared_ptr<const std::string>>> uncached_ GUARDED_BY(mu_);
+  std::list<std::pair<BlockId, std::shared_ptr<const FetchedBlock>>> uncached_ GUARDED_BY(mu_);
 
   mutable Mutex access_mu_;
   std::unordered_map<uint64_t, MountAccess> access_ GUARDED_BY(access_mu_);

@@ -590,6 +590,13 @@ int BlockStore::LevelOf(const BlockId& id) const {
   return it == index_.end() || it->second.doomed ? -1 : it->second.tier;
 }
 
+std::optional<BlockStore::Place> BlockStore::Locate(const BlockId& id) const {
+  MutexLock lock(&mu_);
+  auto it = index_.find(id);
+  if (it == index_.end() || it->second.doomed) return std::nullopt;
+  return Place{it->second.tier, it->second.meta.elastic, it->second.meta.length};
+}
+
 std::vector<BlockMeta> BlockStore::List() const {
   MutexLock lock(&mu_);
   std::vector<BlockMeta> out;

@@ -59,6 +59,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -215,6 +216,13 @@ class BlockStore {
   bool Contains(const BlockId& id) const;
   // The level index holding a block, or -1.
   int LevelOf(const BlockId& id) const;
+  // Where a cached block is: its level, whether it is an elastic copy, its length. nullopt: not here.
+  struct Place {
+    int level;
+    bool elastic;
+    uint64_t length;
+  };
+  std::optional<Place> Locate(const BlockId& id) const;
   std::vector<BlockMeta> List() const;
   BlockStoreStats Stats() const;
 

@@ -115,20 +115,22 @@ void LocalServer::Serve(int conn) {
     std::string data;
     BlockLease lease;
     bool hit = false;
+    ReadSource source = ReadSource::kCache;
     auto start = std::chrono::steady_clock::now();
     Status st;
     if (req.whole_file()) {
-      auto l = source_->LeaseFile(br, &hit);
+      auto l = source_->LeaseFile(br, &hit, &source);
       st = l.status();
       if (l.ok()) lease = std::move(*l);
     } else {
-      st = source_->ReadOrLease(br, &data, &lease, &hit);
+      st = source_->ReadOrLease(br, &data, &lease, &hit, &source);
     }
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     rpc::LocalResponse resp;
     resp.set_code(static_cast<int32_t>(st.code()));
     resp.set_message(st.message());
     resp.set_reason(static_cast<int32_t>(st.reason()));
+    resp.set_source(static_cast<uint32_t>(source));
     int fd = -1;
     if (st.ok() && lease.fd >= 0) {
       uint64_t n = next_lease++;

@@ -49,6 +49,8 @@ class MasterLink final : public MountResolver, public BlockReporter {
   void BlockAdded(const BlockMeta& m) override;
   void BlockRemoved(const BlockMeta& m) override;
   StatusOr<MountHandle> GetMount(uint64_t mount_id) override;
+  // Calls to the under-storage of every mount this worker opened.
+  const UfsCounters& ufs_counters() const { return ufs_counters_; }
 
  private:
   void Loop();
@@ -80,7 +82,8 @@ class MasterLink final : public MountResolver, public BlockReporter {
   };
   std::unordered_map<std::string, Pending> pending_ GUARDED_BY(mu_);  // by file key + index
   void NoteLocked(const BlockMeta& m, bool added) REQUIRES(mu_);
-  MountTable mounts_{[this](uint64_t id) { return MountSource(id); }};  // thread-safe on its own
+  UfsCounters ufs_counters_;
+  MountTable mounts_{[this](uint64_t id) { return MountSource(id); }, &ufs_counters_};  // thread-safe on its own
   std::thread thread_;
 };
 

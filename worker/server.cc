@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "common/keys.h"
 #include "common/metrics.h"
@@ -70,8 +71,9 @@ class WorkerService final : public rpc::Worker::Service {
                     req->index(),      req->offset(),   req->length(),  req->from_peer()};
     std::string data;
     bool hit = false;
+    ReadSource source = ReadSource::kCache;
     auto start = std::chrono::steady_clock::now();
-    Status st = source_->Read(br, &data, &hit);
+    Status st = source_->Read(br, &data, &hit, &source);
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (!st.ok()) return ToGrpc(st);
     size_t off = 0;
@@ -79,7 +81,10 @@ class WorkerService final : public rpc::Worker::Service {
       rpc::ReadBlockChunk chunk;
       size_t n = std::min(kChunkBytes, data.size() - off);
       chunk.set_data(data.data() + off, n);
-      if (off == 0) chunk.set_cache_hit(hit);
+      if (off == 0) {
+        chunk.set_cache_hit(hit);
+        chunk.set_source(static_cast<uint32_t>(source));
+      }
       if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
       off += n;
     } while (off < data.size());
@@ -156,6 +161,36 @@ class WorkerService final : public rpc::Worker::Service {
   grpc::Status GetStats(grpc::ServerContext* ctx, const rpc::GetStatsRequest*, rpc::WorkerStats* resp) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     *resp = stats_();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetResidency(grpc::ServerContext* ctx, const rpc::ResidencyRequest* req,
+                            rpc::ResidencyResponse* resp) override {
+    if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
+    constexpr uint64_t kMaxBlocks = 1'000'000;  // per request: the answer must fit a message
+    uint64_t asked = 0;
+    for (const auto& q : req->files()) asked += q.blocks();
+    if (asked > kMaxBlocks) {
+      return ToGrpc(InvalidArgumentError("at most " + std::to_string(kMaxBlocks) + " blocks per residency request"));
+    }
+    std::vector<std::string> media;
+    for (const auto& t : store_->Stats().tiers) media.push_back(t.medium);
+    for (const auto& q : req->files()) {
+      FileKey key;
+      if (!FileKeyFromBytes(q.file_key(), &key)) return ToGrpc(InvalidArgumentError("a file key must be 16 bytes"));
+      rpc::FileResidency* f = resp->add_files();
+      f->set_file_key(q.file_key());
+      for (uint64_t i = 0; i < q.blocks(); ++i) {
+        auto place = store_->Locate(BlockId{key, i});
+        if (!place) continue;
+        rpc::BlockResidency* b = f->add_blocks();
+        b->set_index(i);
+        b->set_level(static_cast<uint32_t>(place->level));
+        if (place->level >= 0 && static_cast<size_t>(place->level) < media.size()) b->set_medium(media[place->level]);
+        b->set_elastic(place->elastic);
+        b->set_length(place->length);
+      }
+    }
     return grpc::Status::OK;
   }
 
@@ -276,12 +311,32 @@ class WorkerServerImpl final : public WorkerServer {
         e->Sample(m.name, {{"tier", t.medium()}, {"level", std::to_string(i)}}, d((t.*m.get)()));
       }
     }
+    for (const auto& [name, help, low] :
+         {std::tuple{"granary_worker_cache_high_watermark_ratio", "A tier's high watermark (eviction starts above it).", false},
+          std::tuple{"granary_worker_cache_low_watermark_ratio", "A tier's low watermark (eviction stops below it).", true}}) {
+      e->Family(name, "gauge", help);
+      for (int i = 0; i < s.tiers_size(); ++i) {
+        const auto& t = s.tiers(i);
+        e->Sample(name, {{"tier", t.medium()}, {"level", std::to_string(i)}}, low ? t.low() : t.high());
+      }
+    }
     e->Family("granary_worker_mount_reads_total", "counter", "Block reads per mount id, by result.");
     for (const auto& [mount, c] : s.mount_counters()) {
       e->Sample("granary_worker_mount_reads_total", {{"mount", std::to_string(mount)}, {"result", "hit"}}, d(c.hits()));
       e->Sample("granary_worker_mount_reads_total", {{"mount", std::to_string(mount)}, {"result", "miss"}},
                 d(c.misses()));
     }
+    e->Family("granary_worker_mount_read_sources_total", "counter",
+              "Block reads per mount id by where the bytes came from: cache (this worker), peer (another worker), "
+              "under_storage.");
+    for (const auto& [mount, c] : s.mount_counters()) {
+      const std::string m = std::to_string(mount);
+      e->Sample("granary_worker_mount_read_sources_total", {{"mount", m}, {"source", "cache"}}, d(c.hits()));
+      e->Sample("granary_worker_mount_read_sources_total", {{"mount", m}, {"source", "peer"}}, d(c.peer()));
+      e->Sample("granary_worker_mount_read_sources_total", {{"mount", m}, {"source", "under_storage"}},
+                d(c.under_storage()));
+    }
+    metrics::WriteProcessMetrics(e);
     e->Family("granary_worker_read_duration_seconds", "histogram",
               "Time to serve one block read (cache hit or fetch), by path: grpc (FUSE clients and peers) or local.");
     service_->read_latency().Write(e, "granary_worker_read_duration_seconds", {{"path", "grpc"}});
@@ -359,10 +414,18 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_passthrough_leases(c.passthrough_leases);
     s.set_scrubbed_blocks(b.scrubbed);
     s.set_elastic_peer_bytes(c.elastic_peer_bytes);
+    const UfsCounters& u = link_->ufs_counters();
+    s.set_ufs_retries(u.retries);
+    s.set_ufs_calls(u.stats + u.lists + u.reads);
+    metrics::ProcessMemory mem = metrics::ReadProcessMemory();
+    s.set_rss_bytes(mem.rss_bytes);
+    s.set_memory_limit_bytes(mem.limit_bytes);
     for (const auto& [mount, a] : source_->AccessByMount()) {
       rpc::MountCounters& mc = (*s.mutable_mount_counters())[mount];
       mc.set_hits(a.hits);
       mc.set_misses(a.misses);
+      mc.set_peer(a.peer);
+      mc.set_under_storage(a.under_storage);
     }
     if (local_) s.set_local_socket(local_->path());
     for (const auto& t : b.tiers) {

@@ -49,6 +49,9 @@ inline constexpr StatMetric kStatMetrics[] = {
     {"elastic_peer_bytes", "granary_worker_elastic_peer_bytes_total", false,
      "Bytes copied from peer workers into elastic copies."},
     {"peers", "granary_worker_peers", true, "Live workers this worker places blocks over, itself included."},
+    {"ufs_retries", "granary_worker_ufs_retries_total", false,
+     "Under-storage attempts beyond the first of a call (retries; divide by ufs_calls for retries per request)."},
+    {"ufs_calls", "granary_worker_ufs_calls_total", false, "Under-storage calls of every kind (stat, list, read)."},
 };
 
 // The value of integer field `field` of `s`; -1 when WorkerStats has no such integer field.
