@@ -16,13 +16,24 @@ Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
       worker_(sec_, cfg_.fuse.worker),
       other_stubs_(sec_) {}
 
+const char* NodeSourceName(NodeSource s) {
+  switch (s) {
+    case NodeSource::kLocal: return "local";
+    case NodeSource::kPeer: return "peer";
+    case NodeSource::kUnderStorage: return "under_storage";
+  }
+  return "local";
+}
+
 grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call) {
   // Metadata calls are idempotent: after UNAVAILABLE (the master restarted), try once more on the
   // fresh channel the holder made.
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
     sec_->Prepare(&ctx, cfg_.rpc.timeout);
+    auto start = std::chrono::steady_clock::now();
     grpc::Status st = master_.Note(call(*master_.Get(), ctx));
+    master_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (st.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == 1) return st;
   }
 }
@@ -184,12 +195,16 @@ void Client::DropLocal(const std::shared_ptr<LocalChannel>& ch) {
   if (local_ == ch) local_.reset();
 }
 
-Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out) {
+Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out, NodeSource* source) {
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  Status st = ReadBlockStream(*worker_.Get(), ctx, req, want, out, "the worker at " + cfg_.fuse.worker);
+  uint32_t src = 0;  // as the worker saw it: its cache, a peer, the under-storage
+  Status st = ReadBlockStream(*worker_.Get(), ctx, req, want, out, "the worker at " + cfg_.fuse.worker, nullptr, &src);
   if (st.ok() || st.code() != Code::kUnavailable) {
-    if (st.ok()) counters_.local_grpc_pieces++;
+    if (st.ok()) {
+      counters_.local_grpc_pieces++;
+      *source = src == 2 ? NodeSource::kUnderStorage : src == 1 ? NodeSource::kPeer : NodeSource::kLocal;
+    }
     return st;
   }
   worker_.Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
@@ -223,9 +238,10 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
     grpc::ClientContext c;
     sec_->Prepare(&c, cfg_.rpc.timeout);
     out->clear();
-    Status os = ReadBlockStream(*h->Get(), c, req, want, out, "the worker at " + h->address());
+    Status os = ReadBlockStream(*h->Get(), c, req, want, out, "the worker at " + h->address(), nullptr, &src);
     if (os.ok()) {
       counters_.failover_pieces++;
+      *source = src == 2 ? NodeSource::kUnderStorage : NodeSource::kPeer;  // another node's worker
       return os;
     }
     if (os.code() != Code::kUnavailable) return os;
@@ -282,6 +298,9 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
     Status st = ch->Read(req, piece);
     if (st.ok()) {
       if (piece->fd >= 0) counters_.zero_copy_pieces++;
+      piece->source = static_cast<uint32_t>(piece->source == 2 ? NodeSource::kUnderStorage
+                                            : piece->source == 1 ? NodeSource::kPeer
+                                                                 : NodeSource::kLocal);
       if (!out->channel_) out->channel_ = ch;
       if (piece->length != want) {
         ch->Release(piece);
@@ -294,8 +313,10 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
     DropLocal(ch);  // the worker restarted or went away: gRPC until it names its socket again
   }
   *piece = LocalChannel::Piece{};
-  RETURN_IF_ERROR(ReadOverGrpc(req, want, &piece->data));
+  NodeSource source = NodeSource::kLocal;
+  RETURN_IF_ERROR(ReadOverGrpc(req, want, &piece->data, &source));
   piece->length = want;
+  piece->source = static_cast<uint32_t>(source);
   return Status::OK();
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "fuse/local_channel.h"
 #include "proto/granary.grpc.pb.h"
@@ -40,7 +41,7 @@ class ReadResult {
   ReadResult(const ReadResult&) = delete;
   ReadResult& operator=(const ReadResult&) = delete;
   ~ReadResult();
-  std::vector<LocalChannel::Piece> pieces;
+  std::vector<LocalChannel::Piece> pieces;  // Piece::source is a NodeSource
   uint64_t size() const;
   std::string Flatten() const;  // the bytes, copied (tests, tools)
 
@@ -65,6 +66,10 @@ class FileLease {
   std::shared_ptr<LocalChannel> channel_;
   LocalChannel::Piece piece_;
 };
+
+// Where the bytes of a read came from, seen from this node.
+enum class NodeSource : uint32_t { kLocal = 0, kPeer = 1, kUnderStorage = 2 };
+const char* NodeSourceName(NodeSource s);  // "local", "peer", "under_storage"
 
 struct ClientCounters {
   std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0}, prefetch_hints{0};
@@ -95,6 +100,8 @@ class Client {
   // (readahead). Hints beyond a small queue are dropped.
   void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count);
   const ClientCounters& counters() const { return counters_; }
+  // Round trips to the master (every metadata call), for /metrics and `granary stats`.
+  const metrics::Histogram& master_latency() const { return master_latency_; }
   ~Client();
 
  private:
@@ -108,13 +115,14 @@ class Client {
   // UNAVAILABLE when none of them answers.
   Status ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out);
   // One block range over gRPC: the local worker, else another live worker.
-  Status ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out);
+  Status ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out, NodeSource* source);
 
   const Config cfg_;
   std::shared_ptr<RpcSecurity> sec_;
   StubHolder<rpc::Master> master_;
   StubHolder<rpc::Worker> worker_;
   ClientCounters counters_;
+  metrics::Histogram master_latency_;
 
   std::mutex mu_;
   std::shared_ptr<LocalChannel> local_;                                       // GUARDED_BY(mu_)

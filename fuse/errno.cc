@@ -9,6 +9,8 @@
 namespace granary::fuse {
 namespace {
 
+thread_local int t_replied = 0;  // the last errno replied on this thread (TakeReplyErrno)
+
 std::mutex errors_mu;
 std::map<std::pair<std::string, std::string>, uint64_t> errors;  // GUARDED_BY(errors_mu)
 
@@ -49,14 +51,25 @@ void ReplyError(fuse_req_t req, const Status& s, const char* op) {
     spdlog::debug("{}: {} -> {}", op, s.ToString(), strerrorname_np(err));
   }
   CountError(op, err);
+  t_replied = err;
   fuse_reply_err(req, err);
 }
 
-void ReplyUnsupported(fuse_req_t req) { fuse_reply_err(req, ENOSYS); }
+void ReplyUnsupported(fuse_req_t req) {
+  t_replied = ENOSYS;
+  fuse_reply_err(req, ENOSYS);
+}
 
 void ReplyErrno(fuse_req_t req, int err) {
   CountError(err == EROFS ? "write" : "other", err);
+  t_replied = err;
   fuse_reply_err(req, err);
+}
+
+int TakeReplyErrno() {
+  int e = t_replied;
+  t_replied = 0;
+  return e;
 }
 
 }  // namespace granary::fuse

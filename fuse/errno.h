@@ -28,6 +28,9 @@ void ReplyErrno(fuse_req_t req, int err);
 // ENOSYS as a protocol answer, not an error: "the kernel does this itself from now on" (OPEN and
 // FLUSH in the kernel read mode, extended attributes). Not counted in ErrorCounts().
 void ReplyUnsupported(fuse_req_t req);
+// The errno the last of the functions above replied on this thread since the previous call (0:
+// none), for the access trace.
+int TakeReplyErrno();
 // Error replies so far, by (operation, errno name), for /metrics.
 std::map<std::pair<std::string, std::string>, uint64_t> ErrorCounts();
 

@@ -58,6 +58,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
     return answer;
   }
   out->length = resp.length();
+  out->source = resp.source();
   if (resp.lease() != 0) {
     out->fd = fd;
     out->offset = resp.data_offset();

@@ -28,6 +28,7 @@ class LocalChannel {
     uint64_t lease = 0;
     int conn = -1;        // the connection holding the lease (-1: none, or the shared lease connection)
     uint64_t shared_gen = 0;  // nonzero: the lease lives on the shared lease connection of this generation
+    uint32_t source = 0;      // where the worker got the bytes: 0 its cache, 1 a peer, 2 the under-storage
   };
 
   explicit LocalChannel(std::string path) : path_(std::move(path)) {}

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -27,6 +28,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/fs.h"
 #include "common/metrics.h"
 #include "common/path.h"
 #include "common/shutdown.h"
@@ -36,6 +38,7 @@
 #include "fuse/handover.h"
 #include "fuse/read_mode.h"
 #include "fuse/session_io.h"
+#include "fuse/trace.h"
 
 namespace granary::fuse {
 namespace {
@@ -209,6 +212,11 @@ struct Fs {
   std::atomic<uint64_t> reads_by_inode{0};  // kernel mode: reads with no open file handle
   std::atomic<uint64_t> passthrough_misses{0};  // passthrough mode: opens served by granary-fuse instead
   std::atomic<uint64_t> invalidations{0};
+  std::atomic<uint64_t> files_read{0};  // reads at offset 0: files readers started on
+  // Bytes returned to readers per mount id, by where they came from (NodeSource).
+  std::mutex mount_bytes_mu;
+  std::map<uint64_t, std::array<uint64_t, 3>> mount_bytes;  // GUARDED_BY(mount_bytes_mu)
+  std::unique_ptr<Tracer> tracer;  // the access trace (fuse/trace.h)
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
   uint64_t ToMaster(fuse_ino_t ino) const { return ino == FUSE_ROOT_ID ? root_ino : ino; }
@@ -260,17 +268,64 @@ struct Fs {
 
 constexpr unsigned kMaxReadahead = 1 << 20;  // bytes the kernel may ask for in one read
 
+std::string JsonEscape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
 
-// Times one operation into its histogram.
-class OpTimer {
+// Times one operation into its histogram (may be null) and, while someone listens to the access
+// trace, records it (fuse/trace.h): with no listener it costs one atomic load. Construct it before
+// replying (the request's context is gone after the reply).
+class OpScope {
  public:
-  explicit OpTimer(metrics::Histogram* h) : h_(h), start_(std::chrono::steady_clock::now()) {}
-  ~OpTimer() { h_->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()); }
+  OpScope(fuse_req_t req, const char* op, metrics::Histogram* h, fuse_ino_t ino)
+      : fs_(FsOf(req)), h_(h), start_(std::chrono::steady_clock::now()),
+        tracing_(fs_->tracer && fs_->tracer->Listening()) {
+    if (!tracing_) return;
+    TakeReplyErrno();
+    rec_.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+    if (const fuse_ctx* ctx = fuse_req_ctx(req)) {
+      rec_.pid = static_cast<uint32_t>(ctx->pid);
+      rec_.uid = ctx->uid;
+    }
+    rec_.op = op;
+    rec_.ino = fs_->ToMaster(ino);
+  }
+  ~OpScope() {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (h_) h_->Observe(secs);
+    if (!tracing_) return;
+    int replied = TakeReplyErrno();
+    if (rec_.err == 0) rec_.err = replied;
+    rec_.latency = secs;
+    fs_->tracer->Emit(std::move(rec_));
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+  bool tracing() const { return tracing_; }
+  TraceRecord& record() { return rec_; }
 
  private:
+  Fs* fs_;
   metrics::Histogram* h_;
   std::chrono::steady_clock::time_point start_;
+  const bool tracing_;
+  TraceRecord rec_;
 };
 
 struct stat ToStat(const Fs* fs, const rpc::Attr& a) {
@@ -405,7 +460,8 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 }
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  OpTimer timer(FsOf(req)->lat_lookup);
+  OpScope scope(req, "lookup", FsOf(req)->lat_lookup, parent);
+  if (scope.tracing()) scope.record().name = name;
   Fs* fs = FsOf(req);
   // A lookup the master answered lately (the kernel may have dropped its dentry since) is answered
   // from memory, with the kernel's timeouts shortened by the answer's age: never staler than the
@@ -414,6 +470,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   std::chrono::milliseconds age{};
   if (auto cached = fs->entries->Get(key, &age)) {
     fuse_entry_param e = ToEntry(fs, *cached);
+    if (scope.tracing()) scope.record().child = cached->ino();
     e.attr_timeout = std::max(0.0, e.attr_timeout - Seconds(age));
     e.entry_timeout = std::max(0.0, e.entry_timeout - Seconds(age));
     fuse_reply_entry(req, &e);
@@ -427,12 +484,14 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       fuse_entry_param e{};
       e.ino = 0;
       e.entry_timeout = Seconds(fs->cfg.fuse.negative_timeout);
+      if (scope.tracing()) scope.record().err = ENOENT;
       fuse_reply_entry(req, &e);
       return;
     }
     return ReplyError(req, a.status(), "lookup");
   }
   fuse_entry_param e = ToEntry(fs, *a);
+  if (scope.tracing()) scope.record().child = a->ino();
   fuse_reply_entry(req, &e);
 }
 
@@ -440,7 +499,7 @@ void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
 void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
 
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  OpTimer timer(FsOf(req)->lat_getattr);
+  OpScope scope(req, "getattr", FsOf(req)->lat_getattr, ino);
   Fs* fs = FsOf(req);
   auto a = fs->client->GetAttr(fs->ToMaster(ino));
   if (!a.ok()) return ReplyError(req, a.status(), "getattr");
@@ -455,6 +514,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 // per fuse.attr_timeout per directory (the same staleness the kernel's attribute cache has); asking
 // also lets the master run a sync that is due.
 void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(req, "opendir", nullptr, ino);
   Fs* fs = FsOf(req);
   uint64_t master_ino = fs->ToMaster(ino);
   auto now = std::chrono::steady_clock::now();
@@ -551,11 +611,11 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
 }
 
 void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  OpTimer timer(FsOf(req)->lat_readdir);
+  OpScope scope(req, "readdir", FsOf(req)->lat_readdir, ino);
   ReadDirCommon(req, ino, size, off, false);
 }
 void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  OpTimer timer(FsOf(req)->lat_readdir);
+  OpScope scope(req, "readdirplus", FsOf(req)->lat_readdir, ino);
   ReadDirCommon(req, ino, size, off, true);
 }
 void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
@@ -589,6 +649,55 @@ StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino) {
   if (!f.ok()) return f.status();
   fs->files->Put(master_ino, *f);
   return f;
+}
+
+// A directory's namespace path: its parent's, and its name found in the parent's listing (asked
+// of the master; only the access trace needs it, once per directory per listener). "" when unknown.
+std::string DirPath(Fs* fs, uint64_t ino, int depth = 0) {
+  if (ino == fs->root_ino) return fs->cfg.fuse.root.empty() ? "/" : fs->cfg.fuse.root;
+  if (depth > 256) return "";
+  auto a = fs->client->GetAttr(ino);
+  if (!a.ok() || a->parent() == 0) return "";
+  if (a->parent() == ino) return "/";  // the namespace's root
+  std::string parent = DirPath(fs, a->parent(), depth + 1);
+  if (parent.empty()) return "";
+  uint64_t after = 0;
+  for (int pages = 0; pages < 10000; ++pages) {
+    rpc::ReadDirResponse r;
+    if (!fs->client->ReadDir(a->parent(), after, 1000, &r).ok()) return "";
+    for (const auto& e : r.entries()) {
+      after = e.cookie();
+      if (e.attr().ino() == ino) return parent == "/" ? "/" + e.name() : parent + "/" + e.name();
+    }
+    if (r.end() || r.entries_size() == 0) break;
+  }
+  return "";
+}
+
+// Namespace paths for the access trace: the root, files (their mount's path joined with their
+// under-storage path) and directories (DirPath). The tracer caches them per listener.
+Tracer::PathFn TracePaths(Fs* fs) {
+  struct Mounts {
+    std::mutex mu;
+    std::map<uint64_t, std::string> paths;  // GUARDED_BY(mu): mount id -> namespace path
+  };
+  auto mounts = std::make_shared<Mounts>();
+  return [fs, mounts](uint64_t ino) -> std::string {
+    if (ino == fs->root_ino) return fs->cfg.fuse.root.empty() ? "/" : fs->cfg.fuse.root;
+    auto info = FileInfoOf(fs, ino);
+    if (!info.ok()) return DirPath(fs, ino);
+    std::lock_guard<std::mutex> lock(mounts->mu);
+    auto it = mounts->paths.find(info->mount_id());
+    if (it == mounts->paths.end()) {
+      auto report = fs->client->GetReport();  // a new mount: learn the mounts' paths again
+      if (report.ok()) {
+        for (const auto& mr : report->mounts()) mounts->paths[mr.mount().id()] = mr.mount().path();
+      }
+      it = mounts->paths.find(info->mount_id());
+      if (it == mounts->paths.end()) return "";
+    }
+    return info->ufs_path().empty() ? it->second : it->second + "/" + info->ufs_path();
+  };
 }
 
 // Lets go of kept backing files: the oldest while over the bounds, and any older than attr_timeout.
@@ -718,7 +827,7 @@ void EndOpen(Fs* fs, uint64_t kino, const OpenFile& of) {
 }
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  OpTimer timer(FsOf(req)->lat_open);
+  OpScope scope(req, "open", FsOf(req)->lat_open, ino);
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
   Fs* fs = FsOf(req);
   OpenMode mode = fs->mode;
@@ -826,8 +935,32 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
   return mine;
 }
 
+// Counts a read's bytes by where they came from, per mount; tells the trace record (if any).
+void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRecord* rec) {
+  std::array<uint64_t, 3> add{};
+  for (const auto& p : data.pieces) add[std::min<uint32_t>(p.source, 2)] += p.length;
+  {
+    std::lock_guard<std::mutex> lock(fs->mount_bytes_mu);
+    auto& m = fs->mount_bytes[mount_id];
+    for (size_t i = 0; i < 3; ++i) m[i] += add[i];
+  }
+  if (rec) {
+    int kinds = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      if (add[i] == 0) continue;
+      ++kinds;
+      rec->source = NodeSourceName(static_cast<NodeSource>(i));
+    }
+    if (kinds > 1) rec->source = "mixed";
+  }
+}
+
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
-  OpTimer timer(FsOf(req)->lat_read);
+  OpScope scope(req, "read", FsOf(req)->lat_read, ino);
+  if (scope.tracing()) {
+    scope.record().offset = static_cast<uint64_t>(off);
+    scope.record().size = size;
+  }
   Fs* fs = FsOf(req);
   std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->FindHandle(fi->fh, ino) : nullptr;
   if (!held) {
@@ -841,6 +974,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     if (fi->fh != 0) fs->AdoptHandle(fi->fh, held);
   }
   OpenFile* of = held.get();
+  if (off == 0) fs->files_read++;
   MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
   ReadResult data;
   Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
@@ -885,11 +1019,12 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     }
   }
   fs->read_bytes += fuse_buf_size(bv);
+  CountReadSources(fs, of->info.mount_id(), data, scope.tracing() ? &scope.record() : nullptr);
   fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  OpTimer timer(FsOf(req)->lat_release);
+  OpScope scope(req, "release", FsOf(req)->lat_release, ino);
   // A handle this process does not know (a crashed predecessor's) has nothing to end.
   if (auto of = FsOf(req)->TakeHandle(fi->fh, ino)) EndOpen(FsOf(req), ino, *of);
   fuse_reply_err(req, 0);
@@ -900,7 +1035,7 @@ void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { ReplyUnsupported(req
 void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
 
 void OpStatfs(fuse_req_t req, fuse_ino_t) {
-  OpTimer timer(FsOf(req)->lat_statfs);
+  OpScope scope(req, "statfs", FsOf(req)->lat_statfs, FUSE_ROOT_ID);
   auto s = FsOf(req)->client->WorkerStats();
   if (!s.ok()) return ReplyError(req, s.status(), "statfs");
   struct statvfs v {};
@@ -1100,6 +1235,7 @@ class FuseMountImpl final : public FuseMount {
     fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
     fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
                                                 std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
+    fs_->tracer = std::make_unique<Tracer>(TracePaths(fs_.get()));
     if (got) {
       fs_->root_ino = got->msg.state().root_ino();
     } else if (cfg.fuse.root != "/") {
@@ -1196,9 +1332,49 @@ class FuseMountImpl final : public FuseMount {
     if (!got) {
       spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
     }
-    metrics_ = metrics::StartOrWarn("fuse.metrics_listen", cfg.fuse.metrics_listen,
-                                    [this](metrics::Exposition* e) { Render(e); }, [this] { return Ready(); });
+    StartMetrics();
     return Status::OK();
+  }
+
+  // The metrics endpoint (with /trace), and the file naming it for the CLI on this machine.
+  void StartMetrics() {
+    metrics_ = metrics::StartOrWarn(
+        "fuse.metrics_listen", fs_->cfg.fuse.metrics_listen, [this](metrics::Exposition* e) { Render(e); },
+        [this] { return Ready(); },
+        {{"/trace", [this](const std::map<std::string, std::string>& params, metrics::StreamSink* sink) {
+            fs_->tracer->Serve(params, sink);
+          }}});
+    WriteEndpoints();
+  }
+  void StopMetrics() {
+    fs_->tracer->Close();  // trace streams end, so the server's threads can be joined
+    metrics_.reset();
+    fs_->tracer->Reopen();
+  }
+  // RuntimeDir()/fuse-<hash>.json: where `granary stats` and `granary trace` find this mount's
+  // endpoints. A successor rewrites it; the last process to serve the mount removes it.
+  void WriteEndpoints() {
+    char real[PATH_MAX];
+    if (realpath(mountpoint_.c_str(), real) == nullptr) return;
+    endpoints_file_ = MountEndpointsFile(real);
+    std::string metrics = metrics_ ? metrics_->address() : "";
+    if (metrics.rfind("0.0.0.0:", 0) == 0) metrics = "127.0.0.1:" + metrics.substr(8);
+    std::string worker = fs_->cfg.fuse.worker;
+    std::ostringstream j;
+    j << "{\"mountpoint\":\"" << JsonEscape(real) << "\",\"root\":\"" << JsonEscape(fs_->cfg.fuse.root)
+      << "\",\"pid\":" << getpid() << ",\"metrics\":\""
+      << JsonEscape(metrics) << "\",\"worker\":\"" << JsonEscape(worker) << "\",\"master\":\""
+      << JsonEscape(fs_->cfg.master.address) << "\"}\n";
+    Status st = MakeDirs(RuntimeDir(), 0755);
+    if (st.ok()) st = WriteFileAtomic(endpoints_file_, j.str());
+    if (!st.ok()) spdlog::warn("cannot write {} (granary stats will not find this mount): {}", endpoints_file_, st.message());
+  }
+  void RemoveEndpoints() {
+    if (endpoints_file_.empty()) return;
+    auto text = ReadFileToString(endpoints_file_);
+    if (text.ok() && text->find("\"pid\":" + std::to_string(getpid()) + ",") != std::string::npos) {
+      unlink(endpoints_file_.c_str());
+    }
   }
 
   // A fresh mount: the mount point exists and is a directory; a stale mount left by a crashed
@@ -1380,7 +1556,7 @@ class FuseMountImpl final : public FuseMount {
     handing_over_ = true;
     // Its port is the successor's when both share a network namespace. A process that stays idle
     // (Kubernetes, each pod its own network) keeps answering probes: /readyz says "handed over".
-    if (fs_->cfg.fuse.exit_after_handover) metrics_.reset();
+    if (fs_->cfg.fuse.exit_after_handover) StopMetrics();
     io_->Drain(se_);   // every request read is answered; nothing more is read
     if (loop_.joinable()) loop_.join();
     StopInvalidator();
@@ -1399,10 +1575,7 @@ class FuseMountImpl final : public FuseMount {
       StartLoop();
       auto listener = ListenLocal(handover_path_);
       if (listener.ok()) listen_fd_ = *listener;
-      if (!metrics_) {
-        metrics_ = metrics::StartOrWarn("fuse.metrics_listen", fs_->cfg.fuse.metrics_listen,
-                                        [this](metrics::Exposition* e) { Render(e); }, [this] { return Ready(); });
-      }
+      if (!metrics_) StartMetrics();
       return;
     }
     handed_over_ = true;
@@ -1474,6 +1647,31 @@ class FuseMountImpl final : public FuseMount {
                static_cast<double>(fs_->reads_by_inode));
     e->Counter("granary_fuse_invalidations_total", "Files whose cached pages were dropped for a new version.",
                static_cast<double>(fs_->invalidations));
+    e->Family("granary_fuse_mount_read_bytes_total", "counter",
+              "Bytes granary-fuse returned to readers per mount id, by where they came from: local (this node's "
+              "worker cache), peer (another worker), under_storage. Reads the kernel serves itself (page cache, "
+              "passthrough) are not seen here.");
+    {
+      std::lock_guard<std::mutex> lock(fs_->mount_bytes_mu);
+      for (const auto& [mount, b] : fs_->mount_bytes) {
+        for (size_t i = 0; i < 3; ++i) {
+          e->Sample("granary_fuse_mount_read_bytes_total",
+                    {{"mount", std::to_string(mount)}, {"source", NodeSourceName(static_cast<NodeSource>(i))}},
+                    static_cast<double>(b[i]));
+        }
+      }
+    }
+    e->Family("granary_fuse_master_call_duration_seconds", "histogram",
+              "Round trip of granary-fuse's metadata calls to the master.");
+    fs_->client->master_latency().Write(e, "granary_fuse_master_call_duration_seconds", {});
+    e->Counter("granary_fuse_files_read_total", "Reads at offset 0 granary-fuse served: files readers started on.",
+               static_cast<double>(fs_->files_read));
+    e->Counter("granary_fuse_trace_records_total",
+               "Access-trace records made (only while a `granary trace` listens; 0 means tracing cost nothing).",
+               static_cast<double>(fs_->tracer->records()));
+    e->Counter("granary_fuse_trace_dropped_total", "Access-trace records a slow listener missed.",
+               static_cast<double>(fs_->tracer->dropped()));
+    metrics::WriteProcessMetrics(e);
   }
 
   // Ready while serving the mount and the master answers.
@@ -1489,7 +1687,10 @@ class FuseMountImpl final : public FuseMount {
     stopping_ = true;
     if (responder_.joinable()) responder_.join();
     std::lock_guard<std::mutex> lock(stop_mu_);
-    metrics_.reset();
+    if (fs_) {
+      StopMetrics();
+      if (!handed_over_) RemoveEndpoints();
+    }
     if (se_ == nullptr) return;
     if (listen_fd_ >= 0) {
       close(listen_fd_);
@@ -1526,6 +1727,7 @@ class FuseMountImpl final : public FuseMount {
 
  private:
   std::string mountpoint_;
+  std::string endpoints_file_;
   std::string handover_path_, keeper_path_;
   int listen_fd_ = -1;
   std::thread responder_;
