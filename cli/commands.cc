@@ -15,6 +15,7 @@
 #include "cli/load.h"
 #include "cli/local.h"
 #include "cli/master_conn.h"
+#include "cli/observe.h"
 #include "common/fs.h"
 #include "common/shutdown.h"
 #include "common/tiers.h"
@@ -511,6 +512,39 @@ int Main(int argc, char** argv) {
   config->add_option("--get", get_key, "Print the effective value of one setting (after --config and flags)");
   config->fallthrough();
 
+  StatsOptions stats_opts;
+  auto* stats = app.add_subcommand("stats", "Live view of one node (FUSE, reads by source, metadata, cache, "
+                                            "under-storage, memory), one line per interval");
+  stats->add_option("PATH", stats_opts.path, "A path in a granary mount (default: fuse.mountpoint; with none, "
+                                             "every worker of the cluster)");
+  stats->add_option("--interval", stats_opts.interval, "Time between lines, e.g. 1s (default 1s)");
+  stats->add_option("--count", stats_opts.count, "Lines to print, then stop (default: until Ctrl-C)")
+      ->check(CLI::NonNegativeNumber);
+  stats->add_flag("--json", stats_opts.json, "One JSON object per line (counts over the interval)");
+  TraceOptions trace_opts;
+  auto* trace = app.add_subcommand("trace", "Stream the FUSE operations of this node's mount, one line each");
+  trace->add_option("PATH", trace_opts.path, "A path in a granary mount (default: fuse.mountpoint)");
+  trace->add_option("--pid", trace_opts.pid, "Only this process's operations")->check(CLI::NonNegativeNumber);
+  trace->add_option("--prefix", trace_opts.prefix, "Only paths under this namespace path, e.g. /imagenet/train");
+  trace->add_option("--op", trace_opts.ops, "Only these operations (repeatable): lookup, getattr, open, read, release, "
+                                           "opendir, readdir, readdirplus, statfs");
+  trace->add_option("--count", trace_opts.count, "Records to print, then stop")->check(CLI::NonNegativeNumber);
+  trace->add_flag("--json", trace_opts.json, "One JSON object per line (what `granary profile --file` reads)");
+  ProfileOptions profile_opts;
+  auto* profile = app.add_subcommand("profile", "Summarise a live trace (for --duration) or a saved one (--file): "
+                                                "top operations, top files, slowest calls");
+  profile->add_option("PATH", profile_opts.path, "A path in a granary mount, for a live trace (default: fuse.mountpoint)");
+  profile->add_option("--file", profile_opts.file, "A trace saved with `granary trace --json` (- for standard input)");
+  profile->add_option("--duration", profile_opts.duration, "How long a live trace runs (default 10s)");
+  profile->add_option("--pid", profile_opts.pid, "Only this process's operations")->check(CLI::NonNegativeNumber);
+  profile->add_option("--top", profile_opts.top, "Rows in each list (default 10)");
+  profile->add_flag("--json", profile_opts.json, "Print JSON");
+  InfoOptions info_opts;
+  auto* info = app.add_subcommand("info", "Where a file's blocks are cached (worker, tier, replica, local), or a "
+                                          "directory's cached share and files wholly on this node");
+  info->add_option("PATH", info_opts.path, "A namespace path (/imagenet/...) or a path in a granary mount")->required();
+  info->add_flag("--json", info_opts.json, "Print JSON");
+
   LocalOptions local_opts;
   ConfigFlags local_flags;
   auto* local = app.add_subcommand("local", "Run master, worker and FUSE on this machine over URI, mounted at MOUNTPOINT");
@@ -558,6 +592,16 @@ int Main(int argc, char** argv) {
     std::fputs(patch->c_str(), stdout);
     return *worker_tiers ? 0 : 1;
   }
+  // Before any thread exists (gRPC's included): Ctrl-C ends these long-running views cleanly.
+  if (*stats || *trace || *profile) Shutdown::InstallSignalHandling();
+  if (*trace || *profile) {
+    if (flags.config_file.empty() && access(LocalDiscoveryFile().c_str(), R_OK) == 0) {
+      flags.config_file = LocalDiscoveryFile();
+    }
+    auto cfg = BuildConfig(flags);
+    if (!cfg.ok()) return Fail(cfg.status());
+    return *trace ? CmdTrace(*cfg, trace_opts) : CmdProfile(*cfg, profile_opts);
+  }
   if (*fluid) {
     auto cfg = BuildConfig(flags);
     if (!cfg.ok()) return Fail(cfg.status());
@@ -593,6 +637,8 @@ int Main(int argc, char** argv) {
   if (*du) return CmdDu(*conn, path, json);
   if (*load) return CmdLoad(*conn, load_opts);
   if (*jobs) return CmdJobs(*conn, jobs_json);
+  if (*stats) return CmdStats(*cfg, *conn, stats_opts);
+  if (*info) return CmdInfo(*cfg, *conn, info_opts);
   return 1;
 }
 

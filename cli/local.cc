@@ -127,6 +127,9 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   SetDefault(&cfg, "master.data_dir", dir + "/master");
   if (cfg.worker.tieredstore.levels.empty()) SetDefault(&cfg, "worker.cache_dir", dir + "/cache");
   SetDefault(&cfg, "worker.heartbeat_interval", "1s");
+  // `granary stats` and `granary trace` find the FUSE endpoint through RuntimeDir(); a fixed port
+  // would clash with a second `granary local` or a cluster's granary-fuse on this machine.
+  SetDefault(&cfg, "fuse.metrics_listen", "127.0.0.1:0");
   Status set = cfg.Set("fuse.mountpoint", opts.mountpoint, "MOUNTPOINT");
   if (!set.ok()) return fail(set);
   InitLogging("granary", cfg.log.level);
@@ -151,6 +154,8 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
 
   std::string discovery = LocalDiscoveryFile();
   std::string yaml = "master:\n  address: \"" + cfg.master.address + "\"\n";
+  // `granary stats`, `trace` and `profile` with no path look at this mount.
+  yaml += "fuse:\n  mountpoint: \"" + cfg.fuse.mountpoint + "\"\n";
   if (!cfg.rpc.token_file.empty()) yaml += "rpc:\n  token_file: \"" + cfg.rpc.token_file + "\"\n";
   if (!cfg.rpc.tls_ca.empty()) yaml += (cfg.rpc.token_file.empty() ? "rpc:\n" : "") + std::string("  tls_ca: \"") + cfg.rpc.tls_ca + "\"\n";
   Status ds = MakeDirs(GranaryHome(), 0700);

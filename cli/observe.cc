@@ -1,0 +1,1090 @@
+#include "cli/observe.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/master_conn.h"
+#include "common/fs.h"
+#include "common/hash.h"
+#include "common/keys.h"
+#include "common/net.h"
+#include "common/shutdown.h"
+#include "common/units.h"
+#include "proto/granary.grpc.pb.h"
+#include "rpc/rpc.h"
+
+namespace granary::cli {
+namespace {
+
+using nlohmann::json;
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "granary: error: %s\n", st.message().c_str());
+  return 1;
+}
+
+// ---- Finding the node: the granary-fuse serving a path -------------------------------------
+
+struct MountEndpoints {
+  std::string mountpoint;
+  std::string root = "/";  // the namespace path shown at the mount point
+  pid_t pid = 0;
+  std::string metrics;  // host:port of granary-fuse's /metrics and /trace ("" when off)
+  std::string worker;   // the node's worker
+  std::string master;
+};
+
+bool ProcessAlive(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+// The mount holding `path` (or fuse.mountpoint when empty): the closest directory at or above it
+// for which a live granary-fuse left its endpoints file. nullopt when there is none.
+StatusOr<std::optional<MountEndpoints>> FindMount(const Config& cfg, const std::string& path, bool required) {
+  std::string p = path.empty() ? cfg.fuse.mountpoint : path;
+  char real[PATH_MAX];
+  if (p.empty() || realpath(p.c_str(), real) == nullptr) {
+    if (!required) return std::optional<MountEndpoints>();
+    return NotFoundError("no such directory on this machine: " + (p.empty() ? std::string("(none)") : p) +
+                         " (give a path inside a granary mount, e.g. /data)");
+  }
+  std::string dir = real;
+  for (;;) {
+    auto text = ReadFileToString(MountEndpointsFile(dir));
+    if (text.ok()) {
+      json j = json::parse(*text, nullptr, false);
+      if (j.is_object() && ProcessAlive(j.value("pid", 0))) {
+        MountEndpoints m;
+        m.mountpoint = j.value("mountpoint", dir);
+        m.root = j.value("root", "/");
+        m.pid = j.value("pid", 0);
+        m.metrics = j.value("metrics", "");
+        m.worker = j.value("worker", "");
+        m.master = j.value("master", "");
+        return std::optional<MountEndpoints>(m);
+      }
+    }
+    if (dir == "/") break;
+    size_t slash = dir.rfind('/');
+    dir = slash == 0 ? "/" : dir.substr(0, slash);
+  }
+  if (!required) return std::optional<MountEndpoints>();
+  return NotFoundError(std::string(real) + " is not in a granary mount served on this machine (no granary-fuse named "
+                       "it in " + RuntimeDir() + "; is granary-fuse or `granary local` running?)");
+}
+
+std::unique_ptr<httplib::Client> HttpTo(const std::string& address) {
+  auto hp = ParseHostPort(address);
+  std::string host = hp.ok() ? hp->host : "127.0.0.1";
+  if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
+  auto c = std::make_unique<httplib::Client>(host, hp.ok() ? hp->port : 0);
+  c->set_connection_timeout(5, 0);
+  c->set_read_timeout(10, 0);
+  return c;
+}
+
+// ---- Prometheus text, as the daemons serve it ------------------------------------------------
+
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+using Samples = std::vector<Sample>;
+
+Samples ParseExposition(const std::string& text) {
+  Samples out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.empty() || line[0] == '#') continue;
+    Sample s;
+    size_t i = line.find_first_of("{ ");
+    if (i == std::string::npos) continue;
+    s.name = line.substr(0, i);
+    if (line[i] == '{') {
+      ++i;
+      while (i < line.size() && line[i] != '}') {
+        size_t eq = line.find('=', i);
+        if (eq == std::string::npos || eq + 1 >= line.size() || line[eq + 1] != '"') break;
+        std::string key = line.substr(i, eq - i);
+        std::string val;
+        size_t j = eq + 2;
+        for (; j < line.size() && line[j] != '"'; ++j) {
+          if (line[j] == '\\' && j + 1 < line.size()) ++j;
+          val += line[j];
+        }
+        s.labels[key] = val;
+        i = j + 1;
+        if (i < line.size() && line[i] == ',') ++i;
+      }
+      i = line.find(' ', i);
+      if (i == std::string::npos) continue;
+    }
+    s.value = std::strtod(line.c_str() + i + 1, nullptr);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+StatusOr<Samples> Scrape(const std::string& address) {
+  auto c = HttpTo(address);
+  auto res = c->Get("/metrics");
+  if (!res) return UnavailableError("cannot read http://" + address + "/metrics: " + httplib::to_string(res.error()));
+  if (res->status != 200) return UnavailableError("http://" + address + "/metrics answered " + std::to_string(res->status));
+  return ParseExposition(res->body);
+}
+
+// Sum of the samples named `name` whose labels include every pair of `match`.
+double Sum(const Samples& s, const std::string& name, const std::map<std::string, std::string>& match = {}) {
+  double total = 0;
+  for (const auto& x : s) {
+    if (x.name != name) continue;
+    bool ok = true;
+    for (const auto& [k, v] : match) {
+      auto it = x.labels.find(k);
+      if (it == x.labels.end() || it->second != v) ok = false;
+    }
+    if (ok) total += x.value;
+  }
+  return total;
+}
+
+// Cumulative bucket counts of histogram `name` (every series together), by upper bound.
+std::map<double, double> Buckets(const Samples& s, const std::string& name,
+                                 const std::map<std::string, std::string>& match = {}) {
+  std::map<double, double> b;
+  for (const auto& x : s) {
+    if (x.name != name + "_bucket") continue;
+    auto le = x.labels.find("le");
+    if (le == x.labels.end()) continue;
+    bool ok = true;
+    for (const auto& [k, v] : match) {
+      auto it = x.labels.find(k);
+      if (it == x.labels.end() || it->second != v) ok = false;
+    }
+    if (!ok) continue;
+    double bound = le->second == "+Inf" ? INFINITY : std::strtod(le->second.c_str(), nullptr);
+    b[bound] += x.value;
+  }
+  return b;
+}
+
+// The q-quantile of the observations between two scrapes (linear within a bucket, as Prometheus'
+// histogram_quantile). NaN when there were none.
+double Quantile(const std::map<double, double>& before, const std::map<double, double>& after, double q) {
+  std::vector<std::pair<double, double>> d;
+  for (const auto& [bound, n] : after) {
+    auto it = before.find(bound);
+    d.emplace_back(bound, n - (it == before.end() ? 0 : it->second));
+  }
+  if (d.empty() || d.back().second <= 0) return NAN;
+  double rank = q * d.back().second;
+  double lower = 0, below = 0;
+  for (const auto& [bound, cum] : d) {
+    if (cum >= rank) {
+      if (std::isinf(bound)) return lower;
+      double in = cum - below;
+      return in <= 0 ? bound : lower + (bound - lower) * (rank - below) / in;
+    }
+    lower = bound;
+    below = cum;
+  }
+  return lower;
+}
+
+// ---- granary stats ---------------------------------------------------------------------------
+
+struct Snapshot {
+  std::chrono::steady_clock::time_point at;
+  std::optional<Samples> fuse;
+  std::vector<rpc::WorkerStats> workers;
+};
+
+StatusOr<std::vector<rpc::WorkerStats>> WorkerStatsOf(const std::shared_ptr<RpcSecurity>& sec,
+                                                      const std::vector<std::string>& addresses,
+                                                      std::chrono::milliseconds timeout) {
+  std::vector<rpc::WorkerStats> out;
+  for (const auto& a : addresses) {
+    auto stub = rpc::Worker::NewStub(sec->MakeChannel(a));
+    grpc::ClientContext ctx;
+    sec->Prepare(&ctx, timeout);
+    rpc::WorkerStats s;
+    Status st = FromGrpc(stub->GetStats(&ctx, rpc::GetStatsRequest(), &s), "the worker at " + a);
+    if (!st.ok()) return st;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+struct Figures {
+  double secs = 0;
+  // FUSE
+  bool fuse = false;
+  double ops = 0, p50 = NAN, p99 = NAN, read_bytes = 0, files = 0;
+  double local = 0, peer = 0, ufs = 0;  // bytes by source
+  double opens_passthrough = 0, opens_kernel = 0, opens_daemon = 0;
+  double meta_ops = 0, master_rtt = NAN;
+  double fuse_rss = 0, fuse_limit = 0;
+  // workers
+  size_t workers = 0;
+  double used = 0, capacity = 0, high = 0, evictions = 0;
+  double ufs_requests = 0, ufs_bytes = 0, ufs_errors = 0, ufs_retries = 0;
+  double worker_rss = 0, worker_limit = 0;
+  std::vector<rpc::TierStats> tiers;
+};
+
+Figures Compare(const Snapshot& a, const Snapshot& b) {
+  Figures f;
+  f.secs = std::chrono::duration<double>(b.at - a.at).count();
+  if (a.fuse && b.fuse) {
+    const Samples &x = *a.fuse, &y = *b.fuse;
+    f.fuse = true;
+    auto delta = [&](const std::string& n, const std::map<std::string, std::string>& m = {}) {
+      return std::max(0.0, Sum(y, n, m) - Sum(x, n, m));
+    };
+    const std::string op = "granary_fuse_operation_duration_seconds";
+    f.ops = delta(op + "_count");
+    f.p50 = Quantile(Buckets(x, op), Buckets(y, op), 0.5);
+    f.p99 = Quantile(Buckets(x, op), Buckets(y, op), 0.99);
+    f.read_bytes = delta("granary_fuse_read_bytes_total");
+    f.files = delta("granary_fuse_files_read_total");
+    f.local = delta("granary_fuse_mount_read_bytes_total", {{"source", "local"}});
+    f.peer = delta("granary_fuse_mount_read_bytes_total", {{"source", "peer"}});
+    f.ufs = delta("granary_fuse_mount_read_bytes_total", {{"source", "under_storage"}});
+    f.opens_passthrough = delta("granary_fuse_opens_total", {{"mode", "passthrough"}});
+    f.opens_kernel = delta("granary_fuse_opens_total", {{"mode", "kernel"}});
+    f.opens_daemon = delta("granary_fuse_opens_total", {{"mode", "daemon"}});
+    for (const char* m : {"lookup", "getattr", "readdir", "statfs"}) f.meta_ops += delta(op + "_count", {{"op", m}});
+    const std::string rtt = "granary_fuse_master_call_duration_seconds";
+    double calls = delta(rtt + "_count");
+    if (calls > 0) f.master_rtt = delta(rtt + "_sum") / calls;
+    f.fuse_rss = Sum(y, "process_resident_memory_bytes");
+    f.fuse_limit = Sum(y, "granary_process_memory_limit_bytes");
+  }
+  f.workers = b.workers.size();
+  for (size_t i = 0; i < b.workers.size(); ++i) {
+    const rpc::WorkerStats& w = b.workers[i];
+    const rpc::WorkerStats* p = i < a.workers.size() ? &a.workers[i] : nullptr;
+    auto d = [&](uint64_t (rpc::WorkerStats::*get)() const) {
+      uint64_t now = (w.*get)(), then = p ? (p->*get)() : now;
+      return static_cast<double>(now >= then ? now - then : 0);
+    };
+    f.used += static_cast<double>(w.used_bytes());
+    f.capacity += static_cast<double>(w.capacity_bytes());
+    for (const auto& t : w.tiers()) f.high += t.high() * static_cast<double>(t.capacity_bytes());
+    f.evictions += d(&rpc::WorkerStats::evictions);
+    f.ufs_requests += d(&rpc::WorkerStats::ufs_calls);
+    f.ufs_bytes += d(&rpc::WorkerStats::ufs_bytes);
+    f.ufs_errors += d(&rpc::WorkerStats::ufs_errors);
+    f.ufs_retries += d(&rpc::WorkerStats::ufs_retries);
+    f.worker_rss += static_cast<double>(w.rss_bytes());
+    f.worker_limit += static_cast<double>(w.memory_limit_bytes());
+    for (const auto& t : w.tiers()) f.tiers.push_back(t);
+  }
+  if (f.capacity > 0) f.high /= f.capacity;  // the capacity-weighted high watermark
+  return f;
+}
+
+// Compact numbers for a 4-character column.
+std::string Compact(double v) {
+  if (std::isnan(v)) return "-";
+  const char* units[] = {"", "k", "M", "G", "T"};
+  int u = 0;
+  while (v >= 999.5 && u < 4) {
+    v /= 1000;
+    ++u;
+  }
+  char buf[16];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else {
+    std::snprintf(buf, sizeof buf, v < 9.95 ? "%.1f%s" : "%.0f%s", v, units[u]);
+  }
+  return buf;
+}
+std::string CompactBytes(double v) {
+  if (std::isnan(v)) return "-";
+  const char* units[] = {"B", "K", "M", "G", "T"};
+  int u = 0;
+  while (v >= 999.5 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[16];
+  std::snprintf(buf, sizeof buf, v < 9.95 && u > 0 ? "%.1f%s" : "%.0f%s", v, units[u]);
+  return buf;
+}
+std::string Latency(double secs) {
+  if (std::isnan(secs)) return "-";
+  char buf[16];
+  if (secs < 1e-3) {
+    std::snprintf(buf, sizeof buf, "%.0fu", secs * 1e6);
+  } else if (secs < 1) {
+    std::snprintf(buf, sizeof buf, secs < 9.95e-3 ? "%.1fm" : "%.0fm", secs * 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1fs", secs);
+  }
+  return buf;
+}
+std::string Pct(double part, double whole) {
+  if (whole <= 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.0f", 100.0 * part / whole);
+  return buf;
+}
+
+struct Column {
+  const char* group;
+  const char* name;
+  int width;
+};
+// Sixteen columns of at most 4 characters: 77 characters with the spaces between them.
+const Column kColumns[] = {
+    {"fuse", "ops", 4},  {"fuse", "p50", 4},   {"fuse", "p99", 4},  {"fuse", "MB/s", 4},
+    {"read", "hit%", 4}, {"read", "peer", 4},  {"read", "ufs%", 4}, {"meta", "ops", 4},
+    {"meta", "rtt", 4},  {"cache", "use%", 4}, {"cache", "ev/s", 4}, {"ufs", "req", 4},
+    {"ufs", "MB/s", 4},  {"ufs", "err", 3},    {"ufs", "rty", 3},   {"mem", "mem", 4},
+};
+
+std::string Row(const std::vector<std::string>& cells) {
+  std::string out;
+  for (size_t i = 0; i < cells.size(); ++i) {
+    std::string c = cells[i];
+    int w = kColumns[i].width;
+    if (static_cast<int>(c.size()) > w) c = c.substr(0, w);
+    if (i) out += ' ';
+    out += std::string(w - c.size(), ' ') + c;
+  }
+  return out;
+}
+
+std::string GroupHeader() {
+  std::string out;
+  size_t i = 0, n = std::size(kColumns);
+  while (i < n) {
+    size_t j = i;
+    int width = 0;
+    while (j < n && std::string(kColumns[j].group) == kColumns[i].group) {
+      width += kColumns[j].width + (j > i ? 1 : 0);  // the space between two columns of the group
+      ++j;
+    }
+    std::string g = kColumns[i].group;
+    int dashes = width - static_cast<int>(g.size());
+    std::string cell = std::string(dashes / 2, '-') + g + std::string(dashes - dashes / 2, '-');
+    if (i) out += ' ';
+    out += cell;
+    i = j;
+  }
+  return out;
+}
+
+std::vector<std::string> Cells(const Figures& f) {
+  double s = f.secs > 0 ? f.secs : 1;
+  double served = f.local + f.peer + f.ufs;
+  std::string use = "-";
+  if (f.capacity > 0) {
+    use = Pct(f.used, f.capacity);
+    if (f.high > 0 && f.used >= f.high * f.capacity) use += "!";  // over the high watermark: evicting
+  }
+  std::string mem = "-";
+  double rss = f.fuse ? f.fuse_rss : f.worker_rss, limit = f.fuse ? f.fuse_limit : f.worker_limit;
+  if (rss > 0) mem = limit > 0 ? Pct(rss, limit) + "%" : CompactBytes(rss);
+  auto fuse = [&](const std::string& v) { return f.fuse ? v : std::string("-"); };
+  return {fuse(Compact(f.ops / s)),
+          fuse(Latency(f.p50)),
+          fuse(Latency(f.p99)),
+          fuse(Compact(f.read_bytes / s / 1e6)),
+          fuse(Pct(f.local, served)),
+          fuse(Pct(f.peer, served)),
+          fuse(Pct(f.ufs, served)),
+          fuse(Compact(f.meta_ops / s)),
+          fuse(Latency(f.master_rtt)),
+          use,
+          f.workers ? Compact(f.evictions / s) : "-",
+          f.workers ? Compact(f.ufs_requests / s) : "-",
+          f.workers ? Compact(f.ufs_bytes / s / 1e6) : "-",
+          f.workers ? Compact(f.ufs_errors) : "-",
+          f.workers ? Compact(f.ufs_retries) : "-",
+          mem};
+}
+
+json FiguresJson(const Figures& f) {
+  auto num = [](double v) { return std::isnan(v) ? json(nullptr) : json(v); };
+  json j;
+  j["time"] = static_cast<int64_t>(std::time(nullptr));
+  j["interval_s"] = f.secs;
+  if (f.fuse) {
+    double served = f.local + f.peer + f.ufs;
+    j["fuse"] = {{"ops", f.ops}, {"p50_s", num(f.p50)}, {"p99_s", num(f.p99)}, {"read_bytes", f.read_bytes},
+                 {"files", f.files}};
+    j["read"] = {{"local_bytes", f.local},
+                 {"peer_bytes", f.peer},
+                 {"under_storage_bytes", f.ufs},
+                 {"hit_ratio", served > 0 ? json(f.local / served) : json(nullptr)},
+                 {"opens_passthrough", f.opens_passthrough},
+                 {"opens_kernel", f.opens_kernel},
+                 {"opens_daemon", f.opens_daemon}};
+    j["meta"] = {{"ops", f.meta_ops}, {"master_rtt_s", num(f.master_rtt)}};
+  }
+  json tiers = json::array();
+  for (const auto& t : f.tiers) {
+    tiers.push_back({{"medium", t.medium()},
+                     {"used_bytes", t.used_bytes()},
+                     {"capacity_bytes", t.capacity_bytes()},
+                     {"high", t.high()},
+                     {"low", t.low()}});
+  }
+  j["cache"] = {{"workers", f.workers},   {"used_bytes", f.used}, {"capacity_bytes", f.capacity},
+                {"high", f.high},         {"evictions", f.evictions}, {"tiers", tiers}};
+  j["ufs"] = {{"requests", f.ufs_requests}, {"bytes", f.ufs_bytes}, {"errors", f.ufs_errors}, {"retries", f.ufs_retries}};
+  j["memory"] = {{"fuse_rss_bytes", f.fuse_rss},
+                 {"fuse_limit_bytes", f.fuse_limit},
+                 {"worker_rss_bytes", f.worker_rss},
+                 {"worker_limit_bytes", f.worker_limit}};
+  return j;
+}
+
+// The live workers' addresses, from the master.
+StatusOr<std::vector<std::string>> LiveWorkers(MasterConn& master) {
+  rpc::Report r;
+  RETURN_IF_ERROR(master.Call(&rpc::Master::Stub::GetReport, rpc::GetReportRequest(), &r));
+  std::vector<std::string> out;
+  for (const auto& w : r.workers()) {
+    if (w.alive()) out.push_back(w.address());
+  }
+  return out;
+}
+
+}  // namespace
+
+int CmdStats(const Config& cfg, MasterConn& master, const StatsOptions& opts) {
+  auto interval = ParseDuration(opts.interval);
+  if (!interval.ok() || interval->count() < 100) {
+    return Fail(InvalidArgumentError("--interval '" + opts.interval + "' must be a duration of at least 100ms, e.g. 1s"));
+  }
+  auto found = FindMount(cfg, opts.path, !opts.path.empty());
+  if (!found.ok()) return Fail(found.status());
+  auto sec = RpcSecurity::FromConfig(cfg.rpc);
+  if (!sec.ok()) return Fail(sec.status());
+  std::optional<MountEndpoints> node = *found;
+  std::vector<std::string> workers;
+  if (node) {
+    if (node->metrics.empty()) {
+      return Fail(FailedPreconditionError("the granary-fuse at " + node->mountpoint +
+                                          " has no metrics endpoint (fuse.metrics_listen is off); turn it on"));
+    }
+    if (!node->worker.empty()) workers.push_back(node->worker);
+  } else {
+    auto live = LiveWorkers(master);
+    if (!live.ok()) return Fail(live.status());
+    workers = *live;
+  }
+  auto take = [&]() -> StatusOr<Snapshot> {
+    Snapshot s;
+    s.at = std::chrono::steady_clock::now();
+    if (node) {
+      ASSIGN_OR_RETURN(Samples m, Scrape(node->metrics));
+      s.fuse = std::move(m);
+    }
+    auto w = WorkerStatsOf(*sec, workers, cfg.rpc.timeout);
+    if (w.ok()) s.workers = std::move(*w);  // a worker restarting: FUSE figures alone meanwhile
+    return s;
+  };
+  auto prev = take();
+  if (!prev.ok()) return Fail(prev.status());
+  const bool tty = isatty(STDOUT_FILENO) && !opts.json;
+  if (!opts.json) {
+    std::string where = node ? "node of " + node->mountpoint : std::to_string(workers.size()) + " workers of the cluster";
+    if (tty) {
+      std::printf("%s\n%s\n", GroupHeader().c_str(), Row([] {
+                    std::vector<std::string> names;
+                    for (const auto& c : kColumns) names.push_back(c.name);
+                    return names;
+                  }()).c_str());
+    } else {
+      std::string h;
+      for (const auto& c : kColumns) h += std::string(h.empty() ? "" : " ") + c.group + "." + c.name;
+      std::printf("# %s\n%s\n", where.c_str(), h.c_str());
+    }
+    std::fflush(stdout);
+  }
+  for (int n = 0; opts.count == 0 || n < opts.count; ++n) {
+    if (Shutdown::WaitFor(*interval)) break;
+    auto cur = take();
+    if (!cur.ok()) return Fail(cur.status());
+    Figures f = Compare(*prev, *cur);
+    if (opts.json) {
+      std::printf("%s\n", FiguresJson(f).dump().c_str());
+    } else if (tty) {
+      std::printf("%s\n", Row(Cells(f)).c_str());
+    } else {
+      std::string line;
+      for (const auto& c : Cells(f)) line += (line.empty() ? "" : " ") + c;
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+    prev = std::move(cur);
+  }
+  return 0;
+}
+
+// ---- granary trace ---------------------------------------------------------------------------
+
+namespace {
+
+std::string PlainTraceLine(const json& r) {
+  std::string t = r.value("time", "");
+  if (t.size() > 11) t = t.substr(11, 15);  // HH:MM:SS.uuuuuu
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-15s %7lld %5lld %-11s %-7s %8lldus", t.c_str(),
+                static_cast<long long>(r.value("pid", 0LL)), static_cast<long long>(r.value("uid", 0LL)),
+                r.value("op", "").c_str(), r.value("result", "").c_str(),
+                static_cast<long long>(r.value("latency_us", 0LL)));
+  std::string out = buf;
+  if (r.contains("size")) {
+    std::snprintf(buf, sizeof buf, " %-13s %llu+%llu", r.value("source", "").c_str(),
+                  static_cast<unsigned long long>(r.value("offset", 0ULL)),
+                  static_cast<unsigned long long>(r.value("size", 0ULL)));
+    out += buf;
+  }
+  return out + " " + r.value("path", "");
+}
+
+// Streams the trace of the mount at `path` to `on_record` (false: stop). Ends at Ctrl-C too.
+Status StreamTrace(const Config& cfg, const std::string& path, int64_t pid, const std::string& prefix,
+                   const std::vector<std::string>& ops, const std::function<bool(const json&)>& on_record,
+                   const std::function<void()>& on_started) {
+  ASSIGN_OR_RETURN(std::optional<MountEndpoints> node, FindMount(cfg, path, true));
+  if (node->metrics.empty()) {
+    return FailedPreconditionError("the granary-fuse at " + node->mountpoint +
+                                   " has no metrics endpoint (fuse.metrics_listen is off); the trace is served there");
+  }
+  httplib::Params params;
+  if (pid >= 0) params.emplace("pid", std::to_string(pid));
+  if (!prefix.empty()) params.emplace("prefix", prefix);
+  if (!ops.empty()) {
+    std::string o;
+    for (const auto& x : ops) o += (o.empty() ? "" : ",") + x;
+    params.emplace("op", o);
+  }
+  auto c = HttpTo(node->metrics);
+  c->set_read_timeout(24 * 3600, 0);  // records come when the mount is used
+  std::string pending;
+  bool stopped = false;
+  Status bad = Status::OK();
+  auto res = c->Get(
+      "/trace", params, httplib::Headers(),
+      [&](const char* data, size_t len) {
+        pending.append(data, len);
+        size_t eol;
+        while ((eol = pending.find('\n')) != std::string::npos) {
+          std::string line = pending.substr(0, eol);
+          pending.erase(0, eol + 1);
+          json j = json::parse(line, nullptr, false);
+          if (!j.is_object()) continue;
+          if (j.contains("error")) {
+            bad = InvalidArgumentError(j.value("error", ""));
+            return false;
+          }
+          if (j.contains("trace")) {
+            if (on_started) on_started();
+            continue;
+          }
+          if (!on_record(j)) {
+            stopped = true;
+            return false;
+          }
+        }
+        return !Shutdown::Requested();
+      });
+  if (!bad.ok()) return bad;
+  if (!res && !stopped && !Shutdown::Requested()) {
+    if (res.error() == httplib::Error::Canceled) return Status::OK();
+    return UnavailableError("the trace at http://" + node->metrics + "/trace ended: " + httplib::to_string(res.error()));
+  }
+  if (res && res->status == 503) return UnavailableError("granary-fuse serves at most 4 traces at once; stop one");
+  return Status::OK();
+}
+
+}  // namespace
+
+int CmdTrace(const Config& cfg, const TraceOptions& opts) {
+  int64_t n = 0;
+  if (!opts.json) {
+    std::printf("%-15s %7s %5s %-11s %-7s %10s %s\n", "time", "pid", "uid", "op", "result", "latency",
+                "[source offset+size] path");
+  }
+  std::fflush(stdout);
+  Status st = StreamTrace(
+      cfg, opts.path, opts.pid, opts.prefix, opts.ops,
+      [&](const json& r) {
+        std::printf("%s\n", opts.json ? r.dump().c_str() : PlainTraceLine(r).c_str());
+        std::fflush(stdout);
+        return opts.count == 0 || ++n < opts.count;
+      },
+      [] {
+        std::fprintf(stderr, "granary trace: tracing (Ctrl-C stops)\n");
+        std::fflush(stderr);
+      });
+  if (!st.ok()) return Fail(st);
+  return 0;
+}
+
+// ---- granary profile -------------------------------------------------------------------------
+
+namespace {
+
+struct OpStats {
+  uint64_t count = 0, errors = 0, bytes = 0;
+  double total = 0, max = 0;
+  std::vector<double> latencies;
+};
+
+class Profile {
+ public:
+  void Add(const json& r) {
+    std::string op = r.value("op", "?");
+    double lat = static_cast<double>(r.value("latency_us", 0LL)) / 1e6;
+    uint64_t bytes = r.value("size", 0ULL);
+    bool err = r.value("result", "ok") != "ok";
+    auto& o = ops_[op];
+    o.count++;
+    o.errors += err;
+    o.bytes += bytes;
+    o.total += lat;
+    o.max = std::max(o.max, lat);
+    if (o.latencies.size() < 1'000'000) o.latencies.push_back(lat);
+    auto& f = files_[r.value("path", "")];
+    f.count++;
+    f.bytes += bytes;
+    f.total += lat;
+    slowest_.push_back(r);
+    std::sort(slowest_.begin(), slowest_.end(), [](const json& a, const json& b) {
+      return a.value("latency_us", 0LL) > b.value("latency_us", 0LL);
+    });
+    if (slowest_.size() > 100) slowest_.pop_back();
+    ++records_;
+  }
+  uint64_t records() const { return records_; }
+
+  json ToJson(int top) {
+    json j;
+    j["records"] = records_;
+    j["operations"] = json::array();
+    for (auto& [op, o] : SortedOps()) {
+      j["operations"].push_back({{"op", op},
+                                 {"count", o->count},
+                                 {"errors", o->errors},
+                                 {"bytes", o->bytes},
+                                 {"total_s", o->total},
+                                 {"avg_s", o->total / static_cast<double>(o->count)},
+                                 {"p99_s", P99(o)},
+                                 {"max_s", o->max}});
+    }
+    j["files"] = json::array();
+    for (auto& [path, f] : TopFiles(top)) {
+      j["files"].push_back({{"path", path}, {"ops", f->count}, {"bytes", f->bytes}, {"total_s", f->total}});
+    }
+    j["slowest"] = json::array();
+    for (int i = 0; i < top && i < static_cast<int>(slowest_.size()); ++i) j["slowest"].push_back(slowest_[i]);
+    return j;
+  }
+
+  void Print(int top) {
+    std::printf("%llu operations traced\n\n", static_cast<unsigned long long>(records_));
+    std::printf("%-12s %9s %7s %10s %9s %9s %9s %9s\n", "operation", "count", "errors", "bytes", "total", "avg",
+                "p99", "max");
+    for (auto& [op, o] : SortedOps()) {
+      std::printf("%-12s %9llu %7llu %10s %9s %9s %9s %9s\n", op.c_str(), static_cast<unsigned long long>(o->count),
+                  static_cast<unsigned long long>(o->errors), FormatBytes(o->bytes).c_str(), Secs(o->total).c_str(),
+                  Secs(o->total / static_cast<double>(o->count)).c_str(), Secs(P99(o)).c_str(), Secs(o->max).c_str());
+    }
+    std::printf("\ntop files by time\n%9s %10s %9s  %s\n", "ops", "bytes", "total", "path");
+    for (auto& [path, f] : TopFiles(top)) {
+      std::printf("%9llu %10s %9s  %s\n", static_cast<unsigned long long>(f->count), FormatBytes(f->bytes).c_str(),
+                  Secs(f->total).c_str(), path.c_str());
+    }
+    std::printf("\nslowest calls\n");
+    for (int i = 0; i < top && i < static_cast<int>(slowest_.size()); ++i) {
+      std::printf("%s\n", PlainTraceLine(slowest_[i]).c_str());
+    }
+  }
+
+ private:
+  static std::string Secs(double s) {
+    char buf[32];
+    if (s < 1e-3) {
+      std::snprintf(buf, sizeof buf, "%.0fus", s * 1e6);
+    } else if (s < 1) {
+      std::snprintf(buf, sizeof buf, "%.2fms", s * 1e3);
+    } else {
+      std::snprintf(buf, sizeof buf, "%.2fs", s);
+    }
+    return buf;
+  }
+  static double P99(OpStats* o) {
+    if (o->latencies.empty()) return 0;
+    size_t k = static_cast<size_t>(0.99 * static_cast<double>(o->latencies.size() - 1));
+    std::nth_element(o->latencies.begin(), o->latencies.begin() + k, o->latencies.end());
+    return o->latencies[k];
+  }
+  std::vector<std::pair<std::string, OpStats*>> SortedOps() {
+    std::vector<std::pair<std::string, OpStats*>> v;
+    for (auto& [op, o] : ops_) v.emplace_back(op, &o);
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second->total > b.second->total; });
+    return v;
+  }
+  std::vector<std::pair<std::string, OpStats*>> TopFiles(int top) {
+    std::vector<std::pair<std::string, OpStats*>> v;
+    for (auto& [p, f] : files_) v.emplace_back(p, &f);
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second->total > b.second->total; });
+    if (static_cast<int>(v.size()) > top) v.resize(top);
+    return v;
+  }
+  std::map<std::string, OpStats> ops_;
+  std::map<std::string, OpStats> files_;
+  std::vector<json> slowest_;
+  uint64_t records_ = 0;
+};
+
+}  // namespace
+
+int CmdProfile(const Config& cfg, const ProfileOptions& opts) {
+  if (opts.top < 1) return Fail(InvalidArgumentError("--top must be at least 1"));
+  Profile p;
+  if (!opts.file.empty()) {
+    std::ifstream file;
+    std::istream* in = &std::cin;
+    if (opts.file != "-") {
+      file.open(opts.file);
+      if (!file) return Fail(NotFoundError("cannot read the trace " + opts.file));
+      in = &file;
+    }
+    std::string line;
+    for (uint64_t n = 1; std::getline(*in, line); ++n) {
+      if (line.empty()) continue;
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_object()) {
+        return Fail(InvalidArgumentError(opts.file + " line " + std::to_string(n) +
+                                         " is not a trace record (save traces with `granary trace --json`)"));
+      }
+      if (j.contains("op") && (opts.pid < 0 || j.value("pid", -1LL) == opts.pid)) p.Add(j);
+    }
+  } else {
+    auto d = ParseDuration(opts.duration);
+    if (!d.ok()) return Fail(InvalidArgumentError("--duration '" + opts.duration + "' must be a duration, e.g. 30s"));
+    const auto until = std::chrono::steady_clock::now() + *d;
+    // The trace is read until the duration passed (checked when records come, and by a timer that
+    // ends the stream when none do).
+    std::thread timer([&] {
+      if (!Shutdown::WaitFor(*d)) Shutdown::Request("profile duration passed");
+    });
+    Status st = StreamTrace(
+        cfg, opts.path, opts.pid, "", {},
+        [&](const json& r) {
+          p.Add(r);
+          return std::chrono::steady_clock::now() < until;
+        },
+        [&] {
+          std::fprintf(stderr, "granary profile: tracing for %s (Ctrl-C ends it sooner)\n", opts.duration.c_str());
+        });
+    Shutdown::Request("profile done");
+    timer.join();
+    if (!st.ok()) return Fail(st);
+  }
+  if (opts.json) {
+    std::printf("%s\n", p.ToJson(opts.top).dump(2).c_str());
+  } else {
+    p.Print(opts.top);
+  }
+  return 0;
+}
+
+// ---- granary info ----------------------------------------------------------------------------
+
+namespace {
+
+struct WorkerRef {
+  uint64_t id = 0;
+  std::string address;
+  bool local = false;
+};
+
+// The namespace path of `path`: itself when it names no local file, else its place under the
+// granary mount holding it.
+std::string NamespacePath(const Config& cfg, const std::string& path, std::optional<MountEndpoints>* node) {
+  char real[PATH_MAX];
+  if (path.empty() || path[0] != '/' || realpath(path.c_str(), real) == nullptr) {
+    if (path.empty() || path[0] != '/') {
+      if (realpath(path.c_str(), real) == nullptr) return path;  // relative and not local: as given
+    } else {
+      return path;
+    }
+  }
+  auto found = FindMount(cfg, real, false);
+  if (!found.ok() || !*found) return path;
+  *node = *found;
+  std::string rel = std::string(real).substr((*found)->mountpoint.size());
+  std::string root = (*found)->root;
+  if (root == "/") root.clear();
+  std::string ns = root + rel;
+  return ns.empty() ? "/" : ns;
+}
+
+struct FileBlocks {
+  std::string path;
+  rpc::FileInfo info;
+  FileKey key;
+  uint64_t blocks = 0;
+};
+
+// Which blocks of `files` each worker holds: per file, index -> (worker, residency).
+using Holders = std::vector<std::multimap<uint64_t, std::pair<const WorkerRef*, rpc::BlockResidency>>>;
+
+Status AskResidency(const std::shared_ptr<RpcSecurity>& sec, const Config& cfg, const std::vector<WorkerRef>& workers,
+                    const std::vector<FileBlocks>& files, Holders* out) {
+  out->assign(files.size(), {});
+  for (const WorkerRef& w : workers) {
+    auto stub = rpc::Worker::NewStub(sec->MakeChannel(w.address));
+    for (size_t start = 0; start < files.size();) {
+      rpc::ResidencyRequest req;
+      uint64_t blocks = 0;
+      size_t end = start;
+      for (; end < files.size() && (end == start || blocks + files[end].blocks <= 100000); ++end) {
+        auto* q = req.add_files();
+        q->set_file_key(FileKeyBytes(files[end].key));
+        q->set_blocks(files[end].blocks);
+        blocks += files[end].blocks;
+      }
+      grpc::ClientContext ctx;
+      sec->Prepare(&ctx, cfg.rpc.timeout);
+      rpc::ResidencyResponse resp;
+      RETURN_IF_ERROR(FromGrpc(stub->GetResidency(&ctx, req, &resp), "the worker at " + w.address));
+      for (int i = 0; i < resp.files_size() && start + i < end; ++i) {
+        for (const auto& b : resp.files(i).blocks()) (*out)[start + i].emplace(b.index(), std::make_pair(&w, b));
+      }
+      start = end;
+    }
+  }
+  return Status::OK();
+}
+
+StatusOr<FileBlocks> BlocksOf(MasterConn& m, const std::string& path, uint64_t ino,
+                              std::map<uint64_t, std::string>* uris) {
+  FileBlocks f;
+  f.path = path;
+  rpc::GetFileRequest req;
+  req.set_ino(ino);
+  RETURN_IF_ERROR(m.Call(&rpc::Master::Stub::GetFile, req, &f.info));
+  auto it = uris->find(f.info.mount_id());
+  if (it == uris->end()) {
+    rpc::GetMountRequest gm;
+    gm.set_id(f.info.mount_id());
+    rpc::MountInfo mi;
+    RETURN_IF_ERROR(m.Call(&rpc::Master::Stub::GetMount, gm, &mi));
+    it = uris->emplace(f.info.mount_id(), mi.uri()).first;
+  }
+  f.key = MakeFileKey(it->second, f.info.ufs_path(), f.info.version());
+  uint64_t bs = f.info.block_size() ? f.info.block_size() : 1;
+  f.blocks = (f.info.attr().size() + bs - 1) / bs;
+  return f;
+}
+
+}  // namespace
+
+int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
+  std::optional<MountEndpoints> node;
+  std::string ns = NamespacePath(cfg, opts.path, &node);
+  if (ns.empty() || ns[0] != '/') {
+    return Fail(InvalidArgumentError("'" + opts.path + "' is neither a namespace path (/dataset/...) nor a path in a "
+                                     "granary mount on this machine"));
+  }
+  auto sec = RpcSecurity::FromConfig(cfg.rpc);
+  if (!sec.ok()) return Fail(sec.status());
+  rpc::ResolvePathRequest rr;
+  rr.set_path(ns);
+  rpc::AttrResponse attr;
+  Status st = master.Call(&rpc::Master::Stub::ResolvePath, rr, &attr);
+  if (!st.ok()) return Fail(st);
+  rpc::Report report;
+  st = master.Call(&rpc::Master::Stub::GetReport, rpc::GetReportRequest(), &report);
+  if (!st.ok()) return Fail(st);
+  // This node's worker: the one its granary-fuse reads from, else fuse.worker of the configuration.
+  std::string local = node ? node->worker : cfg.fuse.worker;
+  std::vector<WorkerRef> workers;
+  for (const auto& w : report.workers()) {
+    if (!w.alive()) continue;
+    workers.push_back({w.id(), w.address(), w.address() == local});
+  }
+  std::map<uint64_t, std::string> uris;
+
+  if (attr.attr().type() != rpc::DIRECTORY) {
+    auto f = BlocksOf(master, ns, attr.attr().ino(), &uris);
+    if (!f.ok()) return Fail(f.status());
+    Holders holders;
+    st = AskResidency(*sec, cfg, workers, {*f}, &holders);
+    if (!st.ok()) return Fail(st);
+    const auto& h = holders[0];
+    uint64_t bs = f->info.block_size();
+    uint64_t cached = 0, local_blocks = 0, cached_bytes = 0;
+    json blocks = json::array();
+    for (uint64_t i = 0; i < f->blocks; ++i) {
+      auto [lo, hi] = h.equal_range(i);
+      json holders_j = json::array();
+      bool any = false, here = false;
+      for (auto it = lo; it != hi; ++it) {
+        any = true;
+        here |= it->second.first->local;
+        holders_j.push_back({{"worker", it->second.first->address},
+                             {"worker_id", it->second.first->id},
+                             {"tier", it->second.second.medium()},
+                             {"level", it->second.second.level()},
+                             {"kind", it->second.second.elastic() ? "elastic" : "replica"},
+                             {"local", it->second.first->local}});
+      }
+      uint64_t len = std::min(bs, f->info.attr().size() - i * bs);
+      cached += any;
+      local_blocks += here;
+      if (any) cached_bytes += len;
+      blocks.push_back({{"index", i}, {"length", len}, {"cached", any}, {"local", here}, {"holders", holders_j}});
+    }
+    if (opts.json) {
+      json j = {{"path", ns},
+                {"type", "file"},
+                {"size", f->info.attr().size()},
+                {"version", f->info.version()},
+                {"block_size", bs},
+                {"blocks", f->blocks},
+                {"cached_blocks", cached},
+                {"cached_bytes", cached_bytes},
+                {"local_blocks", local_blocks},
+                {"local_worker", local},
+                {"block_list", blocks}};
+      std::printf("%s\n", j.dump(2).c_str());
+      return 0;
+    }
+    std::printf("%s\n  size %s, version %s, block size %s, %llu blocks\n", ns.c_str(),
+                FormatBytes(f->info.attr().size()).c_str(), f->info.version().c_str(), FormatBytes(bs).c_str(),
+                static_cast<unsigned long long>(f->blocks));
+    std::printf("  cached %llu of %llu blocks (%s), %llu on this node's worker (%s)\n",
+                static_cast<unsigned long long>(cached), static_cast<unsigned long long>(f->blocks),
+                FormatBytes(cached_bytes).c_str(), static_cast<unsigned long long>(local_blocks),
+                local.empty() ? "unknown" : local.c_str());
+    std::printf("  %6s %10s  %s\n", "block", "length", "where (worker tier kind)");
+    for (const auto& b : blocks) {
+      std::string where;
+      for (const auto& x : b["holders"]) {
+        where += (where.empty() ? "" : ", ") + x["worker"].get<std::string>() + " " + x["tier"].get<std::string>() + " " +
+                 x["kind"].get<std::string>() + (x["local"].get<bool>() ? " (local)" : "");
+      }
+      std::printf("  %6llu %10s  %s\n", static_cast<unsigned long long>(b["index"].get<uint64_t>()),
+                  FormatBytes(b["length"].get<uint64_t>()).c_str(), where.empty() ? "not cached" : where.c_str());
+    }
+    return 0;
+  }
+
+  // A directory: the cached share as du gives it, and how many files are wholly on this node.
+  rpc::DuRequest dr;
+  dr.set_path(ns);
+  rpc::DuResponse du;
+  st = master.Call(&rpc::Master::Stub::Du, dr, &du);
+  if (!st.ok()) return Fail(st);
+  std::vector<WorkerRef> mine;
+  for (const auto& w : workers) {
+    if (w.local) mine.push_back(w);
+  }
+  uint64_t files = 0, whole_local = 0;
+  std::vector<FileBlocks> batch;
+  auto flush = [&]() -> Status {
+    Holders h;
+    RETURN_IF_ERROR(AskResidency(*sec, cfg, mine, batch, &h));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      std::set<uint64_t> held;
+      for (const auto& [index, _] : h[i]) held.insert(index);
+      if (held.size() == batch[i].blocks) whole_local++;
+    }
+    batch.clear();
+    return Status::OK();
+  };
+  std::vector<std::pair<std::string, uint64_t>> dirs = {{ns, attr.attr().ino()}};
+  while (!dirs.empty()) {
+    auto [dpath, dino] = dirs.back();
+    dirs.pop_back();
+    uint64_t after = 0;
+    for (;;) {
+      rpc::ReadDirRequest rq;
+      rq.set_ino(dino);
+      rq.set_after(after);
+      rq.set_limit(1000);
+      rpc::ReadDirResponse resp;
+      st = master.Call(&rpc::Master::Stub::ReadDir, rq, &resp);
+      if (!st.ok()) return Fail(st);
+      for (const auto& e : resp.entries()) {
+        after = e.cookie();
+        std::string child = (dpath == "/" ? "" : dpath) + "/" + e.name();
+        if (e.attr().type() == rpc::DIRECTORY) {
+          dirs.emplace_back(child, e.attr().ino());
+          continue;
+        }
+        ++files;
+        auto f = BlocksOf(master, child, e.attr().ino(), &uris);
+        if (!f.ok()) return Fail(f.status());
+        if (f->blocks == 0) {
+          whole_local++;  // nothing to cache
+          continue;
+        }
+        batch.push_back(std::move(*f));
+        if (batch.size() >= 1000) {
+          st = flush();
+          if (!st.ok()) return Fail(st);
+        }
+      }
+      if (resp.end() || resp.entries_size() == 0) break;
+    }
+  }
+  if (!batch.empty() && !(st = flush()).ok()) return Fail(st);
+  const rpc::DuEntry& t = du.total();
+  if (opts.json) {
+    json j = {{"path", ns},
+              {"type", "directory"},
+              {"files", files},
+              {"bytes", t.bytes()},
+              {"cached_bytes", t.cached_bytes()},
+              {"replica_bytes", t.replica_bytes()},
+              {"elastic_bytes", t.elastic_bytes()},
+              {"local_worker", local},
+              {"files_wholly_local", whole_local}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s\n  %llu files, %s; cached %s (%.1f%%), replicas %s, elastic copies %s\n", ns.c_str(),
+              static_cast<unsigned long long>(files), FormatBytes(t.bytes()).c_str(),
+              FormatBytes(t.cached_bytes()).c_str(),
+              t.bytes() ? 100.0 * static_cast<double>(t.cached_bytes()) / static_cast<double>(t.bytes()) : 0.0,
+              FormatBytes(t.replica_bytes()).c_str(), FormatBytes(t.elastic_bytes()).c_str());
+  std::printf("  %llu of %llu files wholly on this node's worker (%s)\n", static_cast<unsigned long long>(whole_local),
+              static_cast<unsigned long long>(files), local.empty() ? "unknown" : local.c_str());
+  return 0;
+}
+
+}  // namespace granary::cli
