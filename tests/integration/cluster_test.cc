@@ -3,14 +3,18 @@
 // granary-worker and a granary-fuse on every node. Daemons join only their node's network
 // namespace (nsenter --net), so every FUSE mount lands in this process's mount namespace and the
 // test reads all of them. Bytes the under-storage sends are counted on the storage host's link.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <map>
 #include <random>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -388,6 +392,169 @@ TEST_F(ClusterTest, AVanishedWorkerCostsSecondsNotTheCallDeadline) {
   reader.join();
   EXPECT_TRUE(finished) << "a read waited for the vanished worker's call deadline";
   EXPECT_EQ(bad.load(), 0);
+}
+
+// The JSON objects among a log's lines.
+std::vector<nlohmann::json> JsonLines(const std::string& log) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// `granary stats` on node 2 while that node reads the dataset: over a window holding the whole
+// read, the counts add up to it (files, bytes, and every byte with one source).
+TEST_F(ClusterTest, StatsOfANodeAddUpToWhatItsReaderDid) {
+  std::string node = *dir_ / "node2";
+  Process stats(InNs(NodeNs(2), {Bin("granary"), "stats", node + "/mnt", "--interval", "300ms", "--json"}),
+                *dir_ / "stats2.log", {{"GRANARY_HOME", *dir_ / "home"}});
+  ASSERT_TRUE(WaitFor([&] { return JsonLines(stats.Log()).size() >= 1 || !stats.Running(); })) << stats.Log();
+  size_t first = JsonLines(stats.Log()).size();
+  std::atomic<int> bad{0};
+  ReadEpoch(2, 3, &bad);
+  EXPECT_EQ(bad.load(), 0);
+  const size_t done = JsonLines(stats.Log()).size();  // lines printed by the time the read ended
+  ASSERT_TRUE(WaitFor([&] { return JsonLines(stats.Log()).size() >= done + 2; })) << stats.Log();
+  stats.Stop(SIGINT);
+  auto lines = JsonLines(stats.Log());
+  double files = 0, bytes = 0, by_source = 0;
+  for (size_t i = first; i < lines.size(); ++i) {
+    files += lines[i]["fuse"]["files"].get<double>();
+    bytes += lines[i]["fuse"]["read_bytes"].get<double>();
+    by_source += lines[i]["read"]["local_bytes"].get<double>() + lines[i]["read"]["peer_bytes"].get<double>() +
+                 lines[i]["read"]["under_storage_bytes"].get<double>();
+    EXPECT_EQ(lines[i]["cache"]["workers"], 1) << "one node's view";
+  }
+  std::string per_line;
+  for (const auto& l : lines) per_line += std::to_string(l["fuse"]["files"].get<double>()) + " ";
+  EXPECT_EQ(files, files_.size()) << "from line " << first << " of " << per_line;
+  EXPECT_EQ(bytes, dataset_bytes_) << stats.Log();
+  EXPECT_EQ(by_source, dataset_bytes_) << "every byte has one source";
+}
+
+// `granary info` on a file partly cached across the workers (a mount without elastic copies, so
+// each block read lands on its home only) shows each cached block on exactly one worker, which
+// blocks are on this node, and agrees with the master's du.
+TEST_F(ClusterTest, InfoShowsWhereEachBlockOfAPartlyCachedFileIs) {
+  ASSERT_EQ(Cli({"free", "/ds"}).code, 0);
+  RunResult m = Cli({"mount", "/ds-info", "s3://cluster/ds", "-o", "endpoint=" + endpoint_, "-o",
+                     "access_key_file=" + *dir_ / "ak", "-o", "secret_key_file=" + *dir_ / "sk", "-o",
+                     "cache.elastic=false"});
+  ASSERT_EQ(m.code, 0) << m.out;
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == 0; })) << Report().dump(1);
+  const std::string name = "shards/shard-1";
+  const std::string& want = files_[name];
+  std::string local = *dir_ / ("node1/mnt/ds-info/" + name);
+  int fd = open(local.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  for (uint64_t b = 0; b < 6; ++b) {  // 6 of the file's 10 blocks
+    std::string buf(1000, '\0');
+    ASSERT_EQ(pread(fd, buf.data(), buf.size(), static_cast<off_t>(b * kBlockSize)), 1000);
+    EXPECT_EQ(buf, want.substr(b * kBlockSize, 1000));
+  }
+  close(fd);
+  nlohmann::json info;
+  ASSERT_TRUE(WaitFor([&] {
+    RunResult r = RunCommand(InNs(NodeNs(1), {Bin("granary"), "--master", master_addr_, "info", local, "--json"}),
+                             {{"GRANARY_HOME", *dir_ / "home"}});
+    info = nlohmann::json::parse(r.out, nullptr, false);
+    if (r.code != 0 || !info.is_object()) return false;
+    RunResult du = Cli({"du", "/ds-info/" + name, "--json"});
+    auto dj = nlohmann::json::parse(du.out, nullptr, false);
+    return du.code == 0 && dj.is_object() && info["cached_bytes"] == dj["total"]["cached_bytes"];
+  })) << info.dump(1) << Cli({"du", "/ds-info/" + name, "--json"}).out;
+  EXPECT_EQ(info["path"], "/ds-info/" + name);
+  EXPECT_EQ(info["blocks"].get<uint64_t>(), (want.size() + kBlockSize - 1) / kBlockSize);
+  EXPECT_EQ(info["local_worker"], worker_addr_[1]);
+  std::set<std::string> holders;
+  uint64_t cached = 0, on_node1 = 0;
+  for (const auto& b : info["block_list"]) {
+    if (b["index"].get<uint64_t>() < 6) EXPECT_TRUE(b["cached"].get<bool>()) << b.dump();
+    if (!b["cached"].get<bool>()) continue;
+    ++cached;
+    ASSERT_EQ(b["holders"].size(), 1u) << "one replica, no elastic copy: " << b.dump();
+    const auto& h = b["holders"][0];
+    EXPECT_EQ(h["kind"], "replica");
+    holders.insert(h["worker"].get<std::string>());
+    bool here = h["worker"] == worker_addr_[1];
+    EXPECT_EQ(h["local"].get<bool>(), here);
+    EXPECT_EQ(b["local"].get<bool>(), here);
+    on_node1 += here;
+  }
+  EXPECT_EQ(info["cached_blocks"].get<uint64_t>(), cached);
+  EXPECT_EQ(info["local_blocks"].get<uint64_t>(), on_node1);
+  EXPECT_GE(holders.size(), 2u) << "the blocks' homes spread over the workers: " << info.dump(1);
+  RunResult text = RunCommand(InNs(NodeNs(1), {Bin("granary"), "--master", master_addr_, "info", "/ds-info/" + name}));
+  EXPECT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("not cached"), std::string::npos) << text.out;
+  // A directory: its cached share and how many files are wholly on this node.
+  RunResult dir = RunCommand(InNs(NodeNs(1), {Bin("granary"), "--master", master_addr_, "info", *dir_ / "node1/mnt/ds-info/shards", "--json"}),
+                             {{"GRANARY_HOME", *dir_ / "home"}});
+  ASSERT_EQ(dir.code, 0) << dir.out;
+  auto dj = nlohmann::json::parse(dir.out, nullptr, false);
+  ASSERT_TRUE(dj.is_object()) << dir.out;
+  EXPECT_EQ(dj["files"], 4);
+  EXPECT_EQ(dj["cached_bytes"], info["cached_bytes"]);
+  EXPECT_EQ(dj["files_wholly_local"], 0) << "no shard is whole on node 1";
+  ASSERT_EQ(Cli({"unmount", "/ds-info"}).code, 0);
+}
+
+// Every metric the Grafana dashboard (deploy/grafana) queries is served by a daemon: a scrape of
+// the master, every worker and every granary-fuse of the cluster.
+TEST_F(ClusterTest, TheDashboardQueriesOnlyMetricsTheDaemonsServe) {
+  std::set<std::string> served;
+  auto scrape = [&](int n, int port) {
+    RunResult r = RunCommand(InNs(NodeNs(n), {"/usr/bin/python3", "-c",
+                                              "import sys,urllib.request;sys.stdout.write(urllib.request.urlopen("
+                                              "'http://127.0.0.1:" + std::to_string(port) + "/metrics').read().decode())"}));
+    EXPECT_EQ(r.code, 0) << "node " << n << " port " << port << ": " << r.out;
+    std::istringstream in(r.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("# TYPE ", 0) == 0) {
+        std::istringstream t(line.substr(7));
+        std::string name, type;
+        t >> name >> type;
+        served.insert(name);
+        if (type == "histogram") {
+          for (const char* s : {"_bucket", "_sum", "_count"}) served.insert(name + s);
+        }
+      } else if (!line.empty() && line[0] != '#') {
+        served.insert(line.substr(0, line.find_first_of("{ ")));
+      }
+    }
+  };
+  scrape(1, 19996);  // master.metrics_listen's default
+  for (int n = 1; n <= kNodes; ++n) {
+    scrape(n, 29996);  // worker
+    scrape(n, 29997);  // granary-fuse
+  }
+  auto dash = nlohmann::json::parse(ReadFile(SourceDir() + "/deploy/grafana/granary-dashboard.json"), nullptr, false);
+  ASSERT_TRUE(dash.is_object());
+  std::regex metric(R"(\b((granary|process)_[a-z0-9_]+))");
+  int exprs = 0;
+  std::set<std::string> used;
+  for (const auto& p : dash["panels"]) {
+    for (const auto& t : p["targets"]) {
+      std::string e = t["expr"];
+      ++exprs;
+      for (std::sregex_iterator it(e.begin(), e.end(), metric), end; it != end; ++it) used.insert((*it)[1]);
+    }
+  }
+  std::string q = dash["templating"]["list"][1]["query"];
+  for (std::sregex_iterator it(q.begin(), q.end(), metric), end; it != end; ++it) used.insert((*it)[1]);
+  EXPECT_GE(exprs, 20);
+  for (const auto& name : used) EXPECT_TRUE(served.count(name)) << name << " is in the dashboard but no daemon serves it";
+  for (const char* must : {"granary_fuse_mount_read_bytes_total", "granary_worker_cache_high_watermark_ratio",
+                           "granary_worker_ufs_retries_total", "granary_load_job_progress_ratio",
+                           "granary_fuse_operation_duration_seconds_bucket"}) {
+    EXPECT_TRUE(used.count(must)) << must << " should be on the dashboard";
+  }
 }
 
 // Every node's cache smaller than the dataset (14 MiB each for a 16 MB dataset; one node's share
