@@ -247,7 +247,7 @@ struct Figures {
   double fuse_rss = 0, fuse_limit = 0;
   // workers
   size_t workers = 0;
-  double used = 0, capacity = 0, high = 0, evictions = 0;
+  double used = 0, capacity = 0, high = 0, evictions = 0, elastic = 0;
   double ufs_requests = 0, ufs_bytes = 0, ufs_errors = 0, ufs_retries = 0;
   double worker_rss = 0, worker_limit = 0;
   std::vector<rpc::TierStats> tiers;
@@ -290,6 +290,7 @@ Figures Compare(const Snapshot& a, const Snapshot& b) {
       return static_cast<double>(now >= then ? now - then : 0);
     };
     f.used += static_cast<double>(w.used_bytes());
+    f.elastic += static_cast<double>(w.elastic_bytes());
     f.capacity += static_cast<double>(w.capacity_bytes());
     for (const auto& t : w.tiers()) f.high += t.high() * static_cast<double>(t.capacity_bytes());
     f.evictions += d(&rpc::WorkerStats::evictions);
@@ -454,8 +455,13 @@ json FiguresJson(const Figures& f) {
                      {"high", t.high()},
                      {"low", t.low()}});
   }
-  j["cache"] = {{"workers", f.workers},   {"used_bytes", f.used}, {"capacity_bytes", f.capacity},
-                {"high", f.high},         {"evictions", f.evictions}, {"tiers", tiers}};
+  j["cache"] = {{"workers", f.workers},
+                {"used_bytes", f.used},
+                {"elastic_bytes", f.elastic},  // of used_bytes, elastic copies (the rest: replicas)
+                {"capacity_bytes", f.capacity},
+                {"high", f.high},
+                {"evictions", f.evictions},
+                {"tiers", tiers}};
   j["ufs"] = {{"requests", f.ufs_requests}, {"bytes", f.ufs_bytes}, {"errors", f.ufs_errors}, {"retries", f.ufs_retries}};
   j["memory"] = {{"fuse_rss_bytes", f.fuse_rss},
                  {"fuse_limit_bytes", f.fuse_limit},

@@ -197,9 +197,10 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string&
   auto& http = s->impl_->http;
   const int threads = 2 + (streams.empty() ? 0 : kMaxStreams);
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  for (auto& [path, handler] : streams) {
+  for (const auto& stream : streams) {
     Impl* impl = s->impl_.get();
-    http.Get(path, [impl, handler](const httplib::Request& req, httplib::Response& res) {
+    StreamHandler handler = stream.second;  // (a structured binding cannot be captured before C++20)
+    http.Get(stream.first, [impl, handler](const httplib::Request& req, httplib::Response& res) {
       if (impl->streams.fetch_add(1) >= kMaxStreams) {
         impl->streams--;
         res.status = 503;
