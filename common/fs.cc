@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 
 namespace granary {
 
@@ -72,14 +73,29 @@ bool IsDirectory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+namespace {
+
+bool WritableDir(const std::string& dir) { return MakeDirs(dir, 0700).ok() && access(dir.c_str(), W_OK) == 0; }
+
+}  // namespace
+
 std::string RuntimeDir() {
   if (const char* d = std::getenv("GRANARY_RUN_DIR"); d && *d) return d;
-  if (geteuid() == 0) return "/run/granary";
-  return "/tmp/granary-" + std::to_string(getuid()) + "/run";
+  if (WritableDir("/run/granary")) return "/run/granary";
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  if (xdg != nullptr && *xdg == '/' && WritableDir(std::string(xdg) + "/granary")) return std::string(xdg) + "/granary";
+  std::string tmp = "/tmp/granary-" + std::to_string(getuid());
+  MakeDirs(tmp, 0700);
+  return tmp;
 }
 
-std::string MountEndpointsFile(const std::string& mountpoint) {
-  return RuntimeDir() + "/fuse-" + std::to_string(Checksum64(mountpoint.data(), mountpoint.size())) + ".json";
+std::string MountRunFile(const std::string& mountpoint, const std::string& suffix) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(Checksum64(mountpoint.data(), mountpoint.size())));
+  return RuntimeDir() + "/fuse-" + hex + suffix;
 }
+
+std::string MountEndpointsFile(const std::string& mountpoint) { return MountRunFile(mountpoint, ".json"); }
 
 }  // namespace granary

@@ -14,12 +14,15 @@ Status WriteFileAtomic(const std::string& path, const std::string& data);
 StatusOr<std::string> ReadFileToString(const std::string& path);
 bool IsDirectory(const std::string& path);
 
-// Where daemons leave small files for the CLI on this machine: $GRANARY_RUN_DIR, else /run/granary
-// for root, else /tmp/granary-<uid>/run.
+// Where daemons leave small files for each other and the CLI on this machine (hand-over sockets,
+// mount endpoints): $GRANARY_RUN_DIR, else /run/granary where writable (root), else
+// $XDG_RUNTIME_DIR/granary, else /tmp/granary-<uid>. Created 0700 when missing.
 std::string RuntimeDir();
+// RuntimeDir()/fuse-<16 hex digits of the path's hash><suffix>: a file about the mount at `mountpoint`.
+std::string MountRunFile(const std::string& mountpoint, const std::string& suffix);
 // The file in which the granary-fuse serving `mountpoint` (an absolute, canonical path) names its
-// endpoints (JSON: mountpoint, pid, metrics, worker, master), for `granary stats` and `granary trace`.
-// Named by a hash of the path.
+// endpoints (JSON: mountpoint, root, pid, metrics, worker, master), for `granary stats`, `trace`,
+// `profile` and `info`.
 std::string MountEndpointsFile(const std::string& mountpoint);
 
 }  // namespace granary

@@ -33,11 +33,6 @@ std::string Dir(const std::string& path) {
   return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
 }
 
-bool WritableDir(const std::string& dir) {
-  if (MakeDirs(dir, 0700).ok() && access(dir.c_str(), W_OK) == 0) return true;
-  return false;
-}
-
 sockaddr_un AddressOf(const std::string& path, Status* st) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -95,14 +90,7 @@ std::string Fingerprint(const Config& cfg) {
 
 std::string HandoverSocketPath(const Config& cfg) {
   if (!cfg.fuse.handover_socket.empty()) return cfg.fuse.handover_socket;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                static_cast<unsigned long long>(Checksum64(cfg.fuse.mountpoint.data(), cfg.fuse.mountpoint.size())));
-  std::string name = std::string("fuse-") + hex + ".sock";
-  if (WritableDir("/run/granary")) return "/run/granary/" + name;
-  const char* xdg = getenv("XDG_RUNTIME_DIR");
-  if (xdg != nullptr && *xdg == '/' && WritableDir(std::string(xdg) + "/granary")) return std::string(xdg) + "/granary/" + name;
-  return "/tmp/granary-" + std::to_string(getuid()) + "/" + name;
+  return MountRunFile(cfg.fuse.mountpoint, ".sock");
 }
 
 std::string KeeperSocketPath(const Config& cfg) {

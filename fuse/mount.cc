@@ -1365,8 +1365,7 @@ class FuseMountImpl final : public FuseMount {
       << "\",\"pid\":" << getpid() << ",\"metrics\":\""
       << JsonEscape(metrics) << "\",\"worker\":\"" << JsonEscape(worker) << "\",\"master\":\""
       << JsonEscape(fs_->cfg.master.address) << "\"}\n";
-    Status st = MakeDirs(RuntimeDir(), 0755);
-    if (st.ok()) st = WriteFileAtomic(endpoints_file_, j.str());
+    Status st = WriteFileAtomic(endpoints_file_, j.str());  // RuntimeDir() exists once named
     if (!st.ok()) spdlog::warn("cannot write {} (granary stats will not find this mount): {}", endpoints_file_, st.message());
   }
   void RemoveEndpoints() {
