@@ -85,7 +85,8 @@ std::string RuntimeDir() {
   const char* xdg = std::getenv("XDG_RUNTIME_DIR");
   if (xdg != nullptr && *xdg == '/' && WritableDir(std::string(xdg) + "/granary")) return std::string(xdg) + "/granary";
   std::string tmp = "/tmp/granary-" + std::to_string(getuid());
-  MakeDirs(tmp, 0700);
+  // Best effort: whoever writes a file there reports a directory it cannot have.
+  static_cast<void>(MakeDirs(tmp, 0700));
   return tmp;
 }
 
