@@ -84,11 +84,6 @@ struct InodeOpens {
   // Closed, but its backing file kept for a reopen (in Fs::idle, at this sequence number; 0: not).
   uint64_t idle_seq = 0;
   std::chrono::steady_clock::time_point idle_since{};
-  // Taken over from the keeper after a crash: the files open on it are not known, and its backing
-  // id is never handed to a new open (seen: after some crashes the kernel answered every open with
-  // that id EIO). New opens of the inode are served by granary-fuse (direct_io, beside the
-  // kernel's passthrough files) instead.
-  bool inherited = false;
 };
 
 // Passthrough: how many closed files keep their backing file (and their blocks held on the
@@ -752,10 +747,6 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
       fs->opens.erase(it);
       it = fs->opens.end();
     }
-    if (it != fs->opens.end() && it->second.inherited) {
-      fi->direct_io = 1;
-      return 0;
-    }
     if (it != fs->opens.end() && it->second.passthrough > 0) {
       if (it->second.version == info.version()) {
         it->second.passthrough++;
@@ -797,10 +788,6 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
   }
   if (st.passthrough > 0 || st.cached > 0) {  // another open got there first
     fs->io->CloseBacking(*id);
-    if (st.inherited) {
-      fi->direct_io = 1;
-      return 0;
-    }
     if (st.passthrough > 0 && st.version == info.version()) {
       st.passthrough++;
       return st.backing_id;
@@ -1471,7 +1458,7 @@ class FuseMountImpl final : public FuseMount {
         b->set_kino(kino);
         b->set_backing_id(o.backing_id);
         *b->mutable_info() = o.info;
-        b->set_passthrough(o.inherited ? -1 : o.passthrough);  // a successor keeps it inherited
+        b->set_passthrough(o.passthrough);
         b->set_idle(o.idle_seq != 0);
       }
     }
@@ -1502,7 +1489,6 @@ class FuseMountImpl final : public FuseMount {
       o.version = b.info().version();
       o.bytes = b.info().attr().size();
       o.passthrough = b.passthrough() < 0 ? kUnknownOpens : b.passthrough();
-      o.inherited = b.passthrough() < 0;
       // Our own lease keeps the worker from evicting the data file under the kernel's reads (the
       // kernel holds the file it opened either way, so bytes stay right without one).
       auto lease = fs_->client->LeaseFile(b.info());
