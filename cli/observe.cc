@@ -306,34 +306,26 @@ Figures Compare(const Snapshot& a, const Snapshot& b) {
   return f;
 }
 
-// Compact numbers for a 4-character column.
-std::string Compact(double v) {
+// Compact numbers for a 4-character column: `step` 1000 with k, M, G, T; 1024 with K, M, G, T
+// after a B for bytes.
+std::string Scaled(double v, double step, const char* const units[5]) {
   if (std::isnan(v)) return "-";
-  const char* units[] = {"", "k", "M", "G", "T"};
   int u = 0;
   while (v >= 999.5 && u < 4) {
-    v /= 1000;
-    ++u;
-  }
-  char buf[16];
-  if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%.0f", v);
-  } else {
-    std::snprintf(buf, sizeof buf, v < 9.95 ? "%.1f%s" : "%.0f%s", v, units[u]);
-  }
-  return buf;
-}
-std::string CompactBytes(double v) {
-  if (std::isnan(v)) return "-";
-  const char* units[] = {"B", "K", "M", "G", "T"};
-  int u = 0;
-  while (v >= 999.5 && u < 4) {
-    v /= 1024;
+    v /= step;
     ++u;
   }
   char buf[16];
   std::snprintf(buf, sizeof buf, v < 9.95 && u > 0 ? "%.1f%s" : "%.0f%s", v, units[u]);
   return buf;
+}
+std::string Compact(double v) {
+  static const char* const units[] = {"", "k", "M", "G", "T"};
+  return Scaled(v, 1000, units);
+}
+std::string CompactBytes(double v) {
+  static const char* const units[] = {"B", "K", "M", "G", "T"};
+  return Scaled(v, 1024, units);
 }
 std::string Latency(double secs) {
   if (std::isnan(secs)) return "-";
@@ -840,13 +832,7 @@ struct WorkerRef {
 // granary mount holding it.
 std::string NamespacePath(const Config& cfg, const std::string& path, std::optional<MountEndpoints>* node) {
   char real[PATH_MAX];
-  if (path.empty() || path[0] != '/' || realpath(path.c_str(), real) == nullptr) {
-    if (path.empty() || path[0] != '/') {
-      if (realpath(path.c_str(), real) == nullptr) return path;  // relative and not local: as given
-    } else {
-      return path;
-    }
-  }
+  if (path.empty() || realpath(path.c_str(), real) == nullptr) return path;  // not local: as given
   auto found = FindMount(cfg, real, false);
   if (!found.ok() || !*found) return path;
   *node = *found;

@@ -40,6 +40,8 @@
 #include "fuse/session_io.h"
 #include "fuse/trace.h"
 
+#include <nlohmann/json.hpp>
+
 namespace granary::fuse {
 namespace {
 
@@ -267,23 +269,6 @@ struct Fs {
 };
 
 constexpr unsigned kMaxReadahead = 1 << 20;  // bytes the kernel may ask for in one read
-
-std::string JsonEscape(const std::string& in) {
-  std::string out;
-  for (char c : in) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
 
@@ -1360,20 +1345,18 @@ class FuseMountImpl final : public FuseMount {
     std::string metrics = metrics_ ? metrics_->address() : "";
     if (metrics.rfind("0.0.0.0:", 0) == 0) metrics = "127.0.0.1:" + metrics.substr(8);
     std::string worker = fs_->cfg.fuse.worker;
-    std::ostringstream j;
-    j << "{\"mountpoint\":\"" << JsonEscape(real) << "\",\"root\":\"" << JsonEscape(fs_->cfg.fuse.root)
-      << "\",\"pid\":" << getpid() << ",\"metrics\":\""
-      << JsonEscape(metrics) << "\",\"worker\":\"" << JsonEscape(worker) << "\",\"master\":\""
-      << JsonEscape(fs_->cfg.master.address) << "\"}\n";
-    Status st = WriteFileAtomic(endpoints_file_, j.str());  // RuntimeDir() exists once named
+    nlohmann::json j = {{"mountpoint", real},          {"root", fs_->cfg.fuse.root}, {"pid", getpid()},
+                        {"metrics", metrics},        {"worker", fs_->cfg.fuse.worker},
+                        {"master", fs_->cfg.master.address}};
+    Status st = WriteFileAtomic(endpoints_file_, j.dump() + "\n");  // RuntimeDir() exists once named
     if (!st.ok()) spdlog::warn("cannot write {} (granary stats will not find this mount): {}", endpoints_file_, st.message());
   }
   void RemoveEndpoints() {
     if (endpoints_file_.empty()) return;
     auto text = ReadFileToString(endpoints_file_);
-    if (text.ok() && text->find("\"pid\":" + std::to_string(getpid()) + ",") != std::string::npos) {
-      unlink(endpoints_file_.c_str());
-    }
+    if (!text.ok()) return;
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (j.is_object() && j.value("pid", 0) == getpid()) unlink(endpoints_file_.c_str());
   }
 
   // A fresh mount: the mount point exists and is a directory; a stale mount left by a crashed

@@ -1,5 +1,7 @@
 #include "ufs/ufs.h"
 
+#include <type_traits>
+
 #include <algorithm>
 
 #include "common/tiers.h"
@@ -137,40 +139,31 @@ class CountingUfs final : public UnderFileSystem {
   CountingUfs(std::shared_ptr<UnderFileSystem> inner, UfsCounters* c) : inner_(std::move(inner)), c_(c) {}
   const std::string& uri() const override { return inner_->uri(); }
   StatusOr<UfsEntry> Stat(const std::string& path) override {
-    c_->stats++;
-    uint64_t before = t_retries;
-    auto r = inner_->Stat(path);
-    Done(before, r.ok());
-    return r;
+    return Counted(&c_->stats, [&] { return inner_->Stat(path); });
   }
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override {
-    c_->lists++;
-    uint64_t before = t_retries;
-    Status st = inner_->List(dir, page_size, on_page);
-    Done(before, st.ok());
-    return st;
+    return Counted(&c_->lists, [&] { return inner_->List(dir, page_size, on_page); });
   }
   Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) override {
-    c_->lists++;
-    uint64_t before = t_retries;
-    Status st = inner_->ListTree(dir, page_size, on_page);
-    Done(before, st.ok());
-    return st;
+    return Counted(&c_->lists, [&] { return inner_->ListTree(dir, page_size, on_page); });
   }
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override {
-    c_->reads++;
-    uint64_t before = t_retries;
-    auto r = inner_->Read(path, version, offset, length, out);
+    auto r = Counted(&c_->reads, [&] { return inner_->Read(path, version, offset, length, out); });
     if (r.ok()) c_->read_bytes += *r;
-    Done(before, r.ok());
     return r;
   }
 
  private:
-  void Done(uint64_t retries_before, bool ok) {
-    c_->retries += t_retries - retries_before;
-    if (!ok) c_->errors++;
+  // One call: counted, its retries (noted on this thread meanwhile) added, a failure counted.
+  template <typename Fn>
+  std::invoke_result_t<Fn> Counted(std::atomic<uint64_t>* calls, Fn call) {
+    (*calls)++;
+    uint64_t before = t_retries;
+    auto result = call();
+    c_->retries += t_retries - before;
+    if (!result.ok()) c_->errors++;
+    return result;
   }
   std::shared_ptr<UnderFileSystem> inner_;
   UfsCounters* c_;
