@@ -174,8 +174,11 @@ void Client::PrefetchLoop() {
 
 std::shared_ptr<LocalChannel> Client::Local() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (local_ || !cfg_.fuse.zero_copy || probing_) return local_;
+    std::unique_lock<std::mutex> lock(mu_);
+    // Callers during a probe wait for its answer: a burst of first opens must not all miss the
+    // socket (in passthrough mode a miss serves the open without a backing file).
+    probed_.wait(lock, [&] { return !probing_; });
+    if (local_ || !cfg_.fuse.zero_copy) return local_;
     auto now = std::chrono::steady_clock::now();
     if (last_probe_ != std::chrono::steady_clock::time_point{} && now - last_probe_ < std::chrono::seconds(5)) {
       return nullptr;
@@ -183,9 +186,10 @@ std::shared_ptr<LocalChannel> Client::Local() {
     last_probe_ = now;
     probing_ = true;
   }
-  auto stats = WorkerStats();  // outside the lock: reads go on over gRPC meanwhile
+  auto stats = WorkerStats();  // outside the lock (bounded by rpc.timeout)
   std::lock_guard<std::mutex> lock(mu_);
   probing_ = false;
+  probed_.notify_all();
   if (stats.ok() && !stats->local_socket().empty()) local_ = std::make_shared<LocalChannel>(stats->local_socket());
   return local_;
 }

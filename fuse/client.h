@@ -127,6 +127,7 @@ class Client {
   std::mutex mu_;
   std::shared_ptr<LocalChannel> local_;                                       // GUARDED_BY(mu_)
   bool probing_ = false;                                                      // GUARDED_BY(mu_)
+  std::condition_variable probed_;  // a probe of the local socket ended
   std::chrono::steady_clock::time_point last_probe_{};                        // GUARDED_BY(mu_)
   std::set<std::string> others_;                                              // GUARDED_BY(mu_): live workers but ours
   StubPool<rpc::Worker> other_stubs_;                                         // thread-safe on its own

@@ -318,6 +318,24 @@ bool KeeperLink::DropBacking(uint64_t kino, int backing_id) {
   return false;
 }
 
+void KeeperLink::PutHandle(const rpc::FuseHandle& h) {
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::HANDLE_PUT);
+  *m.mutable_handle() = h;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  SendLocked(std::move(m));
+}
+
+void KeeperLink::DropHandle(uint64_t fh) {
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::HANDLE_DROP);
+  m.mutable_handle()->set_fh(fh);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  SendLocked(std::move(m));
+}
+
 void KeeperLink::Release(const std::string& mountpoint) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::RELEASE);
@@ -472,7 +490,9 @@ void OnKeeperSignal(int) { g_keeper_stop = 1; }
 
 struct Held {
   int fd = -1;
-  rpc::FuseConnectionState state;
+  int depositor = -1;  // the socket of the process whose state this is: only its changes apply
+  rpc::FuseConnectionState state;               // its handles are kept in `handles`
+  std::map<uint64_t, rpc::FuseHandle> handles;  // fh -> a daemon-served open of passthrough mode
 };
 
 }  // namespace
@@ -503,10 +523,20 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
     held.erase(it);
     std::fprintf(stderr, "granary-fuse keeper: let go of the connection of %s (%s)\n", mp.c_str(), why);
   };
-  auto apply_backing = [&](int c, const rpc::HandoverMessage& m) {
+  // A change told by depositor `c`. Only the current depositor's changes apply: a message its
+  // predecessor wrote just before dying must not edit its successor's state.
+  auto apply_change = [&](int c, const rpc::HandoverMessage& m) {
     auto cm = client_mount.find(c);
     auto it = cm == client_mount.end() ? held.end() : held.find(cm->second);
-    if (it == held.end()) return;
+    if (it == held.end() || it->second.depositor != c) return;
+    if (m.kind() == rpc::HandoverMessage::HANDLE_PUT) {
+      it->second.handles[m.handle().fh()] = m.handle();
+      return;
+    }
+    if (m.kind() == rpc::HandoverMessage::HANDLE_DROP) {
+      it->second.handles.erase(m.handle().fh());
+      return;
+    }
     auto* bs = it->second.state.mutable_backings();
     for (int k = 0; k < bs->size(); ++k) {
       if (bs->Get(k).kino() == m.backing().kino()) {
@@ -531,9 +561,7 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
           break;
         }
         if (r->fd >= 0) close(r->fd);
-        if (r->msg.kind() == rpc::HandoverMessage::BACKING_PUT || r->msg.kind() == rpc::HandoverMessage::BACKING_DROP) {
-          apply_backing(d, r->msg);
-        }
+        apply_change(d, r->msg);
       }
     }
   };
@@ -581,7 +609,10 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
           if (r->fd < 0) break;
           auto it = held.find(mp);
           if (it != held.end()) close(it->second.fd);
-          held[mp] = Held{r->fd, m.state()};
+          Held h{r->fd, c, m.state(), {}};
+          for (const rpc::FuseHandle& fh : h.state.handles()) h.handles[fh.fh()] = fh;
+          h.state.clear_handles();
+          held[mp] = std::move(h);
           client_mount[c] = mp;
           r->fd = -1;
           had = true;
@@ -591,7 +622,9 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
         }
         case rpc::HandoverMessage::BACKING_PUT:
         case rpc::HandoverMessage::BACKING_DROP:
-          apply_backing(c, m);
+        case rpc::HandoverMessage::HANDLE_PUT:
+        case rpc::HandoverMessage::HANDLE_DROP:
+          apply_change(c, m);
           break;
         case rpc::HandoverMessage::RELEASE:
           drop(m.mountpoint(), "released");
@@ -608,6 +641,7 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
           out.set_kind(rpc::HandoverMessage::STATE);
           *out.mutable_state() = it->second.state;
           for (auto& b : *out.mutable_state()->mutable_backings()) b.set_passthrough(-1);  // counts unknown
+          for (const auto& [fh, h] : it->second.handles) *out.mutable_state()->add_handles() = h;
           (void)SendHandover(c, out, it->second.fd);
           std::fprintf(stderr, "granary-fuse keeper: handed the connection of %s to a successor\n",
                        m.mountpoint().c_str());

@@ -16,7 +16,8 @@
 //             read mode, the open file handles and the passthrough backing ids (which belong to the
 //             connection). It then exits without unmounting. No request is lost.
 //   crash     A keeper holds a duplicate of the descriptor and the connection's state (DEPOSIT,
-//             then BACKING_PUT / BACKING_DROP as backing ids change). When the serving process dies
+//             then BACKING_PUT / BACKING_DROP as backing ids change, HANDLE_PUT / HANDLE_DROP as
+//             passthrough mode's daemon-served opens come and go). When the serving process dies
 //             the connection lives on in the keeper; the next granary-fuse finds no one on the
 //             hand-over socket, asks the keeper (WITHDRAW) and gets STATE from it. Requests the dead
 //             process had read but not answered are re-sent by the kernel when told to
@@ -122,6 +123,12 @@ class KeeperLink {
   // True: the keeper has been told, close `backing_id` now. False: the link closes it once a
   // keeper holds a state without it.
   bool DropBacking(uint64_t kino, int backing_id);
+  // Passthrough mode: a daemon-served open (no backing id) puts its inode in the kernel's cached io
+  // mode until released, and the kernel then fails any passthrough open of that inode. A
+  // successor after a crash must know such opens to answer the inode's opens without a backing id
+  // meanwhile: PutHandle before the open reply, DropHandle when its RELEASE comes.
+  void PutHandle(const rpc::FuseHandle& h);
+  void DropHandle(uint64_t fh);
   // The mount is gone for good: the keeper lets the connection go.
   void Release(const std::string& mountpoint);
   // Whether a keeper holds the connection now.

@@ -186,6 +186,17 @@ struct Fs {
     *b.mutable_info() = st.info;
     keeper->PutBacking(b);
   }
+  // A daemon-served open of passthrough mode, which holds its inode in the kernel's cached io mode
+  // (fuse/handover.h says why the keeper must know). Under opens_mu, as the count it mirrors.
+  void KeeperPutHandle(uint64_t fh, uint64_t kino, const rpc::FileInfo& info) {
+    if (!keeper) return;
+    rpc::FuseHandle h;
+    h.set_fh(fh);
+    h.set_kino(kino);
+    *h.mutable_info() = info;
+    h.set_counted_cached(true);
+    keeper->PutHandle(h);
+  }
   // Lets a backing id go: the keeper hears of it first (fuse/handover.h says why).
   void DropBacking(uint64_t kino, int backing_id) {
     if (!keeper || keeper->DropBacking(kino, backing_id)) io->CloseBacking(backing_id);
@@ -791,10 +802,11 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
 }
 
 // Ends one open of an inode in passthrough mode's bookkeeping (its RELEASE, or an interrupted open).
-void EndOpen(Fs* fs, uint64_t kino, const OpenFile& of) {
+void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
   if (!of.passthrough && !of.counted_cached) return;
   std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
   std::lock_guard<std::mutex> lock(fs->opens_mu);
+  if (of.counted_cached && fs->keeper) fs->keeper->DropHandle(fh);
   auto it = fs->opens.find(kino);
   if (it == fs->opens.end()) return;
   InodeOpens& st = it->second;
@@ -839,7 +851,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       SessionIo::MarkOpenReply(backing);
       if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
         SessionIo::MarkOpenReply(0);
-        EndOpen(fs, ino, *of);
+        EndOpen(fs, ino, fi->fh, *of);
         fs->TakeHandle(fi->fh, ino);
       }
       return;
@@ -865,10 +877,11 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       std::lock_guard<std::mutex> lock(fs->opens_mu);
       fs->opens[ino].cached++;
       of->counted_cached = true;
+      fs->KeeperPutHandle(fi->fh, ino, of->info);
     }
   }
   if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
-    EndOpen(fs, ino, *of);
+    EndOpen(fs, ino, fi->fh, *of);
     fs->TakeHandle(fi->fh, ino);
   }
 }
@@ -1011,7 +1024,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, "release", FsOf(req)->lat_release, ino);
   // A handle this process does not know (a crashed predecessor's) has nothing to end.
-  if (auto of = FsOf(req)->TakeHandle(fi->fh, ino)) EndOpen(FsOf(req), ino, *of);
+  if (auto of = FsOf(req)->TakeHandle(fi->fh, ino)) EndOpen(FsOf(req), ino, fi->fh, *of);
   fuse_reply_err(req, 0);
 }
 
@@ -1421,7 +1434,7 @@ class FuseMountImpl final : public FuseMount {
   }
 
   // What a successor needs (with_handles: a hand-over; without: a deposit with the keeper, which
-  // learns backing ids as they change and never tracks handles).
+  // learns backing ids and passthrough mode's daemon-served handles as they change).
   rpc::FuseConnectionState Snapshot(bool with_handles) {
     rpc::FuseConnectionState st;
     st.set_format(kHandoverFormat);
@@ -1434,6 +1447,8 @@ class FuseMountImpl final : public FuseMount {
     st.set_sender("granary-fuse pid " + std::to_string(getpid()));
     st.set_passthrough_refused(fs_->passthrough_refused);
     {
+      // handles_mu before opens_mu (as ApplyState): counted_cached is written under opens_mu.
+      std::lock_guard<std::mutex> hlock(fs_->handles_mu);
       std::lock_guard<std::mutex> lock(fs_->opens_mu);
       for (const auto& [kino, o] : fs_->opens) {
         if (o.backing_id <= 0) continue;
@@ -1444,11 +1459,11 @@ class FuseMountImpl final : public FuseMount {
         b->set_passthrough(o.passthrough);
         b->set_idle(o.idle_seq != 0);
       }
-    }
-    if (with_handles) {
-      std::lock_guard<std::mutex> lock(fs_->handles_mu);
-      st.set_next_fh(fs_->next_fh);
+      // A hand-over carries every handle; a deposit only the daemon-served opens of passthrough
+      // mode (the keeper learns the rest of them as they change, fuse/handover.h).
+      if (with_handles) st.set_next_fh(fs_->next_fh);
       for (const auto& [fh, of] : fs_->handles) {
+        if (!with_handles && !of->counted_cached) continue;
         rpc::FuseHandle* h = st.add_handles();
         h->set_fh(fh);
         h->set_kino(fs_->ToKernel(of->info.attr().ino()));
@@ -1497,7 +1512,9 @@ class FuseMountImpl final : public FuseMount {
         fs_->opens[h.kino()].cached++;
       }
       fs_->handles.emplace(h.fh(), std::move(of));
-      fs_->next_fh = std::max(fs_->next_fh, h.fh() + 1);
+      // A hand-over's numbering goes on; a keeper's handles are a dead predecessor's, whose
+      // other numbers (not listed) may still be open: this process keeps its own epoch.
+      if (st.next_fh() > 0) fs_->next_fh = std::max(fs_->next_fh, h.fh() + 1);
     }
   }
 
