@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Installs everything Granary needs to build, test and run, from Debian 12 packages.
 # Run as root on a fresh Debian 12 machine. Does nothing when everything is already there.
+#   install-deps.sh             build, test and run (a developer machine, CI)
+#   install-deps.sh --build     only what building the daemons and the CLI needs (the image's
+#                               build stage: GRANARY_BUILD_TESTS=OFF GRANARY_BUILD_BENCH=OFF)
 set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config ccache git python3 openssl
   libfuse3-dev fuse3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
-  libssl-dev libcurl4-openssl-dev libcpp-httplib-dev
-  prometheus  # promtool checks the /metrics endpoints
-  yamllint python3-yaml  # deploy/ checks
-  libgtest-dev libgmock-dev libbenchmark-dev python3-botocore libtinyxml2-dev libnfs-dev
-  iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
+  libssl-dev libcurl4-openssl-dev libcpp-httplib-dev libtinyxml2-dev libnfs-dev
 )
-# kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl is
-# already installed (it may come from another package that owns /usr/bin/kubectl).
-command -v kubectl >/dev/null || PKGS+=(kubernetes-client)
+if [ "${1:-}" != --build ]; then
+  PKGS+=(
+    prometheus  # promtool checks the /metrics endpoints
+    yamllint python3-yaml  # deploy/ checks
+    libgtest-dev libgmock-dev libbenchmark-dev python3-botocore
+    iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
+  )
+  # kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl
+  # is already installed (it may come from another package that owns /usr/bin/kubectl).
+  command -v kubectl >/dev/null || PKGS+=(kubernetes-client)
+fi
 exec bash "$(dirname "$0")/apt-ensure.sh" "${PKGS[@]}"
