@@ -9,9 +9,14 @@
 
 #include <string>
 
+#include "common/status.h"
+
 namespace granary::cli {
 
 int Main(int argc, char** argv);
+
+// Prints "granary: error: <message>" to stderr; the exit code of a failed command (1).
+int Fail(const Status& st);
 
 // Where `granary local` records how to reach it: $GRANARY_HOME/local.yaml, by default
 // ~/.granary/local.yaml.

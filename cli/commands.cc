@@ -25,12 +25,13 @@
 #include "rpc/rpc.h"
 
 namespace granary::cli {
-namespace {
 
 int Fail(const Status& st) {
   std::fprintf(stderr, "granary: error: %s\n", st.message().c_str());
   return 1;
 }
+
+namespace {
 
 std::string ModeString(const rpc::Attr& a) {
   std::string s = a.type() == rpc::DIRECTORY ? "d" : "-";

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "cli/cli.h"
 #include "common/units.h"
 
 namespace granary::cli {
@@ -17,11 +18,6 @@ namespace {
 constexpr auto kFollowRetry = std::chrono::minutes(5);
 constexpr auto kTtyEvery = std::chrono::milliseconds(200);
 constexpr auto kLineEvery = std::chrono::seconds(5);
-
-int Fail(const Status& st) {
-  std::fprintf(stderr, "granary: error: %s\n", st.message().c_str());
-  return 1;
-}
 
 std::string StateName(rpc::JobState s) {
   std::string n = rpc::JobState_Name(s).substr(4);  // JOB_LOADING -> loading

@@ -21,6 +21,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli.h"
 #include "cli/master_conn.h"
 #include "common/fs.h"
 #include "common/hash.h"
@@ -35,11 +36,6 @@ namespace granary::cli {
 namespace {
 
 using nlohmann::json;
-
-int Fail(const Status& st) {
-  std::fprintf(stderr, "granary: error: %s\n", st.message().c_str());
-  return 1;
-}
 
 // ---- Finding the node: the granary-fuse serving a path -------------------------------------
 

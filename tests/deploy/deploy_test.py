@@ -21,15 +21,13 @@ import urllib.request
 
 import yaml
 
+from testlib import mounted, read, run, wait_for
+
 SRC = os.environ.get("GRANARY_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("GRANARY_BIN_DIR", os.path.join(SRC, "build", "bin"))
 DEPLOY = os.path.join(SRC, "deploy")
 K8S = os.path.join(DEPLOY, "kubernetes")
 ENTRYPOINT = os.path.join(DEPLOY, "docker", "granary-entrypoint")
-
-
-def run(args, **kw):
-    return subprocess.run(args, capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
 
 
 def render(overlay):
@@ -50,27 +48,6 @@ def find(docs, kind, name):
         if d["kind"] == kind and d["metadata"]["name"] == name:
             return d
     raise AssertionError(f"no {kind} {name} in the rendered manifests")
-
-
-def wait_for(pred, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def read(path):
-    if not os.path.exists(path):
-        return ""
-    with open(path) as f:
-        return f.read()
-
-
-def mounted(path):
-    with open("/proc/mounts") as f:
-        return any(line.split()[1] == path for line in f)
 
 
 class ManifestTest(unittest.TestCase):

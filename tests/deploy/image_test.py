@@ -15,7 +15,6 @@ kernel. The test says which it used.
 Run by ctest (root) with GRANARY_SOURCE_DIR; slow the first time (the image build), quick when the
 image's layers are cached.
 """
-import json
 import os
 import secrets
 import shutil
@@ -26,34 +25,13 @@ import time
 import unittest
 import urllib.request
 
+from testlib import mounted, read, run, wait_for
+
 SRC = os.environ.get("GRANARY_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 CONFIG = os.path.join(SRC, "deploy", "kubernetes", "base", "granary.yaml")
 TAG = "granary:image-test"
 UID = 10001  # the image's user (deploy/docker/Dockerfile)
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
-
-
-def run(args, timeout=120, **kw):
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def wait_for(pred, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def read(path):
-    with open(path) as f:
-        return f.read()
-
-
-def mounted(path):
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
 
 
 def readyz(addr):
@@ -251,7 +229,7 @@ class ImageTest(unittest.TestCase):
 
         def ready(name, p):
             path = img.path(f"/run/test/{name}.addr")
-            wait_for(lambda: os.path.exists(path) or p.poll() is not None, what=f"{name} to be ready")
+            wait_for(lambda: os.path.exists(path) or p.poll() is not None, timeout=60, what=f"{name} to be ready")
             self.assertIsNone(p.poll(), f"{name} exited:\n" + read(os.path.join(self.work, name + ".log")))
             return read(path).strip()
 
