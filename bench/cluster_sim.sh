@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The master under a simulated cluster (granary-cluster-sim): N workers registering, heartbeating at
+# the default interval and reporting newly cached blocks, M clients doing Lookup / GetAttr /
+# ReadDir / GetFile. For each size a fresh granary-master is started on the same namespace (a
+# RocksDB directory loaded once), so every size starts with an empty worker table. Prints a table:
+# the master's CPU (cores) and RSS, the heartbeat round trip and each call's p50/p99, and the ratio
+# of the metadata p99 to its p99 with one client (target: <= 5x at 100 clients) and the master's
+# CPU with 1000 workers (target: < 1 core).
+#
+#   bench/cluster_sim.sh [--files N] [--seconds S] [--sizes "W:C W:C ..."] [--blocks-per-s B]
+#                        [--build DIR] [--work DIR] [--keep]
+set -euo pipefail
+FILES=100000; SECONDS_EACH=10; SIZES="1000:0 1:1 100:1 1000:1 1000:10 1000:100"; BLOCKS=20; BUILD=""; WORK=""; KEEP=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --files) FILES=$2; shift 2;;
+    --seconds) SECONDS_EACH=$2; shift 2;;
+    --sizes) SIZES=$2; shift 2;;
+    --blocks-per-s) BLOCKS=$2; shift 2;;
+    --build) BUILD=$2; shift 2;;
+    --work) WORK=$2; shift 2;;
+    --keep) KEEP=1; shift;;
+    *) echo "usage: $0 [--files N] [--seconds S] [--sizes \"W:C ...\"] [--blocks-per-s B] [--build DIR] [--work DIR] [--keep]" >&2
+       exit 2;;
+  esac
+done
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${BUILD:-$ROOT/build}/bin
+for b in granary granary-master granary-meta-bench granary-cluster-sim; do
+  [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
+done
+WORK=${WORK:-$(mktemp -d /tmp/granary-sim-XXXXXX)}
+mkdir -p "$WORK"
+MASTER_PID=""
+stop_master() {
+  if [ -n "$MASTER_PID" ]; then kill -TERM "$MASTER_PID" 2>/dev/null || true; wait "$MASTER_PID" 2>/dev/null || true; fi
+  MASTER_PID=""
+}
+cleanup() { stop_master; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
+trap cleanup EXIT INT TERM
+start_master() {
+  rm -f "$WORK/master.addr"
+  "$BIN/granary-master" --master.listen 127.0.0.1:0 --master.data_dir "$WORK/master" \
+    --ready-file "$WORK/master.addr" >> "$WORK/master.log" 2>&1 &
+  MASTER_PID=$!
+  for _ in $(seq 1200); do [ -s "$WORK/master.addr" ] && break; sleep 0.05; done
+  [ -s "$WORK/master.addr" ] || { echo "error: the master did not start (see $WORK/master.log)" >&2; exit 1; }
+  MASTER=$(cat "$WORK/master.addr")
+}
+if [ ! -d "$WORK/src" ]; then
+  echo "creating $FILES files in directories of 1000 ..." >&2
+  /usr/bin/python3 - "$WORK/src" "$FILES" <<'PY'
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = os.path.join(root, "d%05d" % (i // 1000))
+    if i % 1000 == 0:
+        os.makedirs(d, exist_ok=True)
+    os.close(os.open(os.path.join(d, "f%08d.jpg" % i), os.O_CREAT | os.O_WRONLY, 0o644))
+PY
+  start_master
+  "$BIN/granary" --master "$MASTER" mount /ds "file://$WORK/src" > /dev/null
+  "$BIN/granary-meta-bench" --master "$MASTER" --load /ds > /dev/null
+  stop_master
+fi
+: > "$WORK/results.jsonl"
+for size in $SIZES; do
+  w=${size%%:*}; c=${size##*:}
+  start_master
+  echo "workers $w, clients $c ..." >&2
+  "$BIN/granary-cluster-sim" --master "$MASTER" --path /ds/d00000 --workers "$w" --clients "$c" \
+    --seconds "$SECONDS_EACH" --blocks-per-s "$BLOCKS" --master-pid "$MASTER_PID" >> "$WORK/results.jsonl" ||
+    echo "warning: errors in the run with $w workers and $c clients (see the table)" >&2
+  stop_master
+done
+/usr/bin/python3 - "$WORK/results.jsonl" "$FILES" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+meta = ("lookup", "getattr", "readdir", "getfile")
+one = next((r for r in rows if r["clients"] == 1), None)
+print(f"namespace: {sys.argv[2]} files; heartbeat every {rows[0]['heartbeat_interval_ms']} ms; "
+      f"{rows[0]['blocks_per_s_per_worker']:g} blocks/s reported per worker")
+print(f"{'workers':>7} {'clients':>7} {'cpu':>6} {'rss MiB':>8} {'reg s':>6} {'hb p50':>7} {'hb p99':>7} "
+      + " ".join(f"{m + ' p50/p99 ms':>22}" for m in meta) + f" {'meta ops/s':>10} {'p99 vs 1':>8} {'errors':>6}")
+for r in rows:
+    worst = max(r[m]["p99_ms"] for m in meta)
+    ratio = worst / max(max(one[m]["p99_ms"] for m in meta), 1e-9) if one else float("nan")
+    errors = sum(r[k]["errors"] for k in ("register", "heartbeat", "report_blocks") + meta)
+    print(f"{r['workers']:>7} {r['clients']:>7} {r.get('master_cpu_cores', 0):>6.2f} "
+          f"{r.get('master_rss_bytes', 0) / 2**20:>8.0f} {r['register_all_s']:>6.2f} "
+          f"{r['heartbeat']['p50_ms']:>7.2f} {r['heartbeat']['p99_ms']:>7.2f} "
+          + " ".join(f"{r[m]['p50_ms']:>10.2f}/{r[m]['p99_ms']:<11.2f}" for m in meta)
+          + f" {sum(r[m]['per_s'] for m in meta):>10.0f} {ratio:>8.2f} {errors:>6}")
+PY
