@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.h"
+#include "common/metrics.h"
 #include "common/units.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
@@ -60,7 +61,7 @@ struct Samples {
   }
 };
 
-// The master's CPU time (user + system, seconds) and RSS (bytes), from /proc.
+// The master's CPU time (user + system, seconds), from /proc.
 double CpuSeconds(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
@@ -76,20 +77,6 @@ double CpuSeconds(int pid) {
     }
   }
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-uint64_t RssBytes(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  uint64_t kb = 0;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      in >> kb;
-      return kb * 1024;
-    }
-    in.ignore(1 << 20, '\n');
-  }
-  return 0;
 }
 
 }  // namespace
@@ -314,7 +301,7 @@ int main(int argc, char** argv) {
   while (Seconds(Clock::now() - t_begin) < seconds) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   double cpu1 = master_pid ? CpuSeconds(master_pid) : 0;
   double secs = Seconds(Clock::now() - t_begin);
-  uint64_t rss = master_pid ? RssBytes(master_pid) : 0;
+  uint64_t rss = master_pid ? metrics::ResidentBytesOf(master_pid) : 0;
   stop = true;
   for (auto& t : cs) t.join();
   for (auto& t : ts) t.join();

@@ -1,5 +1,7 @@
 #include "common/metrics.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -135,18 +137,25 @@ uint64_t ReadNumberFile(const char* path, bool* present) {
 
 }  // namespace
 
-ProcessMemory ReadProcessMemory() {
-  ProcessMemory m;
-  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+uint64_t ResidentBytesOf(int pid) {
+  uint64_t bytes = 0;
+  std::string path = "/proc/" + std::to_string(pid) + "/status";
+  if (std::FILE* f = std::fopen(path.c_str(), "r")) {
     char line[256];
     while (std::fgets(line, sizeof line, f)) {
       if (std::strncmp(line, "VmRSS:", 6) == 0) {
-        m.rss_bytes = std::strtoull(line + 6, nullptr, 10) * 1024;  // in kB
+        bytes = std::strtoull(line + 6, nullptr, 10) * 1024;  // in kB
         break;
       }
     }
     std::fclose(f);
   }
+  return bytes;
+}
+
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  m.rss_bytes = ResidentBytesOf(getpid());
   bool present = false;
   uint64_t limit = ReadNumberFile("/sys/fs/cgroup/memory.max", &present);
   if (!present) {

@@ -80,6 +80,8 @@ struct ProcessMemory {
   uint64_t limit_bytes = 0;
 };
 ProcessMemory ReadProcessMemory();
+// Resident bytes (VmRSS) of process `pid`; 0 when it cannot be read (no such process).
+uint64_t ResidentBytesOf(int pid);
 // Writes process_resident_memory_bytes (the name Prometheus clients use) and
 // granary_process_memory_limit_bytes.
 void WriteProcessMetrics(Exposition* e);

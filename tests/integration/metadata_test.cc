@@ -11,26 +11,13 @@
 #include <set>
 #include <thread>
 
+#include "common/metrics.h"
 #include "tests/integration/harness.h"
 
 namespace granary::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Resident memory of a process in bytes (VmRSS).
-uint64_t RssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  uint64_t kb = 0;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      in >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
 
 // Empty files, fast (no data to write).
 void MakeEmptyFiles(const std::string& dir, int n) {
@@ -65,7 +52,7 @@ TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemor
   constexpr int kEntries = 100'000;
   MakeEmptyFiles(dir_ / "src/big", kEntries);
   Start();
-  uint64_t fuse_before = RssBytes(cluster_.fuse_pid());
+  uint64_t fuse_before = metrics::ResidentBytesOf(cluster_.fuse_pid());
   std::set<std::string> seen;
   size_t dups = 0;
   DIR* d = opendir(Mnt("big").c_str());
@@ -81,8 +68,8 @@ TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemor
   EXPECT_TRUE(seen.count("f0.jpg") && seen.count("f99999.jpg"));
   // Neither process holds the directory as a whole: the master streams it from RocksDB in pages,
   // granary-fuse forwards page by page.
-  uint64_t master_rss = RssBytes(cluster_.master_pid());
-  uint64_t fuse_growth = RssBytes(cluster_.fuse_pid()) - std::min(fuse_before, RssBytes(cluster_.fuse_pid()));
+  uint64_t master_rss = metrics::ResidentBytesOf(cluster_.master_pid());
+  uint64_t fuse_growth = metrics::ResidentBytesOf(cluster_.fuse_pid()) - std::min(fuse_before, metrics::ResidentBytesOf(cluster_.fuse_pid()));
   EXPECT_LT(master_rss, 400ull << 20) << "master RSS " << master_rss;
   EXPECT_LT(fuse_growth, 64ull << 20) << "granary-fuse grew by " << fuse_growth;
   // A second listing (now from RocksDB only) gives the same entries.
