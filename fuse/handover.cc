@@ -296,13 +296,17 @@ void KeeperLink::SendLocked(rpc::HandoverMessage m) {
   if (pending_.size() < 1'000'000) pending_.push_back(std::move(m));
 }
 
+void KeeperLink::Send(rpc::HandoverMessage m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  SendLocked(std::move(m));
+}
+
 void KeeperLink::PutBacking(const rpc::FuseBacking& b) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::BACKING_PUT);
   *m.mutable_backing() = b;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_) return;
-  SendLocked(std::move(m));
+  Send(std::move(m));
 }
 
 bool KeeperLink::DropBacking(uint64_t kino, int backing_id) {
@@ -322,18 +326,14 @@ void KeeperLink::PutHandle(const rpc::FuseHandle& h) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::HANDLE_PUT);
   *m.mutable_handle() = h;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_) return;
-  SendLocked(std::move(m));
+  Send(std::move(m));
 }
 
 void KeeperLink::DropHandle(uint64_t fh) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::HANDLE_DROP);
   m.mutable_handle()->set_fh(fh);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_) return;
-  SendLocked(std::move(m));
+  Send(std::move(m));
 }
 
 void KeeperLink::Release(const std::string& mountpoint) {

@@ -140,6 +140,8 @@ class KeeperLink {
   int Connect(const rpc::FuseConnectionState& snap);
   // Under mu_: writes `m` to the keeper, or keeps it for the next deposit.
   void SendLocked(rpc::HandoverMessage m);
+  // SendLocked under mu_, unless stopped.
+  void Send(rpc::HandoverMessage m);
   void DisconnectLocked();
 
   const std::string path_;

@@ -186,16 +186,15 @@ struct Fs {
     *b.mutable_info() = st.info;
     keeper->PutBacking(b);
   }
-  // A daemon-served open of passthrough mode, which holds its inode in the kernel's cached io mode
-  // (fuse/handover.h says why the keeper must know). Under opens_mu, as the count it mirrors.
-  void KeeperPutHandle(uint64_t fh, uint64_t kino, const rpc::FileInfo& info) {
-    if (!keeper) return;
+  // An open file handle as a successor gets it (a hand-over, or the keeper).
+  rpc::FuseHandle HandleOf(uint64_t fh, const OpenFile& of) const {
     rpc::FuseHandle h;
     h.set_fh(fh);
-    h.set_kino(kino);
-    *h.mutable_info() = info;
-    h.set_counted_cached(true);
-    keeper->PutHandle(h);
+    h.set_kino(ToKernel(of.info.attr().ino()));
+    *h.mutable_info() = of.info;
+    h.set_passthrough(of.passthrough);
+    h.set_counted_cached(of.counted_cached);
+    return h;
   }
   // Lets a backing id go: the keeper hears of it first (fuse/handover.h says why).
   void DropBacking(uint64_t kino, int backing_id) {
@@ -877,7 +876,8 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       std::lock_guard<std::mutex> lock(fs->opens_mu);
       fs->opens[ino].cached++;
       of->counted_cached = true;
-      fs->KeeperPutHandle(fi->fh, ino, of->info);
+      // It holds the inode in the kernel's cached io mode: the keeper must know (fuse/handover.h).
+      if (fs->keeper) fs->keeper->PutHandle(fs->HandleOf(fi->fh, *of));
     }
   }
   if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
@@ -1464,12 +1464,7 @@ class FuseMountImpl final : public FuseMount {
       if (with_handles) st.set_next_fh(fs_->next_fh);
       for (const auto& [fh, of] : fs_->handles) {
         if (!with_handles && !of->counted_cached) continue;
-        rpc::FuseHandle* h = st.add_handles();
-        h->set_fh(fh);
-        h->set_kino(fs_->ToKernel(of->info.attr().ino()));
-        *h->mutable_info() = of->info;
-        h->set_passthrough(of->passthrough);
-        h->set_counted_cached(of->counted_cached);
+        *st.add_handles() = fs_->HandleOf(fh, *of);
       }
     }
     return st;
