@@ -45,7 +45,7 @@ make_base() {
     mirror=${mirror:-http://deb.debian.org/debian}
     local dir
     dir=$(mktemp -d "${TMPDIR:-/tmp}/granary-base.XXXXXX")
-    trap 'rm -rf "$dir"' RETURN
+    trap 'rm -rf "$dir"; trap - RETURN' RETURN
     echo "image.sh: making the Debian 12 base with debootstrap from $mirror" >&2
     debootstrap --variant=minbase bookworm "$dir/root" "$mirror" >"$dir/debootstrap.log" 2>&1 || {
       tail -20 "$dir/debootstrap.log" >&2
