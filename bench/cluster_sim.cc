@@ -1,5 +1,6 @@
 // granary-cluster-sim: a real granary-master under a simulated cluster. N workers register, then
-// heartbeat at the configured interval and report newly cached blocks at a steady rate, while M
+// heartbeat at the configured interval and cache blocks at a steady rate (each cache change is an
+// early heartbeat whose per-mount counters grow, as worker/master_link.h sends them), while M
 // clients (FUSE mounts) do Lookup / GetAttr / ReadDir / GetFile on a directory of the namespace.
 // Measures what the master spends on it (CPU cores, RSS) and what callers see (p50/p99 per call,
 // the heartbeat round trip). Workers are simulated by a few threads, each driving many workers'
@@ -165,7 +166,24 @@ int main(int argc, char** argv) {
       std::mt19937_64 rng(1000 + t);
       struct Sim {
         uint64_t id = 0;
+        uint64_t epoch = 0;  // of the membership last received
+        uint64_t held = 0;   // blocks cached so far
         Clock::time_point next_hb, next_report;
+      };
+      // A heartbeat as a worker sends it: its stats with the per-mount counters of what it holds.
+      auto beat = [&](Sim& sim, rpc::HeartbeatResponse* resp, grpc::ClientContext* ctx) {
+        rpc::HeartbeatRequest req;
+        req.set_worker_id(sim.id);
+        req.set_members_epoch(sim.epoch);
+        rpc::MountCounters& mc = (*req.mutable_stats()->mutable_mount_counters())[mount_id];
+        mc.set_held_blocks(sim.held);
+        mc.set_held_bytes(sim.held << 22);
+        mc.set_home_blocks(sim.held);
+        mc.set_home_bytes(sim.held << 22);
+        req.mutable_stats()->set_blocks(sim.held);
+        auto st = s->Heartbeat(ctx, req, resp);
+        if (st.ok()) sim.epoch = resp->members_epoch();
+        return st;
       };
       std::vector<Sim> mine;
       std::vector<double> hb_ms, rep_ms, reg_ms;
@@ -185,6 +203,7 @@ int main(int argc, char** argv) {
         }
         Sim sim;
         sim.id = resp.worker_id();
+        sim.epoch = resp.members_epoch();
         auto now = Clock::now();
         sim.next_hb = now + std::chrono::milliseconds(rng() % std::max<int64_t>(1, interval.count()));
         sim.next_report = now + std::chrono::milliseconds(rng() % std::max<int64_t>(1, report_every.count()));
@@ -204,27 +223,15 @@ int main(int argc, char** argv) {
         grpc::ClientContext ctx;
         auto t0 = Clock::now();
         if (due->next_hb <= due->next_report) {
-          rpc::HeartbeatRequest req;
-          req.set_worker_id(due->id);
           rpc::HeartbeatResponse resp;
-          auto st = s->Heartbeat(&ctx, req, &resp);
+          auto st = beat(*due, &resp, &ctx);
           hb_ms.push_back(Seconds(Clock::now() - t0) * 1000);
           if (!st.ok()) hb_err++;
           due->next_hb += interval;
         } else {
-          rpc::ReportBlocksRequest req;
-          req.set_worker_id(due->id);
-          for (int b = 0; b < per_report; ++b) {
-            rpc::BlockRef* r = req.add_added();
-            std::string key(16, '\0');
-            for (auto& c : key) c = static_cast<char>(rng());
-            r->set_file_key(key);
-            r->set_index(0);
-            r->set_mount_id(mount_id);
-            r->set_length(4 << 20);
-          }
-          rpc::ReportBlocksResponse resp;
-          auto st = s->ReportBlocks(&ctx, req, &resp);
+          due->held += per_report;
+          rpc::HeartbeatResponse resp;
+          auto st = beat(*due, &resp, &ctx);
           rep_ms.push_back(Seconds(Clock::now() - t0) * 1000);
           if (!st.ok()) rep_err++;
           else blocks_reported += per_report;

@@ -129,6 +129,69 @@ Status CacheAdmin::Free(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
   return st;
 }
 
+namespace {
+
+// One file of a du walk waiting for the workers' answer, and the entries its figures go to.
+struct DuFile {
+  FileKey key;
+  uint64_t size = 0;
+  uint64_t block_size = 0;
+  rpc::DuEntry* entries[2] = {nullptr, nullptr};
+};
+
+uint64_t BlockCount(uint64_t size, uint64_t block_size) {
+  return block_size == 0 ? 0 : (size + block_size - 1) / block_size;
+}
+
+// Asks every live worker which blocks of `batch` it holds and adds what they hold to each file's
+// entries: cached_bytes counts every block held anywhere once, replica_bytes and elastic_bytes
+// every copy. A worker that cannot answer is left out (its blocks do not count) and logged.
+void AccountBatch(Cluster& cluster, const WorkerCalls& workers, std::vector<DuFile>* files) {
+  std::vector<DuFile>& batch = *files;
+  rpc::ResidencyRequest req;
+  for (const auto& f : batch) {
+    rpc::ResidencyQuery* q = req.add_files();
+    q->set_file_key(FileKeyBytes(f.key));
+    q->set_blocks(BlockCount(f.size, f.block_size));
+  }
+  // Per file of the batch: block index -> its length, for the blocks held somewhere.
+  std::vector<std::map<uint64_t, uint64_t>> held(batch.size());
+  std::vector<uint64_t> replica(batch.size()), elastic(batch.size());
+  uint32_t told = 0;
+  Status st = ForEachWorker(
+      cluster, workers,
+      [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
+        rpc::ResidencyResponse resp;
+        RETURN_IF_ERROR(FromGrpc(w.GetResidency(&ctx, req, &resp), "GetResidency"));
+        // Answers come in the order asked; a short or reordered answer is matched by key.
+        for (int i = 0; i < resp.files_size(); ++i) {
+          const rpc::FileResidency& fr = resp.files(i);
+          size_t at = static_cast<size_t>(i);
+          if (at >= batch.size() || FileKeyBytes(batch[at].key) != fr.file_key()) continue;
+          for (const auto& b : fr.blocks()) {
+            held[at][b.index()] = b.length();
+            (b.elastic() ? elastic[at] : replica[at]) += b.length();
+          }
+        }
+        return Status::OK();
+      },
+      &told);
+  if (!st.ok()) spdlog::warn("du: {} (its blocks are not counted)", st.message());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    uint64_t distinct = 0;
+    for (const auto& [index, length] : held[i]) distinct += length;
+    for (rpc::DuEntry* e : batch[i].entries) {
+      if (e == nullptr) continue;
+      e->set_cached_bytes(e->cached_bytes() + distinct);
+      e->set_replica_bytes(e->replica_bytes() + replica[i]);
+      e->set_elastic_bytes(e->elastic_bytes() + elastic[i]);
+    }
+  }
+  batch.clear();
+}
+
+}  // namespace
+
 Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
   ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
   ASSIGN_OR_RETURN(rpc::Attr top, ns_->Resolve(path));
@@ -140,40 +203,53 @@ Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
     return false;
   };
   std::map<uint64_t, std::string> uris;
-  auto account = [&](const rpc::FileInfo& f, rpc::DuEntry* e) -> Status {
+  rpc::DuEntry* total = resp->mutable_total();
+  total->set_path(path);
+  total->set_pinned(pinned(path));
+  // First path component below `path` -> totals. std::map: the entries' addresses stay put.
+  std::map<std::string, rpc::DuEntry> children;
+  const std::string prefix = path == "/" ? "/" : path + "/";
+  // The walk asks the workers in batches, so memory stays bounded whatever the path holds.
+  constexpr size_t kBatchFiles = 4096;
+  constexpr uint64_t kBatchBlocks = 100'000;
+  std::vector<DuFile> batch;
+  uint64_t batch_blocks = 0;
+  RETURN_IF_ERROR(ns_->ForEachFile(path, [&](const std::string& p, const rpc::FileInfo& f) -> Status {
     auto u = uris.find(f.mount_id());
     if (u == uris.end()) {
       ASSIGN_OR_RETURN(rpc::MountInfo m, ns_->GetMount(f.mount_id()));
       u = uris.emplace(f.mount_id(), m.uri()).first;
     }
-    FileKey k = MakeFileKey(u->second, f.ufs_path(), f.version());
-    Cluster::Cached c;
-    cluster_->CachedOf(FileKeyBytes(k), f.attr().size(), f.block_size(), &c);
-    e->set_files(e->files() + 1);
-    e->set_bytes(e->bytes() + f.attr().size());
-    e->set_cached_bytes(e->cached_bytes() + c.distinct);
-    e->set_replica_bytes(e->replica_bytes() + c.replica);
-    e->set_elastic_bytes(e->elastic_bytes() + c.elastic);
-    return Status::OK();
-  };
-  rpc::DuEntry* total = resp->mutable_total();
-  total->set_path(path);
-  total->set_pinned(pinned(path));
-  std::map<std::string, rpc::DuEntry> children;  // first path component below `path` -> totals
-  const std::string prefix = path == "/" ? "/" : path + "/";
-  RETURN_IF_ERROR(ns_->ForEachFile(path, [&](const std::string& p, const rpc::FileInfo& f) -> Status {
-    RETURN_IF_ERROR(account(f, total));
-    if (top.type() != rpc::DIRECTORY) return Status::OK();
-    std::string rest = p.substr(prefix.size());
-    size_t slash = rest.find('/');
-    std::string child = slash == std::string::npos ? "" : prefix + rest.substr(0, slash);
-    rpc::DuEntry& e = children[child];
-    if (e.path().empty()) {
-      e.set_path(child.empty() ? prefix + "(files)" : child);
-      e.set_pinned(pinned(child.empty() ? path : child));
+    DuFile file;
+    file.key = MakeFileKey(u->second, f.ufs_path(), f.version());
+    file.size = f.attr().size();
+    file.block_size = f.block_size();
+    file.entries[0] = total;
+    if (top.type() == rpc::DIRECTORY) {
+      std::string rest = p.substr(prefix.size());
+      size_t slash = rest.find('/');
+      std::string child = slash == std::string::npos ? "" : prefix + rest.substr(0, slash);
+      rpc::DuEntry& e = children[child];
+      if (e.path().empty()) {
+        e.set_path(child.empty() ? prefix + "(files)" : child);
+        e.set_pinned(pinned(child.empty() ? path : child));
+      }
+      file.entries[1] = &e;
     }
-    return account(f, &e);
+    for (rpc::DuEntry* e : file.entries) {
+      if (e == nullptr) continue;
+      e->set_files(e->files() + 1);
+      e->set_bytes(e->bytes() + f.attr().size());
+    }
+    batch_blocks += BlockCount(file.size, file.block_size);
+    batch.push_back(file);
+    if (batch.size() >= kBatchFiles || batch_blocks >= kBatchBlocks) {
+      AccountBatch(*cluster_, workers_, &batch);
+      batch_blocks = 0;
+    }
+    return Status::OK();
   }));
+  AccountBatch(*cluster_, workers_, &batch);
   for (auto& [k, e] : children) *resp->add_entries() = std::move(e);
   return Status::OK();
 }

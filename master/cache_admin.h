@@ -5,7 +5,8 @@
 // Pins are durable records in the namespace (RocksDB) and are pushed to the workers; a worker that
 // missed a push gets the whole set when it registers again. Free drops the cached blocks of every
 // file below a path on every live worker, refused when a pin overlaps the path. Du walks the files
-// below a path and asks the cluster's block map what is cached (distinct bytes and all copies).
+// below a path and asks every live worker which of their blocks it holds (GetResidency, in batches
+// of files): the master keeps no block map (master/cluster.h).
 //
 // Thread-safe. Lock order: pin_mu_ (one pin or unpin at a time) is held across calls into the
 // namespace, the cluster and workers; nothing else is held while taking it.
@@ -54,6 +55,8 @@ class CacheAdmin {
   // Frees the cached blocks below a path; FAILED_PRECONDITION when a pin overlaps it.
   Status Free(const rpc::FreeRequest& req, rpc::FreeResponse* resp);
   // The path's totals, and one entry per child directory plus one for the files directly in it.
+  // cached_bytes counts each block held by some live worker once; replica_bytes and elastic_bytes
+  // every copy. A worker that does not answer is left out of the figures (and logged).
   Status Du(const rpc::DuRequest& req, rpc::DuResponse* resp);
 
  private:

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
+#include <map>
 
 namespace granary::master {
 namespace {
@@ -13,75 +13,17 @@ int64_t WallNs() {
 }  // namespace
 
 Cluster::Cluster(std::chrono::milliseconds worker_timeout, Clock clock)
-    : timeout_(worker_timeout), clock_(std::move(clock)) {}
-
-bool Cluster::DropHolderLocked(BlockLoc& loc, uint64_t worker) {
-  for (auto* list : {&loc.workers, &loc.elastic}) {
-    auto it = std::find(list->begin(), list->end(), worker);
-    if (it == list->end()) continue;
-    list->erase(it);
-    MountUsage& u = usage_[loc.mount_id];
-    uint64_t& kind = list == &loc.workers ? u.replica_bytes : u.elastic_bytes;
-    kind -= std::min(kind, loc.length);
-    return true;
-  }
-  return false;
-}
-
-void Cluster::ReleaseIfEmptyLocked(const BlockLoc& loc) {
-  MountUsage& u = usage_[loc.mount_id];
-  u.bytes -= std::min(u.bytes, loc.length);
-  u.blocks -= std::min<uint64_t>(u.blocks, 1);
-}
-
-void Cluster::AddLocked(uint64_t worker, const rpc::BlockRef& b) {
-  BlockLoc& loc = blocks_[BlockKey{b.file_key(), b.index()}];
-  auto& mine = b.elastic() ? loc.elastic : loc.workers;
-  if (std::find(mine.begin(), mine.end(), worker) != mine.end()) return;
-  if (loc.empty()) {
-    loc.mount_id = b.mount_id();
-    loc.length = b.length();
-    usage_[loc.mount_id].bytes += loc.length;
-    usage_[loc.mount_id].blocks += 1;
-  }
-  DropHolderLocked(loc, worker);  // the same worker, the other kind: the block changed kind
-  mine.push_back(worker);
-  MountUsage& u = usage_[loc.mount_id];
-  (b.elastic() ? u.elastic_bytes : u.replica_bytes) += loc.length;
-}
-
-void Cluster::RemoveLocked(uint64_t worker, const rpc::BlockRef& b) {
-  auto it = blocks_.find(BlockKey{b.file_key(), b.index()});
-  if (it == blocks_.end()) return;
-  DropHolderLocked(it->second, worker);
-  if (it->second.empty()) {
-    ReleaseIfEmptyLocked(it->second);
-    blocks_.erase(it);
-  }
-}
-
-void Cluster::ForgetWorkerBlocksLocked(uint64_t worker) {
-  for (auto it = blocks_.begin(); it != blocks_.end();) {
-    DropHolderLocked(it->second, worker);
-    if (it->second.empty()) {
-      ReleaseIfEmptyLocked(it->second);
-      it = blocks_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+    : timeout_(worker_timeout), clock_(std::move(clock)) {
+  // Epochs of a restarted master never repeat those its workers saw from the previous one.
+  MutexLock lock(&mu_);
+  epoch_ = static_cast<uint64_t>(WallNs());
 }
 
 uint64_t Cluster::RegisterWorker(const rpc::RegisterWorkerRequest& req) {
   MutexLock lock(&mu_);
   // A worker re-registering from the same address replaces its old entry.
   for (auto it = workers_.begin(); it != workers_.end();) {
-    if (it->second.address == req.address()) {
-      ForgetWorkerBlocksLocked(it->first);
-      it = workers_.erase(it);
-    } else {
-      ++it;
-    }
+    it = it->second.address == req.address() ? workers_.erase(it) : std::next(it);
   }
   uint64_t id = next_worker_++;
   Worker& w = workers_[id];
@@ -89,8 +31,8 @@ uint64_t Cluster::RegisterWorker(const rpc::RegisterWorkerRequest& req) {
   w.stats = req.stats();
   w.last_heartbeat = clock_();
   w.last_heartbeat_wall_ns = WallNs();
-  for (const auto& b : req.blocks()) AddLocked(id, b);
-  spdlog::info("worker {} registered from {} with {} blocks", id, req.address(), req.blocks_size());
+  ++epoch_;
+  spdlog::info("worker {} registered from {} holding {} blocks", id, req.address(), req.stats().blocks());
   return id;
 }
 
@@ -104,39 +46,22 @@ bool Cluster::Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats) {
   return true;
 }
 
-bool Cluster::ReportBlocks(const rpc::ReportBlocksRequest& req) {
-  MutexLock lock(&mu_);
-  auto it = workers_.find(req.worker_id());
-  if (it == workers_.end() || !it->second.alive) return false;
-  if (req.has_stats()) it->second.stats = req.stats();
-  for (const auto& b : req.added()) AddLocked(req.worker_id(), b);
-  for (const auto& b : req.removed()) RemoveLocked(req.worker_id(), b);
-  return true;
-}
-
 void Cluster::ExpireWorkers() {
   MutexLock lock(&mu_);
   auto now = clock_();
   for (auto& [id, w] : workers_) {
     if (w.alive && now - w.last_heartbeat > timeout_) {
-      spdlog::warn("worker {} at {} missed heartbeats for {} ms; dropping its block locations", id, w.address,
-                   timeout_.count());
+      spdlog::warn("worker {} at {} missed heartbeats for {} ms; it no longer counts as holding its blocks", id,
+                   w.address, timeout_.count());
       w.alive = false;
-      ForgetWorkerBlocksLocked(id);
+      ++epoch_;
     }
   }
 }
 
-void Cluster::DropMount(uint64_t mount_id) {
+void Cluster::FillReport(rpc::Report* report, const std::vector<rpc::MountReport*>& mounts) {
   MutexLock lock(&mu_);
-  for (auto it = blocks_.begin(); it != blocks_.end();) {
-    it = it->second.mount_id == mount_id ? blocks_.erase(it) : std::next(it);
-  }
-  usage_.erase(mount_id);
-}
-
-void Cluster::FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mounts) {
-  MutexLock lock(&mu_);
+  std::map<uint64_t, rpc::MountCounters> sums;  // by mount id, over the live workers
   for (const auto& [id, w] : workers_) {
     auto* wr = report->add_workers();
     wr->set_id(id);
@@ -144,14 +69,23 @@ void Cluster::FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mou
     wr->set_alive(w.alive);
     wr->set_last_heartbeat_ns(w.last_heartbeat_wall_ns);
     *wr->mutable_stats() = w.stats;
+    if (!w.alive) continue;
+    for (const auto& [mount, c] : w.stats.mount_counters()) {
+      rpc::MountCounters& s = sums[mount];
+      s.set_home_bytes(s.home_bytes() + c.home_bytes());
+      s.set_home_blocks(s.home_blocks() + c.home_blocks());
+      s.set_held_bytes(s.held_bytes() + c.held_bytes());
+      s.set_elastic_bytes(s.elastic_bytes() + c.elastic_bytes());
+    }
   }
   for (auto* m : mounts) {
-    auto it = usage_.find(m->mount().id());
-    if (it == usage_.end()) continue;
-    m->set_cached_bytes(it->second.bytes);
-    m->set_cached_blocks(it->second.blocks);
-    m->set_replica_bytes(it->second.replica_bytes);
-    m->set_elastic_bytes(it->second.elastic_bytes);
+    auto it = sums.find(m->mount().id());
+    if (it == sums.end()) continue;
+    const rpc::MountCounters& s = it->second;
+    m->set_cached_bytes(s.home_bytes());
+    m->set_cached_blocks(s.home_blocks());
+    m->set_replica_bytes(s.held_bytes() - std::min(s.held_bytes(), s.elastic_bytes()));
+    m->set_elastic_bytes(s.elastic_bytes());
   }
 }
 
@@ -164,28 +98,16 @@ std::vector<std::pair<uint64_t, std::string>> Cluster::AliveWorkers() {
   return out;
 }
 
-std::vector<uint64_t> Cluster::Holders(const std::string& file_key, uint64_t index) {
+uint64_t Cluster::Members(uint64_t known, google::protobuf::RepeatedPtrField<rpc::PeerInfo>* out) {
   MutexLock lock(&mu_);
-  auto it = blocks_.find(BlockKey{file_key, index});
-  return it == blocks_.end() ? std::vector<uint64_t>{} : it->second.workers;
-}
-
-std::vector<uint64_t> Cluster::ElasticHolders(const std::string& file_key, uint64_t index) {
-  MutexLock lock(&mu_);
-  auto it = blocks_.find(BlockKey{file_key, index});
-  return it == blocks_.end() ? std::vector<uint64_t>{} : it->second.elastic;
-}
-
-void Cluster::CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, Cached* out) {
-  if (block_size == 0) return;
-  MutexLock lock(&mu_);
-  for (uint64_t i = 0; i * block_size < size; ++i) {
-    auto it = blocks_.find(BlockKey{file_key, i});
-    if (it == blocks_.end() || it->second.empty()) continue;
-    out->distinct += it->second.length;
-    out->replica += it->second.length * it->second.workers.size();
-    out->elastic += it->second.length * it->second.elastic.size();
+  if (known == epoch_) return epoch_;
+  for (const auto& [id, w] : workers_) {
+    if (!w.alive) continue;
+    rpc::PeerInfo* p = out->Add();
+    p->set_id(id);
+    p->set_address(w.address);
   }
+  return epoch_;
 }
 
 }  // namespace granary::master

@@ -1,16 +1,28 @@
-// Cluster: the master's view of workers and of which worker holds which block.
+// Cluster: the master's view of its workers — who is alive, at which address, and what each one
+// reports about itself (WorkerStats, including per-mount counters of what it caches).
 //
-// Held in memory only and rebuilt from the workers themselves: a worker registers with a full
-// block report, then sends incremental reports and heartbeats. A restarted master answers the
-// first heartbeat of an unknown worker with "re-register", so locations come back by themselves.
-// A worker silent for `worker_timeout` is marked dead and its block locations are dropped.
+// Design note. The master keeps no map of cached blocks. Placement is rendezvous hashing over the
+// live workers (worker/peers.h), so where a block should be is computed, not looked up; each worker
+// indexes its own blocks and keeps, per mount, how many bytes it holds, how many of them are
+// elastic copies and of how many blocks it is the home (the first of the ranking). The master sums
+// those counters over the live workers for `granary report` and the metrics, and asks the workers
+// (GetResidency) when it needs a per-file answer (`granary du`, master/cache_admin.h). Its memory
+// is then independent of how much is cached, and a restarted master knows the cached figures as
+// soon as each worker registers again (registration carries the counters, never a block list).
+// The price: `cached_bytes` counts a block at its home only, so a block held only away from its
+// home (for a moment after the membership changed, or when its home evicted it) shows in
+// replica_bytes / elastic_bytes but not in cached_bytes. docs/architecture.md has the trade-off.
 //
-// Thread-safe: one mutex guards everything; every method is short.
+// A restarted master answers the first heartbeat of an unknown worker with "re-register". A worker
+// silent for `worker_timeout` is marked dead and stops counting. Membership has an epoch, bumped at
+// every change, so a heartbeat carries the worker list only when the worker's copy is stale.
+//
+// Thread-safe: one mutex guards everything; every method is short (FillReport is O(workers x
+// mounts of each)).
 #pragma once
 
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -25,46 +37,24 @@ class Cluster {
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
   explicit Cluster(std::chrono::milliseconds worker_timeout, Clock clock = std::chrono::steady_clock::now);
 
+  // Registers a worker (one at the same address is replaced) and returns its id.
   uint64_t RegisterWorker(const rpc::RegisterWorkerRequest& req);
-  // False when the worker is unknown (it must register again).
+  // False when the worker is unknown or was declared dead (it must register again).
   bool Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats);
-  bool ReportBlocks(const rpc::ReportBlocksRequest& req);
-  // Marks workers without a recent heartbeat dead and forgets their blocks.
+  // Marks workers without a recent heartbeat dead: they leave the membership and the figures.
   void ExpireWorkers();
-  // Forgets every block of a mount (after unmount).
-  void DropMount(uint64_t mount_id);
 
-  // Workers and per-mount cached bytes; `mounts` gets cached_bytes/cached_blocks filled in.
-  void FillReport(rpc::Report* report, std::vector<rpc::MountReport*> mounts);
+  // Workers (stats included) and, for each of `mounts`, the cached figures summed over the live
+  // workers: cached_bytes/cached_blocks (each block once, at its home), replica_bytes and
+  // elastic_bytes (every copy).
+  void FillReport(rpc::Report* report, const std::vector<rpc::MountReport*>& mounts);
   // Live workers: id and address.
   std::vector<std::pair<uint64_t, std::string>> AliveWorkers();
-  // Worker ids holding a block as one of its replicas (for tests), and as an elastic copy.
-  std::vector<uint64_t> Holders(const std::string& file_key, uint64_t index);
-  std::vector<uint64_t> ElasticHolders(const std::string& file_key, uint64_t index);
-  // What live workers hold of a file's blocks, added to the totals.
-  struct Cached {
-    uint64_t distinct = 0;  // bytes of blocks held somewhere, each block once
-    uint64_t replica = 0;   // bytes held as replicas, every replica copy counted
-    uint64_t elastic = 0;   // bytes held as elastic copies, every copy counted
-  };
-  void CachedOf(const std::string& file_key, uint64_t size, uint64_t block_size, Cached* out);
+  // The membership's epoch (changes whenever a worker joins, is replaced or dies) and, when
+  // `known` differs from it, the live workers into *out.
+  uint64_t Members(uint64_t known, google::protobuf::RepeatedPtrField<rpc::PeerInfo>* out);
 
  private:
-  struct BlockKey {
-    std::string file_key;
-    uint64_t index;
-    bool operator==(const BlockKey& o) const { return index == o.index && file_key == o.file_key; }
-  };
-  struct BlockKeyHash {
-    size_t operator()(const BlockKey& k) const { return std::hash<std::string>()(k.file_key) ^ (k.index * 0x9e3779b97f4a7c15ull); }
-  };
-  struct BlockLoc {
-    uint64_t mount_id = 0;
-    uint64_t length = 0;
-    std::vector<uint64_t> workers;  // replica holders
-    std::vector<uint64_t> elastic;  // elastic copies
-    bool empty() const { return workers.empty() && elastic.empty(); }
-  };
   struct Worker {
     std::string address;
     rpc::WorkerStats stats;
@@ -72,27 +62,13 @@ class Cluster {
     int64_t last_heartbeat_wall_ns = 0;
     bool alive = true;
   };
-  struct MountUsage {
-    uint64_t bytes = 0;  // distinct blocks
-    uint64_t blocks = 0;
-    uint64_t replica_bytes = 0;
-    uint64_t elastic_bytes = 0;
-  };
-
-  void AddLocked(uint64_t worker, const rpc::BlockRef& b) REQUIRES(mu_);
-  void RemoveLocked(uint64_t worker, const rpc::BlockRef& b) REQUIRES(mu_);
-  void ForgetWorkerBlocksLocked(uint64_t worker) REQUIRES(mu_);
-  // Takes `worker` out of the block's holders (either kind); true when it was one.
-  bool DropHolderLocked(BlockLoc& loc, uint64_t worker) REQUIRES(mu_);
-  void ReleaseIfEmptyLocked(const BlockLoc& loc) REQUIRES(mu_);
 
   const std::chrono::milliseconds timeout_;
   Clock clock_;
   Mutex mu_;
   uint64_t next_worker_ GUARDED_BY(mu_) = 1;
+  uint64_t epoch_ GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, Worker> workers_ GUARDED_BY(mu_);
-  std::unordered_map<BlockKey, BlockLoc, BlockKeyHash> blocks_ GUARDED_BY(mu_);
-  std::unordered_map<uint64_t, MountUsage> usage_ GUARDED_BY(mu_);
 };
 
 }  // namespace granary::master

@@ -51,7 +51,6 @@ class MasterService final : public rpc::Master::Service {
     GRANARY_AUTH();
     auto m = ns_->Unmount(req->path());
     if (!m.ok()) return ToGrpc(m.status());
-    cluster_->DropMount(m->id());
     return grpc::Status::OK;
   }
   grpc::Status ListMounts(ServerContext* ctx, const rpc::ListMountsRequest*, rpc::ListMountsResponse* resp) override {
@@ -89,18 +88,11 @@ class MasterService final : public rpc::Master::Service {
     GRANARY_AUTH();
     return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp));
   }
-  void AddLiveWorkers(google::protobuf::RepeatedPtrField<rpc::PeerInfo>* out) {
-    for (const auto& [id, address] : cluster_->AliveWorkers()) {
-      rpc::PeerInfo* p = out->Add();
-      p->set_id(id);
-      p->set_address(address);
-    }
-  }
   grpc::Status RegisterWorker(ServerContext* ctx, const rpc::RegisterWorkerRequest* req,
                               rpc::RegisterWorkerResponse* resp) override {
     GRANARY_AUTH();
     resp->set_worker_id(cluster_->RegisterWorker(*req));
-    AddLiveWorkers(resp->mutable_workers());
+    resp->set_members_epoch(cluster_->Members(0, resp->mutable_workers()));
     auto pins = ns_->Pins();
     if (!pins.ok()) return ToGrpc(pins.status());
     std::set<FileKey> pinned;
@@ -111,13 +103,7 @@ class MasterService final : public rpc::Master::Service {
   grpc::Status Heartbeat(ServerContext* ctx, const rpc::HeartbeatRequest* req, rpc::HeartbeatResponse* resp) override {
     GRANARY_AUTH();
     resp->set_reregister(!cluster_->Heartbeat(req->worker_id(), req->stats()));
-    if (!resp->reregister()) AddLiveWorkers(resp->mutable_workers());
-    return grpc::Status::OK;
-  }
-  grpc::Status ReportBlocks(ServerContext* ctx, const rpc::ReportBlocksRequest* req,
-                            rpc::ReportBlocksResponse* resp) override {
-    GRANARY_AUTH();
-    resp->set_reregister(!cluster_->ReportBlocks(*req));
+    if (!resp->reregister()) resp->set_members_epoch(cluster_->Members(req->members_epoch(), resp->mutable_workers()));
     return grpc::Status::OK;
   }
   grpc::Status GetReport(ServerContext* ctx, const rpc::GetReportRequest*, rpc::Report* resp) override {

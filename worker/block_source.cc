@@ -149,6 +149,7 @@ BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& 
   std::vector<PeerRef> members = placement_->Members(&self_id);
   const size_t rank = members.empty() ? 0 : RankOf(t.meta.id, members, self_id);
   route.elastic = !(rank != kNotRanked && rank < t.mount.replicas);
+  route.home = rank == 0;
   if (req.from_peer) return route;  // asked as the home: fetch (if need be) and keep
   size_t self = kNotRanked;
   std::vector<PeerRef> ranked = placement_->Rank(t.meta.id, &self);
@@ -211,17 +212,17 @@ size_t BlockSource::ClassifyNow() {
   std::vector<PeerRef> members = placement_->Members(&self);
   if (members.empty()) return 0;  // membership unknown: leave everything as it is
   std::map<uint64_t, std::optional<uint32_t>> replicas;  // per mount; nullopt: unknown mount
-  auto changed = store_->Classify([&](const BlockMeta& m) {
+  auto changed = store_->Classify([&](const BlockMeta& m) -> BlockStore::Kind {
     auto it = replicas.find(m.mount_id);
     if (it == replicas.end()) {
       auto mount = mounts_->GetMount(m.mount_id);
       it = replicas.emplace(m.mount_id, mount.ok() ? std::optional<uint32_t>(mount->replicas) : std::nullopt).first;
     }
-    if (!it->second) return m.elastic;  // cannot tell: keep its kind
+    if (!it->second) return {m.elastic, m.home};  // cannot tell: keep its kind
     size_t rank = RankOf(m.id, members, self);
-    return !(rank != kNotRanked && rank < *it->second);
+    return {!(rank != kNotRanked && rank < *it->second), rank == 0};
   });
-  for (const auto& m : changed) reporter_->BlockAdded(m);  // the master moves it to its new kind
+  for (const auto& m : changed) reporter_->BlockAdded(m);  // the master's figures follow the new kind
   counters_.classified += changed.size();
   return changed.size();
 }
@@ -277,6 +278,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   if (!members.empty()) {
     size_t self = RankOf(t.meta.id, members, self_id);
     if (self >= replicas) return LoadOutcome::kNotMine;
+    route.home = self == 0;
     route.ask_peers = self != 0 && placement_ != nullptr;
     if (route.ask_peers) {
       for (const auto& m : members) {
@@ -288,9 +290,11 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     std::vector<PeerRef> ranked = placement_->Rank(t.meta.id, &self);
     if (!ranked.empty()) {
       if (self == kNotRanked || self >= replicas) return LoadOutcome::kNotMine;
+      route.home = self == 0;
       route.ask_peers = self != 0;  // a holder other than the home copies the home's block
     }
   }
+  t.meta.home = route.home;
   if (store_->Contains(t.meta.id)) {
     // Held already; an elastic copy becomes one of the replicas the load asks for.
     if (store_->MakeReplica(t.meta.id)) reporter_->BlockAdded(t.meta);
@@ -455,6 +459,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   if (mount.policy) store_->SetMountPolicy(req.mount_id, *mount.policy);
   BlockMeta kept = meta;
   kept.elastic = route.elastic;
+  kept.home = route.home;
   Status st = route.keep ? store_->Put(kept, *data) : FailedPreconditionError("not a holder of this block");
   std::shared_ptr<const FetchedBlock> block(std::move(fb));
   if (st.ok()) {

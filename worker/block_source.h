@@ -161,6 +161,7 @@ class BlockSource {
     bool ask_peers = false;
     bool keep = true;
     bool elastic = false;  // kept as an elastic copy
+    bool home = true;      // kept by the block's home (first in the master's membership ranking)
   };
   Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
   Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);

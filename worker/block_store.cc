@@ -208,6 +208,7 @@ void BlockStore::RemoveLocked(const BlockId& id, Removal* r) {
   store::PunchData(data, e.meta.offset, e.meta.length);
   DropFileLocked(data);
   r->removed.push_back(e.meta);
+  AccountLocked(e.meta, -1);
   index_.erase(it);
 }
 
@@ -426,7 +427,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     MutexLock lock(&mu_);
     if (auto have = index_.find(meta.id); have != index_.end()) {
       // Cached already. An elastic copy that is now wanted as a replica becomes one.
-      if (have->second.meta.elastic && !meta.elastic) SetElasticLocked(meta.id, have->second, false);
+      if (have->second.meta.elastic && !meta.elastic) SetKindLocked(meta.id, have->second, Kind{false, meta.home});
       return Status::OK();
     }
     if (putting_.count(meta.id)) return Status::OK();
@@ -513,6 +514,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   tiers_[tier].dirs[dir].used += file_bytes;
   tiers_[tier].nblocks++;
   auto [it, _] = index_.emplace(meta.id, e);
+  AccountLocked(meta, +1);
   ListLocked(meta.id, it->second);
   return Status::OK();
 }
@@ -607,14 +609,35 @@ std::vector<BlockMeta> BlockStore::List() const {
   return out;
 }
 
-void BlockStore::SetElasticLocked(const BlockId& id, Entry& e, bool elastic) {
-  if (e.meta.elastic == elastic) return;
-  UnlistLocked(e);
-  e.meta.elastic = elastic;
-  ListLocked(id, e);
+void BlockStore::AccountLocked(const BlockMeta& m, int sign) {
+  MountUsage& u = usage_[m.mount_id];
+  auto add = [sign](uint64_t& v, uint64_t d) { v = sign > 0 ? v + d : v - std::min(v, d); };
+  add(u.blocks, 1);
+  add(u.bytes, m.length);
+  if (m.elastic) {
+    add(u.elastic_blocks, 1);
+    add(u.elastic_bytes, m.length);
+  }
+  if (m.home && !m.elastic) {
+    add(u.home_blocks, 1);
+    add(u.home_bytes, m.length);
+  }
+  if (u.empty()) usage_.erase(m.mount_id);
 }
 
-std::vector<BlockMeta> BlockStore::Classify(const std::function<bool(const BlockMeta&)>& elastic) {
+void BlockStore::SetKindLocked(const BlockId& id, Entry& e, Kind kind) {
+  if (e.meta.elastic == kind.elastic && e.meta.home == kind.home) return;
+  AccountLocked(e.meta, -1);
+  if (e.meta.elastic != kind.elastic) {
+    UnlistLocked(e);
+    e.meta.elastic = kind.elastic;
+    ListLocked(id, e);
+  }
+  e.meta.home = kind.home;
+  AccountLocked(e.meta, +1);
+}
+
+std::vector<BlockMeta> BlockStore::Classify(const std::function<Kind(const BlockMeta&)>& kind) {
   // The classifier (a rendezvous ranking per block) runs outside the lock, on a snapshot; changes
   // are applied in batches so readers never wait long behind a large cache.
   std::vector<BlockMeta> all = List();
@@ -623,17 +646,20 @@ std::vector<BlockMeta> BlockStore::Classify(const std::function<bool(const Block
   for (size_t start = 0; start < all.size(); start += kBatch) {
     std::vector<BlockMeta> batch;
     for (size_t i = start; i < std::min(all.size(), start + kBatch); ++i) {
-      bool want = elastic(all[i]);
-      if (want != all[i].elastic) {
-        all[i].elastic = want;
+      Kind want = kind(all[i]);
+      if (want.elastic != all[i].elastic || want.home != all[i].home) {
+        all[i].elastic = want.elastic;
+        all[i].home = want.home;
         batch.push_back(all[i]);
       }
     }
     MutexLock lock(&mu_);
     for (const auto& m : batch) {
       auto it = index_.find(m.id);
-      if (it == index_.end() || it->second.meta.elastic == m.elastic) continue;  // gone, or changed meanwhile
-      SetElasticLocked(m.id, it->second, m.elastic);
+      if (it == index_.end()) continue;  // gone meanwhile
+      const BlockMeta& now = it->second.meta;
+      if (now.elastic == m.elastic && now.home == m.home) continue;  // changed meanwhile
+      SetKindLocked(m.id, it->second, Kind{m.elastic, m.home});
       changed.push_back(it->second.meta);
     }
   }
@@ -644,7 +670,7 @@ bool BlockStore::MakeReplica(const BlockId& id) {
   MutexLock lock(&mu_);
   auto it = index_.find(id);
   if (it == index_.end() || !it->second.meta.elastic) return false;
-  SetElasticLocked(id, it->second, false);
+  SetKindLocked(id, it->second, Kind{false, it->second.meta.home});
   return true;
 }
 
@@ -682,12 +708,11 @@ BlockStoreStats BlockStore::Stats() const {
     s.evictions += ts.evictions;
     s.tiers.push_back(std::move(ts));
   }
-  for (const auto& [id, e] : index_) {
-    s.pinned_blocks += e.pinned ? 1 : 0;
-    if (e.meta.elastic) {
-      s.elastic_blocks++;
-      s.elastic_bytes += e.meta.length;
-    }
+  for (const auto& [id, e] : index_) s.pinned_blocks += e.pinned ? 1 : 0;
+  s.mounts = usage_;
+  for (const auto& [mount, u] : usage_) {
+    s.elastic_blocks += u.elastic_blocks;
+    s.elastic_bytes += u.elastic_bytes;
   }
   s.corrupt = corrupt_;
   s.scrubbed = scrubbed_;

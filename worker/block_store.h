@@ -89,6 +89,14 @@ struct TierStats {
   uint64_t promotions = 0; // blocks moved into this level from the one below
 };
 
+// What the store holds of one mount, in data bytes; kept as blocks come, go and change kind.
+struct MountUsage {
+  uint64_t blocks = 0, bytes = 0;                  // every block, whatever its kind
+  uint64_t elastic_blocks = 0, elastic_bytes = 0;  // elastic copies among them
+  uint64_t home_blocks = 0, home_bytes = 0;        // blocks this worker is the home of
+  bool empty() const { return blocks == 0; }
+};
+
 struct BlockStoreStats {
   uint64_t capacity = 0;
   uint64_t used = 0;  // bytes of block files (sidecars included)
@@ -100,6 +108,7 @@ struct BlockStoreStats {
   uint64_t rejected = 0;       // Puts refused because nothing evictable was left
   uint64_t leases = 0;         // blocks leased for zero-copy reads
   uint64_t elastic_blocks = 0, elastic_bytes = 0;  // elastic copies among `blocks` (data bytes)
+  std::map<uint64_t, MountUsage> mounts;            // by mount id
   std::vector<TierStats> tiers;
 };
 
@@ -188,10 +197,15 @@ class BlockStore {
   // Whether a Put of `meta` would find room now (free room, or a block the rules let it evict):
   // a hint for callers deciding whether to fetch a whole block, not a reservation.
   bool CanAdmit(const BlockMeta& meta) const;
-  // Re-decides, for every cached block, whether it is an elastic copy (`elastic(meta)` true) or a
-  // replica — after a membership change, so the cache never keeps more replicas than asked. Returns
-  // the blocks whose kind changed, as they are now. `elastic` runs without the store's lock.
-  std::vector<BlockMeta> Classify(const std::function<bool(const BlockMeta&)>& elastic);
+  // Re-decides, for every cached block, whether it is an elastic copy or a replica and whether
+  // this worker is its home (`kind(meta)`) — after a membership change, so the cache never keeps
+  // more replicas than asked and each block is counted once. Returns the blocks whose kind changed,
+  // as they are now. `kind` runs without the store's lock.
+  struct Kind {
+    bool elastic = false;
+    bool home = true;
+  };
+  std::vector<BlockMeta> Classify(const std::function<Kind(const BlockMeta&)>& kind);
   // Makes a cached elastic copy a replica; true when it was one (false: not cached, or a replica).
   bool MakeReplica(const BlockId& id);
 
@@ -307,7 +321,9 @@ class BlockStore {
                         bool elastic_only = false) const REQUIRES(mu_);
   bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, bool for_elastic, Removal* r,
                       bool elastic_only = false) REQUIRES(mu_);
-  void SetElasticLocked(const BlockId& id, Entry& e, bool elastic) REQUIRES(mu_);
+  void SetKindLocked(const BlockId& id, Entry& e, Kind kind) REQUIRES(mu_);
+  // Adds (sign +1) or takes away (-1) an indexed block's share of usage_.
+  void AccountLocked(const BlockMeta& m, int sign) REQUIRES(mu_);
   // Moves a block one level (down: demotion; up: promotion) into `to_dir` if it still has room
   // below fraction x quota. Takes and releases mu_ itself.
   bool MoveBlock(const BlockId& id, int from_tier, int to_tier, int to_dir, double fraction);
@@ -325,6 +341,7 @@ class BlockStore {
   mutable Mutex mu_;
   std::vector<Tier> tiers_ GUARDED_BY(mu_);
   std::unordered_map<BlockId, Entry, BlockIdHash> index_ GUARDED_BY(mu_);
+  std::map<uint64_t, MountUsage> usage_ GUARDED_BY(mu_);  // index_ summed by mount
   std::unordered_map<uint64_t, CachePolicy> mount_policy_ GUARDED_BY(mu_);
   std::unordered_set<FileKey, FileKeyHash> pins_ GUARDED_BY(mu_);
   std::vector<BlockId> promote_queue_ GUARDED_BY(mu_);

@@ -1,7 +1,8 @@
 // The worker's seams: what BlockSource needs from the outside, so tests can substitute fakes.
 //
 //   MountResolver  turns a mount id into the mount's URI and an opened under-storage client.
-//   BlockReporter  is told about every block the cache gains or loses (the master's block map).
+//   BlockReporter  is told about every block the cache gains, loses or that changes kind, so the
+//                  master gets the worker's per-mount cached counters soon (it keeps no block map).
 //   Placement      ranks the cluster's workers for a block and reads from peers (PeerSet).
 //
 // MasterLink implements the first two against a real master. Implementations must be thread-safe.

@@ -8,16 +8,6 @@
 
 namespace granary::worker {
 
-rpc::BlockRef ToBlockRef(const BlockMeta& m) {
-  rpc::BlockRef r;
-  r.set_file_key(std::string(reinterpret_cast<const char*>(m.id.key.data()), m.id.key.size()));
-  r.set_index(m.id.index);
-  r.set_mount_id(m.mount_id);
-  r.set_length(m.length);
-  r.set_elastic(m.elastic);
-  return r;
-}
-
 MasterLink::MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats,
                        MembersFn members)
     : cfg_(cfg), sec_(std::move(sec)), store_(store), stats_(std::move(stats)), members_(std::move(members)) {
@@ -43,34 +33,26 @@ void MasterLink::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void MasterLink::NoteLocked(const BlockMeta& m, bool added) {
-  rpc::BlockRef ref = ToBlockRef(m);
-  std::string key = ref.file_key();
-  key.append(reinterpret_cast<const char*>(&m.id.index), sizeof(m.id.index));
-  pending_[key] = Pending{std::move(ref), added};
+void MasterLink::BlockAdded(const BlockMeta&) {
+  MutexLock lock(&mu_);
+  changed_ = true;
   cv_.notify_all();
 }
 
-void MasterLink::BlockAdded(const BlockMeta& m) {
+void MasterLink::BlockRemoved(const BlockMeta&) {
   MutexLock lock(&mu_);
-  NoteLocked(m, true);
-}
-
-void MasterLink::BlockRemoved(const BlockMeta& m) {
-  MutexLock lock(&mu_);
-  NoteLocked(m, false);
+  changed_ = true;
+  cv_.notify_all();
 }
 
 Status MasterLink::Register() {
   rpc::RegisterWorkerRequest req;
   req.set_address(advertise_);
-  *req.mutable_stats() = stats_();
   {
-    // Reports queued before registration are covered by the full list.
     MutexLock lock(&mu_);
-    pending_.clear();
+    changed_ = false;  // the stats below cover every change so far
   }
-  for (const auto& b : store_->List()) *req.add_blocks() = ToBlockRef(b);
+  *req.mutable_stats() = stats_();
   rpc::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
@@ -83,12 +65,13 @@ Status MasterLink::Register() {
   Status ps = store_->SetPins(pins);
   if (!ps.ok()) spdlog::warn("cannot record pins: {}", ps.message());
   // Mounts of cached blocks: learn their cache policy before the reserver needs it.
-  std::set<uint64_t> mount_ids;
-  for (const auto& b : req.blocks()) mount_ids.insert(b.mount_id());
-  for (uint64_t id : mount_ids) GetMount(id).status().IgnoreError();
+  for (const auto& [id, counters] : req.stats().mount_counters()) {
+    if (counters.held_blocks() > 0) GetMount(id).status().IgnoreError();
+  }
   Members(resp.worker_id(), resp.workers());
   MutexLock lock(&mu_);
   worker_id_ = resp.worker_id();
+  members_epoch_ = resp.members_epoch();
   spdlog::info("registered with the master at {} as worker {}", cfg_.master.address, worker_id_);
   return Status::OK();
 }
@@ -108,68 +91,60 @@ Status MasterLink::Beat() {
     MutexLock lock(&mu_);
     self = worker_id_;
     req.set_worker_id(self);
+    req.set_members_epoch(members_epoch_);
+    changed_ = false;  // the stats below cover every change so far
   }
   *req.mutable_stats() = stats_();
   rpc::HeartbeatResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->Heartbeat(&ctx, req, &resp)), "the master"));
+  Status st = FromGrpc(stub_->Note(stub_->Get()->Heartbeat(&ctx, req, &resp)), "the master");
+  if (!st.ok()) {
+    MutexLock lock(&mu_);
+    changed_ = true;  // send them again with the next beat
+    return st;
+  }
   if (resp.reregister()) {
     MutexLock lock(&mu_);
     worker_id_ = 0;
     return Status::OK();
   }
-  Members(self, resp.workers());
+  if (resp.members_epoch() != req.members_epoch()) {
+    Members(self, resp.workers());
+    MutexLock lock(&mu_);
+    members_epoch_ = resp.members_epoch();
+  }
   return Status::OK();
 }
 
-Status MasterLink::Flush() {
-  rpc::ReportBlocksRequest req;
-  {
-    MutexLock lock(&mu_);
-    if (pending_.empty()) return Status::OK();
-    req.set_worker_id(worker_id_);
-    for (auto& [key, p] : pending_) *(p.added ? req.add_added() : req.add_removed()) = std::move(p.ref);
-    pending_.clear();
-  }
-  *req.mutable_stats() = stats_();
-  rpc::ReportBlocksResponse resp;
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  Status st = FromGrpc(stub_->Note(stub_->Get()->ReportBlocks(&ctx, req, &resp)), "the master");
-  if (!st.ok() || resp.reregister()) {
-    // The next registration sends the full list, which includes these blocks.
-    MutexLock lock(&mu_);
-    worker_id_ = 0;
-  }
-  return st;
-}
-
 void MasterLink::Loop() {
-  auto next_beat = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  auto next_beat = Clock::now();
+  auto earliest = Clock::now();  // the soonest an early beat (for a cache change) may go
   for (;;) {
     bool registered;
     {
       MutexLock lock(&mu_);
-      while (!stop_ && !(worker_id_ != 0 && !pending_.empty()) &&
-             lock.WaitUntil(&cv_, next_beat)) {
+      for (;;) {
+        if (stop_) return;
+        auto now = Clock::now();
+        if (now >= next_beat) break;
+        if (worker_id_ != 0 && changed_ && now >= earliest) break;
+        auto until = worker_id_ != 0 && changed_ ? std::min(next_beat, earliest) : next_beat;
+        lock.WaitUntil(&cv_, until);
       }
-      if (stop_) return;
       registered = worker_id_ != 0;
     }
     if (!registered) {
       Status st = Register();
       if (!st.ok()) spdlog::debug("register: {}", st.message());
-      next_beat = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(cfg_.worker.heartbeat_interval, std::chrono::seconds(1));
+      next_beat = Clock::now() + std::min<std::chrono::milliseconds>(cfg_.worker.heartbeat_interval, std::chrono::seconds(1));
       continue;
     }
-    Status st = Flush();
-    if (!st.ok()) spdlog::debug("block report: {}", st.message());
-    if (std::chrono::steady_clock::now() >= next_beat) {
-      st = Beat();
-      if (!st.ok()) spdlog::warn("heartbeat: {}", st.message());
-      next_beat = std::chrono::steady_clock::now() + cfg_.worker.heartbeat_interval;
-    }
+    Status st = Beat();
+    if (!st.ok()) spdlog::warn("heartbeat: {}", st.message());
+    earliest = Clock::now() + std::min<std::chrono::milliseconds>(kEarlyBeat, cfg_.worker.heartbeat_interval);
+    next_beat = Clock::now() + cfg_.worker.heartbeat_interval;
   }
 }
 

@@ -1,9 +1,11 @@
 // MasterLink: the worker's side of its conversation with the master.
 //
-// One background thread registers the worker (with a full block report), then sends a heartbeat
-// every worker.heartbeat_interval and the blocks added or removed since the last report (sooner
-// when a report is queued). The master's answers carry the live workers, handed to MembersFn (the
-// PeerSet's membership). When the master answers "re-register" (it restarted and forgot this
+// One background thread registers the worker, then sends a heartbeat every
+// worker.heartbeat_interval, and sooner (at most every kEarlyBeat) when the cache gained, lost or
+// re-classified blocks. Registration and heartbeats carry the worker's stats, whose per-mount
+// counters (held, elastic and home bytes) are all the master knows of the cache: no block list ever
+// travels (master/cluster.h). The master's answers carry the live workers when the membership
+// changed since the epoch the worker last got, handed to MembersFn (the PeerSet's membership). When the master answers "re-register" (it restarted and forgot this
 // worker) or cannot be reached, the thread keeps trying; the worker keeps serving cached blocks
 // meanwhile. GetMount() opens each mount once (MountTable, ufs/mount_table.h).
 //
@@ -56,8 +58,9 @@ class MasterLink final : public MountResolver, public BlockReporter {
   void Loop();
   Status Register();
   Status Beat();
-  Status Flush();
   void Members(uint64_t self, const google::protobuf::RepeatedPtrField<rpc::PeerInfo>& workers);
+  // The soonest a heartbeat goes after the last one when only the cache changed.
+  static constexpr std::chrono::milliseconds kEarlyBeat{200};
   // A mount's URI and options, from the master.
   StatusOr<MountTable::Source> MountSource(uint64_t mount_id);
 
@@ -73,20 +76,11 @@ class MasterLink final : public MountResolver, public BlockReporter {
   std::condition_variable cv_;
   bool stop_ GUARDED_BY(mu_) = false;
   uint64_t worker_id_ GUARDED_BY(mu_) = 0;  // 0: not registered
-  // Block changes not yet reported, one per block, the latest winning (a block evicted and cached
-  // again, or reclassified twice, between two reports is reported as it is now): the master applies
-  // a report's additions before its removals, so two events of one block must not both travel.
-  struct Pending {
-    rpc::BlockRef ref;
-    bool added = false;
-  };
-  std::unordered_map<std::string, Pending> pending_ GUARDED_BY(mu_);  // by file key + index
-  void NoteLocked(const BlockMeta& m, bool added) REQUIRES(mu_);
+  uint64_t members_epoch_ GUARDED_BY(mu_) = 0;  // of the membership last handed to MembersFn
+  bool changed_ GUARDED_BY(mu_) = false;  // the cache changed since the last stats sent
   UfsCounters ufs_counters_;
   MountTable mounts_{[this](uint64_t id) { return MountSource(id); }, &ufs_counters_};  // thread-safe on its own
   std::thread thread_;
 };
-
-rpc::BlockRef ToBlockRef(const BlockMeta& m);
 
 }  // namespace granary::worker

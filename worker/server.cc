@@ -427,6 +427,14 @@ class WorkerServerImpl final : public WorkerServer {
       mc.set_peer(a.peer);
       mc.set_under_storage(a.under_storage);
     }
+    for (const auto& [mount, u] : b.mounts) {
+      rpc::MountCounters& mc = (*s.mutable_mount_counters())[mount];
+      mc.set_held_blocks(u.blocks);
+      mc.set_held_bytes(u.bytes);
+      mc.set_elastic_bytes(u.elastic_bytes);
+      mc.set_home_blocks(u.home_blocks);
+      mc.set_home_bytes(u.home_bytes);
+    }
     if (local_) s.set_local_socket(local_->path());
     for (const auto& t : b.tiers) {
       rpc::TierStats* ts = s.add_tiers();

@@ -7,13 +7,17 @@
 namespace granary::master {
 namespace {
 
-rpc::BlockRef Block(const std::string& key, uint64_t index, uint64_t mount, uint64_t len) {
-  rpc::BlockRef b;
-  b.set_file_key(key);
-  b.set_index(index);
-  b.set_mount_id(mount);
-  b.set_length(len);
-  return b;
+// A worker's stats holding, of `mount`, `held` bytes of which `elastic` are elastic copies and
+// `home` are blocks it is the home of (one block per 100 bytes, for the block counts).
+rpc::WorkerStats Holding(uint64_t mount, uint64_t held, uint64_t elastic, uint64_t home) {
+  rpc::WorkerStats s;
+  rpc::MountCounters& c = (*s.mutable_mount_counters())[mount];
+  c.set_held_bytes(held);
+  c.set_held_blocks(held / 100);
+  c.set_elastic_bytes(elastic);
+  c.set_home_bytes(home);
+  c.set_home_blocks(home / 100);
+  return s;
 }
 
 struct FakeClock {
@@ -23,119 +27,105 @@ struct FakeClock {
   }
 };
 
-uint64_t CachedBytes(Cluster& c, uint64_t mount) {
+// cached_bytes, cached_blocks, replica_bytes, elastic_bytes of a mount, as the report gives them.
+std::tuple<uint64_t, uint64_t, uint64_t, uint64_t> Usage(Cluster& c, uint64_t mount) {
   rpc::Report r;
   rpc::MountReport mr;
   mr.mutable_mount()->set_id(mount);
   c.FillReport(&r, {&mr});
-  return mr.cached_bytes();
+  return {mr.cached_bytes(), mr.cached_blocks(), mr.replica_bytes(), mr.elastic_bytes()};
 }
 
-TEST(Cluster, TracksBlocksPerMountOnce) {
-  FakeClock clk;
-  Cluster c(std::chrono::seconds(10), clk.fn());
-  rpc::RegisterWorkerRequest w1;
-  w1.set_address("a:1");
-  *w1.add_blocks() = Block("k1", 0, 7, 100);
-  uint64_t id1 = c.RegisterWorker(w1);
-  rpc::RegisterWorkerRequest w2;
-  w2.set_address("b:1");
-  uint64_t id2 = c.RegisterWorker(w2);
-  EXPECT_NE(id1, id2);
-  rpc::ReportBlocksRequest rep;
-  rep.set_worker_id(id2);
-  *rep.add_added() = Block("k1", 0, 7, 100);  // a second replica: not counted twice
-  *rep.add_added() = Block("k1", 1, 7, 50);
-  EXPECT_TRUE(c.ReportBlocks(rep));
-  EXPECT_EQ(CachedBytes(c, 7), 150u);
-  EXPECT_EQ(c.Holders("k1", 0).size(), 2u);
-
-  rpc::ReportBlocksRequest rm;
-  rm.set_worker_id(id2);
-  *rm.add_removed() = Block("k1", 1, 7, 50);
-  EXPECT_TRUE(c.ReportBlocks(rm));
-  EXPECT_EQ(CachedBytes(c, 7), 100u);
-  c.DropMount(7);
-  EXPECT_EQ(CachedBytes(c, 7), 0u);
-}
-
-// Replica and elastic copies are counted apart; a block reported again with the other kind moves,
-// and a worker that goes silent takes both kinds with it.
-TEST(Cluster, ReplicaAndElasticBytesApart) {
-  FakeClock clk;
-  Cluster c(std::chrono::seconds(10), clk.fn());
+uint64_t Register(Cluster& c, const std::string& address, rpc::WorkerStats stats = {}) {
   rpc::RegisterWorkerRequest w;
-  w.set_address("a:1");
-  uint64_t a = c.RegisterWorker(w);
-  w.set_address("b:1");
-  uint64_t b = c.RegisterWorker(w);
-  auto report = [&](uint64_t worker, rpc::BlockRef blk, bool elastic, bool add = true) {
-    rpc::ReportBlocksRequest r;
-    r.set_worker_id(worker);
-    blk.set_elastic(elastic);
-    *(add ? r.add_added() : r.add_removed()) = blk;
-    EXPECT_TRUE(c.ReportBlocks(r));
-  };
-  auto usage = [&] {
-    rpc::Report r;
-    rpc::MountReport mr;
-    mr.mutable_mount()->set_id(7);
-    c.FillReport(&r, {&mr});
-    return std::make_tuple(mr.cached_bytes(), mr.replica_bytes(), mr.elastic_bytes());
-  };
-  report(a, Block("k", 0, 7, 100), false);
-  report(b, Block("k", 0, 7, 100), true);
-  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{100}, uint64_t{100}));
-  EXPECT_EQ(c.Holders("k", 0), std::vector<uint64_t>{a});
-  EXPECT_EQ(c.ElasticHolders("k", 0), std::vector<uint64_t>{b});
-  Cluster::Cached cached;
-  c.CachedOf("k", 100, 100, &cached);
-  EXPECT_EQ(cached.distinct, 100u);
-  EXPECT_EQ(cached.replica, 100u);
-  EXPECT_EQ(cached.elastic, 100u);
-  report(a, Block("k", 0, 7, 100), true);  // a membership change made a's copy elastic
-  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{0}, uint64_t{200}));
-  EXPECT_TRUE(c.Holders("k", 0).empty());
-  report(b, Block("k", 0, 7, 100), false);  // and b's a replica
-  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{100}, uint64_t{100}));
-  report(a, Block("k", 0, 7, 100), true, /*add=*/false);
-  EXPECT_EQ(usage(), std::make_tuple(uint64_t{100}, uint64_t{100}, uint64_t{0}));
-  clk.now += std::chrono::seconds(11);
-  c.ExpireWorkers();
-  EXPECT_EQ(usage(), std::make_tuple(uint64_t{0}, uint64_t{0}, uint64_t{0}));
+  w.set_address(address);
+  *w.mutable_stats() = std::move(stats);
+  return c.RegisterWorker(w);
 }
 
-TEST(Cluster, SilentWorkersLoseTheirBlocks) {
+// Each block counts once in cached_bytes (at its home); every copy counts in replica or elastic
+// bytes; mounts are kept apart; the figures follow the latest stats of each worker.
+TEST(Cluster, SumsTheWorkersCountersPerMount) {
   FakeClock clk;
   Cluster c(std::chrono::seconds(10), clk.fn());
-  rpc::RegisterWorkerRequest w;
-  w.set_address("a:1");
-  *w.add_blocks() = Block("k", 0, 1, 10);
-  uint64_t id = c.RegisterWorker(w);
+  uint64_t a = Register(c, "a:1", Holding(7, 300, 0, 200));  // 3 blocks, home of 2
+  uint64_t b = Register(c, "b:1");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(Usage(c, 7), std::make_tuple(uint64_t{200}, uint64_t{2}, uint64_t{300}, uint64_t{0}));
+  // b holds a replica of one of a's blocks, is the home of the third, and keeps an elastic copy.
+  rpc::WorkerStats sb = Holding(7, 300, 100, 100);
+  (*sb.mutable_mount_counters())[8] = Holding(8, 50, 0, 50).mount_counters().at(8);
+  EXPECT_TRUE(c.Heartbeat(b, sb));
+  EXPECT_EQ(Usage(c, 7), std::make_tuple(uint64_t{300}, uint64_t{3}, uint64_t{500}, uint64_t{100}));
+  EXPECT_EQ(Usage(c, 8), std::make_tuple(uint64_t{50}, uint64_t{0}, uint64_t{50}, uint64_t{0}));
+  EXPECT_EQ(Usage(c, 9), std::make_tuple(uint64_t{0}, uint64_t{0}, uint64_t{0}, uint64_t{0})) << "a mount no worker holds";
+  EXPECT_TRUE(c.Heartbeat(a, Holding(7, 100, 0, 0)));  // a evicted two blocks; its last is b's
+  EXPECT_EQ(Usage(c, 7), std::make_tuple(uint64_t{100}, uint64_t{1}, uint64_t{300}, uint64_t{100}));
+}
+
+// A worker that goes silent stops counting within worker_timeout and must register again; its
+// registration (no block list, only its counters) brings the figures back at once — as after a
+// master restart.
+TEST(Cluster, SilentWorkersStopCounting) {
+  FakeClock clk;
+  Cluster c(std::chrono::seconds(10), clk.fn());
+  uint64_t id = Register(c, "a:1", Holding(1, 1000, 0, 1000));
   clk.now += std::chrono::seconds(5);
-  EXPECT_TRUE(c.Heartbeat(id, {}));
+  EXPECT_TRUE(c.Heartbeat(id, Holding(1, 1000, 0, 1000)));
   c.ExpireWorkers();
-  EXPECT_EQ(c.Holders("k", 0).size(), 1u);
+  EXPECT_EQ(std::get<0>(Usage(c, 1)), 1000u);
   clk.now += std::chrono::seconds(11);
   c.ExpireWorkers();
-  EXPECT_TRUE(c.Holders("k", 0).empty());
+  EXPECT_EQ(Usage(c, 1), std::make_tuple(uint64_t{0}, uint64_t{0}, uint64_t{0}, uint64_t{0}));
+  EXPECT_TRUE(c.AliveWorkers().empty());
   EXPECT_FALSE(c.Heartbeat(id, {})) << "a lost worker must re-register";
   EXPECT_FALSE(c.Heartbeat(999, {}));
+  Register(c, "a:1", Holding(1, 1000, 0, 1000));
+  EXPECT_EQ(std::get<0>(Usage(c, 1)), 1000u);
+
+  Cluster restarted(std::chrono::seconds(10), clk.fn());
+  EXPECT_FALSE(restarted.Heartbeat(id, {})) << "a restarted master asks its workers to register";
+  Register(restarted, "a:1", Holding(1, 1000, 0, 1000));
+  EXPECT_EQ(std::get<0>(Usage(restarted, 1)), 1000u);
 }
 
 TEST(Cluster, ReRegisteringReplacesTheOldEntry) {
   FakeClock clk;
   Cluster c(std::chrono::seconds(10), clk.fn());
-  rpc::RegisterWorkerRequest w;
-  w.set_address("a:1");
-  *w.add_blocks() = Block("k", 0, 1, 10);
-  c.RegisterWorker(w);
-  w.clear_blocks();
-  c.RegisterWorker(w);
-  EXPECT_TRUE(c.Holders("k", 0).empty());
+  Register(c, "a:1", Holding(1, 100, 0, 100));
+  Register(c, "a:1");
+  EXPECT_EQ(Usage(c, 1), std::make_tuple(uint64_t{0}, uint64_t{0}, uint64_t{0}, uint64_t{0})) << "the old entry's counters are gone";
   rpc::Report r;
   c.FillReport(&r, {});
   EXPECT_EQ(r.workers_size(), 1);
+}
+
+// The membership travels only when it changed since the epoch the caller has.
+TEST(Cluster, MembershipTravelsOnlyWhenItChanged) {
+  FakeClock clk;
+  Cluster c(std::chrono::seconds(10), clk.fn());
+  uint64_t a = Register(c, "a:1");
+  google::protobuf::RepeatedPtrField<rpc::PeerInfo> got;
+  uint64_t e1 = c.Members(0, &got);
+  ASSERT_EQ(got.size(), 1);
+  EXPECT_EQ(got[0].id(), a);
+  got.Clear();
+  EXPECT_EQ(c.Members(e1, &got), e1);
+  EXPECT_TRUE(got.empty()) << "unchanged: nothing sent";
+  Register(c, "b:1");
+  uint64_t e2 = c.Members(e1, &got);
+  EXPECT_NE(e2, e1);
+  EXPECT_EQ(got.size(), 2);
+  got.Clear();
+  clk.now += std::chrono::seconds(11);
+  EXPECT_TRUE(c.Heartbeat(a, {}));
+  c.ExpireWorkers();  // b died
+  uint64_t e3 = c.Members(e2, &got);
+  EXPECT_NE(e3, e2);
+  ASSERT_EQ(got.size(), 1);
+  EXPECT_EQ(got[0].id(), a);
+  EXPECT_NE(Cluster(std::chrono::seconds(10), clk.fn()).Members(0, &got), e3)
+      << "a restarted master's epochs are new";
 }
 
 }  // namespace

@@ -395,11 +395,20 @@ TEST_F(PeerRoutingTest, LoadKeepsEachBlockOnExactlyReplicasWorkersFetchedOnce) {
 std::pair<uint64_t, uint64_t> ExpectKindsFollowTheRanking(Cluster& c, const std::vector<PeerRef>& live) {
   uint64_t replicas = 0, elastic = 0;
   for (const auto& m : live) {
+    uint64_t homes = 0, held = 0;
     for (const auto& b : c.node(m.id).store->List()) {
-      bool holder = RankOf(b.id, live, m.id) < c.replicas;
-      EXPECT_EQ(b.elastic, !holder) << "node " << m.id << " block " << b.id.index;
+      size_t rank = RankOf(b.id, live, m.id);
+      EXPECT_EQ(b.elastic, !(rank < c.replicas)) << "node " << m.id << " block " << b.id.index;
+      EXPECT_EQ(b.home, rank == 0) << "node " << m.id << " block " << b.id.index;
       (b.elastic ? elastic : replicas)++;
+      homes += b.home;
+      held++;
     }
+    // What the master sums for `granary report` agrees with the blocks themselves.
+    MountUsage u;
+    for (const auto& [mount, mu] : c.node(m.id).store->Stats().mounts) u = mu;
+    EXPECT_EQ(u.home_blocks, homes) << "node " << m.id;
+    EXPECT_EQ(u.blocks, held) << "node " << m.id;
   }
   return {replicas, elastic};
 }

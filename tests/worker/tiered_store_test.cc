@@ -335,16 +335,29 @@ TEST(TieredStore, ElasticCopiesGoFirstFromEveryLevel) {
   EXPECT_EQ(s->Put(e3, Content(1, 6)).code(), Code::kResourceExhausted) << "an elastic copy never replaces a replica";
   EXPECT_FALSE(s->CanAdmit(e3));
   EXPECT_TRUE(s->CanAdmit(Meta(1, 7))) << "a replica may replace an lru replica";
-  // Classify turns replicas into elastic copies and back; MakeReplica one of them.
-  auto changed = s->Classify([](const BlockMeta& m) { return m.id == Meta(1, 1).id || m.id == Meta(1, 2).id; });
-  EXPECT_EQ(changed.size(), 2u);
+  // The per-mount usage the master sums (held, elastic, home) follows every change.
+  auto usage = [&] {
+    MountUsage u = s->Stats().mounts[1];
+    return std::make_tuple(u.blocks, u.bytes, u.elastic_blocks, u.elastic_bytes, u.home_blocks, u.home_bytes);
+  };
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{3}, 3 * kData, uint64_t{0}, uint64_t{0}, uint64_t{3}, 3 * kData)) << "a lone worker is every block's home";
+  // Classify turns replicas into elastic copies and back, and moves homes; MakeReplica one of them.
+  auto changed = s->Classify([](const BlockMeta& m) -> BlockStore::Kind {
+    bool elastic = m.id == Meta(1, 1).id || m.id == Meta(1, 2).id;
+    return {elastic, !elastic && m.id != Meta(1, 3).id};
+  });
+  EXPECT_EQ(changed.size(), 3u);
   EXPECT_EQ(s->Stats().elastic_blocks, 2u);
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{3}, 3 * kData, uint64_t{2}, 2 * kData, uint64_t{0}, uint64_t{0}));
   EXPECT_TRUE(s->MakeReplica(Meta(1, 1).id));
   EXPECT_FALSE(s->MakeReplica(Meta(1, 1).id)) << "a replica already";
   EXPECT_EQ(s->Stats().elastic_blocks, 1u);
   ASSERT_TRUE(s->Put(Meta(1, 8), Content(1, 8)).ok());
   EXPECT_FALSE(s->Contains(Meta(1, 2).id)) << "the block made elastic went first";
+  EXPECT_EQ(usage(), std::make_tuple(uint64_t{3}, 3 * kData, uint64_t{0}, uint64_t{0}, uint64_t{1}, kData)) << "only the new block is home";
   EXPECT_TRUE(ReadsBack(*s, 1, 1) && ReadsBack(*s, 1, 3) && ReadsBack(*s, 1, 8));
+  EXPECT_EQ(s->Free({Meta(1, 1).id.key, Meta(1, 3).id.key, Meta(1, 8).id.key}), 3u);
+  EXPECT_EQ(s->Stats().mounts.count(1), 0u) << "nothing held: no entry";
 }
 
 // ---- property test ----------------------------------------------------------------------------

@@ -31,6 +31,10 @@ struct BlockMeta {
   // it has room; evicted before any replica and never counted as one (worker/block_source.h).
   // Not stored on disk: a restarted worker's blocks are replicas until its first classification.
   bool elastic = false;
+  // This worker is the block's home: first in its rendezvous ranking over the live workers, the
+  // one copy the cluster's cached_bytes counts (master/cluster.h). Not stored on disk either: a
+  // restarted (or lone) worker's blocks are home until its first classification says otherwise.
+  bool home = true;
 };
 
 }  // namespace granary::worker

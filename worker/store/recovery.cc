@@ -202,6 +202,7 @@ Status BlockStore::LoadOne(int tier, int dir, const FileKey& key, uint64_t index
   tiers_[tier].nblocks++;
   HoldFileLocked(data);
   index_.emplace(id, e);
+  AccountLocked(e.meta, +1);
   return Status::OK();
 }
 
