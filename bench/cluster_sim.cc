@@ -9,6 +9,12 @@
 //
 //   granary-cluster-sim --master HOST:PORT --path /ds/dir [--workers 1000] [--clients 100]
 //       [--seconds 10] [--heartbeat 3s] [--blocks-per-s 20] [--report-every 1s] [--master-pid P]
+//       [--client-rate R]
+//
+// Clients run closed-loop by default (a new call as soon as the last returns: throughput, and
+// latency at saturation). With --client-rate R each client starts a call every 1/R s on a fixed
+// schedule (open loop), and a call's latency is counted from when it was due, not when it was
+// sent, so a master that falls behind shows it (no coordinated omission).
 //
 // Prints one JSON object. bench/cluster_sim.sh runs it for several sizes against a fresh master
 // and prints the table (docs/benchmarks.md).
@@ -86,7 +92,7 @@ int main(int argc, char** argv) {
   CLI::App app{"granary-cluster-sim"};
   std::string master, path, heartbeat_s, report_s;
   int workers = 1000, clients = 100, master_pid = 0;
-  double seconds = 10, blocks_per_s = 20;
+  double seconds = 10, blocks_per_s = 20, client_rate = 0;
   Config cfg = Config::Defaults();
   app.add_option("--master", master)->required();
   app.add_option("--path", path, "a namespace directory the clients work in")->required();
@@ -95,8 +101,9 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds);
   app.add_option("--heartbeat", heartbeat_s, "heartbeat interval (default: worker.heartbeat_interval's default)");
   app.add_option("--blocks-per-s", blocks_per_s, "blocks each worker caches (and reports) per second");
-  app.add_option("--report-every", report_s, "how often a worker reports its new blocks (default 1s)");
+  app.add_option("--report-every", report_s, "how often a worker sends an early heartbeat for its new blocks (default 1s)");
   app.add_option("--master-pid", master_pid, "the master's pid, for its CPU and RSS");
+  app.add_option("--client-rate", client_rate, "calls per second per client, open loop (default 0: closed loop)");
   CLI11_PARSE(app, argc, argv);
   auto interval = cfg.worker.heartbeat_interval;
   auto report_every = std::chrono::milliseconds(1000);
@@ -259,10 +266,20 @@ int main(int argc, char** argv) {
       std::mt19937_64 rng(c + 1);
       std::vector<double> l, g, r, f;
       uint64_t le = 0, ge = 0, re = 0, fe = 0;
+      const auto period = client_rate > 0 ? std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(1.0 / client_rate))
+                                          : Clock::duration::zero();
+      // Open loop: clients start at spread-out phases, then keep to their schedules.
+      auto due = Clock::now() + (client_rate > 0 ? period * static_cast<int64_t>(rng() % 1000) / 1000 : Clock::duration::zero());
       for (uint64_t n = 0; !stop; ++n) {
         const auto& e = entries[rng() % entries.size()];
         grpc::ClientContext ctx;
         auto t0 = Clock::now();
+        if (client_rate > 0) {
+          std::this_thread::sleep_until(due);
+          t0 = due;  // the latency a caller that wanted the answer then sees
+          due += period;
+        }
         switch (n % 4) {
           case 0: {
             rpc::LookupRequest q;
@@ -315,6 +332,7 @@ int main(int argc, char** argv) {
 
   nlohmann::json out = {{"workers", workers},
                         {"clients", clients},
+                        {"client_rate", client_rate},
                         {"seconds", secs},
                         {"heartbeat_interval_ms", interval.count()},
                         {"blocks_per_s_per_worker", blocks_per_s},

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The master under a simulated cluster (granary-cluster-sim): N workers registering, heartbeating at
-# the default interval and reporting newly cached blocks, M clients doing Lookup / GetAttr /
+# the default interval and caching blocks (each change sent as an early heartbeat with the worker's
+# per-mount counters, as real workers do), M clients doing Lookup / GetAttr /
 # ReadDir / GetFile. For each size a fresh granary-master is started on the same namespace (a
 # RocksDB directory loaded once), so every size starts with an empty worker table. Prints a table:
 # the master's CPU (cores) and RSS, the heartbeat round trip and each call's p50/p99, and the ratio
@@ -8,19 +9,23 @@
 # CPU with 1000 workers (target: < 1 core).
 #
 #   bench/cluster_sim.sh [--files N] [--seconds S] [--sizes "W:C W:C ..."] [--blocks-per-s B]
-#                        [--build DIR] [--work DIR] [--keep]
+#                        [--client-rate R] [--build DIR] [--work DIR] [--keep]
+#
+# --client-rate R: each client calls R times a second on a schedule (open loop) instead of as fast
+# as it can; latencies then count from when a call was due.
 set -euo pipefail
-FILES=100000; SECONDS_EACH=10; SIZES="1000:0 1:1 100:1 1000:1 1000:10 1000:100"; BLOCKS=20; BUILD=""; WORK=""; KEEP=0
+FILES=100000; SECONDS_EACH=10; SIZES="1000:0 1:1 100:1 1000:1 1000:10 1000:100"; BLOCKS=20; RATE=0; BUILD=""; WORK=""; KEEP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --files) FILES=$2; shift 2;;
     --seconds) SECONDS_EACH=$2; shift 2;;
     --sizes) SIZES=$2; shift 2;;
     --blocks-per-s) BLOCKS=$2; shift 2;;
+    --client-rate) RATE=$2; shift 2;;
     --build) BUILD=$2; shift 2;;
     --work) WORK=$2; shift 2;;
     --keep) KEEP=1; shift;;
-    *) echo "usage: $0 [--files N] [--seconds S] [--sizes \"W:C ...\"] [--blocks-per-s B] [--build DIR] [--work DIR] [--keep]" >&2
+    *) echo "usage: $0 [--files N] [--seconds S] [--sizes \"W:C ...\"] [--blocks-per-s B] [--client-rate R] [--build DIR] [--work DIR] [--keep]" >&2
        exit 2;;
   esac
 done
@@ -69,7 +74,7 @@ for size in $SIZES; do
   start_master
   echo "workers $w, clients $c ..." >&2
   "$BIN/granary-cluster-sim" --master "$MASTER" --path /ds/d00000 --workers "$w" --clients "$c" \
-    --seconds "$SECONDS_EACH" --blocks-per-s "$BLOCKS" --master-pid "$MASTER_PID" >> "$WORK/results.jsonl" ||
+    --seconds "$SECONDS_EACH" --blocks-per-s "$BLOCKS" --client-rate "$RATE" --master-pid "$MASTER_PID" >> "$WORK/results.jsonl" ||
     echo "warning: errors in the run with $w workers and $c clients (see the table)" >&2
   stop_master
 done
@@ -79,7 +84,8 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 meta = ("lookup", "getattr", "readdir", "getfile")
 one = next((r for r in rows if r["clients"] == 1), None)
 print(f"namespace: {sys.argv[2]} files; heartbeat every {rows[0]['heartbeat_interval_ms']} ms; "
-      f"{rows[0]['blocks_per_s_per_worker']:g} blocks/s reported per worker")
+      f"{rows[0]['blocks_per_s_per_worker']:g} blocks/s reported per worker; clients "
+      + (f"open loop, {rows[0]['client_rate']:g} calls/s each" if rows[0].get("client_rate") else "closed loop"))
 print(f"{'workers':>7} {'clients':>7} {'cpu':>6} {'rss MiB':>8} {'reg s':>6} {'hb p50':>7} {'hb p99':>7} "
       + " ".join(f"{m + ' p50/p99 ms':>22}" for m in meta) + f" {'meta ops/s':>10} {'p99 vs 1':>8} {'errors':>6}")
 for r in rows:

@@ -3,23 +3,27 @@
 # directories of M) are bulk-loaded into a standalone granary-master (LoadMetadata), and its RSS
 # and data directory are measured before and after. Target: <= 200 bytes of RSS per file beyond a
 # fixed base (the RocksDB block cache and memtables are part of the base: they do not grow with N).
+# Then W simulated workers (granary-cluster-sim, the workers' own protocol) cache every file's
+# block between them and report it, and the RSS is measured again. Target: RSS with the whole
+# namespace cached <= 1.2x the RSS with nothing cached (the master keeps no per-block map).
 #
-#   bench/master_memory.sh [--files N] [--per-dir M] [--build DIR] [--work DIR] [--keep]
+#   bench/master_memory.sh [--files N] [--per-dir M] [--cache-workers W] [--build DIR] [--work DIR] [--keep]
 set -euo pipefail
-FILES=1000000; PER_DIR=1000; BUILD=""; WORK=""; KEEP=0
+FILES=1000000; PER_DIR=1000; CACHE_WORKERS=4; BUILD=""; WORK=""; KEEP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --files) FILES=$2; shift 2;;
     --per-dir) PER_DIR=$2; shift 2;;
+    --cache-workers) CACHE_WORKERS=$2; shift 2;;
     --build) BUILD=$2; shift 2;;
     --work) WORK=$2; shift 2;;
     --keep) KEEP=1; shift;;
-    *) echo "usage: $0 [--files N] [--per-dir M] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
+    *) echo "usage: $0 [--files N] [--per-dir M] [--cache-workers W] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
   esac
 done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BUILD:-$ROOT/build}/bin
-for b in granary granary-master granary-meta-bench; do
+for b in granary granary-master granary-meta-bench granary-cluster-sim; do
   [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
 done
 WORK=${WORK:-$(mktemp -d /tmp/granary-bench-XXXXXX)}
@@ -54,12 +58,21 @@ BASE=$(rss "$MASTER_PID")
 LOAD=$("$BIN/granary-meta-bench" --master "$MASTER" --load /ds)
 AFTER=$(rss "$MASTER_PID")
 DB=$(du -sb "$WORK/master" | cut -f1)
-/usr/bin/python3 - "$FILES" "$BASE" "$AFTER" "$DB" "$LOAD" <<'PY'
+# Every file's block cached once across the workers, reported over 10 s (one report a second each).
+SIM=$("$BIN/granary-cluster-sim" --master "$MASTER" --path /ds/d00000 --workers "$CACHE_WORKERS" --clients 0 \
+  --seconds 10 --blocks-per-s $(( (FILES + CACHE_WORKERS * 10 - 1) / (CACHE_WORKERS * 10) )) --master-pid "$MASTER_PID")
+CACHED=$(rss "$MASTER_PID")
+/usr/bin/python3 - "$FILES" "$BASE" "$AFTER" "$DB" "$LOAD" "$CACHED" "$SIM" "$CACHE_WORKERS" <<'PY'
 import json, sys
 n, base, after, db = (int(x) for x in sys.argv[1:5])
 load = json.loads(sys.argv[5])
+cached, sim, workers = int(sys.argv[6]), json.loads(sys.argv[7]), int(sys.argv[8])
 print("| files | load s | files/s | master RSS before | after | RSS bytes/file beyond base | RocksDB bytes/file |")
 print("|---:|---:|---:|---:|---:|---:|---:|")
 print("| %d | %.1f | %.0f | %.1f MiB | %.1f MiB | %.0f | %.0f |" % (n, load["seconds"], load["files_per_s"],
       base / 2**20, after / 2**20, (after - base) / n, db / n))
+print()
+print("| blocks cached (on %d workers) | master RSS nothing cached | all cached | ratio (target <= 1.2) |" % workers)
+print("|---:|---:|---:|---:|")
+print("| %d | %.1f MiB | %.1f MiB | %.3f |" % (sim["blocks_reported"], after / 2**20, cached / 2**20, cached / after))
 PY

@@ -200,13 +200,16 @@ RunResult LocalCluster::Cli(std::vector<std::string> args) {
 }
 
 bool LocalCluster::WorkerCounters(uint64_t* hits, uint64_t* misses, uint64_t* ufs_bytes) {
-  RunResult r = Cli({"report", "--json"});
-  if (r.code != 0) return false;
-  auto j = nlohmann::json::parse(r.out, nullptr, false);
-  if (j.is_discarded() || j["workers"].empty()) return false;
-  *hits = j["workers"][0]["hits"];
-  *misses = j["workers"][0]["misses"];
-  *ufs_bytes = j["workers"][0]["ufs_bytes"];
+  // From the worker's own /metrics, which are read at scrape time: `granary report` has them only
+  // as of the worker's last heartbeat.
+  double cache = Metric("worker", "granary_worker_block_reads_total{source=\"cache\"}");
+  double zero_copy = Metric("worker", "granary_worker_block_reads_total{source=\"zero_copy\"}");
+  double miss = Metric("worker", "granary_worker_cache_misses_total");
+  double ufs = Metric("worker", "granary_worker_ufs_read_bytes_total");
+  if (cache < 0 || zero_copy < 0 || miss < 0 || ufs < 0) return false;
+  *hits = static_cast<uint64_t>(cache + zero_copy);
+  *misses = static_cast<uint64_t>(miss);
+  *ufs_bytes = static_cast<uint64_t>(ufs);
   return true;
 }
 

@@ -45,7 +45,7 @@ class LocalCluster {
   bool CrashAndRestartFuse(std::string* why);
   // Runs the CLI against this cluster's master.
   RunResult Cli(std::vector<std::string> args);
-  // Worker counters from `granary report --json` (first worker).
+  // The worker's block-read counters, from its own /metrics (current, unlike the report's copy).
   bool WorkerCounters(uint64_t* hits, uint64_t* misses, uint64_t* ufs_bytes);
 
   // host:port of a daemon's /metrics endpoint ("master", "worker" or "fuse"); "" when unknown.
