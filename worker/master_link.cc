@@ -98,12 +98,9 @@ Status MasterLink::Beat() {
   rpc::HeartbeatResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  Status st = FromGrpc(stub_->Note(stub_->Get()->Heartbeat(&ctx, req, &resp)), "the master");
-  if (!st.ok()) {
-    MutexLock lock(&mu_);
-    changed_ = true;  // send them again with the next beat
-    return st;
-  }
+  // A failed beat needs no retry of its own: the next one (at the interval) carries the stats as
+  // they are then.
+  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->Heartbeat(&ctx, req, &resp)), "the master"));
   if (resp.reregister()) {
     MutexLock lock(&mu_);
     worker_id_ = 0;

@@ -227,6 +227,14 @@ TEST_F(LoadTest, ResumesAfterTheMasterIsKilledMidLoad) {
     report = c->Report();
     return !report.is_null() && report["mounts"][0]["cached_bytes"] == uint64_t{kSlow} * kSlowSize;
   })) << report.dump(1);
+  // The restarted master got no block list from the worker (registration carries its counters);
+  // du asks the worker which blocks it holds, and agrees.
+  RunResult du = c->Cli({"du", "/ds", "--json"});
+  auto d = Json(du);
+  ASSERT_FALSE(d.is_discarded()) << du.out;
+  EXPECT_EQ(d["total"]["files"], kSlow);
+  EXPECT_EQ(d["total"]["cached_bytes"], uint64_t{kSlow} * kSlowSize) << du.out;
+  EXPECT_EQ(d["total"]["replica_bytes"], uint64_t{kSlow} * kSlowSize) << du.out;
 }
 
 TEST_F(LoadTest, CancelStopsARunningJob) {
