@@ -291,6 +291,12 @@ int CmdDu(MasterConn& m, const std::string& path, bool json) {
   rpc::DuResponse resp;
   Status st = m.Call(&rpc::Master::Stub::Du, req, &resp);
   if (!st.ok()) return Fail(st);
+  if (resp.workers_failed() > 0) {
+    std::fprintf(stderr,
+                 "warning: %u of %u live workers did not answer; the blocks they hold are not counted (the "
+                 "master's log names them; try again once they are back)\n",
+                 resp.workers_failed(), resp.workers());
+  }
   auto entry_json = [](const rpc::DuEntry& e) {
     return nlohmann::json{{"path", e.path()},           {"files", e.files()},
                           {"bytes", e.bytes()},         {"cached_bytes", e.cached_bytes()},
@@ -298,7 +304,10 @@ int CmdDu(MasterConn& m, const std::string& path, bool json) {
                           {"pinned", e.pinned()}};
   };
   if (json) {
-    nlohmann::json out{{"total", entry_json(resp.total())}, {"entries", nlohmann::json::array()}};
+    nlohmann::json out{{"total", entry_json(resp.total())},
+                       {"entries", nlohmann::json::array()},
+                       {"workers", resp.workers()},
+                       {"workers_failed", resp.workers_failed()}};
     for (const auto& e : resp.entries()) out["entries"].push_back(entry_json(e));
     std::printf("%s\n", out.dump(2).c_str());
     return 0;

@@ -148,8 +148,8 @@ std::vector<Setting> MakeSettings() {
                   "56 MB shard into 14 blocks that several workers can fetch in parallel.",
                   &Config::master, &MasterConfig::block_size));
   t.push_back(Row("master.worker_timeout", K::kDuration, "30s",
-                  "A worker that has not sent a heartbeat for this long is considered lost and its blocks are "
-                  "no longer located on it.",
+                  "A worker that has not sent a heartbeat for this long is considered lost: it leaves the "
+                  "membership (block placement) and its cache stops counting in the cached figures.",
                   &Config::master, &MasterConfig::worker_timeout));
   t.push_back(Row("master.metadata_sync_interval", K::kSyncInterval, "never",
                   "How often a mount's directories and files are checked again against the under-storage, for "

@@ -132,44 +132,51 @@ Status CacheAdmin::Free(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
 namespace {
 
 // One file of a du walk waiting for the workers' answer, and the entries its figures go to.
-struct DuFile {
-  FileKey key;
-  uint64_t size = 0;
-  uint64_t block_size = 0;
-  rpc::DuEntry* entries[2] = {nullptr, nullptr};
-};
-
 uint64_t BlockCount(uint64_t size, uint64_t block_size) {
   return block_size == 0 ? 0 : (size + block_size - 1) / block_size;
 }
 
-// Asks every live worker which blocks of `batch` it holds and adds what they hold to each file's
+struct DuRange {
+  FileKey key;
+  uint64_t first = 0;  // block indexes first .. first+count-1 of the file
+  uint64_t count = 0;
+  rpc::DuEntry* entries[2] = {nullptr, nullptr};
+};
+
+// Asks every live worker which blocks of `batch` it holds and adds what they hold to each range's
 // entries: cached_bytes counts every block held anywhere once, replica_bytes and elastic_bytes
-// every copy. A worker that cannot answer is left out (its blocks do not count) and logged.
-void AccountBatch(Cluster& cluster, const WorkerCalls& workers, std::vector<DuFile>* files) {
-  std::vector<DuFile>& batch = *files;
+// every copy. A worker that cannot answer is left out (its blocks do not count), logged and
+// counted in *failed (the most any batch saw); *asked gets how many were asked.
+void AccountBatch(Cluster& cluster, const WorkerCalls& workers, std::vector<DuRange>* ranges, uint32_t* asked,
+                  uint32_t* failed) {
+  std::vector<DuRange>& batch = *ranges;
+  if (batch.empty()) return;
   rpc::ResidencyRequest req;
-  for (const auto& f : batch) {
+  for (const auto& r : batch) {
     rpc::ResidencyQuery* q = req.add_files();
-    q->set_file_key(FileKeyBytes(f.key));
-    q->set_blocks(BlockCount(f.size, f.block_size));
+    q->set_file_key(FileKeyBytes(r.key));
+    q->set_first(r.first);
+    q->set_blocks(r.count);
   }
-  // Per file of the batch: block index -> its length, for the blocks held somewhere.
-  std::vector<std::map<uint64_t, uint64_t>> held(batch.size());
+  // Per range: the length of each block held somewhere (0: nowhere), and the copies' bytes.
+  std::vector<std::vector<uint64_t>> held(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) held[i].assign(batch[i].count, 0);
   std::vector<uint64_t> replica(batch.size()), elastic(batch.size());
   uint32_t told = 0;
+  const uint32_t alive = static_cast<uint32_t>(cluster.AliveWorkers().size());
   Status st = ForEachWorker(
       cluster, workers,
       [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
         rpc::ResidencyResponse resp;
         RETURN_IF_ERROR(FromGrpc(w.GetResidency(&ctx, req, &resp), "GetResidency"));
-        // Answers come in the order asked; a short or reordered answer is matched by key.
+        // One answer per query, in the order asked; an answer that does not line up is dropped.
         for (int i = 0; i < resp.files_size(); ++i) {
           const rpc::FileResidency& fr = resp.files(i);
           size_t at = static_cast<size_t>(i);
           if (at >= batch.size() || FileKeyBytes(batch[at].key) != fr.file_key()) continue;
           for (const auto& b : fr.blocks()) {
-            held[at][b.index()] = b.length();
+            if (b.index() < batch[at].first || b.index() - batch[at].first >= batch[at].count) continue;
+            held[at][b.index() - batch[at].first] = b.length();
             (b.elastic() ? elastic[at] : replica[at]) += b.length();
           }
         }
@@ -177,9 +184,11 @@ void AccountBatch(Cluster& cluster, const WorkerCalls& workers, std::vector<DuFi
       },
       &told);
   if (!st.ok()) spdlog::warn("du: {} (its blocks are not counted)", st.message());
+  *asked = std::max(*asked, alive);
+  *failed = std::max(*failed, alive > told ? alive - told : 0);
   for (size_t i = 0; i < batch.size(); ++i) {
     uint64_t distinct = 0;
-    for (const auto& [index, length] : held[i]) distinct += length;
+    for (uint64_t length : held[i]) distinct += length;
     for (rpc::DuEntry* e : batch[i].entries) {
       if (e == nullptr) continue;
       e->set_cached_bytes(e->cached_bytes() + distinct);
@@ -209,22 +218,22 @@ Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
   // First path component below `path` -> totals. std::map: the entries' addresses stay put.
   std::map<std::string, rpc::DuEntry> children;
   const std::string prefix = path == "/" ? "/" : path + "/";
-  // The walk asks the workers in batches, so memory stays bounded whatever the path holds.
+  // The walk asks the workers in batches of at most kBatchFiles ranges and kBatchBlocks blocks (a
+  // large file in several ranges), so memory and each answer stay bounded whatever the path holds.
   constexpr size_t kBatchFiles = 4096;
   constexpr uint64_t kBatchBlocks = 100'000;
-  std::vector<DuFile> batch;
+  std::vector<DuRange> batch;
   uint64_t batch_blocks = 0;
+  uint32_t asked = 0, failed = 0;
   RETURN_IF_ERROR(ns_->ForEachFile(path, [&](const std::string& p, const rpc::FileInfo& f) -> Status {
     auto u = uris.find(f.mount_id());
     if (u == uris.end()) {
       ASSIGN_OR_RETURN(rpc::MountInfo m, ns_->GetMount(f.mount_id()));
       u = uris.emplace(f.mount_id(), m.uri()).first;
     }
-    DuFile file;
-    file.key = MakeFileKey(u->second, f.ufs_path(), f.version());
-    file.size = f.attr().size();
-    file.block_size = f.block_size();
-    file.entries[0] = total;
+    DuRange range;
+    range.key = MakeFileKey(u->second, f.ufs_path(), f.version());
+    range.entries[0] = total;
     if (top.type() == rpc::DIRECTORY) {
       std::string rest = p.substr(prefix.size());
       size_t slash = rest.find('/');
@@ -234,22 +243,30 @@ Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
         e.set_path(child.empty() ? prefix + "(files)" : child);
         e.set_pinned(pinned(child.empty() ? path : child));
       }
-      file.entries[1] = &e;
+      range.entries[1] = &e;
     }
-    for (rpc::DuEntry* e : file.entries) {
+    for (rpc::DuEntry* e : range.entries) {
       if (e == nullptr) continue;
       e->set_files(e->files() + 1);
       e->set_bytes(e->bytes() + f.attr().size());
     }
-    batch_blocks += BlockCount(file.size, file.block_size);
-    batch.push_back(file);
-    if (batch.size() >= kBatchFiles || batch_blocks >= kBatchBlocks) {
-      AccountBatch(*cluster_, workers_, &batch);
-      batch_blocks = 0;
+    const uint64_t blocks = BlockCount(f.attr().size(), f.block_size());
+    for (uint64_t first = 0; first < blocks;) {
+      if (batch.size() >= kBatchFiles || batch_blocks >= kBatchBlocks) {
+        AccountBatch(*cluster_, workers_, &batch, &asked, &failed);
+        batch_blocks = 0;
+      }
+      range.first = first;
+      range.count = std::min(blocks - first, kBatchBlocks - batch_blocks);
+      batch.push_back(range);
+      batch_blocks += range.count;
+      first += range.count;
     }
     return Status::OK();
   }));
-  AccountBatch(*cluster_, workers_, &batch);
+  AccountBatch(*cluster_, workers_, &batch, &asked, &failed);
+  resp->set_workers(asked);
+  resp->set_workers_failed(failed);
   for (auto& [k, e] : children) *resp->add_entries() = std::move(e);
   return Status::OK();
 }

@@ -36,10 +36,19 @@ uint64_t Cluster::RegisterWorker(const rpc::RegisterWorkerRequest& req) {
   return id;
 }
 
-bool Cluster::Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats) {
+bool Cluster::UpdateStats(uint64_t worker_id, const rpc::WorkerStats& stats) {
   MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.alive) return false;
+  it->second.stats = stats;
+  return true;
+}
+
+bool Cluster::Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats, const std::string& address) {
+  MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !it->second.alive) return false;
+  if (!address.empty() && address != it->second.address) return false;
   it->second.stats = stats;
   it->second.last_heartbeat = clock_();
   it->second.last_heartbeat_wall_ns = WallNs();

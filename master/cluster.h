@@ -39,8 +39,11 @@ class Cluster {
 
   // Registers a worker (one at the same address is replaced) and returns its id.
   uint64_t RegisterWorker(const rpc::RegisterWorkerRequest& req);
-  // False when the worker is unknown or was declared dead (it must register again).
-  bool Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats);
+  // False when the worker is unknown, was declared dead, or (with a non-empty `address`) the id
+  // belongs to another address — a restarted master handed it out again: it must register again.
+  bool Heartbeat(uint64_t worker_id, const rpc::WorkerStats& stats, const std::string& address = "");
+  // Stats only (an older worker's ReportBlocks); false as Heartbeat.
+  bool UpdateStats(uint64_t worker_id, const rpc::WorkerStats& stats);
   // Marks workers without a recent heartbeat dead: they leave the membership and the figures.
   void ExpireWorkers();
 

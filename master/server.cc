@@ -102,8 +102,15 @@ class MasterService final : public rpc::Master::Service {
   }
   grpc::Status Heartbeat(ServerContext* ctx, const rpc::HeartbeatRequest* req, rpc::HeartbeatResponse* resp) override {
     GRANARY_AUTH();
-    resp->set_reregister(!cluster_->Heartbeat(req->worker_id(), req->stats()));
+    resp->set_reregister(!cluster_->Heartbeat(req->worker_id(), req->stats(), req->address()));
     if (!resp->reregister()) resp->set_members_epoch(cluster_->Members(req->members_epoch(), resp->mutable_workers()));
+    return grpc::Status::OK;
+  }
+  grpc::Status ReportBlocks(ServerContext* ctx, const rpc::ReportBlocksRequest* req,
+                            rpc::ReportBlocksResponse* resp) override {
+    GRANARY_AUTH();
+    // An older worker's block changes: its stats are kept, its block lists ignored (master/cluster.h).
+    if (req->has_stats()) resp->set_reregister(!cluster_->UpdateStats(req->worker_id(), req->stats()));
     return grpc::Status::OK;
   }
   grpc::Status GetReport(ServerContext* ctx, const rpc::GetReportRequest*, rpc::Report* resp) override {

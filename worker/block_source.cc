@@ -146,6 +146,7 @@ BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& 
   // down: a block fetched while standing in for a failed holder is an elastic copy (evicted first),
   // so a short outage leaves no replica beyond the count.
   uint64_t self_id = 0;
+  route.gen = classify_gen_.load();  // before the membership: a pass after this sees the block or reruns
   std::vector<PeerRef> members = placement_->Members(&self_id);
   const size_t rank = members.empty() ? 0 : RankOf(t.meta.id, members, self_id);
   route.elastic = !(rank != kNotRanked && rank < t.mount.replicas);
@@ -206,11 +207,22 @@ void BlockSource::ClassifyLoop() {
   }
 }
 
+void BlockSource::ClassifyAgainIfMissed(uint64_t gen) {
+  if (classify_gen_.load() != gen) MembershipChanged();
+}
+
 size_t BlockSource::ClassifyNow() {
   if (placement_ == nullptr) return 0;
   uint64_t self = 0;
   std::vector<PeerRef> members = placement_->Members(&self);
   if (members.empty()) return 0;  // membership unknown: leave everything as it is
+  {
+    MutexLock lock(&classified_mu_);
+    if (members != classified_) {
+      classified_ = members;
+      classify_gen_++;
+    }
+  }
   std::map<uint64_t, std::optional<uint32_t>> replicas;  // per mount; nullopt: unknown mount
   auto changed = store_->Classify([&](const BlockMeta& m) -> BlockStore::Kind {
     auto it = replicas.find(m.mount_id);
@@ -274,6 +286,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   if (t.len == 0) return LoadOutcome::kNotMine;
   if (replicas == 0) replicas = t.mount.replicas;
   Route route;  // alone: fetch from the under-storage and keep
+  route.gen = classify_gen_.load();
   std::optional<PeerRef> home;  // a holder copies from the home of the batch's ranking
   if (!members.empty()) {
     size_t self = RankOf(t.meta.id, members, self_id);
@@ -297,7 +310,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   t.meta.home = route.home;
   if (store_->Contains(t.meta.id)) {
     // Held already; an elastic copy becomes one of the replicas the load asks for.
-    if (store_->MakeReplica(t.meta.id)) reporter_->BlockAdded(t.meta);
+    if (store_->MakeReplica(t.meta.id, route.home)) reporter_->BlockAdded(t.meta);
     return LoadOutcome::kCached;
   }
   if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
@@ -315,6 +328,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
       if (t.mount.policy) store_->SetMountPolicy(req.mount_id, *t.mount.policy);
       Status put = store_->Put(t.meta, data);
       if (put.ok()) {
+        ClassifyAgainIfMissed(route.gen);
         reporter_->BlockAdded(t.meta);
         counters_.loaded_blocks++;
         counters_.loaded_bytes += data.size();
@@ -463,6 +477,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   Status st = route.keep ? store_->Put(kept, *data) : FailedPreconditionError("not a holder of this block");
   std::shared_ptr<const FetchedBlock> block(std::move(fb));
   if (st.ok()) {
+    ClassifyAgainIfMissed(route.gen);
     reporter_->BlockAdded(kept);
   } else {
     spdlog::debug("serving block uncached: {}", st.message());

@@ -162,7 +162,11 @@ class BlockSource {
     bool keep = true;
     bool elastic = false;  // kept as an elastic copy
     bool home = true;      // kept by the block's home (first in the master's membership ranking)
+    uint64_t gen = 0;      // classify_gen_ when the kind was decided
   };
+  // After a Put of a block whose kind was decided at `gen`: when a classification pass started
+  // since, it may have missed the block, so another one runs.
+  void ClassifyAgainIfMissed(uint64_t gen);
   Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
   Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
   // Reads `req` from the best-ranked peer, failing over to the next; UNAVAILABLE when none could
@@ -190,6 +194,11 @@ class BlockSource {
   mutable Mutex access_mu_;
   std::unordered_map<uint64_t, MountAccess> access_ GUARDED_BY(access_mu_);
 
+  // Bumped as a classification pass starts on a membership other than the last pass's, so a pass
+  // rerun for a block it missed does not make blocks in flight ask for yet another.
+  std::atomic<uint64_t> classify_gen_{0};
+  Mutex classified_mu_;
+  std::vector<PeerRef> classified_ GUARDED_BY(classified_mu_);  // the last pass's membership
   Mutex classify_mu_;
   std::condition_variable classify_cv_;
   bool classify_wanted_ GUARDED_BY(classify_mu_) = false;

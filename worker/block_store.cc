@@ -666,11 +666,11 @@ std::vector<BlockMeta> BlockStore::Classify(const std::function<Kind(const Block
   return changed;
 }
 
-bool BlockStore::MakeReplica(const BlockId& id) {
+bool BlockStore::MakeReplica(const BlockId& id, bool home) {
   MutexLock lock(&mu_);
   auto it = index_.find(id);
   if (it == index_.end() || !it->second.meta.elastic) return false;
-  SetKindLocked(id, it->second, Kind{false, it->second.meta.home});
+  SetKindLocked(id, it->second, Kind{false, home});
   return true;
 }
 
@@ -683,6 +683,13 @@ bool BlockStore::CanAdmit(const BlockMeta& meta) const {
     if (PickVictimLocked(static_cast<int>(t), Purpose::kAdmit, meta.mount_id, meta.elastic, &victim)) return true;
   }
   return false;
+}
+
+std::vector<std::string> BlockStore::Media() const {
+  MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& t : tiers_) out.push_back(t.level.medium);
+  return out;
 }
 
 BlockStoreStats BlockStore::Stats() const {

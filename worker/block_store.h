@@ -206,8 +206,9 @@ class BlockStore {
     bool home = true;
   };
   std::vector<BlockMeta> Classify(const std::function<Kind(const BlockMeta&)>& kind);
-  // Makes a cached elastic copy a replica; true when it was one (false: not cached, or a replica).
-  bool MakeReplica(const BlockId& id);
+  // Makes a cached elastic copy a replica (`home`: this worker is its home); true when it was an
+  // elastic copy (false: not cached, or a replica already).
+  bool MakeReplica(const BlockId& id, bool home);
 
   // The policy for blocks of a mount (the worker's default until set).
   void SetMountPolicy(uint64_t mount_id, CachePolicy policy);
@@ -238,7 +239,9 @@ class BlockStore {
   };
   std::optional<Place> Locate(const BlockId& id) const;
   std::vector<BlockMeta> List() const;
-  BlockStoreStats Stats() const;
+  BlockStoreStats Stats() const;  // walks the index: not for every request
+  // The medium of each level (MEM, SSD, HDD), fastest first.
+  std::vector<std::string> Media() const;
 
   // The data file a block lives in, and its sidecar ("" when not cached; for tests that corrupt
   // them). The block's bytes start at its BlockMeta::offset in the data file.

@@ -45,6 +45,8 @@ struct MountHandle {
 struct PeerRef {
   uint64_t id = 0;
   std::string address;
+  bool operator==(const PeerRef& o) const { return id == o.id && address == o.address; }
+  bool operator!=(const PeerRef& o) const { return !(*this == o); }
 };
 
 inline constexpr size_t kNotRanked = static_cast<size_t>(-1);

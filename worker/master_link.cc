@@ -92,6 +92,7 @@ Status MasterLink::Beat() {
     self = worker_id_;
     req.set_worker_id(self);
     req.set_members_epoch(members_epoch_);
+    req.set_address(advertise_);
     changed_ = false;  // the stats below cover every change so far
   }
   *req.mutable_stats() = stats_();
@@ -106,7 +107,8 @@ Status MasterLink::Beat() {
     worker_id_ = 0;
     return Status::OK();
   }
-  if (resp.members_epoch() != req.members_epoch()) {
+  // A master without epochs (an older version) sends the list every time, with epoch 0.
+  if (resp.members_epoch() != req.members_epoch() || resp.members_epoch() == 0) {
     Members(self, resp.workers());
     MutexLock lock(&mu_);
     members_epoch_ = resp.members_epoch();

@@ -173,14 +173,13 @@ class WorkerService final : public rpc::Worker::Service {
     if (asked > kMaxBlocks) {
       return ToGrpc(InvalidArgumentError("at most " + std::to_string(kMaxBlocks) + " blocks per residency request"));
     }
-    std::vector<std::string> media;
-    for (const auto& t : store_->Stats().tiers) media.push_back(t.medium);
+    const std::vector<std::string> media = store_->Media();
     for (const auto& q : req->files()) {
       FileKey key;
       if (!FileKeyFromBytes(q.file_key(), &key)) return ToGrpc(InvalidArgumentError("a file key must be 16 bytes"));
       rpc::FileResidency* f = resp->add_files();
       f->set_file_key(q.file_key());
-      for (uint64_t i = 0; i < q.blocks(); ++i) {
+      for (uint64_t i = q.first(); i < q.first() + q.blocks(); ++i) {
         auto place = store_->Locate(BlockId{key, i});
         if (!place) continue;
         rpc::BlockResidency* b = f->add_blocks();

@@ -266,7 +266,16 @@ TEST_F(ClusterTest, AColdDatasetReadByEveryNodeAtOnceIsFetchedOnce) {
   for (int n = 1; n <= kNodes; ++n) readers.emplace_back([n, &bad] { ReadEpoch(n, 7 + n, &bad); });
   for (auto& t : readers) t.join();
   EXPECT_EQ(bad.load(), 0);
-  r = Report();
+  // Counters from heartbeats sent after the epoch ended, so an unwanted fetch or peer read shows.
+  const int64_t ended = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_TRUE(WaitFor([&] {
+    r = Report();
+    for (const auto& w : r["workers"]) {
+      if (w["alive"] && w["last_heartbeat_ns"].get<int64_t>() <= ended) return false;
+    }
+    return true;
+  }, std::chrono::seconds(30))) << r.dump(1);
   EXPECT_EQ(Sum(r, "ufs_bytes"), dataset_bytes_);
   EXPECT_EQ(Sum(r, "peer_reads"), peer_reads) << "a warm epoch is local on every node";
   EXPECT_LT(StorageTxBytes() - tx0, 64u * 1024);  // ARP and the like, no data

@@ -85,8 +85,13 @@ TEST(Cluster, SilentWorkersStopCounting) {
 
   Cluster restarted(std::chrono::seconds(10), clk.fn());
   EXPECT_FALSE(restarted.Heartbeat(id, {})) << "a restarted master asks its workers to register";
+  // Another worker registers first and gets an id the old master had given "a:1": a's heartbeat
+  // with its old id is refused, not taken as b's.
+  uint64_t b = Register(restarted, "b:1", Holding(1, 10, 0, 10));
+  EXPECT_FALSE(restarted.Heartbeat(b, Holding(1, 1000, 0, 1000), "a:1"));
+  EXPECT_TRUE(restarted.Heartbeat(b, Holding(1, 10, 0, 10), "b:1"));
   Register(restarted, "a:1", Holding(1, 1000, 0, 1000));
-  EXPECT_EQ(std::get<0>(Usage(restarted, 1)), 1000u);
+  EXPECT_EQ(std::get<0>(Usage(restarted, 1)), 1010u);
 }
 
 TEST(Cluster, ReRegisteringReplacesTheOldEntry) {

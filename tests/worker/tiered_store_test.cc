@@ -349,8 +349,8 @@ TEST(TieredStore, ElasticCopiesGoFirstFromEveryLevel) {
   EXPECT_EQ(changed.size(), 3u);
   EXPECT_EQ(s->Stats().elastic_blocks, 2u);
   EXPECT_EQ(usage(), std::make_tuple(uint64_t{3}, 3 * kData, uint64_t{2}, 2 * kData, uint64_t{0}, uint64_t{0}));
-  EXPECT_TRUE(s->MakeReplica(Meta(1, 1).id));
-  EXPECT_FALSE(s->MakeReplica(Meta(1, 1).id)) << "a replica already";
+  EXPECT_TRUE(s->MakeReplica(Meta(1, 1).id, /*home=*/false));
+  EXPECT_FALSE(s->MakeReplica(Meta(1, 1).id, false)) << "a replica already";
   EXPECT_EQ(s->Stats().elastic_blocks, 1u);
   ASSERT_TRUE(s->Put(Meta(1, 8), Content(1, 8)).ok());
   EXPECT_FALSE(s->Contains(Meta(1, 2).id)) << "the block made elastic went first";
