@@ -33,7 +33,16 @@ LocalCluster::~LocalCluster() {
   // granary-fuse's keeper (fuse.keeper spawn) is its own process: it exits when the connection
   // ends, and is stopped here in any case.
   std::string keeper = ReadFile(dir_ / "fuse.sock.keeper.pid");
-  if (!keeper.empty()) kill(static_cast<pid_t>(std::stol(keeper)), SIGTERM);
+  if (!keeper.empty()) {
+    pid_t pid = static_cast<pid_t>(std::stol(keeper));
+    kill(pid, SIGTERM);
+    // Not our child: gone when /proc has no live entry for it (a zombie waits for its reaper).
+    WaitFor([&] {
+      std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+      size_t paren = stat.rfind(')');
+      return stat.empty() || (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z');
+    }, std::chrono::seconds(10));
+  }
   fuse_.reset();
   worker_.reset();
   master_.reset();

@@ -36,9 +36,16 @@ TempDir::TempDir(const std::string& base) {
 }
 
 TempDir::~TempDir() {
-  UnmountAllBelow(path_);
-  std::error_code ec;
-  fs::remove_all(path_, ec);
+  // A mount being torn down (EBUSY) or a process still writing its last log line can make one
+  // pass fail part-way: try again until the directory is gone, within a deadline.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    UnmountAllBelow(path_);
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    if (!fs::exists(path_, ec) || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
