@@ -131,11 +131,12 @@ Status CacheAdmin::Free(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
 
 namespace {
 
-// One file of a du walk waiting for the workers' answer, and the entries its figures go to.
 uint64_t BlockCount(uint64_t size, uint64_t block_size) {
   return block_size == 0 ? 0 : (size + block_size - 1) / block_size;
 }
 
+// A range of one file's blocks in a du walk, waiting for the workers' answer, and the entries its
+// figures go to.
 struct DuRange {
   FileKey key;
   uint64_t first = 0;  // block indexes first .. first+count-1 of the file

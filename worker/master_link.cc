@@ -33,13 +33,11 @@ void MasterLink::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void MasterLink::BlockAdded(const BlockMeta&) {
-  MutexLock lock(&mu_);
-  changed_ = true;
-  cv_.notify_all();
-}
+void MasterLink::BlockAdded(const BlockMeta&) { CacheChanged(); }
 
-void MasterLink::BlockRemoved(const BlockMeta&) {
+void MasterLink::BlockRemoved(const BlockMeta&) { CacheChanged(); }
+
+void MasterLink::CacheChanged() {
   MutexLock lock(&mu_);
   changed_ = true;
   cv_.notify_all();

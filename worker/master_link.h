@@ -58,6 +58,8 @@ class MasterLink final : public MountResolver, public BlockReporter {
   void Loop();
   Status Register();
   Status Beat();
+  // What the worker holds changed: an early heartbeat is due.
+  void CacheChanged();
   void Members(uint64_t self, const google::protobuf::RepeatedPtrField<rpc::PeerInfo>& workers);
   // The soonest a heartbeat goes after the last one when only the cache changed.
   static constexpr std::chrono::milliseconds kEarlyBeat{200};
