@@ -58,7 +58,7 @@ bool LocalCluster::StartMaster(const std::string& listen, std::string* why) {
   master_ = std::make_unique<Process>(
       With(std::vector<std::string>{Bin("granary-master"), "--master.listen", listen, "--master.data_dir",
                                     dir_ / "master", "--master.block_size", opts_.block_size,
-                                    "--master.worker_timeout", "30s", "--master.metrics_listen", "127.0.0.1:0",
+                                    "--master.worker_timeout", opts_.worker_timeout, "--master.metrics_listen", "127.0.0.1:0",
                                     "--ready-file", dir_ / "master.addr"},
            opts_.extra_args),
       dir_ / "master.log");

@@ -16,6 +16,7 @@ namespace granary::testing {
 struct ClusterOptions {
   std::string block_size = "64Ki";
   std::string cache_quota = "1Gi";
+  std::string worker_timeout = "30s";  // master.worker_timeout
   std::vector<std::string> extra_args;   // appended to every daemon's command line
   std::vector<std::string> worker_args;  // appended to the worker's (a tieredstore there replaces cache_dir)
   std::vector<std::string> fuse_args;    // appended to granary-fuse's

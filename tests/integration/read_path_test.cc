@@ -226,6 +226,61 @@ TEST(ReadPathRestart, CacheAndNamespaceSurviveARestart) {
   EXPECT_TRUE(c.StopAll(&why)) << why;
 }
 
+// A worker killed with -9 stops counting in the report's cached figures once the master has not
+// heard from it for master.worker_timeout, and du asks no dead worker. Restarted on its kept cache,
+// it counts again from its registration alone: no block is read, no block list is sent.
+TEST(ReadPathRestart, ADeadWorkerStopsCountingAndCountsAgainWhenBack) {
+  TempDir dir;
+  MakeDataset(dir / "src");
+  uint64_t bytes = 0;
+  for (auto& e : fs::recursive_directory_iterator(dir / "src")) bytes += e.is_regular_file() ? e.file_size() : 0;
+  ClusterOptions opts;
+  opts.worker_timeout = "2s";
+  LocalCluster c(dir, opts);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", dir / "src"}).code, 0);
+  RunResult load = c.Cli({"load", "/ds"});
+  ASSERT_EQ(load.code, 0) << load.out;
+  auto figures = [&](uint64_t* cached, int* alive) {
+    auto j = c.Report();
+    if (j.is_null() || j["mounts"].empty()) return false;
+    *cached = j["mounts"][0]["cached_bytes"].get<uint64_t>();
+    *alive = 0;
+    for (const auto& w : j["workers"]) *alive += w["alive"].get<bool>();
+    return true;
+  };
+  uint64_t cached = 0;
+  int alive = 0;
+  ASSERT_TRUE(WaitFor([&] { return figures(&cached, &alive) && cached == bytes; })) << cached << " of " << bytes;
+
+  c.KillWorker();
+  const auto killed = std::chrono::steady_clock::now();
+  EXPECT_TRUE(WaitFor([&] { return figures(&cached, &alive) && cached == 0 && alive == 0; }, std::chrono::seconds(60)))
+      << cached << " bytes still counted, " << alive << " workers alive\n" << c.Logs();
+  std::printf("a dead worker stopped counting after %.1f s (master.worker_timeout 2 s)\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count());
+  RunResult du = c.Cli({"du", "/ds", "--json"});
+  ASSERT_EQ(du.code, 0) << du.out;
+  auto d = nlohmann::json::parse(du.out, nullptr, false);
+  ASSERT_FALSE(d.is_discarded()) << du.out;
+  EXPECT_EQ(d["workers"], 0) << du.out;
+  EXPECT_EQ(d["total"]["cached_bytes"], 0) << du.out;
+
+  ASSERT_TRUE(c.RestartWorker(&why)) << why;
+  EXPECT_TRUE(WaitFor([&] { return figures(&cached, &alive) && cached == bytes && alive == 1; }))
+      << cached << " of " << bytes << "\n" << c.Logs();
+  du = c.Cli({"du", "/ds", "--json"});
+  d = nlohmann::json::parse(du.out, nullptr, false);
+  ASSERT_FALSE(d.is_discarded()) << du.out;
+  EXPECT_EQ(d["workers"], 1) << du.out;
+  EXPECT_EQ(d["total"]["cached_bytes"], bytes) << du.out;
+  uint64_t h, m, u;
+  ASSERT_TRUE(c.WorkerCounters(&h, &m, &u));
+  EXPECT_EQ(h + m + u, 0u) << "the restarted worker read nothing to be counted again";
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
 }  // namespace
 }  // namespace granary::testing
 
