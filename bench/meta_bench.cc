@@ -56,9 +56,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "load %s: %s\n", load.c_str(), st.error_message().c_str());
       return 1;
     }
-    std::printf("{\"files\": %llu, \"directories\": %llu, \"seconds\": %.3f, \"files_per_s\": %.0f}\n",
+    std::printf("{\"files\": %llu, \"directories\": %llu, \"seconds\": %.3f, \"files_per_s\": %.0f, \"resumed\": %s}\n",
                 static_cast<unsigned long long>(resp.files()), static_cast<unsigned long long>(resp.directories()),
-                secs, static_cast<double>(resp.files()) / secs);
+                secs, static_cast<double>(resp.files()) / secs, resp.resumed_after().empty() ? "false" : "true");
     return 0;
   }
   if (path.empty() || local.empty()) {

@@ -288,17 +288,21 @@ void JobManager::Run(uint64_t id) {
 Status JobManager::Scan(uint64_t id, const rpc::LoadJobSpec& spec) {
   // Bulk listing: directories inside a mount in one flat listing each; a directory above mounts
   // (the root, or a parent of mounts) covers the mounts below it.
+  // A cancelled or stopping job stops its listing at the next page; a restarted master resumes it
+  // from the namespace's load cursor.
   std::vector<rpc::MountInfo> mounts = ns_->ListMounts();
+  LoadTreeOptions opts;
+  opts.stop = [this, id] { return Cancelled(id); };
   for (const auto& p : spec.paths()) {
     if (Cancelled(id)) return Status::OK();
     ASSIGN_OR_RETURN(rpc::Attr a, ns_->Resolve(p));
     if (a.type() != rpc::DIRECTORY) continue;
-    auto st = ns_->LoadTree(p);
+    auto st = ns_->LoadTree(p, opts);
     if (st.ok()) continue;
     if (st.status().code() != Code::kInvalidArgument) return st.status().WithContext("listing " + p);
     for (const auto& m : mounts) {
       bool below = m.path() != p && PathWithin(m.path(), p);
-      if (below) RETURN_IF_ERROR(ns_->LoadTree(m.path()).status().WithContext("listing " + m.path()));
+      if (below) RETURN_IF_ERROR(ns_->LoadTree(m.path(), opts).status().WithContext("listing " + m.path()));
     }
   }
   uint64_t files = 0, bytes = 0;

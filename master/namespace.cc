@@ -26,6 +26,7 @@ std::string InodeKey(uint64_t ino) { return "I" + Be64(ino); }
 std::string EntryKey(uint64_t parent, const std::string& name) { return "E" + Be64(parent) + name; }
 std::string ChildKey(uint64_t parent, uint64_t child) { return "C" + Be64(parent) + Be64(child); }
 std::string MountKey(uint64_t id) { return "M" + Be64(id); }
+std::string CursorKey(uint64_t mount_id, uint64_t ino) { return "L" + Be64(mount_id) + Be64(ino); }
 const char kNextIno[] = "S/next_ino";
 const char kNextMount[] = "S/next_mount";
 
@@ -435,7 +436,7 @@ Status Namespace::ListDir(InodeRecord dir) {
   return Status::OK();
 }
 
-StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
+StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeOptions& opts) {
   ASSIGN_OR_RETURN(rpc::Attr top_attr, Resolve(path));
   ASSIGN_OR_RETURN(InodeRecord top, GetRecord(top_attr.ino()));
   if (top.type() != rpc::DIRECTORY) return InvalidArgumentError(path + " is a file; load a directory");
@@ -454,11 +455,34 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
     std::string rel;  // relative to top, "" for top itself
     InodeRecord rec;
     uint64_t gen;
+    std::vector<uint64_t> subdirs = {};  // its children seen as directories
   };
   std::vector<Open> chain{{"", top, top.sync_gen() + 1}};
   std::unordered_set<uint64_t> entered;  // directories marked listed when they left the chain
-  std::vector<uint64_t> seen_dirs;       // directories seen as entries
   LoadStats stats;
+  // An earlier load of this directory that stopped: continue after its checkpoint when every
+  // directory it left open would stamp its entries with the same generation now (so the entries
+  // it wrote count as seen by this load, and the final sweeps keep them).
+  const std::string cursor_key = CursorKey(top.mount_id(), top.ino());
+  std::string raw;
+  rocksdb::Status got = db_->Get({}, cursor_key, &raw);
+  if (got.ok()) {
+    LoadCursorRecord cursor;
+    bool same = cursor.ParseFromString(raw) && !cursor.after().empty() &&
+                cursor.open_ino_size() == cursor.open_gen_size();
+    for (int i = 0; same && i < cursor.open_ino_size(); ++i) {
+      auto r = GetRecord(cursor.open_ino(i));
+      same = r.ok() && r->type() == rpc::DIRECTORY && r->sync_gen() + 1 == cursor.open_gen(i);
+    }
+    if (same) {
+      stats.resumed_after = cursor.after();
+      spdlog::info("loading the metadata of {}: resuming after '{}'", path, cursor.after());
+    } else {
+      spdlog::info("loading the metadata of {}: the interrupted load's directories changed since; starting over", path);
+    }
+  } else if (!got.IsNotFound()) {
+    RETURN_IF_ERROR(FromRocks(got, "read the load cursor of " + path));
+  }
   // Called only from the listing callback below, with mu_ held (the analysis does not follow a
   // lambda's caller, hence the opt-out).
   auto close_one = [&]() NO_THREAD_SAFETY_ANALYSIS -> Status {
@@ -469,9 +493,22 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
     RETURN_IF_ERROR(FinishListingLocked(fresh, o.gen, true, &b));
     entered.insert(o.rec.ino());
     ++stats.dirs;
+    // Its subdirectories that nothing came below are empty (everything below a directory comes
+    // together, and the listing is past it): complete as well.
+    for (uint64_t sub : o.subdirs) {
+      if (entered.count(sub)) continue;
+      auto rec = GetRecord(sub);
+      if (!rec.ok() || rec->type() != rpc::DIRECTORY) continue;
+      RETURN_IF_ERROR(FinishListingLocked(*rec, rec->sync_gen() + 1, true, &b));
+      entered.insert(sub);
+      ++stats.dirs;
+    }
     return Status::OK();
   };
-  Status st = ufs->ListTree(top.ufs_path(), 1000, [&](std::vector<UfsEntry>& page) -> Status {
+  Status st = ufs->ListTree(top.ufs_path(), opts.page_size, [&](std::vector<UfsEntry>& page) -> Status {
+    if (opts.stop && opts.stop()) return CancelledError("the load was stopped; loading again resumes it");
+    if (page.empty()) return Status::OK();
+    const std::string checkpoint = page.back().name;
     MutexLock lock(&mu_);
     auto mit = mounts_.find(top.mount_id());
     if (mit == mounts_.end()) return NotFoundError("the mount was removed while loading");
@@ -537,7 +574,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
           if (auto r = GetRecord(*known); r.ok() && r->type() == rpc::DIRECTORY) e.mtime_ns = r->mtime_ns();
         }
         ASSIGN_OR_RETURN(uint64_t ino, UpsertChildLocked(chain.back().rec, chain.back().gen, e, &b));
-        seen_dirs.push_back(ino);
+        chain.back().subdirs.push_back(ino);
         continue;
       } else {
         ++stats.files;
@@ -545,8 +582,15 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
       }
       RETURN_IF_ERROR(UpsertChildLocked(chain.back().rec, chain.back().gen, e, &b).status());
     }
+    LoadCursorRecord cursor;
+    cursor.set_after(checkpoint);
+    for (const Open& o : chain) {
+      cursor.add_open_ino(o.rec.ino());
+      cursor.add_open_gen(o.gen);
+    }
+    b.batch.Put(cursor_key, cursor.SerializeAsString());
     return WriteLocked(&b);
-  });
+  }, stats.resumed_after);
   if (st.ok()) {
     MutexLock lock(&mu_);
     auto mit = mounts_.find(top.mount_id());
@@ -555,14 +599,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path) {
     } else {
       b.mount = mit->second;
       while (!chain.empty() && st.ok()) st = close_one();
-      // Directories listed as entries that nothing came below are empty: complete as well.
-      for (size_t i = 0; i < seen_dirs.size() && st.ok(); ++i) {
-        if (entered.count(seen_dirs[i])) continue;
-        auto rec = GetRecord(seen_dirs[i]);
-        if (!rec.ok() || rec->type() != rpc::DIRECTORY) continue;
-        st = FinishListingLocked(*rec, rec->sync_gen() + 1, true, &b);
-        ++stats.dirs;
-      }
+      b.batch.Delete(cursor_key);
       if (st.ok()) st = WriteLocked(&b);
     }
   }
@@ -747,6 +784,10 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
     RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(parent), pr->SerializeAsString()), "update parent"));
   }
   RETURN_IF_ERROR(DeleteSubtreeLocked(root.ino()));
+  // And the cursors of its unfinished loads.
+  RETURN_IF_ERROR(FromRocks(db_->DeleteRange({}, db_->DefaultColumnFamily(), CursorKey(found.id(), 0),
+                                             CursorKey(found.id() + 1, 0)),
+                            "delete load cursors"));
   // Remove virtual parents left empty.
   while (parent != kRootIno) {
     std::string prefix = "C" + Be64(parent);

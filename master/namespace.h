@@ -25,6 +25,7 @@
 //   S next_ino / S next_mount   -> be64             allocators
 //   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned
 //   J ...                       -> load jobs (layout in master/jobs.h)
+//   L be64(mount) be64(ino)     -> LoadCursorRecord  where an unfinished LoadTree of ino stands
 // Readdir cookies are child inode numbers: children discovered together get consecutive numbers,
 // and a cookie stays valid however the directory grows.
 //
@@ -62,8 +63,17 @@ namespace granary::master {
 constexpr uint64_t kRootIno = 1;
 
 struct LoadStats {
+  // What this call listed (a resumed load counts only what it listed after its checkpoint).
   uint64_t files = 0, bytes = 0, dirs = 0, skipped = 0;
   uint64_t added = 0, changed = 0, removed = 0;
+  std::string resumed_after;  // the checkpoint a resumed load started after; empty: from the start
+};
+
+struct LoadTreeOptions {
+  size_t page_size = 1000;  // entries per page of the under-storage's listing (and per write)
+  // Asked between pages: true stops the load with CANCELLED. What was written stays, and the next
+  // load of the same directory resumes from there.
+  std::function<bool()> stop;
 };
 
 // The pid of another process holding the RocksDB lock of the master data directory `data_dir`
@@ -109,9 +119,16 @@ class Namespace {
 
   // Bulk metadata load: one flat, paged listing of everything below the directory `path` (the
   // under-storage's ListTree), written as it streams; every directory fully covered is marked
-  // listed, so later lookups and listings need no call to the under-storage. Resumable: what was
-  // written stays, and a repeated load only updates what changed.
-  StatusOr<LoadStats> LoadTree(const std::string& path);
+  // listed, so later lookups and listings need no call to the under-storage. A repeated load only
+  // updates what changed.
+  //
+  // Resumable: each page is written with a cursor (the listing's checkpoint and the directories
+  // still open, with their stamp generations). A load of the same directory that finds a cursor
+  // continues the listing after its checkpoint, if every open directory is as the cursor left it
+  // (none was listed or loaded since; otherwise it starts over, which is always correct). The
+  // directories the earlier load completed are not listed again; a load that completes deletes the
+  // cursor. What changed in the under-storage in the part already listed is seen by the next sync.
+  StatusOr<LoadStats> LoadTree(const std::string& path, const LoadTreeOptions& opts = {});
 
   // Every file at or below `path` (a file or a directory; directories are listed as needed), as
   // the FileKeys its cached blocks carry. Calls `fn` for each file; stops at the first error.

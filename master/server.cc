@@ -132,7 +132,9 @@ class MasterService final : public rpc::Master::Service {
   grpc::Status LoadMetadata(ServerContext* ctx, const rpc::LoadMetadataRequest* req,
                             rpc::LoadMetadataResponse* resp) override {
     GRANARY_AUTH();
-    auto st = ns_->LoadTree(req->path());
+    LoadTreeOptions opts;  // a caller that went away stops the load; the next one resumes it
+    opts.stop = [ctx] { return ctx->IsCancelled(); };
+    auto st = ns_->LoadTree(req->path(), opts);
     if (!st.ok()) return ToGrpc(st.status());
     resp->set_files(st->files);
     resp->set_bytes(st->bytes);
@@ -141,6 +143,7 @@ class MasterService final : public rpc::Master::Service {
     resp->set_changed(st->changed);
     resp->set_removed(st->removed);
     resp->set_skipped(st->skipped);
+    resp->set_resumed_after(st->resumed_after);
     return grpc::Status::OK;
   }
   grpc::Status Free(ServerContext* ctx, const rpc::FreeRequest* req, rpc::FreeResponse* resp) override {

@@ -486,7 +486,7 @@ Status S3Ufs::List(const std::string& dir, size_t page_size, const PageFn& on_pa
   return Status::OK();
 }
 
-Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) {
+Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) {
   // One flat listing (no delimiter): 1000 objects per request however the keys nest. Keys come
   // sorted, so everything below a "directory" is contiguous, as ListTree promises.
   std::string base = KeyOf(dir);
@@ -497,6 +497,9 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
     HeaderList q = {{"list-type", "2"}, {"prefix", list_prefix},
                     {"max-keys", std::to_string(std::clamp<size_t>(page_size, 1, 1000))}};
     if (!token.empty()) q.push_back({"continuation-token", token});
+    // Keys sort byte by byte; a directory marker's name lost its '/', and starting after the name
+    // lists the marker again (as the contract allows).
+    if (token.empty() && !after.empty()) q.push_back({"start-after", list_prefix + after});
     ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", q, {}));
     if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + list_prefix);
     tinyxml2::XMLDocument doc;

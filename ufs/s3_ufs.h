@@ -76,7 +76,8 @@ class S3Ufs : public UnderFileSystem {
   const std::string& uri() const override { return uri_; }
   StatusOr<UfsEntry> Stat(const std::string& path) override;
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override;
-  Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) override;
+  // One flat listing; resumes with ListObjectsV2's start-after.
+  Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) override;
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
 

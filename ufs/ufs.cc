@@ -101,28 +101,78 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
                             "://' is not supported (use file:///path, s3://bucket/prefix, oss://bucket/prefix or nfs://server/export)");
 }
 
-Status UnderFileSystem::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) {
-  // Depth first, a directory's children before its subdirectories' contents, so the entries below
-  // any directory are contiguous.
-  std::vector<std::string> stack{""};
+Status UnderFileSystem::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page,
+                                 const std::string& after) {
+  // Depth first, a directory's children before its subdirectories' contents (which are walked in
+  // name order), so the entries below any directory are contiguous.
   std::vector<UfsEntry> out;
+  auto emit = [&](UfsEntry&& e) -> Status {
+    out.push_back(std::move(e));
+    if (out.size() < page_size) return Status::OK();
+    RETURN_IF_ERROR(on_page(out));
+    out.clear();
+    return Status::OK();
+  };
+  // Lists `rel` (relative to `dir`), passes the children `pass` accepts on, and returns its
+  // subdirectories in name order.
+  auto list = [&](const std::string& rel, const std::function<bool(const UfsEntry&)>& pass,
+                  std::vector<std::string>* subdirs) -> Status {
+    RETURN_IF_ERROR(List(rel.empty() ? dir : JoinPath(dir, rel), page_size, [&](std::vector<UfsEntry>& page) -> Status {
+      for (auto& e : page) {
+        e.name = rel.empty() ? e.name : rel + "/" + e.name;
+        if (e.is_dir) subdirs->push_back(e.name);
+        if (pass(e)) RETURN_IF_ERROR(emit(std::move(e)));
+      }
+      return Status::OK();
+    }));
+    std::sort(subdirs->begin(), subdirs->end());
+    return Status::OK();
+  };
+  std::vector<std::string> stack;  // directories still to walk whole, the next one last
+  if (after.empty()) {
+    stack.push_back("");
+  } else {
+    // Back to where the earlier walk stopped. Every directory above the checkpoint had passed on
+    // all its children and walked the subdirectories before the checkpoint's branch; they are
+    // walked again only to find the subdirectories after that branch (their entries are passed
+    // again so that a directory with nothing below it is still seen). The checkpoint's own
+    // directory was passing its children: it is listed again whole.
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      size_t slash = after.find('/', start);
+      parts.push_back(after.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+      if (slash == std::string::npos) break;
+      start = slash + 1;
+    }
+    std::vector<std::vector<std::string>> later;  // per level, the subdirectories after the branch
+    std::string rel;
+    bool found = true;
+    for (size_t i = 0; i + 1 < parts.size() && found; ++i) {
+      const std::string branch = rel.empty() ? parts[i] : rel + "/" + parts[i];
+      std::vector<std::string> subdirs;
+      Status st = list(rel, [&](const UfsEntry& e) { return e.is_dir && e.name > branch; }, &subdirs);
+      if (st.IsNotFound() && i > 0) {  // gone since: what was after it is still walked below
+        found = false;
+        break;
+      }
+      RETURN_IF_ERROR(st);
+      later.emplace_back(std::upper_bound(subdirs.begin(), subdirs.end(), branch), subdirs.end());
+      found = std::binary_search(subdirs.begin(), subdirs.end(), branch);
+      if (found) rel = branch;
+    }
+    if (found) {
+      std::vector<std::string> subdirs;
+      Status st = list(rel, [](const UfsEntry&) { return true; }, &subdirs);
+      if (!st.IsNotFound() || rel.empty()) RETURN_IF_ERROR(st);
+      later.push_back(std::move(subdirs));
+    }
+    for (auto& level : later) stack.insert(stack.end(), level.rbegin(), level.rend());
+  }
   while (!stack.empty()) {
     std::string rel = std::move(stack.back());
     stack.pop_back();
     std::vector<std::string> subdirs;
-    RETURN_IF_ERROR(List(rel.empty() ? dir : JoinPath(dir, rel), page_size, [&](std::vector<UfsEntry>& page) -> Status {
-      for (auto& e : page) {
-        e.name = rel.empty() ? e.name : rel + "/" + e.name;
-        if (e.is_dir) subdirs.push_back(e.name);
-        out.push_back(std::move(e));
-        if (out.size() >= page_size) {
-          RETURN_IF_ERROR(on_page(out));
-          out.clear();
-        }
-      }
-      return Status::OK();
-    }));
-    std::sort(subdirs.begin(), subdirs.end());
+    RETURN_IF_ERROR(list(rel, [](const UfsEntry&) { return true; }, &subdirs));
     for (auto it = subdirs.rbegin(); it != subdirs.rend(); ++it) stack.push_back(std::move(*it));
   }
   if (!out.empty()) RETURN_IF_ERROR(on_page(out));
@@ -144,8 +194,8 @@ class CountingUfs final : public UnderFileSystem {
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override {
     return Counted(&c_->lists, [&] { return inner_->List(dir, page_size, on_page); });
   }
-  Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page) override {
-    return Counted(&c_->lists, [&] { return inner_->ListTree(dir, page_size, on_page); });
+  Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) override {
+    return Counted(&c_->lists, [&] { return inner_->ListTree(dir, page_size, on_page, after); });
   }
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override {

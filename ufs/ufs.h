@@ -53,7 +53,14 @@ class UnderFileSystem {
   // under "a/" are contiguous), a directory before anything below it or after the entries that sort
   // before it; directories may be implied by their entries only (object storage). The default walks
   // the tree with List; object stores override it with one flat, paged listing.
-  virtual Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page);
+  //
+  // Resuming: `after`, when not empty, is the `name` of the last entry of a page an earlier
+  // ListTree of the same `dir` passed to on_page (its checkpoint). The listing then continues
+  // where that one stopped: nothing it passed up to there comes again, except that where the order
+  // within a directory is not fixed (the walk with List) the checkpoint's directory is listed again
+  // whole. Only the directories after it are walked. An `after` the tree no longer holds resumes
+  // at the place it would have had.
+  virtual Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after);
 
   // Reads up to `length` bytes at `offset` of `path`, which must still have `version`, into `out`.
   // Returns the bytes read (fewer only at end of file). FAILED_PRECONDITION when the version differs.

@@ -198,6 +198,29 @@ TEST_F(S3Test, MoreThanAThousandKeysInOneDirectory) {
   EXPECT_EQ(Names(*ufs, "many").size(), 1100u);
 }
 
+// A bulk listing resumed from a checkpoint (ListObjectsV2 start-after, signed like any query)
+// passes exactly what the whole listing passed after it.
+TEST_F(S3Test, TreeListingResumesAfterACheckpoint) {
+  auto http = std::make_shared<CountingHttp>();
+  auto ufs = Open("s3://granary-test/ds", {}, http);
+  ASSERT_TRUE(ufs);
+  std::vector<std::string> whole;
+  ASSERT_TRUE(ufs->ListTree("", 300, [&](std::vector<UfsEntry>& page) {
+    for (auto& e : page) whole.push_back(e.name);
+    return Status::OK();
+  }, "").ok());
+  ASSERT_GT(whole.size(), 1100u);
+  const size_t cut = 900;  // in the middle of many/, on a page's end (300 per page)
+  std::vector<std::string> rest;
+  int before = http->calls.load();
+  ASSERT_TRUE(ufs->ListTree("", 300, [&](std::vector<UfsEntry>& page) {
+    for (auto& e : page) rest.push_back(e.name);
+    return Status::OK();
+  }, whole[cut - 1]).ok());
+  EXPECT_EQ(rest, std::vector<std::string>(whole.begin() + cut, whole.end())) << "after " << whole[cut - 1];
+  EXPECT_LE(http->calls.load() - before, 2) << "the resumed listing starts at the checkpoint";
+}
+
 TEST_F(S3Test, RangedReadsAndChangedObjects) {
   auto ufs = Open("s3://granary-test/ds");
   ASSERT_TRUE(ufs);

@@ -362,6 +362,62 @@ TEST_F(LoadTreeTest, LoadingAgainChangesOnlyWhatChanged) {
   EXPECT_EQ(ns_->GetAttr(top->ino())->size(), 8u);
 }
 
+// A load stopped after a few pages (a cancelled job, a caller gone, a master killed) leaves a
+// cursor; the next load lists only what comes after its checkpoint, and the tree ends complete and
+// fully listed. A third load starts from the beginning again.
+TEST_F(LoadTreeTest, AStoppedLoadResumesAfterItsCheckpoint) {
+  const size_t total = 5u * 31u + 5u * 2u + 1u;
+  LoadTreeOptions opts;
+  opts.page_size = 10;
+  int pages = 0;
+  opts.stop = [&] { return ++pages > 7; };
+  auto first = ns_->LoadTree("/ds", opts);
+  ASSERT_EQ(first.status().code(), Code::kCancelled) << first.status().ToString();
+  opts.stop = nullptr;
+  auto second = ns_->LoadTree("/ds", opts);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_FALSE(second->resumed_after.empty());
+  // The first load completed c0 (its 31 files) before its 7th page ended; the walk lists again
+  // only the directory its checkpoint is in.
+  EXPECT_LE(second->files, 5u * 31u - 31u) << "the resumed load listed again what the first one completed";
+  EXPECT_GT(second->files, 0u);
+  std::filesystem::rename(dir_ / "src", dir_ / "moved");  // everything is served without a listing
+  auto tree = Tree(mount_.root_ino());
+  EXPECT_EQ(tree.size(), total);
+  EXPECT_TRUE(tree.count("c0/sub/f0.jpg"));
+  EXPECT_TRUE(tree.count("c4/sub/f29.jpg"));
+  EXPECT_TRUE(tree.count("empty/"));
+  EXPECT_EQ(ns_->ListMounts()[0].known_files(), 5u * 31u);
+  std::filesystem::rename(dir_ / "moved", dir_ / "src");
+  auto third = ns_->LoadTree("/ds", opts);
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  EXPECT_TRUE(third->resumed_after.empty()) << "a completed load leaves no cursor";
+  EXPECT_EQ(third->files, 5u * 31u);
+  EXPECT_EQ(third->added + third->changed + third->removed, 0u);
+}
+
+// When a directory the stopped load left open has been listed since (here the mount's root, by a
+// lookup: its children are stamped with a newer generation), resuming would sweep what the first
+// load wrote; the load starts over instead, and nothing is lost.
+TEST_F(LoadTreeTest, AResumeStartsOverWhenAnOpenDirectoryWasListedSince) {
+  LoadTreeOptions opts;
+  opts.page_size = 10;
+  int pages = 0;
+  opts.stop = [&] { return ++pages > 7; };
+  ASSERT_EQ(ns_->LoadTree("/ds", opts).status().code(), Code::kCancelled);
+  // The root is still open (the load marks it listed when it completes): a readdir lists it.
+  opts.stop = nullptr;
+  rpc::ReadDirResponse page;
+  ASSERT_TRUE(ns_->ReadDir(mount_.root_ino(), 0, 100, &page).ok());
+  auto second = ns_->LoadTree("/ds", opts);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_TRUE(second->resumed_after.empty()) << "resumed after " << second->resumed_after;
+  EXPECT_EQ(second->files, 5u * 31u);
+  std::filesystem::rename(dir_ / "src", dir_ / "moved");
+  EXPECT_EQ(Tree(mount_.root_ino()).size(), 5u * 31u + 5u * 2u + 1u);
+  std::filesystem::rename(dir_ / "moved", dir_ / "src");
+}
+
 TEST_F(LoadTreeTest, BadPathsAreClearErrors) {
   EXPECT_EQ(ns_->LoadTree("/ds/c0/top.txt").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ns_->LoadTree("/").status().code(), Code::kInvalidArgument);

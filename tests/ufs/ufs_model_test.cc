@@ -84,7 +84,8 @@ std::string UrlDecode(const std::string& s) {
   return o;
 }
 
-// An S3 bucket in memory: ListObjectsV2 (prefix, delimiter, max-keys, continuation-token).
+// An S3 bucket in memory: ListObjectsV2 (prefix, delimiter, max-keys, continuation-token,
+// start-after).
 class FakeS3 : public HttpClient {
  public:
   explicit FakeS3(std::map<std::string, int64_t> objects) : objects_(std::move(objects)) {}
@@ -108,7 +109,8 @@ class FakeS3 : public HttpClient {
       r.status = 404;
       return r;
     }
-    const std::string prefix = q["prefix"], delim = q["delimiter"], after = q["continuation-token"];
+    const std::string prefix = q["prefix"], delim = q["delimiter"];
+    const std::string after = q.count("continuation-token") ? q["continuation-token"] : q["start-after"];
     size_t max = q.count("max-keys") ? std::stoul(q["max-keys"]) : 1000;
     std::string contents, prefixes, last;
     size_t n = 0;
@@ -240,6 +242,109 @@ TEST(UfsModel, S3ListingsMatchTheModelForRandomKeySets) {
     ASSERT_EQ(on_disk, want) << "LocalUfs listed:\n" << Describe(on_disk) << "the model:\n" << Describe(want);
   }
   EXPECT_EQ(compared, 300);
+}
+
+std::string ParentOf(const std::string& p) {
+  size_t slash = p.rfind('/');
+  return slash == std::string::npos ? "" : p.substr(0, slash);
+}
+
+// ListTree cut after every page and resumed from that page's last entry: together the two parts
+// pass every entry. S3Ufs passes what the whole listing passed after the cut (and again only keys
+// between the checkpoint and its "/", the checkpoint's own directory marker among them); the walk
+// with List passes again only the checkpoint's directory's children and, from the directories
+// above it, subdirectories (never anything below a directory the first part completed).
+void ExpectResumesAfterEveryPage(UnderFileSystem& ufs, size_t page, bool exact, const std::string& what) {
+  std::vector<std::string> whole;
+  std::set<std::string> dirs;
+  std::vector<size_t> page_ends;
+  ASSERT_TRUE(ufs.ListTree("", page, [&](std::vector<UfsEntry>& p) -> Status {
+    for (const auto& e : p) {
+      whole.push_back(e.name);
+      if (e.is_dir) dirs.insert(e.name);
+    }
+    page_ends.push_back(whole.size());
+    return Status::OK();
+  }, "").ok());
+  const std::set<std::string> all(whole.begin(), whole.end());
+  // (The flat listing passes raw keys: an object "x" and a marker "x/" are both "x".)
+  if (!exact) ASSERT_EQ(all.size(), whole.size()) << what << ": an entry passed twice";
+  for (size_t cut : page_ends) {
+    const std::string token = whole[cut - 1];
+    std::vector<std::string> rest;
+    Status st = ufs.ListTree("", page, [&](std::vector<UfsEntry>& p) -> Status {
+      for (const auto& e : p) rest.push_back(e.name);
+      return Status::OK();
+    }, token);
+    ASSERT_TRUE(st.ok()) << what << " after '" << token << "': " << st.ToString();
+    std::set<std::string> got(whole.begin(), whole.begin() + static_cast<long>(cut));
+    got.insert(rest.begin(), rest.end());
+    EXPECT_EQ(got, all) << what << " resumed after '" << token << "'";
+    const std::set<std::string> before(whole.begin(), whole.begin() + static_cast<long>(cut));
+    if (exact) {
+      // What the whole listing passed after the cut, in order; passed again only keys that sort
+      // between the checkpoint and its "/" (its own marker among them).
+      std::vector<std::string> fresh, want_fresh;
+      for (const auto& e : rest) {
+        bool again = before.count(e) && e.compare(0, token.size(), token) == 0 &&
+                     (e.size() == token.size() || e[token.size()] < '/');
+        if (!again) fresh.push_back(e);
+      }
+      for (size_t i = cut; i < whole.size(); ++i) {
+        const std::string& e = whole[i];
+        bool again = before.count(e) && e.compare(0, token.size(), token) == 0 &&
+                     (e.size() == token.size() || e[token.size()] < '/');
+        if (!again) want_fresh.push_back(e);
+      }
+      EXPECT_EQ(fresh, want_fresh) << what << " resumed after '" << token << "'";
+      continue;
+    }
+    const std::string home = ParentOf(token);
+    for (const auto& e : rest) {
+      if (!before.count(e) || ParentOf(e) == home) continue;
+      const std::string up = ParentOf(e);  // must be above the checkpoint, and e a directory
+      bool above = up.empty() || home == up || home.compare(0, up.size() + 1, up + "/") == 0;
+      EXPECT_TRUE(above && dirs.count(e)) << what << ": '" << e << "' passed again after '" << token << "'";
+    }
+  }
+}
+
+TEST(UfsModel, TreeListingsResumeAfterEveryPage) {
+  std::mt19937_64 rng(20261125);
+  for (int round = 0; round < 60; ++round) {
+    auto objects = RandomKeys(rng);
+    Tree want = Model(objects);
+    std::map<std::string, int64_t> stored;
+    for (const auto& [k, v] : objects) stored["mnt/" + k] = v;
+    stored["other/outside"] = 1;
+    auto fake = std::make_shared<FakeS3>(stored);
+    S3Settings s;
+    s.bucket = "bkt";
+    s.prefix = "mnt";
+    s.endpoint = "http://127.0.0.1:1";
+    s.region = "us-east-1";
+    s.path_style = true;
+    s.creds.access_key = "AK";
+    s.creds.secret_key = "SK";
+    auto ufs = S3Ufs::Open("s3://bkt/mnt", s, fake);
+    ASSERT_TRUE(ufs.ok()) << ufs.status().ToString();
+    ExpectResumesAfterEveryPage(**ufs, 2, true, "S3Ufs, round " + std::to_string(round));
+
+    testing::TempDir dir;
+    std::filesystem::create_directories(dir / "root");
+    for (const auto& [p, size] : want) {
+      if (size < 0) {
+        std::filesystem::create_directories(dir / ("root/" + p));
+      } else {
+        testing::WriteFile(dir / ("root/" + p), std::string(static_cast<size_t>(size), 'z'));
+      }
+    }
+    auto local = LocalUfs::Open(dir / "root");
+    ASSERT_TRUE(local.ok()) << local.status().ToString();
+    for (size_t page : {size_t{1}, size_t{3}}) {
+      ExpectResumesAfterEveryPage(**local, page, false, "LocalUfs, round " + std::to_string(round));
+    }
+  }
 }
 
 }  // namespace
