@@ -12,6 +12,9 @@
 //                       FAILED_PRECONDITION with Reason::kVersionChanged (VersionChangedError),
 //                       which granary-fuse turns into ESTALE and a dropped file cache. Any other
 //                       FAILED_PRECONDITION ("unpin it first", "not a holder") is not that.
+//   IsUnderStorageDown()  UNAVAILABLE with Reason::kUnderStorage: the server that answered is up,
+//                       the under-storage behind it failed (after its own retries). Callers that
+//                       wait for an unreachable server to come back do not wait for this.
 // A Reason, like RocksDB's sub-codes, refines a code; it travels with the status over gRPC and the
 // worker's local socket (rpc/rpc.h).
 // Messages name what was wrong and, where useful, what to do; they never carry credentials.
@@ -54,9 +57,12 @@ std::string_view CodeName(Code code);
 enum class Reason : int {
   kNone = 0,
   kVersionChanged = 1,  // with FAILED_PRECONDITION: the file changed in the under-storage
+  kUnderStorage = 2,    // with UNAVAILABLE: the under-storage failed, not the server that answered
 };
 // A reason as a wire number; one this build does not know reads as kNone.
-inline Reason ReasonFromWire(int r) { return r == 1 ? Reason::kVersionChanged : Reason::kNone; }
+inline Reason ReasonFromWire(int r) {
+  return r == 1 ? Reason::kVersionChanged : r == 2 ? Reason::kUnderStorage : Reason::kNone;
+}
 
 class [[nodiscard]] Status {
  public:
@@ -77,6 +83,7 @@ class [[nodiscard]] Status {
   bool IsDataLoss() const { return code_ == Code::kDataLoss; }
   bool IsNotFound() const { return code_ == Code::kNotFound; }
   bool IsVersionChanged() const { return code_ == Code::kFailedPrecondition && reason_ == Reason::kVersionChanged; }
+  bool IsUnderStorageDown() const { return code_ == Code::kUnavailable && reason_ == Reason::kUnderStorage; }
 
   // "NOT_FOUND: message" (or "OK").
   std::string ToString() const;

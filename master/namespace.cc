@@ -272,9 +272,15 @@ void Namespace::Reclaim(std::vector<FileKey> keys) {
   if (!keys.empty() && on_reclaim_) on_reclaim_(std::move(keys));
 }
 
-Status Namespace::EnsureListed(const InodeRecord& dir) {
+Status Namespace::NeedsUfs(bool* ufs_needed) {
+  *ufs_needed = true;
+  return UnavailableError("the answer needs the under-storage");
+}
+
+Status Namespace::EnsureListed(const InodeRecord& dir, bool* ufs_needed) {
   if (dir.type() != rpc::DIRECTORY) return Status::OK();
   if (dir.listed() && !SyncDue(dir)) return Status::OK();
+  if (ufs_needed) return NeedsUfs(ufs_needed);
   std::lock_guard<std::mutex> list_lock(list_locks_[dir.ino() % list_locks_.size()]);
   ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(dir.ino()));
   if (fresh.listed() && !SyncDue(fresh)) return Status::OK();  // another caller just listed it
@@ -380,7 +386,7 @@ Status Namespace::FinishListingLocked(InodeRecord dir, uint64_t gen, bool sweep,
   if (!dir.listed() || b->added || b->changed || b->removed) dir.set_content_gen(dir.content_gen() + 1);
   dir.set_listed(true);
   dir.set_synced_ns(b->now);
-  dir.set_sync_gen(gen);
+  dir.set_sync_gen(std::max(dir.sync_gen(), gen));  // a listing that ran meanwhile may be newer
   b->batch.Put(InodeKey(dir.ino()), dir.SerializeAsString());
   return Status::OK();
 }
@@ -450,65 +456,86 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
   b.now = NowNs();
   // The chain of directories from `top` to the one entries are being added to. A directory leaves
   // the chain when the listing has moved past everything below it: then it is complete, and is
-  // marked listed (and swept of children the listing did not see).
+  // marked listed (and swept of children the listing did not see). Each directory stamps the
+  // entries it holds with its `gen`.
   struct Open {
     std::string rel;  // relative to top, "" for top itself
     InodeRecord rec;
     uint64_t gen;
-    std::vector<uint64_t> subdirs = {};  // its children seen as directories
   };
   std::vector<Open> chain{{"", top, top.sync_gen() + 1}};
-  std::unordered_set<uint64_t> entered;  // directories marked listed when they left the chain
+  // The last directory passed as an entry, while nothing below it has come: what is below a
+  // directory comes right after its entry, so if the next entry is not below it, it is empty.
+  std::optional<Open> fresh_dir;
   LoadStats stats;
-  // An earlier load of this directory that stopped: continue after its checkpoint when every
-  // directory it left open would stamp its entries with the same generation now (so the entries
-  // it wrote count as seen by this load, and the final sweeps keep them).
+
+  // An earlier load of this directory that stopped: take its chain back (stamping with the
+  // generations it recorded, so what it wrote counts as seen by this load) and continue after its
+  // checkpoint. It is taken only if every directory it left open is as it left it; one listed
+  // since starts the load over. (Stamping with the recorded generation stays safe even if one is
+  // listed concurrently: a sweep deletes only entries stamped below its generation.)
   const std::string cursor_key = CursorKey(top.mount_id(), top.ino());
-  std::string raw;
-  rocksdb::Status got = db_->Get({}, cursor_key, &raw);
-  if (got.ok()) {
+  std::string after;
+  {
+    std::string raw;
+    rocksdb::Status got = db_->Get({}, cursor_key, &raw);
+    if (!got.ok() && !got.IsNotFound()) RETURN_IF_ERROR(FromRocks(got, "read the load cursor of " + path));
     LoadCursorRecord cursor;
-    bool same = cursor.ParseFromString(raw) && !cursor.after().empty() &&
-                cursor.open_ino_size() == cursor.open_gen_size();
-    for (int i = 0; same && i < cursor.open_ino_size(); ++i) {
-      auto r = GetRecord(cursor.open_ino(i));
-      same = r.ok() && r->type() == rpc::DIRECTORY && r->sync_gen() + 1 == cursor.open_gen(i);
+    if (got.ok() && cursor.ParseFromString(raw)) {
+      std::vector<Open> kept;
+      bool same = !cursor.after().empty() && cursor.open_ino_size() > 0 &&
+                  cursor.open_ino_size() == cursor.open_gen_size() && cursor.open_ino_size() == cursor.open_rel_size() &&
+                  cursor.open_ino(0) == top.ino() && cursor.open_rel(0).empty();
+      for (int i = 0; same && i < cursor.open_ino_size(); ++i) {
+        auto r = GetRecord(cursor.open_ino(i));
+        same = r.ok() && r->type() == rpc::DIRECTORY && r->sync_gen() + 1 == cursor.open_gen(i);
+        if (same) kept.push_back(Open{cursor.open_rel(i), *r, cursor.open_gen(i)});
+      }
+      if (same && cursor.fresh_dir_ino() != 0) {
+        auto r = GetRecord(cursor.fresh_dir_ino());
+        same = r.ok() && r->type() == rpc::DIRECTORY;
+        if (same) fresh_dir = Open{cursor.fresh_dir_rel(), *r, 0};
+      }
+      if (same) {
+        chain = std::move(kept);
+        after = cursor.after();
+        stats.resumed_after = after;
+        spdlog::info("loading the metadata of {}: resuming after '{}'", path, after);
+      } else {
+        fresh_dir.reset();
+        spdlog::info("loading the metadata of {}: the interrupted load's directories changed since; starting over",
+                     path);
+      }
     }
-    if (same) {
-      stats.resumed_after = cursor.after();
-      spdlog::info("loading the metadata of {}: resuming after '{}'", path, cursor.after());
-    } else {
-      spdlog::info("loading the metadata of {}: the interrupted load's directories changed since; starting over", path);
-    }
-  } else if (!got.IsNotFound()) {
-    RETURN_IF_ERROR(FromRocks(got, "read the load cursor of " + path));
   }
-  // Called only from the listing callback below, with mu_ held (the analysis does not follow a
-  // lambda's caller, hence the opt-out).
-  auto close_one = [&]() NO_THREAD_SAFETY_ANALYSIS -> Status {
+
+  // Both called only from the listing callback below or after it, with mu_ held (the analysis does
+  // not follow a lambda's caller, hence the opt-outs).
+  auto finish = [&](const Open& o) NO_THREAD_SAFETY_ANALYSIS -> Status {
     RETURN_IF_ERROR(WriteLocked(&b));  // the sweep reads the stamps from RocksDB
+    ASSIGN_OR_RETURN(InodeRecord rec, GetRecord(o.rec.ino()));  // content_gen may have moved
+    RETURN_IF_ERROR(FinishListingLocked(rec, o.gen != 0 ? o.gen : rec.sync_gen() + 1, true, &b));
+    ++stats.dirs;
+    return Status::OK();
+  };
+  auto close_one = [&]() NO_THREAD_SAFETY_ANALYSIS -> Status {
     Open o = std::move(chain.back());
     chain.pop_back();
-    ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(o.rec.ino()));  // content_gen may have moved
-    RETURN_IF_ERROR(FinishListingLocked(fresh, o.gen, true, &b));
-    entered.insert(o.rec.ino());
-    ++stats.dirs;
-    // Its subdirectories that nothing came below are empty (everything below a directory comes
-    // together, and the listing is past it): complete as well.
-    for (uint64_t sub : o.subdirs) {
-      if (entered.count(sub)) continue;
-      auto rec = GetRecord(sub);
-      if (!rec.ok() || rec->type() != rpc::DIRECTORY) continue;
-      RETURN_IF_ERROR(FinishListingLocked(*rec, rec->sync_gen() + 1, true, &b));
-      entered.insert(sub);
-      ++stats.dirs;
-    }
-    return Status::OK();
+    return finish(o);
+  };
+  // The entry at `rel` has come: a fresh directory it is not below is empty.
+  auto settle_fresh = [&](const std::string& rel) NO_THREAD_SAFETY_ANALYSIS -> Status {
+    if (!fresh_dir) return Status::OK();
+    bool below = rel.size() > fresh_dir->rel.size() && rel.compare(0, fresh_dir->rel.size(), fresh_dir->rel) == 0 &&
+                 rel[fresh_dir->rel.size()] == '/';
+    Open o = std::move(*fresh_dir);
+    fresh_dir.reset();
+    return below ? Status::OK() : finish(o);
   };
   Status st = ufs->ListTree(top.ufs_path(), opts.page_size, [&](std::vector<UfsEntry>& page) -> Status {
     if (opts.stop && opts.stop()) return CancelledError("the load was stopped; loading again resumes it");
     if (page.empty()) return Status::OK();
-    const std::string checkpoint = page.back().name;
+    const std::string checkpoint = page.back().name + (page.back().is_dir ? "/" : "");
     MutexLock lock(&mu_);
     auto mit = mounts_.find(top.mount_id());
     if (mit == mounts_.end()) return NotFoundError("the mount was removed while loading");
@@ -523,19 +550,19 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
         if (slash == std::string::npos) break;
         start = slash + 1;
       }
+      // A name that cannot be a file name is skipped, as a per-directory listing skips it; the
+      // directories above it still exist (they would show in that listing too), and the entry is
+      // below all of them.
       if (!valid) {
-        // A name that cannot be a file name is skipped, as a per-directory listing skips it; the
-        // directories above it still exist (they would show in that listing too).
         ++stats.skipped;
         parts.pop_back();
         if (parts.empty()) continue;
-        e = UfsEntry();
-        e.is_dir = true;
-        e.mode = 0555;
-        e.mtime_ns = b.now;
       }
+      const size_t depth = valid ? parts.size() - 1 : parts.size();  // directories above the entry, below top
+      std::string rel;
+      for (const auto& p : parts) rel += (rel.empty() ? "" : "/") + p;
+      RETURN_IF_ERROR(settle_fresh(valid ? rel : rel + "/"));
       // The directories holding the entry: leave those it is not below, enter the missing ones.
-      size_t depth = parts.size() - 1;  // directories above the entry, below top
       std::string want;
       size_t keep = 1;
       for (size_t i = 0; i < depth; ++i) {
@@ -566,20 +593,21 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
         chain.push_back(Open{chain.back().rel.empty() ? parts[i] : chain.back().rel + "/" + parts[i], rec,
                              rec.sync_gen() + 1});
       }
+      if (!valid) continue;
       e.name = parts.back();
       if (e.is_dir) {
-        // Written in its parent; it is entered (and marked listed) when something below it comes,
-        // or at the end if nothing does (then it is empty).
+        // Written in its parent; entered when something below it comes, else complete (empty).
         if (auto known = GetChild(chain.back().rec.ino(), e.name); known.ok()) {
           if (auto r = GetRecord(*known); r.ok() && r->type() == rpc::DIRECTORY) e.mtime_ns = r->mtime_ns();
         }
         ASSIGN_OR_RETURN(uint64_t ino, UpsertChildLocked(chain.back().rec, chain.back().gen, e, &b));
-        chain.back().subdirs.push_back(ino);
+        InodeRecord placeholder;
+        placeholder.set_ino(ino);
+        fresh_dir = Open{rel, placeholder, 0};
         continue;
-      } else {
-        ++stats.files;
-        stats.bytes += e.size;
       }
+      ++stats.files;
+      stats.bytes += e.size;
       RETURN_IF_ERROR(UpsertChildLocked(chain.back().rec, chain.back().gen, e, &b).status());
     }
     LoadCursorRecord cursor;
@@ -587,10 +615,15 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
     for (const Open& o : chain) {
       cursor.add_open_ino(o.rec.ino());
       cursor.add_open_gen(o.gen);
+      cursor.add_open_rel(o.rel);
+    }
+    if (fresh_dir) {
+      cursor.set_fresh_dir_ino(fresh_dir->rec.ino());
+      cursor.set_fresh_dir_rel(fresh_dir->rel);
     }
     b.batch.Put(cursor_key, cursor.SerializeAsString());
     return WriteLocked(&b);
-  }, stats.resumed_after);
+  }, after);
   if (st.ok()) {
     MutexLock lock(&mu_);
     auto mit = mounts_.find(top.mount_id());
@@ -598,6 +631,11 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
       st = NotFoundError("the mount was removed while loading");
     } else {
       b.mount = mit->second;
+      if (fresh_dir) {
+        Open o = std::move(*fresh_dir);
+        fresh_dir.reset();
+        st = finish(o);
+      }
       while (!chain.empty() && st.ok()) st = close_one();
       b.batch.Delete(cursor_key);
       if (st.ok()) st = WriteLocked(&b);
@@ -828,20 +866,24 @@ StatusOr<rpc::MountInfo> Namespace::GetMount(uint64_t id) const {
   return it->second;
 }
 
-StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name) {
+StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name, bool* ufs_needed) {
   ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(parent));
   if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
   if (!IsValidName(name)) return NotFoundError("'" + name + "' does not exist");
-  RETURN_IF_ERROR(EnsureListed(dir));
+  RETURN_IF_ERROR(EnsureListed(dir, ufs_needed));
   ASSIGN_OR_RETURN(uint64_t child, GetChild(parent, name));
   ASSIGN_OR_RETURN(InodeRecord r, GetRecord(child));
   return AttrOf(r);
 }
 
-StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino) {
+StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino, bool* ufs_needed) {
   ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
-  if (r.type() == rpc::REGULAR && SyncDue(r)) RETURN_IF_ERROR(SyncFile(&r));
+  if (r.type() == rpc::REGULAR && SyncDue(r)) {
+    if (ufs_needed) return NeedsUfs(ufs_needed);
+    RETURN_IF_ERROR(SyncFile(&r));
+  }
   if (r.type() == rpc::DIRECTORY && r.listed() && SyncDue(r)) {
+    if (ufs_needed) return NeedsUfs(ufs_needed);
     // A listed directory due for a sync is synced here too: granary-fuse asks for its attributes
     // (generation) when it is opened, and serves the kernel's cached listing when it is unchanged.
     RETURN_IF_ERROR(EnsureListed(r));
@@ -867,10 +909,13 @@ StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path) {
   return GetAttr(ino);
 }
 
-StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino) {
+StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino, bool* ufs_needed) {
   ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
   if (r.type() != rpc::REGULAR) return InvalidArgumentError("inode " + std::to_string(ino) + " is not a file");
-  if (SyncDue(r)) RETURN_IF_ERROR(SyncFile(&r));
+  if (SyncDue(r)) {
+    if (ufs_needed) return NeedsUfs(ufs_needed);
+    RETURN_IF_ERROR(SyncFile(&r));
+  }
   rpc::FileInfo f;
   *f.mutable_attr() = AttrOf(r);
   f.set_mount_id(r.mount_id());
@@ -880,10 +925,11 @@ StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino) {
   return f;
 }
 
-Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out) {
+Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out,
+                          bool* ufs_needed) {
   ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(ino));
   if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
-  RETURN_IF_ERROR(EnsureListed(dir));
+  RETURN_IF_ERROR(EnsureListed(dir, ufs_needed));
   if (limit == 0 || limit > 4096) limit = 4096;
   std::string prefix = "C" + Be64(ino);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
@@ -894,13 +940,28 @@ Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::Rea
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "list a directory"));
   out->set_end(!(it->Valid() && it->key().starts_with(prefix)));
-  for (uint64_t child : children) {
-    auto r = GetRecord(child);
-    if (!r.ok()) continue;  // removed concurrently by an unmount
+  // The children's records in one batched read: children listed together have consecutive
+  // inode numbers, so their records share table blocks (a page is several times cheaper than one
+  // Get per child).
+  std::vector<std::string> keys;
+  keys.reserve(children.size());
+  for (uint64_t child : children) keys.push_back(InodeKey(child));
+  std::vector<rocksdb::Slice> slices(keys.begin(), keys.end());
+  std::vector<rocksdb::PinnableSlice> values(keys.size());
+  std::vector<rocksdb::Status> statuses(keys.size());
+  db_->MultiGet({}, db_->DefaultColumnFamily(), keys.size(), slices.data(), values.data(), statuses.data(),
+                /*sorted_input=*/true);
+  InodeRecord r;
+  for (size_t i = 0; i < children.size(); ++i) {
+    if (statuses[i].IsNotFound()) continue;  // removed concurrently by an unmount
+    RETURN_IF_ERROR(FromRocks(statuses[i], "read inode"));
+    if (!r.ParseFromArray(values[i].data(), static_cast<int>(values[i].size()))) {
+      return DataLossError("corrupt inode record " + std::to_string(children[i]));
+    }
     auto* e = out->add_entries();
-    e->set_name(r->name());
-    *e->mutable_attr() = AttrOf(*r);
-    e->set_cookie(child);
+    e->set_name(r.name());
+    *e->mutable_attr() = AttrOf(r);
+    e->set_cookie(children[i]);
   }
   return Status::OK();
 }

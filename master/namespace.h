@@ -110,12 +110,17 @@ class Namespace {
   std::vector<rpc::MountInfo> ListMounts() const;  // options stripped
   StatusOr<rpc::MountInfo> GetMount(uint64_t id) const;  // with options
 
-  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name);
-  StatusOr<rpc::Attr> GetAttr(uint64_t ino);
+  // The metadata calls. `ufs_needed`, when not null, makes the call one that never waits for the
+  // under-storage: if answering needs it (a directory to list or sync, a file to check), the call
+  // sets *ufs_needed, changes nothing and returns UNAVAILABLE at once; the caller then makes the
+  // call again without it where waiting is fine (the master's RPC threads answer from RocksDB
+  // inline and hand such calls to a pool).
+  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, bool* ufs_needed = nullptr);
+  StatusOr<rpc::Attr> GetAttr(uint64_t ino, bool* ufs_needed = nullptr);
   StatusOr<rpc::Attr> Resolve(const std::string& path);
-  StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
-  // Children of `ino` after cookie `after`, at most `limit` of them.
-  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
+  StatusOr<rpc::FileInfo> GetFile(uint64_t ino, bool* ufs_needed = nullptr);
+  // Children of `ino` after cookie `after`, at most `limit` of them (appended to `out`).
+  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool* ufs_needed = nullptr);
 
   // Bulk metadata load: one flat, paged listing of everything below the directory `path` (the
   // under-storage's ListTree), written as it streams; every directory fully covered is marked
@@ -185,7 +190,9 @@ class Namespace {
   Status Init();
   StatusOr<InodeRecord> GetRecord(uint64_t ino) const;
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
-  Status EnsureListed(const InodeRecord& dir);
+  Status EnsureListed(const InodeRecord& dir, bool* ufs_needed = nullptr);
+  // The answer to a call made with `ufs_needed` that would have to wait for the under-storage.
+  static Status NeedsUfs(bool* ufs_needed);
   StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id) EXCLUDES(mu_);
   StatusOr<MountTable::Source> MountSource(uint64_t mount_id) EXCLUDES(mu_);
   rpc::Attr AttrOf(const InodeRecord& r) const;

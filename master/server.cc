@@ -12,6 +12,7 @@
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/thread_annotations.h"
+#include "common/thread_pool.h"
 #include "ufs/ufs.h"
 #include "master/cache_admin.h"
 #include "master/cluster.h"
@@ -26,7 +27,15 @@ namespace {
 using grpc::ServerContext;
 
 // Each handler checks the token, calls the namespace or cluster, and maps the Status once.
-class MasterService final : public rpc::Master::Service {
+// Lookup, GetAttr, GetFile and ReadDir use gRPC's callback API (see Serve); the other calls are
+// rare or slow, and stay on the sync server's threads.
+using MetadataCallbacks = rpc::Master::WithCallbackMethod_Lookup<rpc::Master::WithCallbackMethod_GetAttr<
+    rpc::Master::WithCallbackMethod_GetFile<rpc::Master::WithCallbackMethod_ReadDir<rpc::Master::Service>>>>;
+
+// Threads for metadata calls that wait for the under-storage (listings, file checks).
+constexpr size_t kSlowCallThreads = 32;
+
+class MasterService final : public MetadataCallbacks {
  public:
   MasterService(Namespace* ns, Cluster* cluster, JobManager* jobs, std::shared_ptr<RpcSecurity> sec,
                 const WorkerCalls& workers)
@@ -65,28 +74,55 @@ class MasterService final : public rpc::Master::Service {
     *resp = *m;
     return grpc::Status::OK;
   }
-  grpc::Status Lookup(ServerContext* ctx, const rpc::LookupRequest* req, rpc::AttrResponse* resp) override {
-    GRANARY_AUTH();
-    return Reply(ns_->Lookup(req->parent(), req->name()), resp);
+  // The metadata calls FUSE makes on every lookup and open run on gRPC's callback threads and
+  // answer from RocksDB inline (no hand-off to a sync-server thread: at 100 clients that hand-off
+  // was most of the master's cycles). One that needs the under-storage (a directory to list or
+  // sync, a file to check) is made again on `slow_`, so a slow listing never holds a callback
+  // thread. `fn(ufs_needed)` answers into the response; it runs at most twice.
+  template <typename Fn>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx, Fn fn) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    grpc::Status auth = sec_->CheckToken(ctx);
+    if (!auth.ok()) {
+      reactor->Finish(auth);
+      return reactor;
+    }
+    bool ufs_needed = false;
+    grpc::Status st = fn(&ufs_needed);
+    if (!ufs_needed) {
+      reactor->Finish(st);
+      return reactor;
+    }
+    slow_.Post([reactor, fn]() mutable { reactor->Finish(fn(nullptr)); });
+    return reactor;
   }
-  grpc::Status GetAttr(ServerContext* ctx, const rpc::GetAttrRequest* req, rpc::AttrResponse* resp) override {
-    GRANARY_AUTH();
-    return Reply(ns_->GetAttr(req->ino()), resp);
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const rpc::LookupRequest* req,
+                                   rpc::AttrResponse* resp) override {
+    return Serve(ctx, [this, req, resp](bool* ufs) { return Reply(ns_->Lookup(req->parent(), req->name(), ufs), resp); });
+  }
+  grpc::ServerUnaryReactor* GetAttr(grpc::CallbackServerContext* ctx, const rpc::GetAttrRequest* req,
+                                    rpc::AttrResponse* resp) override {
+    return Serve(ctx, [this, req, resp](bool* ufs) { return Reply(ns_->GetAttr(req->ino(), ufs), resp); });
   }
   grpc::Status ResolvePath(ServerContext* ctx, const rpc::ResolvePathRequest* req, rpc::AttrResponse* resp) override {
     GRANARY_AUTH();
     return Reply(ns_->Resolve(req->path()), resp);
   }
-  grpc::Status GetFile(ServerContext* ctx, const rpc::GetFileRequest* req, rpc::FileInfo* resp) override {
-    GRANARY_AUTH();
-    auto f = ns_->GetFile(req->ino());
-    if (!f.ok()) return ToGrpc(f.status());
-    *resp = std::move(f).value();
-    return grpc::Status::OK;
+  grpc::ServerUnaryReactor* GetFile(grpc::CallbackServerContext* ctx, const rpc::GetFileRequest* req,
+                                    rpc::FileInfo* resp) override {
+    return Serve(ctx, [this, req, resp](bool* ufs) {
+      auto f = ns_->GetFile(req->ino(), ufs);
+      if (!f.ok()) return ToGrpc(f.status());
+      *resp = std::move(f).value();
+      return grpc::Status::OK;
+    });
   }
-  grpc::Status ReadDir(ServerContext* ctx, const rpc::ReadDirRequest* req, rpc::ReadDirResponse* resp) override {
-    GRANARY_AUTH();
-    return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp));
+  grpc::ServerUnaryReactor* ReadDir(grpc::CallbackServerContext* ctx, const rpc::ReadDirRequest* req,
+                                    rpc::ReadDirResponse* resp) override {
+    return Serve(ctx, [this, req, resp](bool* ufs) {
+      resp->Clear();
+      return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp, ufs));
+    });
   }
   grpc::Status RegisterWorker(ServerContext* ctx, const rpc::RegisterWorkerRequest* req,
                               rpc::RegisterWorkerResponse* resp) override {
@@ -190,6 +226,7 @@ class MasterService final : public rpc::Master::Service {
   JobManager* jobs_;
   std::shared_ptr<RpcSecurity> sec_;
   CacheAdmin admin_;
+  ThreadPool slow_{kSlowCallThreads};  // runs what is posted before the server's Shutdown returns
 };
 
 class MasterServerImpl final : public MasterServer {

@@ -48,7 +48,7 @@ class RpcSecurity {
   // Adds the token and a deadline of `timeout` (0: none) to a client call.
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   // UNAUTHENTICATED unless the call carries the token (always OK when no token is configured).
-  grpc::Status CheckToken(const grpc::ServerContext* ctx) const;
+  grpc::Status CheckToken(const grpc::ServerContextBase* ctx) const;
 
  private:
   std::string token_;

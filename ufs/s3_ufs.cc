@@ -497,8 +497,8 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
     HeaderList q = {{"list-type", "2"}, {"prefix", list_prefix},
                     {"max-keys", std::to_string(std::clamp<size_t>(page_size, 1, 1000))}};
     if (!token.empty()) q.push_back({"continuation-token", token});
-    // Keys sort byte by byte; a directory marker's name lost its '/', and starting after the name
-    // lists the marker again (as the contract allows).
+    // The checkpoint is the key passed last (a directory marker's with its '/'): keys sort byte by
+    // byte, so the listing goes on exactly after it.
     if (token.empty() && !after.empty()) q.push_back({"start-after", list_prefix + after});
     ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", q, {}));
     if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + list_prefix);

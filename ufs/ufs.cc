@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include <algorithm>
+#include <optional>
 
 #include "common/tiers.h"
 #include "ufs/local_ufs.h"
@@ -103,8 +104,6 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
 
 Status UnderFileSystem::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page,
                                  const std::string& after) {
-  // Depth first, a directory's children before its subdirectories' contents (which are walked in
-  // name order), so the entries below any directory are contiguous.
   std::vector<UfsEntry> out;
   auto emit = [&](UfsEntry&& e) -> Status {
     out.push_back(std::move(e));
@@ -113,67 +112,90 @@ Status UnderFileSystem::ListTree(const std::string& dir, size_t page_size, const
     out.clear();
     return Status::OK();
   };
-  // Lists `rel` (relative to `dir`), passes the children `pass` accepts on, and returns its
+  // Lists `rel` (relative to `dir`): passes its files on when `files`, and returns its
   // subdirectories in name order.
-  auto list = [&](const std::string& rel, const std::function<bool(const UfsEntry&)>& pass,
-                  std::vector<std::string>* subdirs) -> Status {
+  auto list = [&](const std::string& rel, bool files, std::vector<UfsEntry>* subdirs) -> Status {
     RETURN_IF_ERROR(List(rel.empty() ? dir : JoinPath(dir, rel), page_size, [&](std::vector<UfsEntry>& page) -> Status {
       for (auto& e : page) {
         e.name = rel.empty() ? e.name : rel + "/" + e.name;
-        if (e.is_dir) subdirs->push_back(e.name);
-        if (pass(e)) RETURN_IF_ERROR(emit(std::move(e)));
+        if (e.is_dir) {
+          subdirs->push_back(std::move(e));
+        } else if (files) {
+          RETURN_IF_ERROR(emit(std::move(e)));
+        }
       }
       return Status::OK();
     }));
-    std::sort(subdirs->begin(), subdirs->end());
+    std::sort(subdirs->begin(), subdirs->end(), [](const UfsEntry& a, const UfsEntry& b) { return a.name < b.name; });
     return Status::OK();
   };
-  std::vector<std::string> stack;  // directories still to walk whole, the next one last
+  // Directories still to walk, the next one last; each passes its own entry first when it has one.
+  struct Next {
+    std::string rel;
+    std::optional<UfsEntry> entry;
+  };
+  std::vector<Next> stack;
+  auto push_from = [&](std::vector<UfsEntry>& subdirs, size_t first) {
+    for (size_t i = subdirs.size(); i-- > first;) {
+      std::string rel = subdirs[i].name;
+      stack.push_back(Next{std::move(rel), std::move(subdirs[i])});
+    }
+  };
   if (after.empty()) {
-    stack.push_back("");
+    stack.push_back(Next{"", std::nullopt});
   } else {
-    // Back to where the earlier walk stopped. Every directory above the checkpoint had passed on
-    // all its children and walked the subdirectories before the checkpoint's branch; they are
-    // walked again only to find the subdirectories after that branch (their entries are passed
-    // again so that a directory with nothing below it is still seen). The checkpoint's own
-    // directory was passing its children: it is listed again whole.
+    // Back to where the earlier walk stopped. The directories above the checkpoint are listed
+    // again only to find their subdirectories after the checkpoint's branch (walked later, in
+    // order); the checkpoint's own directory was passing its files if the checkpoint is a file
+    // (they are passed again, then every subdirectory is walked), and had passed them all if the
+    // checkpoint is a subdirectory (walked next, its entry already passed).
+    const bool at_dir = after.back() == '/';
+    const std::string name = at_dir ? after.substr(0, after.size() - 1) : after;
     std::vector<std::string> parts;
     for (size_t start = 0;;) {
-      size_t slash = after.find('/', start);
-      parts.push_back(after.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+      size_t slash = name.find('/', start);
+      parts.push_back(name.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
       if (slash == std::string::npos) break;
       start = slash + 1;
     }
-    std::vector<std::vector<std::string>> later;  // per level, the subdirectories after the branch
     std::string rel;
-    bool found = true;
-    for (size_t i = 0; i + 1 < parts.size() && found; ++i) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const bool last = i + 1 == parts.size();
       const std::string branch = rel.empty() ? parts[i] : rel + "/" + parts[i];
-      std::vector<std::string> subdirs;
-      Status st = list(rel, [&](const UfsEntry& e) { return e.is_dir && e.name > branch; }, &subdirs);
-      if (st.IsNotFound() && i > 0) {  // gone since: what was after it is still walked below
-        found = false;
+      std::vector<UfsEntry> subdirs;
+      Status st = list(rel, false, &subdirs);
+      if (st.IsNotFound() && i > 0) break;  // gone since: what comes after it is on the stack
+      RETURN_IF_ERROR(st);
+      auto later = std::upper_bound(subdirs.begin(), subdirs.end(), branch,
+                                    [](const std::string& n, const UfsEntry& e) { return n < e.name; });
+      const bool found = later != subdirs.begin() && std::prev(later)->name == branch;
+      if (last && !at_dir) {
+        // A file of `rel`: its files again, then all its subdirectories.
+        subdirs.clear();
+        st = list(rel, true, &subdirs);
+        if (st.IsNotFound() && i > 0) break;
+        RETURN_IF_ERROR(st);
+        push_from(subdirs, 0);
         break;
       }
-      RETURN_IF_ERROR(st);
-      later.emplace_back(std::upper_bound(subdirs.begin(), subdirs.end(), branch), subdirs.end());
-      found = std::binary_search(subdirs.begin(), subdirs.end(), branch);
-      if (found) rel = branch;
+      push_from(subdirs, static_cast<size_t>(later - subdirs.begin()));
+      if (!found) break;
+      if (last) {
+        stack.push_back(Next{branch, std::nullopt});
+        break;
+      }
+      rel = branch;
     }
-    if (found) {
-      std::vector<std::string> subdirs;
-      Status st = list(rel, [](const UfsEntry&) { return true; }, &subdirs);
-      if (!st.IsNotFound() || rel.empty()) RETURN_IF_ERROR(st);
-      later.push_back(std::move(subdirs));
-    }
-    for (auto& level : later) stack.insert(stack.end(), level.rbegin(), level.rend());
   }
   while (!stack.empty()) {
-    std::string rel = std::move(stack.back());
+    Next next = std::move(stack.back());
     stack.pop_back();
-    std::vector<std::string> subdirs;
-    RETURN_IF_ERROR(list(rel, [](const UfsEntry&) { return true; }, &subdirs));
-    for (auto it = subdirs.rbegin(); it != subdirs.rend(); ++it) stack.push_back(std::move(*it));
+    if (next.entry) RETURN_IF_ERROR(emit(std::move(*next.entry)));
+    std::vector<UfsEntry> subdirs;
+    Status st = list(next.rel, true, &subdirs);
+    if (st.IsNotFound() && !next.rel.empty()) continue;  // removed while walking
+    RETURN_IF_ERROR(st);
+    push_from(subdirs, 0);
   }
   if (!out.empty()) RETURN_IF_ERROR(on_page(out));
   return Status::OK();
@@ -205,15 +227,21 @@ class CountingUfs final : public UnderFileSystem {
   }
 
  private:
-  // One call: counted, its retries (noted on this thread meanwhile) added, a failure counted.
+  // One call: counted, its retries (noted on this thread meanwhile) added, a failure counted and
+  // an UNAVAILABLE marked as the under-storage's (MarkUnderStorage).
   template <typename Fn>
   std::invoke_result_t<Fn> Counted(std::atomic<uint64_t>* calls, Fn call) {
     (*calls)++;
     uint64_t before = t_retries;
     auto result = call();
     c_->retries += t_retries - before;
-    if (!result.ok()) c_->errors++;
-    return result;
+    if (result.ok()) return result;
+    c_->errors++;
+    if constexpr (std::is_same_v<decltype(result), Status>) {
+      return MarkUnderStorage(result);
+    } else {
+      return MarkUnderStorage(result.status());
+    }
   }
   std::shared_ptr<UnderFileSystem> inner_;
   UfsCounters* c_;
@@ -222,6 +250,11 @@ class CountingUfs final : public UnderFileSystem {
 }  // namespace
 
 void NoteUfsRetry() { ++t_retries; }
+
+Status MarkUnderStorage(const Status& s) {
+  if (s.code() != Code::kUnavailable || s.reason() != Reason::kNone) return s;
+  return Status(Code::kUnavailable, s.message(), Reason::kUnderStorage);
+}
 
 std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs, UfsCounters* counters) {
   if (counters == nullptr) return ufs;

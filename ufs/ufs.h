@@ -49,17 +49,18 @@ class UnderFileSystem {
   virtual Status List(const std::string& dir, size_t page_size, const PageFn& on_page) = 0;
 
   // Every entry below `dir`, for a bulk metadata load: pages of entries whose `name` is the path
-  // relative to `dir` ("a/b/c.jpg"). All entries below a directory come together (the entries
-  // under "a/" are contiguous), a directory before anything below it or after the entries that sort
-  // before it; directories may be implied by their entries only (object storage). The default walks
-  // the tree with List; object stores override it with one flat, paged listing.
+  // relative to `dir` ("a/b/c.jpg"). What is below a directory comes together and right after the
+  // directory's own entry if it has one (directories may be implied by their entries only, as in
+  // object storage). The default walks the tree with List, depth first (a directory's files, then
+  // each subdirectory in name order: its entry, then what is below it); object stores override it
+  // with one flat, paged listing in key order.
   //
-  // Resuming: `after`, when not empty, is the `name` of the last entry of a page an earlier
-  // ListTree of the same `dir` passed to on_page (its checkpoint). The listing then continues
-  // where that one stopped: nothing it passed up to there comes again, except that where the order
-  // within a directory is not fixed (the walk with List) the checkpoint's directory is listed again
-  // whole. Only the directories after it are walked. An `after` the tree no longer holds resumes
-  // at the place it would have had.
+  // Resuming: `after`, when not empty, is the checkpoint of an earlier ListTree of the same `dir`:
+  // the `name` of the last entry of a page it passed to on_page, followed by '/' if that entry is a
+  // directory. The listing then continues where that one stopped, passing nothing again except,
+  // where the order within a directory is not fixed (the walk) and the checkpoint is a file, the
+  // other files of its directory. A checkpoint the tree no longer holds resumes at the place it
+  // would have had.
   virtual Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after);
 
   // Reads up to `length` bytes at `offset` of `path`, which must still have `version`, into `out`.
@@ -107,7 +108,12 @@ struct UfsCounters {
 // Called by an implementation before each attempt beyond the first of one call.
 void NoteUfsRetry();
 
-// `ufs`, with every call counted into `counters` (which must outlive the result).
+// `s`, with an UNAVAILABLE that carries no reason marked Reason::kUnderStorage: the storage failed
+// (after its retries), not the daemon that passes the error on (common/status.h).
+Status MarkUnderStorage(const Status& s);
+
+// `ufs`, with every call counted into `counters` (which must outlive the result), and its
+// UNAVAILABLE errors marked (MarkUnderStorage).
 std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs, UfsCounters* counters);
 
 // Opens the under-storage named by `uri`. `options` are per-mount settings (credentials, endpoint).

@@ -249,19 +249,18 @@ std::string ParentOf(const std::string& p) {
   return slash == std::string::npos ? "" : p.substr(0, slash);
 }
 
-// ListTree cut after every page and resumed from that page's last entry: together the two parts
-// pass every entry. S3Ufs passes what the whole listing passed after the cut (and again only keys
-// between the checkpoint and its "/", the checkpoint's own directory marker among them); the walk
-// with List passes again only the checkpoint's directory's children and, from the directories
-// above it, subdirectories (never anything below a directory the first part completed).
+// ListTree cut after every page and resumed from that page's checkpoint (its last entry's name, with
+// a '/' for a directory): together the two parts pass every entry. S3Ufs passes exactly what the
+// whole listing passed after the cut; the walk with List passes again only, when the checkpoint is
+// a file, the other files of its directory.
 void ExpectResumesAfterEveryPage(UnderFileSystem& ufs, size_t page, bool exact, const std::string& what) {
   std::vector<std::string> whole;
-  std::set<std::string> dirs;
+  std::vector<bool> is_dir;
   std::vector<size_t> page_ends;
   ASSERT_TRUE(ufs.ListTree("", page, [&](std::vector<UfsEntry>& p) -> Status {
     for (const auto& e : p) {
       whole.push_back(e.name);
-      if (e.is_dir) dirs.insert(e.name);
+      is_dir.push_back(e.is_dir);
     }
     page_ends.push_back(whole.size());
     return Status::OK();
@@ -270,42 +269,37 @@ void ExpectResumesAfterEveryPage(UnderFileSystem& ufs, size_t page, bool exact, 
   // (The flat listing passes raw keys: an object "x" and a marker "x/" are both "x".)
   if (!exact) ASSERT_EQ(all.size(), whole.size()) << what << ": an entry passed twice";
   for (size_t cut : page_ends) {
-    const std::string token = whole[cut - 1];
+    const std::string token = whole[cut - 1] + (is_dir[cut - 1] ? "/" : "");
     std::vector<std::string> rest;
+    std::vector<bool> rest_dir;
     Status st = ufs.ListTree("", page, [&](std::vector<UfsEntry>& p) -> Status {
-      for (const auto& e : p) rest.push_back(e.name);
+      for (const auto& e : p) {
+        rest.push_back(e.name);
+        rest_dir.push_back(e.is_dir);
+      }
       return Status::OK();
     }, token);
     ASSERT_TRUE(st.ok()) << what << " after '" << token << "': " << st.ToString();
+    const std::vector<std::string> want(whole.begin() + static_cast<long>(cut), whole.end());
+    if (exact) {
+      EXPECT_EQ(rest, want) << what << " resumed after '" << token << "'";
+      continue;
+    }
     std::set<std::string> got(whole.begin(), whole.begin() + static_cast<long>(cut));
     got.insert(rest.begin(), rest.end());
     EXPECT_EQ(got, all) << what << " resumed after '" << token << "'";
     const std::set<std::string> before(whole.begin(), whole.begin() + static_cast<long>(cut));
-    if (exact) {
-      // What the whole listing passed after the cut, in order; passed again only keys that sort
-      // between the checkpoint and its "/" (its own marker among them).
-      std::vector<std::string> fresh, want_fresh;
-      for (const auto& e : rest) {
-        bool again = before.count(e) && e.compare(0, token.size(), token) == 0 &&
-                     (e.size() == token.size() || e[token.size()] < '/');
-        if (!again) fresh.push_back(e);
-      }
-      for (size_t i = cut; i < whole.size(); ++i) {
-        const std::string& e = whole[i];
-        bool again = before.count(e) && e.compare(0, token.size(), token) == 0 &&
-                     (e.size() == token.size() || e[token.size()] < '/');
-        if (!again) want_fresh.push_back(e);
-      }
-      EXPECT_EQ(fresh, want_fresh) << what << " resumed after '" << token << "'";
-      continue;
+    for (size_t i = 0; i < rest.size(); ++i) {
+      if (!before.count(rest[i])) continue;
+      bool sibling_file = !is_dir[cut - 1] && !rest_dir[i] && ParentOf(rest[i]) == ParentOf(whole[cut - 1]);
+      EXPECT_TRUE(sibling_file) << what << ": '" << rest[i] << "' passed again after '" << token << "'";
     }
-    const std::string home = ParentOf(token);
+    // What was not passed before comes in the whole listing's order.
+    std::vector<std::string> fresh;
     for (const auto& e : rest) {
-      if (!before.count(e) || ParentOf(e) == home) continue;
-      const std::string up = ParentOf(e);  // must be above the checkpoint, and e a directory
-      bool above = up.empty() || home == up || home.compare(0, up.size() + 1, up + "/") == 0;
-      EXPECT_TRUE(above && dirs.count(e)) << what << ": '" << e << "' passed again after '" << token << "'";
+      if (!before.count(e)) fresh.push_back(e);
     }
+    EXPECT_EQ(fresh, want) << what << " resumed after '" << token << "'";
   }
 }
 
