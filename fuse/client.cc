@@ -204,7 +204,7 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
   uint32_t src = 0;  // as the worker saw it: its cache, a peer, the under-storage
   Status st = ReadBlockStream(*worker_.Get(), ctx, req, want, out, "the worker at " + cfg_.fuse.worker, nullptr, &src);
-  if (st.ok() || st.code() != Code::kUnavailable) {
+  if (st.ok() || st.code() != Code::kUnavailable || st.IsUnderStorageDown()) {
     if (st.ok()) {
       counters_.local_grpc_pieces++;
       *source = src == 2 ? NodeSource::kUnderStorage : src == 1 ? NodeSource::kPeer : NodeSource::kLocal;
@@ -248,7 +248,7 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
       *source = src == 2 ? NodeSource::kUnderStorage : NodeSource::kPeer;  // another node's worker
       return os;
     }
-    if (os.code() != Code::kUnavailable) return os;
+    if (os.code() != Code::kUnavailable || os.IsUnderStorageDown()) return os;
     h->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
   }
   return st;
@@ -283,7 +283,9 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
         if (waited) counters_.worker_waits_ended++;
         break;
       }
-      if (st.code() != Code::kUnavailable) return st;
+      // A worker that answered that the under-storage is down has retried it within its own
+      // bounds (retry_deadline): the reader gets the error now.
+      if (st.code() != Code::kUnavailable || st.IsUnderStorageDown()) return st;
       if (std::chrono::steady_clock::now() >= deadline) {
         return st.WithContext("no worker could serve the read within fuse.worker_wait");
       }
@@ -313,7 +315,7 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
       }
       return Status::OK();
     }
-    if (st.code() != Code::kUnavailable) return st;
+    if (st.code() != Code::kUnavailable || st.IsUnderStorageDown()) return st;
     DropLocal(ch);  // the worker restarted or went away: gRPC until it names its socket again
   }
   *piece = LocalChannel::Piece{};
@@ -340,7 +342,7 @@ StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file
   req.set_length(std::min(size, file.block_size()));
   LocalChannel::Piece piece;
   Status st = ch->LeaseFile(req, &piece);
-  if (st.code() == Code::kUnavailable) DropLocal(ch);
+  if (st.code() == Code::kUnavailable && !st.IsUnderStorageDown()) DropLocal(ch);
   RETURN_IF_ERROR(st);
   auto lease = std::make_unique<FileLease>(ch, std::move(piece));
   if (lease->length() != size || lease->fd() < 0) return DataLossError("the worker leased a data file of the wrong size");

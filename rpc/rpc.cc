@@ -35,7 +35,7 @@ Status FromGrpc(const grpc::Status& s, const std::string& context) {
   std::string msg = s.error_message();
   // The code alone cannot tell an unreachable server from one that answered UNAVAILABLE (its
   // under-storage failed), so the message names who answered and leaves the diagnosis to it.
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) return Status(Code::kUnavailable, context + ": " + msg);
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) return Status(Code::kUnavailable, context + ": " + msg, ReasonOf(s));
   return Status(static_cast<Code>(code), msg, ReasonOf(s));
 }
 
@@ -100,7 +100,7 @@ void RpcSecurity::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds ti
   if (timeout.count() > 0) ctx->set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
-grpc::Status RpcSecurity::CheckToken(const grpc::ServerContext* ctx) const {
+grpc::Status RpcSecurity::CheckToken(const grpc::ServerContextBase* ctx) const {
   if (token_.empty()) return grpc::Status::OK;
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");

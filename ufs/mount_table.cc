@@ -8,7 +8,9 @@ StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::stri
   m.uri = uri;
   std::map<std::string, std::string> ufs_options;
   RETURN_IF_ERROR(SplitMountOptions(options, &ufs_options, &m.cache));
-  ASSIGN_OR_RETURN(m.ufs, OpenUnderFileSystem(uri, ufs_options));
+  auto ufs = OpenUnderFileSystem(uri, ufs_options);  // opening asks the storage (S3: the prefix)
+  if (!ufs.ok()) return MarkUnderStorage(ufs.status());
+  m.ufs = std::move(ufs).value();
   m.ufs = CountedUfs(std::move(m.ufs), counters);
   return m;
 }

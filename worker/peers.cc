@@ -93,7 +93,10 @@ Status PeerSet::ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::
   sec_->Prepare(&ctx, timeout_);
   Status st = ReadBlockStream(*holder->Get(), ctx, ToProto(req), req.length, out,
                               "worker " + std::to_string(peer.id) + " at " + peer.address);
-  if (st.code() == Code::kUnavailable) holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+  // (A peer that answered that the under-storage is down is up.)
+  if (st.code() == Code::kUnavailable && !st.IsUnderStorageDown()) {
+    holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+  }
   return st;
 }
 

@@ -1,6 +1,7 @@
 // Status <-> grpc::Status: code for code, and a Reason survives the trip (a version change seen by
 // a worker must still be one when granary-fuse gets it).
 #include "rpc/rpc.h"
+#include "ufs/ufs.h"
 
 #include <gtest/gtest.h>
 
@@ -24,6 +25,18 @@ TEST(RpcCodec, VersionChangedSurvives) {
   EXPECT_FALSE(FromGrpc(ToGrpc(FailedPreconditionError("not a holder")), "w").IsVersionChanged());
   // Details from elsewhere (not ours) are ignored, not misread.
   EXPECT_FALSE(FromGrpc(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "m", "garbage"), "w").IsVersionChanged());
+}
+
+// A server that answered that its under-storage is down is told apart from one that could not be
+// reached (both UNAVAILABLE): granary-fuse waits for the second only.
+TEST(RpcCodec, UnderStorageDownSurvives) {
+  Status down = MarkUnderStorage(UnavailableError("s3 GET k: connection reset"));
+  EXPECT_TRUE(down.IsUnderStorageDown());
+  Status back = FromGrpc(ToGrpc(down.WithContext("fetch k")), "the worker at w:1");
+  EXPECT_TRUE(back.IsUnderStorageDown()) << back.ToString();
+  EXPECT_FALSE(FromGrpc(grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection refused"), "w").IsUnderStorageDown());
+  EXPECT_FALSE(MarkUnderStorage(NotFoundError("gone")).IsUnderStorageDown());
+  EXPECT_EQ(ReasonFromWire(2), Reason::kUnderStorage);
 }
 
 }  // namespace
