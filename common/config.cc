@@ -270,7 +270,8 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("fuse.worker_wait", K::kDuration, "2m",
                   "How long a read waits for a worker when none can serve it (this node's worker restarting "
                   "and no live peer holding the block) before it fails with EIO. Reads the kernel serves "
-                  "itself (page cache, passthrough) go on meanwhile.",
+                  "itself (page cache, passthrough) go on meanwhile. A worker that answers that the "
+                  "under-storage is down is not waited for: the read fails after the storage's retry_deadline.",
                   &Config::fuse, &FuseConfig::worker_wait));
   t.push_back(Row("fuse.zero_copy", K::kBool, "true",
                   "Read cached blocks through the worker's local socket (worker.local_socket): the block file's "

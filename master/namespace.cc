@@ -183,6 +183,7 @@ Status Namespace::Init() {
     }
     rpc::MountInfo m = FromRecord(r);
     mounts_[m.id()] = m;
+    MutexLock sync_lock(&sync_mu_);
     sync_ms_[m.id()] = ParsedSyncMs(m);
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "read mount records"));
@@ -240,12 +241,15 @@ StatusOr<MountTable::Source> Namespace::MountSource(uint64_t mount_id) {
 
 Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) {
   mounts_[m.id()] = m;
-  sync_ms_[m.id()] = ParsedSyncMs(m);
+  {
+    MutexLock sync_lock(&sync_mu_);
+    sync_ms_[m.id()] = ParsedSyncMs(m);
+  }
   return FromRocks(batch->Put(MountKey(m.id()), ToRecord(m).SerializeAsString()), "write mount");
 }
 
 int64_t Namespace::SyncIntervalMs(uint64_t mount_id) const {
-  MutexLock lock(&mu_);
+  MutexLock lock(&sync_mu_);  // not mu_: an unmount or a load's page holds it for long
   auto it = sync_ms_.find(mount_id);
   if (it == sync_ms_.end()) return kSyncNever;
   return it->second.value_or(default_sync_ms_);
@@ -842,7 +846,10 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
   wo.sync = true;
   RETURN_IF_ERROR(FromRocks(db_->Delete(wo, MountKey(found.id())), "delete mount"));
   mounts_.erase(found.id());
-  sync_ms_.erase(found.id());
+  {
+    MutexLock sync_lock(&sync_mu_);
+    sync_ms_.erase(found.id());
+  }
   open_mounts_.Erase(found.id());
   spdlog::info("unmounted {}", canonical);
   found.clear_options();

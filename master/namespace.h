@@ -213,7 +213,9 @@ class Namespace {
   uint64_t next_mount_ GUARDED_BY(mu_) = 1;
   std::map<uint64_t, rpc::MountInfo> mounts_ GUARDED_BY(mu_);
   // Each mount's metadata.sync_interval, parsed once (SplitMountOptions); nullopt: the default.
-  std::map<uint64_t, std::optional<int64_t>> sync_ms_ GUARDED_BY(mu_);
+  // Read on every metadata call (SyncDue), so under a lock of its own, taken after mu_.
+  mutable Mutex sync_mu_ ACQUIRED_AFTER(mu_);
+  std::map<uint64_t, std::optional<int64_t>> sync_ms_ GUARDED_BY(sync_mu_);
   // Opened under-storages by mount id (thread-safe on its own; loads from mounts_ via MountSource).
   UfsCounters ufs_counters_;
   MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }, &ufs_counters_};

@@ -32,8 +32,11 @@ using grpc::ServerContext;
 using MetadataCallbacks = rpc::Master::WithCallbackMethod_Lookup<rpc::Master::WithCallbackMethod_GetAttr<
     rpc::Master::WithCallbackMethod_GetFile<rpc::Master::WithCallbackMethod_ReadDir<rpc::Master::Service>>>>;
 
-// Threads for metadata calls that wait for the under-storage (listings, file checks).
-constexpr size_t kSlowCallThreads = 32;
+// Threads for metadata calls that wait for the under-storage (listings, file checks): a few kept,
+// more started while every one is busy (callers queued behind one slow listing must not hold up
+// the others), as the sync server did.
+constexpr size_t kSlowCallThreadsKept = 4;
+constexpr size_t kSlowCallThreadsMax = 512;
 
 class MasterService final : public MetadataCallbacks {
  public:
@@ -93,7 +96,12 @@ class MasterService final : public MetadataCallbacks {
       reactor->Finish(st);
       return reactor;
     }
-    slow_.Post([reactor, fn]() mutable { reactor->Finish(fn(nullptr)); });
+    slow_.Post([reactor, ctx, fn]() mutable {
+      // A call cancelled while it waited (its caller gone, or the server shutting down past its
+      // deadline) is not made.
+      if (ctx->IsCancelled()) return reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      reactor->Finish(fn(nullptr));
+    });
     return reactor;
   }
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const rpc::LookupRequest* req,
@@ -226,7 +234,7 @@ class MasterService final : public MetadataCallbacks {
   JobManager* jobs_;
   std::shared_ptr<RpcSecurity> sec_;
   CacheAdmin admin_;
-  ThreadPool slow_{kSlowCallThreads};  // runs what is posted before the server's Shutdown returns
+  ThreadPool slow_{kSlowCallThreadsKept, kSlowCallThreadsMax};  // drained before the server's Shutdown returns
 };
 
 class MasterServerImpl final : public MasterServer {

@@ -492,7 +492,53 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
   std::string base = KeyOf(dir);
   std::string list_prefix = base.empty() ? "" : base + "/";
   std::string token;
-  std::vector<UfsEntry> page;
+  std::vector<UfsEntry> page;  // in key order
+  // Files that a directory of the same name may still hide ("x" before "x/..."; the directory
+  // wins, as in List): they and what follows them are passed on only once the listing is past
+  // where that directory would be, so pages stay in key order and a checkpoint never skips one.
+  std::vector<std::string> held;
+  auto settle = [&](const UfsEntry& e) {
+    for (auto it = held.begin(); it != held.end();) {
+      const std::string& f = *it;
+      bool hides = (e.is_dir && e.name == f) ||
+                   (e.name.size() > f.size() && e.name.compare(0, f.size(), f) == 0 && e.name[f.size()] == '/');
+      if (hides) {
+        spdlog::warn("s3 object {}{} is hidden by the directory of the same name", list_prefix, f);
+        for (auto p = page.begin(); p != page.end(); ++p) {
+          if (!p->is_dir && p->name == f) {
+            page.erase(p);
+            break;
+          }
+        }
+        it = held.erase(it);
+      } else if (e.name > f + "/") {
+        it = held.erase(it);  // past every key below "f/"
+      } else {
+        ++it;
+      }
+    }
+  };
+  auto emit_ready = [&](bool all) -> Status {
+    size_t ready = page.size();
+    if (!held.empty()) {
+      for (size_t i = 0; i < page.size(); ++i) {
+        if (!page[i].is_dir && page[i].name == held.front()) {
+          ready = i;
+          break;
+        }
+      }
+    }
+    size_t done = 0;
+    while (ready - done >= page_size || (all && ready > done)) {
+      size_t n = std::min(page_size, ready - done);
+      std::vector<UfsEntry> batch(std::make_move_iterator(page.begin() + static_cast<long>(done)),
+                                  std::make_move_iterator(page.begin() + static_cast<long>(done + n)));
+      RETURN_IF_ERROR(on_page(batch));
+      done += n;
+    }
+    page.erase(page.begin(), page.begin() + static_cast<long>(done));
+    return Status::OK();
+  };
   do {
     HeaderList q = {{"list-type", "2"}, {"prefix", list_prefix},
                     {"max-keys", std::to_string(std::clamp<size_t>(page_size, 1, 1000))}};
@@ -523,13 +569,15 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
         e.mode = 0444;
         e.version = XmlText(c, "ETag");
       }
+      settle(e);
+      if (!e.is_dir) held.push_back(e.name);
       page.push_back(std::move(e));
     }
-    RETURN_IF_ERROR(EmitFullPages(&page, page_size, on_page));
+    RETURN_IF_ERROR(emit_ready(false));
     token = XmlText(root, "IsTruncated") == "true" ? XmlText(root, "NextContinuationToken") : "";
   } while (!token.empty());
-  if (!page.empty()) RETURN_IF_ERROR(on_page(page));
-  return Status::OK();
+  held.clear();  // nothing is left to hide them
+  return emit_ready(true);
 }
 
 StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,

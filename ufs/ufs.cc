@@ -213,11 +213,18 @@ class CountingUfs final : public UnderFileSystem {
   StatusOr<UfsEntry> Stat(const std::string& path) override {
     return Counted(&c_->stats, [&] { return inner_->Stat(path); });
   }
+  // A listing's own callback may fail (the master's RocksDB): that error is passed on as it is,
+  // not marked as the under-storage's.
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override {
-    return Counted(&c_->lists, [&] { return inner_->List(dir, page_size, on_page); });
+    Status from_caller;
+    Status st = Counted(&c_->lists, [&] { return inner_->List(dir, page_size, Watch(on_page, &from_caller)); });
+    return from_caller.ok() ? st : from_caller;
   }
   Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) override {
-    return Counted(&c_->lists, [&] { return inner_->ListTree(dir, page_size, on_page, after); });
+    Status from_caller;
+    Status st = Counted(&c_->lists,
+                        [&] { return inner_->ListTree(dir, page_size, Watch(on_page, &from_caller), after); });
+    return from_caller.ok() ? st : from_caller;
   }
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override {
@@ -227,6 +234,13 @@ class CountingUfs final : public UnderFileSystem {
   }
 
  private:
+  static PageFn Watch(const PageFn& on_page, Status* failed) {
+    return [&on_page, failed](std::vector<UfsEntry>& page) {
+      Status st = on_page(page);
+      if (!st.ok()) *failed = st;
+      return st;
+    };
+  }
   // One call: counted, its retries (noted on this thread meanwhile) added, a failure counted and
   // an UNAVAILABLE marked as the under-storage's (MarkUnderStorage).
   template <typename Fn>

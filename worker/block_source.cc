@@ -126,7 +126,9 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
       if (source) *source = ReadSource::kPeer;
       return Status::OK();
     }
-    if (!st.IsRetryable()) return st;
+    // A peer that answered that the under-storage is down has spent the storage's retries: the
+    // reader gets that now, not after every other worker has tried the storage too.
+    if (!st.IsRetryable() || st.IsUnderStorageDown()) return st;
     // No peer could serve: fetch it here, and keep it if this worker is the block's home now.
     route.ask_peers = false;
     route.keep = became_home;
@@ -338,7 +340,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
       return ResourceExhaustedError("fetched but not kept (" + put.message() + "): raise the tier quotas, free "
                                     "other datasets, or check the cache policy");
     }
-    if (!st.ok() && !st.IsRetryable()) return st;
+    if (!st.ok() && (!st.IsRetryable() || st.IsUnderStorageDown())) return st;
     if (st.ok()) return DataLossError("the home worker sent " + std::to_string(data.size()) + " bytes of a " +
                                       std::to_string(t.meta.length) + "-byte block");
     spdlog::warn("load: home {} failed ({}); fetching the usual way", home->address, st.message());
@@ -388,7 +390,7 @@ Status BlockSource::FromPeers(const BlockRequest& req, const BlockId& id, std::s
       counters_.peer_bytes += out->size();
       return st;
     }
-    if (!st.IsRetryable()) return st;
+    if (!st.IsRetryable() || st.IsUnderStorageDown()) return st;  // the peer is up; the storage is not
     spdlog::warn("peer {} failed ({}); asking the next worker", home.address, st.message());
     counters_.peer_failovers++;
     placement_->PeerFailed(home);
