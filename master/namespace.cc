@@ -473,11 +473,13 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
   std::optional<Open> fresh_dir;
   LoadStats stats;
 
-  // An earlier load of this directory that stopped: take its chain back (stamping with the
-  // generations it recorded, so what it wrote counts as seen by this load) and continue after its
-  // checkpoint. It is taken only if every directory it left open is as it left it; one listed
-  // since starts the load over. (Stamping with the recorded generation stays safe even if one is
-  // listed concurrently: a sweep deletes only entries stamped below its generation.)
+  // An earlier load of this directory that stopped: take its chain back, stamping with the
+  // generations it recorded, so what it wrote counts as seen by this load, and continue after its
+  // checkpoint. That stays safe whatever happened to those directories since: one finished by that
+  // load after its last cursor (a crash in the middle of a page) or listed since (a lookup) has
+  // every present child stamped at or above the recorded generation, and a sweep deletes only
+  // children stamped below it. A directory gone since, or a cursor that does not parse, starts
+  // the load over.
   const std::string cursor_key = CursorKey(top.mount_id(), top.ino());
   std::string after;
   {
@@ -492,7 +494,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
                   cursor.open_ino(0) == top.ino() && cursor.open_rel(0).empty();
       for (int i = 0; same && i < cursor.open_ino_size(); ++i) {
         auto r = GetRecord(cursor.open_ino(i));
-        same = r.ok() && r->type() == rpc::DIRECTORY && r->sync_gen() + 1 == cursor.open_gen(i);
+        same = r.ok() && r->type() == rpc::DIRECTORY && r->sync_gen() + 1 >= cursor.open_gen(i);
         if (same) kept.push_back(Open{cursor.open_rel(i), *r, cursor.open_gen(i)});
       }
       if (same && cursor.fresh_dir_ino() != 0) {
@@ -507,8 +509,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
         spdlog::info("loading the metadata of {}: resuming after '{}'", path, after);
       } else {
         fresh_dir.reset();
-        spdlog::info("loading the metadata of {}: the interrupted load's directories changed since; starting over",
-                     path);
+        spdlog::info("loading the metadata of {}: the interrupted load's directories are gone; starting over", path);
       }
     }
   }

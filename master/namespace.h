@@ -129,10 +129,10 @@ class Namespace {
   //
   // Resumable: each page is written with a cursor (the listing's checkpoint and the directories
   // still open, with their stamp generations). A load of the same directory that finds a cursor
-  // continues the listing after its checkpoint, if every open directory is as the cursor left it
-  // (none was listed or loaded since; otherwise it starts over, which is always correct). The
-  // directories the earlier load completed are not listed again; a load that completes deletes the
-  // cursor. What changed in the under-storage in the part already listed is seen by the next sync.
+  // takes its open directories back and continues the listing after its checkpoint (if one of
+  // them is gone it starts over, which is always correct). The directories the earlier load
+  // completed are not listed again; a load that completes deletes the cursor. What changed in the
+  // under-storage in the part already listed is seen by the next sync.
   StatusOr<LoadStats> LoadTree(const std::string& path, const LoadTreeOptions& opts = {});
 
   // Every file at or below `path` (a file or a directory; directories are listed as needed), as
