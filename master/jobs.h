@@ -6,7 +6,9 @@
 // the same order on every walk of an unchanged tree) in two phases:
 //   SCANNING  directories are listed in bulk from the under-storage (Namespace::LoadTree), then
 //             walked once to count the files and bytes that pass the globs (the progress totals).
-//             --metadata-only jobs end here.
+//             --metadata-only jobs end here. The listing stops at its next page when the job is
+//             cancelled or the master stops, and a resumed job continues it after the namespace's
+//             load cursor.
 //   LOADING   the walk again, cut into batches of at most kBatchFiles files / kBatchBytes bytes.
 //             Every batch goes to every live worker at once (Worker.LoadBlocks) with the list of
 //             those workers; each worker ranks every block over that list (rendezvous, as PeerSet
