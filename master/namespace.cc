@@ -16,6 +16,7 @@
 #include "common/fs.h"
 #include "common/hash.h"
 #include "common/keys.h"
+#include "common/path.h"
 #include "common/tiers.h"
 #include "master/records.h"
 
@@ -531,8 +532,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
   // The entry at `rel` has come: a fresh directory it is not below is empty.
   auto settle_fresh = [&](const std::string& rel) NO_THREAD_SAFETY_ANALYSIS -> Status {
     if (!fresh_dir) return Status::OK();
-    bool below = rel.size() > fresh_dir->rel.size() && rel.compare(0, fresh_dir->rel.size(), fresh_dir->rel) == 0 &&
-                 rel[fresh_dir->rel.size()] == '/';
+    bool below = rel != fresh_dir->rel && PathWithin(rel, fresh_dir->rel);
     Open o = std::move(*fresh_dir);
     fresh_dir.reset();
     return below ? Status::OK() : finish(o);

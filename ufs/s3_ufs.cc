@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/fs.h"
+#include "common/path.h"
 #include "common/tiers.h"
 #include "ufs/oss_sign.h"
 #include "common/units.h"
@@ -500,9 +501,7 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
   auto settle = [&](const UfsEntry& e) {
     for (auto it = held.begin(); it != held.end();) {
       const std::string& f = *it;
-      bool hides = (e.is_dir && e.name == f) ||
-                   (e.name.size() > f.size() && e.name.compare(0, f.size(), f) == 0 && e.name[f.size()] == '/');
-      if (hides) {
+      if (PathWithin(e.name, f)) {  // the directory "f" itself (its marker), or a key below it
         spdlog::warn("s3 object {}{} is hidden by the directory of the same name", list_prefix, f);
         for (auto p = page.begin(); p != page.end(); ++p) {
           if (!p->is_dir && p->name == f) {

@@ -312,6 +312,24 @@ class LoadTreeTest : public ::testing::Test {
     return out;
   }
 
+  // Tree() with the under-storage moved away: what is served without listing it.
+  std::set<std::string> TreeWithoutSource(uint64_t ino) {
+    std::filesystem::rename(dir_ / "src", dir_ / "moved");
+    auto tree = Tree(ino);
+    std::filesystem::rename(dir_ / "moved", dir_ / "src");
+    return tree;
+  }
+  // A load of /ds in pages of `page_size` entries, stopped before its page `stop_after` + 1 (0: not
+  // stopped).
+  StatusOr<LoadStats> Load(size_t page_size, int stop_after = 0) {
+    LoadTreeOptions opts;
+    opts.page_size = page_size;
+    int pages = 0;
+    if (stop_after > 0) opts.stop = [&] { return ++pages > stop_after; };
+    return ns_->LoadTree("/ds", opts);
+  }
+
+  static constexpr size_t kEntries = 5u * 31u + 5u * 2u + 1u;  // the fixture's files and directories
   testing::TempDir dir_;
   std::unique_ptr<Namespace> ns_;
   rpc::MountInfo mount_;
@@ -366,30 +384,22 @@ TEST_F(LoadTreeTest, LoadingAgainChangesOnlyWhatChanged) {
 // cursor; the next load lists only what comes after its checkpoint, and the tree ends complete and
 // fully listed. A third load starts from the beginning again.
 TEST_F(LoadTreeTest, AStoppedLoadResumesAfterItsCheckpoint) {
-  const size_t total = 5u * 31u + 5u * 2u + 1u;
-  LoadTreeOptions opts;
-  opts.page_size = 10;
-  int pages = 0;
-  opts.stop = [&] { return ++pages > 7; };
-  auto first = ns_->LoadTree("/ds", opts);
+  auto first = Load(10, 7);
   ASSERT_EQ(first.status().code(), Code::kCancelled) << first.status().ToString();
-  opts.stop = nullptr;
-  auto second = ns_->LoadTree("/ds", opts);
+  auto second = Load(10);
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_FALSE(second->resumed_after.empty());
   // The first load wrote 7 pages of 10 entries; the walk passes again at most the other files of
   // its checkpoint's directory (31 here).
   EXPECT_LE(second->files, 5u * 31u - 70u + 31u) << "the resumed load listed again what the first one wrote";
   EXPECT_GT(second->files, 0u);
-  std::filesystem::rename(dir_ / "src", dir_ / "moved");  // everything is served without a listing
-  auto tree = Tree(mount_.root_ino());
-  EXPECT_EQ(tree.size(), total);
+  auto tree = TreeWithoutSource(mount_.root_ino());  // everything is served without a listing
+  EXPECT_EQ(tree.size(), kEntries);
   EXPECT_TRUE(tree.count("c0/sub/f0.jpg"));
   EXPECT_TRUE(tree.count("c4/sub/f29.jpg"));
   EXPECT_TRUE(tree.count("empty/"));
   EXPECT_EQ(ns_->ListMounts()[0].known_files(), 5u * 31u);
-  std::filesystem::rename(dir_ / "moved", dir_ / "src");
-  auto third = ns_->LoadTree("/ds", opts);
+  auto third = Load(10);
   ASSERT_TRUE(third.ok()) << third.status().message();
   EXPECT_TRUE(third->resumed_after.empty()) << "a completed load leaves no cursor";
   EXPECT_EQ(third->files, 5u * 31u);
@@ -404,7 +414,7 @@ TEST_F(LoadTreeTest, LoadsStoppedAnywhereEndWhole) {
   std::filesystem::create_directories(dir_ / "src/aempty");                 // before every branch
   std::filesystem::create_directories(dir_ / "src/c2/sub/deeper/empty");  // deep, between files
   testing::WriteFile(dir_ / "src/c2/sub/deeper/z.bin", "z");
-  const size_t total = 5u * 31u + 5u * 2u + 1u + 4u;
+  const size_t total = kEntries + 4u;
   for (int pages_each : {11, 12, 13, 17, 25}) {
     SCOPED_TRACE("stopped every " + std::to_string(pages_each) + " pages");
     testing::TempDir db;
@@ -426,9 +436,7 @@ TEST_F(LoadTreeTest, LoadsStoppedAnywhereEndWhole) {
     }
     EXPECT_GE(loads, static_cast<int>(total) / (3 * pages_each)) << "every load was stopped before its end";
     std::swap(ns_, *ns);
-    std::filesystem::rename(dir_ / "src", dir_ / "moved");
-    auto tree = Tree(m->root_ino());
-    std::filesystem::rename(dir_ / "moved", dir_ / "src");
+    auto tree = TreeWithoutSource(m->root_ino());
     std::swap(ns_, *ns);
     EXPECT_EQ(tree.size(), total);
     EXPECT_TRUE(tree.count("aempty/"));
@@ -442,43 +450,28 @@ TEST_F(LoadTreeTest, LoadsStoppedAnywhereEndWhole) {
 // readdir: its children are stamped with the next generation, and it is marked listed). The load
 // resumes all the same, and nothing the first load wrote is swept.
 TEST_F(LoadTreeTest, AResumeAfterAnOpenDirectoryWasListedLosesNothing) {
-  LoadTreeOptions opts;
-  opts.page_size = 10;
-  int pages = 0;
-  opts.stop = [&] { return ++pages > 7; };
-  ASSERT_EQ(ns_->LoadTree("/ds", opts).status().code(), Code::kCancelled);
-  opts.stop = nullptr;
+  ASSERT_EQ(Load(10, 7).status().code(), Code::kCancelled);
   rpc::ReadDirResponse page;
   ASSERT_TRUE(ns_->ReadDir(mount_.root_ino(), 0, 100, &page).ok());
-  auto second = ns_->LoadTree("/ds", opts);
+  auto second = Load(10);
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_FALSE(second->resumed_after.empty());
   EXPECT_EQ(second->removed, 0u);
-  std::filesystem::rename(dir_ / "src", dir_ / "moved");
-  EXPECT_EQ(Tree(mount_.root_ino()).size(), 5u * 31u + 5u * 2u + 1u);
-  std::filesystem::rename(dir_ / "moved", dir_ / "src");
+  EXPECT_EQ(TreeWithoutSource(mount_.root_ino()).size(), kEntries);
 }
 
 // Every directory the stopped load left open finished since: as after a crash in the middle of a
 // page (a directory the page finished is written before the page's cursor), or listed by readdirs.
 // The load resumes and sweeps nothing.
 TEST_F(LoadTreeTest, AResumeAfterItsOpenDirectoriesFinishedSince) {
-  const size_t total = 5u * 31u + 5u * 2u + 1u;
-  LoadTreeOptions opts;
-  opts.page_size = 10;
-  int pages = 0;
-  opts.stop = [&] { return ++pages > 7; };
-  ASSERT_EQ(ns_->LoadTree("/ds", opts).status().code(), Code::kCancelled);
-  ASSERT_EQ(Tree(mount_.root_ino()).size(), total);  // lists every directory not loaded yet
-  opts.stop = nullptr;
-  auto last = ns_->LoadTree("/ds", opts);
+  ASSERT_EQ(Load(10, 7).status().code(), Code::kCancelled);
+  ASSERT_EQ(Tree(mount_.root_ino()).size(), kEntries);  // lists every directory not loaded yet
+  auto last = Load(10);
   ASSERT_TRUE(last.ok()) << last.status().message();
   EXPECT_FALSE(last->resumed_after.empty());
   EXPECT_EQ(last->removed, 0u);
   EXPECT_EQ(last->added, 0u);
-  std::filesystem::rename(dir_ / "src", dir_ / "moved");
-  EXPECT_EQ(Tree(mount_.root_ino()).size(), total);
-  std::filesystem::rename(dir_ / "moved", dir_ / "src");
+  EXPECT_EQ(TreeWithoutSource(mount_.root_ino()).size(), kEntries);
 }
 
 TEST_F(LoadTreeTest, BadPathsAreClearErrors) {

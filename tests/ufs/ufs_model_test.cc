@@ -194,26 +194,42 @@ std::map<std::string, int64_t> RandomKeys(std::mt19937_64& rng) {
   return keys;
 }
 
+// A bucket in memory holding `objects` under the prefix "mnt", with one key outside it (never
+// listed), opened as a mount of s3://bkt/mnt sees it.
+StatusOr<std::shared_ptr<UnderFileSystem>> OpenFakeBucket(const std::map<std::string, int64_t>& objects) {
+  std::map<std::string, int64_t> stored;
+  for (const auto& [k, v] : objects) stored["mnt/" + k] = v;
+  stored["other/outside"] = 1;
+  S3Settings s;
+  s.bucket = "bkt";
+  s.prefix = "mnt";
+  s.endpoint = "http://127.0.0.1:1";
+  s.region = "us-east-1";
+  s.path_style = true;
+  s.creds.access_key = "AK";
+  s.creds.secret_key = "SK";
+  return S3Ufs::Open("s3://bkt/mnt", s, std::make_shared<FakeS3>(stored));
+}
+
+// The tree `t` on disk at `root` (files of their sizes).
+void MakeOnDisk(const Tree& t, const std::string& root) {
+  std::filesystem::create_directories(root);
+  for (const auto& [p, size] : t) {
+    if (size < 0) {
+      std::filesystem::create_directories(root + "/" + p);
+    } else {
+      testing::WriteFile(root + "/" + p, std::string(static_cast<size_t>(size), 'z'));
+    }
+  }
+}
+
 TEST(UfsModel, S3ListingsMatchTheModelForRandomKeySets) {
   std::mt19937_64 rng(20261123);
   int compared = 0;
   for (int round = 0; round < 300; ++round) {
     auto objects = RandomKeys(rng);
     Tree want = Model(objects);
-    // A prefix ("mnt") holding everything, as a mount of s3://bkt/mnt sees it.
-    std::map<std::string, int64_t> stored;
-    for (const auto& [k, v] : objects) stored["mnt/" + k] = v;
-    stored["other/outside"] = 1;  // outside the mount's prefix: never listed
-    auto fake = std::make_shared<FakeS3>(stored);
-    S3Settings s;
-    s.bucket = "bkt";
-    s.prefix = "mnt";
-    s.endpoint = "http://127.0.0.1:1";
-    s.region = "us-east-1";
-    s.path_style = true;
-    s.creds.access_key = "AK";
-    s.creds.secret_key = "SK";
-    auto ufs = S3Ufs::Open("s3://bkt/mnt", s, fake);
+    auto ufs = OpenFakeBucket(objects);
     ASSERT_TRUE(ufs.ok()) << ufs.status().ToString();
     for (size_t page : {size_t{2}, size_t{1000}}) {  // small pages cross every paging edge
       Tree got;
@@ -227,14 +243,7 @@ TEST(UfsModel, S3ListingsMatchTheModelForRandomKeySets) {
 
     // The same tree on disk, through LocalUfs.
     testing::TempDir dir;
-    for (const auto& [p, size] : want) {
-      if (size < 0) {
-        std::filesystem::create_directories(dir / ("root/" + p));
-      } else {
-        testing::WriteFile(dir / ("root/" + p), std::string(static_cast<size_t>(size), 'z'));
-      }
-    }
-    std::filesystem::create_directories(dir / "root");
+    MakeOnDisk(want, dir / "root");
     auto local = LocalUfs::Open(dir / "root");
     ASSERT_TRUE(local.ok()) << local.status().ToString();
     Tree on_disk;
@@ -307,19 +316,7 @@ TEST(UfsModel, TreeListingsResumeAfterEveryPage) {
   for (int round = 0; round < 60; ++round) {
     auto objects = RandomKeys(rng);
     Tree want = Model(objects);
-    std::map<std::string, int64_t> stored;
-    for (const auto& [k, v] : objects) stored["mnt/" + k] = v;
-    stored["other/outside"] = 1;
-    auto fake = std::make_shared<FakeS3>(stored);
-    S3Settings s;
-    s.bucket = "bkt";
-    s.prefix = "mnt";
-    s.endpoint = "http://127.0.0.1:1";
-    s.region = "us-east-1";
-    s.path_style = true;
-    s.creds.access_key = "AK";
-    s.creds.secret_key = "SK";
-    auto ufs = S3Ufs::Open("s3://bkt/mnt", s, fake);
+    auto ufs = OpenFakeBucket(objects);
     ASSERT_TRUE(ufs.ok()) << ufs.status().ToString();
     ExpectResumesAfterEveryPage(**ufs, 2, true, "S3Ufs, round " + std::to_string(round));
     // An object hidden by a directory of the same name is not passed (a bulk load would replace
@@ -334,14 +331,7 @@ TEST(UfsModel, TreeListingsResumeAfterEveryPage) {
     }, "").ok());
 
     testing::TempDir dir;
-    std::filesystem::create_directories(dir / "root");
-    for (const auto& [p, size] : want) {
-      if (size < 0) {
-        std::filesystem::create_directories(dir / ("root/" + p));
-      } else {
-        testing::WriteFile(dir / ("root/" + p), std::string(static_cast<size_t>(size), 'z'));
-      }
-    }
+    MakeOnDisk(want, dir / "root");
     auto local = LocalUfs::Open(dir / "root");
     ASSERT_TRUE(local.ok()) << local.status().ToString();
     for (size_t page : {size_t{1}, size_t{3}}) {
