@@ -46,7 +46,7 @@ trap cleanup EXIT INT TERM
 start_master() {
   rm -f "$WORK/master.addr"
   "$BIN/granary-master" --master.listen 127.0.0.1:0 --master.data_dir "$WORK/master" \
-    --ready-file "$WORK/master.addr" >> "$WORK/master.log" 2>&1 &
+    --ufs.local_roots "$WORK/src" --ready-file "$WORK/master.addr" >> "$WORK/master.log" 2>&1 &
   MASTER_PID=$!
   for _ in $(seq 1200); do [ -s "$WORK/master.addr" ] && break; sleep 0.05; done
   [ -s "$WORK/master.addr" ] || { echo "error: the master did not start (see $WORK/master.log)" >&2; exit 1; }

@@ -87,6 +87,7 @@ rm -rf "$WORK/master" "$WORK/master.addr"  # the load is what is measured: alway
 start_master() {
   rm -f "$WORK/master.addr"
   "$BIN/granary-master" --master.listen 127.0.0.1:0 --master.data_dir "$WORK/master" --ready-file "$WORK/master.addr" \
+    --ufs.local_roots "$SRC" \
     >> "$WORK/master.log" 2>&1 &
   MASTER_PID=$!
   for _ in $(seq 1200); do [ -s "$WORK/master.addr" ] && break; sleep 0.05; done

@@ -72,11 +72,11 @@ RESULTS+=("$(timed local_lslR_cold ls -lR "$SRC")")
 RESULTS+=("$(timed local_lslR_warm ls -lR "$SRC")")
 
 "$BIN/granary-master" --master.listen 127.0.0.1:0 --master.data_dir "$WORK/master" --ready-file "$WORK/master.addr" \
-  > "$WORK/master.log" 2>&1 &
+  --ufs.local_roots "$SRC" > "$WORK/master.log" 2>&1 &
 PIDS+=($!); MASTER_PID=$!
 wait_file "$WORK/master.addr"; MASTER=$(cat "$WORK/master.addr")
 "$BIN/granary-worker" --master.address "$MASTER" --worker.listen 127.0.0.1:0 --worker.cache_dir "$WORK/cache" \
-  --worker.cache_quota 1Gi --ready-file "$WORK/worker.addr" > "$WORK/worker.log" 2>&1 &
+  --worker.cache_quota 1Gi --ready-file "$WORK/worker.addr" --ufs.local_roots "$SRC" > "$WORK/worker.log" 2>&1 &
 PIDS+=($!)
 wait_file "$WORK/worker.addr"; WORKER=$(cat "$WORK/worker.addr")
 "$BIN/granary" --master "$MASTER" mount /ds "file://$SRC" > /dev/null

@@ -140,7 +140,8 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
     granary|granary-no-elastic)
       local opts=(); [ "$sys" = granary-no-elastic ] && opts=(-o cache.elastic=false)
       rm -f "$WORK/master.addr"
-      on 1 "$BIN/granary-master" --master.listen 10.233.0.2:0 --master.data_dir "$WORK/$sys-$nn/master" \
+      # The rig's own network namespaces: no token, on purpose.
+      on 1 "$BIN/granary-master" --master.listen 10.233.0.2:0 --master.data_dir "$WORK/$sys-$nn/master" --rpc.allow_unauthenticated true \
         --ready-file "$WORK/master.addr" > "$WORK/$sys-$nn-master.log" 2>&1 &
       for _ in $(seq 200); do [ -s "$WORK/master.addr" ] && break; sleep 0.05; done
       local maddr; maddr=$(cat "$WORK/master.addr")
@@ -149,7 +150,7 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
         local ip=10.233.0.$((n + 1))
         rm -f "$WORK/w$n.addr"
         on "$n" "$BIN/granary-worker" --master.address "$maddr" --worker.listen "$ip:0" --worker.cache_dir "$WORK/$sys-$nn/cache$n" \
-          --worker.cache_quota 20Gi --worker.heartbeat_interval 500ms --ready-file "$WORK/w$n.addr" \
+          --rpc.allow_unauthenticated true --worker.cache_quota 20Gi --worker.heartbeat_interval 500ms --ready-file "$WORK/w$n.addr" \
           > "$WORK/$sys-$nn-worker$n.log" 2>&1 &
         for _ in $(seq 200); do [ -s "$WORK/w$n.addr" ] && break; sleep 0.05; done
         on "$n" "$BIN/granary-fuse" --master.address "$maddr" --fuse.worker "$(cat "$WORK/w$n.addr")" --fuse.root /ds \

@@ -3,12 +3,15 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
+#include <set>
 
 #include "cli/cli.h"
 #include "common/fs.h"
 #include "common/logging.h"
 #include "common/shutdown.h"
+#include "ufs/access.h"
 #include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "fuse/mount.h"
@@ -40,7 +43,8 @@ std::string DefaultName(const std::string& uri) {
 // Whether a mount's under-storage is gone (its root answers NOT_FOUND). Anything else, such as an
 // unreachable server, is not proof: the mount is kept.
 bool SourceGone(const rpc::MountInfo& m) {
-  auto opened = OpenMount(m.uri(), {m.options().begin(), m.options().end()});
+  // What this state directory's own user mounted before: only whether it is still there matters.
+  auto opened = OpenMount(m.uri(), {m.options().begin(), m.options().end()}, UfsAccess::Unrestricted());
   if (!opened.ok()) return opened.status().IsNotFound();
   auto root = opened->ufs->Stat("");
   return !root.ok() && root.status().IsNotFound();
@@ -110,9 +114,22 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   if (name.empty() || name[0] != '/') name = "/" + name;
   auto parsed = ParseUri(opts.uri);
   if (!parsed.ok()) return fail(parsed.status());
+  // `granary local` serves what its own user names: its source is allowed (ufs.local_roots), and so
+  // is the directory of its credential files when they share one (ufs.secrets_dir). Another user of
+  // this machine reaching the loopback master can mount nothing else.
+  if (parsed->scheme == "file") SetDefault(&cfg, "ufs.local_roots", parsed->path);
+  std::set<std::string> secret_dirs;
+  for (const auto& [key, file] : CredentialFiles(opts.options)) {
+    char real[PATH_MAX];
+    std::string r = realpath(file.c_str(), real) ? real : file;
+    secret_dirs.insert(r.substr(0, r.rfind('/')));
+  }
+  if (secret_dirs.size() == 1) SetDefault(&cfg, "ufs.secrets_dir", *secret_dirs.begin());
+  auto access = UfsAccess::FromConfig(cfg);
+  if (!access.ok()) return fail(access.status());
   {
     // Fail before starting anything when the under-storage is not there.
-    auto opened = OpenMount(opts.uri, opts.options);
+    auto opened = OpenMount(opts.uri, opts.options, *access);
     if (!opened.ok()) return fail(opened.status());
   }
   if (!IsDirectory(opts.mountpoint)) {

@@ -28,6 +28,7 @@
 #include "common/keys.h"
 #include "common/net.h"
 #include "common/shutdown.h"
+#include "common/stream_socket.h"
 #include "common/units.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
@@ -43,7 +44,8 @@ struct MountEndpoints {
   std::string mountpoint;
   std::string root = "/";  // the namespace path shown at the mount point
   pid_t pid = 0;
-  std::string metrics;  // host:port of granary-fuse's /metrics and /trace ("" when off)
+  std::string metrics;  // host:port of granary-fuse's /metrics ("" when off)
+  std::string trace;    // the access trace's unix socket (root and granary-fuse's user only)
   std::string worker;   // the node's worker
   std::string master;
 };
@@ -71,6 +73,7 @@ StatusOr<std::optional<MountEndpoints>> FindMount(const Config& cfg, const std::
         m.root = j.value("root", "/");
         m.pid = j.value("pid", 0);
         m.metrics = j.value("metrics", "");
+        m.trace = j.value("trace", "");
         m.worker = j.value("worker", "");
         m.master = j.value("master", "");
         return std::optional<MountEndpoints>(m);
@@ -569,11 +572,11 @@ Status StreamTrace(const Config& cfg, const std::string& path, int64_t pid, cons
                    const std::vector<std::string>& ops, const std::function<bool(const json&)>& on_record,
                    const std::function<void()>& on_started) {
   ASSIGN_OR_RETURN(std::optional<MountEndpoints> node, FindMount(cfg, path, true));
-  if (node->metrics.empty()) {
+  if (node->trace.empty()) {
     return FailedPreconditionError("the granary-fuse at " + node->mountpoint +
-                                   " has no metrics endpoint (fuse.metrics_listen is off); the trace is served there");
+                                   " serves no access trace (its trace socket could not be opened; see its log)");
   }
-  httplib::Params params;
+  std::map<std::string, std::string> params;
   if (pid >= 0) params.emplace("pid", std::to_string(pid));
   if (!prefix.empty()) params.emplace("prefix", prefix);
   if (!ops.empty()) {
@@ -581,42 +584,34 @@ Status StreamTrace(const Config& cfg, const std::string& path, int64_t pid, cons
     for (const auto& x : ops) o += (o.empty() ? "" : ",") + x;
     params.emplace("op", o);
   }
-  auto c = HttpTo(node->metrics);
-  c->set_read_timeout(24 * 3600, 0);  // records come when the mount is used
-  std::string pending;
-  bool stopped = false;
   Status bad = Status::OK();
-  auto res = c->Get(
-      "/trace", params, httplib::Headers(),
-      [&](const char* data, size_t len) {
-        pending.append(data, len);
-        size_t eol;
-        while ((eol = pending.find('\n')) != std::string::npos) {
-          std::string line = pending.substr(0, eol);
-          pending.erase(0, eol + 1);
-          json j = json::parse(line, nullptr, false);
-          if (!j.is_object()) continue;
-          if (j.contains("error")) {
-            bad = InvalidArgumentError(j.value("error", ""));
-            return false;
-          }
-          if (j.contains("trace")) {
-            if (on_started) on_started();
-            continue;
-          }
-          if (!on_record(j)) {
-            stopped = true;
-            return false;
-          }
+  bool started = false;
+  Status st = ReadStream(
+      node->trace, params,
+      [&](const std::string& line) {
+        json j = json::parse(line, nullptr, false);
+        if (!j.is_object()) return true;  // the stream's keep-alive empty lines
+        if (j.contains("error")) {
+          bad = InvalidArgumentError(j.value("error", ""));
+          return false;
         }
-        return !Shutdown::Requested();
-      });
-  if (!bad.ok()) return bad;
-  if (!res && !stopped && !Shutdown::Requested()) {
-    if (res.error() == httplib::Error::Canceled) return Status::OK();
-    return UnavailableError("the trace at http://" + node->metrics + "/trace ended: " + httplib::to_string(res.error()));
+        if (j.contains("trace")) {
+          started = true;
+          if (on_started) on_started();
+          return true;
+        }
+        return on_record(j);
+      },
+      [] { return Shutdown::Requested(); });
+  if (!bad.ok()) {
+    if (bad.message().find("streams at once") != std::string::npos) return UnavailableError(bad.message());
+    return bad;
   }
-  if (res && res->status == 503) return UnavailableError("granary-fuse serves at most 4 traces at once; stop one");
+  if (!st.ok()) return st.WithContext("the access trace of " + node->mountpoint);
+  if (!started && !Shutdown::Requested()) {
+    return PermissionDeniedError("the access trace of " + node->mountpoint + " (" + node->trace +
+                                 ") ended before it started: only root or granary-fuse's own user may read it");
+  }
   return Status::OK();
 }
 

@@ -301,6 +301,11 @@ std::vector<Setting> MakeSettings() {
                   "File holding a shared token. When set, servers reject calls without it and clients send "
                   "it. The token itself never appears in arguments or logs.",
                   &Config::rpc, &RpcConfig::token_file));
+  t.push_back(Row("rpc.allow_unauthenticated", K::kBool, "false",
+                  "Serve gRPC on an address other than loopback without rpc.token_file. Off: a daemon told to "
+                  "listen beyond loopback with no token refuses to start, since anyone who reaches it could "
+                  "mount, read and free datasets. See docs/security.md.",
+                  &Config::rpc, &RpcConfig::allow_unauthenticated));
   t.push_back(Row("rpc.tls_cert", K::kPath, "", "PEM certificate chain; with tls_key, servers speak TLS.",
                   &Config::rpc, &RpcConfig::tls_cert));
   t.push_back(Row("rpc.tls_key", K::kPath, "", "PEM private key matching tls_cert.", &Config::rpc,
@@ -309,6 +314,17 @@ std::vector<Setting> MakeSettings() {
                   &Config::rpc, &RpcConfig::tls_ca));
   t.push_back(Row("rpc.timeout", K::kDuration, "30s", "Deadline of one unary RPC (metadata calls, reports).",
                   &Config::rpc, &RpcConfig::timeout));
+  // ufs
+  t.push_back(Row("ufs.local_roots", K::kString, "",
+                  "Comma-separated directories that file:// mounts may name (at or below them, after "
+                  "symbolic links are resolved). Empty: no file:// mount is allowed; `granary local` allows its "
+                  "own source. Set it on the master and the workers alike.",
+                  &Config::ufs, &UfsConfig::local_roots));
+  t.push_back(Row("ufs.secrets_dir", K::kPath, "",
+                  "Directory that credential files named by mount options (access_key_file, "
+                  "fs.oss.accessKeySecret=/path, ...) must be below. Empty: mounts may name no credential file "
+                  "(the daemons' environment and ~/.aws/credentials still apply).",
+                  &Config::ufs, &UfsConfig::secrets_dir));
   // log
   t.push_back(Row("log.level", K::kLogLevel, "info", "trace, debug, info, warn, error, critical or off.",
                   &Config::log, &LogConfig::level));
@@ -429,7 +445,7 @@ StatusOr<Config> BuildConfig(const ConfigFlags& flags) {
   Config c = Config::Defaults();
   if (!flags.config_file.empty()) RETURN_IF_ERROR(c.LoadFile(flags.config_file));
   for (const auto& [k, v] : flags.values) RETURN_IF_ERROR(c.Set(k, v, "--" + k));
-  if (c.master.block_size < 64 * 1024 || c.master.block_size > 256ull * 1024 * 1024) {
+  if (c.master.block_size < kMinBlockSize || c.master.block_size > kMaxBlockSize) {
     return InvalidArgumentError("master.block_size: " + FormatBytes(c.master.block_size) +
                                 " is out of range (64Ki to 256Mi)");
   }

@@ -29,6 +29,10 @@ class App;
 
 namespace granary {
 
+// The range of master.block_size: a block is the most any one read request makes a worker allocate.
+inline constexpr uint64_t kMinBlockSize = 64 * 1024;
+inline constexpr uint64_t kMaxBlockSize = 256ull * 1024 * 1024;
+
 struct MasterConfig {
   std::string listen;       // host:port the gRPC server binds (port 0: the OS picks)
   std::string metrics_listen;  // host:port of /metrics, /healthz, /readyz; "off": none
@@ -83,10 +87,17 @@ struct FuseConfig {
 
 struct RpcConfig {
   std::string token_file;  // shared secret required on every call when set
+  bool allow_unauthenticated = false;  // serve gRPC beyond loopback without a token, on purpose
   std::string tls_cert;    // PEM certificate chain of this server
   std::string tls_key;     // PEM private key of this server
   std::string tls_ca;      // PEM roots clients trust (and with a cert, enables TLS)
   std::chrono::milliseconds timeout{};
+};
+
+// What a mount may name on a daemon's machine (ufs/access.h).
+struct UfsConfig {
+  std::string local_roots;  // comma-separated directories file:// mounts may be below; "": none
+  std::string secrets_dir;  // directory credential files may be below; "": none
 };
 
 struct LogConfig {
@@ -112,6 +123,7 @@ struct Config {
   WorkerConfig worker;
   FuseConfig fuse;
   RpcConfig rpc;
+  UfsConfig ufs;
   LogConfig log;
 
   // Every setting, in documentation order.

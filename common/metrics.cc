@@ -1,5 +1,7 @@
 #include "common/metrics.h"
 
+#include "common/bad_request.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -171,64 +173,25 @@ void WriteProcessMetrics(Exposition* e) {
   e->Gauge("process_resident_memory_bytes", "Resident memory size in bytes.", static_cast<double>(m.rss_bytes));
   e->Gauge("granary_process_memory_limit_bytes", "Memory limit of the process's cgroup in bytes; 0: none.",
            static_cast<double>(m.limit_bytes));
+  e->Counter("granary_bad_requests_total",
+             "Requests refused as malformed or oversized (frames, block sizes, ranges); each is logged, at most once "
+             "per 10 s per place.",
+             static_cast<double>(BadRequests()));
 }
 
 struct MetricsServer::Impl {
   httplib::Server http;
   std::atomic<bool> ended{false};  // the listening thread returned
-  std::atomic<int> streams{0};     // stream handlers running
 };
-
-namespace {
-
-class HttpSink final : public StreamSink {
- public:
-  explicit HttpSink(httplib::DataSink* sink) : sink_(sink) {}
-  bool Write(const std::string& text) override {
-    if (!sink_->is_writable()) return false;
-    return sink_->write(text.data(), text.size());
-  }
-  bool Alive() override { return sink_->is_writable(); }
-
- private:
-  httplib::DataSink* sink_;
-};
-
-}  // namespace
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
                                                               std::function<void(Exposition*)> render,
-                                                              std::function<Status()> ready,
-                                                              std::map<std::string, StreamHandler> streams) {
+                                                              std::function<Status()> ready) {
   ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(listen));
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->impl_ = std::make_unique<Impl>();
   auto& http = s->impl_->http;
-  const int threads = 2 + (streams.empty() ? 0 : kMaxStreams);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  for (const auto& stream : streams) {
-    Impl* impl = s->impl_.get();
-    StreamHandler handler = stream.second;  // (a structured binding cannot be captured before C++20)
-    http.Get(stream.first, [impl, handler](const httplib::Request& req, httplib::Response& res) {
-      if (impl->streams.fetch_add(1) >= kMaxStreams) {
-        impl->streams--;
-        res.status = 503;
-        res.set_content("too many streams at once (at most " + std::to_string(kMaxStreams) + ")\n", "text/plain");
-        return;
-      }
-      std::map<std::string, std::string> params;
-      for (const auto& [k, v] : req.params) params[k] = v;
-      res.set_chunked_content_provider(
-          "text/plain; charset=utf-8",
-          [handler, params](size_t, httplib::DataSink& sink) {
-            HttpSink out(&sink);
-            handler(params, &out);
-            sink.done();
-            return true;
-          },
-          [impl](bool) { impl->streams--; });
-    });
-  }
+  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
   http.Get("/metrics", [render](const httplib::Request&, httplib::Response& res) {
     Exposition e;
     render(&e);
@@ -279,10 +242,9 @@ MetricsServer::~MetricsServer() {
 }
 
 std::unique_ptr<MetricsServer> StartOrWarn(const std::string& setting_key, const std::string& listen,
-                                           std::function<void(Exposition*)> render, std::function<Status()> ready,
-                                           std::map<std::string, StreamHandler> streams) {
+                                           std::function<void(Exposition*)> render, std::function<Status()> ready) {
   if (listen.empty() || listen == "off") return nullptr;
-  auto s = MetricsServer::Start(listen, std::move(render), std::move(ready), std::move(streams));
+  auto s = MetricsServer::Start(listen, std::move(render), std::move(ready));
   if (!s.ok()) {
     spdlog::warn("metrics endpoint off: {} ({}: set another host:port, or off)", s.status().message(), setting_key);
     return nullptr;

@@ -82,12 +82,12 @@ struct ProcessMemory {
 ProcessMemory ReadProcessMemory();
 // Resident bytes (VmRSS) of process `pid`; 0 when it cannot be read (no such process).
 uint64_t ResidentBytesOf(int pid);
-// Writes process_resident_memory_bytes (the name Prometheus clients use) and
-// granary_process_memory_limit_bytes.
+// Writes process_resident_memory_bytes (the name Prometheus clients use),
+// granary_process_memory_limit_bytes and granary_bad_requests_total (common/bad_request.h).
 void WriteProcessMetrics(Exposition* e);
 
-// A long-lived answer (e.g. an access trace): the handler writes lines until it returns. Write
-// returns false once the client went away; Alive tells that without writing.
+// A long-lived answer (the access trace, common/stream_socket.h): the handler writes lines until it
+// returns. Write returns false once the client went away; Alive tells that without writing.
 class StreamSink {
  public:
   virtual ~StreamSink() = default;
@@ -99,13 +99,11 @@ using StreamHandler = std::function<void(const std::map<std::string, std::string
 class MetricsServer {
  public:
   // Listens on `listen` (host:port; port 0 picks one). `render` fills the exposition per scrape.
-  // `streams` adds GET paths answered by a StreamHandler (chunked text/plain), at most
-  // kMaxStreams at once (503 beyond), so scrapes and probes always find a free thread.
-  static constexpr int kMaxStreams = 4;
+  // Nothing it serves names a file, a process or a user: what shows those (the access trace) is
+  // served on a root-only unix socket instead (common/stream_socket.h).
   static StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& listen,
                                                         std::function<void(Exposition*)> render,
-                                                        std::function<Status()> ready,
-                                                        std::map<std::string, StreamHandler> streams = {});
+                                                        std::function<Status()> ready);
   ~MetricsServer();
   std::string address() const { return address_; }  // host:port bound
 
@@ -120,7 +118,6 @@ class MetricsServer {
 // "off" or "" disables an endpoint; anything else is a host:port to listen on. A busy default port
 // must not stop a daemon, so a failure to listen is logged and the endpoint left off.
 std::unique_ptr<MetricsServer> StartOrWarn(const std::string& setting_key, const std::string& listen,
-                                           std::function<void(Exposition*)> render, std::function<Status()> ready,
-                                           std::map<std::string, StreamHandler> streams = {});
+                                           std::function<void(Exposition*)> render, std::function<Status()> ready);
 
 }  // namespace granary::metrics

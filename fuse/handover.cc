@@ -18,6 +18,7 @@
 #include <set>
 #include <vector>
 
+#include "common/bad_request.h"
 #include "common/fs.h"
 #include "common/hash.h"
 
@@ -147,9 +148,19 @@ StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds t
   HandoverReceived r;
   uint32_t len = 0;
   Status st = ReadFully(sock, reinterpret_cast<char*>(&len), 4, &r.fd, deadline);
-  if (st.ok() && len > kMaxMessage) st = DataLossError("a hand-over message of " + std::to_string(len) + " bytes");
-  std::string body(st.ok() ? len : 0, '\0');
-  if (st.ok()) st = ReadFully(sock, body.data(), len, nullptr, deadline);
+  if (st.ok() && len > kMaxMessage) {
+    st = InvalidArgumentError("a hand-over message of " + std::to_string(len) + " bytes (at most " +
+                              std::to_string(kMaxMessage) + ")");
+  }
+  // The body grows as it arrives, so a length prefix with nothing behind it costs no memory.
+  constexpr size_t kChunk = 1 << 20;
+  std::string body;
+  while (st.ok() && body.size() < len) {
+    size_t had = body.size();
+    size_t n = std::min<size_t>(kChunk, len - had);
+    body.resize(had + n);
+    st = ReadFully(sock, body.data() + had, n, nullptr, deadline);
+  }
   if (st.ok() && !r.msg.ParseFromString(body)) st = DataLossError("a hand-over message that does not parse");
   if (!st.ok()) {
     if (r.fd >= 0) close(r.fd);
@@ -596,6 +607,7 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
         continue;
       }
       auto r = ReceiveHandover(c, std::chrono::seconds(5));
+      if (r.status().code() == Code::kInvalidArgument) NoteBadRequest("keeper's socket", r.status());
       if (!r.ok()) {  // the depositor went away (it may have crashed: keep what it deposited)
         close(c);
         client_mount.erase(c);

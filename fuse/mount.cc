@@ -32,6 +32,7 @@
 #include "common/metrics.h"
 #include "common/path.h"
 #include "common/shutdown.h"
+#include "common/stream_socket.h"
 #include "fuse/client.h"
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
@@ -1334,19 +1335,30 @@ class FuseMountImpl final : public FuseMount {
     return Status::OK();
   }
 
-  // The metrics endpoint (with /trace), and the file naming it for the CLI on this machine.
+  // The metrics endpoint, the access trace's root-only socket (never a network port: the trace
+  // shows every reader's paths, pids and uids), and the file naming both for the CLI on this machine.
   void StartMetrics() {
     metrics_ = metrics::StartOrWarn(
         "fuse.metrics_listen", fs_->cfg.fuse.metrics_listen, [this](metrics::Exposition* e) { Render(e); },
-        [this] { return Ready(); },
-        {{"/trace", [this](const std::map<std::string, std::string>& params, metrics::StreamSink* sink) {
-            fs_->tracer->Serve(params, sink);
-          }}});
+        [this] { return Ready(); });
+    char real[PATH_MAX];
+    if (!trace_ && realpath(mountpoint_.c_str(), real) != nullptr) {
+      // Named by pid too: a predecessor still serving its trace never removes its successor's socket.
+      auto t = StreamSocket::Start(MountRunFile(real, "-" + std::to_string(getpid()) + ".trace.sock"),
+                                   [this](const std::map<std::string, std::string>& params,
+                                          metrics::StreamSink* sink) { fs_->tracer->Serve(params, sink); });
+      if (t.ok()) {
+        trace_ = std::move(t).value();
+      } else {
+        spdlog::warn("access trace off: {}", t.status().message());
+      }
+    }
     WriteEndpoints();
   }
   void StopMetrics() {
-    fs_->tracer->Close();  // trace streams end, so the server's threads can be joined
+    fs_->tracer->Close();  // trace streams end, so their threads can be joined
     metrics_.reset();
+    trace_.reset();
     fs_->tracer->Reopen();
   }
   // RuntimeDir()/fuse-<hash>.json: where `granary stats` and `granary trace` find this mount's
@@ -1360,7 +1372,7 @@ class FuseMountImpl final : public FuseMount {
     std::string worker = fs_->cfg.fuse.worker;
     nlohmann::json j = {{"mountpoint", real},          {"root", fs_->cfg.fuse.root}, {"pid", getpid()},
                         {"metrics", metrics},        {"worker", fs_->cfg.fuse.worker},
-                        {"master", fs_->cfg.master.address}};
+                        {"master", fs_->cfg.master.address}, {"trace", trace_ ? trace_->path() : ""}};
     Status st = WriteFileAtomic(endpoints_file_, j.dump() + "\n");  // RuntimeDir() exists once named
     if (!st.ok()) spdlog::warn("cannot write {} (granary stats will not find this mount): {}", endpoints_file_, st.message());
   }
@@ -1737,6 +1749,7 @@ class FuseMountImpl final : public FuseMount {
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
+  std::unique_ptr<StreamSocket> trace_;  // the access trace, for root and this user only
 };
 
 }  // namespace

@@ -46,6 +46,10 @@ Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::ve
 
 class CacheAdmin {
  public:
+  // Unmounts `path` and frees its cached blocks on every live worker. A worker that misses it (down,
+  // unreachable) frees them when it registers again: it asks for the mounts its blocks belong to.
+  // The unmount stands whatever the workers answer; *freed gets the blocks they freed.
+  Status Unmount(const std::string& path, uint64_t* freed);
   CacheAdmin(Namespace* ns, Cluster* cluster, WorkerCalls workers)
       : ns_(ns), cluster_(cluster), workers_(std::move(workers)) {}
 

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -90,8 +91,9 @@ StatusOr<std::vector<std::string>> SplitPath(const std::string& path) {
 
 }  // namespace
 
-Namespace::Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, int64_t default_sync_ms)
-    : db_(std::move(db)), block_size_(block_size), default_sync_ms_(default_sync_ms) {}
+Namespace::Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, const UfsAccess& access,
+                     int64_t default_sync_ms)
+    : db_(std::move(db)), block_size_(block_size), default_sync_ms_(default_sync_ms), access_(access) {}
 
 Namespace::~Namespace() {
   db_.reset();  // RocksDB's lock is released before another Namespace may take the directory
@@ -102,8 +104,11 @@ Namespace::~Namespace() {
 }
 
 StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir, uint64_t block_size,
-                                                     int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env) {
+                                                     const UfsAccess& access, int64_t default_sync_ms,
+                                                     uint64_t cache_bytes, rocksdb::Env* env) {
   RETURN_IF_ERROR(MakeDirs(data_dir, 0700));
+  // It holds every dataset's file names: 0700 even when it existed before with a wider mode.
+  if (chmod(data_dir.c_str(), 0700) != 0) return ErrnoError(errno, "master.data_dir: chmod 0700 " + data_dir);
   std::error_code ec;
   std::string canonical = std::filesystem::canonical(data_dir, ec).string();
   if (ec) canonical = data_dir;
@@ -113,7 +118,7 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir
       return FailedPreconditionError("master.data_dir " + data_dir + " is already open in this process");
     }
   }
-  auto ns = OpenDb(data_dir, block_size, default_sync_ms, cache_bytes, env);
+  auto ns = OpenDb(data_dir, block_size, access, default_sync_ms, cache_bytes, env);
   if (!ns.ok()) {
     std::lock_guard<std::mutex> lock(open_dirs_mu);
     open_dirs.erase(canonical);
@@ -124,7 +129,8 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir
 }
 
 StatusOr<std::unique_ptr<Namespace>> Namespace::OpenDb(const std::string& data_dir, uint64_t block_size,
-                                                       int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env) {
+                                                       const UfsAccess& access, int64_t default_sync_ms,
+                                                       uint64_t cache_bytes, rocksdb::Env* env) {
   rocksdb::Options opts;
   if (env != nullptr) opts.env = env;
   opts.create_if_missing = true;
@@ -145,7 +151,7 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::OpenDb(const std::string& data_d
     }
     return FromRocks(s, "cannot open RocksDB in " + data_dir);
   }
-  std::unique_ptr<Namespace> ns(new Namespace(std::unique_ptr<rocksdb::DB>(raw), block_size, default_sync_ms));
+  std::unique_ptr<Namespace> ns(new Namespace(std::unique_ptr<rocksdb::DB>(raw), block_size, access, default_sync_ms));
   RETURN_IF_ERROR(ns->Init());
   return ns;
 }
@@ -237,7 +243,8 @@ StatusOr<MountTable::Source> Namespace::MountSource(uint64_t mount_id) {
   MutexLock lock(&mu_);
   auto m = mounts_.find(mount_id);
   if (m == mounts_.end()) return NotFoundError("mount " + std::to_string(mount_id) + " is gone");
-  return MountTable::Source{m->second.uri(), {m->second.options().begin(), m->second.options().end()}};
+  return MountTable::Source{m->second.uri(), {m->second.options().begin(), m->second.options().end()},
+                            m->second.block_size()};
 }
 
 Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* batch) {
@@ -316,7 +323,7 @@ StatusOr<uint64_t> Namespace::UpsertChildLocked(const InodeRecord& dir, uint64_t
         b->mount.set_known_bytes(b->mount.known_bytes() + e.size - std::min(b->mount.known_bytes() + e.size, r.size()));
         r.set_size(e.size);
         r.set_version(e.version);
-        r.set_block_size(block_size_);
+        r.set_block_size(BlockSizeOf(b->mount));
         ++b->changed;
         update = true;
       }
@@ -353,7 +360,7 @@ StatusOr<uint64_t> Namespace::UpsertChildLocked(const InodeRecord& dir, uint64_t
   r.set_mount_id(dir.mount_id());
   r.set_ufs_path(JoinPath(dir.ufs_path(), e.name));
   r.set_version(e.version);
-  r.set_block_size(block_size_);
+  r.set_block_size(BlockSizeOf(b->mount));
   r.set_synced_ns(b->now);
   b->batch.Put(InodeKey(r.ino()), r.SerializeAsString());
   b->batch.Put(EntryKey(dir.ino(), e.name), Be64(r.ino()) + Be64(gen));
@@ -679,7 +686,7 @@ Status Namespace::SyncFile(InodeRecord* r) {
       RETURN_IF_ERROR(PutMountLocked(mount, &batch));
       r->set_size(e->size);
       r->set_version(e->version);
-      r->set_block_size(block_size_);
+      r->set_block_size(BlockSizeOf(mit->second));
       spdlog::info("{} of mount {} has a new version", r->ufs_path(), r->mount_id());
     }
     r->set_mtime_ns(e->mtime_ns);
@@ -698,7 +705,7 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
                                           const std::map<std::string, std::string>& options) {
   ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
   if (parts.empty()) return InvalidArgumentError("cannot mount over / (mount at a path like /imagenet)");
-  ASSIGN_OR_RETURN(OpenedMount opened, OpenMount(uri, options, &ufs_counters_));
+  ASSIGN_OR_RETURN(OpenedMount opened, OpenMount(uri, options, access_, &ufs_counters_));
   ASSIGN_OR_RETURN(UfsEntry root_entry, opened.ufs->Stat(""));
   if (!root_entry.is_dir) return InvalidArgumentError(RedactUri(uri) + " is not a directory");
 
@@ -732,6 +739,7 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
       m.mutable_options()->insert(options.begin(), options.end());
       m.set_root_ino(r.ino());
       m.set_created_ns(now);
+      m.set_block_size(block_size_);  // the mount's files keep it, whatever master.block_size becomes
       r.set_mount_id(m.id());
       r.set_mode(root_entry.mode);
       r.set_uid(root_entry.uid);

@@ -93,8 +93,10 @@ class Namespace {
   // RESOURCE_EXHAUSTED, Busy / TimedOut / TryAgain / IOError -> UNAVAILABLE (retryable), anything
   // else -> INTERNAL. Every iterator's status is checked: an I/O error in the middle of a listing
   // fails the call, never reads as the end of the directory.
+  // Mounts are opened under `access` (ufs/access.h: which file:// paths and credential files a
+  // mount may name).
   static StatusOr<std::unique_ptr<Namespace>> Open(const std::string& data_dir, uint64_t block_size,
-                                                    int64_t default_sync_ms = kSyncNever,
+                                                    const UfsAccess& access, int64_t default_sync_ms = kSyncNever,
                                                     uint64_t cache_bytes = 64 << 20, rocksdb::Env* env = nullptr);
   ~Namespace();
 
@@ -155,15 +157,22 @@ class Namespace {
   // The canonical form of a namespace path (/a//b/ -> /a/b).
   static StatusOr<std::string> CanonicalPath(const std::string& path);
 
+  // master.block_size: the block size of mounts made from now on.
   uint64_t block_size() const { return block_size_; }
+  // The block size of `mount`'s new files: its own, or master.block_size for a mount recorded
+  // before mounts kept one.
+  uint64_t BlockSizeOf(const rpc::MountInfo& mount) const {
+    return mount.block_size() != 0 ? mount.block_size() : block_size_;
+  }
 
  // Calls to the under-storage of every mount (listings, stats), for /metrics.
   const UfsCounters& ufs_counters() const { return ufs_counters_; }
 
  private:
-  Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, int64_t default_sync_ms);
+  Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, const UfsAccess& access, int64_t default_sync_ms);
   static StatusOr<std::unique_ptr<Namespace>> OpenDb(const std::string& data_dir, uint64_t block_size,
-                                                     int64_t default_sync_ms, uint64_t cache_bytes, rocksdb::Env* env);
+                                                     const UfsAccess& access, int64_t default_sync_ms,
+                                                     uint64_t cache_bytes, rocksdb::Env* env);
   int64_t SyncIntervalMs(uint64_t mount_id) const;
   static std::optional<int64_t> ParsedSyncMs(const rpc::MountInfo& m);
   bool SyncDue(const InodeRecord& r) const;
@@ -218,7 +227,8 @@ class Namespace {
   std::map<uint64_t, std::optional<int64_t>> sync_ms_ GUARDED_BY(sync_mu_);
   // Opened under-storages by mount id (thread-safe on its own; loads from mounts_ via MountSource).
   UfsCounters ufs_counters_;
-  MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }, &ufs_counters_};
+  const UfsAccess access_;
+  MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }, access_, &ufs_counters_};
 
   std::array<std::mutex, 64> list_locks_;  // stripe by directory inode
 };

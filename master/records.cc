@@ -12,6 +12,7 @@ MountRecord ToRecord(const rpc::MountInfo& m) {
   r.set_created_ns(m.created_ns());
   r.set_known_files(m.known_files());
   r.set_known_bytes(m.known_bytes());
+  r.set_block_size(m.block_size());
   return r;
 }
 
@@ -25,6 +26,7 @@ rpc::MountInfo FromRecord(const MountRecord& r) {
   m.set_created_ns(r.created_ns());
   m.set_known_files(r.known_files());
   m.set_known_bytes(r.known_bytes());
+  m.set_block_size(r.block_size());
   return m;
 }
 

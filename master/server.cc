@@ -61,9 +61,8 @@ class MasterService final : public MetadataCallbacks {
   }
   grpc::Status Unmount(ServerContext* ctx, const rpc::UnmountRequest* req, rpc::UnmountResponse*) override {
     GRANARY_AUTH();
-    auto m = ns_->Unmount(req->path());
-    if (!m.ok()) return ToGrpc(m.status());
-    return grpc::Status::OK;
+    uint64_t freed = 0;
+    return ToGrpc(admin_.Unmount(req->path(), &freed));
   }
   grpc::Status ListMounts(ServerContext* ctx, const rpc::ListMountsRequest*, rpc::ListMountsResponse* resp) override {
     GRANARY_AUTH();
@@ -243,8 +242,10 @@ class MasterServerImpl final : public MasterServer {
 
   Status Init(const Config& cfg) {
     ASSIGN_OR_RETURN(sec_, RpcSecurity::FromConfig(cfg.rpc));
+    RETURN_IF_ERROR(CheckServingPolicy("master.listen", cfg.master.listen, cfg.rpc));
     RETURN_IF_ERROR(CheckCanListen(cfg.master.listen).WithContext("master.listen"));
-    ASSIGN_OR_RETURN(ns_, Namespace::Open(cfg.master.data_dir, cfg.master.block_size, cfg.master.metadata_sync_ms,
+    ASSIGN_OR_RETURN(UfsAccess access, UfsAccess::FromConfig(cfg));
+    ASSIGN_OR_RETURN(ns_, Namespace::Open(cfg.master.data_dir, cfg.master.block_size, access, cfg.master.metadata_sync_ms,
                                           cfg.master.rocksdb_cache));
     cluster_ = std::make_unique<Cluster>(cfg.master.worker_timeout);
     // Versions replaced or deleted by a metadata sync: free their blocks in the background.
@@ -290,6 +291,7 @@ class MasterServerImpl final : public MasterServer {
     });
     RETURN_IF_ERROR(jobs_->Start());
     spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
+    WarnIfServingWithoutToken(cfg.master.listen, cfg.rpc);
     metrics_ = metrics::StartOrWarn("master.metrics_listen", cfg.master.metrics_listen,
                                     [this](metrics::Exposition* e) { Render(e); }, [] { return Status::OK(); });
     return Status::OK();

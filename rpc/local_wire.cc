@@ -6,6 +6,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace granary {
 namespace {
 
@@ -78,18 +80,26 @@ Status SendFrame(int sock, const google::protobuf::MessageLite& m, int fd) {
   return SendAll(sock, buf.data(), buf.size(), fd);
 }
 
-Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd) {
+Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd, uint32_t max_len) {
   *fd = -1;
   unsigned char hdr[4];
   Status st = RecvAll(sock, reinterpret_cast<char*>(hdr), 4, fd);
   uint32_t len = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | (uint32_t{hdr[3]} << 24);
-  if (st.ok() && len > kMaxLocalFrame) st = DataLossError("local socket frame of " + std::to_string(len) + " bytes");
-  std::string body;
-  if (st.ok()) {
-    body.resize(len);
-    st = RecvAll(sock, body.data(), len, fd);
+  if (st.ok() && len > max_len) {
+    st = InvalidArgumentError("a local socket frame of " + std::to_string(len) + " bytes (at most " +
+                              std::to_string(max_len) + ")");
   }
-  if (st.ok() && !m->ParseFromString(body)) st = DataLossError("malformed local socket message");
+  // The body grows as it arrives (a chunk at a time), so a length prefix with no body behind it
+  // costs nothing.
+  constexpr size_t kChunk = 1 << 20;
+  std::string body;
+  while (st.ok() && body.size() < len) {
+    size_t had = body.size();
+    size_t n = std::min<size_t>(kChunk, len - had);
+    body.resize(had + n);
+    st = RecvAll(sock, body.data() + had, n, fd);
+  }
+  if (st.ok() && !m->ParseFromString(body)) st = InvalidArgumentError("a malformed local socket message");
   if (!st.ok() && *fd >= 0) {
     close(*fd);
     *fd = -1;

@@ -12,14 +12,18 @@
 
 namespace granary {
 
-// Largest frame either side accepts: a whole block sent inline, plus framing.
+// Largest answer a client accepts: a whole block (at most 256 MiB) sent inline, plus framing.
 constexpr uint32_t kMaxLocalFrame = 257u * 1024 * 1024;
+// Largest request the worker accepts: a read names a path (at most 4 KiB) and a few numbers.
+constexpr uint32_t kMaxLocalRequest = 64u * 1024;
 
 // Sends `m`, with `fd` attached when >= 0 (the caller keeps its own copy of fd and closes it).
 Status SendFrame(int sock, const google::protobuf::MessageLite& m, int fd = -1);
 // Receives one frame into `m`; *fd gets an attached descriptor or -1 (the caller closes it).
-// UNAVAILABLE when the peer closed the connection or it broke.
-Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd);
+// UNAVAILABLE when the peer closed the connection or it broke; INVALID_ARGUMENT for a frame longer
+// than `max_len` (refused before its body is read) or a body that does not parse. Memory grows
+// with the bytes that actually arrive, never with what the length prefix claims.
+Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd, uint32_t max_len = kMaxLocalFrame);
 
 // A connected AF_UNIX stream socket to `path` (close-on-exec). UNAVAILABLE when nobody listens.
 StatusOr<int> ConnectUnix(const std::string& path);

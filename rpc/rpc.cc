@@ -1,11 +1,13 @@
 #include "rpc/rpc.h"
 
 #include <openssl/crypto.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <string_view>
 
 #include "common/fs.h"
+#include "common/net.h"
 
 namespace granary {
 
@@ -60,6 +62,34 @@ StatusOr<std::shared_ptr<RpcSecurity>> RpcSecurity::FromConfig(const RpcConfig& 
     return InvalidArgumentError("rpc.tls_cert and rpc.tls_key must be set together");
   }
   return sec;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+Status CheckServingPolicy(const std::string& setting_key, const std::string& listen, const RpcConfig& cfg) {
+  if (!cfg.token_file.empty() || cfg.allow_unauthenticated || listen.rfind("unix:", 0) == 0) return Status::OK();
+  ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(listen));
+  if (IsLoopbackHost(hp.host)) return Status::OK();
+  return InvalidArgumentError(setting_key + " " + listen +
+                              " is reachable from the network and rpc.token_file is not set: anyone who reaches it "
+                              "could mount, read and free datasets. Set rpc.token_file (docs/security.md), listen on "
+                              "127.0.0.1, or set rpc.allow_unauthenticated: true to serve without a token on purpose");
+}
+
+void WarnIfServingWithoutToken(const std::string& listen, const RpcConfig& cfg) {
+  if (!cfg.token_file.empty()) return;
+  auto hp = ParseHostPort(listen);
+  if (listen.rfind("unix:", 0) == 0 || (hp.ok() && IsLoopbackHost(hp->host))) {
+    spdlog::warn("serving gRPC on {} without rpc.token_file: every user of this machine may mount, read and free "
+                 "datasets (set rpc.token_file to require a token; see docs/security.md)",
+                 listen);
+    return;
+  }
+  spdlog::warn("SERVING WITHOUT A TOKEN on {} (rpc.allow_unauthenticated): anyone who reaches this address may mount, "
+               "read and free datasets; set rpc.token_file (docs/security.md)",
+               listen);
 }
 
 std::shared_ptr<grpc::ServerCredentials> RpcSecurity::ServerCredentials() const {

@@ -55,6 +55,16 @@ class RpcSecurity {
   std::string cert_, key_, ca_;
 };
 
+// Whether a daemon may serve gRPC on `listen` (the value of `setting_key`) with `cfg`: without a
+// token, only on loopback (127.0.0.0/8, ::1, localhost) or a unix socket, unless
+// rpc.allow_unauthenticated says it is meant; otherwise INVALID_ARGUMENT naming the three ways out.
+Status CheckServingPolicy(const std::string& setting_key, const std::string& listen, const RpcConfig& cfg);
+// Once serving on `listen` without a token: a warning saying who can reach the daemon (loud when
+// that is the network).
+void WarnIfServingWithoutToken(const std::string& listen, const RpcConfig& cfg);
+// True for a host that only this machine reaches: 127.0.0.0/8, ::1, localhost.
+bool IsLoopbackHost(const std::string& host);
+
 // A client stub whose channel is replaced when a call fails with UNAVAILABLE (at most once per
 // 500 ms). A fresh channel connects as soon as the server is back, where a channel that saw the
 // server die can sit in gRPC's reconnect backoff for several seconds. Thread-safe.

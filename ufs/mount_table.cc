@@ -3,11 +3,12 @@
 namespace granary {
 
 StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::string, std::string>& options,
-                                UfsCounters* counters) {
+                                const UfsAccess& access, UfsCounters* counters) {
   OpenedMount m;
   m.uri = uri;
   std::map<std::string, std::string> ufs_options;
   RETURN_IF_ERROR(SplitMountOptions(options, &ufs_options, &m.cache));
+  RETURN_IF_ERROR(CheckMountAccess(uri, ufs_options, access));
   auto ufs = OpenUnderFileSystem(uri, ufs_options);  // opening asks the storage (S3: the prefix)
   if (!ufs.ok()) return MarkUnderStorage(ufs.status());
   m.ufs = std::move(ufs).value();
@@ -23,7 +24,8 @@ StatusOr<OpenedMount> MountTable::Get(uint64_t id, bool* opened_now) {
     if (it != open_.end()) return it->second;
   }
   ASSIGN_OR_RETURN(Source src, load_(id));
-  ASSIGN_OR_RETURN(OpenedMount m, OpenMount(src.uri, src.options, counters_));
+  ASSIGN_OR_RETURN(OpenedMount m, OpenMount(src.uri, src.options, access_, counters_));
+  m.block_size = src.block_size;
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = open_.emplace(id, std::move(m));  // a concurrent first use may have won
   if (opened_now) *opened_now = inserted;

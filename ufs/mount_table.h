@@ -17,31 +17,37 @@
 
 #include "common/status.h"
 #include "common/tiers.h"
+#include "ufs/access.h"
 #include "ufs/ufs.h"
 
 namespace granary {
 
 struct OpenedMount {
   std::string uri;
+  uint64_t block_size = 0;  // the mount's (MountInfo.block_size); 0: unknown
   MountCacheOptions cache;
   std::shared_ptr<UnderFileSystem> ufs;
 };
 
-// INVALID_ARGUMENT for a bad option (an inline secret included); the under-storage's own errors.
-// With `counters`, every call to the under-storage is counted there (CountedUfs).
+// INVALID_ARGUMENT for a bad option (an inline secret included); PERMISSION_DENIED for a path
+// `access` does not allow (ufs/access.h); the under-storage's own errors. With `counters`, every
+// call to the under-storage is counted there (CountedUfs).
 StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::string, std::string>& options,
-                                UfsCounters* counters = nullptr);
+                                const UfsAccess& access, UfsCounters* counters = nullptr);
 
 class MountTable {
  public:
   struct Source {
     std::string uri;
     std::map<std::string, std::string> options;
+    uint64_t block_size = 0;  // the mount's block size; 0: unknown
   };
   // Where a mount's URI and options come from (the master's namespace; the master, for a worker).
   using Loader = std::function<StatusOr<Source>(uint64_t id)>;
-  // Mounts opened here count their under-storage calls into `counters` (may be null).
-  explicit MountTable(Loader load, UfsCounters* counters = nullptr) : load_(std::move(load)), counters_(counters) {}
+  // Mounts are opened under `access`; they count their under-storage calls into `counters` (may be
+  // null).
+  MountTable(Loader load, UfsAccess access, UfsCounters* counters = nullptr)
+      : load_(std::move(load)), access_(std::move(access)), counters_(counters) {}
 
   // The mount, opened on first use. *opened_now (optional) tells whether this call opened it.
   StatusOr<OpenedMount> Get(uint64_t id, bool* opened_now = nullptr);
@@ -50,6 +56,7 @@ class MountTable {
 
  private:
   const Loader load_;
+  const UfsAccess access_;
   UfsCounters* const counters_;
   std::mutex mu_;
   std::map<uint64_t, OpenedMount> open_;  // GUARDED_BY(mu_)

@@ -2,6 +2,8 @@
 
 #include "worker/peers.h"
 
+#include "common/config.h"
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -15,18 +17,34 @@ BlockSource::BlockSource(BlockStore* store, MountResolver* mounts, BlockReporter
 }
 
 StatusOr<BlockSource::Target> BlockSource::Resolve(const BlockRequest& req) {
+  // Every size a request names is checked before anything is allocated for it: the block size is
+  // the mount's, the block lies within the file, the range within the block. So no request makes
+  // this worker allocate more than one of the mount's blocks.
   if (req.block_size == 0) return InvalidArgumentError("block_size must be positive");
-  uint64_t block_start = req.index * req.block_size;
-  if (req.index > req.file_size / req.block_size || block_start >= req.file_size) {
+  if (req.ufs_path.size() > kMaxUfsPath) {
+    return InvalidArgumentError("a path of " + std::to_string(req.ufs_path.size()) + " bytes (at most " +
+                                std::to_string(kMaxUfsPath) + ")");
+  }
+  ASSIGN_OR_RETURN(MountHandle mount, mounts_->GetMount(req.mount_id));
+  if (mount.block_size != 0 && req.block_size != mount.block_size) {
+    return InvalidArgumentError("block_size " + std::to_string(req.block_size) + " is not mount " +
+                                std::to_string(req.mount_id) + "'s (" + std::to_string(mount.block_size) + ")");
+  }
+  if (mount.block_size == 0 && (req.block_size < kMinBlockSize || req.block_size > kMaxBlockSize)) {
+    return InvalidArgumentError("block_size " + std::to_string(req.block_size) + " is out of range (" +
+                                std::to_string(kMinBlockSize) + " to " + std::to_string(kMaxBlockSize) + ")");
+  }
+  if (req.file_size == 0 || req.index > (req.file_size - 1) / req.block_size) {
     return InvalidArgumentError("block " + std::to_string(req.index) + " is past the end of the file");
   }
+  uint64_t block_start = req.index * req.block_size;
   uint64_t block_len = std::min(req.block_size, req.file_size - block_start);
   Target t;
-  if (req.offset >= block_len) return t;  // nothing to read
-  t.len = std::min(req.length, block_len - req.offset);
-  ASSIGN_OR_RETURN(t.mount, mounts_->GetMount(req.mount_id));
+  t.mount = std::move(mount);
   t.meta = BlockMeta{BlockId{MakeFileKey(t.mount.uri, req.ufs_path, req.version), req.index}, req.mount_id, block_len,
                      block_start};
+  if (req.offset >= block_len) return t;  // nothing to read
+  t.len = std::min(req.length, block_len - req.offset);
   return t;
 }
 

@@ -137,6 +137,7 @@ class BlockSource {
   std::map<uint64_t, MountAccess> AccessByMount() const;
 
   static constexpr size_t kUncachedBlocks = 16;
+  static constexpr size_t kMaxUfsPath = 4096;  // bytes of a request's ufs_path (PATH_MAX)
   static constexpr int kMaxPeerAttempts = 3;
   static constexpr size_t kPrefetchQueue = 64;
   static constexpr size_t kPrefetchThreads = 2;

@@ -559,13 +559,21 @@ Status BlockStore::SetPins(const std::vector<FileKey>& keys) {
 
 size_t BlockStore::Free(const std::vector<FileKey>& keys) {
   std::unordered_set<FileKey, FileKeyHash> set(keys.begin(), keys.end());
+  return FreeIf([&](const BlockId& id, const BlockMeta&) { return set.count(id.key) > 0; });
+}
+
+size_t BlockStore::FreeMount(uint64_t mount_id) {
+  return FreeIf([&](const BlockId&, const BlockMeta& m) { return m.mount_id == mount_id; });
+}
+
+size_t BlockStore::FreeIf(const std::function<bool(const BlockId&, const BlockMeta&)>& doomed) {
   Removal r;
   size_t n = 0;
   {
     MutexLock lock(&mu_);
     std::vector<BlockId> now;
     for (auto& [id, e] : index_) {
-      if (!set.count(id.key) || e.doomed) continue;
+      if (e.doomed || !doomed(id, e.meta)) continue;
       ++n;
       if (e.readers > 0 || e.moving) {
         UnlistLocked(e);

@@ -221,6 +221,8 @@ class BlockStore {
   // Removes every cached block of these files (pinned ones too); returns how many. Blocks with a
   // reader go when their last reader is done.
   size_t Free(const std::vector<FileKey>& keys);
+  // The same for every cached block of a mount (an unmounted dataset).
+  size_t FreeMount(uint64_t mount_id);
 
   // One reserver pass: queued promotions, then levels above their high watermark brought down to
   // low (bottom level first). The background thread calls it; tests may too.
@@ -249,6 +251,8 @@ class BlockStore {
   std::string SidecarPathOf(const BlockId& id) const;
 
  private:
+  // Removes every cached block `doomed` picks (called under mu_, once per block); returns how many.
+  size_t FreeIf(const std::function<bool(const BlockId&, const BlockMeta&)>& doomed) EXCLUDES(mu_);
   struct Dir {
     std::string path;
     uint64_t quota = 0;

@@ -40,6 +40,7 @@ struct MountHandle {
   std::optional<CachePolicy> policy;  // the mount's cache.policy, when it sets one
   uint32_t replicas = 1;              // the mount's cache.replicas
   bool elastic = true;                // the mount's cache.elastic: keep elastic copies of what this node reads
+  uint64_t block_size = 0;            // the mount's block size (0: a mount made before it was kept)
 };
 
 struct PeerRef {

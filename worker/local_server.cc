@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "common/bad_request.h"
 #include "proto/granary.pb.h"
 #include "rpc/local_wire.h"
 
@@ -103,8 +104,19 @@ void LocalServer::Serve(int conn) {
   for (;;) {
     rpc::LocalRequest req;
     int stray = -1;
-    if (!RecvFrame(conn, &req, &stray).ok()) break;
+    Status got = RecvFrame(conn, &req, &stray, kMaxLocalRequest);
     if (stray >= 0) close(stray);  // clients send no descriptors
+    if (got.code() == Code::kInvalidArgument) {
+      // Too long, or not a request: answered, counted, and the connection closed (after a frame
+      // refused unread, the stream has no next frame to find).
+      NoteBadRequest("worker's local socket", got);
+      rpc::LocalResponse refused;
+      refused.set_code(static_cast<int32_t>(got.code()));
+      refused.set_message(got.message());
+      SendFrame(conn, refused).IgnoreError();
+      break;
+    }
+    if (!got.ok()) break;
     if (req.release() != 0) {
       leases.erase(req.release());  // ends the lease; an unknown or repeated number does nothing
       continue;
@@ -126,6 +138,7 @@ void LocalServer::Serve(int conn) {
       st = source_->ReadOrLease(br, &data, &lease, &hit, &source);
     }
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's local socket", st);
     rpc::LocalResponse resp;
     resp.set_code(static_cast<int32_t>(st.code()));
     resp.set_message(st.message());

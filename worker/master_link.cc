@@ -9,8 +9,9 @@
 namespace granary::worker {
 
 MasterLink::MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats,
-                       MembersFn members)
-    : cfg_(cfg), sec_(std::move(sec)), store_(store), stats_(std::move(stats)), members_(std::move(members)) {
+                       UfsAccess access, MembersFn members)
+    : cfg_(cfg), sec_(std::move(sec)), store_(store), stats_(std::move(stats)), members_(std::move(members)),
+      mounts_([this](uint64_t id) { return MountSource(id); }, std::move(access), &ufs_counters_) {
   stub_ = std::make_unique<StubHolder<rpc::Master>>(sec_, cfg_.master.address);
 }
 
@@ -63,8 +64,17 @@ Status MasterLink::Register() {
   Status ps = store_->SetPins(pins);
   if (!ps.ok()) spdlog::warn("cannot record pins: {}", ps.message());
   // Mounts of cached blocks: learn their cache policy before the reserver needs it.
+  // Mounts the master no longer has (unmounted while this worker was away): their blocks go.
   for (const auto& [id, counters] : req.stats().mount_counters()) {
-    if (counters.held_blocks() > 0) GetMount(id).status().IgnoreError();
+    if (counters.held_blocks() == 0) continue;
+    // The master's own answer, not the under-storage's (a source missing for a while is no unmount).
+    Status known = MountSource(id).status();
+    if (known.code() == Code::kNotFound) {
+      size_t n = store_->FreeMount(id);
+      spdlog::info("mount {} is no longer mounted: freed its {} cached blocks", id, n);
+    } else if (known.ok()) {
+      GetMount(id).status().IgnoreError();
+    }
   }
   Members(resp.worker_id(), resp.workers());
   MutexLock lock(&mu_);
@@ -152,14 +162,14 @@ StatusOr<MountTable::Source> MasterLink::MountSource(uint64_t mount_id) {
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
   RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->GetMount(&ctx, req, &info)), "the master at " + cfg_.master.address));
-  return MountTable::Source{info.uri(), {info.options().begin(), info.options().end()}};
+  return MountTable::Source{info.uri(), {info.options().begin(), info.options().end()}, info.block_size()};
 }
 
 StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   bool opened_now = false;
   ASSIGN_OR_RETURN(OpenedMount m, mounts_.Get(mount_id, &opened_now));
   if (opened_now && m.cache.policy) store_->SetMountPolicy(mount_id, *m.cache.policy);
-  return MountHandle{m.uri, m.ufs, m.cache.policy, m.cache.replicas, m.cache.elastic};
+  return MountHandle{m.uri, m.ufs, m.cache.policy, m.cache.replicas, m.cache.elastic, m.block_size};
 }
 
 uint64_t MasterLink::worker_id() {

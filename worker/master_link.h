@@ -38,8 +38,9 @@ class MasterLink final : public MountResolver, public BlockReporter {
   using StatsFn = std::function<rpc::WorkerStats()>;
   // Called with this worker's id and the live workers after every registration and heartbeat.
   using MembersFn = std::function<void(uint64_t self, const std::vector<PeerRef>& live)>;
+  // Mounts are opened under `access` (ufs/access.h), this worker's own configuration.
   MasterLink(const Config& cfg, std::shared_ptr<RpcSecurity> sec, BlockStore* store, StatsFn stats,
-             MembersFn members = nullptr);
+             UfsAccess access, MembersFn members = nullptr);
   ~MasterLink() override;
 
   // Registers as `advertise` (the address others dial) and starts the background thread.
@@ -81,7 +82,7 @@ class MasterLink final : public MountResolver, public BlockReporter {
   uint64_t members_epoch_ GUARDED_BY(mu_) = 0;  // of the membership last handed to MembersFn
   bool changed_ GUARDED_BY(mu_) = false;  // the cache changed since the last stats sent
   UfsCounters ufs_counters_;
-  MountTable mounts_{[this](uint64_t id) { return MountSource(id); }, &ufs_counters_};  // thread-safe on its own
+  MountTable mounts_;  // thread-safe on its own
   std::thread thread_;
 };
 

@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/bad_request.h"
 #include "common/keys.h"
 #include "common/metrics.h"
 #include "common/net.h"
@@ -30,6 +31,9 @@ namespace granary::worker {
 namespace {
 
 constexpr size_t kChunkBytes = 1 << 20;
+// Blocks of one LoadBlocks batch: a 64 TiB file of 4 MiB blocks (the master's batches hold at most
+// kBatchFiles files and kBatchBytes bytes beyond their last file).
+constexpr uint64_t kMaxLoadBlocks = 16u << 20;
 
 StatusOr<std::vector<FileKey>> ParseFileKeys(const google::protobuf::RepeatedPtrField<std::string>& raw) {
   std::vector<FileKey> keys;
@@ -60,7 +64,13 @@ class WorkerService final : public rpc::Worker::Service {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     auto keys = ParseFileKeys(req->file_keys());
     if (!keys.ok()) return ToGrpc(keys.status());
-    resp->set_blocks(store_->Free(*keys));
+    uint64_t blocks = keys->empty() ? 0 : store_->Free(*keys);
+    for (uint64_t id : req->mount_ids()) {
+      size_t n = store_->FreeMount(id);
+      if (n > 0) spdlog::info("freed {} cached blocks of unmounted mount {}", n, id);
+      blocks += n;
+    }
+    resp->set_blocks(blocks);
     return grpc::Status::OK;
   }
 
@@ -75,6 +85,7 @@ class WorkerService final : public rpc::Worker::Service {
     auto start = std::chrono::steady_clock::now();
     Status st = source_->Read(br, &data, &hit, &source);
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's ReadBlock", st);
     if (!st.ok()) return ToGrpc(st);
     size_t off = 0;
     do {
@@ -108,40 +119,65 @@ class WorkerService final : public rpc::Worker::Service {
   grpc::Status LoadBlocks(grpc::ServerContext* ctx, const rpc::LoadBlocksRequest* req,
                           rpc::LoadBlocksResponse* resp) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
-    std::vector<std::pair<int, BlockRequest>> blocks;  // (file index, block)
+    // The batch's blocks, numbered across its files: file i has blocks ends[i-1] .. ends[i]-1. No
+    // per-block list is made, so a batch costs memory by its files, whatever sizes they claim.
+    std::vector<uint64_t> ends;
+    ends.reserve(req->files_size());
+    uint64_t total = 0;
     for (int i = 0; i < req->files_size(); ++i) {
       const rpc::LoadFile& f = req->files(i);
-      if (f.block_size() == 0) return ToGrpc(InvalidArgumentError(f.path() + ": block_size must be positive"));
-      for (uint64_t b = 0; b * f.block_size() < f.size(); ++b) {
-        blocks.push_back({i, BlockRequest{f.mount_id(), f.ufs_path(), f.version(), f.size(), f.block_size(), b,
-                                          0, f.block_size(), false}});
+      if (f.block_size() < kMinBlockSize || f.block_size() > kMaxBlockSize) {
+        Status bad = InvalidArgumentError(f.path() + ": block_size " + std::to_string(f.block_size()) +
+                                          " is out of range");
+        NoteBadRequest("worker's LoadBlocks", bad);
+        return ToGrpc(bad);
       }
+      total += f.size() / f.block_size() + (f.size() % f.block_size() != 0);  // < 2^48 per file: no wrap
+      if (total > kMaxLoadBlocks) {
+        Status bad = InvalidArgumentError("at most " + std::to_string(kMaxLoadBlocks) + " blocks per load batch");
+        NoteBadRequest("worker's LoadBlocks", bad);
+        return ToGrpc(bad);
+      }
+      ends.push_back(total);
     }
+    auto block = [&](uint64_t k, int* file) {
+      *file = static_cast<int>(std::upper_bound(ends.begin(), ends.end(), k) - ends.begin());
+      const rpc::LoadFile& f = req->files(*file);
+      uint64_t b = k - (*file == 0 ? 0 : ends[*file - 1]);
+      return BlockRequest{f.mount_id(), f.ufs_path(), f.version(), f.size(), f.block_size(), b, 0, f.block_size(),
+                          false};
+    };
     std::shared_ptr<RateLimiter> pace = Pace(req->job_id(), req->bandwidth());
     std::vector<PeerRef> members;
     for (const auto& w : req->workers()) members.push_back(PeerRef{w.id(), w.address()});
-    std::atomic<size_t> next{0};
+    std::atomic<uint64_t> next{0};
     std::atomic<uint64_t> fetched{0}, fetched_bytes{0}, cached{0};
     Mutex fail_mu;
     std::map<int, std::string> failed;  // GUARDED_BY(fail_mu): file index -> first reason
     auto work = [&] {
-      for (size_t k; (k = next++) < blocks.size();) {
+      for (uint64_t k; (k = next++) < total;) {
         if (ctx->IsCancelled()) return;
-        auto outcome = source_->Load(blocks[k].second, req->replicas(), pace.get(), members, req->worker_id());
-        if (!outcome.ok()) {
+        int file;
+        BlockRequest br = block(k, &file);
+        {
           MutexLock lock(&fail_mu);
-          failed.emplace(blocks[k].first, outcome.status().message());
+          if (failed.count(file)) continue;  // one failure fails the file: its other blocks are not tried
+        }
+        auto outcome = source_->Load(br, req->replicas(), pace.get(), members, req->worker_id());
+        if (!outcome.ok()) {
+          if (outcome.status().code() == Code::kInvalidArgument) NoteBadRequest("worker's LoadBlocks", outcome.status());
+          MutexLock lock(&fail_mu);
+          failed.emplace(file, outcome.status().message());
         } else if (*outcome == BlockSource::LoadOutcome::kFetched) {
           fetched++;
-          uint64_t start = blocks[k].second.index * blocks[k].second.block_size;
-          fetched_bytes += std::min(blocks[k].second.block_size, blocks[k].second.file_size - start);
+          fetched_bytes += std::min(br.block_size, br.file_size - br.index * br.block_size);
         } else if (*outcome == BlockSource::LoadOutcome::kCached) {
           cached++;
         }
       }
     };
     size_t threads = std::clamp<size_t>(req->parallel() ? req->parallel() : 8, 1, 64);
-    threads = std::min(threads, std::max<size_t>(blocks.size(), 1));
+    threads = static_cast<size_t>(std::min<uint64_t>(threads, std::max<uint64_t>(total, 1)));
     std::vector<std::thread> pool;
     for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
     work();
@@ -169,9 +205,14 @@ class WorkerService final : public rpc::Worker::Service {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     constexpr uint64_t kMaxBlocks = 1'000'000;  // per request: the answer must fit a message
     uint64_t asked = 0;
-    for (const auto& q : req->files()) asked += q.blocks();
-    if (asked > kMaxBlocks) {
-      return ToGrpc(InvalidArgumentError("at most " + std::to_string(kMaxBlocks) + " blocks per residency request"));
+    for (const auto& q : req->files()) {
+      asked += std::min<uint64_t>(q.blocks(), kMaxBlocks + 1);  // no sum that wraps around
+      if (asked > kMaxBlocks || q.first() > ~uint64_t{0} - q.blocks()) {
+        Status bad = InvalidArgumentError("at most " + std::to_string(kMaxBlocks) +
+                                          " blocks per residency request, within the index range");
+        NoteBadRequest("worker's GetResidency", bad);
+        return ToGrpc(bad);
+      }
     }
     const std::vector<std::string> media = store_->Media();
     for (const auto& q : req->files()) {
@@ -221,7 +262,9 @@ class WorkerServerImpl final : public WorkerServer {
 
   Status Init(const Config& cfg) {
     ASSIGN_OR_RETURN(sec_, RpcSecurity::FromConfig(cfg.rpc));
+    RETURN_IF_ERROR(CheckServingPolicy("worker.listen", cfg.worker.listen, cfg.rpc));
     RETURN_IF_ERROR(CheckCanListen(cfg.worker.listen).WithContext("worker.listen"));
+    ASSIGN_OR_RETURN(UfsAccess access, UfsAccess::FromConfig(cfg));
     StoreOptions so;
     so.levels = cfg.worker.EffectiveLevels();
     so.policy = cfg.worker.tieredstore.policy;
@@ -237,7 +280,7 @@ class WorkerServerImpl final : public WorkerServer {
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     auto stats = [this] { return Stats(); };
     peers_ = std::make_unique<PeerSet>(sec_, cfg.rpc.timeout);
-    link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats,
+    link_ = std::make_unique<MasterLink>(cfg, sec_, store_.get(), stats, access,
                                          [this](uint64_t self, const std::vector<PeerRef>& live) {
                                            // The cache re-sorts replicas and elastic copies when
                                            // the membership changes.
@@ -258,6 +301,7 @@ class WorkerServerImpl final : public WorkerServer {
     link_->Start(advertise);
     spdlog::info("granary-worker listening on {} ({} cache levels, policy {}, master {})", address_,
                  so.levels.size(), CachePolicyName(so.policy), cfg.master.address);
+    WarnIfServingWithoutToken(cfg.worker.listen, cfg.rpc);
     metrics_ = metrics::StartOrWarn(
         "worker.metrics_listen", cfg.worker.metrics_listen, [this](metrics::Exposition* e) { Render(e); },
         [this]() -> Status {

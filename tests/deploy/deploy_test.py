@@ -484,6 +484,8 @@ fuse:
   mountpoint: {self.dir}/fuse/granary
   metrics_listen: "127.0.0.1:0"
   keep_cache: false
+ufs:
+  local_roots: {self.dir}/data
 """)
         self.env = {**os.environ, "GRANARY_CONFIG": self.config, "GRANARY_BIN": BIN,
                     "GRANARY_HOME": os.path.join(self.dir, "home")}

@@ -233,10 +233,11 @@ class ImageTest(unittest.TestCase):
             self.assertIsNone(p.poll(), f"{name} exited:\n" + read(os.path.join(self.work, name + ".log")))
             return read(path).strip()
 
-        m = start(["master", "--master.listen", lo, "--master.metrics_listen", lo,
+        m = start(["master", "--master.listen", lo, "--master.metrics_listen", lo, "--ufs.local_roots", "/data",
                    "--ready-file", "/run/test/master.addr"], "master", user=UID)  # the image's user, as in its pod
         master = ready("master", m)
         w = start(["worker", "--master.address", master, "--worker.listen", lo, "--worker.metrics_listen", lo,
+                   "--ufs.local_roots", "/data",
                    "--ready-file", "/run/test/worker.addr"], "worker")  # root, as in its pod
         worker = ready("worker", w)
         k = start(["fuse-keeper"], "keeper", user=UID)  # the FUSE pod's sidecar

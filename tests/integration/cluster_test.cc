@@ -108,7 +108,7 @@ class ClusterTest : public ::testing::Test {
     master_ = std::make_unique<Process>(
         InNs(NodeNs(1), {Bin("granary-master"), "--master.listen", NodeIp(1) + ":0", "--master.data_dir", *dir_ / "master",
                          "--master.block_size", "256Ki", "--master.worker_timeout", "30s", "--ready-file",
-                         *dir_ / "master.addr"}),
+                         *dir_ / "master.addr", "--rpc.allow_unauthenticated", "true", "--ufs.secrets_dir", dir_->path()}),
         *dir_ / "master.log");
     master_addr_ = WaitForReadyFile(*dir_ / "master.addr", master_.get());
     if (master_addr_.empty()) return *why = "master did not start:\n" + master_->Log(), false;
@@ -147,7 +147,7 @@ class ClusterTest : public ::testing::Test {
                          "--worker.cache_quota", quota, "--ready-file", node + "/worker.addr",
                          // Peer calls never reach their deadline here: a vanished peer must be noticed
                          // by connect timeouts and keepalive (see VanishedWorker... below).
-                         "--rpc.timeout", "1h"}),
+                         "--rpc.timeout", "1h", "--rpc.allow_unauthenticated", "true", "--ufs.secrets_dir", dir_->path()}),
         node + "/worker.log");
     worker_addr_[n] = WaitForReadyFile(node + "/worker.addr", workers_[n].get());
     if (worker_addr_[n].empty()) return *why = "worker " + std::to_string(n) + " did not start:\n" + workers_[n]->Log(), false;

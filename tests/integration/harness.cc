@@ -59,7 +59,7 @@ bool LocalCluster::StartMaster(const std::string& listen, std::string* why) {
       With(std::vector<std::string>{Bin("granary-master"), "--master.listen", listen, "--master.data_dir",
                                     dir_ / "master", "--master.block_size", opts_.block_size,
                                     "--master.worker_timeout", opts_.worker_timeout, "--master.metrics_listen", "127.0.0.1:0",
-                                    "--ready-file", dir_ / "master.addr"},
+                                    "--ready-file", dir_ / "master.addr", "--ufs.local_roots", dir_.path(), "--ufs.secrets_dir", dir_.path()},
            opts_.extra_args),
       dir_ / "master.log");
   master_addr_ = WaitForReadyFile(dir_ / "master.addr", master_.get());
@@ -83,7 +83,7 @@ bool LocalCluster::StartWorker(const std::string& listen, std::string* why) {
   unlink((dir_ / "worker.addr").c_str());
   std::vector<std::string> argv{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
                                 "--worker.heartbeat_interval", "200ms", "--worker.metrics_listen", "127.0.0.1:0",
-                                "--ready-file", dir_ / "worker.addr"};
+                                "--ready-file", dir_ / "worker.addr", "--ufs.local_roots", dir_.path(), "--ufs.secrets_dir", dir_.path()};
   bool tiered = false;
   for (const auto& a : opts_.worker_args) tiered |= a == "--worker.tieredstore.levels";
   if (!tiered) argv = With(argv, {"--worker.cache_dir", dir_ / "cache", "--worker.cache_quota", opts_.cache_quota});

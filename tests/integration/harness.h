@@ -65,6 +65,8 @@ class LocalCluster {
   bool RestartMaster(std::string* why);
   pid_t master_pid() const { return master_ ? master_->pid() : -1; }
   pid_t fuse_pid() const { return fuse_ ? fuse_->pid() : -1; }
+  pid_t worker_pid() const { return worker_ ? worker_->pid() : -1; }
+  std::string worker_address() const { return worker_addr_; }
 
   // Stops FUSE, worker and master with SIGTERM; returns false if one did not exit with 0.
   bool StopAll(std::string* why);

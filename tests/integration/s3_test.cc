@@ -378,7 +378,7 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
   std::map<std::string, std::string> opts{
       {"endpoint", endpoint_}, {"access_key_file", CredFile("ak", ak_)}, {"secret_key_file", CredFile("sk", sk_)}};
   auto open_ns = [&](const std::string& name) {
-    auto ns = master::Namespace::Open(dir / name, 4 << 20);
+    auto ns = master::Namespace::Open(dir / name, 4 << 20, UfsAccess::Unrestricted());
     EXPECT_TRUE(ns.ok()) << ns.status().message();
     auto m = (*ns)->Mount("/ds", "s3://granary-test/ds", opts);
     EXPECT_TRUE(m.ok()) << m.status().message();

@@ -28,7 +28,7 @@ class NamespaceTest : public ::testing::Test {
   }
   void Reopen() {
     ns_.reset();
-    auto ns = Namespace::Open(dir_ / "db", 4096);
+    auto ns = Namespace::Open(dir_ / "db", 4096, UfsAccess::Unrestricted());
     ASSERT_TRUE(ns.ok()) << ns.status().message();
     ns_ = std::move(ns).value();
   }
@@ -152,7 +152,7 @@ class NamespaceSyncTest : public ::testing::Test {
     testing::WriteFile(dir_ / "src/d/change.jpg", "old");
     testing::WriteFile(dir_ / "src/d/gone.jpg", "gone");
     testing::WriteFile(dir_ / "src/d/sub/deep.jpg", "deep");
-    auto ns = Namespace::Open(dir_ / "db", 4096);
+    auto ns = Namespace::Open(dir_ / "db", 4096, UfsAccess::Unrestricted());
     ASSERT_TRUE(ns.ok()) << ns.status().message();
     ns_ = std::move(ns).value();
     ns_->SetReclaimListener([this](std::vector<FileKey> keys) {
@@ -282,7 +282,7 @@ class LoadTreeTest : public ::testing::Test {
       testing::WriteFile(dir_ / ("src/c" + std::to_string(d) + "/top.txt"), "t");
     }
     std::filesystem::create_directories(dir_ / "src/empty");
-    auto ns = Namespace::Open(dir_ / "db", 4096);
+    auto ns = Namespace::Open(dir_ / "db", 4096, UfsAccess::Unrestricted());
     ASSERT_TRUE(ns.ok());
     ns_ = std::move(ns).value();
     auto m = ns_->Mount("/ds", "file://" + dir_ / "src", {});
@@ -418,7 +418,7 @@ TEST_F(LoadTreeTest, LoadsStoppedAnywhereEndWhole) {
   for (int pages_each : {11, 12, 13, 17, 25}) {
     SCOPED_TRACE("stopped every " + std::to_string(pages_each) + " pages");
     testing::TempDir db;
-    auto ns = Namespace::Open(db / "db", 4096);
+    auto ns = Namespace::Open(db / "db", 4096, UfsAccess::Unrestricted());
     ASSERT_TRUE(ns.ok());
     auto m = (*ns)->Mount("/ds", "file://" + dir_ / "src", {});
     ASSERT_TRUE(m.ok());
@@ -529,7 +529,7 @@ TEST_F(NamespaceTest, AnIoErrorInAListingFailsTheCall) {
 
   auto fs = std::make_shared<FailingReadsFs>(rocksdb::FileSystem::Default());
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
-  auto ns = Namespace::Open(dir_ / "db", 4096, kSyncNever, 64 << 20, env.get());
+  auto ns = Namespace::Open(dir_ / "db", 4096, UfsAccess::Unrestricted(), kSyncNever, 64 << 20, env.get());
   ASSERT_TRUE(ns.ok()) << ns.status().ToString();
   auto again = (*ns)->Resolve("/d/many");  // the directory's own record is cached now
   ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -548,7 +548,7 @@ TEST_F(NamespaceTest, AnIoErrorInAListingFailsTheCall) {
 
 TEST_F(NamespaceTest, ADataDirInUseIsAClearError) {
   // The same process: a second Namespace on the directory.
-  auto second = Namespace::Open(dir_ / "db", 4096);
+  auto second = Namespace::Open(dir_ / "db", 4096, UfsAccess::Unrestricted());
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(second.status().message().find("already open in this process"), std::string::npos) << second.status().message();
@@ -577,7 +577,7 @@ TEST_F(NamespaceTest, ADataDirInUseIsAClearError) {
   char c = 0;
   ASSERT_EQ(read(ready[0], &c, 1), 1);
   EXPECT_EQ(c, 'y');
-  auto held = Namespace::Open(dir_ / "db", 4096);
+  auto held = Namespace::Open(dir_ / "db", 4096, UfsAccess::Unrestricted());
   close(done[1]);
   close(ready[0]);
   int wstatus = 0;

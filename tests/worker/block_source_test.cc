@@ -16,11 +16,14 @@ class Fakes : public MountResolver, public BlockReporter {
  public:
   StatusOr<MountHandle> GetMount(uint64_t id) override {
     if (id != 1) return NotFoundError("mount " + std::to_string(id) + " does not exist");
-    return MountHandle{ufs->uri(), ufs, std::nullopt};
+    MountHandle m{ufs->uri(), ufs, std::nullopt};
+    m.block_size = block_size;
+    return m;
   }
   void BlockAdded(const BlockMeta&) override { added++; }
   void BlockRemoved(const BlockMeta&) override { removed++; }
   std::shared_ptr<testing::FaultUfs> ufs;
+  uint64_t block_size = 65536;  // the mount's
   std::atomic<int> added{0}, removed{0};
 };
 
@@ -66,6 +69,50 @@ TEST_F(BlockSourceTest, MissThenHit) {
   ASSERT_TRUE(source_->Read(Req(4, 0, 65536), &out, &hit).ok());
   EXPECT_EQ(out, data_.substr(4 * 65536));
   EXPECT_EQ(source_->Read(Req(5, 0, 10), &out, &hit).code(), Code::kInvalidArgument);
+}
+
+// A request's sizes are checked before anything is allocated for them: a block size other than the
+// mount's, a block past the file's end or a path too long is INVALID_ARGUMENT, whatever the sizes.
+TEST_F(BlockSourceTest, SizesARequestNamesAreCheckedBeforeAnyAllocation) {
+  std::string out;
+  bool hit;
+  BlockLease lease;
+  auto bad = [&](BlockRequest r, const char* what) {
+    EXPECT_EQ(source_->Read(r, &out, &hit).code(), Code::kInvalidArgument) << what;
+    EXPECT_EQ(source_->ReadOrLease(r, &out, &lease, &hit).code(), Code::kInvalidArgument) << what;
+    EXPECT_LE(out.capacity(), 65536u) << what;
+    EXPECT_FALSE(source_->Load(r, 1).ok()) << what;
+  };
+  BlockRequest huge = Req(0, 0, 1ull << 40);
+  huge.block_size = 1ull << 40;  // the 40-byte local socket message that aborted a worker
+  huge.file_size = 1ull << 41;
+  bad(huge, "a block size of 1 TiB");
+  BlockRequest other = Req(0, 0, 65536);
+  other.block_size = 512ull << 20;  // 512 MiB blocks of a 1 GiB file, over gRPC
+  other.file_size = 1ull << 30;
+  bad(other, "a block size other than the mount's");
+  BlockRequest smaller = Req(1, 0, 4096);
+  smaller.block_size = 4096;  // would cache bytes 4096.. under the key of block 1 of 64 KiB blocks
+  bad(smaller, "a smaller block size than the mount's");
+  bad(Req(~0ull / 65536, 0, 65536), "a block index far past the end");
+  BlockRequest wrap = Req(3, 0, 65536);
+  wrap.file_size = ~0ull;
+  wrap.index = ~0ull;
+  bad(wrap, "an index whose offset overflows");
+  BlockRequest empty = Req(0, 0, 10);
+  empty.file_size = 0;
+  bad(empty, "an empty file has no block 0");
+  BlockRequest long_path = Req(0, 0, 10);
+  long_path.ufs_path = std::string(5000, 'a');
+  bad(long_path, "a path longer than PATH_MAX");
+  // A mount made before mounts kept their block size: any size in master.block_size's range.
+  fakes_.block_size = 0;
+  BlockRequest legacy = Req(0, 0, 100);
+  legacy.block_size = 512ull << 20;
+  bad(legacy, "above 256 MiB");
+  ASSERT_TRUE(source_->Read(Req(0, 0, 100), &out, &hit).ok());
+  EXPECT_EQ(out, data_.substr(0, 100));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1) << "no refused request reached the under-storage";
 }
 
 TEST_F(BlockSourceTest, ConcurrentMissesFetchOnce) {
