@@ -2,6 +2,8 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +12,39 @@
 #include "common/units.h"
 
 namespace granary {
+
+StatusOr<int> ListenUnix(const std::string& path, int backlog, const std::string& what) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return InvalidArgumentError(what + ": socket path " + path + " is longer than " +
+                                std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  }
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoError(errno, what + ": socket");
+  mode_t old = umask(0177);  // the socket file is 0600
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  umask(old);
+  if (rc != 0 || listen(fd, backlog) != 0) {
+    if (rc == 0) err = errno;
+    close(fd);
+    return ErrnoError(err, what + ": cannot listen on " + path);
+  }
+  return fd;
+}
+
+bool PeerIsRootOrSelf(int fd, uint32_t* uid) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    *uid = static_cast<uint32_t>(-1);
+    return false;
+  }
+  *uid = cred.uid;
+  return cred.uid == 0 || cred.uid == geteuid();
+}
 
 StatusOr<HostPort> ParseHostPort(const std::string& text) {
   auto bad = [&](const std::string& why) {

@@ -24,4 +24,11 @@ Status CheckCanListen(const std::string& address);
 // This machine's host name.
 std::string HostName();
 
+// A unix stream socket listening on `path` (close-on-exec), its file 0600 whatever the umask;
+// `what` names it in errors ("worker.local_socket: ..."). The caller has removed a stale file.
+StatusOr<int> ListenUnix(const std::string& path, int backlog, const std::string& what);
+// Whether the process at the other end of unix socket `fd` runs as root or as this process's own
+// user (SO_PEERCRED); *uid gets its uid.
+bool PeerIsRootOrSelf(int fd, uint32_t* uid);
+
 }  // namespace granary

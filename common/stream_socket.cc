@@ -13,6 +13,7 @@
 
 #include "common/bad_request.h"
 #include "common/fs.h"
+#include "common/net.h"
 
 namespace granary {
 namespace {
@@ -88,21 +89,10 @@ StatusOr<std::map<std::string, std::string>> ReadRequest(int fd) {
 }  // namespace
 
 StatusOr<std::unique_ptr<StreamSocket>> StreamSocket::Start(const std::string& path, Handler handler) {
-  ASSIGN_OR_RETURN(sockaddr_un addr, AddressOf(path));
   std::string dir = path.substr(0, path.rfind('/'));
   if (!dir.empty()) RETURN_IF_ERROR(MakeDirs(dir, 0700));
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoError(errno, "socket");
   unlink(path.c_str());  // a socket left by a process that died (the path is this process's own)
-  mode_t old = umask(0177);  // the socket file is 0600
-  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  int err = errno;
-  umask(old);
-  if (rc != 0 || listen(fd, 16) != 0) {
-    if (rc == 0) err = errno;
-    close(fd);
-    return ErrnoError(err, "cannot listen on " + path);
-  }
+  ASSIGN_OR_RETURN(int fd, ListenUnix(path, 16, "the trace socket"));
   std::unique_ptr<StreamSocket> s(new StreamSocket(path, fd, std::move(handler)));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
@@ -129,10 +119,9 @@ void StreamSocket::AcceptLoop() {
       if (!stop_) spdlog::warn("{}: accept: {}", path_, strerror(errno));
       return;
     }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || (cred.uid != 0 && cred.uid != geteuid())) {
-      spdlog::warn("{}: refusing a process of uid {} (only root or uid {} may read it)", path_, cred.uid, geteuid());
+    uint32_t uid;
+    if (!PeerIsRootOrSelf(c, &uid)) {
+      spdlog::warn("{}: refusing a process of uid {} (only root or uid {} may read it)", path_, uid, geteuid());
       close(c);
       continue;
     }

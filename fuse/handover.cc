@@ -21,6 +21,8 @@
 #include "common/bad_request.h"
 #include "common/fs.h"
 #include "common/hash.h"
+#include "common/net.h"
+#include "rpc/local_wire.h"
 
 extern char** environ;
 
@@ -152,14 +154,9 @@ StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds t
     st = InvalidArgumentError("a hand-over message of " + std::to_string(len) + " bytes (at most " +
                               std::to_string(kMaxMessage) + ")");
   }
-  // The body grows as it arrives, so a length prefix with nothing behind it costs no memory.
-  constexpr size_t kChunk = 1 << 20;
   std::string body;
-  while (st.ok() && body.size() < len) {
-    size_t had = body.size();
-    size_t n = std::min<size_t>(kChunk, len - had);
-    body.resize(had + n);
-    st = ReadFully(sock, body.data() + had, n, nullptr, deadline);
+  if (st.ok()) {
+    st = ReadGrowing(len, &body, [&](char* p, size_t n) { return ReadFully(sock, p, n, nullptr, deadline); });
   }
   if (st.ok() && !r.msg.ParseFromString(body)) st = DataLossError("a hand-over message that does not parse");
   if (!st.ok()) {
@@ -192,20 +189,9 @@ StatusOr<int> ListenLocal(const std::string& path) {
   }
   unlink(path.c_str());  // a stale socket file: its process is gone
   Status st;
-  sockaddr_un a = AddressOf(path, &st);
+  AddressOf(path, &st);  // its own message for a path too long
   RETURN_IF_ERROR(st);
-  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return ErrnoError(errno, "socket");
-  mode_t old = umask(0177);
-  int rc = bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  int err = errno;
-  umask(old);
-  if (rc != 0 || listen(s, 16) != 0) {
-    if (rc == 0) err = errno;
-    close(s);
-    return ErrnoError(err, "listen on " + path);
-  }
-  return s;
+  return ListenUnix(path, 16, "the hand-over socket");
 }
 
 StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& socket_path,

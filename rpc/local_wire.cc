@@ -89,22 +89,26 @@ Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd, uint32_t m
     st = InvalidArgumentError("a local socket frame of " + std::to_string(len) + " bytes (at most " +
                               std::to_string(max_len) + ")");
   }
-  // The body grows as it arrives (a chunk at a time), so a length prefix with no body behind it
-  // costs nothing.
-  constexpr size_t kChunk = 1 << 20;
   std::string body;
-  while (st.ok() && body.size() < len) {
-    size_t had = body.size();
-    size_t n = std::min<size_t>(kChunk, len - had);
-    body.resize(had + n);
-    st = RecvAll(sock, body.data() + had, n, fd);
-  }
+  if (st.ok()) st = ReadGrowing(len, &body, [&](char* p, size_t n) { return RecvAll(sock, p, n, fd); });
   if (st.ok() && !m->ParseFromString(body)) st = InvalidArgumentError("a malformed local socket message");
   if (!st.ok() && *fd >= 0) {
     close(*fd);
     *fd = -1;
   }
   return st;
+}
+
+Status ReadGrowing(uint32_t len, std::string* body, const std::function<Status(char*, size_t)>& read_exactly) {
+  constexpr size_t kChunk = 1 << 20;
+  body->clear();
+  while (body->size() < len) {
+    size_t had = body->size();
+    size_t n = std::min<size_t>(kChunk, len - had);
+    body->resize(had + n);
+    RETURN_IF_ERROR(read_exactly(body->data() + had, n));
+  }
+  return Status::OK();
 }
 
 StatusOr<int> ConnectUnix(const std::string& path) {

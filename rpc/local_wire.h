@@ -6,6 +6,7 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include <functional>
 #include <string>
 
 #include "common/status.h"
@@ -24,6 +25,11 @@ Status SendFrame(int sock, const google::protobuf::MessageLite& m, int fd = -1);
 // than `max_len` (refused before its body is read) or a body that does not parse. Memory grows
 // with the bytes that actually arrive, never with what the length prefix claims.
 Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd, uint32_t max_len = kMaxLocalFrame);
+
+// Reads a frame body of `len` bytes into *body through `read_exactly` (which fills n bytes or
+// fails), a chunk at a time: memory follows the bytes that arrive, never what a length prefix
+// claims. For every framing on a local socket (this one, the FUSE hand-over's).
+Status ReadGrowing(uint32_t len, std::string* body, const std::function<Status(char*, size_t)>& read_exactly);
 
 // A connected AF_UNIX stream socket to `path` (close-on-exec). UNAVAILABLE when nobody listens.
 StatusOr<int> ConnectUnix(const std::string& path);

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "common/bad_request.h"
+#include "common/net.h"
 #include "proto/granary.pb.h"
 #include "rpc/local_wire.h"
 
@@ -19,39 +20,18 @@ namespace granary::worker {
 
 StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path, BlockSource* source,
                                                           BlockStore* store) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return InvalidArgumentError("worker.local_socket: '" + path + "' is longer than a socket path may be (" +
-                                std::to_string(sizeof(addr.sun_path) - 1) + " bytes)");
-  }
-  addr.sun_family = AF_UNIX;
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoError(errno, "socket");
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      close(fd);
-      return InvalidArgumentError("worker.local_socket: " + path + " exists and is not a socket");
-    }
+    if (!S_ISSOCK(st.st_mode)) return InvalidArgumentError("worker.local_socket: " + path + " exists and is not a socket");
     // A socket left by a worker that died; a live one would still answer.
     auto probe = ConnectUnix(path);
     if (probe.ok()) {
       close(*probe);
-      close(fd);
       return AlreadyExistsError("worker.local_socket: another worker is listening on " + path);
     }
     unlink(path.c_str());
   }
-  mode_t old = umask(0177);  // the socket file is 0600
-  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  int err = errno;
-  umask(old);
-  if (rc != 0 || listen(fd, 128) != 0) {
-    if (rc == 0) err = errno;
-    close(fd);
-    return ErrnoError(err, "worker.local_socket: cannot listen on " + path);
-  }
+  ASSIGN_OR_RETURN(int fd, ListenUnix(path, 128, "worker.local_socket"));
   std::unique_ptr<LocalServer> s(new LocalServer(path, fd, source, store));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
@@ -80,10 +60,9 @@ void LocalServer::AcceptLoop() {
       if (!stop_) spdlog::warn("local socket accept: {}", strerror(errno));
       return;
     }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || (cred.uid != 0 && cred.uid != geteuid())) {
-      spdlog::warn("local socket: refusing a process of uid {} (only root or uid {} may read blocks here)", cred.uid,
+    uint32_t uid;
+    if (!PeerIsRootOrSelf(c, &uid)) {
+      spdlog::warn("local socket: refusing a process of uid {} (only root or uid {} may read blocks here)", uid,
                    geteuid());
       close(c);
       continue;
