@@ -147,6 +147,9 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   // `granary stats` and `granary trace` find the FUSE endpoint through RuntimeDir(); a fixed port
   // would clash with a second `granary local` or a cluster's granary-fuse on this machine.
   SetDefault(&cfg, "fuse.metrics_listen", "127.0.0.1:0");
+  // One user's cache on one machine: its metrics on loopback too (the usual ports).
+  SetDefault(&cfg, "master.metrics_listen", "127.0.0.1:19996");
+  SetDefault(&cfg, "worker.metrics_listen", "127.0.0.1:29996");
   Status set = cfg.Set("fuse.mountpoint", opts.mountpoint, "MOUNTPOINT");
   if (!set.ok()) return fail(set);
   InitLogging("granary", cfg.log.level);

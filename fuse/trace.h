@@ -1,5 +1,6 @@
-// Tracer: the access trace of one granary-fuse, streamed to `granary trace` (GET /trace on the
-// FUSE metrics endpoint) and summarised by `granary profile`.
+// Tracer: the access trace of one granary-fuse, streamed to `granary trace` (over granary-fuse's
+// root-only trace socket, common/stream_socket.h; never a network port) and summarised by
+// `granary profile`.
 //
 // Cost: an operation asks Listening() — one relaxed atomic load — and builds a record only when a
 // listener is connected; with none, nothing else happens (records() stays 0, which the tests

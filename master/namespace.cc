@@ -107,8 +107,15 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir
                                                      const UfsAccess& access, int64_t default_sync_ms,
                                                      uint64_t cache_bytes, rocksdb::Env* env) {
   RETURN_IF_ERROR(MakeDirs(data_dir, 0700));
-  // It holds every dataset's file names: 0700 even when it existed before with a wider mode.
-  if (chmod(data_dir.c_str(), 0700) != 0) return ErrnoError(errno, "master.data_dir: chmod 0700 " + data_dir);
+  // It holds every dataset's file names: 0700 even when it existed before with a wider mode. A
+  // directory this user does not own (a Kubernetes volume's root, owned by root with the pod's
+  // fsGroup) cannot be changed: that is said, and the volume's own access applies.
+  if (chmod(data_dir.c_str(), 0700) != 0) {
+    if (errno != EPERM) return ErrnoError(errno, "master.data_dir: chmod 0700 " + data_dir);
+    spdlog::warn("master.data_dir {} is not this user's, so its mode stays as it is; it holds every dataset's file "
+                 "names: give it to this user with mode 0700, or keep its volume private to the master",
+                 data_dir);
+  }
   std::error_code ec;
   std::string canonical = std::filesystem::canonical(data_dir, ec).string();
   if (ec) canonical = data_dir;

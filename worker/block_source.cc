@@ -2,6 +2,7 @@
 
 #include "worker/peers.h"
 
+#include "common/bad_request.h"
 #include "common/config.h"
 
 #include <spdlog/spdlog.h>
@@ -279,6 +280,7 @@ void BlockSource::PrefetchLoop() {
       prefetch_queue_.pop_front();
     }
     Status st = Warm(req);
+    if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's prefetch queue", st);
     if (!st.ok()) spdlog::debug("prefetch of {} block {}: {}", req.ufs_path, req.index, st.message());
   }
 }

@@ -19,6 +19,16 @@ std::vector<std::string> With(std::vector<std::string> argv, const std::vector<s
   return argv;
 }
 
+// What a daemon may open below the test's directory (ufs.local_roots, ufs.secrets_dir), unless the
+// test's own arguments say otherwise.
+std::vector<std::string> UfsAccessArgs(const std::string& dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> args;
+  for (const char* key : {"--ufs.local_roots", "--ufs.secrets_dir"}) {
+    if (std::find(extra.begin(), extra.end(), key) == extra.end()) args.insert(args.end(), {key, dir});
+  }
+  return args;
+}
+
 
 }  // namespace
 
@@ -59,8 +69,8 @@ bool LocalCluster::StartMaster(const std::string& listen, std::string* why) {
       With(std::vector<std::string>{Bin("granary-master"), "--master.listen", listen, "--master.data_dir",
                                     dir_ / "master", "--master.block_size", opts_.block_size,
                                     "--master.worker_timeout", opts_.worker_timeout, "--master.metrics_listen", "127.0.0.1:0",
-                                    "--ready-file", dir_ / "master.addr", "--ufs.local_roots", dir_.path(), "--ufs.secrets_dir", dir_.path()},
-           opts_.extra_args),
+                                    "--ready-file", dir_ / "master.addr"},
+           With(UfsAccessArgs(dir_.path(), opts_.extra_args), opts_.extra_args)),
       dir_ / "master.log");
   master_addr_ = WaitForReadyFile(dir_ / "master.addr", master_.get());
   if (master_addr_.empty()) {
@@ -83,7 +93,8 @@ bool LocalCluster::StartWorker(const std::string& listen, std::string* why) {
   unlink((dir_ / "worker.addr").c_str());
   std::vector<std::string> argv{Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
                                 "--worker.heartbeat_interval", "200ms", "--worker.metrics_listen", "127.0.0.1:0",
-                                "--ready-file", dir_ / "worker.addr", "--ufs.local_roots", dir_.path(), "--ufs.secrets_dir", dir_.path()};
+                                "--ready-file", dir_ / "worker.addr"};
+  argv = With(argv, UfsAccessArgs(dir_.path(), opts_.extra_args));
   bool tiered = false;
   for (const auto& a : opts_.worker_args) tiered |= a == "--worker.tieredstore.levels";
   if (!tiered) argv = With(argv, {"--worker.cache_dir", dir_ / "cache", "--worker.cache_quota", opts_.cache_quota});

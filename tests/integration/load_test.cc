@@ -64,7 +64,9 @@ class LoadTest : public ::testing::Test {
 
   // A cluster with the bucket's `prefix` mounted at /ds.
   std::unique_ptr<LocalCluster> Start(const TempDir& dir, const std::string& prefix, bool fuse = false) {
-    auto c = std::make_unique<LocalCluster>(dir);  // 64 KiB blocks: each object is one block
+    ClusterOptions opts;  // 64 KiB blocks: each object is one block
+    opts.extra_args = {"--ufs.secrets_dir", dir_->path()};  // the suite's credential files
+    auto c = std::make_unique<LocalCluster>(dir, opts);
     std::string why;
     EXPECT_TRUE(c->StartDaemons(&why)) << why;
     if (fuse) {
