@@ -23,12 +23,11 @@ StatusOr<int> ListenUnix(const std::string& path, int backlog, const std::string
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoError(errno, what + ": socket");
-  mode_t old = umask(0177);  // the socket file is 0600
-  int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  int err = errno;
-  umask(old);
-  if (rc != 0 || listen(fd, backlog) != 0) {
-    if (rc == 0) err = errno;
+  // 0600 before listen(): until then nobody can connect (the umask is left alone: it is the whole
+  // process's, and other threads may be making directories).
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || chmod(path.c_str(), 0600) != 0 ||
+      listen(fd, backlog) != 0) {
+    int err = errno;
     close(fd);
     return ErrnoError(err, what + ": cannot listen on " + path);
   }

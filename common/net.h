@@ -24,7 +24,7 @@ Status CheckCanListen(const std::string& address);
 // This machine's host name.
 std::string HostName();
 
-// A unix stream socket listening on `path` (close-on-exec), its file 0600 whatever the umask;
+// A unix stream socket listening on `path` (close-on-exec), its file 0600 before it listens;
 // `what` names it in errors ("worker.local_socket: ..."). The caller has removed a stale file.
 StatusOr<int> ListenUnix(const std::string& path, int backlog, const std::string& what);
 // Whether the process at the other end of unix socket `fd` runs as root or as this process's own

@@ -94,6 +94,8 @@ StatusOr<std::unique_ptr<StreamSocket>> StreamSocket::Start(const std::string& p
   unlink(path.c_str());  // a socket left by a process that died (the path is this process's own)
   ASSIGN_OR_RETURN(int fd, ListenUnix(path, 16, "the trace socket"));
   std::unique_ptr<StreamSocket> s(new StreamSocket(path, fd, std::move(handler)));
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) s->inode_ = st.st_ino;
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
 }
@@ -108,7 +110,9 @@ void StreamSocket::Stop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (int c : conns_) shutdown(c, SHUT_RDWR);
   idle_.wait(lock, [this] { return conns_.empty(); });
-  unlink(path_.c_str());
+  // Only its own file: a successor with the same name (pid 1 of the next pod) may have replaced it.
+  struct stat st {};
+  if (lstat(path_.c_str(), &st) == 0 && st.st_ino == inode_) unlink(path_.c_str());
 }
 
 void StreamSocket::AcceptLoop() {

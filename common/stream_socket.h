@@ -54,6 +54,7 @@ class StreamSocket {
   const std::string path_;
   const int listen_fd_;
   const Handler handler_;
+  uint64_t inode_ = 0;  // of the socket file this one made
   std::atomic<bool> stop_{false};
   std::thread acceptor_;
   std::mutex mu_;

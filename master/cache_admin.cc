@@ -57,27 +57,19 @@ Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::ve
       told);
 }
 
-Status CacheAdmin::Unmount(const std::string& path, uint64_t* freed) {
-  ASSIGN_OR_RETURN(rpc::MountInfo m, ns_->Unmount(path));
+Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t mount_id, uint64_t* blocks,
+                          uint32_t* told) {
   rpc::FreeBlocksRequest fb;
-  fb.add_mount_ids(m.id());
-  uint32_t told = 0;
-  *freed = 0;
-  Status st = ForEachWorker(
-      *cluster_, workers_,
+  fb.add_mount_ids(mount_id);
+  return ForEachWorker(
+      cluster, workers,
       [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
         rpc::FreeBlocksResponse r;
         Status s = FromGrpc(w.FreeBlocks(&ctx, fb, &r), "FreeBlocks");
-        *freed += r.blocks();
+        *blocks += r.blocks();
         return s;
       },
-      &told);
-  if (!st.ok()) {
-    spdlog::warn("unmounted {}; a worker did not free its blocks yet ({}); it will when it registers again", m.path(),
-                 st.message());
-  }
-  spdlog::info("unmounted {} (mount {}): {} cached blocks freed on {} workers", m.path(), m.id(), *freed, told);
-  return Status::OK();
+      told);
 }
 
 Status CacheAdmin::Pin(const rpc::PinRequest& req, rpc::PinResponse* resp) {

@@ -44,12 +44,14 @@ Status ForEachWorker(Cluster& cluster, const WorkerCalls& workers,
 Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys,
                      uint64_t* blocks, uint32_t* told);
 
+// Frees every cached block of an unmounted mount on every live worker. A worker that misses it
+// (down, unreachable) frees them when it registers again: it asks the master for the mounts its
+// blocks belong to.
+Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t mount_id, uint64_t* blocks,
+                          uint32_t* told);
+
 class CacheAdmin {
  public:
-  // Unmounts `path` and frees its cached blocks on every live worker. A worker that misses it (down,
-  // unreachable) frees them when it registers again: it asks for the mounts its blocks belong to.
-  // The unmount stands whatever the workers answer; *freed gets the blocks they freed.
-  Status Unmount(const std::string& path, uint64_t* freed);
   CacheAdmin(Namespace* ns, Cluster* cluster, WorkerCalls workers)
       : ns_(ns), cluster_(cluster), workers_(std::move(workers)) {}
 

@@ -40,9 +40,11 @@ constexpr size_t kSlowCallThreadsMax = 512;
 
 class MasterService final : public MetadataCallbacks {
  public:
+  // `unmounted` is told of every mount unmounted (its blocks are freed in the background).
   MasterService(Namespace* ns, Cluster* cluster, JobManager* jobs, std::shared_ptr<RpcSecurity> sec,
-                const WorkerCalls& workers)
-      : ns_(ns), cluster_(cluster), jobs_(jobs), sec_(std::move(sec)), admin_(ns, cluster, workers) {}
+                const WorkerCalls& workers, std::function<void(const rpc::MountInfo&)> unmounted)
+      : ns_(ns), cluster_(cluster), jobs_(jobs), sec_(std::move(sec)), admin_(ns, cluster, workers),
+        unmounted_(std::move(unmounted)) {}
 
 #define GRANARY_AUTH()                                   \
   do {                                                   \
@@ -61,8 +63,10 @@ class MasterService final : public MetadataCallbacks {
   }
   grpc::Status Unmount(ServerContext* ctx, const rpc::UnmountRequest* req, rpc::UnmountResponse*) override {
     GRANARY_AUTH();
-    uint64_t freed = 0;
-    return ToGrpc(admin_.Unmount(req->path(), &freed));
+    auto m = ns_->Unmount(req->path());
+    if (!m.ok()) return ToGrpc(m.status());
+    unmounted_(*m);
+    return grpc::Status::OK;
   }
   grpc::Status ListMounts(ServerContext* ctx, const rpc::ListMountsRequest*, rpc::ListMountsResponse* resp) override {
     GRANARY_AUTH();
@@ -233,6 +237,7 @@ class MasterService final : public MetadataCallbacks {
   JobManager* jobs_;
   std::shared_ptr<RpcSecurity> sec_;
   CacheAdmin admin_;
+  std::function<void(const rpc::MountInfo&)> unmounted_;
   ThreadPool slow_{kSlowCallThreadsKept, kSlowCallThreadsMax};  // drained before the server's Shutdown returns
 };
 
@@ -247,6 +252,14 @@ class MasterServerImpl final : public MasterServer {
     ASSIGN_OR_RETURN(UfsAccess access, UfsAccess::FromConfig(cfg));
     ASSIGN_OR_RETURN(ns_, Namespace::Open(cfg.master.data_dir, cfg.master.block_size, access, cfg.master.metadata_sync_ms,
                                           cfg.master.rocksdb_cache));
+    // Mounts made before ufs.local_roots / ufs.secrets_dir, or under wider ones: said at start,
+    // not first at a reader's EACCES.
+    for (const auto& listed : ns_->ListMounts()) {
+      auto m = ns_->GetMount(listed.id());
+      if (!m.ok()) continue;
+      Status allowed = CheckMountAccess(m->uri(), {m->options().begin(), m->options().end()}, access);
+      if (!allowed.ok()) spdlog::warn("mount {} cannot be served here: {}", m->path(), allowed.message());
+    }
     cluster_ = std::make_unique<Cluster>(cfg.master.worker_timeout);
     // Versions replaced or deleted by a metadata sync: free their blocks in the background.
     ns_->SetReclaimListener([this](std::vector<FileKey> keys) {
@@ -256,7 +269,8 @@ class MasterServerImpl final : public MasterServer {
     });
     workers_ = WorkerCalls{std::make_shared<StubPool<rpc::Worker>>(sec_), cfg.rpc.timeout};
     jobs_ = std::make_unique<JobManager>(ns_.get(), cluster_.get(), workers_.pool);
-    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), jobs_.get(), sec_, workers_);
+    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), jobs_.get(), sec_, workers_,
+                                               [this](const rpc::MountInfo& m) { Unmounted(m); });
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(cfg.master.listen, sec_->ServerCredentials(), &port);
@@ -274,13 +288,26 @@ class MasterServerImpl final : public MasterServer {
         // mu_ guards only the queue and the stop flag; the work (the cluster's lock, RPCs to
         // workers) happens without it, so the reclaim listener never waits behind an expiry.
         std::vector<FileKey> keys;
+        std::vector<uint64_t> mounts;
         {
           MutexLock lock(&mu_);
-          if (!stop_ && reclaim_.empty()) lock.WaitFor(&cv_, interval);
+          if (!stop_ && reclaim_.empty() && reclaim_mounts_.empty()) lock.WaitFor(&cv_, interval);
           if (stop_) return;
           keys.swap(reclaim_);
+          mounts.swap(reclaim_mounts_);
         }
         cluster_->ExpireWorkers();
+        for (uint64_t id : mounts) {
+          uint64_t blocks = 0;
+          uint32_t told = 0;
+          Status st = FreeMountOnWorkers(*cluster_, workers_, id, &blocks, &told);
+          if (!st.ok()) {
+            spdlog::warn("freeing the blocks of unmounted mount {}: {} (a worker that missed it frees them when it "
+                         "registers again)",
+                         id, st.message());
+          }
+          spdlog::info("freed {} cached blocks of unmounted mount {} on {} workers", blocks, id, told);
+        }
         if (keys.empty()) continue;
         uint64_t blocks = 0;
         uint32_t told = 0;
@@ -374,6 +401,20 @@ class MasterServerImpl final : public MasterServer {
   }
 
  private:
+  // An unmounted dataset: its blocks are freed on the workers in the background, unless another
+  // mount serves the same URI (blocks are named by URI, path and version, so they are its too).
+  void Unmounted(const rpc::MountInfo& gone) {
+    for (const auto& m : ns_->ListMounts()) {
+      if (m.uri() == gone.uri()) {
+        spdlog::info("unmounted {}; its cached blocks stay: {} serves the same under-storage", gone.path(), m.path());
+        return;
+      }
+    }
+    MutexLock lock(&mu_);
+    reclaim_mounts_.push_back(gone.id());
+    cv_.notify_all();
+  }
+
   std::shared_ptr<RpcSecurity> sec_;
   std::unique_ptr<Namespace> ns_;
   std::unique_ptr<Cluster> cluster_;
@@ -392,6 +433,7 @@ class MasterServerImpl final : public MasterServer {
   std::condition_variable cv_;
   bool stop_ GUARDED_BY(mu_) = false;
   std::vector<FileKey> reclaim_ GUARDED_BY(mu_);
+  std::vector<uint64_t> reclaim_mounts_ GUARDED_BY(mu_);  // unmounted: their blocks to free
   std::thread expirer_;           // expires workers and sends reclaims
 };
 

@@ -1,5 +1,7 @@
 #include "rpc/rpc.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
@@ -65,7 +67,11 @@ StatusOr<std::shared_ptr<RpcSecurity>> RpcSecurity::FromConfig(const RpcConfig& 
 }
 
 bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 Status CheckServingPolicy(const std::string& setting_key, const std::string& listen, const RpcConfig& cfg) {

@@ -6,7 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cerrno>
+#include <cstdio>
+
+#include "common/path.h"
 
 namespace granary {
 namespace {
@@ -32,7 +36,8 @@ UfsEntry EntryOf(const std::string& name, const struct stat& st) {
 
 }  // namespace
 
-StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& root) {
+StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& root,
+                                                         const std::vector<std::string>& confine) {
   std::string r = root;
   while (r.size() > 1 && r.back() == '/') r.pop_back();
   if (r.empty() || r[0] != '/') return InvalidArgumentError("'" + root + "' is not an absolute path");
@@ -42,7 +47,31 @@ StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& roo
     return ErrnoError(errno, "under-storage directory " + r);
   }
   if (!S_ISDIR(st.st_mode)) return InvalidArgumentError("under-storage " + r + " is not a directory");
-  return std::shared_ptr<UnderFileSystem>(new LocalUfs(r));
+  std::vector<std::string> resolved;
+  for (const auto& dir : confine) {
+    char real[PATH_MAX];
+    if (realpath(dir.c_str(), real) != nullptr) resolved.push_back(real);
+  }
+  if (!confine.empty() && resolved.empty()) {
+    return PermissionDeniedError("none of ufs.local_roots exists, so nothing below them can be read");
+  }
+  return std::shared_ptr<UnderFileSystem>(new LocalUfs(r, std::move(resolved)));
+}
+
+Status LocalUfs::CheckConfined(int fd, const std::string& full) const {
+  if (confine_.empty()) return Status::OK();
+  char link[64], real[PATH_MAX];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, real, sizeof real - 1);
+  if (n > 0) {
+    std::string at(real, static_cast<size_t>(n));
+    for (const auto& dir : confine_) {
+      if (PathWithin(at, dir)) return Status::OK();
+    }
+  }
+  return PermissionDeniedError(full + " leads out of ufs.local_roots (a symbolic link to " +
+                               (n > 0 ? std::string(real, static_cast<size_t>(n)) : std::string("?")) +
+                               "); add its target's directory to ufs.local_roots to serve it");
 }
 
 StatusOr<std::string> LocalUfs::FullPath(const std::string& path) const {
@@ -107,6 +136,10 @@ StatusOr<size_t> LocalUfs::Read(const std::string& path, const std::string& vers
   ASSIGN_OR_RETURN(std::string full, FullPath(path));
   int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open " + full);
+  if (Status in = CheckConfined(fd, full); !in.ok()) {
+    close(fd);
+    return in;
+  }
   auto changed = [&] {
     return VersionChangedError(full + " changed in the under-storage since it was listed");
   };

@@ -1,11 +1,14 @@
 // LocalUfs: a directory of this machine as under-storage (a local disk, or an NFS volume already
 // mounted into the pod). Versions are "<size>-<mtime ns>-<inode>", so an in-place rewrite or an
 // atomic replace both produce a new version. Symbolic links are followed; other special files are
-// skipped. Thread-safe (no mutable state).
+// skipped. With `confine` (ufs.local_roots), a read whose file resolves outside every one of those
+// directories is PERMISSION_DENIED: a link a dataset's writer planted (x -> /etc/shadow) reads
+// nothing the roots do not hold. Thread-safe (no mutable state).
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ufs/ufs.h"
 
@@ -13,8 +16,10 @@ namespace granary {
 
 class LocalUfs : public UnderFileSystem {
  public:
-  // `root` is an absolute directory path; NOT_FOUND when it does not exist.
-  static StatusOr<std::shared_ptr<UnderFileSystem>> Open(const std::string& root);
+  // `root` is an absolute directory path; NOT_FOUND when it does not exist. `confine`: the
+  // directories reads must stay within (empty: anywhere).
+  static StatusOr<std::shared_ptr<UnderFileSystem>> Open(const std::string& root,
+                                                         const std::vector<std::string>& confine = {});
 
   const std::string& uri() const override { return uri_; }
   StatusOr<UfsEntry> Stat(const std::string& path) override;
@@ -23,11 +28,15 @@ class LocalUfs : public UnderFileSystem {
                         char* out) override;
 
  private:
-  explicit LocalUfs(std::string root) : root_(std::move(root)), uri_("file://" + root_) {}
+  LocalUfs(std::string root, std::vector<std::string> confine)
+      : root_(std::move(root)), uri_("file://" + root_), confine_(std::move(confine)) {}
   StatusOr<std::string> FullPath(const std::string& path) const;
+  // OK when open file `fd` (named `full`) lies within confine_.
+  Status CheckConfined(int fd, const std::string& full) const;
 
   std::string root_;
   std::string uri_;
+  std::vector<std::string> confine_;  // resolved (realpath) directories
 };
 
 }  // namespace granary

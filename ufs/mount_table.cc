@@ -9,7 +9,9 @@ StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::stri
   std::map<std::string, std::string> ufs_options;
   RETURN_IF_ERROR(SplitMountOptions(options, &ufs_options, &m.cache));
   RETURN_IF_ERROR(CheckMountAccess(uri, ufs_options, access));
-  auto ufs = OpenUnderFileSystem(uri, ufs_options);  // opening asks the storage (S3: the prefix)
+  // Opening asks the storage (S3: the prefix); a file:// mount's reads stay below the roots.
+  static const std::vector<std::string> kAnywhere;
+  auto ufs = OpenUnderFileSystem(uri, ufs_options, access.unrestricted ? kAnywhere : access.local_roots);
   if (!ufs.ok()) return MarkUnderStorage(ufs.status());
   m.ufs = std::move(ufs).value();
   m.ufs = CountedUfs(std::move(m.ufs), counters);

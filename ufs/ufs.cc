@@ -77,7 +77,8 @@ std::string JoinPath(const std::string& dir, const std::string& name) {
 }
 
 StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string& uri,
-                                                                const std::map<std::string, std::string>& options) {
+                                                                const std::map<std::string, std::string>& options,
+                                                                const std::vector<std::string>& local_roots) {
   RETURN_IF_ERROR(RefuseInlineSecrets(options));
   ASSIGN_OR_RETURN(ParsedUri p, ParseUri(uri));
   if (p.scheme == "file") {
@@ -87,7 +88,7 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
     if (!p.authority.empty()) {
       return InvalidArgumentError("'" + RedactUri(uri) + "': file:// URIs have no host; write file:///path");
     }
-    return LocalUfs::Open(p.path);
+    return LocalUfs::Open(p.path, local_roots);
   }
   if (p.scheme == "s3") {
     ASSIGN_OR_RETURN(S3Settings s, ResolveS3Settings(p.authority, p.path, options));

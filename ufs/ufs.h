@@ -117,7 +117,9 @@ Status MarkUnderStorage(const Status& s);
 std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs, UfsCounters* counters);
 
 // Opens the under-storage named by `uri`. `options` are per-mount settings (credentials, endpoint).
+// A file:// mount's reads stay within `local_roots` when it is not empty (LocalUfs).
 StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string& uri,
-                                                                const std::map<std::string, std::string>& options);
+                                                                const std::map<std::string, std::string>& options,
+                                                                const std::vector<std::string>& local_roots = {});
 
 }  // namespace granary

@@ -153,6 +153,12 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     route.keep = became_home;
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block, Fetch(req, mount, meta, route));
+  if (block->bytes.size() != meta.length) {
+    // Joined a fetch (or found a buffered block) for a request that claimed another file size.
+    return AbortedError("block " + std::to_string(req.index) + " of " + req.ufs_path + " was fetched as " +
+                        std::to_string(block->bytes.size()) + " bytes, not " + std::to_string(meta.length) +
+                        "; read it again");
+  }
   out->assign(block->bytes.data() + req.offset, len);
   counters_.bytes_served += len;
   CountSource(req.mount_id, block->source);
@@ -473,7 +479,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     bool became_home = false;
     Status st = FromPeers(whole, meta.id, data, &became_home);
     if (!st.ok() && !st.IsRetryable()) return st;
-    fetched = st.ok();
+    fetched = st.ok() && data->size() == meta.length;  // a peer's short answer is no block
     if (fetched) fb->source = ReadSource::kPeer;
     if (fetched && route.elastic) counters_.elastic_peer_bytes += data->size();
   }

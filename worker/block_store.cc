@@ -426,9 +426,16 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   {
     MutexLock lock(&mu_);
     if (auto have = index_.find(meta.id); have != index_.end()) {
-      // Cached already. An elastic copy that is now wanted as a replica becomes one.
-      if (have->second.meta.elastic && !meta.elastic) SetKindLocked(meta.id, have->second, Kind{false, meta.home});
-      return Status::OK();
+      Entry& e = have->second;
+      // A shorter copy, cached for a request that claimed a smaller file, gives way to this one
+      // (read whole from the under-storage) once no reader holds it.
+      if (e.meta.length < meta.length && e.meta.offset == meta.offset && !e.doomed && e.readers == 0 && !e.moving) {
+        RemoveLocked(meta.id, &r);
+      } else {
+        // Cached already. An elastic copy that is now wanted as a replica becomes one.
+        if (e.meta.elastic && !meta.elastic) SetKindLocked(meta.id, e, Kind{false, meta.home});
+        return Status::OK();
+      }
     }
     if (putting_.count(meta.id)) return Status::OK();
     for (size_t t = 0; t < tiers_.size() && tier < 0; ++t) {

@@ -70,6 +70,7 @@ Status MasterLink::Register() {
     // The master's own answer, not the under-storage's (a source missing for a while is no unmount).
     Status known = MountSource(id).status();
     if (known.code() == Code::kNotFound) {
+      ForgetMount(id);
       size_t n = store_->FreeMount(id);
       spdlog::info("mount {} is no longer mounted: freed its {} cached blocks", id, n);
     } else if (known.ok()) {

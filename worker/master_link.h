@@ -52,6 +52,8 @@ class MasterLink final : public MountResolver, public BlockReporter {
   void BlockAdded(const BlockMeta& m) override;
   void BlockRemoved(const BlockMeta& m) override;
   StatusOr<MountHandle> GetMount(uint64_t mount_id) override;
+  // An unmounted dataset: its opened mount (and credentials) are dropped; a later use asks the master.
+  void ForgetMount(uint64_t mount_id) { mounts_.Erase(mount_id); }
   // Calls to the under-storage of every mount this worker opened.
   const UfsCounters& ufs_counters() const { return ufs_counters_; }
 

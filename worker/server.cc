@@ -48,9 +48,11 @@ StatusOr<std::vector<FileKey>> ParseFileKeys(const google::protobuf::RepeatedPtr
 
 class WorkerService final : public rpc::Worker::Service {
  public:
+  // `forget_mount` drops an unmounted dataset's opened mount (MasterLink::ForgetMount).
   WorkerService(BlockSource* source, BlockStore* store, std::shared_ptr<RpcSecurity> sec,
-                std::function<rpc::WorkerStats()> stats)
-      : source_(source), store_(store), sec_(std::move(sec)), stats_(std::move(stats)) {}
+                std::function<rpc::WorkerStats()> stats, std::function<void(uint64_t)> forget_mount)
+      : source_(source), store_(store), sec_(std::move(sec)), stats_(std::move(stats)),
+        forget_mount_(std::move(forget_mount)) {}
 
   grpc::Status SetPins(grpc::ServerContext* ctx, const rpc::SetPinsRequest* req, rpc::SetPinsResponse*) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
@@ -64,8 +66,15 @@ class WorkerService final : public rpc::Worker::Service {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     auto keys = ParseFileKeys(req->file_keys());
     if (!keys.ok()) return ToGrpc(keys.status());
+    constexpr int kMaxMounts = 1024;
+    if (req->mount_ids_size() > kMaxMounts) {
+      Status bad = InvalidArgumentError("at most " + std::to_string(kMaxMounts) + " mounts per FreeBlocks");
+      NoteBadRequest("worker's FreeBlocks", bad);
+      return ToGrpc(bad);
+    }
     uint64_t blocks = keys->empty() ? 0 : store_->Free(*keys);
     for (uint64_t id : req->mount_ids()) {
+      forget_mount_(id);  // reads of it ask the master again, and hear it is gone
       size_t n = store_->FreeMount(id);
       if (n > 0) spdlog::info("freed {} cached blocks of unmounted mount {}", n, id);
       blocks += n;
@@ -254,6 +263,7 @@ class WorkerService final : public rpc::Worker::Service {
   BlockStore* store_;
   std::shared_ptr<RpcSecurity> sec_;
   std::function<rpc::WorkerStats()> stats_;
+  std::function<void(uint64_t)> forget_mount_;
 };
 
 class WorkerServerImpl final : public WorkerServer {
@@ -287,7 +297,8 @@ class WorkerServerImpl final : public WorkerServer {
                                            if (peers_->Update(self, live) && source_) source_->MembershipChanged();
                                          });
     source_ = std::make_unique<BlockSource>(store_.get(), link_.get(), link_.get(), peers_.get());
-    service_ = std::make_unique<WorkerService>(source_.get(), store_.get(), sec_, stats);
+    service_ = std::make_unique<WorkerService>(source_.get(), store_.get(), sec_, stats,
+                                               [this](uint64_t id) { link_->ForgetMount(id); });
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.worker.listen);

@@ -91,3 +91,37 @@ TEST(LocalUfs, RefusesPathsOutsideTheRoot) {
 
 }  // namespace
 }  // namespace granary
+
+namespace granary {
+namespace {
+
+// With ufs.local_roots, a read stays within them: a link a dataset's writer planted reads nothing
+// outside, a link to another allowed directory reads as before.
+TEST(LocalUfsConfined, ReadsThroughLinksStayWithinTheRoots) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "roots/ds/in.txt", "inside");
+  testing::WriteFile(dir / "roots/shared/s.txt", "shared");
+  testing::WriteFile(dir / "outside/secret", "root-only");
+  ASSERT_EQ(symlink((dir / "outside/secret").c_str(), (dir / "roots/ds/leak").c_str()), 0);
+  ASSERT_EQ(symlink((dir / "roots/shared/s.txt").c_str(), (dir / "roots/ds/ok-link").c_str()), 0);
+  auto confined = LocalUfs::Open(dir / "roots/ds", {dir / "roots"});
+  ASSERT_TRUE(confined.ok()) << confined.status().ToString();
+  auto read = [&](UnderFileSystem& ufs, const std::string& name) -> StatusOr<std::string> {
+    ASSIGN_OR_RETURN(UfsEntry e, ufs.Stat(name));
+    std::string out(e.size, '\0');
+    ASSIGN_OR_RETURN(size_t n, ufs.Read(name, e.version, 0, e.size, out.data()));
+    out.resize(n);
+    return out;
+  };
+  EXPECT_EQ(read(**confined, "in.txt").value(), "inside");
+  EXPECT_EQ(read(**confined, "ok-link").value(), "shared");
+  auto leak = read(**confined, "leak");
+  EXPECT_EQ(leak.status().code(), Code::kPermissionDenied) << leak.status().ToString();
+  EXPECT_NE(leak.status().message().find("ufs.local_roots"), std::string::npos) << leak.status().message();
+  auto open = LocalUfs::Open(dir / "roots/ds");  // unconfined (granary's own tools, tests)
+  ASSERT_TRUE(open.ok());
+  EXPECT_EQ(read(**open, "leak").value(), "root-only");
+}
+
+}  // namespace
+}  // namespace granary

@@ -115,6 +115,22 @@ TEST_F(BlockSourceTest, SizesARequestNamesAreCheckedBeforeAnyAllocation) {
   EXPECT_EQ(fakes_.ufs->reads_started.load(), 1) << "no refused request reached the under-storage";
 }
 
+// A request that claims a smaller file caches a short block; the whole block, read for a request
+// with the file's real size, replaces it, and no read ever gets bytes past what was fetched.
+TEST_F(BlockSourceTest, AShortBlockFromAFalseFileSizeGivesWayToTheWholeOne) {
+  std::string out;
+  bool hit;
+  BlockRequest lie = Req(1, 0, 65536);
+  lie.file_size = 65536 + 100;  // block 1 claimed to be 100 bytes
+  ASSERT_TRUE(source_->Read(lie, &out, &hit).ok());
+  EXPECT_EQ(out, data_.substr(65536, 100));
+  ASSERT_TRUE(source_->Read(Req(1, 0, 65536), &out, &hit).ok());
+  EXPECT_EQ(out, data_.substr(65536, 65536));
+  ASSERT_TRUE(source_->Read(Req(1, 100, 65436), &out, &hit).ok());
+  EXPECT_TRUE(hit) << "the whole block replaced the short one in the cache";
+  EXPECT_EQ(out, data_.substr(65536 + 100, 65436));
+}
+
 TEST_F(BlockSourceTest, ConcurrentMissesFetchOnce) {
   fakes_.ufs->CloseGate();
   constexpr int kReaders = 8;
