@@ -316,9 +316,9 @@ std::vector<Setting> MakeSettings() {
                   &Config::rpc, &RpcConfig::timeout));
   // ufs
   t.push_back(Row("ufs.local_roots", K::kString, "",
-                  "Comma-separated directories that file:// mounts may name (at or below them, after "
-                  "symbolic links are resolved). Empty: no file:// mount is allowed; `granary local` allows its "
-                  "own source. Set it on the master and the workers alike.",
+                  "Comma-separated directories that file:// mounts may name and their reads may reach (at or "
+                  "below them, after symbolic links are resolved). Empty: no file:// mount is allowed; "
+                  "`granary local` allows its own source. Set it on the master and the workers alike.",
                   &Config::ufs, &UfsConfig::local_roots));
   t.push_back(Row("ufs.secrets_dir", K::kPath, "",
                   "Directory that credential files named by mount options (access_key_file, "
