@@ -41,11 +41,11 @@ Status ForEachWorker(Cluster& cluster, const WorkerCalls& workers,
   return first;
 }
 
-// Frees the cached blocks of these file versions on every live worker.
-Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys,
-                     uint64_t* blocks, uint32_t* told) {
-  rpc::FreeBlocksRequest fb;
-  for (const auto& k : keys) fb.add_file_keys(FileKeyBytes(k));
+namespace {
+
+// Sends one FreeBlocks to every live worker; *blocks gets the blocks they freed.
+Status SendFree(Cluster& cluster, const WorkerCalls& workers, const rpc::FreeBlocksRequest& fb, uint64_t* blocks,
+                uint32_t* told) {
   return ForEachWorker(
       cluster, workers,
       [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
@@ -57,19 +57,21 @@ Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::ve
       told);
 }
 
+}  // namespace
+
+// Frees the cached blocks of these file versions on every live worker.
+Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys,
+                     uint64_t* blocks, uint32_t* told) {
+  rpc::FreeBlocksRequest fb;
+  for (const auto& k : keys) fb.add_file_keys(FileKeyBytes(k));
+  return SendFree(cluster, workers, fb, blocks, told);
+}
+
 Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t mount_id, uint64_t* blocks,
                           uint32_t* told) {
   rpc::FreeBlocksRequest fb;
   fb.add_mount_ids(mount_id);
-  return ForEachWorker(
-      cluster, workers,
-      [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
-        rpc::FreeBlocksResponse r;
-        Status s = FromGrpc(w.FreeBlocks(&ctx, fb, &r), "FreeBlocks");
-        *blocks += r.blocks();
-        return s;
-      },
-      told);
+  return SendFree(cluster, workers, fb, blocks, told);
 }
 
 Status CacheAdmin::Pin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
