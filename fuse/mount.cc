@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 #include <linux/capability.h>
+#include <dirent.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -1344,6 +1346,7 @@ class FuseMountImpl final : public FuseMount {
     char real[PATH_MAX];
     if (!trace_ && realpath(mountpoint_.c_str(), real) != nullptr) {
       // Named by pid too: a predecessor still serving its trace never removes its successor's socket.
+      RemoveDeadTraceSockets(real);
       auto t = StreamSocket::Start(MountRunFile(real, "-" + std::to_string(getpid()) + ".trace.sock"),
                                    [this](const std::map<std::string, std::string>& params,
                                           metrics::StreamSink* sink) { fs_->tracer->Serve(params, sink); });
@@ -1354,6 +1357,28 @@ class FuseMountImpl final : public FuseMount {
       }
     }
     WriteEndpoints();
+  }
+  // Trace sockets of this mount point left by processes that died without stopping (kill -9).
+  static void RemoveDeadTraceSockets(const std::string& mountpoint) {
+    const std::string prefix = MountRunFile(mountpoint, "-");
+    const std::string dir = prefix.substr(0, prefix.rfind('/'));
+    const std::string stem = prefix.substr(prefix.rfind('/') + 1);
+    const std::string suffix = ".trace.sock";
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return;
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name.size() <= stem.size() + suffix.size() || name.compare(0, stem.size(), stem) != 0 ||
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+        continue;
+      }
+      std::string pid = name.substr(stem.size(), name.size() - stem.size() - suffix.size());
+      char* end = nullptr;
+      long p = std::strtol(pid.c_str(), &end, 10);
+      if (end == nullptr || *end != '\0' || p <= 0) continue;
+      if (kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH) unlink((dir + "/" + name).c_str());
+    }
+    closedir(d);
   }
   void StopMetrics() {
     fs_->tracer->Close();  // trace streams end, so their threads can be joined
