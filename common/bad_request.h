@@ -1,6 +1,6 @@
 // Requests refused as malformed or oversized (a frame longer than the protocol allows, a block size
 // other than the mount's, a range outside the file): each is counted for the daemon's /metrics
-// (granary_bad_requests_total) and logged, at most one line per kLogEvery for each place, with the
+// (granary_bad_requests_total) and logged, at most one line per kBadRequestLogEvery for each place, with the
 // count of those not logged since. A flood of bad requests thus grows neither memory nor the log.
 // Thread-safe.
 #pragma once

@@ -86,15 +86,6 @@ uint64_t ResidentBytesOf(int pid);
 // granary_process_memory_limit_bytes and granary_bad_requests_total (common/bad_request.h).
 void WriteProcessMetrics(Exposition* e);
 
-// A long-lived answer (the access trace, common/stream_socket.h): the handler writes lines until it
-// returns. Write returns false once the client went away; Alive tells that without writing.
-class StreamSink {
- public:
-  virtual ~StreamSink() = default;
-  virtual bool Write(const std::string& text) = 0;
-  virtual bool Alive() = 0;
-};
-using StreamHandler = std::function<void(const std::map<std::string, std::string>& params, StreamSink* sink)>;
 
 class MetricsServer {
  public:

@@ -40,7 +40,7 @@ bool SendAll(int fd, const std::string& text) {
   return true;
 }
 
-class SocketSink final : public metrics::StreamSink {
+class SocketSink final : public StreamSink {
  public:
   explicit SocketSink(int fd) : fd_(fd) {}
   bool Write(const std::string& text) override { return SendAll(fd_, text); }

@@ -27,16 +27,24 @@
 #include <string>
 #include <thread>
 
-#include "common/metrics.h"
 #include "common/status.h"
 
 namespace granary {
+
+// Where a handler writes its stream. Write returns false once the client went away; Alive tells
+// that without writing.
+class StreamSink {
+ public:
+  virtual ~StreamSink() = default;
+  virtual bool Write(const std::string& text) = 0;
+  virtual bool Alive() = 0;
+};
 
 class StreamSocket {
  public:
   static constexpr int kMaxStreams = 4;
   static constexpr size_t kMaxRequest = 4096;
-  using Handler = metrics::StreamHandler;
+  using Handler = std::function<void(const std::map<std::string, std::string>& params, StreamSink* sink)>;
 
   // Listens on `path` (a stale socket file there is replaced; its directory is made 0700).
   static StatusOr<std::unique_ptr<StreamSocket>> Start(const std::string& path, Handler handler);

@@ -1349,7 +1349,7 @@ class FuseMountImpl final : public FuseMount {
       RemoveDeadTraceSockets(real);
       auto t = StreamSocket::Start(MountRunFile(real, "-" + std::to_string(getpid()) + ".trace.sock"),
                                    [this](const std::map<std::string, std::string>& params,
-                                          metrics::StreamSink* sink) { fs_->tracer->Serve(params, sink); });
+                                          StreamSink* sink) { fs_->tracer->Serve(params, sink); });
       if (t.ok()) {
         trace_ = std::move(t).value();
       } else {

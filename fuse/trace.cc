@@ -102,7 +102,7 @@ void Tracer::Emit(TraceRecord r) {
   cv_.notify_all();
 }
 
-void Tracer::Serve(const std::map<std::string, std::string>& params, metrics::StreamSink* sink) {
+void Tracer::Serve(const std::map<std::string, std::string>& params, StreamSink* sink) {
   Filter f;
   if (auto it = params.find("pid"); it != params.end() && !it->second.empty()) {
     char* end = nullptr;

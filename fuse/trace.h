@@ -29,7 +29,7 @@
 #include <set>
 #include <string>
 
-#include "common/metrics.h"
+#include "common/stream_socket.h"
 
 namespace granary::fuse {
 
@@ -59,7 +59,7 @@ class Tracer {
   void Emit(TraceRecord r);
   // Streams records to one listener until it goes away or Close(). `params`: pid (a number),
   // prefix (a namespace path), op (comma-separated operation names); all optional.
-  void Serve(const std::map<std::string, std::string>& params, metrics::StreamSink* sink);
+  void Serve(const std::map<std::string, std::string>& params, StreamSink* sink);
   // Ends every listener's stream and refuses new ones (shutdown); Reopen accepts them again.
   void Close();
   void Reopen();
