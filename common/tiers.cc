@@ -239,9 +239,29 @@ Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map
         return InvalidArgumentError("mount option cache.elastic: '" + v + "' is not true or false");
       }
       cache->elastic = v == "true";
+    } else if (k == "cache.fetch_ahead") {
+      if (v != "true" && v != "false") {
+        return InvalidArgumentError("mount option cache.fetch_ahead: '" + v + "' is not true or false");
+      }
+      cache->fetch_ahead = v == "true";
+    } else if (k == "cache.fetch_ahead.bandwidth") {
+      auto b = ParseBytes(v);
+      if (!b.ok()) {
+        return InvalidArgumentError("mount option cache.fetch_ahead.bandwidth: '" + v +
+                                    "' is not bytes per second (such as 200MiB; 0 for no cap)");
+      }
+      cache->fetch_ahead_bandwidth = *b;
+    } else if (k == "cache.fetch_ahead.inflight") {
+      auto n = ParseUint(v);
+      if (!n.ok() || *n < 1 || *n > kMaxFetchAheadInflight) {
+        return InvalidArgumentError("mount option cache.fetch_ahead.inflight: '" + v +
+                                    "' is not a whole number from 1 to " + std::to_string(kMaxFetchAheadInflight));
+      }
+      cache->fetch_ahead_inflight = static_cast<uint32_t>(*n);
     } else {
       return InvalidArgumentError("unknown mount option '" + k +
-                                  "' (Granary's own options: cache.policy, cache.replicas, cache.elastic, metadata.sync_interval)");
+                                  "' (Granary's own options: cache.policy, cache.replicas, cache.elastic, cache.fetch_ahead, "
+                                  "cache.fetch_ahead.bandwidth, cache.fetch_ahead.inflight, metadata.sync_interval)");
     }
   }
   return Status::OK();

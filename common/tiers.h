@@ -60,6 +60,7 @@ StatusOr<int64_t> ParseSyncInterval(std::string_view text);
 std::string FormatSyncInterval(int64_t ms);
 
 inline constexpr uint32_t kMaxReplicas = 16;
+inline constexpr uint32_t kMaxFetchAheadInflight = 256;
 
 struct MountCacheOptions {
   std::optional<CachePolicy> policy;          // cache.policy: overrides the worker's policy
@@ -70,6 +71,16 @@ struct MountCacheOptions {
   // cache.elastic: a worker that is not one of a block's replica holders keeps a copy of what its
   // node reads while it has room (evicted first, never a replica). true/false; default true.
   bool elastic = true;
+  // cache.fetch_ahead: when readers read the mount like an epoch (many distinct files under one
+  // tree), the workers fetch the rest of that tree ahead of them (master/fetch_ahead.h).
+  // true/false; default true.
+  bool fetch_ahead = true;
+  // cache.fetch_ahead.bandwidth: bytes/s the mount's fetch-ahead may take, the whole cluster
+  // together (split over the workers); 0 (the default): as much as the link gives.
+  uint64_t fetch_ahead_bandwidth = 0;
+  // cache.fetch_ahead.inflight: under-storage requests a worker's fetch-ahead keeps in flight at
+  // most (1..256, default 64); within it, the worker sizes them from measured bandwidth and latency.
+  uint32_t fetch_ahead_inflight = 64;
 };
 
 // The secret policy of mount options, enforced wherever options are parsed (the CLI, the master's

@@ -8,6 +8,7 @@
 
 #include "common/keys.h"
 #include "common/path.h"
+#include "common/tiers.h"
 #include "common/units.h"
 #include "master/records.h"
 
@@ -44,9 +45,10 @@ bool Selected(const rpc::LoadJobSpec& spec, const std::string& path) {
 // One batch of files, in walk order, and what the workers said about it.
 struct JobManager::Batch {
   uint64_t end = 0;  // walk index just past its last file
+  uint64_t bytes = 0;  // the size of its files
   std::vector<rpc::LoadFile> files;
   std::map<std::string, std::string> failed;  // namespace path -> reason
-  uint64_t blocks_fetched = 0, bytes_fetched = 0, blocks_cached = 0;
+  uint64_t blocks_fetched = 0, bytes_fetched = 0, blocks_cached = 0, blocks_no_room = 0;
 };
 
 JobManager::JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<StubPool<rpc::Worker>> workers)
@@ -70,7 +72,12 @@ Status JobManager::Start() {
     MutexLock lock(&mu_);
     for (auto& [id, j] : loaded) {
       next_id_ = std::max(next_id_, id + 1);
-      if (!Finished(j.state())) {
+      if (!Finished(j.state()) && j.spec().fetch_ahead()) {
+        // A fetch-ahead follows readers that are gone now; their next reads start a new one.
+        j.set_state(rpc::JOB_CANCELLED);
+        j.set_note("the master restarted");
+        j.set_finished_ns(NowNs());
+      } else if (!Finished(j.state())) {
         if (j.state() != rpc::JOB_PENDING) j.set_resumed(j.resumed() + 1);
         queue_.push_back(id);
         spdlog::info("load job {}: resuming ({} of {} files done)", id, j.files_done(), j.files_total());
@@ -79,7 +86,11 @@ Status JobManager::Start() {
     }
     stop_ = false;
   }
-  runner_ = std::thread([this] { RunLoop(); });
+  for (auto& [id, j] : loaded) {
+    if (j.spec().fetch_ahead() && j.state() == rpc::JOB_CANCELLED) (void)Persist(id);
+  }
+  runner_ = std::thread([this] { RunLoop(false); });
+  ahead_runner_ = std::thread([this] { RunLoop(true); });
   return Status::OK();
 }
 
@@ -88,10 +99,17 @@ void JobManager::Stop() {
     MutexLock lock(&mu_);
     if (stop_ && !runner_.joinable()) return;
     stop_ = true;
-    for (auto* c : calls_) c->TryCancel();
+    for (auto& [c, id] : calls_) c->TryCancel();
   }
   cv_.notify_all();
   if (runner_.joinable()) runner_.join();
+  if (ahead_runner_.joinable()) ahead_runner_.join();
+}
+
+void JobManager::SetAheadHooks(AheadGate gate, AheadEnded ended) {
+  MutexLock lock(&mu_);
+  ahead_gate_ = std::move(gate);
+  ahead_ended_ = std::move(ended);
 }
 
 StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
@@ -115,8 +133,13 @@ StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
       if (g.empty()) return InvalidArgumentError("load: an empty --include/--exclude glob matches nothing; drop it");
     }
   }
-  if (spec.parallel() > 64) {
-    return InvalidArgumentError("load: --parallel " + std::to_string(spec.parallel()) + " is more than 64");
+  const uint32_t max_parallel = spec.fetch_ahead() ? kMaxFetchAheadInflight : 64;
+  if (spec.parallel() > max_parallel) {
+    return InvalidArgumentError("load: --parallel " + std::to_string(spec.parallel()) + " is more than " +
+                                std::to_string(max_parallel));
+  }
+  if (spec.fetch_ahead() && spec.metadata_only()) {
+    return InvalidArgumentError("load: a fetch-ahead loads data");
   }
   if (!spec.metadata_only()) {
     size_t alive = cluster_->AliveWorkers().size();
@@ -145,7 +168,7 @@ StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
   {
     MutexLock lock(&mu_);
     jobs_[id] = job;
-    queue_.push_back(id);
+    (spec.fetch_ahead() ? ahead_queue_ : queue_).push_back(id);
   }
   RETURN_IF_ERROR(Persist(id));
   cv_.notify_all();
@@ -180,8 +203,11 @@ StatusOr<rpc::LoadJob> JobManager::Cancel(uint64_t id) {
       it->second.set_state(rpc::JOB_CANCELLED);
       it->second.set_finished_ns(NowNs());
       queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+      ahead_queue_.erase(std::remove(ahead_queue_.begin(), ahead_queue_.end(), id), ahead_queue_.end());
     }
-    for (auto* c : calls_) c->TryCancel();  // only the running job has calls
+    for (auto& [c, job] : calls_) {
+      if (job == id) c->TryCancel();
+    }
   }
   cv_.notify_all();
   RETURN_IF_ERROR(Persist(id));
@@ -221,19 +247,30 @@ Status JobManager::Persist(uint64_t id) {
   return ns_->PutJobRecord("j" + Be64(id), value);
 }
 
-void JobManager::RunLoop() {
+void JobManager::RunLoop(bool ahead) {
   for (;;) {
     uint64_t id;
     {
       MutexLock lock(&mu_);
-      while (!stop_ && queue_.empty()) lock.Wait(&cv_);
+      auto& queue = ahead ? ahead_queue_ : queue_;
+      while (!stop_ && queue.empty()) lock.Wait(&cv_);
       if (stop_) return;
-      id = queue_.front();
+      id = queue.front();
     }
     Run(id);
-    MutexLock lock(&mu_);
-    if (stop_) return;  // the job stays queued in RocksDB and resumes on the next start
-    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+    AheadEnded ended;
+    rpc::LoadJob job;
+    {
+      MutexLock lock(&mu_);
+      if (stop_) return;  // the job stays queued in RocksDB and resumes on the next start
+      auto& queue = ahead ? ahead_queue_ : queue_;
+      queue.erase(std::remove(queue.begin(), queue.end(), id), queue.end());
+      if (ahead) {
+        ended = ahead_ended_;
+        job = jobs_[id];
+      }
+    }
+    if (ended) ended(job);
   }
 }
 
@@ -279,8 +316,9 @@ void JobManager::Run(uint64_t id) {
       j.set_state(j.files_failed() > 0 ? rpc::JOB_FAILED : rpc::JOB_SUCCEEDED);
     }
     j.set_finished_ns(NowNs());
-    spdlog::info("load job {}: {} ({} files, {} fetched, {} failed)", id, rpc::JobState_Name(j.state()),
-                 j.files_done(), FormatBytes(j.bytes_fetched()), j.files_failed());
+    spdlog::info("{} {}: {} ({} files, {} fetched, {} failed){}{}", spec.fetch_ahead() ? "fetch-ahead" : "load job", id,
+                 rpc::JobState_Name(j.state()), j.files_done(), FormatBytes(j.bytes_fetched()), j.files_failed(),
+                 j.note().empty() ? "" : ": ", j.note());
   }
   (void)Persist(id);
 }
@@ -333,6 +371,17 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
     MutexLock lock(&mu_);
     checkpoint = jobs_[id].checkpoint();
   }
+  const bool ahead = spec.fetch_ahead();
+  const size_t max_inflight = ahead ? kAheadInFlight : kInFlight;
+  const size_t batch_files = ahead ? kAheadBatchFiles : kBatchFiles;
+  const uint64_t batch_limit = ahead ? kAheadBatchBytes : kBatchBytes;
+  AheadGate gate;
+  {
+    MutexLock lock(&mu_);
+    gate = ahead_gate_;
+  }
+  uint64_t pending = 0, fetched = 0;  // bytes of the batches in flight; bytes fetched by those done
+  std::string stop_why;  // a fetch-ahead's reason to stop ("" while it goes on)
   std::deque<std::pair<std::unique_ptr<Batch>, std::future<void>>> inflight;
   auto finish_front = [&] {
     inflight.front().second.wait();
@@ -340,20 +389,34 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
       Apply(id, *inflight.front().first);
       (void)Persist(id);
     }
+    pending -= inflight.front().first->bytes;
+    fetched += inflight.front().first->bytes_fetched;
+    if (ahead && inflight.front().first->blocks_no_room > 0 && stop_why.empty()) {
+      stop_why = "the cache has no free room (fetch-ahead never evicts)";
+    }
     inflight.pop_front();
   };
-  auto launch = [&](std::unique_ptr<Batch> b) {
-    while (inflight.size() >= kInFlight) finish_front();
+  auto launch = [&](std::unique_ptr<Batch> b, uint64_t bytes) {
+    while (inflight.size() >= max_inflight) finish_front();
+    if (ahead && stop_why.empty() && gate && !gate(id, fetched + pending, &stop_why) && stop_why.empty()) {
+      stop_why = "stopped";
+    }
+    if (!stop_why.empty()) return false;
+    b->bytes = bytes;
+    pending += bytes;
     Batch* raw = b.get();
     inflight.emplace_back(std::move(b), std::async(std::launch::async, [this, id, &spec, raw] {
                             RunBatch(id, spec, raw);
                           }));
+    return true;
   };
   auto batch = std::make_unique<Batch>();
   uint64_t batch_bytes = 0, index = 0;
   for (const auto& p : spec.paths()) {
+    if (!stop_why.empty()) break;
     Status st = ns_->ForEachFile(p, [&](const std::string& path, const rpc::FileInfo& f) -> Status {
       if (Cancelled(id)) return CancelledError("cancelled");
+      if (!stop_why.empty()) return CancelledError(stop_why);
       if (!Selected(spec, path)) return Status::OK();
       if (index++ < checkpoint) return Status::OK();  // done before a restart
       rpc::LoadFile lf;
@@ -366,8 +429,8 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
       batch_bytes += f.attr().size();
       batch->files.push_back(std::move(lf));
       batch->end = index;
-      if (batch->files.size() >= kBatchFiles || batch_bytes >= kBatchBytes) {
-        launch(std::move(batch));
+      if (batch->files.size() >= batch_files || batch_bytes >= batch_limit) {
+        if (!launch(std::move(batch), batch_bytes)) return CancelledError(stop_why);
         batch = std::make_unique<Batch>();
         batch_bytes = 0;
       }
@@ -375,11 +438,13 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
     });
     if (!st.ok()) {
       while (!inflight.empty()) finish_front();
-      return Cancelled(id) ? Status::OK() : st.WithContext("walking " + p);
+      if (Cancelled(id) || !stop_why.empty()) break;
+      return st.WithContext("walking " + p);
     }
   }
-  if (!batch->files.empty()) launch(std::move(batch));
+  if (!batch->files.empty() && stop_why.empty() && !Cancelled(id)) launch(std::move(batch), batch_bytes);
   while (!inflight.empty()) finish_front();
+  if (!stop_why.empty()) Update(id, [&](rpc::LoadJob& j) { j.set_note(stop_why); });
   return Status::OK();
 }
 
@@ -411,7 +476,8 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
     rpc::LoadBlocksRequest req;
     req.set_job_id(id);
     req.set_replicas(spec.replicas());
-    req.set_parallel(spec.parallel() ? spec.parallel() : kDefaultParallel);
+    req.set_parallel(spec.parallel() ? spec.parallel() : (spec.fetch_ahead() ? 0 : kDefaultParallel));
+    req.set_fetch_ahead(spec.fetch_ahead());
     req.set_bandwidth(spec.bandwidth() / workers.size());
     if (spec.bandwidth() > 0 && req.bandwidth() == 0) req.set_bandwidth(1);
     for (const auto& [wid, addr] : workers) {
@@ -432,7 +498,7 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
       workers_->security().Prepare(&c->ctx, std::chrono::milliseconds(0));
       {
         MutexLock lock(&mu_);
-        calls_.insert(&c->ctx);
+        calls_.emplace(&c->ctx, id);
         if (stop_ || cancelled_.count(id)) c->ctx.TryCancel();
       }
       rpc::LoadBlocksRequest mine = req;
@@ -468,6 +534,7 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
       b->blocks_fetched += c.resp.blocks_fetched();
       b->bytes_fetched += c.resp.bytes_fetched();
       b->blocks_cached += c.resp.blocks_cached();
+      b->blocks_no_room += c.resp.blocks_no_room();
       for (const auto& f : c.resp.failures()) failed.emplace(f.path(), f.reason());
     }
     if (!retry || Cancelled(id)) {

@@ -43,6 +43,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,20 @@ class JobManager {
   static constexpr size_t kMaxFailures = 100;
   static constexpr size_t kListedPaths = 8;
   static constexpr uint32_t kDefaultParallel = 8;
+  // Fetch-ahead jobs (spec.fetch_ahead, started by FetchAhead): smaller batches, so the evidence
+  // gate is fine-grained and the first blocks land soon, and more of them in flight, so a batch's
+  // slowest block never leaves the link idle.
+  static constexpr size_t kAheadBatchFiles = 128;
+  static constexpr uint64_t kAheadBatchBytes = 32ull << 20;
+  static constexpr size_t kAheadInFlight = 4;
+
+  // Before each batch of fetch-ahead job `id` is sent, with `sent` bytes so far (fetched by its
+  // finished batches, plus the size of those in flight; what was cached already does not count):
+  // waits until the evidence allows more, and returns true; false stops the job, with *why.
+  using AheadGate = std::function<bool(uint64_t id, uint64_t sent, std::string* why)>;
+  // A fetch-ahead job ended (its final record).
+  using AheadEnded = std::function<void(const rpc::LoadJob& job)>;
+  void SetAheadHooks(AheadGate gate, AheadEnded ended);
 
   // `workers` is the master's pool of worker stubs (shared with its other calls to workers).
   JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<StubPool<rpc::Worker>> workers);
@@ -85,6 +100,8 @@ class JobManager {
   void Stop();
 
   // Checks the request (paths exist, replicas within the live workers, globs) and queues the job.
+  // Fetch-ahead jobs (spec.fetch_ahead) have a runner of their own, one at a time, so neither a
+  // user's load nor an epoch's fetch-ahead waits behind the other.
   StatusOr<rpc::LoadJob> Submit(const rpc::LoadJobSpec& spec);
   StatusOr<rpc::LoadJob> Get(uint64_t id);
   std::vector<rpc::LoadJob> List();  // newest first
@@ -98,16 +115,18 @@ class JobManager {
   };
   Totals GetTotals();
 
+  // True once job `id` was cancelled, or the manager is stopping.
+  bool Cancelled(uint64_t id);
+
  private:
   struct Batch;
-  void RunLoop();
+  void RunLoop(bool ahead);
   void Run(uint64_t id);
   Status Scan(uint64_t id, const rpc::LoadJobSpec& spec);
   Status Load(uint64_t id, const rpc::LoadJobSpec& spec);
   // Sends `b` to the live workers (again after failures); fills its results.
   void RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b);
   void Apply(uint64_t id, const Batch& b);
-  bool Cancelled(uint64_t id);
   // Writes the job's record from memory.
   Status Persist(uint64_t id);
   template <typename Fn>
@@ -121,11 +140,15 @@ class JobManager {
   std::condition_variable cv_;
   std::map<uint64_t, rpc::LoadJob> jobs_ GUARDED_BY(mu_);
   std::deque<uint64_t> queue_ GUARDED_BY(mu_);  // pending and resumed jobs, in order
+  std::deque<uint64_t> ahead_queue_ GUARDED_BY(mu_);  // fetch-ahead jobs, in order
   std::set<uint64_t> cancelled_ GUARDED_BY(mu_);
-  std::set<grpc::ClientContext*> calls_ GUARDED_BY(mu_);  // in-flight worker calls
+  std::map<grpc::ClientContext*, uint64_t> calls_ GUARDED_BY(mu_);  // in-flight worker calls, by job
+  AheadGate ahead_gate_ GUARDED_BY(mu_);
+  AheadEnded ahead_ended_ GUARDED_BY(mu_);
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   bool stop_ GUARDED_BY(mu_) = false;
   std::thread runner_;
+  std::thread ahead_runner_;
 };
 
 }  // namespace granary::master

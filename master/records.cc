@@ -39,6 +39,7 @@ LoadJobSpecRecord ToRecord(const rpc::LoadJobSpec& s) {
   r.set_metadata_only(s.metadata_only());
   r.set_parallel(s.parallel());
   r.set_bandwidth(s.bandwidth());
+  r.set_fetch_ahead(s.fetch_ahead());
   return r;
 }
 
@@ -51,6 +52,7 @@ rpc::LoadJobSpec FromRecord(const LoadJobSpecRecord& r) {
   s.set_metadata_only(r.metadata_only());
   s.set_parallel(r.parallel());
   s.set_bandwidth(r.bandwidth());
+  s.set_fetch_ahead(r.fetch_ahead());
   return s;
 }
 
@@ -79,6 +81,7 @@ LoadJobRecord ToRecord(const rpc::LoadJob& j) {
   r.set_finished_ns(j.finished_ns());
   r.set_paths_total(j.paths_total());
   r.set_resumed(j.resumed());
+  r.set_note(j.note());
   return r;
 }
 
@@ -107,6 +110,7 @@ rpc::LoadJob FromRecord(const LoadJobRecord& r) {
   j.set_finished_ns(r.finished_ns());
   j.set_paths_total(r.paths_total());
   j.set_resumed(r.resumed());
+  j.set_note(r.note());
   return j;
 }
 

@@ -11,6 +11,7 @@
 #include "common/keys.h"
 #include "common/metrics.h"
 #include "common/net.h"
+#include "master/fetch_ahead.h"
 #include "common/thread_annotations.h"
 #include "common/thread_pool.h"
 #include "ufs/ufs.h"
@@ -42,8 +43,9 @@ class MasterService final : public MetadataCallbacks {
  public:
   // `unmounted` is told of every mount unmounted (its blocks are freed in the background).
   MasterService(Namespace* ns, Cluster* cluster, JobManager* jobs, std::shared_ptr<RpcSecurity> sec,
-                const WorkerCalls& workers, std::function<void(const rpc::MountInfo&)> unmounted)
-      : ns_(ns), cluster_(cluster), jobs_(jobs), sec_(std::move(sec)), admin_(ns, cluster, workers),
+                const WorkerCalls& workers, std::function<void(const rpc::MountInfo&)> unmounted,
+                FetchAhead* ahead = nullptr)
+      : ns_(ns), cluster_(cluster), jobs_(jobs), ahead_(ahead), sec_(std::move(sec)), admin_(ns, cluster, workers),
         unmounted_(std::move(unmounted)) {}
 
 #define GRANARY_AUTH()                                   \
@@ -124,6 +126,7 @@ class MasterService final : public MetadataCallbacks {
     return Serve(ctx, [this, req, resp](bool* ufs) {
       auto f = ns_->GetFile(req->ino(), ufs);
       if (!f.ok()) return ToGrpc(f.status());
+      if (ahead_) ahead_->Opened(*f);  // the evidence of an epoch (master/fetch_ahead.h)
       *resp = std::move(f).value();
       return grpc::Status::OK;
     });
@@ -235,6 +238,7 @@ class MasterService final : public MetadataCallbacks {
   Namespace* ns_;
   Cluster* cluster_;
   JobManager* jobs_;
+  FetchAhead* ahead_ = nullptr;
   std::shared_ptr<RpcSecurity> sec_;
   CacheAdmin admin_;
   std::function<void(const rpc::MountInfo&)> unmounted_;
@@ -269,8 +273,9 @@ class MasterServerImpl final : public MasterServer {
     });
     workers_ = WorkerCalls{std::make_shared<StubPool<rpc::Worker>>(sec_), cfg.rpc.timeout};
     jobs_ = std::make_unique<JobManager>(ns_.get(), cluster_.get(), workers_.pool);
+    ahead_ = std::make_unique<FetchAhead>(ns_.get(), jobs_.get());
     service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), jobs_.get(), sec_, workers_,
-                                               [this](const rpc::MountInfo& m) { Unmounted(m); });
+                                               [this](const rpc::MountInfo& m) { Unmounted(m); }, ahead_.get());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(cfg.master.listen, sec_->ServerCredentials(), &port);
@@ -316,6 +321,7 @@ class MasterServerImpl final : public MasterServer {
         spdlog::info("reclaimed {} cached blocks of {} replaced or deleted file versions", blocks, keys.size());
       }
     });
+    ahead_->Start();
     RETURN_IF_ERROR(jobs_->Start());
     spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
     WarnIfServingWithoutToken(cfg.master.listen, cfg.rpc);
@@ -381,6 +387,13 @@ class MasterServerImpl final : public MasterServer {
       double ratio = j.bytes_total() ? static_cast<double>(j.bytes_done()) / static_cast<double>(j.bytes_total()) : 0;
       e->Sample("granary_load_job_progress_ratio", {{"job", std::to_string(j.id())}}, ratio);
     }
+    auto ahead = ahead_->Mounts();
+    e->Family("granary_fetch_ahead_active", "gauge",
+              "1 while a mount is being fetched ahead of its readers (master/fetch_ahead.h), else 0.");
+    for (const auto& m : ahead) e->Sample("granary_fetch_ahead_active", {{"mount", m.path}}, m.job ? 1 : 0);
+    e->Family("granary_fetch_ahead_opened_files", "gauge",
+              "Distinct files readers opened in a mount since they last paused: fetch-ahead's evidence.");
+    for (const auto& m : ahead) e->Sample("granary_fetch_ahead_opened_files", {{"mount", m.path}}, d(m.files_opened));
   }
 
   void Shutdown() override {
@@ -391,11 +404,13 @@ class MasterServerImpl final : public MasterServer {
     }
     cv_.notify_all();
     metrics_.reset();
+    if (ahead_) ahead_->Stop();
     if (jobs_) jobs_->Stop();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (expirer_.joinable()) expirer_.join();
     server_.reset();
     service_.reset();
+    ahead_.reset();
     jobs_.reset();
     ns_.reset();
   }
@@ -420,6 +435,7 @@ class MasterServerImpl final : public MasterServer {
   std::unique_ptr<Cluster> cluster_;
   WorkerCalls workers_;
   std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<FetchAhead> ahead_;
   std::unique_ptr<MasterService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;

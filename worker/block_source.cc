@@ -306,7 +306,8 @@ Status BlockSource::Warm(BlockRequest req) {
 }
 
 StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t replicas, RateLimiter* pace,
-                                                     const std::vector<PeerRef>& members, uint64_t self_id) {
+                                                     const std::vector<PeerRef>& members, uint64_t self_id,
+                                                     const AheadOptions* ahead) {
   req.offset = 0;
   req.length = req.block_size;
   req.from_peer = false;
@@ -341,6 +342,24 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     if (store_->MakeReplica(t.meta.id, route.home)) reporter_->BlockAdded(t.meta);
     return LoadOutcome::kCached;
   }
+  // A fetch-ahead takes free room only (counting what its fetches in flight will take) and a slot.
+  struct Slot {
+    FetchPacer* pacer = nullptr;
+    ~Slot() {
+      if (pacer) pacer->ReleaseAhead();
+    }
+  } slot;
+  if (ahead != nullptr) {
+    uint64_t inflight = pacer_.Get().ahead_inflight;
+    if (!store_->HasFreeRoom(t.meta.length * (1 + inflight))) {
+      counters_.ahead_no_room++;
+      return LoadOutcome::kNoRoom;
+    }
+    if (!pacer_.AcquireAhead(ahead->cap, ahead->stop)) return CancelledError("the fetch-ahead was stopped");
+    slot.pacer = &pacer_;
+    route.ahead = true;
+    if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;  // a reader fetched it meanwhile
+  }
   if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
   if (home) {
     // Ask the home the master's list names, not this worker's own view of the membership, which
@@ -358,8 +377,8 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
       if (put.ok()) {
         ClassifyAgainIfMissed(route.gen);
         reporter_->BlockAdded(t.meta);
-        counters_.loaded_blocks++;
-        counters_.loaded_bytes += data.size();
+        (ahead ? counters_.ahead_blocks : counters_.loaded_blocks)++;
+        (ahead ? counters_.ahead_bytes : counters_.loaded_bytes) += data.size();
         return LoadOutcome::kFetched;
       }
       if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;  // a reader cached it meanwhile
@@ -377,8 +396,8 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     return ResourceExhaustedError("fetched but not kept: the cache has no room it may use (raise the tier quotas, "
                                   "free other datasets, or check the cache policy)");
   }
-  counters_.loaded_blocks++;
-  counters_.loaded_bytes += block->bytes.size();
+  (ahead ? counters_.ahead_blocks : counters_.loaded_blocks)++;
+  (ahead ? counters_.ahead_bytes : counters_.loaded_bytes) += block->bytes.size();
   return LoadOutcome::kFetched;
 }
 
@@ -486,13 +505,17 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   if (!fetched) {
     data->assign(meta.length, '\0');
     counters_.ufs_reads++;
+    std::optional<DemandFetch> demand;  // a reader waits on this fetch: fetch-ahead yields to it
+    if (!route.ahead) demand.emplace(&pacer_);
     auto start = std::chrono::steady_clock::now();
     auto n = mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, data->data());
-    ufs_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ufs_latency_.Observe(took);
     if (!n.ok()) {
       counters_.ufs_errors++;
       return n.status();
     }
+    pacer_.Record(*n, took);
     counters_.ufs_bytes += *n;
     if (*n != meta.length) {
       return VersionChangedError(req.ufs_path + " is shorter in the under-storage than when it was listed");

@@ -52,6 +52,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "worker/block_store.h"
+#include "worker/fetch_pacer.h"
 #include "worker/interfaces.h"
 
 namespace granary::worker {
@@ -67,6 +68,8 @@ struct SourceCounters {
   std::atomic<uint64_t> passthrough_leases{0};  // whole data files leased for FUSE passthrough opens
   std::atomic<uint64_t> prefetched{0};      // blocks fetched ahead of readers
   std::atomic<uint64_t> loaded_blocks{0}, loaded_bytes{0};  // fetched by load jobs
+  std::atomic<uint64_t> ahead_blocks{0}, ahead_bytes{0};    // fetched by fetch-ahead (master/fetch_ahead.h)
+  std::atomic<uint64_t> ahead_no_room{0};   // fetch-ahead blocks skipped: no free room (nothing fetched)
   std::atomic<uint64_t> ufs_errors{0};      // under-storage reads that failed
   std::atomic<uint64_t> elastic_peer_bytes{0};  // bytes copied from holders into elastic copies
   std::atomic<uint64_t> classified{0};      // cached blocks whose kind a classification changed
@@ -121,9 +124,21 @@ class BlockSource {
   // `members` is empty. kNotMine: another worker's share;
   // kCached: it was cached already, nothing moved. A fetch first takes the block's bytes from
   // `pace` (may be null); CANCELLED when pace was stopped.
-  enum class LoadOutcome { kNotMine, kCached, kFetched };
+  //
+  // A fetch-ahead (`ahead` set) differs in three ways: it fetches only into free room below a
+  // level's high watermark (BlockStore::HasFreeRoom; kNoRoom, nothing fetched, when there is none:
+  // it never evicts, so it never takes what the policy keeps); each fetch first takes a slot from
+  // the pacer (FetchPacer::AcquireAhead: as many in flight as the measured bandwidth and latency
+  // need, at most `ahead->cap`, demand misses first; CANCELLED when `ahead->stop` says so); and it
+  // is counted as fetch-ahead, not as a load.
+  enum class LoadOutcome { kNotMine, kCached, kFetched, kNoRoom };
+  struct AheadOptions {
+    uint32_t cap = FetchPacer::kMaxCap;
+    std::function<bool()> stop;
+  };
   StatusOr<LoadOutcome> Load(BlockRequest req, uint32_t replicas, RateLimiter* pace = nullptr,
-                             const std::vector<PeerRef>& members = {}, uint64_t self_id = 0);
+                             const std::vector<PeerRef>& members = {}, uint64_t self_id = 0,
+                             const AheadOptions* ahead = nullptr);
 
   // The membership changed: classify every cached block again (replica or elastic copy), in the
   // background, and report the changes. Calls while one runs coalesce into one more pass.
@@ -133,6 +148,7 @@ class BlockSource {
 
   const SourceCounters& counters() const { return counters_; }
   const metrics::Histogram& ufs_latency() const { return ufs_latency_; }
+  const FetchPacer& pacer() const { return pacer_; }
   // Cache hits and misses of reads, per mount id.
   std::map<uint64_t, MountAccess> AccessByMount() const;
 
@@ -164,6 +180,7 @@ class BlockSource {
     bool elastic = false;  // kept as an elastic copy
     bool home = true;      // kept by the block's home (first in the master's membership ranking)
     uint64_t gen = 0;      // classify_gen_ when the kind was decided
+    bool ahead = false;    // a fetch-ahead's (holds a pacer slot; not a demand miss)
   };
   // After a Put of a block whose kind was decided at `gen`: when a classification pass started
   // since, it may have missed the block, so another one runs.
@@ -187,6 +204,7 @@ class BlockSource {
   Placement* placement_;
   SourceCounters counters_;
   metrics::Histogram ufs_latency_;  // whole-block reads from the under-storage
+  FetchPacer pacer_;                // every under-storage fetch's bytes and time; fetch-ahead's slots
   Mutex mu_;
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_ GUARDED_BY(mu_);
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).

@@ -700,6 +700,15 @@ bool BlockStore::CanAdmit(const BlockMeta& meta) const {
   return false;
 }
 
+bool BlockStore::HasFreeRoom(uint64_t bytes) const {
+  const uint64_t file_bytes = store::BlockFileBytes(bytes);
+  MutexLock lock(&mu_);
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    if (FitLocked(static_cast<int>(t), file_bytes, tiers_[t].level.high) >= 0) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> BlockStore::Media() const {
   MutexLock lock(&mu_);
   std::vector<std::string> out;

@@ -160,7 +160,12 @@ class WorkerService final : public rpc::Worker::Service {
     std::vector<PeerRef> members;
     for (const auto& w : req->workers()) members.push_back(PeerRef{w.id(), w.address()});
     std::atomic<uint64_t> next{0};
-    std::atomic<uint64_t> fetched{0}, fetched_bytes{0}, cached{0};
+    std::atomic<uint64_t> fetched{0}, fetched_bytes{0}, cached{0}, no_room{0};
+    std::atomic<bool> full{false};  // fetch-ahead: a block found no free room; the rest is skipped
+    BlockSource::AheadOptions ahead;
+    ahead.cap = std::clamp<uint32_t>(req->parallel() ? req->parallel() : FetchPacer::kMaxCap, 1, FetchPacer::kMaxCap);
+    ahead.stop = [ctx] { return ctx->IsCancelled(); };
+    const BlockSource::AheadOptions* ahead_opts = req->fetch_ahead() ? &ahead : nullptr;
     Mutex fail_mu;
     std::map<int, std::string> failed;  // GUARDED_BY(fail_mu): file index -> first reason
     auto work = [&] {
@@ -172,8 +177,15 @@ class WorkerService final : public rpc::Worker::Service {
           MutexLock lock(&fail_mu);
           if (failed.count(file)) continue;  // one failure fails the file: its other blocks are not tried
         }
-        auto outcome = source_->Load(br, req->replicas(), pace.get(), members, req->worker_id());
-        if (!outcome.ok()) {
+        if (full) {
+          no_room++;
+          continue;
+        }
+        auto outcome = source_->Load(br, req->replicas(), pace.get(), members, req->worker_id(), ahead_opts);
+        if (outcome.ok() && *outcome == BlockSource::LoadOutcome::kNoRoom) {
+          full = true;
+          no_room++;
+        } else if (!outcome.ok()) {
           if (outcome.status().code() == Code::kInvalidArgument) NoteBadRequest("worker's LoadBlocks", outcome.status());
           MutexLock lock(&fail_mu);
           failed.emplace(file, outcome.status().message());
@@ -185,7 +197,8 @@ class WorkerService final : public rpc::Worker::Service {
         }
       }
     };
-    size_t threads = std::clamp<size_t>(req->parallel() ? req->parallel() : 8, 1, 64);
+    // A fetch-ahead batch gets as many threads as its cap: the pacer decides how many fetch at once.
+    size_t threads = req->fetch_ahead() ? ahead.cap : std::clamp<size_t>(req->parallel() ? req->parallel() : 8, 1, 64);
     threads = static_cast<size_t>(std::min<uint64_t>(threads, std::max<uint64_t>(total, 1)));
     std::vector<std::thread> pool;
     for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
@@ -195,6 +208,7 @@ class WorkerService final : public rpc::Worker::Service {
     resp->set_blocks_fetched(fetched);
     resp->set_bytes_fetched(fetched_bytes);
     resp->set_blocks_cached(cached);
+    resp->set_blocks_no_room(no_room);
     for (const auto& [i, reason] : failed) {
       rpc::LoadFailure* f = resp->add_failures();
       f->set_path(req->files(i).path());
@@ -468,6 +482,15 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_passthrough_leases(c.passthrough_leases);
     s.set_scrubbed_blocks(b.scrubbed);
     s.set_elastic_peer_bytes(c.elastic_peer_bytes);
+    s.set_ahead_blocks(c.ahead_blocks);
+    s.set_ahead_bytes(c.ahead_bytes);
+    s.set_ahead_no_room(c.ahead_no_room);
+    FetchPacer::Snapshot pace = source_->pacer().Get();
+    s.set_ahead_target(pace.target);
+    s.set_ahead_inflight(pace.ahead_inflight);
+    s.set_demand_inflight(pace.demand_inflight);
+    s.set_ufs_bandwidth_estimate(static_cast<uint64_t>(pace.bandwidth));
+    s.set_ufs_latency_estimate_us(static_cast<uint64_t>(pace.latency * 1e6));
     const UfsCounters& u = link_->ufs_counters();
     s.set_ufs_retries(u.retries);
     s.set_ufs_calls(u.stats + u.lists + u.reads);

@@ -1,0 +1,123 @@
+#include "worker/fetch_pacer.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace granary::worker {
+
+FetchPacer::FetchPacer(Clock clock) : clock_(std::move(clock)) {
+  if (!clock_) clock_ = [] { return std::chrono::steady_clock::now(); };
+  window_start_ = clock_();
+}
+
+void FetchPacer::RollLocked(std::chrono::steady_clock::time_point now) {
+  // Close every window that ended before `now`: the first with its bytes, the rest (idle) with none.
+  while (now - window_start_ >= kWindow) {
+    bw_[bw_next_] = static_cast<double>(window_bytes_) / std::chrono::duration<double>(kWindow).count();
+    bw_next_ = (bw_next_ + 1) % kBandwidthWindows;
+    window_bytes_ = 0;
+    window_start_ += kWindow;
+    if (now - window_start_ > kWindow * kBandwidthWindows) {  // idle longer than the whole history
+      bw_.fill(0);
+      window_start_ = now;
+      break;
+    }
+  }
+}
+
+void FetchPacer::Record(uint64_t bytes, double seconds) {
+  auto now = clock_();
+  {
+    MutexLock lock(&mu_);
+    RollLocked(now);
+    window_bytes_ += bytes;
+    measured_ = true;
+    mean_bytes_ = mean_bytes_ == 0 ? static_cast<double>(bytes) : 0.9 * mean_bytes_ + 0.1 * static_cast<double>(bytes);
+    int64_t second = std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
+    if (second != lat_slot_) {
+      // Slots of seconds that passed with no fetch hold nothing.
+      if (lat_slot_ < 0 || second - lat_slot_ >= static_cast<int64_t>(kLatencySlots)) {
+        lat_.fill(0);
+      } else {
+        for (int64_t s = lat_slot_ + 1; s <= second; ++s) lat_[s % kLatencySlots] = 0;
+      }
+      lat_slot_ = second;
+    }
+    double& slot = lat_[second % kLatencySlots];
+    if (seconds > 0 && (slot == 0 || seconds < slot)) slot = seconds;
+  }
+  cv_.notify_all();
+}
+
+void FetchPacer::DemandStarted() {
+  MutexLock lock(&mu_);
+  ++demand_;
+}
+
+void FetchPacer::DemandDone() {
+  {
+    MutexLock lock(&mu_);
+    --demand_;
+  }
+  cv_.notify_all();
+}
+
+uint32_t FetchPacer::TargetLocked(uint32_t cap) const {
+  cap = std::max<uint32_t>(cap, 1);
+  double bw = *std::max_element(bw_.begin(), bw_.end());
+  if (window_bytes_ > 0) {
+    // The open window counts too once it shows more than the closed ones (a fast ramp).
+    bw = std::max(bw, static_cast<double>(window_bytes_) / std::chrono::duration<double>(kWindow).count());
+  }
+  double lat = 0;
+  for (double l : lat_) {
+    if (l > 0 && (lat == 0 || l < lat)) lat = l;
+  }
+  uint32_t target = kStartInflight;
+  if (measured_ && bw > 0 && lat > 0 && mean_bytes_ > 0) {
+    double t = std::ceil(2.0 * bw * lat / mean_bytes_);
+    target = static_cast<uint32_t>(std::min<double>(t, 1 << 20));
+  }
+  return std::clamp(target, std::min(kMinInflight, cap), cap);
+}
+
+uint32_t FetchPacer::Target(uint32_t cap) const {
+  MutexLock lock(&mu_);
+  return TargetLocked(cap);
+}
+
+bool FetchPacer::AcquireAhead(uint32_t cap, const std::function<bool()>& stop) {
+  MutexLock lock(&mu_);
+  for (;;) {
+    if (stop && stop()) return false;
+    RollLocked(clock_());
+    if (ahead_ + demand_ < TargetLocked(cap)) {
+      ++ahead_;
+      return true;
+    }
+    lock.WaitFor(&cv_, std::chrono::milliseconds(50));
+  }
+}
+
+void FetchPacer::ReleaseAhead() {
+  {
+    MutexLock lock(&mu_);
+    --ahead_;
+  }
+  cv_.notify_all();
+}
+
+FetchPacer::Snapshot FetchPacer::Get() const {
+  MutexLock lock(&mu_);
+  Snapshot s;
+  s.target = TargetLocked(kMaxCap);
+  s.ahead_inflight = ahead_;
+  s.demand_inflight = demand_;
+  s.bandwidth = *std::max_element(bw_.begin(), bw_.end());
+  for (double l : lat_) {
+    if (l > 0 && (s.latency == 0 || l < s.latency)) s.latency = l;
+  }
+  return s;
+}
+
+}  // namespace granary::worker

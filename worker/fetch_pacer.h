@@ -1,0 +1,106 @@
+// FetchPacer: how many under-storage fetches a worker's fetch-ahead keeps in flight, and the rule
+// that demand misses go first.
+//
+// Design
+// ------
+// A store 20 ms away answers each request after a round trip whatever its size, so one fetch at a
+// time moves one block per 20 ms; filling the link takes bandwidth × latency bytes in flight (the
+// bandwidth-delay product). Neither is known in advance, and both change (another zone, a busy
+// store, a capped link), so the pacer measures them from the fetches the worker makes anyway —
+// demand misses and fetch-ahead alike — the way BBR paces a TCP sender:
+//   - bandwidth: bytes completed per 250 ms window; the estimate is the largest of the last 8
+//     windows (2 s), so a pause between reads does not make it forget the link at once;
+//   - latency: the shortest fetch of the last 10 s (the round trip with the least queueing: a
+//     longer one is the link's queue or a large block's transfer, which the bandwidth covers);
+//   - request size: a moving mean of the bytes per fetch.
+// Target in flight = 2 × bandwidth × latency / request size (the gain of 2 keeps the link full
+// while the estimate catches up: with N in flight at the round trip, the next window measures
+// N requests' worth and allows 2N, so the ramp doubles per window until the link is full, where
+// the measured bandwidth stops growing and the target with it). At least kMinInflight, at most the
+// caller's cap (the mount's cache.fetch_ahead.inflight); kStartInflight before any measurement.
+//
+// Demand misses go first: a fetch-ahead slot is granted only while fetch-ahead plus demand
+// fetches in flight are fewer than the target, so each demand miss in flight takes a slot away
+// from fetch-ahead (not the other way round), and a burst of demand misses stops fetch-ahead until
+// it drains.
+//
+// Thread-safe. The clock is injectable for tests.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+
+#include "common/thread_annotations.h"
+
+namespace granary::worker {
+
+class FetchPacer {
+ public:
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+  static constexpr uint32_t kMinInflight = 4;
+  static constexpr uint32_t kStartInflight = 8;
+  static constexpr uint32_t kMaxCap = 256;  // cache.fetch_ahead.inflight's maximum
+  static constexpr std::chrono::milliseconds kWindow{250};
+  static constexpr size_t kBandwidthWindows = 8;  // 2 s
+  static constexpr size_t kLatencySlots = 10;     // of 1 s each
+
+  explicit FetchPacer(Clock clock = nullptr);
+
+  // Every under-storage fetch that completed: its bytes and how long it took.
+  void Record(uint64_t bytes, double seconds);
+
+  // A demand miss's fetch starts / ends (it holds a slot fetch-ahead cannot have meanwhile).
+  void DemandStarted();
+  void DemandDone();
+
+  // Waits for a fetch-ahead slot: until fetch-ahead and demand fetches in flight are fewer than
+  // min(Target(), cap). False when `stop()` became true first (checked every 50 ms).
+  bool AcquireAhead(uint32_t cap, const std::function<bool()>& stop);
+  void ReleaseAhead();
+
+  struct Snapshot {
+    uint32_t target = 0;            // fetches in flight fetch-ahead and demand may have together
+    uint32_t ahead_inflight = 0;
+    uint32_t demand_inflight = 0;
+    double bandwidth = 0;           // bytes/s, the estimate
+    double latency = 0;             // s, the estimate (0: none yet)
+  };
+  Snapshot Get() const;
+  // The target for a cap (what AcquireAhead uses).
+  uint32_t Target(uint32_t cap) const;
+
+ private:
+  void RollLocked(std::chrono::steady_clock::time_point now) REQUIRES(mu_);
+  uint32_t TargetLocked(uint32_t cap) const REQUIRES(mu_);
+
+  Clock clock_;
+  mutable Mutex mu_;
+  std::condition_variable cv_;
+  std::chrono::steady_clock::time_point window_start_ GUARDED_BY(mu_);
+  uint64_t window_bytes_ GUARDED_BY(mu_) = 0;
+  std::array<double, kBandwidthWindows> bw_ GUARDED_BY(mu_){};  // bytes/s of past windows
+  size_t bw_next_ GUARDED_BY(mu_) = 0;
+  bool measured_ GUARDED_BY(mu_) = false;
+  std::array<double, kLatencySlots> lat_ GUARDED_BY(mu_){};  // min seconds per 1 s slot; 0: none
+  int64_t lat_slot_ GUARDED_BY(mu_) = -1;                    // the current slot's second
+  double mean_bytes_ GUARDED_BY(mu_) = 0;
+  uint32_t ahead_ GUARDED_BY(mu_) = 0;
+  uint32_t demand_ GUARDED_BY(mu_) = 0;
+};
+
+// Holds a demand slot for its lifetime.
+class DemandFetch {
+ public:
+  explicit DemandFetch(FetchPacer* p) : p_(p) { p_->DemandStarted(); }
+  ~DemandFetch() { p_->DemandDone(); }
+  DemandFetch(const DemandFetch&) = delete;
+  DemandFetch& operator=(const DemandFetch&) = delete;
+
+ private:
+  FetchPacer* p_;
+};
+
+}  // namespace granary::worker
