@@ -9,13 +9,17 @@
 #
 #   bench/rig.sh [--quick] [--nodes N] [--rate 400mbit] [--images N] [--shards N] [--shard-mb M]
 #                [--epochs E] [--procs P] [--threads T] [--systems "local s3fs rclone granary"] [--no-docs]
+#                [--latency-ms MS] [--granary-opts "-o k=v ..."]
+#
+# --latency-ms puts the store MS ms away: every response of the S3 server is held MS ms by a
+# user-space delay line (bench/delay_line.py; this kernel has no netem), as a store in another zone.
 #
 # Systems: local, s3fs, rclone, granary (defaults), and granary-no-elastic (the dataset mounted
 # with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers).
 # Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
 # docs/benchmarks.md (between the rig markers) unless --no-docs. Everything it starts is torn down on exit or Ctrl-C.
 set -euo pipefail
-NODES=4; RATE=400mbit; IMAGES=2000; SHARDS=4; SHARD_MB=56; EPOCHS=2; PROCS=2; THREADS=4
+LATENCY_MS=0; GRANARY_OPTS=""; NODES=4; RATE=400mbit; IMAGES=2000; SHARDS=4; SHARD_MB=56; EPOCHS=2; PROCS=2; THREADS=4
 SYSTEMS="local s3fs rclone granary"; QUICK=0; DOCS=1; CMDLINE="bench/rig.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,6 +28,7 @@ while [ $# -gt 0 ]; do
     --shards) SHARDS=$2; shift 2;; --shard-mb) SHARD_MB=$2; shift 2;; --epochs) EPOCHS=$2; shift 2;;
     --procs) PROCS=$2; shift 2;; --threads) THREADS=$2; shift 2;; --systems) SYSTEMS=$2; shift 2;;
     --no-docs) DOCS=0; shift;;
+    --latency-ms) LATENCY_MS=$2; shift 2;; --granary-opts) GRANARY_OPTS=$2; shift 2;;
     *) sed -n '2,16p' "$0" >&2; exit 2;;
   esac
 done
@@ -37,8 +42,10 @@ declare -A HOST  # node -> pid of its namespace host process
 AK=GRANARYTESTKEY000000; SK='granary/test+secret0000000000000000000000'
 export AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK
 
+DELAY_PID=""
 cleanup() {
   set +e
+  [ -n "$DELAY_PID" ] && kill "$DELAY_PID" 2>/dev/null
   for n in "${!HOST[@]}"; do
     for m in $(nsenter -t "${HOST[$n]}" -m awk -v w="$WORK" '$2 ~ "^"w {print $2}' /proc/mounts 2>/dev/null); do
       nsenter -t "${HOST[$n]}" -m umount -l "$m" 2>/dev/null
@@ -67,6 +74,17 @@ done
 export S3_MEMSTORE_BYTES=$(( (IMAGES * 200000 + SHARDS * SHARD_MB * 1100000) * 2 + 1073741824 ))
 read -r _ EP _ _ < <(S3_BIND=10.233.0.1 ip netns exec grp-storage bash "$ROOT/scripts/s3-server.sh" start "$WORK/rgw" | tail -1)
 echo "rig: $NODES nodes, storage $EP capped at $RATE" >&2
+UPLOAD_EP=$EP
+if [ "$LATENCY_MS" != 0 ]; then
+  rm -f "$WORK/delay.addr"
+  ip netns exec grp-storage python3 "$ROOT/bench/delay_line.py" --listen 10.233.0.1:0 --to "${EP#http://}" \
+    --delay-ms "$LATENCY_MS" --ready-file "$WORK/delay.addr" &
+  DELAY_PID=$!
+  for _ in $(seq 200); do [ -s "$WORK/delay.addr" ] && break; sleep 0.05; done
+  EP="http://$(cat "$WORK/delay.addr")"
+  echo "rig: readers reach the storage through a ${LATENCY_MS} ms delay line at $EP" >&2
+fi
+export RIG_LATENCY_MS=$LATENCY_MS
 
 python3 "$ROOT/bench/gen_dataset.py" --out "$WORK/src/images" --files "$IMAGES" --seed 42 >&2
 python3 "$ROOT/bench/gen_dataset.py" --out "$WORK/src/shards" --shards "$SHARDS" --shard-mb "$SHARD_MB" --seed 43 >&2
@@ -76,7 +94,7 @@ root = sys.argv[1]
 print(json.dumps({"bucket": "rig", "objects": [{"key": os.path.relpath(os.path.join(d, f), root), "file": os.path.join(d, f)}
                                               for d, _, fs in os.walk(root) for f in fs]}))
 PY
-on 1 /usr/bin/python3 "$ROOT/tests/integration/s3_put.py" "$EP" "$AK" "$SK" "$WORK/spec.json" >/dev/null
+on 1 /usr/bin/python3 "$ROOT/tests/integration/s3_put.py" "$UPLOAD_EP" "$AK" "$SK" "$WORK/spec.json" >/dev/null
 
 RESULTS=$WORK/results.jsonl; : > "$RESULTS"
 # CPU time the whole machine spent busy (every node, the storage server, the readers), in ticks:
@@ -139,6 +157,8 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
       done;;
     granary|granary-no-elastic)
       local opts=(); [ "$sys" = granary-no-elastic ] && opts=(-o cache.elastic=false)
+      # shellcheck disable=SC2206
+      [ -n "$GRANARY_OPTS" ] && opts+=($GRANARY_OPTS)
       rm -f "$WORK/master.addr"
       # The rig's own network namespaces: no token, on purpose.
       on 1 "$BIN/granary-master" --master.listen 10.233.0.2:0 --master.data_dir "$WORK/$sys-$nn/master" --rpc.allow_unauthenticated true \
@@ -182,7 +202,8 @@ stop_system() {  # SYSTEM NODES
   sleep 0.5
 }
 
-for nn in 1 "$NODES"; do
+NODE_COUNTS="1"; [ "$NODES" != 1 ] && NODE_COUNTS="1 $NODES"  # --nodes 1: the one-node pass once
+for nn in $NODE_COUNTS; do
   for sys in $SYSTEMS; do
     [ "$sys" = local ] && [ "$nn" != 1 ] && continue
     echo "rig: $sys on $nn node(s)" >&2

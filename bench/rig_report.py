@@ -15,6 +15,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def rate_bytes(rate):
+    """tc's rate ("400mbit", "1gbit") in bytes/s."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1}
+    for u, f in units.items():
+        if rate.lower().endswith(u):
+            return float(rate[:-len(u)]) * f / 8
+    return float(rate) / 8
+
+
 def main():
     results, chart, cmd, nodes, rate, images, shards, shard_mb, epochs, procs, threads = sys.argv[1:12]
     rows = [json.loads(line) for line in open(results) if line.strip()]
@@ -22,22 +31,29 @@ def main():
              "granary-no-elastic": "Granary, cache.elastic=false"}
     print("### %s — %d cores, %s, %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
     print("Command: `%s`. Scale: %s images (~110 KB), %s shards of %s MB; %s nodes sharing a %s link to "
-          "the S3 server; each node runs %s processes × %s threads; %s epochs.\n"
-          % (cmd, images, shards, shard_mb, nodes, rate, procs, threads, epochs))
+          "the S3 server%s; each node runs %s processes × %s threads; %s epochs.\n"
+          % (cmd, images, shards, shard_mb, nodes, rate,
+             ", every response held %s ms by a delay line (a store that far away)" % os.environ["RIG_LATENCY_MS"]
+             if os.environ.get("RIG_LATENCY_MS", "0") not in ("", "0") else "", procs, threads, epochs))
+    link = rate_bytes(rate)
     print("| dataset | system | nodes | epoch | epoch time s | files/s per node | MB/s per node | p50 ms | p99 ms | "
-          "storage sent MB | × dataset | CPU s | CPU s per node | errors |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "link bound s | × link | storage sent MB | × dataset | CPU s | CPU s per node | errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ratio = r["storage_bytes"] / r["dataset_bytes"] if r["dataset_bytes"] else 0
         cpu = r.get("cpu_s", 0.0)
-        print("| %s | %s | %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f | %d |" % (
+        bound = r["dataset_bytes"] / link if link else 0
+        print("| %s | %s | %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %d |" % (
             r["dataset"], names.get(r["system"], r["system"]), r["nodes"],
             "%d%s" % (r["epoch"], " (each node alone)" if r.get("alone") else ""), r["seconds"],
-            r["files_per_s_node"], r["mb_per_s_node"], r["p50_ms"], r["p99_ms"], r["storage_bytes"] / 1e6, ratio,
+            r["files_per_s_node"], r["mb_per_s_node"], r["p50_ms"], r["p99_ms"], bound,
+            bound / r["seconds"] if r["seconds"] else 0, r["storage_bytes"] / 1e6, ratio,
             cpu, cpu / r["nodes"], r["errors"]))
     print("\n![epoch times](img/rig.png)\n")
     print("Storage sent is counted on the storage host's capped interface (all protocol bytes); "
-          "`× dataset` divides it by one copy of the dataset. CPU s is the whole machine's busy CPU time "
+          "`× dataset` divides it by one copy of the dataset. The link bound is one copy of the dataset at the link's "
+          "rate (the time the link alone needs, on one node; on N nodes sharing it, a cold epoch that every node "
+          "reads needs at least that once); `× link` divides it by the epoch time (1.0: the link is full). CPU s is the whole machine's busy CPU time "
           "during the epoch (%d cores shared by every node, the S3 server and the readers); per node "
           "divides it by the nodes." % os.cpu_count())
 

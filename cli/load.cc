@@ -57,6 +57,8 @@ nlohmann::json JobJson(const rpc::LoadJob& j) {
           {"paths_total", j.paths_total()},
           {"replicas", j.spec().replicas()},
           {"metadata_only", j.spec().metadata_only()},
+          {"fetch_ahead", j.spec().fetch_ahead()},
+          {"note", j.note()},
           {"files_total", j.files_total()},
           {"bytes_total", j.bytes_total()},
           {"files_done", j.files_done()},
@@ -276,6 +278,7 @@ int CmdJobs(MasterConn& m, bool json) {
       paths += " (+" + std::to_string(j.paths_total() - j.spec().paths_size()) + " more)";
     }
     if (j.spec().metadata_only()) paths += " [metadata only]";
+    if (j.spec().fetch_ahead()) paths += " [fetch-ahead" + (j.note().empty() ? "" : ": " + j.note()) + "]";
     std::string files = std::to_string(j.files_done()) + "/" + std::to_string(j.files_total());
     std::string bytes = FormatBytes(j.bytes_done()) + "/" + FormatBytes(j.bytes_total());
     std::printf("%-6llu %-10s %8s %17s %21s %8llu  %s\n", static_cast<unsigned long long>(j.id()),

@@ -112,31 +112,32 @@ std::string FetchAhead::ScopeLocked(const Mount& m) const {
   return scope;
 }
 
-bool FetchAhead::Admit(uint64_t job, uint64_t sent, std::string* why) {
+JobManager::AheadVerdict FetchAhead::Admit(uint64_t job, uint64_t sent, std::string* why) {
+  using V = JobManager::AheadVerdict;
   MutexLock lock(&mu_);
-  for (;;) {
+  for (int round = 0;; ++round) {
     if (stop_ || jobs_->Cancelled(job)) {
       *why = "stopped";
-      return false;
+      return V::kStop;
     }
     auto it = std::find_if(mounts_.begin(), mounts_.end(), [&](const auto& kv) { return kv.second.job == job; });
     if (it == mounts_.end()) {
       bool submitting = std::any_of(mounts_.begin(), mounts_.end(), [](const auto& kv) { return kv.second.job == kSubmitting; });
       if (!submitting) {
         *why = "superseded by a wider scope";
-        return false;
+        return V::kStop;
       }
-      lock.WaitFor(&cv_, std::chrono::milliseconds(20));  // Step() is about to record the job's id
-      continue;
+    } else {
+      const Mount& m = it->second;
+      const double allowed = opts_.growth * static_cast<double>(m.bytes);
+      if (static_cast<double>(sent + m.prior_fetched) < allowed) return V::kGo;
+      if (clock_() - m.last_new > opts_.idle) {
+        *why = "the readers stopped";
+        return V::kStop;
+      }
     }
-    const Mount& m = it->second;
-    const double allowed = opts_.growth * static_cast<double>(m.bytes);
-    if (static_cast<double>(sent + m.prior_fetched) < allowed) return true;
-    if (clock_() - m.last_new > opts_.idle) {
-      *why = "the readers stopped";
-      return false;
-    }
-    lock.WaitFor(&cv_, std::chrono::milliseconds(100));
+    if (round >= 5) return V::kWait;  // the job looks at its finished batches, then asks again
+    lock.WaitFor(&cv_, std::chrono::milliseconds(20));
   }
 }
 

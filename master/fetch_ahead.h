@@ -104,7 +104,7 @@ class FetchAhead {
     std::chrono::steady_clock::time_point paused_until{};
   };
   std::string ScopeLocked(const Mount& m) const REQUIRES(mu_);
-  bool Admit(uint64_t job, uint64_t sent, std::string* why);
+  JobManager::AheadVerdict Admit(uint64_t job, uint64_t sent, std::string* why);
   void Ended(const rpc::LoadJob& job);
   void Loop();
   void Step();

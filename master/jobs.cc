@@ -398,10 +398,18 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
   };
   auto launch = [&](std::unique_ptr<Batch> b, uint64_t bytes) {
     while (inflight.size() >= max_inflight) finish_front();
-    if (ahead && stop_why.empty() && gate && !gate(id, fetched + pending, &stop_why) && stop_why.empty()) {
-      stop_why = "stopped";
+    while (ahead && gate && stop_why.empty() && !Cancelled(id)) {
+      // Batches that finished meanwhile count first (what they fetched, whether the cache is full).
+      while (!inflight.empty() && stop_why.empty() &&
+             inflight.front().second.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+        finish_front();
+      }
+      if (!stop_why.empty()) break;
+      AheadVerdict v = gate(id, fetched + pending, &stop_why);
+      if (v == AheadVerdict::kGo) break;
+      if (v == AheadVerdict::kStop && stop_why.empty()) stop_why = "stopped";
     }
-    if (!stop_why.empty()) return false;
+    if (!stop_why.empty() || Cancelled(id)) return false;
     b->bytes = bytes;
     pending += bytes;
     Batch* raw = b.get();
@@ -442,7 +450,7 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
       return st.WithContext("walking " + p);
     }
   }
-  if (!batch->files.empty() && stop_why.empty() && !Cancelled(id)) launch(std::move(batch), batch_bytes);
+  if (batch && !batch->files.empty() && stop_why.empty() && !Cancelled(id)) launch(std::move(batch), batch_bytes);
   while (!inflight.empty()) finish_front();
   if (!stop_why.empty()) Update(id, [&](rpc::LoadJob& j) { j.set_note(stop_why); });
   return Status::OK();

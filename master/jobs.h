@@ -84,8 +84,10 @@ class JobManager {
 
   // Before each batch of fetch-ahead job `id` is sent, with `sent` bytes so far (fetched by its
   // finished batches, plus the size of those in flight; what was cached already does not count):
-  // waits until the evidence allows more, and returns true; false stops the job, with *why.
-  using AheadGate = std::function<bool(uint64_t id, uint64_t sent, std::string* why)>;
+  // kGo sends it; kWait means the evidence does not allow it yet (the gate waited a little; the
+  // job applies its finished batches and asks again); kStop ends the job, with *why.
+  enum class AheadVerdict { kGo, kWait, kStop };
+  using AheadGate = std::function<AheadVerdict(uint64_t id, uint64_t sent, std::string* why)>;
   // A fetch-ahead job ended (its final record).
   using AheadEnded = std::function<void(const rpc::LoadJob& job)>;
   void SetAheadHooks(AheadGate gate, AheadEnded ended);

@@ -342,7 +342,8 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     if (store_->MakeReplica(t.meta.id, route.home)) reporter_->BlockAdded(t.meta);
     return LoadOutcome::kCached;
   }
-  // A fetch-ahead takes free room only (counting what its fetches in flight will take) and a slot.
+  // A fetch-ahead takes free room only (below a level's low watermark, counting what its fetches in
+  // flight will take) and a slot.
   struct Slot {
     FetchPacer* pacer = nullptr;
     ~Slot() {
@@ -359,6 +360,11 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     slot.pacer = &pacer_;
     route.ahead = true;
     if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;  // a reader fetched it meanwhile
+    // Again with the slot held: the room may have gone to the fetches that got theirs first.
+    if (!store_->HasFreeRoom(t.meta.length * pacer_.Get().ahead_inflight)) {
+      counters_.ahead_no_room++;
+      return LoadOutcome::kNoRoom;
+    }
   }
   if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
   if (home) {

@@ -126,7 +126,7 @@ class BlockSource {
   // `pace` (may be null); CANCELLED when pace was stopped.
   //
   // A fetch-ahead (`ahead` set) differs in three ways: it fetches only into free room below a
-  // level's high watermark (BlockStore::HasFreeRoom; kNoRoom, nothing fetched, when there is none:
+  // level's low watermark (BlockStore::HasFreeRoom; kNoRoom, nothing fetched, when there is none:
   // it never evicts, so it never takes what the policy keeps); each fetch first takes a slot from
   // the pacer (FetchPacer::AcquireAhead: as many in flight as the measured bandwidth and latency
   // need, at most `ahead->cap`, demand misses first; CANCELLED when `ahead->stop` says so); and it

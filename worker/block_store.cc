@@ -704,7 +704,7 @@ bool BlockStore::HasFreeRoom(uint64_t bytes) const {
   const uint64_t file_bytes = store::BlockFileBytes(bytes);
   MutexLock lock(&mu_);
   for (size_t t = 0; t < tiers_.size(); ++t) {
-    if (FitLocked(static_cast<int>(t), file_bytes, tiers_[t].level.high) >= 0) return true;
+    if (FitLocked(static_cast<int>(t), file_bytes, tiers_[t].level.low) >= 0) return true;
   }
   return false;
 }

@@ -197,8 +197,9 @@ class BlockStore {
   // Whether a Put of `meta` would find room now (free room, or a block the rules let it evict):
   // a hint for callers deciding whether to fetch a whole block, not a reservation.
   bool CanAdmit(const BlockMeta& meta) const;
-  // Whether `bytes` of data fit below some level's high watermark without evicting anything (what
-  // fetch-ahead may use: it never takes room the policy gives to what readers read).
+  // Whether `bytes` of data fit below some level's *low* watermark without evicting anything: the
+  // room fetch-ahead may fill. Never past low, so it never pushes a level over its high watermark
+  // (where the reserver would evict down to low), and the room between is left to readers.
   bool HasFreeRoom(uint64_t bytes) const;
   // Re-decides, for every cached block, whether it is an elastic copy or a replica and whether
   // this worker is its home (`kind(meta)`) — after a membership change, so the cache never keeps

@@ -1,0 +1,111 @@
+// FetchPacer with a fake clock: the target follows measured bandwidth x latency, stays within its
+// bounds, and fetch-ahead yields its slots to demand misses.
+#include "worker/fetch_pacer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+namespace granary::worker {
+namespace {
+
+using namespace std::chrono_literals;
+
+class FakeClock {
+ public:
+  std::chrono::steady_clock::time_point now = std::chrono::steady_clock::time_point(100s);
+  FetchPacer::Clock fn() {
+    return [this] { return now; };
+  }
+};
+
+TEST(FetchPacer, StartsAtItsStartValueWithinTheCap) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  EXPECT_EQ(p.Target(64), FetchPacer::kStartInflight);
+  EXPECT_EQ(p.Target(3), 3u);  // the mount's cap wins
+  EXPECT_EQ(p.Target(1), 1u);
+}
+
+TEST(FetchPacer, TargetIsTwiceTheBandwidthDelayProduct) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  // 100 KB requests taking 20 ms, 25 of them completing per 250 ms window: 10 MB/s.
+  for (int w = 0; w < 3; ++w) {
+    for (int i = 0; i < 25; ++i) p.Record(100000, 0.020);
+    clock.now += FetchPacer::kWindow;
+  }
+  // 2 x 10 MB/s x 20 ms / 100 KB = 4... the window counted 2.5 MB per 0.25 s = 10 MB/s.
+  EXPECT_EQ(p.Target(256), 4u);
+  // Ten times the bandwidth at the same latency: ten times the requests in flight.
+  for (int w = 0; w < 3; ++w) {
+    for (int i = 0; i < 250; ++i) p.Record(100000, 0.020);
+    clock.now += FetchPacer::kWindow;
+  }
+  EXPECT_EQ(p.Target(256), 40u);
+  EXPECT_EQ(p.Target(16), 16u);  // capped
+  FetchPacer::Snapshot s = p.Get();
+  EXPECT_NEAR(s.bandwidth, 100e6, 1e6);
+  EXPECT_NEAR(s.latency, 0.020, 1e-9);
+}
+
+TEST(FetchPacer, LatencyIsTheShortestRecentFetchAndAgesOut) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  p.Record(100000, 0.005);
+  p.Record(100000, 0.050);
+  EXPECT_NEAR(p.Get().latency, 0.005, 1e-9);
+  clock.now += 11s;  // older than the 10 s the latency is remembered for
+  p.Record(100000, 0.030);
+  EXPECT_NEAR(p.Get().latency, 0.030, 1e-9);
+}
+
+TEST(FetchPacer, ALocalStoreNeedsFewRequestsInFlight) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  for (int w = 0; w < 3; ++w) {
+    for (int i = 0; i < 100; ++i) p.Record(4 << 20, 0.002);  // 4 MiB in 2 ms
+    clock.now += FetchPacer::kWindow;
+  }
+  // 1.6 GB/s x 2 ms / 4 MiB = 0.8 -> 2 with the gain; never below kMinInflight.
+  EXPECT_EQ(p.Target(256), FetchPacer::kMinInflight);
+}
+
+TEST(FetchPacer, DemandMissesTakeSlotsFromFetchAhead) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  const uint32_t cap = 3;
+  ASSERT_TRUE(p.AcquireAhead(cap, nullptr));
+  ASSERT_TRUE(p.AcquireAhead(cap, nullptr));
+  p.DemandStarted();  // 2 ahead + 1 demand = the cap: no third ahead slot
+  std::atomic<int> polls{0};
+  EXPECT_FALSE(p.AcquireAhead(cap, [&] { return ++polls > 2; }));  // gave up: stopped
+  p.ReleaseAhead();  // 1 ahead + 1 demand: one slot free
+  EXPECT_TRUE(p.AcquireAhead(cap, nullptr));
+  EXPECT_EQ(p.Get().ahead_inflight, 2u);
+  EXPECT_EQ(p.Get().demand_inflight, 1u);
+  // A waiting fetch-ahead gets its slot when the demand miss ends.
+  std::atomic<bool> got{false};
+  std::thread t([&] { got = p.AcquireAhead(cap, nullptr); });
+  p.DemandDone();
+  t.join();
+  EXPECT_TRUE(got);
+  EXPECT_EQ(p.Get().ahead_inflight, 3u);
+  EXPECT_EQ(p.Get().demand_inflight, 0u);
+}
+
+TEST(FetchPacer, AnIdleLinkIsForgotten) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  for (int i = 0; i < 250; ++i) p.Record(100000, 0.020);
+  clock.now += FetchPacer::kWindow;
+  EXPECT_GT(p.Target(256), FetchPacer::kStartInflight);
+  clock.now += 30s;
+  p.Record(100000, 0.020);  // one fetch after a long pause
+  clock.now += FetchPacer::kWindow;
+  EXPECT_LE(p.Target(256), FetchPacer::kMinInflight);
+}
+
+}  // namespace
+}  // namespace granary::worker
