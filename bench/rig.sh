@@ -14,7 +14,9 @@
 # --latency-ms puts the store MS ms away: every response of the S3 server is held MS ms by a
 # user-space delay line (bench/delay_line.py; this kernel has no netem), as a store in another zone.
 #
-# Systems: local, s3fs, rclone, granary (defaults), and granary-no-elastic (the dataset mounted
+# Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched with 64 GETs in
+# flight, bench/s3_get_all.py: the floor of a cold epoch on this machine), granary-no-ahead (the
+# dataset mounted with -o cache.fetch_ahead=false), and granary-no-elastic (the dataset mounted
 # with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers).
 # Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
 # docs/benchmarks.md (between the rig markers) unless --no-docs. Everything it starts is torn down on exit or Ctrl-C.
@@ -106,14 +108,18 @@ cpu_busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 # other nodes' readers and daemons, as on a real cluster (the peers it reads from still run).
 run_epochs() {
   local sys=$1 ds=$2 mode=$3 nn=$4
-  local last=$EPOCHS; [ "$nn" -gt 1 ] && [ "$sys" != local ] && last=$((EPOCHS + 1))
+  local last=$EPOCHS; [ "$nn" -gt 1 ] && [ "$sys" != local ] && [ "$sys" != direct ] && last=$((EPOCHS + 1))
+  [ "$sys" = direct ] && last=1  # nothing is cached: every pass is the first
   for e in $(seq 1 "$last"); do
     local alone=0 alone_failed=0; [ "$e" -gt "$EPOCHS" ] && alone=1
     drop_caches
     local before; before=$(storage_tx); local cpu0; cpu0=$(cpu_busy); local pids=()
     for n in $(seq 1 "$nn"); do
       local root="$WORK/mnt/$n/$ds"; [ "$sys" = local ] && root="$WORK/src/$ds"
-      if [ "$sys" = local ]; then
+      if [ "$sys" = direct ]; then
+        # The store read directly, 64 GETs in flight, nothing kept: the cold epoch's floor.
+        on "$n" /usr/bin/python3 "$ROOT/bench/s3_get_all.py" "$EP" rig "$ds/" 64 > "$WORK/out.$n" &
+      elif [ "$sys" = local ]; then
         "$BIN/granary-train-read" --root "$root" --mode "$mode" --processes "$PROCS" --threads "$THREADS" \
           --seed "$e" --verify "$WORK/src/$ds" --verify-sample 20 --label "$n" > "$WORK/out.$n" &
       else
@@ -155,8 +161,9 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
           on "$n" env -u AWS_CA_BUNDLE rclone mount rig:rig "$WORK/mnt/$n" --vfs-cache-mode full --cache-dir "$WORK/rclone-cache-$nn-$n" \
           --read-only --daemon --config /dev/null
       done;;
-    granary|granary-no-elastic)
+    granary|granary-no-elastic|granary-no-ahead)
       local opts=(); [ "$sys" = granary-no-elastic ] && opts=(-o cache.elastic=false)
+      [ "$sys" = granary-no-ahead ] && opts=(-o cache.fetch_ahead=false)
       # shellcheck disable=SC2206
       [ -n "$GRANARY_OPTS" ] && opts+=($GRANARY_OPTS)
       rm -f "$WORK/master.addr"
@@ -185,7 +192,7 @@ sys.exit(0 if len(w) == int(sys.argv[1]) and all(x["peers"] == int(sys.argv[1]) 
         sleep 0.1
       done;;
   esac
-  [ "$sys" = local ] && return 0
+  [ "$sys" = local ] || [ "$sys" = direct ] && return 0
   for n in $(seq 1 "$nn"); do
     for _ in $(seq 400); do on "$n" grep -q " $WORK/mnt/$n " /proc/mounts && break; sleep 0.05; done
     on "$n" grep -q " $WORK/mnt/$n " /proc/mounts || { echo "rig: $sys did not mount on node $n" >&2; exit 1; }
@@ -194,7 +201,7 @@ sys.exit(0 if len(w) == int(sys.argv[1]) and all(x["peers"] == int(sys.argv[1]) 
 
 stop_system() {  # SYSTEM NODES
   local sys=$1 nn=$2
-  [ "$sys" = local ] && return 0
+  [ "$sys" = local ] || [ "$sys" = direct ] && return 0
   for n in $(seq 1 "$nn"); do on "$n" umount -l "$WORK/mnt/$n" 2>/dev/null || true; done
   for n in $(seq 1 "$nn"); do
     for p in $(ip netns pids "grp-n$n"); do [ "$p" != "${HOST[$n]}" ] && kill "$p" 2>/dev/null || true; done
@@ -205,7 +212,7 @@ stop_system() {  # SYSTEM NODES
 NODE_COUNTS="1"; [ "$NODES" != 1 ] && NODE_COUNTS="1 $NODES"  # --nodes 1: the one-node pass once
 for nn in $NODE_COUNTS; do
   for sys in $SYSTEMS; do
-    [ "$sys" = local ] && [ "$nn" != 1 ] && continue
+    { [ "$sys" = local ] || [ "$sys" = direct ]; } && [ "$nn" != 1 ] && continue
     echo "rig: $sys on $nn node(s)" >&2
     start_system "$sys" "$nn"
     run_epochs "$sys" images files "$nn"

@@ -28,7 +28,9 @@ def main():
     results, chart, cmd, nodes, rate, images, shards, shard_mb, epochs, procs, threads = sys.argv[1:12]
     rows = [json.loads(line) for line in open(results) if line.strip()]
     names = {"local": "local disk", "s3fs": "s3fs", "rclone": "rclone (full VFS cache)", "granary": "Granary",
-             "granary-no-elastic": "Granary, cache.elastic=false"}
+             "granary-no-elastic": "Granary, cache.elastic=false",
+             "direct": "direct GETs (64 in flight, no cache)",
+             "granary-no-ahead": "Granary, cache.fetch_ahead=false"}
     print("### %s — %d cores, %s, %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
     print("Command: `%s`. Scale: %s images (~110 KB), %s shards of %s MB; %s nodes sharing a %s link to "
           "the S3 server%s; each node runs %s processes × %s threads; %s epochs.\n"

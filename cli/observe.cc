@@ -248,6 +248,7 @@ struct Figures {
   size_t workers = 0;
   double used = 0, capacity = 0, high = 0, evictions = 0, elastic = 0;
   double ufs_requests = 0, ufs_bytes = 0, ufs_errors = 0, ufs_retries = 0;
+  double ahead_bytes = 0, ahead_inflight = 0, ahead_target = 0, range_reads = 0;  // fetch-ahead, range first
   double worker_rss = 0, worker_limit = 0;
   std::vector<rpc::TierStats> tiers;
 };
@@ -297,6 +298,10 @@ Figures Compare(const Snapshot& a, const Snapshot& b) {
     f.ufs_bytes += d(&rpc::WorkerStats::ufs_bytes);
     f.ufs_errors += d(&rpc::WorkerStats::ufs_errors);
     f.ufs_retries += d(&rpc::WorkerStats::ufs_retries);
+    f.ahead_bytes += d(&rpc::WorkerStats::ahead_bytes);
+    f.range_reads += d(&rpc::WorkerStats::range_reads);
+    f.ahead_inflight += static_cast<double>(w.ahead_inflight());
+    f.ahead_target += static_cast<double>(w.ahead_target());
     f.worker_rss += static_cast<double>(w.rss_bytes());
     f.worker_limit += static_cast<double>(w.memory_limit_bytes());
     for (const auto& t : w.tiers()) f.tiers.push_back(t);
@@ -453,7 +458,10 @@ json FiguresJson(const Figures& f) {
                 {"high", f.high},
                 {"evictions", f.evictions},
                 {"tiers", tiers}};
-  j["ufs"] = {{"requests", f.ufs_requests}, {"bytes", f.ufs_bytes}, {"errors", f.ufs_errors}, {"retries", f.ufs_retries}};
+  j["ufs"] = {{"requests", f.ufs_requests}, {"bytes", f.ufs_bytes}, {"errors", f.ufs_errors}, {"retries", f.ufs_retries},
+              {"range_reads", f.range_reads}};
+  // Of ufs.bytes, what fetch-ahead brought; its fetches in flight now and the pacer's allowance.
+  j["fetch_ahead"] = {{"bytes", f.ahead_bytes}, {"inflight", f.ahead_inflight}, {"target", f.ahead_target}};
   j["memory"] = {{"fuse_rss_bytes", f.fuse_rss},
                  {"fuse_limit_bytes", f.fuse_limit},
                  {"worker_rss_bytes", f.worker_rss},

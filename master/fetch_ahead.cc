@@ -83,6 +83,7 @@ void FetchAhead::Opened(const rpc::FileInfo& f) {
       m.seen.clear();
       m.files = m.bytes = 0;
       m.have_dir = false;
+      m.dir_opened.clear();
       m.prior_fetched = 0;
       m.finished_scope.clear();
     }
@@ -92,16 +93,23 @@ void FetchAhead::Opened(const rpc::FileInfo& f) {
     m.files++;
     m.bytes += f.attr().size();
     m.last_new = now;
-    std::vector<std::string> dir = DirComponents(f.ufs_path());
-    if (!m.have_dir) {
-      m.dir = std::move(dir);
-      m.have_dir = true;
-    } else {
-      size_t common = 0;
-      while (common < m.dir.size() && common < dir.size() && m.dir[common] == dir[common]) ++common;
-      m.dir.resize(common);
+    const std::string& path = f.ufs_path();
+    size_t slash = path.rfind('/');
+    std::string parent = slash == std::string::npos ? "" : path.substr(0, slash);
+    uint32_t in_dir = 0;
+    if (m.dir_opened.size() < opts_.max_tracked || m.dir_opened.count(parent)) in_dir = ++m.dir_opened[parent];
+    if (in_dir == opts_.dir_files) {  // this directory counts now: the scope covers it
+      std::vector<std::string> dir = DirComponents(path);
+      if (!m.have_dir) {
+        m.dir = std::move(dir);
+        m.have_dir = true;
+      } else {
+        size_t common = 0;
+        while (common < m.dir.size() && common < dir.size() && m.dir[common] == dir[common]) ++common;
+        m.dir.resize(common);
+      }
     }
-    notify = m.files >= opts_.start_files;
+    notify = m.files >= opts_.start_files && m.have_dir;
   }
   if (notify) cv_.notify_all();
 }
@@ -184,7 +192,7 @@ void FetchAhead::Step() {
   {
     MutexLock lock(&mu_);
     for (auto& [id, m] : mounts_) {
-      if (!m.enabled || m.files < opts_.start_files || now - m.last_new > opts_.idle) continue;
+      if (!m.enabled || !m.have_dir || m.files < opts_.start_files || now - m.last_new > opts_.idle) continue;
       std::string scope = ScopeLocked(m);
       Action a{id};
       if (m.job != 0) {

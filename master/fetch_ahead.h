@@ -6,9 +6,11 @@
 // The evidence is the master's GetFile calls: granary-fuse asks for a file's info when a reader
 // first opens it (its FileCache then answers for fuse.attr_timeout), so each call is a reader
 // opening a file cold or after a while. Lookups, listings (`ls`) and attributes are no evidence.
-// Per mount, FetchAhead remembers the distinct files opened (by inode), their bytes, and the
-// deepest directory holding all of them (the scope). Nothing starts before kStartFiles distinct
-// files were opened: one file read, or an `ls`, starts nothing.
+// Per mount, FetchAhead remembers the distinct files opened (by inode), their bytes, how many in
+// each directory, and the scope: the deepest directory holding every directory in which readers
+// opened at least `dir_files` (2) files — a single file opened elsewhere (a README, one shard
+// read beside an image epoch) does not widen it. Nothing starts before `start_files` (16)
+// distinct files were opened: one file read, or an `ls`, starts nothing.
 //
 // Then it submits a load job of the scope with spec.fetch_ahead set (master/jobs.h) — the same
 // walk, batches and per-block placement as `granary load`, so each block is fetched once, by its
@@ -57,6 +59,7 @@ struct FetchAheadOptions {
   std::chrono::milliseconds idle{10000};           // no new file opened: the readers stopped
   std::chrono::milliseconds no_room_pause{60000};  // after a job stopped for want of room
   size_t max_tracked = 4u << 20;  // distinct files remembered per mount (beyond: counted once more)
+  size_t dir_files = 2;           // files opened in a directory before it widens the scope
 };
 
 
@@ -96,6 +99,7 @@ class FetchAhead {
     uint64_t files = 0, bytes = 0;
     bool have_dir = false;
     std::vector<std::string> dir;  // the scope, in components below the mount
+    std::map<std::string, uint32_t> dir_opened;  // files opened per directory (ufs path)
     std::chrono::steady_clock::time_point last_new{};
     uint64_t job = 0;
     std::string job_scope;

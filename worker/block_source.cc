@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 
 namespace granary::worker {
@@ -152,6 +153,10 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     route.ask_peers = false;
     route.keep = became_home;
   }
+  if (!route.ask_peers && req.block_size >= kRangeFirstMinBlock && len <= kRangeFirstMax && len * 2 <= meta.length &&
+      !InFlightOrBuffered(meta.id)) {
+    return RangeFirst(req, t, route, out, source);
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block, Fetch(req, mount, meta, route));
   if (block->bytes.size() != meta.length) {
     // Joined a fetch (or found a buffered block) for a request that claimed another file size.
@@ -163,6 +168,48 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   counters_.bytes_served += len;
   CountSource(req.mount_id, block->source);
   if (source) *source = block->source;
+  return Status::OK();
+}
+
+bool BlockSource::IsCached(const BlockRequest& req) {
+  auto t = Resolve(req);
+  return t.ok() && store_->Contains(t->meta.id);
+}
+
+bool BlockSource::InFlightOrBuffered(const BlockId& id) {
+  MutexLock lock(&mu_);
+  if (inflight_.count(id)) return true;
+  return std::any_of(uncached_.begin(), uncached_.end(), [&](const auto& u) { return u.first == id; });
+}
+
+Status BlockSource::RangeFirst(const BlockRequest& req, const Target& t, const Route& route, std::string* out,
+                               ReadSource* source) {
+  // The reader waits for its own bytes only: one ranged read, not the whole block. Whether the
+  // rest of the block follows is the access pattern's call: a sequential reader asks for large
+  // ranges (never range-first) and hints the blocks ahead; a random reader's block is worth
+  // having whole only when the cache has free room for it (HasFreeRoom: no eviction for a guess),
+  // and then it is fetched in the background like a readahead hint.
+  const uint64_t start = req.index * req.block_size + req.offset;
+  out->assign(t.len, '\0');
+  counters_.ufs_reads++;
+  counters_.range_reads++;
+  StatusOr<uint64_t> n = [&] {
+    DemandFetch demand(&pacer_);
+    auto begin = std::chrono::steady_clock::now();
+    auto r = t.mount.ufs->Read(req.ufs_path, req.version, start, t.len, out->data());
+    ufs_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    return r;
+  }();
+  if (!n.ok()) {
+    counters_.ufs_errors++;
+    return n.status();
+  }
+  counters_.ufs_bytes += *n;
+  if (*n != t.len) return VersionChangedError(req.ufs_path + " is shorter in the under-storage than when it was listed");
+  counters_.bytes_served += t.len;
+  CountSource(req.mount_id, ReadSource::kUnderStorage);
+  if (source) *source = ReadSource::kUnderStorage;
+  if (route.keep && store_->HasFreeRoom(t.meta.length)) Prefetch(req);
   return Status::OK();
 }
 

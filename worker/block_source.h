@@ -30,6 +30,13 @@
 // the fetched copy, which is kept in a small in-memory buffer (the last kUncachedBlocks such
 // blocks) so the next requests for the rest of the block, from the same reader, do not fetch it
 // again. The buffer is deliberately tiny: it is not a cache.
+// Range first: a small miss (at most kRangeFirstMax bytes and half its block, in a block of at
+// least kRangeFirstMinBlock) that this worker
+// would fetch from the under-storage itself, with no fetch of the block in flight, is answered from
+// a ranged read of just its bytes, so a random 4 KiB read into a cold 4 MiB block waits for 4 KiB,
+// not 4 MiB. The whole block then follows in the background (a readahead hint) only when the cache
+// has free room for it below the low watermark; a sequential reader's large requests and readahead
+// hints fetch whole blocks as before. Measured in docs/benchmarks.md ("Range first").
 //
 // Thread-safe.
 #pragma once
@@ -70,6 +77,7 @@ struct SourceCounters {
   std::atomic<uint64_t> loaded_blocks{0}, loaded_bytes{0};  // fetched by load jobs
   std::atomic<uint64_t> ahead_blocks{0}, ahead_bytes{0};    // fetched by fetch-ahead (master/fetch_ahead.h)
   std::atomic<uint64_t> ahead_no_room{0};   // fetch-ahead blocks skipped: no free room (nothing fetched)
+  std::atomic<uint64_t> range_reads{0};     // small misses answered from a ranged read (range first)
   std::atomic<uint64_t> ufs_errors{0};      // under-storage reads that failed
   std::atomic<uint64_t> elastic_peer_bytes{0};  // bytes copied from holders into elastic copies
   std::atomic<uint64_t> classified{0};      // cached blocks whose kind a classification changed
@@ -140,6 +148,9 @@ class BlockSource {
                              const std::vector<PeerRef>& members = {}, uint64_t self_id = 0,
                              const AheadOptions* ahead = nullptr);
 
+  // Whether req's block is cached here (a cheap look: its key and the store's index).
+  bool IsCached(const BlockRequest& req);
+
   // The membership changed: classify every cached block again (replica or elastic copy), in the
   // background, and report the changes. Calls while one runs coalesce into one more pass.
   void MembershipChanged();
@@ -155,8 +166,17 @@ class BlockSource {
   static constexpr size_t kUncachedBlocks = 16;
   static constexpr size_t kMaxUfsPath = 4096;  // bytes of a request's ufs_path (PATH_MAX)
   static constexpr int kMaxPeerAttempts = 3;
-  static constexpr size_t kPrefetchQueue = 64;
-  static constexpr size_t kPrefetchThreads = 2;
+  // Readahead hints waiting, and fetching at once: enough for several sequential readers to each
+  // keep a few blocks in flight at a store's latency (deep readahead), few enough to leave the
+  // cores to reads.
+  static constexpr size_t kPrefetchQueue = 256;
+  static constexpr size_t kPrefetchThreads = 8;
+  // Range first: a miss of at most this many bytes, and at most half its block, that this worker
+  // fetches from the under-storage itself is answered from a ranged read (RangeFirst).
+  static constexpr uint64_t kRangeFirstMax = 256 * 1024;
+  // ... in a block of at least this size: a smaller block costs about one round trip whole, so it
+  // is fetched whole (the default block is 4 MiB).
+  static constexpr uint64_t kRangeFirstMinBlock = 1024 * 1024;
 
  private:
   struct FetchedBlock {
@@ -197,6 +217,12 @@ class BlockSource {
   void CountAccess(uint64_t mount_id, bool hit);
   void CountSource(uint64_t mount_id, ReadSource source);
   Status Warm(BlockRequest req);
+  // Whether a whole-block fetch of `id` is in flight or just done (then a reader joins it).
+  bool InFlightOrBuffered(const BlockId& id);
+  // A small miss: its own bytes from a ranged under-storage read; the whole block follows in the
+  // background when the cache has free room for it.
+  Status RangeFirst(const BlockRequest& req, const Target& t, const Route& route, std::string* out,
+                    ReadSource* source);
 
   BlockStore* store_;
   MountResolver* mounts_;

@@ -197,8 +197,16 @@ class WorkerService final : public rpc::Worker::Service {
         }
       }
     };
-    // A fetch-ahead batch gets as many threads as its cap: the pacer decides how many fetch at once.
-    size_t threads = req->fetch_ahead() ? ahead.cap : std::clamp<size_t>(req->parallel() ? req->parallel() : 8, 1, 64);
+    // A fetch-ahead batch gets as many threads as its cap, at most one per block not cached yet (a
+    // batch of an epoch already cached costs a look per block, not 64 threads): the pacer decides
+    // how many fetch at once.
+    size_t threads = std::clamp<size_t>(req->parallel() ? req->parallel() : 8, 1, 64);
+    if (req->fetch_ahead()) {
+      uint64_t uncached = 0;
+      int file = 0;
+      for (uint64_t k = 0; k < total && uncached < ahead.cap; ++k) uncached += !source_->IsCached(block(k, &file));
+      threads = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(ahead.cap, uncached), 1));
+    }
     threads = static_cast<size_t>(std::min<uint64_t>(threads, std::max<uint64_t>(total, 1)));
     std::vector<std::thread> pool;
     for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
@@ -356,6 +364,9 @@ class WorkerServerImpl final : public WorkerServer {
         e->Counter(m.metric, m.help, StatValue(s, m.field));
       }
     }
+    e->Gauge("granary_worker_ufs_latency_estimate_seconds",
+             "The fetch pacer's estimate of the under-storage round trip (the shortest fetch of the last 10 s).",
+             static_cast<double>(s.ufs_latency_estimate_us()) / 1e6);
     e->Gauge("granary_worker_registered", "1 once the master has registered this worker.", link_->worker_id() ? 1 : 0);
     struct TierMetric {
       const char* name;
@@ -485,6 +496,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ahead_blocks(c.ahead_blocks);
     s.set_ahead_bytes(c.ahead_bytes);
     s.set_ahead_no_room(c.ahead_no_room);
+    s.set_range_reads(c.range_reads);
     FetchPacer::Snapshot pace = source_->pacer().Get();
     s.set_ahead_target(pace.target);
     s.set_ahead_inflight(pace.ahead_inflight);

@@ -57,6 +57,8 @@ inline constexpr StatMetric kStatMetrics[] = {
     {"ahead_bytes", "granary_worker_fetch_ahead_bytes_total", false, "Bytes fetched ahead of an epoch's readers."},
     {"ahead_no_room", "granary_worker_fetch_ahead_no_room_total", false,
      "Fetch-ahead blocks skipped for want of free room (fetch-ahead never evicts)."},
+    {"range_reads", "granary_worker_range_reads_total", false,
+     "Small misses answered from a ranged under-storage read of their own bytes (range first)."},
     {"ahead_target", "granary_worker_fetch_ahead_target", true,
      "Under-storage fetches in flight the pacer allows now: 2 x measured bandwidth x latency / request size."},
     {"ahead_inflight", "granary_worker_fetch_ahead_inflight", true, "Fetch-ahead fetches in flight."},
@@ -64,8 +66,6 @@ inline constexpr StatMetric kStatMetrics[] = {
      "Demand-miss fetches from the under-storage in flight (fetch-ahead yields its slots to them)."},
     {"ufs_bandwidth_estimate", "granary_worker_ufs_bandwidth_estimate_bytes", true,
      "The pacer's estimate of the under-storage bandwidth (bytes/s; the largest 250 ms window of the last 2 s)."},
-    {"ufs_latency_estimate_us", "granary_worker_ufs_latency_estimate_microseconds", true,
-     "The pacer's estimate of the under-storage round trip (the shortest fetch of the last 10 s)."},
 };
 
 // The value of integer field `field` of `s`; -1 when WorkerStats has no such integer field.

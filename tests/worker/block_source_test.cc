@@ -219,3 +219,60 @@ TEST_F(BlockSourceTest, ABlockThatCannotBeCachedIsFetchedOnceForItsNextRequests)
 
 }  // namespace
 }  // namespace granary::worker
+
+namespace granary::worker {
+namespace {
+
+// Range first: a small read into a large cold block waits for its own bytes (a ranged read), and
+// the whole block follows in the background only when the cache has free room for it.
+class RangeFirstTest : public BlockSourceTest {
+ protected:
+  static constexpr uint64_t kBlock = 4 << 20;
+  void SetUp() override {
+    BlockSourceTest::SetUp();
+    big_ = testing::RandomBytes(5 << 20, 9);
+    testing::WriteFile(dir_ / "src/big.bin", big_);
+    big_version_ = fakes_.ufs->Stat("big.bin")->version;
+    fakes_.block_size = kBlock;
+  }
+  BlockRequest Big(uint64_t index, uint64_t offset, uint64_t length) {
+    return BlockRequest{1, "big.bin", big_version_, big_.size(), kBlock, index, offset, length};
+  }
+  std::string big_, big_version_;
+};
+
+TEST_F(RangeFirstTest, ASmallReadGetsItsRangeThenTheBlockFollowsWhenThereIsRoom) {
+  std::string out;
+  bool hit = true;
+  ASSERT_TRUE(source_->Read(Big(0, 123457, 4096), &out, &hit).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(out, big_.substr(123457, 4096));
+  EXPECT_EQ(source_->counters().range_reads.load(), 1u);
+  // The whole block arrives in the background, then reads of it are hits, byte for byte.
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+  ASSERT_TRUE(source_->Read(Big(0, 2000000, 65536), &out, &hit).ok());
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(out, big_.substr(2000000, 65536));
+  // A large read of a cold block is not range first: the whole block, as before.
+  ASSERT_TRUE(source_->Read(Big(1, 0, 1 << 20), &out, &hit).ok());
+  EXPECT_EQ(out, big_.substr(kBlock, 1 << 20));
+  EXPECT_EQ(source_->counters().range_reads.load(), 1u);
+  EXPECT_TRUE(source_->IsCached(Big(1, 0, kBlock)));
+}
+
+TEST_F(RangeFirstTest, NoRoomNoWholeBlock) {
+  OpenStore(2 << 20);  // a 4 MiB block never fits
+  std::string out;
+  bool hit;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(source_->Read(Big(0, 4096 * i, 4096), &out, &hit).ok());
+    EXPECT_FALSE(hit);
+    EXPECT_EQ(out, big_.substr(4096 * i, 4096));
+  }
+  EXPECT_EQ(source_->counters().range_reads.load(), 2u);
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 2) << "only the two ranges were read";
+  EXPECT_FALSE(source_->IsCached(Big(0, 0, kBlock)));
+}
+
+}  // namespace
+}  // namespace granary::worker

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Cold random reads into a large file: the first pass of an LMDB or numpy.memmap loader, through a
+# fresh `granary local` mount (nothing cached) against reading the under-storage's file directly,
+# the page cache dropped on both sides, in one run. Range first (worker/block_source.h) is what
+# this measures: a 4 KiB read into a cold 4 MiB block waits for 4 KiB, not 4 MiB.
+#
+#   bench/cold_random.sh [--large-mb N] [--ops N] [--threads T] [--patterns "pread mmap"] [--build DIR] [--work DIR] [--keep]
+#
+# Rows: random 4 KiB preads, random 2 KiB mmap windows (granary-access-read, the same code on both
+# sides, every byte verified on the mount). Prints a Markdown table with each row's ratio to direct.
+# Everything it starts is stopped and unmounted on exit. Needs root (drop_caches).
+set -euo pipefail
+LARGE_MB=1024; OPS=4000; THREADS=8; PATTERNS="pread mmap"; BUILD=""; WORK=""; KEEP=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --large-mb) LARGE_MB=$2; shift 2;;
+    --ops) OPS=$2; shift 2;;
+    --threads) THREADS=$2; shift 2;;
+    --patterns) PATTERNS=$2; shift 2;;
+    --build) BUILD=$2; shift 2;;
+    --work) WORK=$2; shift 2;;
+    --keep) KEEP=1; shift;;
+    *) sed -n '2,12p' "$0" >&2; exit 2;;
+  esac
+done
+[ -w /proc/sys/vm/drop_caches ] || { echo "error: needs root (drop_caches)" >&2; exit 1; }
+source "$(dirname "$0")/lib.sh"
+bench_setup granary-cold-random
+[ -x "$BIN/granary-access-read" ] || { echo "error: $BIN/granary-access-read not found; build first" >&2; exit 1; }
+DATA=$WORK/data; MNT=$WORK/mnt
+cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
+trap cleanup EXIT INT TERM
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+mkdir -p "$DATA/large" "$MNT"
+[ -f "$DATA/large/big.bin" ] || head -c "$((LARGE_MB * 1024 * 1024))" /dev/urandom > "$DATA/large/big.bin"
+declare -A SECS
+for p in $PATTERNS; do
+  rs=4096; [ "$p" = mmap ] && rs=2048
+  drop_caches
+  direct=$("$BIN/granary-access-read" --pattern "$p" --file "$DATA/large/big.bin" --ops "$OPS" --read-size "$rs" --threads "$THREADS" --seed 11)
+  # A fresh mount each time: nothing of the file is cached.
+  rm -rf "$WORK/state-$p"
+  start_local "$WORK/local-$p.log" "$DATA/large" "$MNT" --dir "$WORK/state-$p"
+  drop_caches
+  mounted=$("$BIN/granary-access-read" --pattern "$p" --file "$MNT/large/big.bin" --ops "$OPS" --read-size "$rs" --threads "$THREADS" --seed 11)
+  # Every byte checked afterwards (the check reads the reference whole, which would warm the
+  # under-storage's page cache before the timed pass).
+  verified=$("$BIN/granary-access-read" --pattern "$p" --file "$MNT/large/big.bin" --ops "$OPS" --read-size "$rs" --threads "$THREADS" --seed 12 --verify "$DATA/large/big.bin" || true)
+  stop_local
+  SECS[$p]=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); g=json.loads(sys.argv[2]); v=json.loads(sys.argv[3] or "{\"errors\": 1, \"mismatches\": 0}"); print(d["seconds"], g["seconds"], g["errors"] + v["errors"] + v["mismatches"])' "$direct" "$mounted" "$verified")
+done
+echo "### $(date +%F) — $(nproc) cores, $(uname -sr), \`bench/cold_random.sh --large-mb $LARGE_MB --ops $OPS --threads $THREADS\`"
+echo
+echo "| row | direct s | Granary cold s | × direct | errors |"
+echo "|---|---:|---:|---:|---:|"
+for p in $PATTERNS; do
+  read -r d g e <<< "${SECS[$p]}"
+  python3 -c 'import sys; p,d,g,e=sys.argv[1:]; d=float(d); g=float(g); print("| random %s, page cache dropped, first pass | %.2f | %.2f | %.2f | %s |" % ({"pread": "4 KiB pread", "mmap": "2 KiB mmap windows"}[p], d, g, d / g if g else 0, e))' "$p" "$d" "$g" "$e"
+done
