@@ -285,13 +285,15 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
   if (!q.empty()) url += "?" + q;
 
   auto deadline = std::chrono::steady_clock::now() + s_.retry_deadline;
-  std::mt19937_64 rng(std::random_device{}());
   Status last = Status::OK();
   for (int attempt = 0; attempt < s_.max_attempts; ++attempt) {
     if (attempt > 0) {
       NoteUfsRetry();
       // Full jitter: uniform in [0, min(cap, base * 2^attempt)).
       int64_t ceiling = std::min<int64_t>(5000, 100LL << std::min(attempt, 10));
+      // Seeded once per thread, on its first retry: a random_device per call cost a system call on
+      // every request of a cold epoch.
+      thread_local std::mt19937_64 rng(std::random_device{}());
       auto wait = std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(0, ceiling)(rng));
       if (std::chrono::steady_clock::now() + wait >= deadline) break;
       std::this_thread::sleep_for(wait);

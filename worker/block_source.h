@@ -30,13 +30,13 @@
 // the fetched copy, which is kept in a small in-memory buffer (the last kUncachedBlocks such
 // blocks) so the next requests for the rest of the block, from the same reader, do not fetch it
 // again. The buffer is deliberately tiny: it is not a cache.
-// Range first: a small miss (at most kRangeFirstMax bytes and half its block, in a block of at
-// least kRangeFirstMinBlock) that this worker
-// would fetch from the under-storage itself, with no fetch of the block in flight, is answered from
-// a ranged read of just its bytes, so a random 4 KiB read into a cold 4 MiB block waits for 4 KiB,
-// not 4 MiB. The whole block then follows in the background (a readahead hint) only when the cache
-// has free room for it below the low watermark; a sequential reader's large requests and readahead
-// hints fetch whole blocks as before. Measured in docs/benchmarks.md ("Range first").
+// Range first: a miss that starts inside its block (offset > 0; a sequential reader starts each
+// block at 0), of at most kRangeFirstMax bytes and half the block, in a block of at least
+// kRangeFirstMinBlock, that this worker would fetch from the under-storage itself with no fetch of
+// the block in flight, is answered from a ranged read of just its bytes: a random 4 KiB read into
+// a cold 4 MiB block waits for 4 KiB, not 4 MiB. The whole block follows in the background (a
+// readahead hint) on the block's second range-first touch, and only when the cache has free room
+// for it below the low watermark. Measured in docs/benchmarks.md ("Range first").
 //
 // Thread-safe.
 #pragma once
@@ -173,7 +173,8 @@ class BlockSource {
   static constexpr size_t kPrefetchThreads = 8;
   // Range first: a miss of at most this many bytes, and at most half its block, that this worker
   // fetches from the under-storage itself is answered from a ranged read (RangeFirst).
-  static constexpr uint64_t kRangeFirstMax = 256 * 1024;
+  static constexpr uint64_t kRangeFirstMax = 1024 * 1024;
+  static constexpr size_t kTouched = 4096;  // blocks remembered as range-read once (SecondTouch)
   // ... in a block of at least this size: a smaller block costs about one round trip whole, so it
   // is fetched whole (the default block is 4 MiB).
   static constexpr uint64_t kRangeFirstMinBlock = 1024 * 1024;
@@ -219,6 +220,9 @@ class BlockSource {
   Status Warm(BlockRequest req);
   // Whether a whole-block fetch of `id` is in flight or just done (then a reader joins it).
   bool InFlightOrBuffered(const BlockId& id);
+  // True when `id` was range-read before (remembered in a direct-mapped table of kTouched
+  // blocks): its second touch. Forgets it then.
+  bool SecondTouch(const BlockId& id);
   // A small miss: its own bytes from a ranged under-storage read; the whole block follows in the
   // background when the cache has free room for it.
   Status RangeFirst(const BlockRequest& req, const Target& t, const Route& route, std::string* out,
@@ -235,6 +239,7 @@ class BlockSource {
   std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_ GUARDED_BY(mu_);
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
   std::list<std::pair<BlockId, std::shared_ptr<const FetchedBlock>>> uncached_ GUARDED_BY(mu_);
+  std::vector<BlockId> touched_ GUARDED_BY(mu_) = std::vector<BlockId>(kTouched);
 
   mutable Mutex access_mu_;
   std::unordered_map<uint64_t, MountAccess> access_ GUARDED_BY(access_mu_);

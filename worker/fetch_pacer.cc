@@ -27,8 +27,10 @@ void FetchPacer::RollLocked(std::chrono::steady_clock::time_point now) {
 
 void FetchPacer::Record(uint64_t bytes, double seconds) {
   auto now = clock_();
+  bool grew;
   {
     MutexLock lock(&mu_);
+    const uint32_t before = TargetLocked(kMaxCap);
     RollLocked(now);
     window_bytes_ += bytes;
     measured_ = true;
@@ -45,8 +47,9 @@ void FetchPacer::Record(uint64_t bytes, double seconds) {
     }
     double& slot = lat_[second % kLatencySlots];
     if (seconds > 0 && (slot == 0 || seconds < slot)) slot = seconds;
+    grew = TargetLocked(kMaxCap) > before;
   }
-  cv_.notify_all();
+  if (grew) cv_.notify_all();  // more slots for the waiting fetch-aheads; else nobody can go on
 }
 
 void FetchPacer::DemandStarted() {
@@ -59,7 +62,7 @@ void FetchPacer::DemandDone() {
     MutexLock lock(&mu_);
     --demand_;
   }
-  cv_.notify_all();
+  cv_.notify_one();  // one slot free: one waiter
 }
 
 uint32_t FetchPacer::TargetLocked(uint32_t cap) const {
@@ -95,7 +98,7 @@ bool FetchPacer::AcquireAhead(uint32_t cap, const std::function<bool()>& stop) {
       ++ahead_;
       return true;
     }
-    lock.WaitFor(&cv_, std::chrono::milliseconds(50));
+    lock.WaitFor(&cv_, std::chrono::milliseconds(200));  // a notify usually comes first
   }
 }
 
@@ -104,7 +107,7 @@ void FetchPacer::ReleaseAhead() {
     MutexLock lock(&mu_);
     --ahead_;
   }
-  cv_.notify_all();
+  cv_.notify_one();
 }
 
 FetchPacer::Snapshot FetchPacer::Get() const {

@@ -57,7 +57,8 @@ class FetchPacer {
   void DemandDone();
 
   // Waits for a fetch-ahead slot: until fetch-ahead and demand fetches in flight are fewer than
-  // min(Target(), cap). False when `stop()` became true first (checked every 50 ms).
+  // min(Target(), cap). False when `stop()` became true first (checked at each wake-up, at least
+  // every 200 ms).
   bool AcquireAhead(uint32_t cap, const std::function<bool()>& stop);
   void ReleaseAhead();
 

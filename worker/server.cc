@@ -205,7 +205,10 @@ class WorkerService final : public rpc::Worker::Service {
       uint64_t uncached = 0;
       int file = 0;
       for (uint64_t k = 0; k < total && uncached < ahead.cap; ++k) uncached += !source_->IsCached(block(k, &file));
-      threads = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(ahead.cap, uncached), 1));
+      // As many threads as the pacer allows in flight now (it grows as the link shows it can take
+      // more; the master keeps several batches in flight): threads beyond would only wait.
+      uint32_t allowed = source_->pacer().Target(ahead.cap);
+      threads = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(allowed, uncached), 1));
     }
     threads = static_cast<size_t>(std::min<uint64_t>(threads, std::max<uint64_t>(total, 1)));
     std::vector<std::thread> pool;

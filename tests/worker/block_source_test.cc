@@ -223,8 +223,9 @@ TEST_F(BlockSourceTest, ABlockThatCannotBeCachedIsFetchedOnceForItsNextRequests)
 namespace granary::worker {
 namespace {
 
-// Range first: a small read into a large cold block waits for its own bytes (a ranged read), and
-// the whole block follows in the background only when the cache has free room for it.
+// Range first: a read starting inside a large cold block waits for its own bytes (a ranged read);
+// the whole block follows in the background on its second touch, and only when the cache has free
+// room for it. A read at a block's start (a sequential reader) fetches the whole block.
 class RangeFirstTest : public BlockSourceTest {
  protected:
   static constexpr uint64_t kBlock = 4 << 20;
@@ -241,14 +242,18 @@ class RangeFirstTest : public BlockSourceTest {
   std::string big_, big_version_;
 };
 
-TEST_F(RangeFirstTest, ASmallReadGetsItsRangeThenTheBlockFollowsWhenThereIsRoom) {
+TEST_F(RangeFirstTest, ASmallReadGetsItsRangeThenTheBlockFollowsOnItsSecondTouch) {
   std::string out;
   bool hit = true;
   ASSERT_TRUE(source_->Read(Big(0, 123457, 4096), &out, &hit).ok());
   EXPECT_FALSE(hit);
   EXPECT_EQ(out, big_.substr(123457, 4096));
   EXPECT_EQ(source_->counters().range_reads.load(), 1u);
-  // The whole block arrives in the background, then reads of it are hits, byte for byte.
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1) << "the first touch reads its range only";
+  ASSERT_TRUE(source_->Read(Big(0, 3000000, 700000), &out, &hit).ok());  // up to 1 MiB: still a range
+  EXPECT_EQ(out, big_.substr(3000000, 700000));
+  EXPECT_EQ(source_->counters().range_reads.load(), 2u);
+  // The second touch brings the whole block in the background; then reads of it are hits.
   ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
   ASSERT_TRUE(source_->Read(Big(0, 2000000, 65536), &out, &hit).ok());
   EXPECT_TRUE(hit);
@@ -256,7 +261,7 @@ TEST_F(RangeFirstTest, ASmallReadGetsItsRangeThenTheBlockFollowsWhenThereIsRoom)
   // A large read of a cold block is not range first: the whole block, as before.
   ASSERT_TRUE(source_->Read(Big(1, 0, 1 << 20), &out, &hit).ok());
   EXPECT_EQ(out, big_.substr(kBlock, 1 << 20));
-  EXPECT_EQ(source_->counters().range_reads.load(), 1u);
+  EXPECT_EQ(source_->counters().range_reads.load(), 2u);
   EXPECT_TRUE(source_->IsCached(Big(1, 0, kBlock)));
 }
 
@@ -264,7 +269,7 @@ TEST_F(RangeFirstTest, NoRoomNoWholeBlock) {
   OpenStore(2 << 20);  // a 4 MiB block never fits
   std::string out;
   bool hit;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 1; i <= 2; ++i) {
     ASSERT_TRUE(source_->Read(Big(0, 4096 * i, 4096), &out, &hit).ok());
     EXPECT_FALSE(hit);
     EXPECT_EQ(out, big_.substr(4096 * i, 4096));
