@@ -55,7 +55,7 @@ void FetchAhead::Opened(const rpc::FileInfo& f) {
   bool known;
   {
     MutexLock lock(&mu_);
-    known = mounts_[id].known;
+    known = MountLocked(id).known;
   }
   if (!known) {
     // Once per mount: its options (fixed when it was mounted).
@@ -65,7 +65,7 @@ void FetchAhead::Opened(const rpc::FileInfo& f) {
     MountCacheOptions cache;
     bool parsed = SplitMountOptions(opts, &ufs, &cache).ok();
     MutexLock lock(&mu_);
-    Mount& st = mounts_[id];
+    Mount& st = MountLocked(id);
     st.known = true;
     st.path = m->path();
     st.enabled = parsed && cache.fetch_ahead;
@@ -76,47 +76,61 @@ void FetchAhead::Opened(const rpc::FileInfo& f) {
   bool notify = false;
   {
     MutexLock lock(&mu_);
-    Mount& m = mounts_[id];
+    Mount& m = MountLocked(id);
     if (!m.enabled) return;
-    if (m.files > 0 && now - m.last_new > opts_.idle) {
+    if (m.evidence.files() > 0 && now - m.last_new > opts_.idle) {
       // The readers paused: what they read next is new evidence (a new epoch, another job).
-      m.seen.clear();
-      m.files = m.bytes = 0;
-      m.have_dir = false;
-      m.dir_opened.clear();
+      m.evidence.Reset();
       m.prior_fetched = 0;
       m.finished_scope.clear();
     }
-    const uint64_t ino = f.attr().ino();
-    if (m.seen.count(ino)) return;
-    if (m.seen.size() < opts_.max_tracked) m.seen.insert(ino);
-    m.files++;
-    m.bytes += f.attr().size();
+    if (!m.evidence.Opened(f.attr().ino(), f.attr().size(), f.ufs_path())) return;
     m.last_new = now;
-    const std::string& path = f.ufs_path();
-    size_t slash = path.rfind('/');
-    std::string parent = slash == std::string::npos ? "" : path.substr(0, slash);
-    uint32_t in_dir = 0;
-    if (m.dir_opened.size() < opts_.max_tracked || m.dir_opened.count(parent)) in_dir = ++m.dir_opened[parent];
-    if (in_dir == opts_.dir_files) {  // this directory counts now: the scope covers it
-      std::vector<std::string> dir = DirComponents(path);
-      if (!m.have_dir) {
-        m.dir = std::move(dir);
-        m.have_dir = true;
-      } else {
-        size_t common = 0;
-        while (common < m.dir.size() && common < dir.size() && m.dir[common] == dir[common]) ++common;
-        m.dir.resize(common);
-      }
-    }
-    notify = m.files >= opts_.start_files && m.have_dir;
+    notify = m.evidence.Ready();
   }
   if (notify) cv_.notify_all();
 }
 
+FetchAhead::Mount& FetchAhead::MountLocked(uint64_t id) {
+  auto it = mounts_.find(id);
+  if (it == mounts_.end()) it = mounts_.emplace(id, Mount(opts_)).first;
+  return it->second;
+}
+
+bool ReadEvidence::Opened(uint64_t ino, uint64_t size, const std::string& ufs_path) {
+  if (seen_.count(ino)) return false;
+  if (seen_.size() < opts_.max_tracked) seen_.insert(ino);
+  files_++;
+  bytes_ += size;
+  size_t slash = ufs_path.rfind('/');
+  std::string parent = slash == std::string::npos ? "" : ufs_path.substr(0, slash);
+  uint32_t in_dir = 0;
+  if (dir_opened_.size() < opts_.max_tracked || dir_opened_.count(parent)) in_dir = ++dir_opened_[parent];
+  if (in_dir == opts_.dir_files) {  // this directory counts now: the scope covers it
+    std::vector<std::string> dir = DirComponents(ufs_path);
+    if (!have_dir_) {
+      dir_ = std::move(dir);
+      have_dir_ = true;
+    } else {
+      size_t common = 0;
+      while (common < dir_.size() && common < dir.size() && dir_[common] == dir[common]) ++common;
+      dir_.resize(common);
+    }
+  }
+  return true;
+}
+
+void ReadEvidence::Reset() {
+  seen_.clear();
+  dir_opened_.clear();
+  files_ = bytes_ = 0;
+  have_dir_ = false;
+  dir_.clear();
+}
+
 std::string FetchAhead::ScopeLocked(const Mount& m) const {
   std::string scope = m.path;
-  for (const auto& c : m.dir) scope += (scope.empty() || scope.back() != '/' ? "/" : "") + c;
+  for (const auto& c : m.evidence.scope()) scope += (scope.empty() || scope.back() != '/' ? "/" : "") + c;
   return scope;
 }
 
@@ -137,7 +151,7 @@ JobManager::AheadVerdict FetchAhead::Admit(uint64_t job, uint64_t sent, std::str
       }
     } else {
       const Mount& m = it->second;
-      const double allowed = opts_.growth * static_cast<double>(m.bytes);
+      const double allowed = opts_.growth * static_cast<double>(m.evidence.bytes());
       if (static_cast<double>(sent + m.prior_fetched) < allowed) return V::kGo;
       if (clock_() - m.last_new > opts_.idle) {
         *why = "the readers stopped";
@@ -192,7 +206,7 @@ void FetchAhead::Step() {
   {
     MutexLock lock(&mu_);
     for (auto& [id, m] : mounts_) {
-      if (!m.enabled || !m.have_dir || m.files < opts_.start_files || now - m.last_new > opts_.idle) continue;
+      if (!m.enabled || !m.evidence.Ready() || now - m.last_new > opts_.idle) continue;
       std::string scope = ScopeLocked(m);
       Action a{id};
       if (m.job != 0) {
@@ -219,7 +233,7 @@ void FetchAhead::Step() {
     if (a.spec.paths().empty()) continue;
     auto job = jobs_->Submit(a.spec);
     MutexLock lock(&mu_);
-    Mount& m = mounts_[a.mount];
+    Mount& m = MountLocked(a.mount);
     if (!job.ok()) {
       spdlog::warn("fetch-ahead of {}: {}", a.spec.paths(0), job.status().message());
       m.job = 0;
@@ -228,7 +242,7 @@ void FetchAhead::Step() {
     }
     m.job = job->id();
     spdlog::info("fetch-ahead {}: {} ({} files opened there, {}; fetching up to {}x what readers open)", job->id(),
-                 a.spec.paths(0), m.files, FormatBytes(m.bytes), opts_.growth);
+                 a.spec.paths(0), m.evidence.files(), FormatBytes(m.evidence.bytes()), opts_.growth);
   }
 }
 
@@ -241,8 +255,8 @@ std::vector<FetchAhead::MountStatus> FetchAhead::Mounts() const {
     s.mount_id = id;
     s.path = m.path;
     s.enabled = m.enabled;
-    s.files_opened = m.files;
-    s.bytes_opened = m.bytes;
+    s.files_opened = m.evidence.files();
+    s.bytes_opened = m.evidence.bytes();
     s.job = m.job == kSubmitting ? 0 : m.job;
     if (s.job != 0) s.scope = m.job_scope;
     out.push_back(std::move(s));

@@ -63,6 +63,32 @@ struct FetchAheadOptions {
 };
 
 
+// What readers opened in one mount since they last paused: the evidence fetch-ahead acts on. Pure
+// bookkeeping (no clock, no I/O), so its rules are unit-tested (tests/master/fetch_ahead_test.cc).
+class ReadEvidence {
+ public:
+  explicit ReadEvidence(const FetchAheadOptions& opts) : opts_(opts) {}
+  // A reader opened file `ino` (`size` bytes at `ufs_path`, relative to the mount); false when it
+  // had been opened already (no new evidence).
+  bool Opened(uint64_t ino, uint64_t size, const std::string& ufs_path);
+  void Reset();
+  uint64_t files() const { return files_; }
+  uint64_t bytes() const { return bytes_; }
+  // Enough to act on: `start_files` distinct files, and a directory with `dir_files` of them.
+  bool Ready() const { return have_dir_ && files_ >= opts_.start_files; }
+  // The scope, in components below the mount: the deepest directory holding every directory in
+  // which `dir_files` files were opened ({} is the mount itself). Meaningful once Ready().
+  const std::vector<std::string>& scope() const { return dir_; }
+
+ private:
+  FetchAheadOptions opts_;
+  std::unordered_set<uint64_t> seen_;
+  std::map<std::string, uint32_t> dir_opened_;  // files opened per directory (ufs path)
+  uint64_t files_ = 0, bytes_ = 0;
+  bool have_dir_ = false;
+  std::vector<std::string> dir_;
+};
+
 class FetchAhead {
  public:
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
@@ -95,11 +121,8 @@ class FetchAhead {
     uint64_t bandwidth = 0;
     uint32_t inflight = 0;
     std::string path;
-    std::unordered_set<uint64_t> seen;
-    uint64_t files = 0, bytes = 0;
-    bool have_dir = false;
-    std::vector<std::string> dir;  // the scope, in components below the mount
-    std::map<std::string, uint32_t> dir_opened;  // files opened per directory (ufs path)
+    explicit Mount(const FetchAheadOptions& o) : evidence(o) {}
+    ReadEvidence evidence;
     std::chrono::steady_clock::time_point last_new{};
     uint64_t job = 0;
     std::string job_scope;
@@ -120,6 +143,7 @@ class FetchAhead {
   mutable Mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Mount> mounts_ GUARDED_BY(mu_);
+  Mount& MountLocked(uint64_t id) REQUIRES(mu_);
   std::map<uint64_t, uint64_t> retired_ GUARDED_BY(mu_);  // job replaced by a wider one -> its mount
   bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
