@@ -502,7 +502,10 @@ TEST_F(ClusterTest, InfoShowsWhereEachBlockOfAPartlyCachedFileIs) {
   }
   EXPECT_EQ(info["cached_blocks"].get<uint64_t>(), cached);
   EXPECT_EQ(info["local_blocks"].get<uint64_t>(), on_node1);
-  EXPECT_GE(holders.size(), 2u) << "the blocks' homes spread over the workers: " << info.dump(1);
+  // The homes are a rendezvous hash of each block's key, which names the object's version (new in
+  // every run): all 6 blocks on one of the 3 workers happens in about 1 run of 250 (seen in CI).
+  // The checks above hold for whichever workers hold them; the spread itself is not asserted.
+  if (holders.size() < 2) std::printf("note: all %llu cached blocks have one home this run\n", (unsigned long long)cached);
   RunResult text = RunCommand(InNs(NodeNs(1), {Bin("granary"), "--master", master_addr_, "info", "/ds-info/" + name}));
   EXPECT_EQ(text.code, 0) << text.out;
   EXPECT_NE(text.out.find("not cached"), std::string::npos) << text.out;
