@@ -17,14 +17,14 @@
 // home worker; a load is a fetch-ahead that was asked for. What a fetch-ahead job differs in:
 //   - its own runner: it never waits behind a user's load, nor a load behind it;
 //   - a gate before every batch (Admit): the bytes it fetched, plus those in flight, stay within
-//     kGrowth × the bytes readers opened in the scope. The allowance widens as the evidence grows,
+//     `growth` (8) × the bytes readers opened in the scope. The allowance widens as the evidence grows,
 //     so a 10 TB mount is never pulled because someone opened its README and a few files; an epoch
 //     reading at full speed grows it faster than the link can fill it;
 //   - when the scope widens (readers open files in a sibling directory), the job is cancelled and
 //     one for the wider scope starts (what the first fetched is found cached and skipped);
-//   - it stops when the readers stop (no new file for kIdle), when a worker finds no free room
+//   - it stops when the readers stop (no new file for `idle`, 10 s), when a worker finds no free room
 //     (fetch-ahead never evicts: not what the policy protects, not the shuffle policy's fixed
-//     subset), and when it walked the whole scope; a stopped-for-room mount waits kNoRoomPause
+//     subset), and when it walked the whole scope; a stopped-for-room mount waits `no_room_pause` (60 s)
 //     before it tries again;
 //   - the workers fetch its blocks at the pace their FetchPacer allows (measured bandwidth and
 //     latency; demand misses first; worker/fetch_pacer.h), within the mount's

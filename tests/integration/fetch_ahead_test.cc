@@ -80,6 +80,17 @@ class FetchAheadTest : public ::testing::Test {
       ASSERT_EQ(got, ReadFile(src + "/" + n)) << n << ": wrong bytes";
     }
   }
+  // The fetch-ahead job of `prefix` once it has succeeded (null if none did within a minute).
+  nlohmann::json EndedAheadJob(const std::string& prefix) {
+    nlohmann::json job;
+    WaitFor([&] {
+      auto jobs = AheadJobs(*cluster_, prefix);
+      if (jobs.empty() || jobs[0]["state"] != "succeeded") return false;
+      job = jobs[0];
+      return true;
+    }, std::chrono::seconds(60));
+    return job;
+  }
   TempDir dir_;
   std::unique_ptr<LocalCluster> cluster_;
 };
@@ -108,14 +119,9 @@ TEST_F(FetchAheadTest, AnEpochIsFetchedAheadButAListingOrOneReadStartsNothing) {
   // An epoch begins: 60 files in shuffled order, across every directory.
   std::vector<std::string> first(names.begin(), names.begin() + 60);
   ReadAll(root, first, src);
-  nlohmann::json job;
-  ASSERT_TRUE(WaitFor([&] {
-    auto jobs = AheadJobs(*cluster_, "/ds");
-    if (jobs.empty() || jobs[0]["state"] != "succeeded") return false;
-    job = jobs[0];
-    return true;
-  }, std::chrono::seconds(60))) << Jobs(*cluster_).dump() << cluster_->Logs();
-  EXPECT_EQ(job["paths"][0], "/ds") << "the scope is the deepest directory holding every file read";
+  nlohmann::json job = EndedAheadJob("/ds");
+  ASSERT_TRUE(job.is_object()) << Jobs(*cluster_).dump() << cluster_->Logs();
+  EXPECT_EQ(job["paths"][0], "/ds") << "the scope is the deepest directory holding every directory read";
   EXPECT_EQ(job["files_failed"], 0);
   EXPECT_GT(cluster_->Metric("worker", "granary_worker_fetch_ahead_blocks_total"), 0);
 
@@ -139,13 +145,8 @@ TEST_F(FetchAheadTest, AFullCacheStopsItAndNothingIsEvicted) {
   const std::string root = cluster_->mountpoint() + "/ds";
   std::vector<std::string> first(names.begin(), names.begin() + 30);
   ReadAll(root, first, src);
-  nlohmann::json job;
-  ASSERT_TRUE(WaitFor([&] {
-    auto jobs = AheadJobs(*cluster_, "/ds");
-    if (jobs.empty() || jobs[0]["state"] != "succeeded") return false;
-    job = jobs[0];
-    return true;
-  }, std::chrono::seconds(60))) << Jobs(*cluster_).dump() << cluster_->Logs();
+  nlohmann::json job = EndedAheadJob("/ds");
+  ASSERT_TRUE(job.is_object()) << Jobs(*cluster_).dump() << cluster_->Logs();
   EXPECT_NE(job["note"].get<std::string>().find("no free room"), std::string::npos) << job.dump();
   EXPECT_GT(cluster_->Metric("worker", "granary_worker_fetch_ahead_no_room_total"), 0);
   EXPECT_GT(cluster_->Metric("worker", "granary_worker_fetch_ahead_blocks_total"), 0);
