@@ -1,11 +1,12 @@
 // Fetch-ahead (master/fetch_ahead.h) through real processes and a real FUSE mount: an `ls` and one
 // read start nothing; an epoch's reads start a fetch of the rest of the tree, after which the whole
-// epoch reads from the cache, byte for byte; a full cache stops it without evicting anything; a
-// mount with cache.fetch_ahead=false is never fetched ahead.
+// epoch reads from the cache, byte for byte; a full cache stops it without evicting anything; its
+// bandwidth cap holds; a mount with cache.fetch_ahead=false is never fetched ahead.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -159,6 +160,36 @@ TEST_F(FetchAheadTest, AFullCacheStopsItAndNothingIsEvicted) {
   ReadAll(root, first, src);
   ASSERT_TRUE(cluster_->WorkerCounters(&hits1, &misses1, &ufs1));
   EXPECT_EQ(misses1, misses0) << "a block the readers had read was evicted";
+}
+
+// cache.fetch_ahead.bandwidth: the bytes fetched ahead never run ahead of the cap (the worker's rate
+// limiter keeps at most one second of credit, and a block in flight), and the fetch still ends.
+// Only an upper bound on a rate is asserted: a slow machine only makes it smaller.
+TEST_F(FetchAheadTest, TheBandwidthCapHolds) {
+  Start();
+  const std::string src = dir_ / "src";
+  std::vector<std::string> names = MakeTree(src, 5);  // 8 MB: 8 s at the cap, well under 1 s without
+  constexpr double kCap = 1'000'000;
+  Mount("/ds", src, {"cache.fetch_ahead.bandwidth=1000000"});
+  const std::string root = cluster_->mountpoint() + "/ds";
+  const std::string ahead = "granary_worker_fetch_ahead_bytes_total";
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> first(names.begin(), names.begin() + 40);
+  ReadAll(root, first, src);
+  ASSERT_TRUE(WaitFor([&] { return cluster_->Metric("worker", ahead) > 0; }, std::chrono::seconds(60)))
+      << cluster_->Logs();
+  // Samples for 4 s (without a cap, the allowance of 8x the 40 files read comes in well under 1 s).
+  double over = 0, since = 0;
+  WaitFor([&] {
+    const double bytes = cluster_->Metric("worker", ahead);
+    since = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    over = std::max(over, bytes - (kCap * (since + 1) + 2 * 65536));
+    return since >= 4;
+  }, std::chrono::seconds(60));
+  EXPECT_LE(over, 0) << "fetched ahead " << over << " bytes beyond the cap within " << since << " s";
+  nlohmann::json job = EndedAheadJob("/ds");
+  ASSERT_TRUE(job.is_object()) << Jobs(*cluster_).dump() << cluster_->Logs();
+  EXPECT_EQ(job["files_failed"], 0);
 }
 
 TEST_F(FetchAheadTest, MountOptionTurnsItOff) {

@@ -1,15 +1,21 @@
 // `granary load`, `granary jobs`, `granary du` and the report against a real S3 server (Ceph RGW on
 // loopback): a 10k-file dataset loaded to 100%, a reload that moves nothing, a master killed with
-// -9 in the middle of a load, cancellation, bad requests, and the progress bar in a terminal.
+// -9 in the middle of a load, cancellation, bad requests, the progress bar in a terminal, and
+// fetch-ahead through a store that answers 503 SlowDown and resets connections (tests/testutil/proxy.h).
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <random>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tests/integration/harness.h"
+#include "tests/testutil/proxy.h"
 
 namespace granary::testing {
 namespace {
@@ -18,6 +24,8 @@ constexpr int kTenK = 10000;
 constexpr int kTenKSize = 1000;
 constexpr int kSlow = 2000;
 constexpr int kSlowSize = 4096;
+constexpr int kAheadPerDir = 60;  // ahead/{a,b,c,d}/k000NN: an epoch's tree for fetch-ahead
+constexpr int kAheadSize = 20000;
 
 // The bytes s3_put.py writes for a "many" object.
 std::string ManyBody(const std::string& key, size_t size) {
@@ -45,7 +53,11 @@ class LoadTest : public ::testing::Test {
         {"bucket", "granary-load"},
         {"objects",
          {{{"many", "ten/k"}, {"count", kTenK}, {"size", kTenKSize}, {"threads", 16}},
-          {{"many", "slow/s"}, {"count", kSlow}, {"size", kSlowSize}, {"threads", 16}}}}};
+          {{"many", "slow/s"}, {"count", kSlow}, {"size", kSlowSize}, {"threads", 16}},
+          {{"many", "ahead/a/k"}, {"count", kAheadPerDir}, {"size", kAheadSize}, {"threads", 16}},
+          {{"many", "ahead/b/k"}, {"count", kAheadPerDir}, {"size", kAheadSize}, {"threads", 16}},
+          {{"many", "ahead/c/k"}, {"count", kAheadPerDir}, {"size", kAheadSize}, {"threads", 16}},
+          {{"many", "ahead/d/k"}, {"count", kAheadPerDir}, {"size", kAheadSize}, {"threads", 16}}}}};
     WriteFile(*dir_ / "spec.json", spec.dump());
     RunResult put = RunCommand({"/usr/bin/python3", SourceDir() + "/tests/integration/s3_put.py", endpoint_, ak_, sk_,
                                 *dir_ / "spec.json"}, {}, std::chrono::seconds(600));
@@ -62,8 +74,10 @@ class LoadTest : public ::testing::Test {
   }
   void SetUp() override { ASSERT_TRUE(started_) << "S3 server did not start:\n" << start_log_; }
 
-  // A cluster with the bucket's `prefix` mounted at /ds.
-  std::unique_ptr<LocalCluster> Start(const TempDir& dir, const std::string& prefix, bool fuse = false) {
+  // A cluster with the bucket's `prefix` mounted at /ds (through `endpoint`, RGW's by default, with
+  // `mount_opts` as further mount options).
+  std::unique_ptr<LocalCluster> Start(const TempDir& dir, const std::string& prefix, bool fuse = false,
+                                      std::string endpoint = "", std::vector<std::string> mount_opts = {}) {
     ClusterOptions opts;  // 64 KiB blocks: each object is one block
     opts.extra_args = {"--ufs.secrets_dir", dir_->path()};  // the suite's credential files
     auto c = std::make_unique<LocalCluster>(dir, opts);
@@ -72,8 +86,15 @@ class LoadTest : public ::testing::Test {
     if (fuse) {
       EXPECT_TRUE(c->StartFuse(&why)) << why;
     }
-    RunResult m = c->Cli({"mount", "/ds", "s3://granary-load/" + prefix, "-o", "endpoint=" + endpoint_, "-o",
-                          "access_key_file=" + (*dir_ / "ak"), "-o", "secret_key_file=" + (*dir_ / "sk")});
+    std::vector<std::string> args = {"mount", "/ds", "s3://granary-load/" + prefix,
+                                     "-o", "endpoint=" + (endpoint.empty() ? endpoint_ : endpoint),
+                                     "-o", "access_key_file=" + (*dir_ / "ak"),
+                                     "-o", "secret_key_file=" + (*dir_ / "sk")};
+    for (const auto& o : mount_opts) {
+      args.push_back("-o");
+      args.push_back(o);
+    }
+    RunResult m = c->Cli(args);
     EXPECT_EQ(m.code, 0) << m.out;
     return c;
   }
@@ -362,6 +383,77 @@ TEST_F(LoadTest, MetricsPassPromtoolAndProbesAnswer) {
   EXPECT_EQ(HttpGet(c->MetricsAddress("fuse"), "/healthz").first, 200);
   std::string why;
   ASSERT_TRUE(c->RestartMaster(&why)) << why;
+}
+
+// The store throttles and drops connections while fetch-ahead runs: the workers back off and
+// retry (within the mount's retry bounds), the fetch-ahead job ends with every file fetched, and a
+// reader reading meanwhile gets every byte right and no error.
+TEST_F(LoadTest, FetchAheadRidesOutSlowDownAndResets) {
+  FaultProxy proxy(std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1)));
+  TempDir dir;
+  // The cap keeps fetch-ahead running for a few seconds, so the faults find it mid-way.
+  auto c = Start(dir, "ahead", /*fuse=*/true, "http://127.0.0.1:" + std::to_string(proxy.port()),
+                 {"cache.fetch_ahead.bandwidth=1000000", "max_attempts=12", "retry_deadline=60s"});
+  std::vector<std::string> names;
+  for (const char* d : {"a", "b", "c", "d"}) {
+    for (int i = 0; i < kAheadPerDir; ++i) {
+      char key[16];
+      snprintf(key, sizeof key, "k%05d", i);
+      names.push_back(std::string(d) + "/" + key);
+    }
+  }
+  std::shuffle(names.begin(), names.end(), std::mt19937(7));
+  const std::string root = c->mountpoint() + "/ds/";
+  auto read_checked = [&](const std::string& n) {
+    std::string got;
+    return ReadFileChecked(root + n, &got) && got == ManyBody("ahead/" + n, kAheadSize);
+  };
+  // An epoch begins: 30 files across the four directories are evidence enough.
+  for (size_t i = 0; i < 30; ++i) ASSERT_TRUE(read_checked(names[i])) << names[i];
+  ASSERT_TRUE(WaitFor([&] { return c->Metric("worker", "granary_worker_fetch_ahead_bytes_total") > 0; },
+                      std::chrono::seconds(60)))
+      << c->Logs();
+
+  // A reader goes on through the faults.
+  std::atomic<int> wrong{0};
+  std::thread reader([&] {
+    for (size_t i = 30; i < names.size(); ++i) wrong += !read_checked(names[i]);
+  });
+  const int conns = proxy.connections();
+  proxy.SetMode(FaultProxy::kSlowDown);
+  EXPECT_TRUE(WaitFor([&] { return proxy.slowdowns() >= 10; }, std::chrono::seconds(60)));
+  proxy.SetMode(FaultProxy::kReset);
+  EXPECT_TRUE(WaitFor([&] { return proxy.connections() >= conns + proxy.slowdowns() + 5; },
+                      std::chrono::seconds(60)));
+  proxy.SetMode(FaultProxy::kPass);
+  reader.join();
+  EXPECT_EQ(wrong, 0) << "a reader got an error or wrong bytes while the store threw faults";
+
+  // Every fetch-ahead job ends, none with a failed file.
+  std::vector<nlohmann::json> ended;
+  ASSERT_TRUE(WaitFor([&] {
+    auto j = Json(c->Cli({"jobs", "--json"}));
+    if (j.is_discarded()) return false;
+    ended.clear();
+    for (const auto& x : j) {
+      if (!x.value("fetch_ahead", false)) continue;
+      const std::string st = x["state"];
+      if (st != "succeeded" && st != "failed" && st != "cancelled") return false;
+      ended.push_back(x);
+    }
+    return !ended.empty();
+  }, std::chrono::seconds(120))) << c->Logs();
+  for (const auto& job : ended) {
+    EXPECT_NE(job["state"], "failed") << job.dump();
+    EXPECT_EQ(job["files_failed"], 0) << job.dump();
+  }
+  EXPECT_TRUE(std::any_of(ended.begin(), ended.end(), [](const auto& j) { return j["state"] == "succeeded"; }));
+  EXPECT_GT(c->Metric("worker", "granary_worker_ufs_retries_total"), 0) << "the faults never reached the worker";
+  EXPECT_EQ(c->Metric("worker", "granary_worker_ufs_errors_total"), 0);
+  // Everything is cached now: a second pass reads no byte from the store.
+  const uint64_t ufs0 = UfsBytes(*c);
+  for (const auto& n : names) EXPECT_TRUE(read_checked(n)) << n;
+  EXPECT_EQ(UfsBytes(*c), ufs0);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <string>
+
 namespace granary::testing {
 namespace {
 
@@ -55,6 +57,10 @@ void FaultProxy::AcceptLoop() {
       Reset(c);
       continue;
     }
+    if (mode_ == kSlowDown) {
+      relays_.emplace_back([this, c] { SlowDown(c); });
+      continue;
+    }
     relays_.emplace_back([this, c] { Relay(c); });
   }
 }
@@ -74,7 +80,7 @@ void FaultProxy::Relay(int client) {
   pollfd p[2] = {{client, POLLIN, 0}, {up, POLLIN, 0}};
   while (!stop_) {
     if (poll(p, 2, 100) < 0) break;
-    if (mode_ == kReset) break;  // cut live connections too, mid-response if need be
+    if (mode_ != kPass) break;  // cut live connections too, mid-response if need be
     bool done = false;
     for (int i = 0; i < 2 && !done; ++i) {
       if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -97,6 +103,29 @@ void FaultProxy::Relay(int client) {
   }
   Reset(client);
   close(up);
+}
+
+void FaultProxy::SlowDown(int client) {
+  // Read the request's head (a GET or HEAD has no body), then answer 503 and close.
+  std::string head;
+  char buf[4096];
+  while (!stop_ && head.find("\r\n\r\n") == std::string::npos && head.size() < (1 << 16)) {
+    pollfd p{client, POLLIN, 0};
+    if (poll(&p, 1, 100) < 0) break;
+    if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    ssize_t n = read(client, buf, sizeof buf);
+    if (n <= 0) break;
+    head.append(buf, static_cast<size_t>(n));
+  }
+  if (head.find("\r\n\r\n") != std::string::npos) {
+    const std::string body =
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
+        "<Message>Please reduce your request rate.</Message></Error>";
+    const std::string resp = "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: " +
+                             std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+    if (write(client, resp.data(), resp.size()) == static_cast<ssize_t>(resp.size())) ++slowdowns_;
+  }
+  close(client);
 }
 
 }  // namespace granary::testing
