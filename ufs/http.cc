@@ -2,7 +2,9 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstring>
 
 namespace granary {
 namespace {
@@ -11,8 +13,29 @@ struct CurlGlobal {
   CurlGlobal() { curl_global_init(CURL_GLOBAL_DEFAULT); }
 };
 
+// Where a transfer's body goes: the request's sink while the status is 2xx and it has room, else
+// the response's body string.
+struct BodyTarget {
+  CURL* curl;
+  const HttpRequest* req;
+  HttpResponse* resp;
+};
+
 size_t OnBody(char* p, size_t size, size_t n, void* ud) {
-  static_cast<std::string*>(ud)->append(p, size * n);
+  auto* t = static_cast<BodyTarget*>(ud);
+  size_t len = size * n;
+  if (t->req->sink != nullptr && t->resp->body.empty() && t->resp->sunk < t->req->sink_capacity) {
+    long code = 0;
+    curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &code);
+    if (code >= 200 && code < 300) {
+      size_t k = std::min(len, t->req->sink_capacity - t->resp->sunk);
+      std::memcpy(t->req->sink + t->resp->sunk, p, k);
+      t->resp->sunk += k;
+      p += k;
+      len -= k;
+    }
+  }
+  t->resp->body.append(p, len);
   return size * n;
 }
 
@@ -78,8 +101,9 @@ StatusOr<HttpResponse> CurlHttpClient::Send(const HttpRequest& req) {
   } else if (req.method != "GET") {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
   }
+  BodyTarget target{c, &req, &resp};
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp.body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &target);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &resp.headers);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);

@@ -22,12 +22,21 @@ struct HttpRequest {
   std::string method;  // GET, HEAD
   std::string url;     // already percent-encoded
   HeaderList headers;
+  // Where a 2xx body goes, when set: its first sink_capacity bytes are written straight into the
+  // caller's buffer (a block being fetched), with no copy and no growing string; the rest, and any
+  // other status's body, go to HttpResponse::body. A client may also ignore the sink (a test fake):
+  // the caller reads HttpResponse::sunk bytes from the sink, then body.
+  char* sink = nullptr;
+  size_t sink_capacity = 0;
 };
 
 struct HttpResponse {
   long status = 0;
   HeaderList headers;  // names lower-cased
   std::string body;
+  size_t sunk = 0;  // body bytes written into the request's sink (they are not in `body`)
+
+  size_t BodySize() const { return sunk + body.size(); }
 
   std::string Header(const std::string& lower_name) const;
 };

@@ -88,8 +88,10 @@ class S3Ufs : public UnderFileSystem {
   // returned. `check` may reject a response as broken in transit (a truncated body): it is then
   // retried like a reset connection.
   using Check = std::function<Status(const HttpResponse&)>;
+  // With `sink`, a 2xx body is written into sink[0, sink_capacity) (HttpRequest::sink).
   StatusOr<HttpResponse> Call(const std::string& method, const std::string& key, const HeaderList& query,
-                              const HeaderList& headers, const Check& check = nullptr);
+                              const HeaderList& headers, const Check& check = nullptr, char* sink = nullptr,
+                              size_t sink_capacity = 0);
   Status ErrorFor(const HttpResponse& r, const std::string& what) const;
   StatusOr<bool> HasChildren(const std::string& key_prefix);
 

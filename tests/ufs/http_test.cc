@@ -1,0 +1,84 @@
+// CurlHttpClient's body sink (ufs/http.h) against a real HTTP server on loopback (cpp-httplib): a
+// 2xx body lands in the caller's buffer, what does not fit and every other status's body in
+// HttpResponse::body, so an error's XML never lands in a block's bytes.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <string>
+#include <thread>
+
+#include "tests/testutil/testutil.h"
+#include "ufs/http.h"
+
+namespace granary {
+namespace {
+
+class HttpSinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    body_ = std::string(300'000, 'b');
+    for (size_t i = 0; i < body_.size(); ++i) body_[i] = static_cast<char>('a' + i % 26);
+    server_.Get("/ok", [&](const httplib::Request&, httplib::Response& res) { res.set_content(body_, "application/octet-stream"); });
+    server_.Get("/missing", [&](const httplib::Request&, httplib::Response& res) {
+      res.status = 404;
+      res.set_content("<Error><Code>NoSuchKey</Code></Error>", "application/xml");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    ASSERT_GT(port_, 0);
+    thread_ = std::thread([&] { server_.listen_after_bind(); });
+    ASSERT_TRUE(testing::WaitFor([&] { return server_.is_running(); }));
+  }
+  void TearDown() override {
+    server_.stop();
+    thread_.join();
+  }
+  std::string Url(const std::string& path) { return "http://127.0.0.1:" + std::to_string(port_) + path; }
+
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::string body_;
+};
+
+TEST_F(HttpSinkTest, A2xxBodyGoesIntoTheSink) {
+  CurlHttpClient http;
+  std::string buf(body_.size(), '\0');
+  auto r = http.Send(HttpRequest{"GET", Url("/ok"), {}, buf.data(), buf.size()});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->sunk, body_.size());
+  EXPECT_TRUE(r->body.empty());
+  EXPECT_EQ(buf, body_);
+}
+
+TEST_F(HttpSinkTest, WhatDoesNotFitGoesToTheBody) {
+  CurlHttpClient http;
+  std::string buf(1000, '\0');
+  auto r = http.Send(HttpRequest{"GET", Url("/ok"), {}, buf.data(), buf.size()});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->sunk, 1000u);
+  EXPECT_EQ(r->BodySize(), body_.size());
+  EXPECT_EQ(buf + r->body, body_);
+}
+
+TEST_F(HttpSinkTest, AnErrorsBodyNeverEntersTheSink) {
+  CurlHttpClient http;
+  std::string buf(64, 'x');
+  auto r = http.Send(HttpRequest{"GET", Url("/missing"), {}, buf.data(), buf.size()});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(r->sunk, 0u);
+  EXPECT_NE(r->body.find("NoSuchKey"), std::string::npos);
+  EXPECT_EQ(buf, std::string(64, 'x'));
+}
+
+TEST_F(HttpSinkTest, WithoutASinkTheBodyIsAString) {
+  CurlHttpClient http;
+  auto r = http.Send(HttpRequest{"GET", Url("/ok"), {}});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->sunk, 0u);
+  EXPECT_EQ(r->body, body_);
+}
+
+}  // namespace
+}  // namespace granary
