@@ -113,6 +113,7 @@ run_epochs() {
   for e in $(seq 1 "$last"); do
     local alone=0 alone_failed=0; [ "$e" -gt "$EPOCHS" ] && alone=1
     drop_caches
+    python3 "$ROOT/bench/proc_cpu.py" snap "$WORK/cpu.snap"
     local before; before=$(storage_tx); local cpu0; cpu0=$(cpu_busy); local pids=()
     for n in $(seq 1 "$nn"); do
       local root="$WORK/mnt/$n/$ds"; [ "$sys" = local ] && root="$WORK/src/$ds"
@@ -130,15 +131,18 @@ run_epochs() {
     done
     local failed=$alone_failed; for p in "${pids[@]}"; do wait "$p" || failed=1; done
     local after; after=$(storage_tx); local cpu1; cpu1=$(cpu_busy)
-    python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" "$((cpu1 - cpu0))" "$alone" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
+    local roles; roles=$(python3 "$ROOT/bench/proc_cpu.py" diff "$WORK/cpu.snap")
+    python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" "$((cpu1 - cpu0))" "$alone" "$roles" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
 import json, os, sys
-sysname, ds, nn, epoch, served, failed, cpu_ticks, alone = sys.argv[1:9]
-runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[9:]]
+sysname, ds, nn, epoch, served, failed, cpu_ticks, alone, roles = sys.argv[1:10]
+runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[10:]]
+roles = json.loads(roles)
 print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": int(epoch),
                   "seconds": max(r["seconds"] for r in runs), "files_per_s_node": sum(r["files_per_s"] for r in runs) / len(runs),
                   "mb_per_s_node": sum(r["mb_per_s"] for r in runs) / len(runs), "p50_ms": max(r["p50_ms"] for r in runs),
                   "p99_ms": max(r["p99_ms"] for r in runs), "storage_bytes": int(served),
                   "dataset_bytes": runs[0]["bytes"], "cpu_s": int(cpu_ticks) / os.sysconf("SC_CLK_TCK"), "alone": alone == "1",
+                  "system_cpu_s": roles["system"], "store_cpu_s": roles["store"],
                   "errors": sum(r["errors"] + r["mismatches"] for r in runs) + int(failed)}))
 PY
     tail -1 "$RESULTS" >&2

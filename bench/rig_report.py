@@ -39,25 +39,31 @@ def main():
              if os.environ.get("RIG_LATENCY_MS", "0") not in ("", "0") else "", procs, threads, epochs))
     link = rate_bytes(rate)
     print("| dataset | system | nodes | epoch | epoch time s | files/s per node | MB/s per node | p50 ms | p99 ms | "
-          "link bound s | × link | storage sent MB | × dataset | CPU s | CPU s per node | errors |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "link bound s | × link | storage sent MB | × dataset | CPU s | CPU s per node | system CPU s per GB | "
+          "store CPU s | errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ratio = r["storage_bytes"] / r["dataset_bytes"] if r["dataset_bytes"] else 0
         cpu = r.get("cpu_s", 0.0)
         bound = r["dataset_bytes"] / link if link else 0
-        print("| %s | %s | %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %d |" % (
+        gb = r["dataset_bytes"] * r["nodes"] / 1e9
+        sys_gb = "%.1f" % (r["system_cpu_s"] / gb) if "system_cpu_s" in r and gb else "-"
+        store = "%.2f" % r["store_cpu_s"] if "store_cpu_s" in r else "-"
+        print("| %s | %s | %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %s | %d |" % (
             r["dataset"], names.get(r["system"], r["system"]), r["nodes"],
             "%d%s" % (r["epoch"], " (each node alone)" if r.get("alone") else ""), r["seconds"],
             r["files_per_s_node"], r["mb_per_s_node"], r["p50_ms"], r["p99_ms"], bound,
             bound / r["seconds"] if r["seconds"] else 0, r["storage_bytes"] / 1e6, ratio,
-            cpu, cpu / r["nodes"], r["errors"]))
+            cpu, cpu / r["nodes"], sys_gb, store, r["errors"]))
     print("\n![epoch times](img/rig.png)\n")
     print("Storage sent is counted on the storage host's capped interface (all protocol bytes); "
           "`× dataset` divides it by one copy of the dataset. The link bound is one copy of the dataset at the link's "
           "rate (the time the link alone needs, on one node; on N nodes sharing it, a cold epoch that every node "
           "reads needs at least that once); `× link` divides it by the epoch time (1.0: the link is full). CPU s is the whole machine's busy CPU time "
           "during the epoch (%d cores shared by every node, the S3 server and the readers); per node "
-          "divides it by the nodes." % os.cpu_count())
+          "divides it by the nodes. System CPU s per GB: the CPU time of the system's own processes (Granary's "
+          "daemons, rclone, s3fs, the direct GETs' client; not the readers) per GB the nodes read (bench/proc_cpu.py). "
+          "Store CPU s: the S3 server's (RGW, its OSD and monitor, the delay line), which shares the same cores." % os.cpu_count())
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, ds in zip(axes, ["images", "shards"]):
