@@ -125,6 +125,8 @@ StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, 
 }
 
 Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source) {
+  // A new home asking its previous home: only what is cached here, nothing fetched.
+  if (req.cached_only) return NotFoundError("block " + std::to_string(req.index) + " of the file is not cached here");
   const MountHandle& mount = t.mount;
   const BlockMeta& meta = t.meta;
   const uint64_t len = t.len;
@@ -238,6 +240,7 @@ BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& 
   const size_t rank = members.empty() ? 0 : RankOf(t.meta.id, members, self_id);
   route.elastic = !(rank != kNotRanked && rank < t.mount.replicas);
   route.home = rank == 0;
+  if (route.home) route.previous = placement_->PreviousHome(t.meta.id);
   if (req.from_peer) return route;  // asked as the home: fetch (if need be) and keep
   size_t self = kNotRanked;
   std::vector<PeerRef> ranked = placement_->Rank(t.meta.id, &self);
@@ -397,6 +400,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     }
   }
   t.meta.home = route.home;
+  if (route.home && placement_ != nullptr) route.previous = placement_->PreviousHome(t.meta.id);
   if (store_->Contains(t.meta.id)) {
     // Held already; an elastic copy becomes one of the replicas the load asks for.
     if (store_->MakeReplica(t.meta.id, route.home)) reporter_->BlockAdded(t.meta);
@@ -567,6 +571,24 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     fetched = st.ok() && data->size() == meta.length;  // a peer's short answer is no block
     if (fetched) fb->source = ReadSource::kPeer;
     if (fetched && route.elastic) counters_.elastic_peer_bytes += data->size();
+  }
+  if (!fetched && route.previous) {
+    // A join made this worker the block's home; its previous home likely still holds it.
+    BlockRequest whole = req;
+    whole.offset = 0;
+    whole.length = meta.length;
+    whole.cached_only = true;
+    Status st = placement_->ReadFromPeer(*route.previous, whole, data);
+    fetched = st.ok() && data->size() == meta.length;
+    if (fetched) {
+      fb->source = ReadSource::kPeer;
+      counters_.peer_reads++;
+      counters_.peer_bytes += data->size();
+      counters_.previous_home_blocks++;
+    } else if (!st.ok() && !st.IsNotFound()) {
+      spdlog::debug("previous home {} of a block: {}; reading the under-storage", route.previous->address,
+                    st.message());
+    }
   }
   if (!fetched) {
     data->assign(meta.length, '\0');

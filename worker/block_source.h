@@ -19,6 +19,12 @@
 // change (MembershipChanged) every cached block is classified again in the background, so blocks a
 // worker holds beyond their replica count after a join or a leave become elastic copies (evicted
 // first) and the cache never keeps more replicas than asked.
+// A join moves 1/N of the blocks' homes to the new worker. For 30 minutes after a membership change
+// (PeerSet::kPreviousWindow) a home that misses a block first asks the block's previous home (the
+// home under the membership before the change) for its cached copy only (cached_only: NOT_FOUND,
+// nothing fetched, when it has none) and fetches from the under-storage only then: what the
+// cluster cached before the join is not fetched again. The price, for a block that was never
+// cached, is one peer round trip.
 // Whole-block fetches are shared by every concurrent request for the same block (single-flight);
 // a fetched block is written to the store and reported to the master. A peer that fails with a
 // retryable error is marked down and the next-ranked worker asked (kMaxPeerAttempts); when no peer
@@ -78,6 +84,7 @@ struct SourceCounters {
   std::atomic<uint64_t> ahead_blocks{0}, ahead_bytes{0};    // fetched by fetch-ahead (master/fetch_ahead.h)
   std::atomic<uint64_t> ahead_no_room{0};   // fetch-ahead blocks skipped: no free room (nothing fetched)
   std::atomic<uint64_t> range_reads{0};     // small misses answered from a ranged read (range first)
+  std::atomic<uint64_t> previous_home_blocks{0};  // blocks this new home got from their previous home
   std::atomic<uint64_t> ufs_errors{0};      // under-storage reads that failed
   std::atomic<uint64_t> elastic_peer_bytes{0};  // bytes copied from holders into elastic copies
   std::atomic<uint64_t> classified{0};      // cached blocks whose kind a classification changed
@@ -202,6 +209,9 @@ class BlockSource {
     bool home = true;      // kept by the block's home (first in the master's membership ranking)
     uint64_t gen = 0;      // classify_gen_ when the kind was decided
     bool ahead = false;    // a fetch-ahead's (holds a pacer slot; not a demand miss)
+    // This worker became the block's home when the membership changed: the previous home is asked
+    // for its cached copy before the under-storage (Placement::PreviousHome).
+    std::optional<PeerRef> previous;
   };
   // After a Put of a block whose kind was decided at `gen`: when a classification pass started
   // since, it may have missed the block, so another one runs.

@@ -32,6 +32,7 @@ struct BlockRequest {
   uint64_t offset = 0;  // within the block
   uint64_t length = 0;
   bool from_peer = false;  // asked by another worker: serve from here, never forward
+  bool cached_only = false;  // with from_peer: from this worker's cache only (NOT_FOUND on a miss)
 };
 
 struct MountHandle {
@@ -69,6 +70,13 @@ class Placement {
   virtual void PeerFailed(const PeerRef& peer) = 0;
   // Asks `peer` (the block's home) to warm the block into its cache; best effort.
   virtual Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) = 0;
+  // The block's home before the membership last changed, when that was recently (a join moved the
+  // block's home here; the previous home still holds what it cached), it is still a member and it
+  // is not this worker; nullopt otherwise.
+  virtual std::optional<PeerRef> PreviousHome(const BlockId& id) {
+    (void)id;
+    return std::nullopt;
+  }
 };
 
 class MountResolver {

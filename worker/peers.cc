@@ -17,6 +17,17 @@ bool PeerSet::Update(uint64_t self, const std::vector<PeerRef>& live) {
     return k;
   };
   const bool changed = self != self_ || key(live) != key(live_);
+  if (changed) {
+    // A worker's first list is its own join: the others' membership before it was the list
+    // without it.
+    previous_ = live_;
+    if (live_.empty()) {
+      for (const auto& p : live) {
+        if (p.id != self) previous_.push_back(p);
+      }
+    }
+    changed_at_ = clock_();
+  }
   self_ = self;
   live_ = live;
   std::set<std::string> addresses;
@@ -52,6 +63,19 @@ std::vector<PeerRef> PeerSet::Rank(const BlockId& id, size_t* self) {
   return ranked;
 }
 
+std::optional<PeerRef> PeerSet::PreviousHome(const BlockId& id) {
+  MutexLock lock(&mu_);
+  const auto now = clock_();
+  if (previous_.empty() || now - changed_at_ > kPreviousWindow) return std::nullopt;
+  const PeerRef home = RankForBlock(id, previous_).front();
+  // Not this worker, still a member, and not marked down.
+  if (home.id == self_) return std::nullopt;
+  if (std::none_of(live_.begin(), live_.end(), [&](const PeerRef& p) { return p == home; })) return std::nullopt;
+  auto d = down_until_.find(home.id);
+  if (d != down_until_.end() && d->second > now) return std::nullopt;
+  return home;
+}
+
 size_t PeerSet::Size() {
   MutexLock lock(&mu_);
   return live_.size();
@@ -75,6 +99,7 @@ rpc::ReadBlockRequest PeerSet::ToProto(const BlockRequest& req) {
   r.set_offset(req.offset);
   r.set_length(req.length);
   r.set_from_peer(true);
+  r.set_cached_only(req.cached_only);
   return r;
 }
 

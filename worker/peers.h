@@ -45,8 +45,15 @@ class PeerSet final : public Placement {
   PeerSet(std::shared_ptr<RpcSecurity> sec, std::chrono::milliseconds timeout,
           Clock clock = std::chrono::steady_clock::now);
 
+  // How long after a membership change a block's new home asks its previous home first
+  // (PreviousHome): long enough for the epochs that follow a join to find the moved blocks, short
+  // enough that a cold dataset read long after does not pay a peer round trip per moved block.
+  static constexpr std::chrono::minutes kPreviousWindow{30};
+
   // Replaces the membership with the master's list of live workers; `self` is this worker's id.
-  // True when the membership changed (another set of workers, or another self).
+  // True when the membership changed (another set of workers, or another self); the membership
+  // before it is kept for PreviousHome (before a worker's first list: the list without it, as the
+  // others had it before it joined).
   bool Update(uint64_t self, const std::vector<PeerRef>& live);
 
   std::vector<PeerRef> Rank(const BlockId& id, size_t* self) override;
@@ -54,6 +61,7 @@ class PeerSet final : public Placement {
   Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
   void PeerFailed(const PeerRef& peer) override;
   Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) override;
+  std::optional<PeerRef> PreviousHome(const BlockId& id) override;
 
   // Live workers known (this one included).
   size_t Size();
@@ -69,6 +77,8 @@ class PeerSet final : public Placement {
   Mutex mu_;
   uint64_t self_ GUARDED_BY(mu_) = 0;
   std::vector<PeerRef> live_ GUARDED_BY(mu_);
+  std::vector<PeerRef> previous_ GUARDED_BY(mu_);  // the membership before the last change
+  std::chrono::steady_clock::time_point changed_at_ GUARDED_BY(mu_);
   std::map<uint64_t, std::chrono::steady_clock::time_point> down_until_ GUARDED_BY(mu_);
   StubPool<rpc::Worker> stubs_;  // thread-safe on its own
 };

@@ -87,7 +87,8 @@ class WorkerService final : public rpc::Worker::Service {
                          grpc::ServerWriter<rpc::ReadBlockChunk>* writer) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     BlockRequest br{req->mount_id(), req->ufs_path(), req->version(), req->file_size(), req->block_size(),
-                    req->index(),      req->offset(),   req->length(),  req->from_peer()};
+                    req->index(),      req->offset(),   req->length(),  req->from_peer(),
+                    req->from_peer() && req->cached_only()};
     std::string data;
     bool hit = false;
     ReadSource source = ReadSource::kCache;
@@ -500,6 +501,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ahead_bytes(c.ahead_bytes);
     s.set_ahead_no_room(c.ahead_no_room);
     s.set_range_reads(c.range_reads);
+    s.set_previous_home_blocks(c.previous_home_blocks);
     FetchPacer::Snapshot pace = source_->pacer().Get();
     s.set_ahead_target(pace.target);
     s.set_ahead_inflight(pace.ahead_inflight);

@@ -137,12 +137,14 @@ class ClusterTest : public ::testing::Test {
     return true;
   }
 
-  static bool StartWorker(int n, const std::string& listen, std::string* why, const std::string& quota = "1Gi") {
+  // Worker `n` (its directory node<n>), in node `ns`'s namespace (0: node n's).
+  static bool StartWorker(int n, const std::string& listen, std::string* why, const std::string& quota = "1Gi",
+                          int ns = 0) {
     std::string node = *dir_ / ("node" + std::to_string(n));
     fs::create_directories(node);
     unlink((node + "/worker.addr").c_str());
     workers_[n] = std::make_unique<Process>(
-        InNs(NodeNs(n), {Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
+        InNs(NodeNs(ns ? ns : n), {Bin("granary-worker"), "--master.address", master_addr_, "--worker.listen", listen,
                          "--worker.heartbeat_interval", "200ms", "--worker.cache_dir", node + "/cache",
                          "--worker.cache_quota", quota, "--ready-file", node + "/worker.addr",
                          // Peer calls never reach their deadline here: a vanished peer must be noticed
@@ -572,6 +574,39 @@ TEST_F(ClusterTest, TheDashboardQueriesOnlyMetricsTheDaemonsServe) {
                            "granary_fuse_operation_duration_seconds_bucket"}) {
     EXPECT_TRUE(used.count(must)) << must << " should be on the dashboard";
   }
+}
+
+// A fourth worker joins a cluster that has cached the dataset: the blocks it becomes the home of
+// are copied from their previous homes (Placement::PreviousHome), not fetched from the store again,
+// and the readers get the same bytes. It leaves again at the end (after master.worker_timeout).
+TEST_F(ClusterTest, AJoiningWorkerCopiesItsBlocksFromTheirPreviousHomes) {
+  ASSERT_EQ(Cli({"free", "/ds"}).code, 0);
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == 0; })) << Report().dump(1);
+  std::atomic<int> bad{0};
+  ReadEpoch(2, 71, &bad);  // every block cached at its home (and node 2 whole)
+  ASSERT_EQ(bad.load(), 0);
+  std::string why;
+  ASSERT_TRUE(StartWorker(4, NodeIp(3) + ":0", &why, "1Gi", /*ns=*/3)) << why;
+  struct Leave {  // the cluster is three workers again for the next test, also when this one fails
+    ~Leave() {
+      // Nothing cached is left on the worker that leaves (the report keeps a lost worker's last
+      // counts).
+      EXPECT_EQ(Cli({"free", "/ds"}).code, 0);
+      EXPECT_TRUE(WaitFor([] { return Sum(Report(), "blocks") == 0; })) << Report().dump(1);
+      workers_[4]->Stop(SIGKILL);
+      EXPECT_TRUE(WaitFor([] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); },
+                          std::chrono::seconds(90)))
+          << Report().dump(1);
+    }
+  } leave;
+  ASSERT_TRUE(WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes + 1, kNodes + 1); }))
+      << Report().dump(1);
+  const uint64_t tx0 = StorageTxBytes();
+  ReadEpoch(1, 72, &bad);
+  EXPECT_EQ(bad.load(), 0);
+  const uint64_t sent = StorageTxBytes() - tx0;
+  EXPECT_LT(sent, 100'000u) << "the store sent " << sent << " bytes: a moved block was fetched again";
+  EXPECT_TRUE(WaitFor([&] { return Sum(Report(), "previous_home_blocks") > 0; })) << Report().dump(1);
 }
 
 // Every node's cache smaller than the dataset (14 MiB each for a 16 MB dataset; one node's share

@@ -5,6 +5,8 @@
 // counts its reads.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <map>
 #include <set>
 #include <thread>
@@ -89,6 +91,48 @@ TEST(PeerSetTest, AFailedPeerIsLeftOutUntilItsTimeIsUp) {
   EXPECT_EQ(p.Rank(Id(0, 0), &self).size(), 3u);
 }
 
+TEST(PeerSetTest, PreviousHomeIsTheHomeBeforeTheLastChangeForAWhile) {
+  auto sec = RpcSecurity::FromConfig(RpcConfig{}).value();
+  auto now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  auto all = Workers(4);
+  std::vector<PeerRef> three(all.begin(), all.begin() + 3);
+  // A block homed at worker 4 among all four, and its home among the first three.
+  BlockId id;
+  uint64_t before = 0;
+  for (int i = 0; before == 0; ++i) {
+    id = Id(5, i);
+    if (RankForBlock(id, all)[0].id == 4) before = RankForBlock(id, three)[0].id;
+  }
+  // Worker 4 joins: its first list is its join, so the others' list before it is the previous.
+  PeerSet joiner(sec, std::chrono::seconds(1), [&] { return now; });
+  joiner.Update(4, all);
+  ASSERT_TRUE(joiner.PreviousHome(id).has_value());
+  EXPECT_EQ(joiner.PreviousHome(id)->id, before);
+  // An old member sees the same change.
+  PeerSet old(sec, std::chrono::seconds(1), [&] { return now; });
+  old.Update(1, three);
+  now += std::chrono::minutes(1);
+  old.Update(1, all);
+  if (before != 1) EXPECT_EQ(old.PreviousHome(id)->id, before);
+  // Not once the window has passed.
+  now += PeerSet::kPreviousWindow + std::chrono::seconds(1);
+  EXPECT_FALSE(joiner.PreviousHome(id).has_value());
+  EXPECT_FALSE(old.PreviousHome(id).has_value());
+  // Not when the previous home has left since, nor while it is marked down.
+  now += std::chrono::minutes(1);
+  std::vector<PeerRef> without;
+  for (const auto& w : all) {
+    if (w.id != before) without.push_back(w);
+  }
+  PeerSet fresh(sec, std::chrono::seconds(1), [&] { return now; });
+  fresh.Update(4, all);
+  ASSERT_TRUE(fresh.PreviousHome(id).has_value());
+  fresh.PeerFailed(*fresh.PreviousHome(id));
+  EXPECT_FALSE(fresh.PreviousHome(id).has_value());
+  fresh.Update(4, without);
+  EXPECT_FALSE(fresh.PreviousHome(id).has_value()) << "the previous list is now the one with 4 members";
+}
+
 // ---- routing across an in-process cluster ----
 
 class Cluster;
@@ -104,6 +148,7 @@ class Node : public MountResolver, public BlockReporter, public Placement {
   Status ReadFromPeer(const PeerRef& peer, const BlockRequest& req, std::string* out) override;
   void PeerFailed(const PeerRef& peer) override { peers.PeerFailed(peer); }
   Status PrefetchOnPeer(const PeerRef& peer, const BlockRequest& req) override;
+  std::optional<PeerRef> PreviousHome(const BlockId& id) override { return peers.PreviousHome(id); }
 
   Cluster* cluster;
   uint64_t id;
@@ -506,6 +551,40 @@ TEST_F(PeerRoutingTest, AJoinAndALeaveLeaveNoReplicaBeyondTheCount) {
     for (uint64_t n : {1, 3, 4}) ASSERT_TRUE(ReadAll(c.node(n)));
     auto [after, elastic_after] = ExpectKindsFollowTheRanking(c, without2);
     EXPECT_EQ(after, Blocks()) << "one replica of each block among the workers left";
+  }
+}
+
+// A worker joins: the blocks it is now the home of are copied from their previous home, which
+// cached them, not fetched from the under-storage again, whether a peer's reader asks the new home
+// for them or the new home's own reader misses them.
+TEST_F(PeerRoutingTest, ANewHomeAfterAJoinCopiesFromThePreviousHomeNotTheStore) {
+  for (uint64_t reader : {1, 4}) {
+    SCOPED_TRACE("read through node " + std::to_string(reader));
+    testing::TempDir d;
+    Cluster c(d, 4, ufs_, 1, /*elastic=*/false);
+    std::vector<PeerRef> all = c.live, three(all.begin(), all.begin() + 3);
+    c.SetMembers(three);
+    ASSERT_TRUE(ReadAll(c.node(1)));  // every block cached at its home among the three
+    // The blocks node 4 is the home of now, and of them those the reader does not hold itself
+    // (node 1 kept the ones it was the home of).
+    uint64_t homed_at_4 = 0, asked = 0;
+    for (uint64_t i = 0; i < Blocks(); ++i) {
+      BlockId id{MakeFileKey(ufs_->uri(), "f.bin", version_), i};
+      if (RankOf(id, all, 4) != 0) continue;
+      homed_at_4++;
+      asked += reader == 4 || RankOf(id, three, reader) != 0;
+    }
+    ASSERT_GT(asked, 0u) << "no block moves to node 4 from another node: the test would show nothing";
+    c.SetMembers(all);
+    const uint64_t ufs_reads = c.node(1).source->counters().ufs_reads + c.node(2).source->counters().ufs_reads +
+                               c.node(3).source->counters().ufs_reads + c.node(4).source->counters().ufs_reads;
+    ASSERT_TRUE(ReadAll(c.node(reader)));
+    uint64_t after = 0;
+    for (uint64_t n = 1; n <= 4; ++n) after += c.node(n).source->counters().ufs_reads;
+    EXPECT_EQ(after, ufs_reads) << "a moved block was fetched from the under-storage again";
+    EXPECT_EQ(c.node(4).source->counters().previous_home_blocks, asked);
+    EXPECT_EQ(c.node(4).store->Stats().blocks, asked) << "the new home keeps what it copied";
+    EXPECT_LE(asked, homed_at_4);
   }
 }
 
