@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The floor of a FUSE request on this kernel, and how far granary-fuse is above it.
+#
+# A minimal low-level libfuse server that answers from memory (bench/fuse_floor.cc, its session loop
+# multi-threaded as granary-fuse's is, and single-threaded for reference) is mounted beside
+# `granary local` over a local directory holding the same two files (4 KiB and 64 MiB), at default
+# settings and warm in Granary's cache, so that only the FUSE request path is measured. For each
+# request kind — an ioctl (TCGETS, as CPython's open() sends), a GETATTR the attribute cache cannot
+# answer (statx AT_STATX_FORCE_SYNC), and 4 KiB and 128 KiB READs the page cache cannot answer
+# (O_DIRECT) — with 1 and 8 threads, it prints the round trip's mean and p50 on each server and
+# granary-fuse's ratio to the minimal server's. The target: granary-fuse ≤ 1.2× for each.
+#
+#   bench/fuse_floor.sh [--seconds S] [--no-docs]
+#
+# Writes the table into docs/benchmarks.md between the fuse-floor markers unless --no-docs.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${GRANARY_BIN_DIR:-$ROOT/build/bin}
+SECONDS_PER=3; DOCS=1; CMDLINE="bench/fuse_floor.sh${*:+ $*}"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --seconds) SECONDS_PER=$2; shift 2;;
+    --no-docs) DOCS=0; shift;;
+    *) echo "usage: bench/fuse_floor.sh [--seconds S] [--no-docs]" >&2; exit 2;;
+  esac
+done
+for b in granary granary-fuse-floor; do
+  [ -x "$BIN/$b" ] || { echo "fuse_floor: $BIN/$b is missing: build first (bash scripts/build.sh)" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d /tmp/granary-floor-XXXXXX)
+PIDS=()
+cleanup() {
+  for m in "$WORK/floor" "$WORK/floor1" "$WORK/granary"; do
+    mountpoint -q "$m" 2>/dev/null && { fusermount3 -u "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; }
+  done
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+wait_mounted() {  # MOUNTPOINT PID
+  for _ in $(seq 1 300); do
+    mountpoint -q "$1" && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+mkdir -p "$WORK/src" "$WORK/floor" "$WORK/floor1" "$WORK/granary"
+head -c 4096 /dev/urandom > "$WORK/src/small"
+head -c $((64 << 20)) /dev/urandom > "$WORK/src/big"
+
+"$BIN/granary-fuse-floor" serve "$WORK/floor" > "$WORK/floor.log" 2>&1 & PIDS+=($!)
+wait_mounted "$WORK/floor" "$!" || { cat "$WORK/floor.log"; exit 1; }
+"$BIN/granary-fuse-floor" serve "$WORK/floor1" --single > "$WORK/floor1.log" 2>&1 & PIDS+=($!)
+wait_mounted "$WORK/floor1" "$!" || { cat "$WORK/floor1.log"; exit 1; }
+GRANARY_HOME=$WORK/home "$BIN/granary" local "$WORK/src" "$WORK/granary" --dir "$WORK/state" > "$WORK/granary.log" 2>&1 &
+PIDS+=($!)
+wait_mounted "$WORK/granary" "$!" || { cat "$WORK/granary.log"; exit 1; }
+# Warm: both files in Granary's cache (the worker's), so every READ is a cache hit there.
+cat "$WORK/granary/small" "$WORK/granary/big" > /dev/null
+
+RESULTS=$WORK/results.jsonl; : > "$RESULTS"
+for op in ioctl getattr read4k read128k; do
+  file=small; case $op in read*) file=big;; esac
+  for t in 1 8; do
+    for srv in floor floor1 granary; do
+      [ "$srv" = floor1 ] && [ "$t" != 1 ] && continue
+      line=$("$BIN/granary-fuse-floor" probe --file "$WORK/$srv/$file" --op "$op" --threads "$t" --seconds "$SECONDS_PER")
+      echo "{\"server\": \"$srv\", ${line#\{}" | tee -a "$RESULTS" >&2
+    done
+  done
+done
+
+TABLE=$(python3 - "$RESULTS" "$CMDLINE" <<'PY'
+import datetime, json, os, platform, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["server"], r["op"], r["threads"]): r for r in rows}
+names = {"ioctl": "ioctl (TCGETS)", "getattr": "GETATTR (statx, forced)", "read4k": "READ 4 KiB (O_DIRECT)",
+         "read128k": "READ 128 KiB (O_DIRECT)"}
+print("### %s — %d cores, %s %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
+print("Command: `%s`. Mean and p50 round trip in µs; the minimal server's session loop is multi-threaded "
+      "as granary-fuse's is (single-threaded in its own column, 1 thread only).\n" % sys.argv[2])
+print("| request | threads | minimal server mean / p50 | minimal, single-threaded loop mean / p50 | granary-fuse mean / p50 | granary-fuse ÷ minimal (mean) | (p50) |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for op in ("ioctl", "getattr", "read4k", "read128k"):
+    for t in (1, 8):
+        f, g, s = by[("floor", op, t)], by[("granary", op, t)], by.get(("floor1", op, t))
+        single = "%.1f / %.1f" % (s["mean_us"], s["p50_us"]) if s else "-"
+        print("| %s | %d | %.1f / %.1f | %s | %.1f / %.1f | %.2f | %.2f |" % (
+            names[op], t, f["mean_us"], f["p50_us"], single, g["mean_us"], g["p50_us"],
+            g["mean_us"] / f["mean_us"], g["p50_us"] / f["p50_us"]))
+PY
+)
+echo "$TABLE"
+if [ "$DOCS" = 1 ]; then
+  python3 - "$ROOT/docs/benchmarks.md" "$TABLE" <<'PY'
+import sys
+path, table = sys.argv[1], sys.argv[2]
+doc = open(path).read()
+begin, end = "<!-- fuse-floor:begin -->", "<!-- fuse-floor:end -->"
+if begin in doc and end in doc:
+    doc = doc[:doc.index(begin) + len(begin)] + "\n" + table + "\n" + doc[doc.index(end):]
+else:
+    doc += "\n" + begin + "\n" + table + "\n" + end + "\n"
+open(path, "w").write(doc)
+PY
+fi
