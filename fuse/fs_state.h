@@ -1,0 +1,364 @@
+// Fs: the state one granary-fuse mount shares between its FUSE operations (the session's
+// userdata), and what every operation uses with it: FsOf, OpScope (an operation's latency and its
+// access-trace record), ToStat / ToEntry (a master Attr as the kernel sees it), FileInfoOf.
+// Internal to fuse/: the operations (fuse/ops.h) and the mount (fuse/mount_impl.h) include it.
+//
+// Design
+// ------
+// One Fs per mount. FuseMountImpl::Init (fuse/mount.cc) fills it before the session's loop starts;
+// it outlives the loop, the invalidation thread and the keeper link. The operations run on
+// libfuse's threads (up to fuse.max_threads at once) and reach it through FsOf(req).
+//
+// Written before the loop starts and only read while it runs: cfg, client, files, entries, se, io,
+// root_ino, tracer, keeper, taken_over, trim_idle, wanted_explicitly. Written at INIT (ChooseMode,
+// fuse/ops_meta.cc; the kernel sends nothing else before INIT is answered): wanted,
+// fallback_reason. `mode` and `passthrough_refused` are atomics because passthrough falls back to
+// kernel mode at the first backing file the kernel refuses (fuse/passthrough.cc). The counters are
+// atomics, the latency histograms are made up front, and FileCache, EntryCache, Client, Tracer and
+// KeeperLink lock inside themselves.
+//
+// Which map each read mode uses (fuse.open; fuse/ops_read.cc says how each mode serves open and
+// read):
+//   every mode   attr_versions (a new version hash drops the kernel's pages: NoteVersion), the
+//                invalidation queue, dir_gens (cached directory listings), mount_bytes;
+//   daemon       handles (one OpenFile per open: fi->fh), page_versions (keep_cache across opens);
+//   kernel       inode_files and reader_files (no open: reads come by inode, InodeFile); a read
+//                with a handle this process does not know (a crashed predecessor's, in any mode)
+//                is served the same way and its handle adopted into `handles`;
+//   passthrough  opens and idle (one backing id per inode, kept after the last close), handles;
+//                an open that cannot be passed through is served as in daemon mode (handles,
+//                page_versions) and counted in its inode's InodeOpens::cached.
+//
+// Locks: what each mutex guards.
+//   dir_gens_mu       dir_gens
+//   page_versions_mu  page_versions
+//   attr_versions_mu  attr_versions
+//   inode_files_mu    inode_files, reader_files
+//   opens_mu          opens, idle, idle_bytes, idle_next, and each InodeOpens and
+//                     OpenFile::counted_cached (the passthrough bookkeeping)
+//   handles_mu        handles, next_fh
+//   inval_mu          inval_queue, inval_stop (inval_cv waits on it)
+//   mount_bytes_mu    mount_bytes
+//   OpenFile::mu      an open file's readahead state (next_offset, hinted_through)
+// The comments say GUARDED_BY; unlike master/ and worker/, clang does not check them here yet.
+// Lock order, where two are held at once:
+//   FuseMountImpl::stop_mu_ -> handles_mu -> opens_mu -> the KeeperLink's and SessionIo's own
+//   inode_files_mu -> inval_mu
+// handles_mu comes before opens_mu where both are held (Snapshot, ApplyState in
+// fuse/mount_handover.cc). opens_mu is held while the keeper is told of a change (KeeperPut,
+// DropBacking, KeeperLink::PutHandle / DropHandle), so it hears of changes in the order they
+// happen (fuse/handover.h): one small message on a local socket. The other mutexes are leaves.
+// None of these is held across a call to the master or a worker; leases taken out of `opens` end
+// after opens_mu is released.
+#pragma once
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "common/config.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "fuse/client.h"
+#include "fuse/errno.h"
+#include "fuse/file_cache.h"
+#include "fuse/handover.h"
+#include "fuse/session_io.h"
+#include "fuse/trace.h"
+#include "proto/granary.pb.h"
+
+namespace granary::fuse::internal {
+
+// A duration in the seconds libfuse's timeouts take.
+inline double Seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+// How opens and reads are served on this connection (fuse.open; see docs/configuration.md).
+enum class OpenMode { kDaemon = 0, kKernel = 1, kPassthrough = 2 };
+inline const char* ModeName(OpenMode m) {
+  switch (m) {
+    case OpenMode::kDaemon: return "daemon";
+    case OpenMode::kKernel: return "kernel";
+    case OpenMode::kPassthrough: return "passthrough";
+  }
+  return "?";
+}
+
+struct OpenFile {
+  rpc::FileInfo info;
+  bool passthrough = false;    // opened on a backing file: the kernel reads it, not us
+  bool counted_cached = false; // counted in InodeOpens::cached (passthrough mode's bookkeeping)
+  std::chrono::steady_clock::time_point confirmed{};  // kernel mode: when the master last confirmed info
+  // Readahead state: where the next sequential read would start, and the last block hinted.
+  std::mutex mu;
+  uint64_t next_offset = 0;
+  uint64_t hinted_through = 0;  // blocks up to this one were hinted (block 0 never is)
+};
+
+// Passthrough mode: what is open on each inode. The kernel puts an inode either in passthrough io
+// mode (every open on one backing file) or in cached io mode, and fails an open that asks for the
+// other one (ETXTBSY) — so new opens follow the mode the inode is in.
+struct InodeOpens {
+  int passthrough = 0;  // open files reading from `lease` through the kernel
+  int cached = 0;       // open files served by granary-fuse through the page cache
+  std::string version;  // the version `lease` holds
+  int backing_id = 0;
+  rpc::FileInfo info;   // the file `lease` holds (for a successor, fuse/handover.h)
+  std::unique_ptr<FileLease> lease;  // null after a hand-over whose re-lease failed
+  uint64_t bytes = 0;   // the file's size
+  // Closed, but its backing file kept for a reopen (in Fs::idle, at this sequence number; 0: not).
+  uint64_t idle_seq = 0;
+  std::chrono::steady_clock::time_point idle_since{};
+};
+
+// Everything the operations need; the session's userdata.
+struct Fs {
+  Config cfg;
+  std::unique_ptr<Client> client;
+  std::unique_ptr<FileCache> files;
+  std::unique_ptr<EntryCache> entries;  // lookups, for min(entry_timeout, attr_timeout)
+  fuse_session* se = nullptr;
+  SessionIo* io = nullptr;  // set when granary-fuse does the session's I/O (passthrough wanted)
+  std::atomic<OpenMode> wanted{OpenMode::kKernel};  // from fuse.open (auto: its choice at INIT)
+  bool wanted_explicitly = false;       // fuse.open named the mode: a fallback is a warning
+  std::atomic<OpenMode> mode{OpenMode::kKernel};  // decided at INIT
+  std::atomic<bool> passthrough_refused{false};    // the kernel refused a backing file (no CAP_SYS_ADMIN)
+  std::string fallback_reason;                     // why the wanted mode is not the mode (set at INIT)
+
+  struct DirGen {
+    uint64_t generation;                           // whose listing the kernel may hold
+    std::chrono::steady_clock::time_point checked;  // when the master last confirmed it
+  };
+  std::mutex dir_gens_mu;
+  std::unordered_map<uint64_t, DirGen> dir_gens;  // master ino -> DirGen
+  // Daemon mode: the version whose bytes the kernel's page cache may hold for a file: the one it
+  // was last opened at. An open of the same version keeps those pages (keep_cache); another
+  // version drops them.
+  std::mutex page_versions_mu;
+  std::unordered_map<uint64_t, std::string> page_versions;  // master ino -> version
+  // Every mode: the version hash each file's attributes last carried. A change that the kernel
+  // cannot see in size or mtime (a new ETag) drops its cached pages through the invalidator.
+  std::mutex attr_versions_mu;
+  std::unordered_map<uint64_t, uint64_t> attr_versions;  // kernel ino -> Attr.version_hash
+  // Kernel mode: each file read since its info was last confirmed (no open carries it).
+  std::mutex inode_files_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> inode_files;  // kernel ino -> newest known file
+  // Kernel mode: the version each reading process is on, per file (no open pins it). A read at
+  // offset 0 moves the process to the newest version; a read further in stays on its version.
+  struct PidKey {
+    uint64_t ino;
+    pid_t pid;
+    bool operator==(const PidKey& o) const { return ino == o.ino && pid == o.pid; }
+  };
+  struct PidKeyHash {
+    size_t operator()(const PidKey& k) const { return std::hash<uint64_t>()(k.ino * 0x9e3779b97f4a7c15ull ^ k.pid); }
+  };
+  std::unordered_map<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files;  // GUARDED_BY(inode_files_mu)
+  // Passthrough mode.
+  std::mutex opens_mu;
+  std::unordered_map<uint64_t, InodeOpens> opens;  // kernel ino -> opens; GUARDED_BY(opens_mu)
+  std::map<uint64_t, uint64_t> idle;               // idle_seq -> kernel ino, oldest first; GUARDED_BY(opens_mu)
+  uint64_t idle_bytes = 0, idle_next = 1;          // GUARDED_BY(opens_mu)
+
+  // Open file handles (fi->fh) of daemon-served opens and passthrough opens. The numbers carry a
+  // random epoch in their top bits, so a handle of a crashed predecessor (which the kernel still
+  // sends) never names one of ours; such a handle is rebuilt from its inode (OpRead).
+  std::mutex handles_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> handles;  // GUARDED_BY(handles_mu)
+  uint64_t next_fh = 0;                                             // GUARDED_BY(handles_mu)
+  uint64_t AddHandle(std::shared_ptr<OpenFile> of) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    uint64_t fh = next_fh++;
+    handles.emplace(fh, std::move(of));
+    return fh;
+  }
+  // The handle `fh` when it is of inode `kino` (a stale or foreign number: null).
+  std::shared_ptr<OpenFile> FindHandle(uint64_t fh, uint64_t kino) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    auto it = handles.find(fh);
+    if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
+    return it->second;
+  }
+  std::shared_ptr<OpenFile> TakeHandle(uint64_t fh, uint64_t kino) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    auto it = handles.find(fh);
+    if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
+    auto of = std::move(it->second);
+    handles.erase(it);
+    return of;
+  }
+  void AdoptHandle(uint64_t fh, std::shared_ptr<OpenFile> of) {
+    std::lock_guard<std::mutex> lock(handles_mu);
+    if (handles.size() < 1'000'000) handles.emplace(fh, std::move(of));
+  }
+
+  // Hand-over (fuse/handover.h). The keeper is told about backing ids as they change.
+  std::unique_ptr<KeeperLink> keeper;
+  bool taken_over = false;        // this process took the connection over: the mode is the predecessor's
+  void KeeperPut(uint64_t kino, const InodeOpens& st) {
+    if (!keeper) return;
+    rpc::FuseBacking b;
+    b.set_kino(kino);
+    b.set_backing_id(st.backing_id);
+    *b.mutable_info() = st.info;
+    keeper->PutBacking(b);
+  }
+  // An open file handle as a successor gets it (a hand-over, or the keeper).
+  rpc::FuseHandle HandleOf(uint64_t fh, const OpenFile& of) const {
+    rpc::FuseHandle h;
+    h.set_fh(fh);
+    h.set_kino(ToKernel(of.info.attr().ino()));
+    *h.mutable_info() = of.info;
+    h.set_passthrough(of.passthrough);
+    h.set_counted_cached(of.counted_cached);
+    return h;
+  }
+  // Lets a backing id go: the keeper hears of it first (fuse/handover.h says why).
+  void DropBacking(uint64_t kino, int backing_id) {
+    if (!keeper || keeper->DropBacking(kino, backing_id)) io->CloseBacking(backing_id);
+  }
+
+  // Invalidations of cached pages, sent from their own thread: a notification from inside a
+  // request for the same inode could deadlock on the pages that request holds.
+  std::mutex inval_mu;
+  std::condition_variable inval_cv;
+  std::deque<uint64_t> inval_queue;  // kernel inos
+  bool inval_stop = false;
+  std::thread inval_thread;
+
+  uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
+  // Latency of each operation, for /metrics (histograms made up front: no lock on the hot path).
+  metrics::HistogramSet op_latency{"op"};
+  metrics::Histogram* lat_lookup = &op_latency.Get("lookup");
+  metrics::Histogram* lat_getattr = &op_latency.Get("getattr");
+  metrics::Histogram* lat_readdir = &op_latency.Get("readdir");
+  metrics::Histogram* lat_open = &op_latency.Get("open");
+  metrics::Histogram* lat_read = &op_latency.Get("read");
+  metrics::Histogram* lat_release = &op_latency.Get("release");
+  metrics::Histogram* lat_statfs = &op_latency.Get("statfs");
+  std::atomic<uint64_t> read_bytes{0};
+  std::atomic<uint64_t> opens_passthrough{0}, opens_daemon{0}, opens_kernel{0};
+  std::atomic<uint64_t> reads_by_inode{0};  // kernel mode: reads with no open file handle
+  std::atomic<uint64_t> passthrough_misses{0};  // passthrough mode: opens served by granary-fuse instead
+  std::atomic<uint64_t> invalidations{0};
+  std::atomic<uint64_t> files_read{0};  // reads at offset 0: files readers started on
+  // Bytes returned to readers per mount id, by where they came from (NodeSource).
+  std::mutex mount_bytes_mu;
+  std::map<uint64_t, std::array<uint64_t, 3>> mount_bytes;  // GUARDED_BY(mount_bytes_mu)
+  std::unique_ptr<Tracer> tracer;  // the access trace (fuse/trace.h)
+
+  // The kernel's root inode is always 1; fuse.root may name another master inode.
+  uint64_t ToMaster(fuse_ino_t ino) const { return ino == FUSE_ROOT_ID ? root_ino : ino; }
+  uint64_t ToKernel(uint64_t ino) const { return ino == root_ino ? FUSE_ROOT_ID : ino; }
+
+  void Invalidate(uint64_t kino) {
+    std::lock_guard<std::mutex> lock(inval_mu);
+    if (inval_queue.size() < 100000) inval_queue.push_back(kino);
+    inval_cv.notify_one();
+  }
+  // Runs the invalidations; once a second also lets go of kept passthrough backing files that
+  // outlived attr_timeout (trim_idle).
+  std::function<void()> trim_idle;
+  void InvalidateLoop() {
+    auto last_trim = std::chrono::steady_clock::now();
+    for (;;) {
+      uint64_t kino;
+      {
+        std::unique_lock<std::mutex> lock(inval_mu);
+        inval_cv.wait_for(lock, std::chrono::seconds(1), [&] { return inval_stop || !inval_queue.empty(); });
+        if (inval_stop) return;
+        if (inval_queue.empty() || std::chrono::steady_clock::now() - last_trim > std::chrono::seconds(1)) {
+          lock.unlock();
+          if (trim_idle) trim_idle();
+          last_trim = std::chrono::steady_clock::now();
+          continue;
+        }
+        kino = inval_queue.front();
+        inval_queue.pop_front();
+      }
+      // -ENOENT: the kernel holds nothing of that inode. Fine.
+      fuse_lowlevel_notify_inval_inode(se, kino, 0, 0);
+      invalidations++;
+    }
+  }
+  // Records the version a file's attributes carry; a change drops the kernel's pages of it.
+  void NoteVersion(uint64_t kino, uint64_t version_hash) {
+    if (version_hash == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(attr_versions_mu);
+      if (attr_versions.size() > std::max<uint64_t>(cfg.fuse.file_cache_entries, 1024)) attr_versions.clear();
+      auto [it, fresh] = attr_versions.try_emplace(kino, version_hash);
+      if (fresh || it->second == version_hash) return;
+      it->second = version_hash;
+    }
+    Invalidate(kino);
+  }
+};
+
+inline constexpr unsigned kMaxReadahead = 1 << 20;  // bytes the kernel may ask for in one read
+
+inline Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
+
+// Times one operation into its histogram (may be null) and, while someone listens to the access
+// trace, records it (fuse/trace.h): with no listener it costs one atomic load. Construct it before
+// replying (the request's context is gone after the reply).
+class OpScope {
+ public:
+  OpScope(fuse_req_t req, const char* op, metrics::Histogram* h, fuse_ino_t ino)
+      : fs_(FsOf(req)), h_(h), start_(std::chrono::steady_clock::now()),
+        tracing_(fs_->tracer && fs_->tracer->Listening()) {
+    if (!tracing_) return;
+    TakeReplyErrno();
+    rec_.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+    if (const fuse_ctx* ctx = fuse_req_ctx(req)) {
+      rec_.pid = static_cast<uint32_t>(ctx->pid);
+      rec_.uid = ctx->uid;
+    }
+    rec_.op = op;
+    rec_.ino = fs_->ToMaster(ino);
+  }
+  ~OpScope() {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (h_) h_->Observe(secs);
+    if (!tracing_) return;
+    int replied = TakeReplyErrno();
+    if (rec_.err == 0) rec_.err = replied;
+    rec_.latency = secs;
+    fs_->tracer->Emit(std::move(rec_));
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+  bool tracing() const { return tracing_; }
+  TraceRecord& record() { return rec_; }
+
+ private:
+  Fs* fs_;
+  metrics::Histogram* h_;
+  std::chrono::steady_clock::time_point start_;
+  const bool tracing_;
+  TraceRecord rec_;
+};
+
+// A master Attr as the kernel sees it (fuse.root's inode shown as the kernel's root, 1).
+struct stat ToStat(const Fs* fs, const rpc::Attr& a);
+// A lookup's answer, with the kernel's timeouts; notes a file's version (Fs::NoteVersion).
+fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a);
+// The file's open information: from the FileCache, else from the master.
+StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino);
+
+}  // namespace granary::fuse::internal

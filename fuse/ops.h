@@ -1,0 +1,72 @@
+// The FUSE operations of a granary-fuse mount (libfuse's low-level table, which MakeOps in
+// fuse/mount.cc fills) and the helpers the files holding them share. Internal to fuse/.
+//
+//   fuse/ops_meta.cc     INIT and the read-mode choice, lookup, getattr, directories, statfs, the
+//                        refusals of a read-only mount; the access trace's namespace paths
+//   fuse/ops_read.cc     open, read, release: the read modes' data path (its design note)
+//   fuse/passthrough.cc  passthrough mode's backing files, one per inode, kept after the last close
+//
+// Each operation finds the mount's state with FsOf(req) (fuse/fs_state.h, which also says what
+// each lock guards), may run on any of libfuse's threads beside any other, and replies to its
+// request once, errors through fuse/errno.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "fuse/client.h"
+#include "fuse/fs_state.h"
+#include "fuse/trace.h"
+#include "proto/granary.pb.h"
+
+namespace granary::fuse::internal {
+
+// ---- fuse/ops_meta.cc ----
+void OpInit(void* userdata, fuse_conn_info* conn);
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name);
+void OpForget(fuse_req_t req, fuse_ino_t, uint64_t);
+void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*);
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*);
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*);
+void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*);
+void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*);
+void OpStatfs(fuse_req_t req, fuse_ino_t);
+void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t);
+void OpListxattr(fuse_req_t req, fuse_ino_t, size_t);
+void OpReadlink(fuse_req_t req, fuse_ino_t);
+void OpSetattr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*);
+void OpMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t);
+void OpMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t);
+void OpUnlink(fuse_req_t req, fuse_ino_t, const char*);
+void OpRmdir(fuse_req_t req, fuse_ino_t, const char*);
+void OpSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*);
+void OpRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned);
+void OpLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*);
+void OpWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*);
+void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*);
+void OpSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int);
+void OpRemovexattr(fuse_req_t req, fuse_ino_t, const char*);
+void OpFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*);
+// Namespace paths of master inodes, for the access trace (fuse/trace.h).
+Tracer::PathFn TracePaths(Fs* fs);
+
+// ---- fuse/ops_read.cc ----
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*);
+void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*);
+
+// ---- fuse/passthrough.cc (passthrough mode's bookkeeping, under Fs::opens_mu) ----
+// With opens_mu held: lets go of kept backing files past their bounds or age; the leases to end
+// go to *done, for the caller to end after releasing the lock.
+void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done);
+// The backing id to open `info` on (counted as one more passthrough open of inode `kino`), or 0:
+// granary-fuse serves the open (fi->direct_io set when it must not use the page cache).
+int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_file_info* fi);
+// Ends one open of `kino` in the bookkeeping: its RELEASE, or an open whose reply was interrupted.
+void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of);
+
+}  // namespace granary::fuse::internal

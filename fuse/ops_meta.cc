@@ -1,0 +1,391 @@
+// The FUSE operations on names and attributes: INIT, where the connection's read mode is chosen
+// (ChooseMode, PassthroughSuits), lookup, getattr, opendir / readdir / readdirplus and statfs;
+// what a read-only mount answers to every write-like operation (EROFS) and to extended attributes
+// (ENOSYS); and the namespace paths the access trace shows (TracePaths). Answers come from the
+// master (fuse/client.h) or from what it said lately (EntryCache, Fs::dir_gens).
+#include "fuse/ops.h"
+
+#include <linux/capability.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/path.h"
+#include "fuse/errno.h"
+#include "fuse/fs_state.h"
+#include "fuse/read_mode.h"
+
+namespace granary::fuse::internal {
+namespace {
+
+constexpr uint64_t kDotCookie = 1;     // readdir offset after "."
+constexpr uint64_t kDotDotCookie = 2;  // readdir offset after ".."; children use cookie + 2
+
+bool HasCapSysAdmin() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  return (data[0].effective & (1u << CAP_SYS_ADMIN)) != 0;
+}
+
+// MemTotal from /proc/meminfo, in bytes; 0 when unknown.
+uint64_t NodeMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+// auto: AutoChoosesPassthrough (fuse/read_mode.h) for the datasets this mount shows, as far as the
+// master knows them now (a dataset not listed yet counts as small).
+bool PassthroughSuits(Fs* fs, std::string* why) {
+  auto report = fs->client->GetReport();
+  if (!report.ok()) {
+    *why = "the master's report: " + report.status().message();
+    return false;
+  }
+  uint64_t files = 0, bytes = 0;
+  const std::string& root = fs->cfg.fuse.root;
+  for (const auto& m : report->mounts()) {
+    const std::string& p = m.mount().path();
+    bool shown = PathWithin(p, root) || PathWithin(root, p);
+    if (!shown) continue;
+    files += m.mount().known_files();
+    bytes += m.mount().known_bytes();
+  }
+  uint64_t memory = NodeMemoryBytes();
+  *why = std::to_string(files) + " files known, " + std::to_string(files ? bytes / files : 0) +
+         " bytes each on average, " + std::to_string(bytes >> 20) + " MiB in all against " + std::to_string(memory >> 20) +
+         " MiB of memory";
+  return AutoChoosesPassthrough(files, bytes, memory);
+}
+
+// Decides the connection's read mode once the kernel has said what it offers (INIT).
+void ChooseMode(Fs* fs) {
+  OpenMode mode = fs->wanted;
+  if (mode == OpenMode::kPassthrough && !fs->wanted_explicitly) {
+    std::string figures;
+    if (!PassthroughSuits(fs, &figures)) {
+      mode = OpenMode::kKernel;
+      spdlog::info("fuse.open=auto: kernel mode, for small files that fit in the page cache ({})", figures);
+    } else {
+      spdlog::info("fuse.open=auto: passthrough where it can work, for large files or a dataset larger than half "
+                   "the memory ({})", figures);
+    }
+  }
+  if (mode == OpenMode::kPassthrough) {
+    std::string why;
+    if (fs->io == nullptr || !fs->io->offered()) {
+      why = "the kernel does not offer FUSE passthrough (it needs Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)";
+    } else if (!HasCapSysAdmin()) {
+      why = "granary-fuse lacks CAP_SYS_ADMIN, which the kernel requires to open backing files";
+    }
+    if (!why.empty()) {
+      mode = OpenMode::kKernel;
+      fs->fallback_reason = why;
+      if (fs->wanted_explicitly) {
+        spdlog::warn("fuse.open=passthrough: {}; serving in kernel mode instead", why);
+      } else {
+        spdlog::info("fuse.open=auto: {}; kernel mode", why);
+      }
+    }
+  }
+  if (fs->io != nullptr) fs->io->SetWantPassthrough(mode == OpenMode::kPassthrough);
+  fs->mode = mode;
+  // auto's choice is not a fallback: "wanted" is what auto chose.
+  if (!fs->wanted_explicitly && fs->wanted == OpenMode::kPassthrough && fs->fallback_reason.empty()) fs->wanted = mode;
+  spdlog::info("granary-fuse read mode: {}", ModeName(mode));
+}
+
+}  // namespace
+
+void OpInit(void* userdata, fuse_conn_info* conn) {
+  Fs* fs = static_cast<Fs*>(userdata);
+  // A connection taken over keeps the mode its predecessor told the kernel about (this INIT is a
+  // replay, and its reply is not sent).
+  if (!fs->taken_over) ChooseMode(fs);
+  // The kernel drops a file's cached pages when its attributes show a new size or mtime.
+  if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  // Let the kernel ask for up to 1 MiB at once: a ~110 KB image is then one request, not one per
+  // 128 KiB, and sequential reads of large files need a quarter of the round trips. (libfuse sizes
+  // the kernel's max_pages from max_write, read-only as this mount is.)
+  conn->max_readahead = kMaxReadahead;
+  conn->max_write = kMaxReadahead;
+  // Cached blocks are handed to the kernel from their files (fuse_reply_data with an fd): splice
+  // moves the pages instead of copying them through this process.
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
+}
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  OpScope scope(req, "lookup", FsOf(req)->lat_lookup, parent);
+  if (scope.tracing()) scope.record().name = name;
+  Fs* fs = FsOf(req);
+  // A lookup the master answered lately (the kernel may have dropped its dentry since) is answered
+  // from memory, with the kernel's timeouts shortened by the answer's age: never staler than the
+  // kernel's own caching would be.
+  std::string key = EntryKey(fs->ToMaster(parent), name);
+  std::chrono::milliseconds age{};
+  if (auto cached = fs->entries->Get(key, &age)) {
+    fuse_entry_param e = ToEntry(fs, *cached);
+    if (scope.tracing()) scope.record().child = cached->ino();
+    e.attr_timeout = std::max(0.0, e.attr_timeout - Seconds(age));
+    e.entry_timeout = std::max(0.0, e.entry_timeout - Seconds(age));
+    fuse_reply_entry(req, &e);
+    return;
+  }
+  auto a = fs->client->Lookup(fs->ToMaster(parent), name);
+  if (a.ok()) fs->entries->Put(key, *a);
+  if (!a.ok()) {
+    if (a.status().IsNotFound()) {
+      // Negative entry: the kernel remembers the miss for negative_timeout.
+      fuse_entry_param e{};
+      e.ino = 0;
+      e.entry_timeout = Seconds(fs->cfg.fuse.negative_timeout);
+      if (scope.tracing()) scope.record().err = ENOENT;
+      fuse_reply_entry(req, &e);
+      return;
+    }
+    return ReplyError(req, a.status(), "lookup");
+  }
+  fuse_entry_param e = ToEntry(fs, *a);
+  if (scope.tracing()) scope.record().child = a->ino();
+  fuse_reply_entry(req, &e);
+}
+
+void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
+
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  OpScope scope(req, "getattr", FsOf(req)->lat_getattr, ino);
+  Fs* fs = FsOf(req);
+  auto a = fs->client->GetAttr(fs->ToMaster(ino));
+  if (!a.ok()) return ReplyError(req, a.status(), "getattr");
+  if (a->type() != rpc::DIRECTORY) fs->NoteVersion(ino, a->version_hash());
+  struct stat st = ToStat(fs, *a);
+  fuse_reply_attr(req, &st, Seconds(fs->cfg.fuse.attr_timeout));
+}
+
+// The kernel may cache a directory's listing (cache_readdir); it keeps the cached listing across
+// opens (keep_cache) only while the master reports the same generation for the directory, which
+// changes whenever its entries change (a sync, a mount). The generation is asked for at most once
+// per fuse.attr_timeout per directory (the same staleness the kernel's attribute cache has); asking
+// also lets the master run a sync that is due.
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(req, "opendir", nullptr, ino);
+  Fs* fs = FsOf(req);
+  uint64_t master_ino = fs->ToMaster(ino);
+  auto now = std::chrono::steady_clock::now();
+  fi->cache_readdir = 1;
+  fi->keep_cache = 0;
+  {
+    std::lock_guard<std::mutex> lock(fs->dir_gens_mu);
+    auto it = fs->dir_gens.find(master_ino);
+    if (it != fs->dir_gens.end() && now - it->second.checked < fs->cfg.fuse.attr_timeout) {
+      fi->keep_cache = 1;
+      fuse_reply_open(req, fi);
+      return;
+    }
+  }
+  auto a = fs->client->GetAttr(master_ino);
+  if (!a.ok()) {
+    fi->cache_readdir = 0;
+    fuse_reply_open(req, fi);  // the error shows on readdir
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(fs->dir_gens_mu);
+    if (fs->dir_gens.size() > 1'000'000) fs->dir_gens.clear();  // bounded; forgetting costs a re-read
+    auto [it, fresh] = fs->dir_gens.try_emplace(master_ino, Fs::DirGen{a->generation(), now});
+    if (!fresh && it->second.generation == a->generation()) fi->keep_cache = 1;
+    it->second = Fs::DirGen{a->generation(), now};
+  }
+  fuse_reply_open(req, fi);
+}
+
+namespace {
+
+void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
+  Fs* fs = FsOf(req);
+  std::string buf(size, '\0');
+  size_t used = 0;
+  auto add = [&](const char* name, const rpc::Attr& a, uint64_t next_off, bool is_dot) -> bool {
+    size_t n;
+    if (plus) {
+      fuse_entry_param e{};
+      if (is_dot) {
+        e.attr.st_ino = fs->ToKernel(a.ino());
+        e.attr.st_mode = S_IFDIR;
+      } else {
+        e = ToEntry(fs, a);
+      }
+      n = fuse_add_direntry_plus(req, buf.data() + used, size - used, name, &e, static_cast<off_t>(next_off));
+    } else {
+      struct stat st = ToStat(fs, a);
+      n = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, static_cast<off_t>(next_off));
+    }
+    if (n > size - used) return false;
+    used += n;
+    return true;
+  };
+  uint64_t pos = static_cast<uint64_t>(off);
+  if (pos < kDotCookie) {
+    rpc::Attr self;
+    self.set_ino(fs->ToMaster(ino));
+    self.set_type(rpc::DIRECTORY);
+    if (!add(".", self, kDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
+    pos = kDotCookie;
+  }
+  if (pos < kDotDotCookie) {
+    rpc::Attr parent;
+    parent.set_ino(fs->root_ino);
+    if (ino != FUSE_ROOT_ID) {
+      auto self = fs->client->GetAttr(fs->ToMaster(ino));
+      if (!self.ok()) return ReplyError(req, self.status(), "readdir");
+      parent.set_ino(self->parent());
+    }
+    parent.set_type(rpc::DIRECTORY);
+    if (!add("..", parent, kDotDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
+    pos = kDotDotCookie;
+  }
+  uint64_t after = pos - kDotDotCookie;
+  // Ask for about as many entries as fit; a name costs ~24 bytes plain, ~150 with attributes.
+  uint32_t limit = static_cast<uint32_t>(std::clamp<size_t>(size / (plus ? 150 : 32), 16, 4096));
+  for (;;) {
+    rpc::ReadDirResponse page;
+    Status st = fs->client->ReadDir(fs->ToMaster(ino), after, limit, &page);
+    if (!st.ok()) {
+      if (used > 0) break;  // return what we have; the error shows on the next call
+      return ReplyError(req, st, plus ? "readdirplus" : "readdir");
+    }
+    for (const auto& e : page.entries()) {
+      fs->entries->Put(EntryKey(fs->ToMaster(ino), e.name().c_str()), e.attr());  // the scan's lookups to come
+      if (!add(e.name().c_str(), e.attr(), e.cookie() + kDotDotCookie, false)) {
+        return (void)fuse_reply_buf(req, buf.data(), used);
+      }
+      after = e.cookie();
+    }
+    if (page.end() || page.entries_size() == 0) break;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+}  // namespace
+
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  OpScope scope(req, "readdir", FsOf(req)->lat_readdir, ino);
+  ReadDirCommon(req, ino, size, off, false);
+}
+void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  OpScope scope(req, "readdirplus", FsOf(req)->lat_readdir, ino);
+  ReadDirCommon(req, ino, size, off, true);
+}
+void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void OpStatfs(fuse_req_t req, fuse_ino_t) {
+  OpScope scope(req, "statfs", FsOf(req)->lat_statfs, FUSE_ROOT_ID);
+  auto s = FsOf(req)->client->WorkerStats();
+  if (!s.ok()) return ReplyError(req, s.status(), "statfs");
+  struct statvfs v {};
+  v.f_bsize = 4096;
+  v.f_frsize = 4096;
+  v.f_blocks = s->capacity_bytes() / 4096;
+  uint64_t free_bytes = s->capacity_bytes() > s->used_bytes() ? s->capacity_bytes() - s->used_bytes() : 0;
+  v.f_bfree = free_bytes / 4096;
+  v.f_bavail = v.f_bfree;
+  v.f_namemax = 255;
+  fuse_reply_statfs(req, &v);
+}
+
+// No extended attributes. ENOSYS makes the kernel remember that and answer EOPNOTSUPP itself, so
+// `ls -l` (which asks for ACLs and security labels of every file) costs no request per file.
+void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyUnsupported(req); }
+void OpListxattr(fuse_req_t req, fuse_ino_t, size_t) { ReplyUnsupported(req); }
+void OpReadlink(fuse_req_t req, fuse_ino_t) { ReplyErrno(req, EINVAL); }
+
+// Write-like operations: the namespace is read-only.
+void OpSetattr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { ReplyErrno(req, EROFS); }
+void OpMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { ReplyErrno(req, EROFS); }
+void OpMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { ReplyErrno(req, EROFS); }
+void OpUnlink(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpRmdir(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) { ReplyErrno(req, EROFS); }
+void OpLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
+void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
+void OpSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { ReplyErrno(req, EROFS); }
+void OpRemovexattr(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
+void OpFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
+
+namespace {
+
+// A directory's namespace path: its parent's, and its name found in the parent's listing (asked
+// of the master; only the access trace needs it, once per directory per listener). "" when unknown.
+std::string DirPath(Fs* fs, uint64_t ino, int depth = 0) {
+  if (ino == fs->root_ino) return fs->cfg.fuse.root.empty() ? "/" : fs->cfg.fuse.root;
+  if (depth > 256) return "";
+  auto a = fs->client->GetAttr(ino);
+  if (!a.ok() || a->parent() == 0) return "";
+  if (a->parent() == ino) return "/";  // the namespace's root
+  std::string parent = DirPath(fs, a->parent(), depth + 1);
+  if (parent.empty()) return "";
+  uint64_t after = 0;
+  for (int pages = 0; pages < 10000; ++pages) {
+    rpc::ReadDirResponse r;
+    if (!fs->client->ReadDir(a->parent(), after, 1000, &r).ok()) return "";
+    for (const auto& e : r.entries()) {
+      after = e.cookie();
+      if (e.attr().ino() == ino) return parent == "/" ? "/" + e.name() : parent + "/" + e.name();
+    }
+    if (r.end() || r.entries_size() == 0) break;
+  }
+  return "";
+}
+
+}  // namespace
+
+// Namespace paths for the access trace: the root, files (their mount's path joined with their
+// under-storage path) and directories (DirPath). The tracer caches them per listener.
+Tracer::PathFn TracePaths(Fs* fs) {
+  struct Mounts {
+    std::mutex mu;
+    std::map<uint64_t, std::string> paths;  // GUARDED_BY(mu): mount id -> namespace path
+  };
+  auto mounts = std::make_shared<Mounts>();
+  return [fs, mounts](uint64_t ino) -> std::string {
+    if (ino == fs->root_ino) return fs->cfg.fuse.root.empty() ? "/" : fs->cfg.fuse.root;
+    auto info = FileInfoOf(fs, ino);
+    if (!info.ok()) return DirPath(fs, ino);
+    std::lock_guard<std::mutex> lock(mounts->mu);
+    auto it = mounts->paths.find(info->mount_id());
+    if (it == mounts->paths.end()) {
+      auto report = fs->client->GetReport();  // a new mount: learn the mounts' paths again
+      if (report.ok()) {
+        for (const auto& mr : report->mounts()) mounts->paths[mr.mount().id()] = mr.mount().path();
+      }
+      it = mounts->paths.find(info->mount_id());
+      if (it == mounts->paths.end()) return "";
+    }
+    return info->ufs_path().empty() ? it->second : it->second + "/" + info->ufs_path();
+  };
+}
+
+}  // namespace granary::fuse::internal

@@ -1,0 +1,281 @@
+// open, read and release: the data path of the three read modes (fuse.open; fuse/mount.h).
+//
+// Design
+// ------
+// The mode is chosen at INIT (fuse/ops_meta.cc) and read once per OPEN (Fs::mode). The modes are
+// not objects of their own yet but branches of these functions:
+//   kernel       OpOpen answers ENOSYS once: from then on the kernel opens every file itself and
+//                sends reads with no file handle. OpRead serves them by inode (InodeFile): the
+//                file's info is confirmed with the master at most once per fuse.attr_timeout, and
+//                the version each reading process is on is kept per (inode, pid), so no process
+//                reads bytes of two versions.
+//   daemon       OpOpen gets the file's info (FileCache, else the master), lets the kernel keep its
+//                pages when they are of the version opened (Fs::page_versions, fuse.keep_cache)
+//                and hands out a handle (Fs::handles). OpRead serves the handle's version, failing
+//                with ESTALE once the under-storage has changed; OpRelease drops the handle.
+//   passthrough  OpOpen asks fuse/passthrough.cc for a backing id. With one, the kernel reads the
+//                cache data file itself and only RELEASE comes back; without one (the file is
+//                empty, not wholly cached on this node, or its inode is open in the kernel's other
+//                io mode) the open is served as in daemon mode and counted on its inode. Once the
+//                kernel refuses a backing file, every open is answered as in kernel mode.
+// In every mode a sequential read hints the blocks after it to the workers (MaybeReadahead), and
+// the bytes a read returns are counted per mount by where they came from (CountReadSources). A
+// read with a handle this process does not know (a crashed predecessor's) is served by inode and
+// its handle adopted.
+#include "fuse/ops.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fuse/client.h"
+#include "fuse/errno.h"
+#include "fuse/fs_state.h"
+#include "fuse/session_io.h"
+#include "fuse/trace.h"
+
+namespace granary::fuse::internal {
+namespace {
+
+// A read that starts where the previous one ended (or at 0) is sequential: hint the blocks after
+// the last one it touches (fuse.readahead_blocks), so the workers fetch them while the reader is
+// still busy. Each block is hinted once per open.
+void MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
+  uint64_t ahead = fs->cfg.fuse.readahead_blocks, bs = of->info.block_size();
+  if (ahead == 0 || bs == 0 || size == 0) return;
+  uint64_t first = 0, count = 0;
+  {
+    std::lock_guard<std::mutex> lock(of->mu);
+    bool sequential = off == of->next_offset;
+    of->next_offset = off + size;
+    if (!sequential) return;
+    uint64_t end_block = (off + size - 1) / bs;
+    uint64_t last = end_block + ahead;
+    first = std::max(of->hinted_through + 1, end_block + 1);
+    if (last < first) return;
+    count = last - first + 1;
+    of->hinted_through = last;
+  }
+  fs->client->Prefetch(of->info, first, count);
+}
+
+// Kernel mode: the file behind a read that came with no open file handle, by its inode alone. Its
+// newest info is confirmed with the master at most once per fuse.attr_timeout; when that shows a
+// new version, the kernel's pages of the old one are dropped. Without opens, the version a reader
+// is on is kept per process (the request's pid): a read at offset 0 — a reader starting on the
+// file — moves the process to the newest version; a read further in stays on the version the
+// process has been reading, whose blocks are served while cached and fail with ESTALE once they
+// must be fetched again, as an open file does in daemon mode. So a process reading a file through
+// never gets bytes of two versions.
+StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t off, pid_t pid) {
+  auto now = std::chrono::steady_clock::now();
+  std::shared_ptr<OpenFile> newest;
+  {
+    std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+    auto it = fs->inode_files.find(ino);
+    if (it != fs->inode_files.end() && now - it->second->confirmed < fs->cfg.fuse.attr_timeout) newest = it->second;
+  }
+  if (!newest) {
+    fs->files->Erase(fs->ToMaster(ino));  // as old as the kernel's attributes may be: ask the master
+    ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
+    fs->NoteVersion(ino, info.attr().version_hash());
+    std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+    auto it = fs->inode_files.find(ino);
+    std::shared_ptr<OpenFile> slot = it == fs->inode_files.end() ? nullptr : it->second;
+    if (slot && slot->info.version() == info.version()) {
+      slot->confirmed = now;
+      newest = slot;
+    } else {
+      if (slot) fs->Invalidate(ino);  // a new version: the kernel's pages are the old one's
+      newest = std::make_shared<OpenFile>();
+      newest->info = std::move(info);
+      newest->confirmed = now;
+      if (fs->inode_files.size() >= fs->cfg.fuse.file_cache_entries) {
+        fs->inode_files.clear();  // bounded by fuse.file_cache_entries; forgetting costs a call to the master
+      } else {
+        fs->inode_files[ino] = newest;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+  if (fs->cfg.fuse.file_cache_entries == 0) return newest;
+  auto [it, fresh] = fs->reader_files.try_emplace(Fs::PidKey{ino, pid}, newest);
+  if (!fresh && off == 0) it->second = newest;
+  std::shared_ptr<OpenFile> mine = it->second;
+  if (fs->reader_files.size() > fs->cfg.fuse.file_cache_entries) fs->reader_files.clear();  // bounded
+  return mine;
+}
+
+// Counts a read's bytes by where they came from, per mount; tells the trace record (if any).
+void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRecord* rec) {
+  std::array<uint64_t, 3> add{};
+  for (const auto& p : data.pieces) add[std::min<uint32_t>(p.source, 2)] += p.length;
+  {
+    std::lock_guard<std::mutex> lock(fs->mount_bytes_mu);
+    auto& m = fs->mount_bytes[mount_id];
+    for (size_t i = 0; i < 3; ++i) m[i] += add[i];
+  }
+  if (rec) {
+    int kinds = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      if (add[i] == 0) continue;
+      ++kinds;
+      rec->source = NodeSourceName(static_cast<NodeSource>(i));
+    }
+    if (kinds > 1) rec->source = "mixed";
+  }
+}
+
+}  // namespace
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(req, "open", FsOf(req)->lat_open, ino);
+  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
+  Fs* fs = FsOf(req);
+  OpenMode mode = fs->mode;
+  if (mode == OpenMode::kKernel) {
+    // The kernel answers every later open itself (no OPEN, no RELEASE), keeps the page cache
+    // across opens, and sends reads with no file handle (OpRead serves them by inode).
+    fs->opens_kernel++;
+    return ReplyUnsupported(req);
+  }
+  uint64_t master_ino = fs->ToMaster(ino);
+  auto info = FileInfoOf(fs, master_ino);
+  if (!info.ok()) return ReplyError(req, info.status(), "open");
+  fs->NoteVersion(ino, info->attr().version_hash());
+  auto of = std::make_shared<OpenFile>();
+  of->info = std::move(*info);
+  if (mode == OpenMode::kPassthrough) {
+    if (int backing = PassthroughBacking(fs, ino, of->info, fi); backing > 0) {
+      of->passthrough = true;
+      fi->fh = fs->AddHandle(of);
+      fi->keep_cache = 0;  // the kernel allows only direct_io and noflush beside passthrough
+      fi->direct_io = 0;
+      fi->noflush = 1;
+      fs->opens_passthrough++;
+      SessionIo::MarkOpenReply(backing);
+      if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
+        SessionIo::MarkOpenReply(0);
+        EndOpen(fs, ino, fi->fh, *of);
+        fs->TakeHandle(fi->fh, ino);
+      }
+      return;
+    }
+    if (fs->mode == OpenMode::kKernel) {  // passthrough was refused just now: as in kernel mode
+      fs->opens_kernel++;
+      return ReplyUnsupported(req);
+    }
+    fs->passthrough_misses++;
+  }
+  fs->opens_daemon++;
+  fi->fh = fs->AddHandle(of);
+  fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
+  if (!fi->direct_io) {
+    {
+      std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+      if (fs->page_versions.size() > 1'000'000) fs->page_versions.clear();  // bounded; forgetting costs a re-read
+      std::string& seen = fs->page_versions[master_ino];
+      fi->keep_cache = fs->cfg.fuse.keep_cache && seen == of->info.version();
+      seen = of->info.version();
+    }
+    if (mode == OpenMode::kPassthrough) {
+      std::lock_guard<std::mutex> lock(fs->opens_mu);
+      fs->opens[ino].cached++;
+      of->counted_cached = true;
+      // It holds the inode in the kernel's cached io mode: the keeper must know (fuse/handover.h).
+      if (fs->keeper) fs->keeper->PutHandle(fs->HandleOf(fi->fh, *of));
+    }
+  }
+  if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
+    EndOpen(fs, ino, fi->fh, *of);
+    fs->TakeHandle(fi->fh, ino);
+  }
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  OpScope scope(req, "read", FsOf(req)->lat_read, ino);
+  if (scope.tracing()) {
+    scope.record().offset = static_cast<uint64_t>(off);
+    scope.record().size = size;
+  }
+  Fs* fs = FsOf(req);
+  std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->FindHandle(fi->fh, ino) : nullptr;
+  if (!held) {
+    // Kernel mode (no open), or a handle of a predecessor that died before handing it over:
+    // served by inode, and such a handle keeps the version it is given now.
+    fs->reads_by_inode++;
+    const fuse_ctx* ctx = fuse_req_ctx(req);
+    auto f = InodeFile(fs, ino, static_cast<uint64_t>(off), ctx ? ctx->pid : 0);
+    if (!f.ok()) return ReplyError(req, f.status(), "read");
+    held = std::move(*f);
+    if (fi->fh != 0) fs->AdoptHandle(fi->fh, held);
+  }
+  OpenFile* of = held.get();
+  if (off == 0) fs->files_read++;
+  MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
+  ReadResult data;
+  Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
+  if (!st.ok()) {
+    // The file changed in the under-storage since this open: this open fails (ESTALE), the next
+    // open asks the master for the new version.
+    if (st.IsVersionChanged()) {
+      fs->files->Erase(of->info.attr().ino());
+      {
+        std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+        fs->page_versions.erase(of->info.attr().ino());
+      }
+      std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+      auto it = fs->inode_files.find(ino);
+      if (it != fs->inode_files.end()) it->second->confirmed = {};  // the next read asks the master
+    }
+    return ReplyError(req, st, "read");
+  }
+  if (data.pieces.empty()) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  // One buffer per piece: a leased block file (libfuse splices its pages into /dev/fuse) or bytes
+  // in memory. The leases end when `data` goes, after the reply is written.
+  size_t n = data.pieces.size();
+  std::vector<char> storage(sizeof(fuse_bufvec) + (n - 1) * sizeof(fuse_buf));
+  auto* bv = reinterpret_cast<fuse_bufvec*>(storage.data());
+  bv->count = n;
+  bv->idx = 0;
+  bv->off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const LocalChannel::Piece& p = data.pieces[i];
+    fuse_buf& b = bv->buf[i];
+    b = fuse_buf{};
+    b.size = p.length;
+    if (p.fd >= 0) {
+      b.flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      b.fd = p.fd;
+      b.pos = static_cast<off_t>(p.offset);
+    } else {
+      b.mem = const_cast<char*>(p.data.data());
+    }
+  }
+  fs->read_bytes += fuse_buf_size(bv);
+  CountReadSources(fs, of->info.mount_id(), data, scope.tracing() ? &scope.record() : nullptr);
+  fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(req, "release", FsOf(req)->lat_release, ino);
+  // A handle this process does not know (a crashed predecessor's) has nothing to end.
+  if (auto of = FsOf(req)->TakeHandle(fi->fh, ino)) EndOpen(FsOf(req), ino, fi->fh, *of);
+  fuse_reply_err(req, 0);
+}
+
+// Nothing to flush on a read-only mount; ENOSYS makes the kernel stop sending FLUSH at all.
+void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { ReplyUnsupported(req); }
+void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+}  // namespace granary::fuse::internal
