@@ -1,0 +1,182 @@
+// The serving side of a hand-over (fuse/handover.h): the state a successor needs (Snapshot, also
+// what the keeper is given), taking such a state in (ApplyState), and the hand-over socket
+// (RespondLoop, HandOver) (FuseMountImpl, fuse/mount_impl.h).
+#include "fuse/mount_impl.h"
+
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/shutdown.h"
+#include "fuse/client.h"
+#include "fuse/fs_state.h"
+#include "fuse/handover.h"
+#include "fuse/session_io.h"
+
+namespace granary::fuse::internal {
+
+// What a successor needs (with_handles: a hand-over; without: a deposit with the keeper, which
+// learns backing ids and passthrough mode's daemon-served handles as they change).
+rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
+  rpc::FuseConnectionState st;
+  st.set_format(kHandoverFormat);
+  st.set_mountpoint(mountpoint_);
+  st.set_init_request(io_->init_request());
+  st.set_mode(static_cast<uint32_t>(fs_->mode.load()));
+  st.set_passthrough_negotiated(io_->negotiated());
+  st.set_root_ino(fs_->root_ino);
+  st.set_fingerprint(Fingerprint(fs_->cfg));
+  st.set_sender("granary-fuse pid " + std::to_string(getpid()));
+  st.set_passthrough_refused(fs_->passthrough_refused);
+  {
+    // handles_mu before opens_mu (as ApplyState): counted_cached is written under opens_mu.
+    std::lock_guard<std::mutex> hlock(fs_->handles_mu);
+    std::lock_guard<std::mutex> lock(fs_->opens_mu);
+    for (const auto& [kino, o] : fs_->opens) {
+      if (o.backing_id <= 0) continue;
+      rpc::FuseBacking* b = st.add_backings();
+      b->set_kino(kino);
+      b->set_backing_id(o.backing_id);
+      *b->mutable_info() = o.info;
+      b->set_passthrough(o.passthrough);
+      b->set_idle(o.idle_seq != 0);
+    }
+    // A hand-over carries every handle; a deposit only the daemon-served opens of passthrough
+    // mode (the keeper learns the rest of them as they change, fuse/handover.h).
+    if (with_handles) st.set_next_fh(fs_->next_fh);
+    for (const auto& [fh, of] : fs_->handles) {
+      if (!with_handles && !of->counted_cached) continue;
+      *st.add_handles() = fs_->HandleOf(fh, *of);
+    }
+  }
+  return st;
+}
+
+// A successor's side of Snapshot: the handles and backing ids of the connection it took over.
+void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
+  // After a crash the keeper does not know how many files are open on a backing id: it stays
+  // registered (and reused by reopens of that version) until the mount ends.
+  constexpr int kUnknownOpens = 1 << 30;
+  for (const rpc::FuseBacking& b : st.backings()) {
+    InodeOpens o;
+    o.backing_id = b.backing_id();
+    o.info = b.info();
+    o.version = b.info().version();
+    o.bytes = b.info().attr().size();
+    o.passthrough = b.passthrough() < 0 ? kUnknownOpens : b.passthrough();
+    // Our own lease keeps the worker from evicting the data file under the kernel's reads (the
+    // kernel holds the file it opened either way, so bytes stay right without one).
+    auto lease = fs_->client->LeaseFile(b.info());
+    if (lease.ok()) o.lease = std::move(*lease);
+    std::lock_guard<std::mutex> lock(fs_->opens_mu);
+    if (b.idle() && o.passthrough == 0) {
+      o.idle_seq = fs_->idle_next++;
+      o.idle_since = std::chrono::steady_clock::now();
+      fs_->idle.emplace(o.idle_seq, b.kino());
+      fs_->idle_bytes += o.bytes;
+    }
+    fs_->opens[b.kino()] = std::move(o);
+  }
+  std::lock_guard<std::mutex> lock(fs_->handles_mu);
+  if (st.next_fh() > 0) fs_->next_fh = st.next_fh();
+  for (const rpc::FuseHandle& h : st.handles()) {
+    auto of = std::make_shared<OpenFile>();
+    of->info = h.info();
+    of->passthrough = h.passthrough();
+    of->counted_cached = h.counted_cached();
+    if (of->counted_cached) {
+      std::lock_guard<std::mutex> l2(fs_->opens_mu);
+      fs_->opens[h.kino()].cached++;
+    }
+    fs_->handles.emplace(h.fh(), std::move(of));
+    // A hand-over's numbering goes on; a keeper's handles are a dead predecessor's, whose
+    // other numbers (not listed) may still be open: this process keeps its own epoch.
+    if (st.next_fh() > 0) fs_->next_fh = std::max(fs_->next_fh, h.fh() + 1);
+  }
+}
+
+// Serves the hand-over socket: a successor's TAKEOVER.
+void FuseMountImpl::RespondLoop() {
+  while (!stopping_ && !handed_over_) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (poll(&p, 1, 500) <= 0) continue;
+    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    auto m = ReceiveHandover(c, std::chrono::seconds(5));
+    if (m.ok() && m->msg.kind() == rpc::HandoverMessage::TAKEOVER) HandOver(c, m->msg);
+    if (m.ok() && m->fd >= 0) close(m->fd);
+    close(c);
+  }
+}
+
+void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
+  auto refuse = [&](const std::string& why) {
+    rpc::HandoverMessage r;
+    r.set_kind(rpc::HandoverMessage::REFUSED);
+    r.set_text(why);
+    (void)SendHandover(c, r);
+    spdlog::warn("refused to hand {} over: {}", mountpoint_, why);
+  };
+  if (m.format() != kHandoverFormat) {
+    return refuse("the successor speaks hand-over format " + std::to_string(m.format()) + " and this granary-fuse " +
+                  std::to_string(kHandoverFormat) + "; stop this one (SIGTERM unmounts) and start the new one");
+  }
+  std::string mine = Fingerprint(fs_->cfg);
+  if (m.fingerprint() != mine) {
+    return refuse("the successor's settings (" + m.fingerprint() + ") differ from this mount's (" + mine +
+                  "); start it with the same fuse.mountpoint, fuse.root, fuse.open and fuse.allow_other");
+  }
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  if (stopping_ || loop_done_) return refuse("this granary-fuse is stopping");
+  auto start = std::chrono::steady_clock::now();
+  handing_over_ = true;
+  // Its port is the successor's when both share a network namespace. A process that stays idle
+  // (Kubernetes, each pod its own network) keeps answering probes: /readyz says "handed over".
+  if (fs_->cfg.fuse.exit_after_handover) StopMetrics();
+  io_->Drain(se_);   // every request read is answered; nothing more is read
+  if (loop_.joinable()) loop_.join();
+  StopInvalidator();
+  rpc::HandoverMessage out;
+  out.set_kind(rpc::HandoverMessage::STATE);
+  *out.mutable_state() = Snapshot(true);
+  close(listen_fd_);  // the successor listens on the same path
+  listen_fd_ = -1;
+  Status st = SendHandover(c, out, io_->fd());
+  if (!st.ok()) {
+    spdlog::warn("handing {} over failed ({}); serving on", mountpoint_, st.message());
+    io_->Resume();
+    fuse_session_reset(se_);
+    handing_over_ = false;
+    StartInvalidator();
+    StartLoop();
+    auto listener = ListenLocal(handover_path_);
+    if (listener.ok()) listen_fd_ = *listener;
+    if (!metrics_) StartMetrics();
+    return;
+  }
+  handed_over_ = true;
+  if (fs_->keeper) fs_->keeper->Stop();  // the successor deposits with the keeper; it keeps ours meanwhile
+  {
+    // The successor registered its own leases; ours end. The backing ids are the successor's now.
+    std::lock_guard<std::mutex> l2(fs_->opens_mu);
+    fs_->opens.clear();
+    fs_->idle.clear();
+  }
+  spdlog::info("handed {} over ({} open files, {} backing files) in {} ms", mountpoint_, out.state().handles_size(),
+               out.state().backings_size(),
+               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());
+  if (fs_->cfg.fuse.exit_after_handover) {
+    Shutdown::Request("handed the mount over to a successor");
+  } else {
+    spdlog::info("fuse.exit_after_handover is false: idle until stopped (SIGTERM leaves the mount to the successor)");
+  }
+}
+
+}  // namespace granary::fuse::internal

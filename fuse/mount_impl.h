@@ -1,0 +1,83 @@
+// FuseMountImpl: the FuseMount of fuse/mount.h, one mount's lifecycle. Internal to fuse/.
+//
+//   fuse/mount.cc           Init (a fresh mount, or a connection taken over from a predecessor or
+//                           the keeper), the FUSE loop and the invalidation thread, Shutdown
+//   fuse/mount_handover.cc  the hand-over socket and the state a successor gets (Snapshot,
+//                           ApplyState, RespondLoop, HandOver)
+//   fuse/mount_metrics.cc   /metrics (Render) and /readyz (Ready), the access trace's socket, the
+//                           endpoints file
+//
+// Threads: the owner calls Init once, then Shutdown (from any thread, idempotent). Meanwhile its
+// code also runs on the FUSE loop's thread (loop_), the hand-over responder (responder_: HandOver),
+// the metrics server's (Render, Ready) and the keeper link's (Snapshot(false)). stop_mu_ keeps a hand-over and a shutdown apart; it
+// comes before every lock of Fs (fuse/fs_state.h).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/config.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "common/stream_socket.h"
+#include "fuse/fs_state.h"
+#include "fuse/mount.h"
+#include "fuse/session_io.h"
+#include "proto/granary.pb.h"
+
+namespace granary::fuse::internal {
+
+class FuseMountImpl final : public FuseMount {
+ public:
+  ~FuseMountImpl() override { Shutdown(); }
+
+  // fuse/mount.cc
+  Status Init(const Config& cfg);
+  void Shutdown() override;
+  Status CheckMountPoint();
+  void StartLoop();
+  void StartInvalidator();
+  void StopInvalidator();
+  std::string address() const override { return mountpoint_; }
+  std::string metrics_address() const override { return metrics_ ? metrics_->address() : ""; }
+
+  // fuse/mount_metrics.cc
+  void StartMetrics();
+  static void RemoveDeadTraceSockets(const std::string& mountpoint);
+  void StopMetrics();
+  void WriteEndpoints();
+  void RemoveEndpoints();
+  void Render(metrics::Exposition* e);
+  Status Ready();
+
+  // fuse/mount_handover.cc
+  rpc::FuseConnectionState Snapshot(bool with_handles);
+  void ApplyState(const rpc::FuseConnectionState& st);
+  void RespondLoop();
+  void HandOver(int c, const rpc::HandoverMessage& m);
+
+ private:
+  std::string mountpoint_;
+  std::string endpoints_file_;
+  std::string handover_path_, keeper_path_;
+  int listen_fd_ = -1;
+  std::thread responder_;
+  std::atomic<bool> handing_over_{false};
+  std::atomic<bool> handed_over_{false};
+  std::unique_ptr<Fs> fs_;
+  std::unique_ptr<SessionIo> io_;
+  fuse_session* se_ = nullptr;
+  fuse_loop_config* loop_cfg_ = nullptr;
+  bool mounted_ = false;
+  std::thread loop_;
+  std::atomic<bool> loop_done_{false};
+  std::atomic<bool> stopping_{false};
+  std::mutex stop_mu_;
+  std::unique_ptr<metrics::MetricsServer> metrics_;
+  std::unique_ptr<StreamSocket> trace_;  // the access trace, for root and this user only
+};
+
+}  // namespace granary::fuse::internal
