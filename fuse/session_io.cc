@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -27,6 +28,21 @@ constexpr int kMaxFd = 65536;
 std::atomic<SessionIo*> g_by_fd[kMaxFd];
 
 SessionIo* Of(int fd) { return fd >= 0 && fd < kMaxFd ? g_by_fd[fd].load(std::memory_order_acquire) : nullptr; }
+
+// Each SessionIo's number, so that a thread's epoll instance is never reused for another session
+// (a new one may get the same address).
+std::atomic<uint64_t> g_next_generation{1};
+
+// This thread's epoll instance for waiting on a session (WaitReadable): the session's descriptor
+// registered exclusive, its wake eventfd not.
+struct ThreadEpoll {
+  uint64_t generation = 0;
+  int fd = -1;
+  ~ThreadEpoll() {
+    if (fd >= 0) close(fd);
+  }
+};
+thread_local ThreadEpoll t_epoll;
 
 }  // namespace
 
@@ -152,13 +168,44 @@ ssize_t SessionIo::DoRead(void* buf, size_t len) {
     if (n >= 0) return n;
     if (err == EAGAIN || err == EINTR) {
       if (stopping_) poke();
-      pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      poll(p, 2, 1000);
+      WaitReadable();
       continue;
     }
     errno = err;
     return -1;
   }
+}
+
+uint64_t SessionIo::NextGeneration() { return g_next_generation.fetch_add(1); }
+
+void SessionIo::WaitReadable() {
+  // A request wakes one waiting thread, not all: the session's descriptor is in each thread's own
+  // epoll instance with EPOLLEXCLUSIVE. With poll(2) on the shared descriptor every idle thread of
+  // libfuse's loop woke for every request and all but one found nothing to read — on 2 cores, a
+  // context switch per idle thread per request. The wake eventfd is not exclusive: Drain wakes all.
+  if (t_epoll.generation != generation_) {
+    if (t_epoll.fd >= 0) close(t_epoll.fd);
+    t_epoll.fd = epoll_create1(EPOLL_CLOEXEC);
+    t_epoll.generation = generation_;
+    epoll_event dev{};
+    dev.events = EPOLLIN | EPOLLEXCLUSIVE;
+    dev.data.fd = fd_;
+    epoll_event wake{};
+    wake.events = EPOLLIN;
+    wake.data.fd = wake_fd_;
+    if (t_epoll.fd >= 0 && (epoll_ctl(t_epoll.fd, EPOLL_CTL_ADD, fd_, &dev) != 0 ||
+                            epoll_ctl(t_epoll.fd, EPOLL_CTL_ADD, wake_fd_, &wake) != 0)) {
+      close(t_epoll.fd);
+      t_epoll.fd = -1;
+    }
+  }
+  if (t_epoll.fd >= 0) {
+    epoll_event ev[2];
+    epoll_wait(t_epoll.fd, ev, 2, 1000);
+    return;
+  }
+  pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};  // no epoll instance: every thread wakes
+  poll(p, 2, 1000);
 }
 
 void SessionIo::Drain(fuse_session* se) {

@@ -93,12 +93,16 @@ class SessionIo {
 
  private:
   SessionIo(int fd, bool want) : fd_(fd), want_(want) {}
+  static uint64_t NextGeneration();
   ssize_t DoRead(void* buf, size_t len);
+  // Waits (at most a second) until a request may be readable or Drain wakes the readers.
+  void WaitReadable();
   struct Holding;
   static thread_local Holding t_holding;
   void NoteInit(const void* buf, size_t n);
 
   const int fd_;
+  const uint64_t generation_ = NextGeneration();  // tells this session's thread epolls from others'
   fuse_session* se_ = nullptr;
   int wake_fd_ = -1;  // eventfd: readable once Drain starts
   std::atomic<bool> want_;
