@@ -326,7 +326,7 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
   return Status::OK();
 }
 
-StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file) {
+StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file, bool verify) {
   uint64_t size = file.attr().size();
   if (size == 0 || file.block_size() == 0) return InvalidArgumentError("an empty file has no data file");
   auto ch = Local();
@@ -341,7 +341,7 @@ StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file
   req.set_offset(0);
   req.set_length(std::min(size, file.block_size()));
   LocalChannel::Piece piece;
-  Status st = ch->LeaseFile(req, &piece);
+  Status st = ch->LeaseFile(req, &piece, verify);
   if (st.code() == Code::kUnavailable && !st.IsUnderStorageDown()) DropLocal(ch);
   RETURN_IF_ERROR(st);
   auto lease = std::make_unique<FileLease>(ch, std::move(piece));

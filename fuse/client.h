@@ -95,7 +95,8 @@ class Client {
   // For a passthrough open: leases the local worker's data file of `file` (every block of it
   // cached in one directory there). NOT_FOUND when the local worker does not have it whole;
   // UNAVAILABLE when there is no local socket.
-  StatusOr<std::unique_ptr<FileLease>> LeaseFile(const rpc::FileInfo& file);
+  // With `verify`, every chunk is checked by the worker first (a read lease: fuse/read_leases.h).
+  StatusOr<std::unique_ptr<FileLease>> LeaseFile(const rpc::FileInfo& file, bool verify = false);
   // Asks the local worker, in the background, to warm blocks [first, first+count) of `file`
   // (readahead). Hints beyond a small queue are dropped.
   void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count);

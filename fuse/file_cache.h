@@ -3,7 +3,10 @@
 //   FileCache   inode -> rpc::FileInfo, what `open` (and a kernel-mode read) needs for a file, so a
 //               file reopened in a later epoch costs no call to the master;
 //   EntryCache  "<parent inode>/<name>" -> rpc::Attr, lookups, so a path walk after the kernel
-//               dropped its dentries (memory pressure, drop_caches) costs no call either.
+//               dropped its dentries (memory pressure, drop_caches) costs no call either;
+//   AttrCache   inode -> rpc::Attr, what getattr answers (filled by getattr, lookups and listings),
+//               so a GETATTR the kernel sends for attributes granary-fuse learnt lately (a forced
+//               statx, an inode the kernel dropped) costs no call.
 //
 // Entries live for `ttl` (no longer than the kernel may cache the same answer itself:
 // fuse.attr_timeout, fuse.entry_timeout) and at most `capacity` are kept; past that, the oldest
@@ -94,6 +97,7 @@ class TtlCache {
 
 using FileCache = TtlCache<uint64_t, rpc::FileInfo>;
 using EntryCache = TtlCache<std::string, rpc::Attr>;
+using AttrCache = TtlCache<uint64_t, rpc::Attr>;  // master inode -> its attributes (getattr)
 inline std::string EntryKey(uint64_t parent, const char* name) { return std::to_string(parent) + "/" + name; }
 
 }  // namespace granary::fuse

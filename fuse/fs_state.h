@@ -78,6 +78,7 @@
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
 #include "fuse/handover.h"
+#include "fuse/read_leases.h"
 #include "fuse/session_io.h"
 #include "fuse/trace.h"
 #include "proto/granary.pb.h"
@@ -107,6 +108,11 @@ struct OpenFile {
   std::mutex mu;
   uint64_t next_offset = 0;
   uint64_t hinted_through = 0;  // blocks up to this one were hinted (block 0 never is)
+  // Daemon and kernel modes: non-sequential READs served from the local cache since the last that
+  // was not, and when this open last asked for a read lease (fuse/read_leases.h).
+  uint32_t local_reads = 0;
+  uint64_t lease_next = 0;  // where a sequential read would start next
+  std::chrono::steady_clock::time_point lease_asked{};
 };
 
 // Passthrough mode: what is open on each inode. The kernel puts an inode either in passthrough io
@@ -131,6 +137,7 @@ struct Fs {
   std::unique_ptr<Client> client;
   std::unique_ptr<FileCache> files;
   std::unique_ptr<EntryCache> entries;  // lookups, for min(entry_timeout, attr_timeout)
+  std::unique_ptr<AttrCache> attrs;     // attributes by master inode, for attr_timeout
   fuse_session* se = nullptr;
   SessionIo* io = nullptr;  // set when granary-fuse does the session's I/O (passthrough wanted)
   std::atomic<OpenMode> wanted{OpenMode::kKernel};  // from fuse.open (auto: its choice at INIT)
@@ -253,6 +260,10 @@ struct Fs {
   std::atomic<uint64_t> read_bytes{0};
   std::atomic<uint64_t> opens_passthrough{0}, opens_daemon{0}, opens_kernel{0};
   std::atomic<uint64_t> reads_by_inode{0};  // kernel mode: reads with no open file handle
+  // Daemon and kernel modes: files read from a leased cache data file (fuse/read_leases.h).
+  std::unique_ptr<ReadLeases> read_leases;
+  std::atomic<uint64_t> leased_reads{0};       // READs answered from a read lease
+  std::atomic<int64_t> capacity_checked_ns{0};  // when the local worker's capacity was last asked
   std::atomic<uint64_t> passthrough_misses{0};  // passthrough mode: opens served by granary-fuse instead
   std::atomic<uint64_t> invalidations{0};
   std::atomic<uint64_t> files_read{0};  // reads at offset 0: files readers started on
@@ -284,6 +295,7 @@ struct Fs {
         if (inval_queue.empty() || std::chrono::steady_clock::now() - last_trim > std::chrono::seconds(1)) {
           lock.unlock();
           if (trim_idle) trim_idle();
+          if (read_leases) read_leases->Trim();
           last_trim = std::chrono::steady_clock::now();
           continue;
         }

@@ -73,7 +73,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
   return Status::OK();
 }
 
-Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out) {
+Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, bool verify) {
   std::lock_guard<std::mutex> lock(lease_mu_);
   if (lease_conn_ < 0) {
     ASSIGN_OR_RETURN(lease_conn_, ConnectUnix(path_));
@@ -82,6 +82,7 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out) {
   rpc::LocalRequest lr;
   *lr.mutable_read() = req;
   lr.set_whole_file(true);
+  lr.set_verify(verify);
   rpc::LocalResponse resp;
   int fd = -1;
   Status st = SendFrame(lease_conn_, lr);

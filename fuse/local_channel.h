@@ -42,7 +42,8 @@ class LocalChannel {
   // out->fd is the data file, out->length the file's size. Such leases are long (as long as the
   // file is open), so they all live on one shared connection instead of holding one each.
   // NOT_FOUND when the local worker does not keep the block.
-  Status LeaseFile(const rpc::ReadBlockRequest& req, Piece* out);
+  // With `verify`, the worker checks every chunk of the file first (DATA_LOSS when one fails).
+  Status LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, bool verify = false);
   // Ends a Piece's lease (if any) and closes its descriptor. Safe on any Piece, once.
   void Release(Piece* p);
 

@@ -194,6 +194,8 @@ Status FuseMountImpl::Init(const Config& cfg) {
   }
   ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
   fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
+  fs_->read_leases = std::make_unique<ReadLeases>(cfg.fuse.attr_timeout);
+  fs_->attrs = std::make_unique<AttrCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
   fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
                                               std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
   fs_->tracer = std::make_unique<Tracer>(TracePaths(fs_.get()));

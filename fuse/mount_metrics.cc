@@ -145,6 +145,11 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
              static_cast<double>(fs_->passthrough_misses));
   e->Counter("granary_fuse_reads_by_inode_total", "Reads that came with no open file (kernel mode).",
              static_cast<double>(fs_->reads_by_inode));
+  e->Counter("granary_fuse_leased_reads_total",
+             "Reads answered from a read lease of the local cache's data file, without a worker round trip.",
+             static_cast<double>(fs_->leased_reads));
+  e->Gauge("granary_fuse_read_leases", "Files read through a read lease now (their blocks held in the local cache).",
+           static_cast<double>(fs_->read_leases ? fs_->read_leases->files() : 0));
   e->Counter("granary_fuse_invalidations_total", "Files whose cached pages were dropped for a new version.",
              static_cast<double>(fs_->invalidations));
   e->Family("granary_fuse_mount_read_bytes_total", "counter",

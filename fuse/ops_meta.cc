@@ -153,6 +153,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   }
   auto a = fs->client->Lookup(fs->ToMaster(parent), name);
   if (a.ok()) fs->entries->Put(key, *a);
+  if (a.ok()) fs->attrs->Put(a->ino(), *a);
   if (!a.ok()) {
     if (a.status().IsNotFound()) {
       // Negative entry: the kernel remembers the miss for negative_timeout.
@@ -176,8 +177,18 @@ void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(
 void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   OpScope scope(req, "getattr", FsOf(req)->lat_getattr, ino);
   Fs* fs = FsOf(req);
-  auto a = fs->client->GetAttr(fs->ToMaster(ino));
+  // Attributes the master gave lately (by getattr, a lookup or a listing) are answered from memory
+  // with the kernel's timeout shortened by their age: never staler than the kernel's own caching.
+  const uint64_t mino = fs->ToMaster(ino);
+  std::chrono::milliseconds age{};
+  if (auto cached = fs->attrs->Get(mino, &age)) {
+    struct stat st = ToStat(fs, *cached);
+    fuse_reply_attr(req, &st, std::max(0.0, Seconds(fs->cfg.fuse.attr_timeout) - Seconds(age)));
+    return;
+  }
+  auto a = fs->client->GetAttr(mino);
   if (!a.ok()) return ReplyError(req, a.status(), "getattr");
+  fs->attrs->Put(mino, *a);
   if (a->type() != rpc::DIRECTORY) fs->NoteVersion(ino, a->version_hash());
   struct stat st = ToStat(fs, *a);
   fuse_reply_attr(req, &st, Seconds(fs->cfg.fuse.attr_timeout));
@@ -277,6 +288,7 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     }
     for (const auto& e : page.entries()) {
       fs->entries->Put(EntryKey(fs->ToMaster(ino), e.name().c_str()), e.attr());  // the scan's lookups to come
+      fs->attrs->Put(e.attr().ino(), e.attr());
       if (!add(e.name().c_str(), e.attr(), e.cookie() + kDotDotCookie, false)) {
         return (void)fuse_reply_buf(req, buf.data(), used);
       }

@@ -26,6 +26,8 @@
 
 #include <fcntl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -86,6 +88,7 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
     fs->files->Erase(fs->ToMaster(ino));  // as old as the kernel's attributes may be: ask the master
     ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
     fs->NoteVersion(ino, info.attr().version_hash());
+    fs->attrs->Put(info.attr().ino(), info.attr());  // the newest the master said
     std::lock_guard<std::mutex> lock(fs->inode_files_mu);
     auto it = fs->inode_files.find(ino);
     std::shared_ptr<OpenFile> slot = it == fs->inode_files.end() ? nullptr : it->second;
@@ -131,6 +134,78 @@ void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRe
     }
     if (kinds > 1) rec->source = "mixed";
   }
+}
+
+// Answers a READ from the file's read lease (fuse/read_leases.h): spliced from the cache's data file,
+// or, below kCopyBelow bytes, copied.
+constexpr size_t kCopyBelow = 64 * 1024;
+void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease& lease, uint64_t off, size_t size,
+                    OpScope* scope) {
+  const uint64_t end = std::min<uint64_t>(of.info.attr().size(), lease.length());
+  if (off >= end) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(size, end - off));
+  fs->read_bytes += n;
+  fs->leased_reads++;
+  {
+    std::lock_guard<std::mutex> lock(fs->mount_bytes_mu);
+    fs->mount_bytes[of.info.mount_id()][static_cast<size_t>(NodeSource::kLocal)] += n;
+  }
+  if (scope->tracing()) scope->record().source = NodeSourceName(NodeSource::kLocal);
+  if (n <= kCopyBelow) {
+    // A small read costs less copied (pread, one write) than spliced through a pipe (two splices).
+    thread_local std::vector<char> buf;
+    buf.resize(kCopyBelow);
+    ssize_t got = pread(lease.fd(), buf.data(), n, static_cast<off_t>(off));
+    if (got < 0) return ReplyError(req, ErrnoError(errno, "read of the leased cache file"), "read");
+    fuse_reply_buf(req, buf.data(), static_cast<size_t>(got));
+    return;
+  }
+  fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
+  bv.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+  bv.buf[0].fd = lease.fd();
+  bv.buf[0].pos = static_cast<off_t>(off);
+  fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+}
+
+// After a READ: counts the open's non-sequential reads from the local cache, and on the one past
+// ReadLeases::kReadsBeforeLease asks the local worker for a read lease of the file (at most once per
+// fuse.attr_timeout per open).
+void MaybeLease(Fs* fs, OpenFile* of, bool local, uint64_t off, uint64_t size) {
+  {
+    std::lock_guard<std::mutex> lock(of->mu);
+    // Within a few requests of where the last one ended is sequential: the kernel's readahead has
+    // several READs of one file in flight, answered in any order.
+    const uint64_t slack = std::max<uint64_t>(ReadLeases::kSequentialSlack, 4 * size);
+    const bool sequential = off + slack >= of->lease_next && off <= of->lease_next + slack;
+    of->lease_next = off + size;
+    if (!local) {  // not (all) in the local cache yet: count again from here
+      of->local_reads = 0;
+      return;
+    }
+    // A sequential reader reads each byte once: a lease would only hold the file's blocks.
+    if (sequential) return;
+    if (++of->local_reads <= ReadLeases::kReadsBeforeLease) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (of->lease_asked != std::chrono::steady_clock::time_point{} && now - of->lease_asked < fs->cfg.fuse.attr_timeout) {
+      return;
+    }
+    of->lease_asked = now;
+  }
+  const uint64_t file_size = of->info.attr().size();
+  // The bytes leased stay under 1/8 of the local worker's cache: its capacity, asked once a minute.
+  const int64_t now_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+  int64_t checked = fs->capacity_checked_ns.load();
+  if (now_ns - checked > std::chrono::nanoseconds(std::chrono::minutes(1)).count() &&
+      fs->capacity_checked_ns.compare_exchange_strong(checked, now_ns)) {
+    if (auto stats = fs->client->WorkerStats(); stats.ok()) fs->read_leases->SetCapacity(stats->capacity_bytes());
+  }
+  if (file_size == 0 || !fs->read_leases->Fits(file_size)) return;
+  auto lease = fs->client->LeaseFile(of->info, /*verify=*/true);
+  if (!lease.ok()) return;  // not whole here, or spread over directories: this open reads as before
+  fs->read_leases->Add(of->info.attr().ino(), of->info.version(), file_size, std::move(*lease));
 }
 
 }  // namespace
@@ -219,6 +294,9 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   }
   OpenFile* of = held.get();
   if (off == 0) fs->files_read++;
+  if (std::shared_ptr<FileLease> lease = fs->read_leases->Find(of->info.attr().ino(), of->info.version())) {
+    return ReplyFromLease(req, fs, *of, *lease, static_cast<uint64_t>(off), size, &scope);
+  }
   MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
   ReadResult data;
   Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
@@ -227,6 +305,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     // open asks the master for the new version.
     if (st.IsVersionChanged()) {
       fs->files->Erase(of->info.attr().ino());
+      fs->attrs->Erase(of->info.attr().ino());
       {
         std::lock_guard<std::mutex> lock(fs->page_versions_mu);
         fs->page_versions.erase(of->info.attr().ino());
@@ -265,6 +344,11 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   fs->read_bytes += fuse_buf_size(bv);
   CountReadSources(fs, of->info.mount_id(), data, scope.tracing() ? &scope.record() : nullptr);
   fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
+  // After the reply: a file read again and again from the local cache is leased for its next READs.
+  const bool local = std::all_of(data.pieces.begin(), data.pieces.end(), [](const LocalChannel::Piece& p) {
+    return p.source == static_cast<uint32_t>(NodeSource::kLocal);
+  });
+  MaybeLease(fs, of, local, static_cast<uint64_t>(off), size);
 }
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

@@ -97,7 +97,7 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
   return Miss(req, t, out, hit, source);
 }
 
-StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source) {
+StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source, bool verify) {
   if (req.index != 0 || req.offset != 0 || req.file_size == 0 || req.block_size == 0) {
     return InvalidArgumentError("a file lease names block 0 of a non-empty file");
   }
@@ -105,7 +105,7 @@ StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, 
   const uint64_t blocks = (req.file_size + req.block_size - 1) / req.block_size;
   *hit = true;
   if (source) *source = ReadSource::kCache;
-  auto l = store_->LeaseFile(t.meta.id.key, blocks, req.file_size);
+  auto l = store_->LeaseFile(t.meta.id.key, blocks, req.file_size, verify);
   if (!l.ok() && l.status().IsNotFound() && blocks == 1) {
     // A one-block file not here yet: fetch it as a read would (from the home, or the
     // under-storage). Only a holder keeps it; then it can be leased. (A larger file is left to
@@ -114,7 +114,7 @@ StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, 
     BlockRequest whole = req;
     whole.length = t.len;
     RETURN_IF_ERROR(Miss(whole, t, &bytes, hit, source));
-    l = store_->LeaseFile(t.meta.id.key, 1, req.file_size);
+    l = store_->LeaseFile(t.meta.id.key, 1, req.file_size, verify);
   } else if (l.ok()) {
     counters_.hits += blocks;
     CountAccess(req.mount_id, true);

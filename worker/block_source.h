@@ -124,7 +124,7 @@ class BlockSource {
   // first when this worker keeps it but has not cached it yet. NOT_FOUND when a block is not cached
   // here (another worker is its holder, it could not be cached, or the blocks are spread over
   // cache directories).
-  StatusOr<BlockLease> LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source = nullptr);
+  StatusOr<BlockLease> LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source = nullptr, bool verify = false);
 
   // Readahead: queues a background fetch of req's whole block unless it is cached. A holder of the
   // block fetches it like a miss (from the home, or the under-storage); any other worker passes the

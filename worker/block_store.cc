@@ -358,7 +358,7 @@ StatusOr<BlockLease> BlockStore::Lease(const BlockId& id, uint64_t offset, size_
   return lease;
 }
 
-StatusOr<BlockLease> BlockStore::LeaseFile(const FileKey& key, uint64_t blocks, uint64_t file_size) {
+StatusOr<BlockLease> BlockStore::LeaseFile(const FileKey& key, uint64_t blocks, uint64_t file_size, bool verify) {
   if (blocks == 0) return InvalidArgumentError("a file lease needs at least one block");
   BlockLease lease;
   std::string path;
@@ -392,6 +392,11 @@ StatusOr<BlockLease> BlockStore::LeaseFile(const FileKey& key, uint64_t blocks, 
   struct stat st {};
   if (fstat(lease.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != file_size) {
     return NotFoundError("the data file is not the file's length");
+  }
+  for (uint64_t i = 0; verify && i < blocks; ++i) {
+    auto damaged = VerifyOne(BlockId{key, i});
+    if (!damaged.ok()) return damaged.status();
+    if (*damaged) return DataLossError("block " + std::to_string(i) + " of the file failed its checksum");
   }
   return lease;
 }

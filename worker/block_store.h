@@ -187,7 +187,9 @@ class BlockStore {
   // passthrough: the kernel then reads the file itself; its chunks were verified when they entered
   // the cache and are by the scrub). Every block is held until the lease ends. Counts as a read of
   // each block. NOT_FOUND when a block is missing or the blocks are spread over directories.
-  StatusOr<BlockLease> LeaseFile(const FileKey& key, uint64_t blocks, uint64_t file_size);
+  // With `verify`, every chunk of every block is checked first, as the scrub does (DATA_LOSS, the
+  // damaged block removed, when one fails).
+  StatusOr<BlockLease> LeaseFile(const FileKey& key, uint64_t blocks, uint64_t file_size, bool verify = false);
 
   // Caches a whole block (OK when already cached, or while another Put of it is in progress).
   // RESOURCE_EXHAUSTED when nothing evictable is left to make room. `meta.elastic` puts an elastic

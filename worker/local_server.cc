@@ -110,7 +110,7 @@ void LocalServer::Serve(int conn) {
     auto start = std::chrono::steady_clock::now();
     Status st;
     if (req.whole_file()) {
-      auto l = source_->LeaseFile(br, &hit, &source);
+      auto l = source_->LeaseFile(br, &hit, &source, req.verify());
       st = l.status();
       if (l.ok()) lease = std::move(*l);
     } else {

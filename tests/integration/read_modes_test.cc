@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -139,7 +140,59 @@ TEST_P(ReadModes, AChangedFileShowsItsNewBytes) {
   ASSERT_TRUE(c.StopAll(&why)) << why;
 }
 
+// A file read again and again while whole in the local cache (random keys, memmap windows) is
+// leased once and read by granary-fuse from the cache's data file (fuse/read_leases.h): the same
+// bytes, no worker round trip per READ — also while a `granary free` of it waits for the lease.
+// (Not passthrough: its READs never reach granary-fuse.)
+class DaemonServedModes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DaemonServedModes, RepeatedReadsOfACachedFileComeFromAReadLease) {
+  const std::string mode = GetParam();
+  TempDir dir;
+  const std::string want = RandomBytes(16 * 1024 * 1024 + 1234, 7);  // random reads jump MiBs
+  WriteFile(dir / "src/db.bin", want);
+  LocalCluster c(dir, ModeOptions(mode));
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  const std::string path = c.mountpoint() + "/ds/db.bin";
+  std::string got;
+  ASSERT_TRUE(ReadFileChecked(path, &got));  // cold: cached by the worker
+  ASSERT_EQ(got, want);
+  auto random_reads = [&](uint32_t seed) -> std::string {
+    int fd = open(path.c_str(), O_RDONLY | O_DIRECT);  // every READ reaches granary-fuse
+    if (fd < 0) return std::string("open: ") + strerror(errno);
+    void* buf = nullptr;
+    if (posix_memalign(&buf, 4096, 8192) != 0) return "posix_memalign";
+    std::mt19937 rng(seed);
+    std::string err;
+    for (int i = 0; i < 200 && err.empty(); ++i) {
+      off_t off = static_cast<off_t>((rng() % (want.size() / 4096)) * 4096);
+      ssize_t n = pread(fd, buf, 8192, off);
+      size_t expect = std::min<size_t>(8192, want.size() - static_cast<size_t>(off));
+      if (n != static_cast<ssize_t>(expect) || std::memcmp(buf, want.data() + off, expect) != 0) {
+        err = "pread at " + std::to_string(off) + " returned other bytes";
+      }
+    }
+    free(buf);
+    close(fd);
+    return err;
+  };
+  EXPECT_EQ(random_reads(1), "");
+  const double leased = c.Metric("fuse", "granary_fuse_leased_reads_total");
+  EXPECT_GT(leased, 100) << "the reads after the fourth far jump should come from the lease\n" << c.Logs();
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_read_leases"), 1);
+  // Freed while leased: the worker lets the blocks go when the lease ends; until then the bytes
+  // read are still the file's.
+  ASSERT_EQ(c.Cli({"free", "/ds"}).code, 0);
+  EXPECT_EQ(random_reads(2), "");
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ReadModes, ::testing::Values("kernel", "passthrough", "daemon"),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Modes, DaemonServedModes, ::testing::Values("kernel", "daemon"),
                          [](const auto& info) { return info.param; });
 
 // Kernel mode: reads come with no open file, so granary-fuse serves them by inode alone — also

@@ -113,7 +113,9 @@ TEST(PeerSetTest, PreviousHomeIsTheHomeBeforeTheLastChangeForAWhile) {
   old.Update(1, three);
   now += std::chrono::minutes(1);
   old.Update(1, all);
-  if (before != 1) EXPECT_EQ(old.PreviousHome(id)->id, before);
+  if (before != 1) {
+    EXPECT_EQ(old.PreviousHome(id)->id, before);
+  }
   // Not once the window has passed.
   now += PeerSet::kPreviousWindow + std::chrono::seconds(1);
   EXPECT_FALSE(joiner.PreviousHome(id).has_value());
