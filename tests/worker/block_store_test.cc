@@ -231,6 +231,31 @@ TEST(BlockStore, AFilesBlocksShareADataFileAtTheirOffsets) {
   EXPECT_NE(access(path.c_str(), F_OK), 0);
 }
 
+// A read lease (fuse/read_leases.h) asks LeaseFile to verify: every chunk of every block is
+// checked first, and a flipped byte anywhere fails the lease and drops its block.
+TEST(BlockStore, AVerifiedFileLeaseChecksEveryChunk) {
+  testing::TempDir dir;
+  auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  const uint64_t bs = 100000;
+  std::string file = testing::RandomBytes(250000, 6);
+  FileKey key = MakeFileKey("file:///d", "checked", "v1");
+  for (uint64_t i = 0; i < 3; ++i) {
+    uint64_t len = std::min<uint64_t>(bs, file.size() - i * bs);
+    ASSERT_TRUE(store->Put(BlockMeta{BlockId{key, i}, 1, len, i * bs}, std::string_view(file).substr(i * bs, len)).ok());
+  }
+  ASSERT_TRUE(store->LeaseFile(key, 3, file.size(), /*verify=*/true).ok());
+  {
+    std::fstream f(store->PathOf(BlockId{key, 0}), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(230000);  // in block 2
+    f.put(static_cast<char>(file[230000] ^ 0x01));
+  }
+  EXPECT_TRUE(store->LeaseFile(key, 3, file.size()).ok()) << "unverified, as passthrough's";
+  auto checked = store->LeaseFile(key, 3, file.size(), /*verify=*/true);
+  EXPECT_EQ(checked.status().code(), Code::kDataLoss) << checked.status().message();
+  EXPECT_FALSE(store->Contains(BlockId{key, 2}));
+  EXPECT_TRUE(store->Contains(BlockId{key, 0}));
+}
+
 TEST(BlockStore, QuotaEvictsLeastRecentlyUsed) {
   testing::TempDir dir;
   uint64_t per = BlockFileBytes(10000);
