@@ -1,5 +1,7 @@
 #include "worker/local_server.h"
 
+#include <dirent.h>
+
 #include <errno.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
@@ -18,8 +20,37 @@
 
 namespace granary::worker {
 
+namespace {
+
+// Sockets of workers killed with -9 (a worker on another port: the auto path is per port) stay
+// behind in the directory; whichever starts next removes those that no longer answer.
+void RemoveDeadSockets(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return;
+  const std::string dir = path.substr(0, slash);
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("worker-", 0) != 0 || name.size() < 5 || name.compare(name.size() - 5, 5, ".sock") != 0) continue;
+    const std::string p = dir + "/" + name;
+    struct stat st;
+    if (p == path || lstat(p.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    auto probe = ConnectUnix(p);
+    if (probe.ok()) {
+      close(*probe);
+    } else if (probe.status().message().find("refused") != std::string::npos) {
+      unlink(p.c_str());  // nobody listens: its worker is gone
+    }
+  }
+  closedir(d);
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path, BlockSource* source,
                                                           BlockStore* store) {
+  RemoveDeadSockets(path);
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return InvalidArgumentError("worker.local_socket: " + path + " exists and is not a socket");
