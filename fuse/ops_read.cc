@@ -195,7 +195,7 @@ void MaybeLease(Fs* fs, OpenFile* of, bool local, uint64_t off, uint64_t size) {
     of->lease_asked = now;
   }
   const uint64_t file_size = of->info.attr().size();
-  // The bytes leased stay under 1/8 of the local worker's cache: its capacity, asked once a minute.
+  // The bytes leased stay under half the local worker's cache: its capacity, asked once a minute.
   const int64_t now_ns = std::chrono::steady_clock::now().time_since_epoch().count();
   int64_t checked = fs->capacity_checked_ns.load();
   if (now_ns - checked > std::chrono::nanoseconds(std::chrono::minutes(1)).count() &&

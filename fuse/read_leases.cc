@@ -7,7 +7,7 @@
 namespace granary::fuse {
 
 uint64_t ReadLeases::LimitLocked() const {
-  return capacity_ == 0 ? kMaxBytes : std::min<uint64_t>(kMaxBytes, capacity_ / 8);
+  return capacity_ == 0 ? kMaxBytes : std::min<uint64_t>(kMaxBytes, capacity_ / 2);
 }
 
 std::shared_ptr<FileLease> ReadLeases::Find(uint64_t ino, const std::string& version) {

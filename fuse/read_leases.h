@@ -25,8 +25,9 @@
 // failed ask: not whole here, spread over directories).
 //
 // Bounds: a lease holds the file's blocks in the worker's cache, so leases are few and short:
-// at most kMaxFiles files and kMaxBytes bytes, and no more than 1/8 of the local worker's cache
-// capacity (a small cache is not pinned full); a lease is let go after its life (Trim, once a
+// at most kMaxFiles files and kMaxBytes bytes, and no more than half the local worker's cache
+// capacity (a small cache is not pinned full; half lets a 512 MB file be leased in a cache twice
+// the dataset, bench/warm_read.sh); a lease is let go after its life (Trim, once a
 // second from the invalidation thread), and the least recently used goes first past the bounds.
 // A lease is per (master inode, version): a new version never reads an old lease.
 //
@@ -66,7 +67,7 @@ class ReadLeases {
   bool Add(uint64_t ino, const std::string& version, uint64_t bytes, std::unique_ptr<FileLease> lease);
   // Whether a file of `bytes` bytes may be leased now (the bounds, before asking the worker).
   bool Fits(uint64_t bytes);
-  // The local worker's cache capacity (0: unknown), which bounds the bytes leased.
+  // The local worker's cache capacity (0: unknown): at most half of it is leased.
   void SetCapacity(uint64_t bytes);
   // Lets go of leases past their life.
   void Trim();

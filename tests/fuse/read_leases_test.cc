@@ -1,5 +1,5 @@
 // ReadLeases (fuse/read_leases.h): a lease per (inode, version), within its bounds (files, bytes,
-// 1/8 of the local worker's capacity), let go past its life, and kept alive by a READ using it.
+// half the local worker's capacity), let go past its life, and kept alive by a READ using it.
 #include "fuse/read_leases.h"
 
 #include <fcntl.h>
@@ -41,9 +41,9 @@ TEST(ReadLeases, OnePerInodeAndVersion) {
   EXPECT_TRUE(Open(l->fd()));
 }
 
-TEST(ReadLeases, BoundedByAnEighthOfTheWorkersCapacity) {
+TEST(ReadLeases, BoundedByHalfTheWorkersCapacity) {
   ReadLeases leases(std::chrono::hours(1));
-  leases.SetCapacity(80 << 20);  // 10 MiB may be leased
+  leases.SetCapacity(20 << 20);  // 10 MiB may be leased
   EXPECT_FALSE(leases.Fits(11 << 20));
   EXPECT_FALSE(leases.Add(1, "v", 11 << 20, Lease(11 << 20)));
   EXPECT_EQ(leases.files(), 0u);
