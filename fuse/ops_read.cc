@@ -18,6 +18,8 @@
 //                empty, not wholly cached on this node, or its inode is open in the kernel's other
 //                io mode) the open is served as in daemon mode and counted on its inode. Once the
 //                kernel refuses a backing file, every open is answered as in kernel mode.
+// In kernel and daemon modes a file read at random while whole in the local cache is leased and
+// its READs answered from the cache data file (MaybeLease, ReplyFromLease; fuse/read_leases.h).
 // In every mode a sequential read hints the blocks after it to the workers (MaybeReadahead), and
 // the bytes a read returns are counted per mount by where they came from (CountReadSources). A
 // read with a handle this process does not know (a crashed predecessor's) is served by inode and

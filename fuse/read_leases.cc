@@ -56,8 +56,7 @@ bool ReadLeases::Add(uint64_t ino, const std::string& version, uint64_t bytes, s
       gone.push_back(std::shared_ptr<FileLease>(std::move(lease)));
     }
   }
-  Release(&gone);
-  return kept;
+  return kept;  // the leases in `gone` end here, outside the lock
 }
 
 void ReadLeases::Trim() {
@@ -76,8 +75,7 @@ void ReadLeases::Trim() {
       it = lru_.erase(it);
     }
   }
-  Release(&gone);
-}
+}  // the leases in `gone` end here, outside the lock
 
 void ReadLeases::Clear() {
   std::vector<std::shared_ptr<FileLease>> gone;
@@ -88,8 +86,7 @@ void ReadLeases::Clear() {
     by_ino_.clear();
     bytes_ = 0;
   }
-  Release(&gone);
-}
+}  // the leases in `gone` end here, outside the lock
 
 size_t ReadLeases::files() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -99,10 +96,6 @@ size_t ReadLeases::files() {
 uint64_t ReadLeases::bytes() {
   std::lock_guard<std::mutex> lock(mu_);
   return bytes_;
-}
-
-void ReadLeases::Release(std::vector<std::shared_ptr<FileLease>>* gone) {
-  gone->clear();  // a lease a READ still uses ends when that READ lets go of it
 }
 
 }  // namespace granary::fuse

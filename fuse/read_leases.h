@@ -85,8 +85,6 @@ class ReadLeases {
     std::chrono::steady_clock::time_point granted;
   };
   uint64_t LimitLocked() const;
-  // Ends leases outside the lock (a lease's end is a message to the worker).
-  void Release(std::vector<std::shared_ptr<FileLease>>* gone);
 
   const std::chrono::milliseconds life_;
   const Clock clock_;
