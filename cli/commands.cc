@@ -16,6 +16,7 @@
 #include "cli/local.h"
 #include "cli/master_conn.h"
 #include "cli/observe.h"
+#include "common/allocator.h"
 #include "common/fs.h"
 #include "common/shutdown.h"
 #include "common/tiers.h"
@@ -577,6 +578,7 @@ int Main(int argc, char** argv) {
   auto options = ParseMountOptions(raw_options);
   if (!options.ok()) return Fail(options.status());
   if (*local) {
+    TuneAllocator();  // the daemons run in this process (common/allocator.h)
     Shutdown::InstallSignalHandling();
     if (local_flags.config_file.empty()) local_flags.config_file = flags.config_file;
     auto cfg = BuildConfig(local_flags);
