@@ -93,8 +93,7 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
     return Status::OK();
   }
   // Not cached, or shorter than the block should be (never served; the lease ends here).
-  out->resize(t.len);
-  return Miss(req, t, out, hit, source);
+  return Miss(req, t, out, hit, source, lease);
 }
 
 StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source, bool verify) {
@@ -124,7 +123,8 @@ StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, 
   return l;
 }
 
-Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source) {
+Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source,
+                         BlockLease* lease) {
   // A new home asking its previous home: only what is cached here, nothing fetched.
   if (req.cached_only) return NotFoundError("block " + std::to_string(req.index) + " of the file is not cached here");
   const MountHandle& mount = t.mount;
@@ -160,14 +160,27 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     return RangeFirst(req, t, route, out, source);
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block, Fetch(req, mount, meta, route));
-  if (block->bytes.size() != meta.length) {
+  if (block->bytes().size() != meta.length) {
     // Joined a fetch (or found a buffered block) for a request that claimed another file size.
     return AbortedError("block " + std::to_string(req.index) + " of " + req.ufs_path + " was fetched as " +
-                        std::to_string(block->bytes.size()) + " bytes, not " + std::to_string(meta.length) +
+                        std::to_string(block->bytes().size()) + " bytes, not " + std::to_string(meta.length) +
                         "; read it again");
   }
-  out->assign(block->bytes.data() + req.offset, len);
   counters_.bytes_served += len;
+  // A block fetched and kept is served as a hit is, from the cache file (the page cache has it):
+  // no copy of it through the local socket.
+  bool leased = false;
+  if (lease != nullptr) {
+    // Unverified: its checksums were computed from these very bytes when they were written.
+    StatusOr<BlockLease> kept = store_->Lease(meta.id, req.offset, len, /*verify=*/false);
+    leased = kept.ok() && kept->fd >= 0 && kept->length == len;
+    if (leased) *lease = std::move(*kept);
+  }
+  if (leased) {
+    out->clear();
+  } else {
+    out->assign(block->bytes().data() + req.offset, len);
+  }
   CountSource(req.mount_id, block->source);
   if (source) *source = block->source;
   return Status::OK();
@@ -467,7 +480,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
                                   "free other datasets, or check the cache policy)");
   }
   (ahead ? counters_.ahead_blocks : counters_.loaded_blocks)++;
-  (ahead ? counters_.ahead_bytes : counters_.loaded_bytes) += block->bytes.size();
+  (ahead ? counters_.ahead_bytes : counters_.loaded_bytes) += block->bytes().size();
   return LoadOutcome::kFetched;
 }
 
@@ -543,9 +556,9 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
   // arrival here (the leader had already left inflight_): look again before fetching.
   Fetched result = [&]() -> Fetched {
     auto data = std::make_shared<FetchedBlock>();
-    data->bytes.assign(meta.length, '\0');
+    char* buf = data->Allocate(meta.length);
     data->source = ReadSource::kUnderStorage;  // it was fetched an instant ago; as that fetch did
-    auto cached = store_->Read(meta.id, 0, meta.length, data->bytes.data());
+    auto cached = store_->Read(meta.id, 0, meta.length, buf);
     if (cached.ok() && *cached == meta.length) return std::shared_ptr<const FetchedBlock>(std::move(data));
     return FetchOnce(req, mount, meta, route);
   }();
@@ -559,7 +572,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
                                             Route route) {
   auto fb = std::make_shared<FetchedBlock>();
   fb->source = ReadSource::kUnderStorage;
-  std::string* data = &fb->bytes;
+  std::string* data = &fb->str;
   bool fetched = false;
   if (route.ask_peers) {
     BlockRequest whole = req;
@@ -591,12 +604,13 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     }
   }
   if (!fetched) {
-    data->assign(meta.length, '\0');
+    data->clear();
+    char* buf = fb->Allocate(meta.length);
     counters_.ufs_reads++;
     std::optional<DemandFetch> demand;  // a reader waits on this fetch: fetch-ahead yields to it
     if (!route.ahead) demand.emplace(&pacer_);
     auto start = std::chrono::steady_clock::now();
-    auto n = mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, data->data());
+    auto n = mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, buf);
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ufs_latency_.Observe(took);
     if (!n.ok()) {
@@ -613,7 +627,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   BlockMeta kept = meta;
   kept.elastic = route.elastic;
   kept.home = route.home;
-  Status st = route.keep ? store_->Put(kept, *data) : FailedPreconditionError("not a holder of this block");
+  Status st = route.keep ? store_->Put(kept, fb->bytes()) : FailedPreconditionError("not a holder of this block");
   std::shared_ptr<const FetchedBlock> block(std::move(fb));
   if (st.ok()) {
     ClassifyAgainIfMissed(route.gen);

@@ -116,7 +116,8 @@ class BlockSource {
   Status Read(const BlockRequest& req, std::string* out, bool* hit, ReadSource* source = nullptr);
   // Read for the zero-copy path: a cached block is not copied but leased (BlockStore::Lease) —
   // lease->fd >= 0, its bytes at lease->data_offset for lease->length; the block stays put until
-  // the lease ends. Otherwise (a miss) `out` has the bytes, as from Read.
+  // the lease ends. So is a missed block once it is fetched and kept here. Otherwise (a range
+  // streamed from a peer or read first, a block not kept) `out` has the bytes, as from Read.
   Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit,
                      ReadSource* source = nullptr);
   // For FUSE passthrough: leases the data file of a whole file (req names block 0 at offset 0, and
@@ -187,9 +188,19 @@ class BlockSource {
   static constexpr uint64_t kRangeFirstMinBlock = 1024 * 1024;
 
  private:
+  // A fetched block's bytes: an under-storage read lands in `raw` (allocated, never zero-filled
+  // first: a 4 MiB memset per block was a tenth of a cold read's CPU), a peer's answer in `str`.
   struct FetchedBlock {
-    std::string bytes;
+    std::string str;
+    std::unique_ptr<char[]> raw;
+    size_t raw_size = 0;
     ReadSource source;  // kPeer or kUnderStorage
+    std::string_view bytes() const { return raw ? std::string_view(raw.get(), raw_size) : std::string_view(str); }
+    char* Allocate(size_t n) {
+      raw.reset(new char[n]);  // default-initialized: not zeroed
+      raw_size = n;
+      return raw.get();
+    }
   };
   using Fetched = StatusOr<std::shared_ptr<const FetchedBlock>>;
   // What a request resolves to: its mount, its block, and how many bytes it covers (0: none).
@@ -199,8 +210,11 @@ class BlockSource {
     uint64_t len = 0;
   };
   StatusOr<Target> Resolve(const BlockRequest& req);
-  // The rest of a read once the store missed: peers, the under-storage, single-flight.
-  Status Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source);
+  // The rest of a read once the store missed: peers, the under-storage, single-flight. With
+  // `lease`, a whole block fetched and kept here is answered as a lease on its cache file (out
+  // empty), as a hit is; otherwise, and for ranges streamed or read first, `out` has the bytes.
+  Status Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source,
+              BlockLease* lease = nullptr);
   // How a missed block is fetched: from peers first (`ask_peers`), and whether it is kept.
   struct Route {
     bool ask_peers = false;

@@ -273,7 +273,7 @@ StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t len
 }
 
 StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
-                                          BlockLease* lease) {
+                                          BlockLease* lease, bool verify) {
   uint64_t data_len, block_offset;
   std::string path;
   std::shared_ptr<const std::vector<uint64_t>> sums;
@@ -322,9 +322,9 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     return size_t{0};
   }
   length = std::min<uint64_t>(length, data_len - offset);
-  std::string span;
   int fd = -1;
-  Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, &span, lease ? &fd : nullptr);
+  Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,
+                               lease ? &fd : nullptr, verify || lease == nullptr);
   if (!st.ok()) {
     if (!st.IsDataLoss()) {
       release(false);
@@ -346,14 +346,13 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     ++leases_;
     return length;
   }
-  std::memcpy(out, span.data(), length);
   release(false);
   return length;
 }
 
-StatusOr<BlockLease> BlockStore::Lease(const BlockId& id, uint64_t offset, size_t length) {
+StatusOr<BlockLease> BlockStore::Lease(const BlockId& id, uint64_t offset, size_t length, bool verify) {
   BlockLease lease;
-  ASSIGN_OR_RETURN(size_t n, ReadInternal(id, offset, length, nullptr, true, &lease));
+  ASSIGN_OR_RETURN(size_t n, ReadInternal(id, offset, length, nullptr, true, &lease, verify));
   if (lease.fd < 0) lease.length = n;  // nothing at that offset: no lease was taken
   return lease;
 }

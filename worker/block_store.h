@@ -181,7 +181,9 @@ class BlockStore {
   // is handed out instead of a copy, so what the reader splices from it is what was just verified.
   // NOT_FOUND when not cached; DATA_LOSS when a chunk failed (the block is removed). Counts as a read
   // (hits, LRU order). fd is -1 (length 0, no lease held) when the offset is past the block's end.
-  StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length);
+  // `verify` false leases without reading: only for a block this worker put an instant ago, whose
+  // checksums were computed from the very bytes written (BlockSource::Miss).
+  StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length, bool verify = true);
   // Leases the data file of a whole file — blocks 0..blocks-1 of `key`, every one cached in the
   // same directory, the data file `file_size` bytes long — without reading it (for FUSE
   // passthrough: the kernel then reads the file itself; its chunks were verified when they entered
@@ -344,9 +346,9 @@ class BlockStore {
   StatusOr<bool> VerifyOne(const BlockId& id);
   // Read(); `account` false leaves the LRU order, the counters and promotion alone (the scrub).
   // With `lease`, nothing is copied to `out` (may be null): the open file and the reader count are
-  // handed to the lease instead.
+  // handed to the lease instead; `verify` false (a lease only) skips reading the chunks (Lease).
   StatusOr<size_t> ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
-                                BlockLease* lease = nullptr);
+                                BlockLease* lease = nullptr, bool verify = true);
 
   const StoreOptions options_;
   std::atomic<uint64_t> tmp_seq_{0};

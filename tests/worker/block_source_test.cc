@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <fstream>
 #include <thread>
 
@@ -69,6 +71,31 @@ TEST_F(BlockSourceTest, MissThenHit) {
   ASSERT_TRUE(source_->Read(Req(4, 0, 65536), &out, &hit).ok());
   EXPECT_EQ(out, data_.substr(4 * 65536));
   EXPECT_EQ(source_->Read(Req(5, 0, 10), &out, &hit).code(), Code::kInvalidArgument);
+}
+
+// The zero-copy path: a missed block, once fetched and kept, is answered as a lease on its cache
+// file, as a hit is, not as bytes; a block that could not be kept comes back as bytes.
+TEST_F(BlockSourceTest, AMissedBlockOnceKeptIsAnsweredAsALease) {
+  std::string out;
+  BlockLease lease;
+  bool hit = true;
+  ReadSource source = ReadSource::kCache;
+  ASSERT_TRUE(source_->ReadOrLease(Req(1, 0, 65536), &out, &lease, &hit, &source).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(source, ReadSource::kUnderStorage);
+  EXPECT_TRUE(out.empty());
+  ASSERT_GE(lease.fd, 0);
+  ASSERT_EQ(lease.length, 65536u);
+  std::string got(lease.length, '\0');
+  ASSERT_EQ(pread(lease.fd, got.data(), got.size(), static_cast<off_t>(lease.data_offset)),
+            static_cast<ssize_t>(got.size()));
+  EXPECT_EQ(got, data_.substr(65536, 65536));
+  lease.Reset();
+
+  OpenStore(1000);  // too small to keep anything
+  ASSERT_TRUE(source_->ReadOrLease(Req(1, 0, 65536), &out, &lease, &hit, &source).ok());
+  EXPECT_EQ(lease.fd, -1);
+  EXPECT_EQ(out, data_.substr(65536, 65536));
 }
 
 // A request's sizes are checked before anything is allocated for them: a block size other than the

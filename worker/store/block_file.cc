@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 namespace granary::worker::store {
 namespace {
@@ -219,37 +220,42 @@ StatusOr<std::string> ReadSidecarBytes(const std::string& path, uint64_t data_le
 }
 
 Status ReadRange(const std::string& data_path, const std::vector<uint64_t>& sums, uint64_t block_offset,
-                 uint64_t data_len, uint64_t offset, uint64_t length, std::string* out, int* keep_fd) {
+                 uint64_t data_len, uint64_t offset, uint64_t length, char* out, int* keep_fd, bool verify) {
   if (sums.size() != Chunks(data_len)) return DataLossError(data_path + ": checksums do not cover the block");
   int fd = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Missing(errno, "open", data_path);
-  // Whole chunks covering the range are read and verified; then the range is cut out.
-  uint64_t first = offset / kChunkSize;
-  uint64_t last = (offset + length - 1) / kChunkSize;
-  uint64_t span_start = first * kChunkSize;
-  uint64_t span_end = std::min<uint64_t>((last + 1) * kChunkSize, data_len);
-  std::string span(span_end - span_start, '\0');
-  Status st = PreadFull(fd, span.data(), span.size(), block_offset + span_start, data_path);
-  for (uint64_t c = first; st.ok() && c <= last; ++c) {
-    uint64_t off = c * kChunkSize - span_start;
-    uint64_t len = std::min<uint64_t>(kChunkSize, data_len - c * kChunkSize);
-    if (Checksum64(span.data() + off, len) != sums[c]) {
-      st = DataLossError(data_path + ": the block at offset " + std::to_string(block_offset) + ", chunk " +
-                         std::to_string(c) + ", failed its checksum");
+  Status st;
+  if (verify || out != nullptr) {
+    // Whole chunks covering the range are read and verified; then the range is cut out. A range of
+    // whole chunks is read straight into `out`; otherwise through a buffer that is not zero-filled.
+    uint64_t first = offset / kChunkSize;
+    uint64_t last = (offset + length - 1) / kChunkSize;
+    uint64_t span_start = first * kChunkSize;
+    uint64_t span_end = std::min<uint64_t>((last + 1) * kChunkSize, data_len);
+    const bool direct = out != nullptr && span_start == offset && span_end - span_start == length;
+    std::unique_ptr<char[]> buffer;
+    char* span = out;
+    if (!direct) {
+      buffer.reset(new char[span_end - span_start]);
+      span = buffer.get();
     }
+    st = PreadFull(fd, span, span_end - span_start, block_offset + span_start, data_path);
+    for (uint64_t c = first; st.ok() && c <= last; ++c) {
+      uint64_t off = c * kChunkSize - span_start;
+      uint64_t len = std::min<uint64_t>(kChunkSize, data_len - c * kChunkSize);
+      if (Checksum64(span + off, len) != sums[c]) {
+        st = DataLossError(data_path + ": the block at offset " + std::to_string(block_offset) + ", chunk " +
+                           std::to_string(c) + ", failed its checksum");
+      }
+    }
+    if (st.ok() && out != nullptr && !direct) std::memcpy(out, span + (offset - span_start), length);
   }
   if (!st.ok() || keep_fd == nullptr) {
     close(fd);
   } else {
     *keep_fd = fd;
   }
-  RETURN_IF_ERROR(st);
-  if (span_start == offset && span.size() == length) {
-    *out = std::move(span);
-  } else {
-    out->assign(span, offset - span_start, length);
-  }
-  return Status::OK();
+  return st;
 }
 
 }  // namespace granary::worker::store

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <memory>
 
 
 namespace granary::worker {
@@ -23,8 +24,8 @@ StatusOr<bool> BlockStore::VerifyOne(const BlockId& id) {
   }
   // Reading verifies every chunk and removes the block when one fails; unaccounted, so the scrub
   // changes neither the LRU order nor the hit counters.
-  std::string buf(len, '\0');
-  auto n = ReadInternal(id, 0, len, buf.data(), false);
+  std::unique_ptr<char[]> buf(new char[len]);  // not zero-filled: every byte is read into it
+  auto n = ReadInternal(id, 0, len, buf.get(), false);
   if (n.ok()) scrubbed_++;
   if (!n.ok() && n.status().IsDataLoss()) return true;
   return false;
