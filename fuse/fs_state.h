@@ -321,7 +321,12 @@ struct Fs {
   }
 };
 
-inline constexpr unsigned kMaxReadahead = 1 << 20;  // bytes the kernel may ask for in one read
+// Bytes the kernel may ask for in one READ: 1 MiB less 16 KiB, so that a READ answered from a cache
+// file is spliced. libfuse splices a reply through a pipe only when the pipe can hold the header,
+// the data and a page per buffer besides; an unprivileged process cannot grow a pipe past
+// /proc/sys/fs/pipe-max-size (1 MiB by default), and at a full 1 MiB libfuse fell back to a fresh
+// 1 MiB buffer, a pread into it and a copy out for every READ (docs/benchmarks.md, "Cold shards").
+inline constexpr unsigned kMaxReadahead = (1 << 20) - (16 << 10);
 
 inline Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
 
