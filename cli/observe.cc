@@ -355,12 +355,14 @@ struct Column {
   const char* name;
   int width;
 };
-// Sixteen columns of at most 4 characters: 77 characters with the spaces between them.
+// Seventeen columns of at most 4 characters: 80 characters with the spaces between them. `ahd`
+// is the share of the under-storage bytes that fetch-ahead brought (master/fetch_ahead.h).
 const Column kColumns[] = {
-    {"fuse", "ops", 4},  {"fuse", "p50", 4},   {"fuse", "p99", 4},  {"fuse", "MB/s", 4},
-    {"read", "hit%", 4}, {"read", "peer", 4},  {"read", "ufs%", 4}, {"meta", "ops", 4},
+    {"fuse", "ops", 4},  {"fuse", "p50", 4},   {"fuse", "p99", 4},   {"fuse", "MB/s", 4},
+    {"read", "hit", 3},  {"read", "peer", 4},  {"read", "ufs%", 4},  {"meta", "ops", 4},
     {"meta", "rtt", 4},  {"cache", "use%", 4}, {"cache", "ev/s", 4}, {"ufs", "req", 4},
-    {"ufs", "MB/s", 4},  {"ufs", "err", 3},    {"ufs", "rty", 3},   {"mem", "mem", 4},
+    {"ufs", "MB/s", 4},  {"ufs", "ahd", 3},    {"ufs", "err", 3},    {"ufs", "rty", 3},
+    {"mem", "mem", 4},
 };
 
 std::string Row(const std::vector<std::string>& cells) {
@@ -420,6 +422,7 @@ std::vector<std::string> Cells(const Figures& f) {
           f.workers ? Compact(f.evictions / s) : "-",
           f.workers ? Compact(f.ufs_requests / s) : "-",
           f.workers ? Compact(f.ufs_bytes / s / 1e6) : "-",
+          f.workers && f.ufs_bytes > 0 ? Pct(f.ahead_bytes, f.ufs_bytes) : "-",
           f.workers ? Compact(f.ufs_errors) : "-",
           f.workers ? Compact(f.ufs_retries) : "-",
           mem};
