@@ -12,18 +12,23 @@
 # (O_DIRECT) — with 1 and 8 threads, it prints the round trip's mean and p50 on each server and
 # granary-fuse's ratio to the minimal server's. The target: granary-fuse ≤ 1.2× for each.
 #
-#   bench/fuse_floor.sh [--seconds S] [--no-docs]
+# Each probe runs --rounds times (3), the two servers' probes back to back in alternating order
+# (this machine's noise moves a 2-second probe by ±30%); the table shows the medians, and the ratio
+# column the median of the rounds' ratios, each taken from two probes a few seconds apart.
+#
+#   bench/fuse_floor.sh [--seconds S] [--rounds N] [--no-docs]
 #
 # Writes the table into docs/benchmarks.md between the fuse-floor markers unless --no-docs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${GRANARY_BIN_DIR:-$ROOT/build/bin}
-SECONDS_PER=3; DOCS=1; CMDLINE="bench/fuse_floor.sh${*:+ $*}"
+SECONDS_PER=3; ROUNDS=3; DOCS=1; CMDLINE="bench/fuse_floor.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) SECONDS_PER=$2; shift 2;;
+    --rounds) ROUNDS=$2; shift 2;;
     --no-docs) DOCS=0; shift;;
-    *) echo "usage: bench/fuse_floor.sh [--seconds S] [--no-docs]" >&2; exit 2;;
+    *) echo "usage: bench/fuse_floor.sh [--seconds S] [--rounds N] [--no-docs]" >&2; exit 2;;
   esac
 done
 for b in granary granary-fuse-floor; do
@@ -67,27 +72,40 @@ wait_mounted "$WORK/granary" "$!" || { cat "$WORK/granary.log"; exit 1; }
 cat "$WORK/granary/small" "$WORK/granary/big" > /dev/null
 
 RESULTS=$WORK/results.jsonl; : > "$RESULTS"
-for op in ioctl getattr read4k read128k; do
-  file=small; case $op in read*) file=big;; esac
-  for t in 1 8; do
-    for srv in floor floor1 granary; do
-      [ "$srv" = floor1 ] && [ "$t" != 1 ] && continue
-      line=$("$BIN/granary-fuse-floor" probe --file "$WORK/$srv/$file" --op "$op" --threads "$t" --seconds "$SECONDS_PER")
-      echo "{\"server\": \"$srv\", ${line#\{}" | tee -a "$RESULTS" >&2
+for round in $(seq "$ROUNDS"); do
+  order="floor floor1 granary"; [ $((round % 2)) = 0 ] && order="granary floor1 floor"
+  for op in ioctl getattr read4k read128k; do
+    file=small; case $op in read*) file=big;; esac
+    for t in 1 8; do
+      for srv in $order; do
+        [ "$srv" = floor1 ] && [ "$t" != 1 ] && continue
+        line=$("$BIN/granary-fuse-floor" probe --file "$WORK/$srv/$file" --op "$op" --threads "$t" --seconds "$SECONDS_PER")
+        echo "{\"server\": \"$srv\", \"round\": $round, ${line#\{}" | tee -a "$RESULTS" >&2
+      done
     done
   done
 done
 
 TABLE=$(python3 - "$RESULTS" "$CMDLINE" <<'PY'
-import datetime, json, os, platform, sys
+import datetime, json, os, platform, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-by = {(r["server"], r["op"], r["threads"]): r for r in rows}
+runs = {}
+for r in rows:
+    runs.setdefault((r["server"], r["op"], r["threads"]), {})[r["round"]] = r
+med = statistics.median
+# Per server and probe: the medians over the rounds. Ratios: the median of each round's ratio.
+by = {k: {"mean_us": med(x["mean_us"] for x in v.values()), "p50_us": med(x["p50_us"] for x in v.values())}
+      for k, v in runs.items()}
+def ratio(op, t, field):
+    g, f = runs[("granary", op, t)], runs[("floor", op, t)]
+    return med(g[r][field] / f[r][field] for r in g if r in f)
 names = {"ioctl": "ioctl (TCGETS)", "getattr": "GETATTR (statx, forced)", "read4k": "READ 4 KiB (O_DIRECT)",
          "read128k": "READ 128 KiB (O_DIRECT)"}
 print("### %s — %d cores, %s %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
-print("Command: `%s`. Mean and p50 round trip in µs; the minimal server's session loop is multi-threaded "
-      "as granary-fuse's is (single-threaded in its own column, 1 thread only); granary-fuse in kernel mode, "
-      "the files warm in its worker's cache.\n" % sys.argv[2])
+print("Command: `%s`. Mean and p50 round trip in µs, medians over %d rounds (the servers' probes back to "
+      "back, in alternating order); the ratios are the medians of the rounds' ratios. The minimal server's "
+      "session loop is multi-threaded as granary-fuse's is (single-threaded in its own column, 1 thread only); "
+      "granary-fuse in kernel mode, the files warm in its worker's cache.\n" % (sys.argv[2], len({r["round"] for r in rows})))
 print("| request | threads | minimal server mean / p50 | minimal, single-threaded loop mean / p50 | granary-fuse mean / p50 | granary-fuse ÷ minimal (mean) | (p50) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 for op in ("ioctl", "getattr", "read4k", "read128k"):
@@ -96,7 +114,7 @@ for op in ("ioctl", "getattr", "read4k", "read128k"):
         single = "%.1f / %.1f" % (s["mean_us"], s["p50_us"]) if s else "-"
         print("| %s | %d | %.1f / %.1f | %s | %.1f / %.1f | %.2f | %.2f |" % (
             names[op], t, f["mean_us"], f["p50_us"], single, g["mean_us"], g["p50_us"],
-            g["mean_us"] / f["mean_us"], g["p50_us"] / f["p50_us"]))
+            ratio(op, t, "mean_us"), ratio(op, t, "p50_us")))
 PY
 )
 echo "$TABLE"
