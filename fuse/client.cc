@@ -16,15 +16,6 @@ Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
       worker_(sec_, cfg_.fuse.worker),
       other_stubs_(sec_) {}
 
-const char* NodeSourceName(NodeSource s) {
-  switch (s) {
-    case NodeSource::kLocal: return "local";
-    case NodeSource::kPeer: return "peer";
-    case NodeSource::kUnderStorage: return "under_storage";
-  }
-  return "local";
-}
-
 grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call) {
   // Metadata calls are idempotent: after UNAVAILABLE (the master restarted), try once more on the
   // fresh channel the holder made.
@@ -207,7 +198,7 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
   if (st.ok() || st.code() != Code::kUnavailable || st.IsUnderStorageDown()) {
     if (st.ok()) {
       counters_.local_grpc_pieces++;
-      *source = src == 2 ? NodeSource::kUnderStorage : src == 1 ? NodeSource::kPeer : NodeSource::kLocal;
+      *source = NodeSourceOf(rpc::ReadSourceFromWire(src), /*this_node=*/true);
     }
     return st;
   }
@@ -245,7 +236,7 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
     Status os = ReadBlockStream(*h->Get(), c, req, want, out, "the worker at " + h->address(), nullptr, &src);
     if (os.ok()) {
       counters_.failover_pieces++;
-      *source = src == 2 ? NodeSource::kUnderStorage : NodeSource::kPeer;  // another node's worker
+      *source = NodeSourceOf(rpc::ReadSourceFromWire(src), /*this_node=*/false);  // another node's worker
       return os;
     }
     if (os.code() != Code::kUnavailable || os.IsUnderStorageDown()) return os;
@@ -304,9 +295,6 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
     Status st = ch->Read(req, piece);
     if (st.ok()) {
       if (piece->fd >= 0) counters_.zero_copy_pieces++;
-      piece->source = static_cast<uint32_t>(piece->source == 2 ? NodeSource::kUnderStorage
-                                            : piece->source == 1 ? NodeSource::kPeer
-                                                                 : NodeSource::kLocal);
       if (!out->channel_) out->channel_ = ch;
       if (piece->length != want) {
         ch->Release(piece);
@@ -322,7 +310,7 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
   NodeSource source = NodeSource::kLocal;
   RETURN_IF_ERROR(ReadOverGrpc(req, want, &piece->data, &source));
   piece->length = want;
-  piece->source = static_cast<uint32_t>(source);
+  piece->source = source;
   return Status::OK();
 }
 

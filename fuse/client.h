@@ -67,9 +67,6 @@ class FileLease {
   LocalChannel::Piece piece_;
 };
 
-// Where the bytes of a read came from, seen from this node.
-enum class NodeSource : uint32_t { kLocal = 0, kPeer = 1, kUnderStorage = 2 };
-const char* NodeSourceName(NodeSource s);  // "local", "peer", "under_storage"
 
 struct ClientCounters {
   std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0}, prefetch_hints{0};

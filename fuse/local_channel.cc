@@ -3,8 +3,18 @@
 #include <unistd.h>
 
 #include "rpc/local_wire.h"
+#include "rpc/wire.h"
 
 namespace granary::fuse {
+
+const char* NodeSourceName(NodeSource s) {
+  switch (s) {
+    case NodeSource::kLocal: return "local";
+    case NodeSource::kPeer: return "peer";
+    case NodeSource::kUnderStorage: return "under_storage";
+  }
+  return "local";
+}
 
 LocalChannel::~LocalChannel() {
   for (int c : idle_) close(c);
@@ -44,7 +54,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
     close(conn);  // broken: never reused
     return UnavailableError("the worker's local socket: " + st.message());
   }
-  Status answer(static_cast<Code>(resp.code()), resp.message(), ReasonFromWire(resp.reason()));
+  Status answer = rpc::StatusOf(resp);
   if (answer.ok() && resp.lease() != 0 && fd < 0) answer = DataLossError("the worker's lease came without a descriptor");
   if (!answer.ok()) {
     if (fd >= 0) close(fd);
@@ -58,7 +68,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
     return answer;
   }
   out->length = resp.length();
-  out->source = resp.source();
+  out->source = NodeSourceOf(rpc::ReadSourceFromWire(resp.source()), /*this_node=*/true);
   if (resp.lease() != 0) {
     out->fd = fd;
     out->offset = resp.data_offset();
@@ -92,7 +102,7 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, boo
     lease_conn_ = -1;
     return st;
   }
-  Status answer(static_cast<Code>(resp.code()), resp.message(), ReasonFromWire(resp.reason()));
+  Status answer = rpc::StatusOf(resp);
   if (answer.ok() && (resp.lease() == 0 || fd < 0)) answer = DataLossError("the worker's lease came without a descriptor");
   if (!answer.ok()) {
     if (fd >= 0) close(fd);

@@ -15,8 +15,24 @@
 
 #include "common/status.h"
 #include "proto/granary.pb.h"
+#include "rpc/wire.h"
 
 namespace granary::fuse {
+
+// Where the bytes of a read came from, seen from this node: this node's worker's cache, another
+// worker (its cache, or a fetch it made as the block's home), or the under-storage.
+enum class NodeSource : uint32_t { kLocal = 0, kPeer = 1, kUnderStorage = 2 };
+const char* NodeSourceName(NodeSource s);  // "local", "peer", "under_storage"
+// The source a worker reported (rpc/wire.h), seen from this node: `this_node` when that worker is
+// this node's own.
+inline NodeSource NodeSourceOf(rpc::ReadSource s, bool this_node) {
+  switch (s) {
+    case rpc::ReadSource::kCache: return this_node ? NodeSource::kLocal : NodeSource::kPeer;
+    case rpc::ReadSource::kPeer: return NodeSource::kPeer;
+    case rpc::ReadSource::kUnderStorage: return NodeSource::kUnderStorage;
+  }
+  return NodeSource::kUnderStorage;
+}
 
 class LocalChannel {
  public:
@@ -28,7 +44,7 @@ class LocalChannel {
     uint64_t lease = 0;
     int conn = -1;        // the connection holding the lease (-1: none, or the shared lease connection)
     uint64_t shared_gen = 0;  // nonzero: the lease lives on the shared lease connection of this generation
-    uint32_t source = 0;      // where the worker got the bytes: 0 its cache, 1 a peer, 2 the under-storage
+    NodeSource source = NodeSource::kLocal;  // where the bytes came from
   };
 
   explicit LocalChannel(std::string path) : path_(std::move(path)) {}

@@ -121,7 +121,7 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
 // Counts a read's bytes by where they came from, per mount; tells the trace record (if any).
 void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRecord* rec) {
   std::array<uint64_t, 3> add{};
-  for (const auto& p : data.pieces) add[std::min<uint32_t>(p.source, 2)] += p.length;
+  for (const auto& p : data.pieces) add[static_cast<size_t>(p.source)] += p.length;
   {
     std::lock_guard<std::mutex> lock(fs->mount_bytes_mu);
     auto& m = fs->mount_bytes[mount_id];
@@ -348,7 +348,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
   // After the reply: a file read again and again from the local cache is leased for its next READs.
   const bool local = std::all_of(data.pieces.begin(), data.pieces.end(), [](const LocalChannel::Piece& p) {
-    return p.source == static_cast<uint32_t>(NodeSource::kLocal);
+    return p.source == NodeSource::kLocal;
   });
   MaybeLease(fs, of, local, static_cast<uint64_t>(off), size);
 }

@@ -64,6 +64,7 @@
 #include "common/rate_limiter.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "rpc/wire.h"
 #include "worker/block_store.h"
 #include "worker/fetch_pacer.h"
 #include "worker/interfaces.h"
@@ -92,8 +93,8 @@ struct SourceCounters {
 
 // Where the bytes of a read came from: this worker's cache, another worker, or the under-storage
 // (a read that joined a fetch in flight, or found the block in the uncached buffer, counts where
-// that fetch got it).
-enum class ReadSource : uint8_t { kCache = 0, kPeer = 1, kUnderStorage = 2 };
+// that fetch got it). The wire's own enum (rpc/wire.h), so what the worker sends is what it counts.
+using rpc::ReadSource;
 const char* ReadSourceName(ReadSource s);  // "cache", "peer", "under_storage"
 
 // Reads of one mount: hits + misses, and of the misses served, where the bytes came from.

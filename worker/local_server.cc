@@ -150,10 +150,8 @@ void LocalServer::Serve(int conn) {
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's local socket", st);
     rpc::LocalResponse resp;
-    resp.set_code(static_cast<int32_t>(st.code()));
-    resp.set_message(st.message());
-    resp.set_reason(static_cast<int32_t>(st.reason()));
-    resp.set_source(static_cast<uint32_t>(source));
+    rpc::SetStatus(st, &resp);
+    resp.set_source(rpc::ToWire(source));
     int fd = -1;
     if (st.ok() && lease.fd >= 0) {
       uint64_t n = next_lease++;

@@ -104,7 +104,7 @@ class WorkerService final : public rpc::Worker::Service {
       chunk.set_data(data.data() + off, n);
       if (off == 0) {
         chunk.set_cache_hit(hit);
-        chunk.set_source(static_cast<uint32_t>(source));
+        chunk.set_source(rpc::ToWire(source));
       }
       if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
       off += n;

@@ -1,6 +1,7 @@
 // Status <-> grpc::Status: code for code, and a Reason survives the trip (a version change seen by
 // a worker must still be one when granary-fuse gets it).
 #include "rpc/rpc.h"
+#include "rpc/wire.h"
 #include "ufs/ufs.h"
 
 #include <gtest/gtest.h>
@@ -37,6 +38,28 @@ TEST(RpcCodec, UnderStorageDownSurvives) {
   EXPECT_FALSE(FromGrpc(grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection refused"), "w").IsUnderStorageDown());
   EXPECT_FALSE(MarkUnderStorage(NotFoundError("gone")).IsUnderStorageDown());
   EXPECT_EQ(ReasonFromWire(2), Reason::kUnderStorage);
+}
+
+// The local socket's status and the read source, as the worker encodes and granary-fuse decodes
+// them (rpc/wire.h): every code and reason survives; what this build does not know does not pass
+// for something benign.
+TEST(RpcCodec, LocalStatusAndReadSource) {
+  for (int c = 0; c <= 16; ++c) {
+    rpc::LocalResponse resp;
+    rpc::SetStatus(Status(static_cast<Code>(c), "m", Reason::kVersionChanged), &resp);
+    Status back = rpc::StatusOf(resp);
+    EXPECT_EQ(back.code(), static_cast<Code>(c));
+    EXPECT_EQ(back.reason(), c == 0 ? Reason::kNone : Reason::kVersionChanged) << c;
+  }
+  rpc::LocalResponse odd;
+  odd.set_code(99);
+  EXPECT_EQ(rpc::StatusOf(odd).code(), Code::kUnknown);
+  odd.set_code(-1);
+  EXPECT_EQ(rpc::StatusOf(odd).code(), Code::kUnknown);
+  for (auto s : {rpc::ReadSource::kCache, rpc::ReadSource::kPeer, rpc::ReadSource::kUnderStorage}) {
+    EXPECT_EQ(rpc::ReadSourceFromWire(rpc::ToWire(s)), s);
+  }
+  EXPECT_EQ(rpc::ReadSourceFromWire(7), rpc::ReadSource::kUnderStorage);
 }
 
 }  // namespace
