@@ -12,7 +12,8 @@
 // MB for a worker under load) instead of faulting them in again. An operator's own GLIBC_TUNABLES
 // for malloc wins: nothing is changed when it names one.
 //
-// Call first thing in main, before any thread exists.
+// Called first thing in the mains of granary-worker and granary-fuse and by `granary local` (whose
+// process runs them), not by granary-master, which moves no blocks and whose memory is budgeted.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // DaemonMain: the whole body of a daemon's main(), shared by granary-master, -worker and -fuse.
 //
-// Tunes malloc for block buffers (common/allocator.h); parses --config, the per-setting flags and --ready-file; sets up logging and signal handling;
+// Parses --config, the per-setting flags and --ready-file; sets up logging and signal handling;
 // calls `start(config)`; writes the bound address to the ready file (so tests and `granary local`
 // learn OS-chosen ports without sleeping; the metrics endpoint's address goes to <ready-file>.metrics); waits for SIGINT/SIGTERM or an internal shutdown
 // request; calls Shutdown(). Errors print one line "NAME: error: ..." and exit 1.
@@ -14,7 +14,6 @@
 #include <memory>
 #include <string>
 
-#include "common/allocator.h"
 #include "common/config.h"
 #include "common/fs.h"
 #include "common/logging.h"
@@ -25,7 +24,6 @@ namespace granary {
 
 template <typename StartFn>
 int DaemonMain(int argc, char** argv, const std::string& name, StartFn start) {
-  TuneAllocator();
   Shutdown::InstallSignalHandling();
   CLI::App app{name};
   ConfigFlags flags;

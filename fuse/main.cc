@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/allocator.h"
 #include "common/daemon_main.h"
 #include "fuse/handover.h"
 #include "fuse/mount.h"
 
 int main(int argc, char** argv) {
+  granary::TuneAllocator();  // block buffers (common/allocator.h)
   if (argc >= 2 && std::strcmp(argv[1], "--keeper") == 0) {
     if (argc < 3 || argv[2][0] != '/') {
       std::fprintf(stderr, "granary-fuse: error: --keeper needs the absolute path of the socket to listen on\n");
