@@ -324,7 +324,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   length = std::min<uint64_t>(length, data_len - offset);
   int fd = -1;
   Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,
-                               lease ? &fd : nullptr, verify || lease == nullptr);
+                               lease ? &fd : nullptr, verify);
   if (!st.ok()) {
     if (!st.IsDataLoss()) {
       release(false);

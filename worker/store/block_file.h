@@ -93,10 +93,11 @@ StatusOr<std::string> ReadSidecarBytes(const std::string& path, uint64_t data_le
 // Reads [offset, offset+length) of a block (relative to the block; the caller clipped the range to
 // its length `data_len`) from its data file, verifying every chunk the range touches against
 // `sums` (the block's chunk checksums, as its sidecar holds them). The `length` bytes go to `out`
-// unless it is null. With `keep_fd`, the open data file is returned there (the caller closes it) so
+// unless it is null (on an error its content is unspecified). With `keep_fd`, the open data file is returned there (the caller closes it) so
 // a reader can splice exactly what was verified, at block_offset + offset. DATA_LOSS on any
-// mismatch and when the file vanished. `verify` false (only with out null and keep_fd) opens the
-// file and reads nothing: for a block whose checksums were just computed from the bytes written.
+// mismatch and when the file vanished. `verify` false with out null opens the file and reads
+// nothing (for a block whose checksums were just computed from the bytes written); with `out` the
+// chunks are always read and verified.
 Status ReadRange(const std::string& data_path, const std::vector<uint64_t>& sums, uint64_t block_offset,
                  uint64_t data_len, uint64_t offset, uint64_t length, char* out, int* keep_fd, bool verify = true);
 
