@@ -13,6 +13,17 @@
 #include <condition_variable>
 #include <mutex>
 
+// gRPC includes absl/base/internal/thread_annotations.h, which defines five of these names too
+// (GUARDED_BY, PT_GUARDED_BY, ACQUIRED_BEFORE, ACQUIRED_AFTER, NO_THREAD_SAFETY_ANALYSIS: the
+// same attributes under clang, no-ops elsewhere). Include it first and define ours only where it
+// has not: its include guard makes any later inclusion a no-op, so the order of includes no longer
+// matters and nothing is redefined.
+#if defined(__has_include)
+#if __has_include(<absl/base/internal/thread_annotations.h>)
+#include <absl/base/internal/thread_annotations.h>
+#endif
+#endif
+
 #if defined(__clang__)
 #define GRANARY_TSA(x) __attribute__((x))
 #else
@@ -21,16 +32,26 @@
 
 #define CAPABILITY(x) GRANARY_TSA(capability(x))
 #define SCOPED_CAPABILITY GRANARY_TSA(scoped_lockable)
+#ifndef GUARDED_BY
 #define GUARDED_BY(x) GRANARY_TSA(guarded_by(x))
+#endif
+#ifndef PT_GUARDED_BY
 #define PT_GUARDED_BY(x) GRANARY_TSA(pt_guarded_by(x))
+#endif
+#ifndef ACQUIRED_BEFORE
 #define ACQUIRED_BEFORE(...) GRANARY_TSA(acquired_before(__VA_ARGS__))
+#endif
+#ifndef ACQUIRED_AFTER
 #define ACQUIRED_AFTER(...) GRANARY_TSA(acquired_after(__VA_ARGS__))
+#endif
 #define REQUIRES(...) GRANARY_TSA(requires_capability(__VA_ARGS__))
 #define ACQUIRE(...) GRANARY_TSA(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) GRANARY_TSA(release_capability(__VA_ARGS__))
 #define EXCLUDES(...) GRANARY_TSA(locks_excluded(__VA_ARGS__))
 #define RETURN_CAPABILITY(x) GRANARY_TSA(lock_returned(x))
+#ifndef NO_THREAD_SAFETY_ANALYSIS
 #define NO_THREAD_SAFETY_ANALYSIS GRANARY_TSA(no_thread_safety_analysis)
+#endif
 
 namespace granary {
 
