@@ -15,12 +15,12 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include "common/config.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "proto/granary.grpc.pb.h"
 
 namespace granary {
@@ -77,17 +77,17 @@ class StubHolder {
         stub_(Service::NewStub(channel_)) {}
 
   std::shared_ptr<Stub> Get() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return stub_;
   }
   std::shared_ptr<grpc::Channel> Channel() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return channel_;
   }
   // Call with every finished call's status; returns it unchanged.
   const grpc::Status& Note(const grpc::Status& st) {
     if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto now = std::chrono::steady_clock::now();
     if (now - last_reset_ > std::chrono::milliseconds(500)) {
       channel_ = sec_->MakeChannel(address_);
@@ -101,10 +101,10 @@ class StubHolder {
  private:
   std::shared_ptr<RpcSecurity> sec_;
   const std::string address_;
-  std::mutex mu_;
-  std::shared_ptr<grpc::Channel> channel_;              // GUARDED_BY(mu_)
-  std::shared_ptr<Stub> stub_;                          // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point last_reset_{};  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_ GUARDED_BY(mu_);
+  std::shared_ptr<Stub> stub_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_reset_ GUARDED_BY(mu_){};
 };
 
 // One StubHolder per address, shared by every caller in a process (peers, load jobs, the master's
@@ -116,14 +116,14 @@ class StubPool {
   explicit StubPool(std::shared_ptr<RpcSecurity> sec) : sec_(std::move(sec)) {}
 
   std::shared_ptr<StubHolder<Service>> Get(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto& h = holders_[address];
     if (!h) h = std::make_shared<StubHolder<Service>>(sec_, address);
     return h;
   }
   // Drops every address not in `keep` (callers holding a stub keep it alive until they finish).
   void Retain(const std::set<std::string>& keep) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = holders_.begin(); it != holders_.end();) {
       it = keep.count(it->first) ? std::next(it) : holders_.erase(it);
     }
@@ -132,8 +132,8 @@ class StubPool {
 
  private:
   const std::shared_ptr<RpcSecurity> sec_;
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<StubHolder<Service>>> holders_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<StubHolder<Service>>> holders_ GUARDED_BY(mu_);
 };
 
 // Runs one Worker.ReadBlock call on `stub` (ctx already prepared) and appends the streamed bytes
