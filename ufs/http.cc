@@ -71,7 +71,7 @@ CurlHttpClient::~CurlHttpClient() {
 
 void* CurlHttpClient::Acquire() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!idle_.empty()) {
       void* h = idle_.back();
       idle_.pop_back();
@@ -82,7 +82,7 @@ void* CurlHttpClient::Acquire() {
 }
 
 void CurlHttpClient::Release(void* handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   idle_.push_back(handle);
 }
 

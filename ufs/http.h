@@ -9,11 +9,11 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "ufs/sigv4.h"
 
 namespace granary {
@@ -65,8 +65,8 @@ class CurlHttpClient : public HttpClient {
   void Release(void* handle);
 
   const CurlOptions opts_;
-  std::mutex mu_;
-  std::vector<void*> idle_;  // CURL* handles with live connections; GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<void*> idle_ GUARDED_BY(mu_);  // CURL* handles with live connections
 };
 
 }  // namespace granary

@@ -21,26 +21,26 @@ StatusOr<OpenedMount> OpenMount(const std::string& uri, const std::map<std::stri
 StatusOr<OpenedMount> MountTable::Get(uint64_t id, bool* opened_now) {
   if (opened_now) *opened_now = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = open_.find(id);
     if (it != open_.end()) return it->second;
   }
   ASSIGN_OR_RETURN(Source src, load_(id));
   ASSIGN_OR_RETURN(OpenedMount m, OpenMount(src.uri, src.options, access_, counters_));
   m.block_size = src.block_size;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, inserted] = open_.emplace(id, std::move(m));  // a concurrent first use may have won
   if (opened_now) *opened_now = inserted;
   return it->second;
 }
 
 void MountTable::Put(uint64_t id, OpenedMount m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   open_[id] = std::move(m);
 }
 
 void MountTable::Erase(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   open_.erase(id);
 }
 

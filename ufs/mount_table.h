@@ -12,10 +12,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/tiers.h"
 #include "ufs/access.h"
 #include "ufs/ufs.h"
@@ -58,8 +58,8 @@ class MountTable {
   const Loader load_;
   const UfsAccess access_;
   UfsCounters* const counters_;
-  std::mutex mu_;
-  std::map<uint64_t, OpenedMount> open_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<uint64_t, OpenedMount> open_ GUARDED_BY(mu_);
 };
 
 }  // namespace granary

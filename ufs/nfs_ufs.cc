@@ -166,7 +166,7 @@ StatusOr<std::shared_ptr<UnderFileSystem>> NfsUfs::Open(const std::string& uri,
   ASSIGN_OR_RETURN(nfs_context * first, ufs->Connect(&export_path));
   AppendComponents(export_path, ufs->export_components_);
   {
-    std::lock_guard<std::mutex> lock(ufs->mu_);
+    MutexLock lock(&ufs->mu_);
     ufs->idle_.push_back(first);
     ufs->missing_ = connections - 1;  // connected when first needed
   }
@@ -210,8 +210,8 @@ StatusOr<nfs_context*> NfsUfs::Connect(std::string* export_path) {
 
 StatusOr<nfs_context*> NfsUfs::Acquire() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !idle_.empty() || missing_ > 0; });
+    MutexLock lock(&mu_);
+    while (idle_.empty() && missing_ == 0) lock.Wait(&cv_);
     if (!idle_.empty()) {
       nfs_context* c = idle_.back();
       idle_.pop_back();
@@ -221,7 +221,7 @@ StatusOr<nfs_context*> NfsUfs::Acquire() {
   }
   auto c = Connect();
   if (!c.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++missing_;
     cv_.notify_one();
   }
@@ -230,7 +230,7 @@ StatusOr<nfs_context*> NfsUfs::Acquire() {
 
 void NfsUfs::Release(nfs_context* c, bool broken) {
   if (broken) nfs_destroy_context(c);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (broken) {
     ++missing_;
   } else {

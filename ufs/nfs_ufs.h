@@ -21,10 +21,10 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "ufs/ufs.h"
 
 struct nfs_context;
@@ -69,10 +69,10 @@ class NfsUfs : public UnderFileSystem {
 
   std::string uri_;
   std::vector<std::string> export_components_;  // the mounted path's components; set by Open
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::vector<nfs_context*> idle_;  // GUARDED_BY(mu_)
-  size_t missing_ = 0;              // contexts to reconnect; GUARDED_BY(mu_)
+  std::vector<nfs_context*> idle_ GUARDED_BY(mu_);
+  size_t missing_ GUARDED_BY(mu_) = 0;  // contexts to reconnect
 };
 
 }  // namespace granary

@@ -316,13 +316,13 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
     }
     StatusOr<HttpResponse> resp = UnavailableError("not sent");
     {
-      std::unique_lock<std::mutex> lock(slots_mu_);
-      slots_cv_.wait(lock, [&] { return in_flight_ < s_.max_requests; });
+      MutexLock lock(&slots_mu_);
+      while (in_flight_ >= s_.max_requests) lock.Wait(&slots_cv_);
       ++in_flight_;
     }
     resp = http_->Send(req);
     {
-      std::lock_guard<std::mutex> lock(slots_mu_);
+      MutexLock lock(&slots_mu_);
       --in_flight_;
     }
     slots_cv_.notify_one();

@@ -25,11 +25,11 @@
 
 #include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "common/thread_annotations.h"
 #include "ufs/http.h"
 #include "ufs/sigv4.h"
 #include "ufs/ufs.h"
@@ -98,9 +98,9 @@ class S3Ufs : public UnderFileSystem {
   std::string uri_;
   S3Settings s_;
   std::shared_ptr<HttpClient> http_;
-  std::mutex slots_mu_;
+  Mutex slots_mu_;
   std::condition_variable slots_cv_;
-  int in_flight_ = 0;  // GUARDED_BY(slots_mu_)
+  int in_flight_ GUARDED_BY(slots_mu_) = 0;
   int64_t opened_ns_;  // S3 has no directory times; directories show when the mount was opened
 };
 
