@@ -117,7 +117,7 @@ std::string ReadResult::Flatten() const {
 
 Client::~Client() {
   {
-    std::lock_guard<std::mutex> lock(prefetch_mu_);
+    MutexLock lock(&prefetch_mu_);
     prefetch_stop_ = true;
   }
   prefetch_cv_.notify_all();
@@ -138,7 +138,7 @@ void Client::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count)
     r->set_index(i);
   }
   if (pr.blocks_size() == 0) return;
-  std::lock_guard<std::mutex> lock(prefetch_mu_);
+  MutexLock lock(&prefetch_mu_);
   if (prefetch_stop_ || prefetch_queue_.size() >= 64) return;
   prefetch_queue_.push_back(std::move(pr));
   counters_.prefetch_hints++;
@@ -150,8 +150,8 @@ void Client::PrefetchLoop() {
   for (;;) {
     rpc::PrefetchRequest pr;
     {
-      std::unique_lock<std::mutex> lock(prefetch_mu_);
-      prefetch_cv_.wait(lock, [&] { return prefetch_stop_ || !prefetch_queue_.empty(); });
+      MutexLock lock(&prefetch_mu_);
+      while (!prefetch_stop_ && prefetch_queue_.empty()) lock.Wait(&prefetch_cv_);
       if (prefetch_stop_) return;
       pr = std::move(prefetch_queue_.front());
       prefetch_queue_.pop_front();
@@ -165,10 +165,10 @@ void Client::PrefetchLoop() {
 
 std::shared_ptr<LocalChannel> Client::Local() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // Callers during a probe wait for its answer: a burst of first opens must not all miss the
     // socket (in passthrough mode a miss serves the open without a backing file).
-    probed_.wait(lock, [&] { return !probing_; });
+    while (probing_) lock.Wait(&probed_);
     if (local_ || !cfg_.fuse.zero_copy) return local_;
     auto now = std::chrono::steady_clock::now();
     if (last_probe_ != std::chrono::steady_clock::time_point{} && now - last_probe_ < std::chrono::seconds(5)) {
@@ -178,7 +178,7 @@ std::shared_ptr<LocalChannel> Client::Local() {
     probing_ = true;
   }
   auto stats = WorkerStats();  // outside the lock (bounded by rpc.timeout)
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   probing_ = false;
   probed_.notify_all();
   if (stats.ok() && !stats->local_socket().empty()) local_ = std::make_shared<LocalChannel>(stats->local_socket());
@@ -186,7 +186,7 @@ std::shared_ptr<LocalChannel> Client::Local() {
 }
 
 void Client::DropLocal(const std::shared_ptr<LocalChannel>& ch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (local_ == ch) local_.reset();
 }
 
@@ -206,27 +206,31 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
   // The local worker is unreachable: any other live worker serves the block (it asks the block's
   // home, or fetches it), so the reader sees no error.
   std::vector<std::shared_ptr<StubHolder<rpc::Worker>>> others;
+  auto now = std::chrono::steady_clock::now();
+  bool stale;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto now = std::chrono::steady_clock::now();
-    if (others_.empty() || now - others_fetched_ > std::chrono::seconds(10)) {
-      lock.unlock();
-      rpc::Report report;
-      Status rs = FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& c) {
-                             return m.GetReport(&c, rpc::GetReportRequest(), &report);
-                           }),
-                           "the master");
-      lock.lock();
-      if (rs.ok()) {
-        std::set<std::string> fresh;
-        for (const auto& w : report.workers()) {
-          if (w.alive() && w.address() != cfg_.fuse.worker) fresh.insert(w.address());
-        }
-        other_stubs_.Retain(fresh);
-        others_.swap(fresh);
-        others_fetched_ = now;
+    MutexLock lock(&mu_);
+    stale = others_.empty() || now - others_fetched_ > std::chrono::seconds(10);
+  }
+  if (stale) {  // asked outside the lock
+    rpc::Report report;
+    Status rs = FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& c) {
+                           return m.GetReport(&c, rpc::GetReportRequest(), &report);
+                         }),
+                         "the master");
+    if (rs.ok()) {
+      std::set<std::string> fresh;
+      for (const auto& w : report.workers()) {
+        if (w.alive() && w.address() != cfg_.fuse.worker) fresh.insert(w.address());
       }
+      MutexLock lock(&mu_);
+      other_stubs_.Retain(fresh);
+      others_.swap(fresh);
+      others_fetched_ = now;
     }
+  }
+  {
+    MutexLock lock(&mu_);
     for (const auto& addr : others_) others.push_back(other_stubs_.Get(addr));
   }
   for (const auto& h : others) {

@@ -18,7 +18,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -27,6 +26,7 @@
 #include "common/config.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "fuse/local_channel.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
@@ -122,20 +122,20 @@ class Client {
   ClientCounters counters_;
   metrics::Histogram master_latency_;
 
-  std::mutex mu_;
-  std::shared_ptr<LocalChannel> local_;                                       // GUARDED_BY(mu_)
-  bool probing_ = false;                                                      // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::shared_ptr<LocalChannel> local_ GUARDED_BY(mu_);
+  bool probing_ GUARDED_BY(mu_) = false;
   std::condition_variable probed_;  // a probe of the local socket ended
-  std::chrono::steady_clock::time_point last_probe_{};                        // GUARDED_BY(mu_)
-  std::set<std::string> others_;                                              // GUARDED_BY(mu_): live workers but ours
-  StubPool<rpc::Worker> other_stubs_;                                         // thread-safe on its own
-  std::chrono::steady_clock::time_point others_fetched_{};                    // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point last_probe_ GUARDED_BY(mu_){};
+  std::set<std::string> others_ GUARDED_BY(mu_);  // live workers but ours
+  StubPool<rpc::Worker> other_stubs_;             // thread-safe on its own
+  std::chrono::steady_clock::time_point others_fetched_ GUARDED_BY(mu_){};
 
-  std::mutex prefetch_mu_;
+  Mutex prefetch_mu_;
   std::condition_variable prefetch_cv_;
-  std::deque<rpc::PrefetchRequest> prefetch_queue_;  // GUARDED_BY(prefetch_mu_)
-  bool prefetch_stop_ = false;                       // GUARDED_BY(prefetch_mu_)
-  std::thread prefetcher_;                           // started with the first hint
+  std::deque<rpc::PrefetchRequest> prefetch_queue_ GUARDED_BY(prefetch_mu_);
+  bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
+  std::thread prefetcher_ GUARDED_BY(prefetch_mu_);  // started with the first hint
 };
 
 }  // namespace granary::fuse

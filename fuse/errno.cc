@@ -4,26 +4,27 @@
 
 #include <cerrno>
 #include <map>
-#include <mutex>
+
+#include "common/thread_annotations.h"
 
 namespace granary::fuse {
 namespace {
 
 thread_local int t_replied = 0;  // the last errno replied on this thread (TakeReplyErrno)
 
-std::mutex errors_mu;
-std::map<std::pair<std::string, std::string>, uint64_t> errors;  // GUARDED_BY(errors_mu)
+Mutex errors_mu;
+std::map<std::pair<std::string, std::string>, uint64_t> errors GUARDED_BY(errors_mu);
 
 void CountError(const char* op, int err) {
   const char* name = strerrorname_np(err);
-  std::lock_guard<std::mutex> lock(errors_mu);
+  MutexLock lock(&errors_mu);
   errors[{op, name ? name : std::to_string(err)}]++;
 }
 
 }  // namespace
 
 std::map<std::pair<std::string, std::string>, uint64_t> ErrorCounts() {
-  std::lock_guard<std::mutex> lock(errors_mu);
+  MutexLock lock(&errors_mu);
   return errors;
 }
 

@@ -17,11 +17,11 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
+#include "common/thread_annotations.h"
 #include "proto/granary.pb.h"
 
 namespace granary::fuse {
@@ -35,7 +35,7 @@ class TtlCache {
 
   // The value, if present and younger than ttl; *age (optional) says how old it is.
   std::optional<V> Get(const K& key, std::chrono::milliseconds* age = nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return std::nullopt;
     auto old = clock_() - it->second.added;
@@ -50,7 +50,7 @@ class TtlCache {
 
   void Put(const K& key, const V& value) {
     if (capacity_ == 0 || ttl_.count() <= 0) return;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it != entries_.end()) by_age_.erase(it->second.seq);
     uint64_t seq = seq_++;
@@ -68,7 +68,7 @@ class TtlCache {
 
   // Forgets an entry (it turned out stale), so the next question goes to the master.
   void Erase(const K& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return;
     by_age_.erase(it->second.seq);
@@ -76,7 +76,7 @@ class TtlCache {
   }
 
   size_t size() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return entries_.size();
   }
 
@@ -89,10 +89,10 @@ class TtlCache {
   const size_t capacity_;
   const std::chrono::milliseconds ttl_;
   Clock clock_;
-  std::mutex mu_;
-  uint64_t seq_ = 0;                         // GUARDED_BY(mu_)
-  std::unordered_map<K, Entry> entries_;     // GUARDED_BY(mu_)
-  std::map<uint64_t, K> by_age_;             // seq -> key; GUARDED_BY(mu_)
+  Mutex mu_;
+  uint64_t seq_ GUARDED_BY(mu_) = 0;
+  std::unordered_map<K, Entry> entries_ GUARDED_BY(mu_);
+  std::map<uint64_t, K> by_age_ GUARDED_BY(mu_);  // seq -> key
 };
 
 using FileCache = TtlCache<uint64_t, rpc::FileInfo>;

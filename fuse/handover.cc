@@ -256,7 +256,7 @@ KeeperLink::KeeperLink(std::string path, bool spawn, int fd, std::function<rpc::
     rpc::FuseConnectionState snap = snapshot_();
     if (!snap.init_request().empty()) {
       int s = Connect(snap);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       sock_ = s;
     }
   }
@@ -267,12 +267,12 @@ KeeperLink::~KeeperLink() { Stop(); }
 
 void KeeperLink::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (sock_ >= 0) close(sock_);
   sock_ = -1;
 }
@@ -294,7 +294,7 @@ void KeeperLink::SendLocked(rpc::HandoverMessage m) {
 }
 
 void KeeperLink::Send(rpc::HandoverMessage m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stop_) return;
   SendLocked(std::move(m));
 }
@@ -311,7 +311,7 @@ bool KeeperLink::DropBacking(uint64_t kino, int backing_id) {
   m.set_kind(rpc::HandoverMessage::BACKING_DROP);
   m.mutable_backing()->set_kino(kino);
   m.mutable_backing()->set_backing_id(backing_id);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stop_) return false;  // handed over: the id is the successor's to close
   SendLocked(std::move(m));
   if (sock_ >= 0) return true;
@@ -337,7 +337,7 @@ void KeeperLink::Release(const std::string& mountpoint) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::RELEASE);
   m.set_mountpoint(mountpoint);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (sock_ < 0) return;
   (void)SendHandover(sock_, m);
   pending_.clear();
@@ -346,7 +346,7 @@ void KeeperLink::Release(const std::string& mountpoint) {
 }
 
 bool KeeperLink::deposited() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return sock_ >= 0;
 }
 
@@ -375,12 +375,14 @@ void KeeperLink::Loop() {
   bool warned = false;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
       if (sock_ >= 0) {
         // Connected: wakes every second to notice a keeper that went away (the keeper never
         // writes to us: readable means closed).
-        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_ || sock_ < 0; });
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (!stop_ && sock_ >= 0 && lock.WaitUntil(&cv_, until)) {
+        }
         if (stop_) return;
         if (sock_ >= 0) {
           pollfd p{sock_, POLLIN, 0};
@@ -392,14 +394,16 @@ void KeeperLink::Loop() {
     }
     rpc::FuseConnectionState snap = snapshot_();  // takes the mount's locks: none of ours held
     if (snap.init_request().empty()) {            // the kernel's INIT not read yet
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return stop_; });
+      MutexLock lock(&mu_);
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+      while (!stop_ && lock.WaitUntil(&cv_, until)) {
+      }
       continue;
     }
     int s = Connect(snap);
     std::vector<int> closable;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       bool ok = s >= 0;
       // The changes made since the snapshot, in order, before anyone else writes.
       while (ok && !pending_.empty()) {
@@ -410,7 +414,9 @@ void KeeperLink::Loop() {
         if (s >= 0) close(s);
         if (!warned) spdlog::warn("no FUSE keeper on {}: a crash of granary-fuse would end the mount; retrying", path_);
         warned = true;
-        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stop_; });
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (!stop_ && lock.WaitUntil(&cv_, until)) {
+        }
         continue;
       }
       sock_ = s;

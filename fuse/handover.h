@@ -41,7 +41,6 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +48,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "proto/granary.pb.h"
 
 namespace granary::fuse {
@@ -139,22 +139,22 @@ class KeeperLink {
   // Connects (spawning the keeper when allowed) and deposits `snap`: the socket, or -1.
   int Connect(const rpc::FuseConnectionState& snap);
   // Under mu_: writes `m` to the keeper, or keeps it for the next deposit.
-  void SendLocked(rpc::HandoverMessage m);
+  void SendLocked(rpc::HandoverMessage m) REQUIRES(mu_);
   // SendLocked under mu_, unless stopped.
   void Send(rpc::HandoverMessage m);
-  void DisconnectLocked();
+  void DisconnectLocked() REQUIRES(mu_);
 
   const std::string path_;
   const bool spawn_;
   const int fd_;
   const std::function<rpc::FuseConnectionState()> snapshot_;
   const std::function<void(int)> close_backing_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  std::deque<rpc::HandoverMessage> pending_;  // GUARDED_BY(mu_): changes since the snapshot being deposited
-  std::vector<int> to_close_;                 // GUARDED_BY(mu_): backing ids whose drop the keeper has not heard
-  bool stop_ = false;                         // GUARDED_BY(mu_)
-  int sock_ = -1;                             // GUARDED_BY(mu_): connected and deposited when >= 0
+  std::deque<rpc::HandoverMessage> pending_ GUARDED_BY(mu_);  // changes since the snapshot being deposited
+  std::vector<int> to_close_ GUARDED_BY(mu_);  // backing ids whose drop the keeper has not heard
+  bool stop_ GUARDED_BY(mu_) = false;
+  int sock_ GUARDED_BY(mu_) = -1;  // connected and deposited when >= 0
   std::chrono::steady_clock::time_point last_spawn_{};  // only the link's thread uses it
   std::thread thread_;
 };

@@ -23,7 +23,7 @@ LocalChannel::~LocalChannel() {
 
 StatusOr<int> LocalChannel::Take() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!idle_.empty()) {
       int c = idle_.back();
       idle_.pop_back();
@@ -34,7 +34,7 @@ StatusOr<int> LocalChannel::Take() {
 }
 
 void LocalChannel::Give(int conn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   idle_.push_back(conn);
 }
 
@@ -84,7 +84,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
 }
 
 Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, bool verify) {
-  std::lock_guard<std::mutex> lock(lease_mu_);
+  MutexLock lock(&lease_mu_);
   if (lease_conn_ < 0) {
     ASSIGN_OR_RETURN(lease_conn_, ConnectUnix(path_));
     ++lease_gen_;
@@ -126,7 +126,7 @@ void LocalChannel::Release(Piece* p) {
   if (p->fd >= 0) close(p->fd);
   p->fd = -1;
   if (p->shared_gen != 0) {
-    std::lock_guard<std::mutex> lock(lease_mu_);
+    MutexLock lock(&lease_mu_);
     if (p->shared_gen == lease_gen_ && lease_conn_ >= 0) {
       rpc::LocalRequest rel;
       rel.set_release(p->lease);

@@ -9,11 +9,11 @@
 // Thread-safe.
 #pragma once
 
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "proto/granary.pb.h"
 #include "rpc/wire.h"
 
@@ -68,13 +68,13 @@ class LocalChannel {
   void Give(int conn);
 
   const std::string path_;
-  std::mutex mu_;
-  std::vector<int> idle_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<int> idle_ GUARDED_BY(mu_);
   // The shared connection for whole-file leases; a new generation after it broke (the worker ended
   // the old one's leases when it closed).
-  std::mutex lease_mu_;
-  int lease_conn_ = -1;      // GUARDED_BY(lease_mu_)
-  uint64_t lease_gen_ = 0;   // GUARDED_BY(lease_mu_)
+  Mutex lease_mu_;
+  int lease_conn_ GUARDED_BY(lease_mu_) = -1;
+  uint64_t lease_gen_ GUARDED_BY(lease_mu_) = 0;
 };
 
 }  // namespace granary::fuse

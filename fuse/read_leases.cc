@@ -11,7 +11,7 @@ uint64_t ReadLeases::LimitLocked() const {
 }
 
 std::shared_ptr<FileLease> ReadLeases::Find(uint64_t ino, const std::string& version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = by_ino_.find(ino);
   if (it == by_ino_.end() || it->second->version != version) return nullptr;
   if (clock_() - it->second->granted > life_) return nullptr;  // Trim lets it go
@@ -20,12 +20,12 @@ std::shared_ptr<FileLease> ReadLeases::Find(uint64_t ino, const std::string& ver
 }
 
 bool ReadLeases::Fits(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return bytes <= LimitLocked();
 }
 
 void ReadLeases::SetCapacity(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   capacity_ = bytes;
 }
 
@@ -33,7 +33,7 @@ bool ReadLeases::Add(uint64_t ino, const std::string& version, uint64_t bytes, s
   std::vector<std::shared_ptr<FileLease>> gone;
   bool kept = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (bytes <= LimitLocked()) {
       if (auto it = by_ino_.find(ino); it != by_ino_.end()) {  // another version, or a race: replace
         bytes_ -= it->second->bytes;
@@ -62,7 +62,7 @@ bool ReadLeases::Add(uint64_t ino, const std::string& version, uint64_t bytes, s
 void ReadLeases::Trim() {
   std::vector<std::shared_ptr<FileLease>> gone;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto now = clock_();
     for (auto it = lru_.begin(); it != lru_.end();) {
       if (now - it->granted <= life_) {
@@ -80,7 +80,7 @@ void ReadLeases::Trim() {
 void ReadLeases::Clear() {
   std::vector<std::shared_ptr<FileLease>> gone;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& e : lru_) gone.push_back(std::move(e.lease));
     lru_.clear();
     by_ino_.clear();
@@ -89,12 +89,12 @@ void ReadLeases::Clear() {
 }  // the leases in `gone` end here, outside the lock
 
 size_t ReadLeases::files() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return lru_.size();
 }
 
 uint64_t ReadLeases::bytes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return bytes_;
 }
 

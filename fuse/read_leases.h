@@ -39,10 +39,11 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace granary::fuse {
 
@@ -84,15 +85,15 @@ class ReadLeases {
     std::shared_ptr<FileLease> lease;
     std::chrono::steady_clock::time_point granted;
   };
-  uint64_t LimitLocked() const;
+  uint64_t LimitLocked() const REQUIRES(mu_);
 
   const std::chrono::milliseconds life_;
   const Clock clock_;
-  std::mutex mu_;
-  std::list<Entry> lru_;  // GUARDED_BY(mu_): most recently used first
-  std::unordered_map<uint64_t, std::list<Entry>::iterator> by_ino_;  // GUARDED_BY(mu_)
-  uint64_t bytes_ = 0;     // GUARDED_BY(mu_)
-  uint64_t capacity_ = 0;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::list<Entry> lru_ GUARDED_BY(mu_);  // most recently used first
+  std::unordered_map<uint64_t, std::list<Entry>::iterator> by_ino_ GUARDED_BY(mu_);
+  uint64_t bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t capacity_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace granary::fuse

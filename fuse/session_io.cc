@@ -10,7 +10,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 
 #include "fuse/kernel_abi.h"
 
@@ -61,7 +60,7 @@ struct SessionIo::Holding {
     io = nullptr;
     s->busy_.fetch_sub(1);
     if (s->stopping_) {
-      { std::lock_guard<std::mutex> lock(s->mu_); }
+      { MutexLock lock(&s->mu_); }
       s->cv_.notify_all();
     }
   }
@@ -83,6 +82,7 @@ StatusOr<std::unique_ptr<SessionIo>> SessionIo::Install(fuse_session* se, int fd
     if (replay_init.size() < sizeof(fuse_in_header)) return InvalidArgumentError("the handed-over INIT is truncated");
     const auto* h = reinterpret_cast<const fuse_in_header*>(replay_init.data());
     if (h->opcode != FUSE_INIT) return InvalidArgumentError("the handed-over INIT is not an INIT request");
+    MutexLock lock(&io->mu_);  // not shared yet; taken for the analysis, at no cost
     io->replay_unique_ = h->unique;
     io->init_pending_ = true;
     io->replay_ = std::move(replay_init);
@@ -105,7 +105,7 @@ SessionIo::~SessionIo() {
 }
 
 std::string SessionIo::init_request() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return init_;
 }
 
@@ -119,7 +119,7 @@ void SessionIo::NoteInit(const void* buf, size_t n) {
     }
     offered_ = (flags & kabi::kInitPassthrough) != 0;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   init_.assign(static_cast<const char*>(buf), n);
 }
 
@@ -133,31 +133,36 @@ ssize_t SessionIo::DoRead(void* buf, size_t len) {
     ~NoCancel() { pthread_setcancelstate(old, nullptr); }
   } no_cancel;
   auto poke = [this] {
-    { std::lock_guard<std::mutex> lock(mu_); }
+    { MutexLock lock(&mu_); }
     cv_.notify_all();
   };
   // A request this thread read before has been answered: it is back.
   t_holding.Return();
+  bool replayed = false;
+  size_t replay_n = 0;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!replay_.empty()) {  // a handed-over connection: its INIT first
-      size_t n = std::min(len, replay_.size());
-      std::memcpy(buf, replay_.data(), n);
+      replayed = true;
+      replay_n = std::min(len, replay_.size());
+      std::memcpy(buf, replay_.data(), replay_n);
       replay_.clear();
-      lock.unlock();
-      t_holding.Take(this);
-      return static_cast<ssize_t>(n);
+    } else {
+      // Nothing reaches libfuse before it has processed the replayed INIT.
+      while (init_pending_ && !stopping_ && !fuse_session_exited(se_)) lock.WaitFor(&cv_, std::chrono::seconds(1));
     }
-    // Nothing reaches libfuse before it has processed the replayed INIT.
-    while (init_pending_ && !stopping_ && !fuse_session_exited(se_)) cv_.wait_for(lock, std::chrono::seconds(1));
+  }
+  if (replayed) {
+    t_holding.Take(this);
+    return static_cast<ssize_t>(replay_n);
   }
   for (;;) {
     in_read_.fetch_add(1);
     if (stopping_ || fuse_session_exited(se_)) {
       in_read_.fetch_sub(1);
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       cv_.notify_all();
-      while (!released_ && !fuse_session_exited(se_)) cv_.wait_for(lock, std::chrono::seconds(1));
+      while (!released_ && !fuse_session_exited(se_)) lock.WaitFor(&cv_, std::chrono::seconds(1));
       errno = EINTR;  // libfuse sees its session exited and ends this thread's loop
       return -1;
     }
@@ -209,19 +214,19 @@ void SessionIo::WaitReadable() {
 }
 
 void SessionIo::Drain(fuse_session* se) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stopping_ = true;
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof one);
   cv_.notify_all();
-  cv_.wait(lock, [&] { return in_read_.load() == 0 && busy_.load() == 0; });
+  while (in_read_.load() != 0 || busy_.load() != 0) lock.Wait(&cv_);
   fuse_session_exit(se);
   released_ = true;
   cv_.notify_all();
 }
 
 void SessionIo::Resume() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t v;
   (void)!read(wake_fd_, &v, sizeof v);
   stopping_ = false;
@@ -258,12 +263,17 @@ ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
   SessionIo* io = Of(fd);
   if (count >= 1 && iov[0].iov_len == sizeof(fuse_out_header) && io != nullptr && t_opcode == FUSE_INIT) {
     const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
-    std::unique_lock<std::mutex> lock(io->mu_);
-    if (io->init_pending_ && out->unique == io->replay_unique_) {
-      // The replayed INIT's reply: the kernel answered INIT with the predecessor's long ago.
-      io->init_pending_ = false;
-      io->cv_.notify_all();
-      lock.unlock();
+    bool swallow = false;
+    {
+      MutexLock lock(&io->mu_);
+      if (io->init_pending_ && out->unique == io->replay_unique_) {
+        // The replayed INIT's reply: the kernel answered INIT with the predecessor's long ago.
+        io->init_pending_ = false;
+        io->cv_.notify_all();
+        swallow = true;
+      }
+    }
+    if (swallow) {
       t_backing = 0;
       ssize_t total = 0;
       for (int i = 0; i < count; ++i) total += static_cast<ssize_t>(iov[i].iov_len);

@@ -39,10 +39,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace granary::fuse {
 
@@ -109,14 +109,14 @@ class SessionIo {
   std::atomic<bool> offered_{false};
   std::atomic<bool> negotiated_{false};
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  std::string init_;                     // GUARDED_BY(mu_): the INIT request read (or replayed)
-  std::string replay_;                   // GUARDED_BY(mu_): to be returned by the first read
-  uint64_t replay_unique_ = 0;           // GUARDED_BY(mu_): its unique, whose reply is swallowed
-  bool init_pending_ = false;            // GUARDED_BY(mu_): replayed INIT not yet answered
+  std::string init_ GUARDED_BY(mu_);               // the INIT request read (or replayed)
+  std::string replay_ GUARDED_BY(mu_);             // to be returned by the first read
+  uint64_t replay_unique_ GUARDED_BY(mu_) = 0;     // its unique, whose reply is swallowed
+  bool init_pending_ GUARDED_BY(mu_) = false;      // replayed INIT not yet answered
   std::atomic<bool> stopping_{false};
-  bool released_ = false;                // GUARDED_BY(mu_): parked readers may leave
+  bool released_ GUARDED_BY(mu_) = false;          // parked readers may leave
   std::atomic<int> in_read_{0};          // threads inside read(2)
   std::atomic<int> busy_{0};             // requests read and not yet back in the hook
 };
