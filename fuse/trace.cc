@@ -91,13 +91,13 @@ std::string TraceLine(const TraceRecord& r, const std::string& path) {
 
 void Tracer::Emit(TraceRecord r) {
   records_++;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Listener* l : live_) {
-    if (l->queue.size() >= kQueue) {
+  MutexLock lock(&mu_);
+  for (auto& [id, queue] : live_) {
+    if (queue.size() >= kQueue) {
       dropped_++;
       continue;
     }
-    l->queue.push_back(r);
+    queue.push_back(r);
   }
   cv_.notify_all();
 }
@@ -127,11 +127,12 @@ void Tracer::Serve(const std::map<std::string, std::string>& params, StreamSink*
       start = comma + 1;
     }
   }
-  Listener me;
+  uint64_t me;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return;
-    live_.insert(&me);
+    me = next_listener_++;
+    live_[me];
     listeners_++;
   }
   // The stream starts with a comment line, so a client knows it is connected before any record.
@@ -141,11 +142,14 @@ void Tracer::Serve(const std::map<std::string, std::string>& params, StreamSink*
   auto last_write = std::chrono::steady_clock::now();
   while (alive) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return closed_ || !me.queue.empty(); });
+      MutexLock lock(&mu_);
+      auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      while (!closed_ && live_[me].empty() && lock.WaitUntil(&cv_, until)) {
+      }
       if (closed_) break;
-      batch.assign(std::make_move_iterator(me.queue.begin()), std::make_move_iterator(me.queue.end()));
-      me.queue.clear();
+      std::deque<TraceRecord>& queue = live_[me];
+      batch.assign(std::make_move_iterator(queue.begin()), std::make_move_iterator(queue.end()));
+      queue.clear();
     }
     if (batch.empty()) {
       // Idle: an empty line now and then tells a listener the stream lives (and us whether it does).
@@ -177,19 +181,19 @@ void Tracer::Serve(const std::map<std::string, std::string>& params, StreamSink*
       last_write = std::chrono::steady_clock::now();
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  live_.erase(&me);
+  MutexLock lock(&mu_);
+  live_.erase(me);
   listeners_--;
 }
 
 void Tracer::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   closed_ = true;
   cv_.notify_all();
 }
 
 void Tracer::Reopen() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   closed_ = false;
 }
 

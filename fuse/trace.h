@@ -25,11 +25,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include "common/stream_socket.h"
+#include "common/thread_annotations.h"
 
 namespace granary::fuse {
 
@@ -68,16 +68,16 @@ class Tracer {
   uint64_t dropped() const { return dropped_.load(); }  // records a slow listener missed
 
  private:
-  struct Listener {
-    std::deque<TraceRecord> queue;  // GUARDED_BY(Tracer::mu_)
-  };
   const PathFn path_;
   std::atomic<int> listeners_{0};
   std::atomic<uint64_t> records_{0}, dropped_{0};
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::set<Listener*> live_;  // GUARDED_BY(mu_)
-  bool closed_ = false;       // GUARDED_BY(mu_)
+  // Each listener's records not yet written, by the number its Serve call took (kept here, not in
+  // a struct of the listener's, so that the analysis sees them guarded by mu_).
+  std::map<uint64_t, std::deque<TraceRecord>> live_ GUARDED_BY(mu_);
+  uint64_t next_listener_ GUARDED_BY(mu_) = 0;
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 // One record as the JSON line described above (without the newline).
