@@ -39,8 +39,11 @@
 //   handles_mu        handles, next_fh
 //   inval_mu          inval_queue, inval_stop (inval_cv waits on it)
 //   mount_bytes_mu    mount_bytes
-//   OpenFile::mu      an open file's readahead state (next_offset, hinted_through)
-// The comments say GUARDED_BY; unlike master/ and worker/, clang does not check them here yet.
+//   OpenFile::mu      an open file's readahead and lease state (next_offset, hinted_through,
+//                     local_reads, lease_next, lease_asked)
+// clang checks them (GUARDED_BY, REQUIRES; scripts/thread-safety.sh), except for what the
+// analysis cannot name from inside the guarded object: an InodeOpens (reached only through
+// `opens`), OpenFile::counted_cached (opens_mu) and OpenFile::confirmed (inode_files_mu).
 // Lock order, where two are held at once:
 //   FuseMountImpl::stop_mu_ -> handles_mu -> opens_mu -> the KeeperLink's and SessionIo's own
 //   inode_files_mu -> inval_mu
@@ -66,7 +69,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -74,6 +76,7 @@
 #include "common/config.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "fuse/client.h"
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
@@ -102,17 +105,17 @@ inline const char* ModeName(OpenMode m) {
 struct OpenFile {
   rpc::FileInfo info;
   bool passthrough = false;    // opened on a backing file: the kernel reads it, not us
-  bool counted_cached = false; // counted in InodeOpens::cached (passthrough mode's bookkeeping)
-  std::chrono::steady_clock::time_point confirmed{};  // kernel mode: when the master last confirmed info
+  bool counted_cached = false; // counted in InodeOpens::cached (passthrough mode's bookkeeping); Fs::opens_mu
+  std::chrono::steady_clock::time_point confirmed{};  // kernel mode: when the master last confirmed info; Fs::inode_files_mu
   // Readahead state: where the next sequential read would start, and the last block hinted.
-  std::mutex mu;
-  uint64_t next_offset = 0;
-  uint64_t hinted_through = 0;  // blocks up to this one were hinted (block 0 never is)
+  Mutex mu;
+  uint64_t next_offset GUARDED_BY(mu) = 0;
+  uint64_t hinted_through GUARDED_BY(mu) = 0;  // blocks up to this one were hinted (block 0 never is)
   // Daemon and kernel modes: non-sequential READs served from the local cache since the last that
   // was not, and when this open last asked for a read lease (fuse/read_leases.h).
-  uint32_t local_reads = 0;
-  uint64_t lease_next = 0;  // where a sequential read would start next
-  std::chrono::steady_clock::time_point lease_asked{};
+  uint32_t local_reads GUARDED_BY(mu) = 0;
+  uint64_t lease_next GUARDED_BY(mu) = 0;  // where a sequential read would start next
+  std::chrono::steady_clock::time_point lease_asked GUARDED_BY(mu){};
 };
 
 // Passthrough mode: what is open on each inode. The kernel puts an inode either in passthrough io
@@ -150,20 +153,20 @@ struct Fs {
     uint64_t generation;                           // whose listing the kernel may hold
     std::chrono::steady_clock::time_point checked;  // when the master last confirmed it
   };
-  std::mutex dir_gens_mu;
-  std::unordered_map<uint64_t, DirGen> dir_gens;  // master ino -> DirGen
+  Mutex dir_gens_mu;
+  std::unordered_map<uint64_t, DirGen> dir_gens GUARDED_BY(dir_gens_mu);  // master ino -> DirGen
   // Daemon mode: the version whose bytes the kernel's page cache may hold for a file: the one it
   // was last opened at. An open of the same version keeps those pages (keep_cache); another
   // version drops them.
-  std::mutex page_versions_mu;
-  std::unordered_map<uint64_t, std::string> page_versions;  // master ino -> version
+  Mutex page_versions_mu;
+  std::unordered_map<uint64_t, std::string> page_versions GUARDED_BY(page_versions_mu);  // master ino -> version
   // Every mode: the version hash each file's attributes last carried. A change that the kernel
   // cannot see in size or mtime (a new ETag) drops its cached pages through the invalidator.
-  std::mutex attr_versions_mu;
-  std::unordered_map<uint64_t, uint64_t> attr_versions;  // kernel ino -> Attr.version_hash
+  Mutex attr_versions_mu;
+  std::unordered_map<uint64_t, uint64_t> attr_versions GUARDED_BY(attr_versions_mu);  // kernel ino -> Attr.version_hash
   // Kernel mode: each file read since its info was last confirmed (no open carries it).
-  std::mutex inode_files_mu;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> inode_files;  // kernel ino -> newest known file
+  Mutex inode_files_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> inode_files GUARDED_BY(inode_files_mu);  // kernel ino -> newest known file
   // Kernel mode: the version each reading process is on, per file (no open pins it). A read at
   // offset 0 moves the process to the newest version; a read further in stays on its version.
   struct PidKey {
@@ -174,34 +177,35 @@ struct Fs {
   struct PidKeyHash {
     size_t operator()(const PidKey& k) const { return std::hash<uint64_t>()(k.ino * 0x9e3779b97f4a7c15ull ^ k.pid); }
   };
-  std::unordered_map<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files;  // GUARDED_BY(inode_files_mu)
+  std::unordered_map<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files GUARDED_BY(inode_files_mu);
   // Passthrough mode.
-  std::mutex opens_mu;
-  std::unordered_map<uint64_t, InodeOpens> opens;  // kernel ino -> opens; GUARDED_BY(opens_mu)
-  std::map<uint64_t, uint64_t> idle;               // idle_seq -> kernel ino, oldest first; GUARDED_BY(opens_mu)
-  uint64_t idle_bytes = 0, idle_next = 1;          // GUARDED_BY(opens_mu)
+  Mutex opens_mu;
+  std::unordered_map<uint64_t, InodeOpens> opens GUARDED_BY(opens_mu);  // kernel ino -> opens
+  std::map<uint64_t, uint64_t> idle GUARDED_BY(opens_mu);  // idle_seq -> kernel ino, oldest first
+  uint64_t idle_bytes GUARDED_BY(opens_mu) = 0;
+  uint64_t idle_next GUARDED_BY(opens_mu) = 1;
 
   // Open file handles (fi->fh) of daemon-served opens and passthrough opens. The numbers carry a
   // random epoch in their top bits, so a handle of a crashed predecessor (which the kernel still
   // sends) never names one of ours; such a handle is rebuilt from its inode (OpRead).
-  std::mutex handles_mu;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> handles;  // GUARDED_BY(handles_mu)
-  uint64_t next_fh = 0;                                             // GUARDED_BY(handles_mu)
+  Mutex handles_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> handles GUARDED_BY(handles_mu);
+  uint64_t next_fh GUARDED_BY(handles_mu) = 0;
   uint64_t AddHandle(std::shared_ptr<OpenFile> of) {
-    std::lock_guard<std::mutex> lock(handles_mu);
+    MutexLock lock(&handles_mu);
     uint64_t fh = next_fh++;
     handles.emplace(fh, std::move(of));
     return fh;
   }
   // The handle `fh` when it is of inode `kino` (a stale or foreign number: null).
   std::shared_ptr<OpenFile> FindHandle(uint64_t fh, uint64_t kino) {
-    std::lock_guard<std::mutex> lock(handles_mu);
+    MutexLock lock(&handles_mu);
     auto it = handles.find(fh);
     if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
     return it->second;
   }
   std::shared_ptr<OpenFile> TakeHandle(uint64_t fh, uint64_t kino) {
-    std::lock_guard<std::mutex> lock(handles_mu);
+    MutexLock lock(&handles_mu);
     auto it = handles.find(fh);
     if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
     auto of = std::move(it->second);
@@ -209,14 +213,15 @@ struct Fs {
     return of;
   }
   void AdoptHandle(uint64_t fh, std::shared_ptr<OpenFile> of) {
-    std::lock_guard<std::mutex> lock(handles_mu);
+    MutexLock lock(&handles_mu);
     if (handles.size() < 1'000'000) handles.emplace(fh, std::move(of));
   }
 
-  // Hand-over (fuse/handover.h). The keeper is told about backing ids as they change.
+  // Hand-over (fuse/handover.h). The keeper is told about backing ids as they change, under
+  // opens_mu (so it hears of them in the order they happen).
   std::unique_ptr<KeeperLink> keeper;
   bool taken_over = false;        // this process took the connection over: the mode is the predecessor's
-  void KeeperPut(uint64_t kino, const InodeOpens& st) {
+  void KeeperPut(uint64_t kino, const InodeOpens& st) REQUIRES(opens_mu) {
     if (!keeper) return;
     rpc::FuseBacking b;
     b.set_kino(kino);
@@ -225,7 +230,8 @@ struct Fs {
     keeper->PutBacking(b);
   }
   // An open file handle as a successor gets it (a hand-over, or the keeper).
-  rpc::FuseHandle HandleOf(uint64_t fh, const OpenFile& of) const {
+  // (opens_mu: it reads of.counted_cached.)
+  rpc::FuseHandle HandleOf(uint64_t fh, const OpenFile& of) const REQUIRES(opens_mu) {
     rpc::FuseHandle h;
     h.set_fh(fh);
     h.set_kino(ToKernel(of.info.attr().ino()));
@@ -235,16 +241,16 @@ struct Fs {
     return h;
   }
   // Lets a backing id go: the keeper hears of it first (fuse/handover.h says why).
-  void DropBacking(uint64_t kino, int backing_id) {
+  void DropBacking(uint64_t kino, int backing_id) REQUIRES(opens_mu) {
     if (!keeper || keeper->DropBacking(kino, backing_id)) io->CloseBacking(backing_id);
   }
 
   // Invalidations of cached pages, sent from their own thread: a notification from inside a
   // request for the same inode could deadlock on the pages that request holds.
-  std::mutex inval_mu;
+  Mutex inval_mu;
   std::condition_variable inval_cv;
-  std::deque<uint64_t> inval_queue;  // kernel inos
-  bool inval_stop = false;
+  std::deque<uint64_t> inval_queue GUARDED_BY(inval_mu);  // kernel inos
+  bool inval_stop GUARDED_BY(inval_mu) = false;
   std::thread inval_thread;
 
   uint64_t root_ino = FUSE_ROOT_ID;  // master inode shown as the kernel's root (fuse.root)
@@ -268,8 +274,8 @@ struct Fs {
   std::atomic<uint64_t> invalidations{0};
   std::atomic<uint64_t> files_read{0};  // reads at offset 0: files readers started on
   // Bytes returned to readers per mount id, by where they came from (NodeSource).
-  std::mutex mount_bytes_mu;
-  std::map<uint64_t, std::array<uint64_t, 3>> mount_bytes;  // GUARDED_BY(mount_bytes_mu)
+  Mutex mount_bytes_mu;
+  std::map<uint64_t, std::array<uint64_t, 3>> mount_bytes GUARDED_BY(mount_bytes_mu);
   std::unique_ptr<Tracer> tracer;  // the access trace (fuse/trace.h)
 
   // The kernel's root inode is always 1; fuse.root may name another master inode.
@@ -277,7 +283,7 @@ struct Fs {
   uint64_t ToKernel(uint64_t ino) const { return ino == root_ino ? FUSE_ROOT_ID : ino; }
 
   void Invalidate(uint64_t kino) {
-    std::lock_guard<std::mutex> lock(inval_mu);
+    MutexLock lock(&inval_mu);
     if (inval_queue.size() < 100000) inval_queue.push_back(kino);
     inval_cv.notify_one();
   }
@@ -287,20 +293,25 @@ struct Fs {
   void InvalidateLoop() {
     auto last_trim = std::chrono::steady_clock::now();
     for (;;) {
-      uint64_t kino;
+      uint64_t kino = 0;
+      bool trim = false;
       {
-        std::unique_lock<std::mutex> lock(inval_mu);
-        inval_cv.wait_for(lock, std::chrono::seconds(1), [&] { return inval_stop || !inval_queue.empty(); });
-        if (inval_stop) return;
-        if (inval_queue.empty() || std::chrono::steady_clock::now() - last_trim > std::chrono::seconds(1)) {
-          lock.unlock();
-          if (trim_idle) trim_idle();
-          if (read_leases) read_leases->Trim();
-          last_trim = std::chrono::steady_clock::now();
-          continue;
+        MutexLock lock(&inval_mu);
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (!inval_stop && inval_queue.empty() && lock.WaitUntil(&inval_cv, until)) {
         }
-        kino = inval_queue.front();
-        inval_queue.pop_front();
+        if (inval_stop) return;
+        trim = inval_queue.empty() || std::chrono::steady_clock::now() - last_trim > std::chrono::seconds(1);
+        if (!trim) {
+          kino = inval_queue.front();
+          inval_queue.pop_front();
+        }
+      }
+      if (trim) {
+        if (trim_idle) trim_idle();
+        if (read_leases) read_leases->Trim();
+        last_trim = std::chrono::steady_clock::now();
+        continue;
       }
       // -ENOENT: the kernel holds nothing of that inode. Fine.
       fuse_lowlevel_notify_inval_inode(se, kino, 0, 0);
@@ -311,7 +322,7 @@ struct Fs {
   void NoteVersion(uint64_t kino, uint64_t version_hash) {
     if (version_hash == 0) return;
     {
-      std::lock_guard<std::mutex> lock(attr_versions_mu);
+      MutexLock lock(&attr_versions_mu);
       if (attr_versions.size() > std::max<uint64_t>(cfg.fuse.file_cache_entries, 1024)) attr_versions.clear();
       auto [it, fresh] = attr_versions.try_emplace(kino, version_hash);
       if (fresh || it->second == version_hash) return;

@@ -190,6 +190,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
   fs_->mode = fs_->wanted.load();
   {
     std::random_device rd;
+    MutexLock lock(&fs_->handles_mu);
     fs_->next_fh = ((static_cast<uint64_t>(rd()) & 0x7fffff) + 1) << 40;
   }
   ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
@@ -261,7 +262,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
   }
   fs_->trim_idle = [fs = fs_.get()] {
     std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
-    std::lock_guard<std::mutex> lock(fs->opens_mu);
+    MutexLock lock(&fs->opens_mu);
     TrimIdleLocked(fs, &done);
   };
   if (!keeper_path_.empty()) {  // deposits once INIT is known
@@ -346,14 +347,14 @@ void FuseMountImpl::StartLoop() {
 
 void FuseMountImpl::StartInvalidator() {
   {
-    std::lock_guard<std::mutex> lock(fs_->inval_mu);
+    MutexLock lock(&fs_->inval_mu);
     fs_->inval_stop = false;
   }
   fs_->inval_thread = std::thread([fs = fs_.get()] { fs->InvalidateLoop(); });
 }
 void FuseMountImpl::StopInvalidator() {
   {
-    std::lock_guard<std::mutex> lock(fs_->inval_mu);
+    MutexLock lock(&fs_->inval_mu);
     fs_->inval_stop = true;
   }
   fs_->inval_cv.notify_all();
@@ -363,7 +364,7 @@ void FuseMountImpl::StopInvalidator() {
 void FuseMountImpl::Shutdown() {
   stopping_ = true;
   if (responder_.joinable()) responder_.join();
-  std::lock_guard<std::mutex> lock(stop_mu_);
+  MutexLock lock(&stop_mu_);
   if (fs_) {
     StopMetrics();
     if (!handed_over_) RemoveEndpoints();
@@ -392,8 +393,13 @@ void FuseMountImpl::Shutdown() {
   if (loop_.joinable()) loop_.join();
   StopInvalidator();
   fs_->keeper.reset();
-  fs_->opens.clear();  // the leases end; the connection is gone with its backing ids
-  fs_->idle.clear();
+  std::unordered_map<uint64_t, InodeOpens> gone;  // the leases end after opens_mu is released
+  {
+    MutexLock lock(&fs_->opens_mu);
+    gone.swap(fs_->opens);  // the connection is gone with its backing ids
+    fs_->idle.clear();
+  }
+  gone.clear();
   if (mounted_) fuse_session_unmount(se_);
   fuse_session_destroy(se_);
   se_ = nullptr;

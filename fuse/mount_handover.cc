@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/shutdown.h"
@@ -37,8 +36,8 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
   st.set_passthrough_refused(fs_->passthrough_refused);
   {
     // handles_mu before opens_mu (as ApplyState): counted_cached is written under opens_mu.
-    std::lock_guard<std::mutex> hlock(fs_->handles_mu);
-    std::lock_guard<std::mutex> lock(fs_->opens_mu);
+    MutexLock hlock(&fs_->handles_mu);
+    MutexLock lock(&fs_->opens_mu);
     for (const auto& [kino, o] : fs_->opens) {
       if (o.backing_id <= 0) continue;
       rpc::FuseBacking* b = st.add_backings();
@@ -75,7 +74,7 @@ void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
     // kernel holds the file it opened either way, so bytes stay right without one).
     auto lease = fs_->client->LeaseFile(b.info());
     if (lease.ok()) o.lease = std::move(*lease);
-    std::lock_guard<std::mutex> lock(fs_->opens_mu);
+    MutexLock lock(&fs_->opens_mu);
     if (b.idle() && o.passthrough == 0) {
       o.idle_seq = fs_->idle_next++;
       o.idle_since = std::chrono::steady_clock::now();
@@ -84,7 +83,7 @@ void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
     }
     fs_->opens[b.kino()] = std::move(o);
   }
-  std::lock_guard<std::mutex> lock(fs_->handles_mu);
+  MutexLock lock(&fs_->handles_mu);
   if (st.next_fh() > 0) fs_->next_fh = st.next_fh();
   for (const rpc::FuseHandle& h : st.handles()) {
     auto of = std::make_shared<OpenFile>();
@@ -92,7 +91,7 @@ void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
     of->passthrough = h.passthrough();
     of->counted_cached = h.counted_cached();
     if (of->counted_cached) {
-      std::lock_guard<std::mutex> l2(fs_->opens_mu);
+      MutexLock l2(&fs_->opens_mu);
       fs_->opens[h.kino()].cached++;
     }
     fs_->handles.emplace(h.fh(), std::move(of));
@@ -133,7 +132,7 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
     return refuse("the successor's settings (" + m.fingerprint() + ") differ from this mount's (" + mine +
                   "); start it with the same fuse.mountpoint, fuse.root, fuse.open and fuse.allow_other");
   }
-  std::lock_guard<std::mutex> lock(stop_mu_);
+  MutexLock lock(&stop_mu_);
   if (stopping_ || loop_done_) return refuse("this granary-fuse is stopping");
   auto start = std::chrono::steady_clock::now();
   handing_over_ = true;
@@ -165,7 +164,7 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   if (fs_->keeper) fs_->keeper->Stop();  // the successor deposits with the keeper; it keeps ours meanwhile
   {
     // The successor registered its own leases; ours end. The backing ids are the successor's now.
-    std::lock_guard<std::mutex> l2(fs_->opens_mu);
+    MutexLock l2(&fs_->opens_mu);
     fs_->opens.clear();
     fs_->idle.clear();
   }

@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -23,6 +22,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/stream_socket.h"
+#include "common/thread_annotations.h"
 #include "fuse/fs_state.h"
 #include "fuse/mount.h"
 #include "fuse/session_io.h"
@@ -75,7 +75,7 @@ class FuseMountImpl final : public FuseMount {
   std::thread loop_;
   std::atomic<bool> loop_done_{false};
   std::atomic<bool> stopping_{false};
-  std::mutex stop_mu_;
+  Mutex stop_mu_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   std::unique_ptr<StreamSocket> trace_;  // the access trace, for root and this user only
 };

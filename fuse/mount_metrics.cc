@@ -12,7 +12,6 @@
 #include <climits>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -157,7 +156,7 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
             "worker cache), peer (another worker), under_storage. Reads the kernel serves itself (page cache, "
             "passthrough) are not seen here.");
   {
-    std::lock_guard<std::mutex> lock(fs_->mount_bytes_mu);
+    MutexLock lock(&fs_->mount_bytes_mu);
     for (const auto& [mount, b] : fs_->mount_bytes) {
       for (size_t i = 0; i < 3; ++i) {
         e->Sample("granary_fuse_mount_read_bytes_total",

@@ -62,7 +62,7 @@ void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*);
 // ---- fuse/passthrough.cc (passthrough mode's bookkeeping, under Fs::opens_mu) ----
 // With opens_mu held: lets go of kept backing files past their bounds or age; the leases to end
 // go to *done, for the caller to end after releasing the lock.
-void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done);
+void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) REQUIRES(fs->opens_mu);
 // The backing id to open `info` on (counted as one more passthrough open of inode `kino`), or 0:
 // granary-fuse serves the open (fi->direct_io set when it must not use the page cache).
 int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_file_info* fi);

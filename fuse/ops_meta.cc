@@ -17,7 +17,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/path.h"
@@ -207,7 +206,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->cache_readdir = 1;
   fi->keep_cache = 0;
   {
-    std::lock_guard<std::mutex> lock(fs->dir_gens_mu);
+    MutexLock lock(&fs->dir_gens_mu);
     auto it = fs->dir_gens.find(master_ino);
     if (it != fs->dir_gens.end() && now - it->second.checked < fs->cfg.fuse.attr_timeout) {
       fi->keep_cache = 1;
@@ -222,7 +221,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(fs->dir_gens_mu);
+    MutexLock lock(&fs->dir_gens_mu);
     if (fs->dir_gens.size() > 1'000'000) fs->dir_gens.clear();  // bounded; forgetting costs a re-read
     auto [it, fresh] = fs->dir_gens.try_emplace(master_ino, Fs::DirGen{a->generation(), now});
     if (!fresh && it->second.generation == a->generation()) fi->keep_cache = 1;
@@ -378,15 +377,15 @@ std::string DirPath(Fs* fs, uint64_t ino, int depth = 0) {
 // under-storage path) and directories (DirPath). The tracer caches them per listener.
 Tracer::PathFn TracePaths(Fs* fs) {
   struct Mounts {
-    std::mutex mu;
-    std::map<uint64_t, std::string> paths;  // GUARDED_BY(mu): mount id -> namespace path
+    Mutex mu;
+    std::map<uint64_t, std::string> paths GUARDED_BY(mu);  // mount id -> namespace path
   };
   auto mounts = std::make_shared<Mounts>();
   return [fs, mounts](uint64_t ino) -> std::string {
     if (ino == fs->root_ino) return fs->cfg.fuse.root.empty() ? "/" : fs->cfg.fuse.root;
     auto info = FileInfoOf(fs, ino);
     if (!info.ok()) return DirPath(fs, ino);
-    std::lock_guard<std::mutex> lock(mounts->mu);
+    MutexLock lock(&mounts->mu);
     auto it = mounts->paths.find(info->mount_id());
     if (it == mounts->paths.end()) {
       auto report = fs->client->GetReport();  // a new mount: learn the mounts' paths again

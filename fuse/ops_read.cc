@@ -34,7 +34,6 @@
 #include <array>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,7 +55,7 @@ void MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
   if (ahead == 0 || bs == 0 || size == 0) return;
   uint64_t first = 0, count = 0;
   {
-    std::lock_guard<std::mutex> lock(of->mu);
+    MutexLock lock(&of->mu);
     bool sequential = off == of->next_offset;
     of->next_offset = off + size;
     if (!sequential) return;
@@ -82,7 +81,7 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
   auto now = std::chrono::steady_clock::now();
   std::shared_ptr<OpenFile> newest;
   {
-    std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+    MutexLock lock(&fs->inode_files_mu);
     auto it = fs->inode_files.find(ino);
     if (it != fs->inode_files.end() && now - it->second->confirmed < fs->cfg.fuse.attr_timeout) newest = it->second;
   }
@@ -91,7 +90,7 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
     ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
     fs->NoteVersion(ino, info.attr().version_hash());
     fs->attrs->Put(info.attr().ino(), info.attr());  // the newest the master said
-    std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+    MutexLock lock(&fs->inode_files_mu);
     auto it = fs->inode_files.find(ino);
     std::shared_ptr<OpenFile> slot = it == fs->inode_files.end() ? nullptr : it->second;
     if (slot && slot->info.version() == info.version()) {
@@ -109,7 +108,7 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
       }
     }
   }
-  std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+  MutexLock lock(&fs->inode_files_mu);
   if (fs->cfg.fuse.file_cache_entries == 0) return newest;
   auto [it, fresh] = fs->reader_files.try_emplace(Fs::PidKey{ino, pid}, newest);
   if (!fresh && off == 0) it->second = newest;
@@ -123,7 +122,7 @@ void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRe
   std::array<uint64_t, 3> add{};
   for (const auto& p : data.pieces) add[static_cast<size_t>(p.source)] += p.length;
   {
-    std::lock_guard<std::mutex> lock(fs->mount_bytes_mu);
+    MutexLock lock(&fs->mount_bytes_mu);
     auto& m = fs->mount_bytes[mount_id];
     for (size_t i = 0; i < 3; ++i) m[i] += add[i];
   }
@@ -152,7 +151,7 @@ void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease&
   fs->read_bytes += n;
   fs->leased_reads++;
   {
-    std::lock_guard<std::mutex> lock(fs->mount_bytes_mu);
+    MutexLock lock(&fs->mount_bytes_mu);
     fs->mount_bytes[of.info.mount_id()][static_cast<size_t>(NodeSource::kLocal)] += n;
   }
   if (scope->tracing()) scope->record().source = NodeSourceName(NodeSource::kLocal);
@@ -177,7 +176,7 @@ void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease&
 // fuse.attr_timeout per open).
 void MaybeLease(Fs* fs, OpenFile* of, bool local, uint64_t off, uint64_t size) {
   {
-    std::lock_guard<std::mutex> lock(of->mu);
+    MutexLock lock(&of->mu);
     // Within a few requests of where the last one ended is sequential: the kernel's readahead has
     // several READs of one file in flight, answered in any order.
     const uint64_t slack = std::max<uint64_t>(ReadLeases::kSequentialSlack, 4 * size);
@@ -256,14 +255,14 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
   if (!fi->direct_io) {
     {
-      std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+      MutexLock lock(&fs->page_versions_mu);
       if (fs->page_versions.size() > 1'000'000) fs->page_versions.clear();  // bounded; forgetting costs a re-read
       std::string& seen = fs->page_versions[master_ino];
       fi->keep_cache = fs->cfg.fuse.keep_cache && seen == of->info.version();
       seen = of->info.version();
     }
     if (mode == OpenMode::kPassthrough) {
-      std::lock_guard<std::mutex> lock(fs->opens_mu);
+      MutexLock lock(&fs->opens_mu);
       fs->opens[ino].cached++;
       of->counted_cached = true;
       // It holds the inode in the kernel's cached io mode: the keeper must know (fuse/handover.h).
@@ -309,10 +308,10 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
       fs->files->Erase(of->info.attr().ino());
       fs->attrs->Erase(of->info.attr().ino());
       {
-        std::lock_guard<std::mutex> lock(fs->page_versions_mu);
+        MutexLock lock(&fs->page_versions_mu);
         fs->page_versions.erase(of->info.attr().ino());
       }
-      std::lock_guard<std::mutex> lock(fs->inode_files_mu);
+      MutexLock lock(&fs->inode_files_mu);
       auto it = fs->inode_files.find(ino);
       if (it != fs->inode_files.end()) it->second->confirmed = {};  // the next read asks the master
     }

@@ -27,7 +27,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -48,7 +47,7 @@ constexpr uint64_t kIdleBackingBytes = 1ull << 30;
 
 // Lets go of kept backing files: the oldest while over the bounds, and any older than attr_timeout.
 // Leases to end go to *done (ended by the caller after the lock is released).
-void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) {
+void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) REQUIRES(fs->opens_mu) {
   auto now = std::chrono::steady_clock::now();
   while (!fs->idle.empty()) {
     auto oldest = fs->idle.begin();
@@ -67,7 +66,7 @@ void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) {
 namespace {
 
 // Takes a kept (closed) entry out of the idle list.
-void UnidleLocked(Fs* fs, InodeOpens& st) {
+void UnidleLocked(Fs* fs, InodeOpens& st) REQUIRES(fs->opens_mu) {
   if (st.idle_seq == 0) return;
   fs->idle.erase(st.idle_seq);
   fs->idle_bytes -= st.bytes;
@@ -83,7 +82,7 @@ void UnidleLocked(Fs* fs, InodeOpens& st) {
 int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_file_info* fi) {
   std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
   {
-    std::lock_guard<std::mutex> lock(fs->opens_mu);
+    MutexLock lock(&fs->opens_mu);
     TrimIdleLocked(fs, &done);
     auto it = fs->opens.find(kino);
     if (it != fs->opens.end() && it->second.idle_seq != 0) {
@@ -120,7 +119,7 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
     }
     return 0;
   }
-  std::lock_guard<std::mutex> lock(fs->opens_mu);
+  MutexLock lock(&fs->opens_mu);
   InodeOpens& st = fs->opens[kino];
   if (st.idle_seq != 0) {
     // Another open got there first and has been closed since: its backing id is still the
@@ -159,7 +158,7 @@ int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_fi
 void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
   if (!of.passthrough && !of.counted_cached) return;
   std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
-  std::lock_guard<std::mutex> lock(fs->opens_mu);
+  MutexLock lock(&fs->opens_mu);
   if (of.counted_cached && fs->keeper) fs->keeper->DropHandle(fh);
   auto it = fs->opens.find(kino);
   if (it == fs->opens.end()) return;
