@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Checks the lock annotations (common/thread_annotations.h) of the annotated modules with clang's
-# -Wthread-safety as errors: a field touched without its mutex, or a *Locked function called
-# without it, fails. Builds only those modules (and what they need) into build-tsa/ with clang++.
+# Checks the lock annotations (common/thread_annotations.h) of the annotated modules (master,
+# worker, rpc, ufs, fuse) with clang's -Wthread-safety as errors: a field touched without its mutex,
+# or a *Locked function called without it, fails. Builds only those modules (and what they need)
+# into build-tsa/ with clang++.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${TSA_BUILD_DIR:-$ROOT/build-tsa}
 command -v clang++ >/dev/null || bash "$ROOT/scripts/apt-ensure.sh" clang
 CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DGRANARY_THREAD_SAFETY=ON \
   -DGRANARY_BUILD_TESTS=OFF -DGRANARY_BUILD_BENCH=OFF >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target granary_master granary_worker
-echo "thread-safety: the annotated modules (master, worker) pass clang -Wthread-safety"
+cmake --build "$BUILD" -j"$(nproc)" --target granary_master granary_worker granary_rpc granary_ufs granary_fuse
+echo "thread-safety: the annotated modules (master, worker, rpc, ufs, fuse) pass clang -Wthread-safety"
