@@ -824,12 +824,6 @@ int CmdProfile(const Config& cfg, const ProfileOptions& opts) {
 
 namespace {
 
-struct WorkerRef {
-  uint64_t id = 0;
-  std::string address;
-  bool local = false;
-};
-
 // The namespace path of `path`: itself when it names no local file, else its place under the
 // granary mount holding it.
 std::string NamespacePath(const Config& cfg, const std::string& path, std::optional<MountEndpoints>* node) {
@@ -845,63 +839,37 @@ std::string NamespacePath(const Config& cfg, const std::string& path, std::optio
   return ns.empty() ? "/" : ns;
 }
 
-struct FileBlocks {
-  std::string path;
-  rpc::FileInfo info;
-  FileKey key;
-  uint64_t blocks = 0;
-};
-
-// Which blocks of `files` each worker holds: per file, index -> (worker, residency).
-using Holders = std::vector<std::multimap<uint64_t, std::pair<const WorkerRef*, rpc::BlockResidency>>>;
-
-Status AskResidency(const std::shared_ptr<RpcSecurity>& sec, const Config& cfg, const std::vector<WorkerRef>& workers,
-                    const std::vector<FileBlocks>& files, Holders* out) {
-  out->assign(files.size(), {});
-  for (const WorkerRef& w : workers) {
-    auto stub = rpc::Worker::NewStub(sec->MakeChannel(w.address));
-    for (size_t start = 0; start < files.size();) {
-      rpc::ResidencyRequest req;
-      uint64_t blocks = 0;
-      size_t end = start;
-      for (; end < files.size() && (end == start || blocks + files[end].blocks <= 100000); ++end) {
-        auto* q = req.add_files();
-        q->set_file_key(FileKeyBytes(files[end].key));
-        q->set_blocks(files[end].blocks);
-        blocks += files[end].blocks;
+// Which workers hold which blocks of `inos` (files), asked of the master (GetFileResidency) in as
+// many calls as its answer limit needs; done(i, blocks, file, held) once per file, in order, with
+// every copy it holds (one entry per worker and block). `worker` non-empty: only that worker.
+Status FileResidency(MasterConn& m, const std::vector<uint64_t>& inos, const std::string& worker,
+                     const std::function<void(size_t, const rpc::FileInfo&, uint64_t,
+                                              const std::vector<rpc::HeldBlock>&)>& done) {
+  size_t next = 0;
+  uint64_t first = 0;
+  std::vector<rpc::HeldBlock> held;  // of inos[next], gathered over partial answers
+  while (next < inos.size()) {
+    rpc::FileResidencyRequest req;
+    req.set_worker(worker);
+    req.set_first_block(first);
+    for (size_t i = next; i < inos.size() && i - next < 1000; ++i) req.add_inos(inos[i]);
+    rpc::FileResidencyResponse resp;
+    RETURN_IF_ERROR(m.Call(&rpc::Master::Stub::GetFileResidency, req, &resp));
+    if (resp.files_size() == 0) return InternalError("the master answered no file of a residency question");
+    for (const auto& f : resp.files()) {
+      held.insert(held.end(), f.held().begin(), f.held().end());
+      if (f.first() + f.count() < f.blocks()) {
+        if (f.count() == 0) return InternalError("the master answered no block of a residency question");
+        first = f.first() + f.count();  // the rest of this file in the next call
+        break;
       }
-      grpc::ClientContext ctx;
-      sec->Prepare(&ctx, cfg.rpc.timeout);
-      rpc::ResidencyResponse resp;
-      RETURN_IF_ERROR(FromGrpc(stub->GetResidency(&ctx, req, &resp), "the worker at " + w.address));
-      for (int i = 0; i < resp.files_size() && start + i < end; ++i) {
-        for (const auto& b : resp.files(i).blocks()) (*out)[start + i].emplace(b.index(), std::make_pair(&w, b));
-      }
-      start = end;
+      done(next, f.file(), f.blocks(), held);
+      held.clear();
+      first = 0;
+      ++next;
     }
   }
   return Status::OK();
-}
-
-StatusOr<FileBlocks> BlocksOf(MasterConn& m, const std::string& path, uint64_t ino,
-                              std::map<uint64_t, std::string>* uris) {
-  FileBlocks f;
-  f.path = path;
-  rpc::GetFileRequest req;
-  req.set_ino(ino);
-  RETURN_IF_ERROR(m.Call(&rpc::Master::Stub::GetFile, req, &f.info));
-  auto it = uris->find(f.info.mount_id());
-  if (it == uris->end()) {
-    rpc::GetMountRequest gm;
-    gm.set_id(f.info.mount_id());
-    rpc::MountInfo mi;
-    RETURN_IF_ERROR(m.Call(&rpc::Master::Stub::GetMount, gm, &mi));
-    it = uris->emplace(f.info.mount_id(), mi.uri()).first;
-  }
-  f.key = MakeFileKey(it->second, f.info.ufs_path(), f.info.version());
-  uint64_t bs = f.info.block_size() ? f.info.block_size() : 1;
-  f.blocks = (f.info.attr().size() + bs - 1) / bs;
-  return f;
 }
 
 }  // namespace
@@ -913,50 +881,47 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
     return Fail(InvalidArgumentError("'" + opts.path + "' is neither a namespace path (/dataset/...) nor a path in a "
                                      "granary mount on this machine"));
   }
-  auto sec = RpcSecurity::FromConfig(cfg.rpc);
-  if (!sec.ok()) return Fail(sec.status());
   rpc::ResolvePathRequest rr;
   rr.set_path(ns);
   rpc::AttrResponse attr;
   Status st = master.Call(&rpc::Master::Stub::ResolvePath, rr, &attr);
   if (!st.ok()) return Fail(st);
-  rpc::Report report;
-  st = master.Call(&rpc::Master::Stub::GetReport, rpc::GetReportRequest(), &report);
-  if (!st.ok()) return Fail(st);
   // This node's worker: the one its granary-fuse reads from, else fuse.worker of the configuration.
   std::string local = node ? node->worker : cfg.fuse.worker;
-  std::vector<WorkerRef> workers;
-  for (const auto& w : report.workers()) {
-    if (!w.alive()) continue;
-    workers.push_back({w.id(), w.address(), w.address() == local});
-  }
-  std::map<uint64_t, std::string> uris;
 
   if (attr.attr().type() != rpc::DIRECTORY) {
-    auto f = BlocksOf(master, ns, attr.attr().ino(), &uris);
-    if (!f.ok()) return Fail(f.status());
-    Holders holders;
-    st = AskResidency(*sec, cfg, workers, {*f}, &holders);
+    rpc::FileInfo info;
+    uint64_t nblocks = 0;
+    std::vector<rpc::HeldBlock> held;
+    st = FileResidency(master, {attr.attr().ino()}, "",
+                       [&](size_t, const rpc::FileInfo& fi, uint64_t n, const std::vector<rpc::HeldBlock>& h) {
+                         info = fi;
+                         nblocks = n;
+                         held = h;
+                       });
     if (!st.ok()) return Fail(st);
-    const auto& h = holders[0];
-    uint64_t bs = f->info.block_size();
+    std::multimap<uint64_t, const rpc::HeldBlock*> by_index;
+    for (const auto& h : held) by_index.emplace(h.block().index(), &h);
+    uint64_t bs = info.block_size();
     uint64_t cached = 0, local_blocks = 0, cached_bytes = 0;
     json blocks = json::array();
-    for (uint64_t i = 0; i < f->blocks; ++i) {
-      auto [lo, hi] = h.equal_range(i);
+    for (uint64_t i = 0; i < nblocks; ++i) {
+      auto [lo, hi] = by_index.equal_range(i);
       json holders_j = json::array();
       bool any = false, here = false;
       for (auto it = lo; it != hi; ++it) {
+        const rpc::HeldBlock& hb = *it->second;
+        const bool is_local = !local.empty() && hb.worker() == local;
         any = true;
-        here |= it->second.first->local;
-        holders_j.push_back({{"worker", it->second.first->address},
-                             {"worker_id", it->second.first->id},
-                             {"tier", it->second.second.medium()},
-                             {"level", it->second.second.level()},
-                             {"kind", it->second.second.elastic() ? "elastic" : "replica"},
-                             {"local", it->second.first->local}});
+        here |= is_local;
+        holders_j.push_back({{"worker", hb.worker()},
+                             {"worker_id", hb.worker_id()},
+                             {"tier", hb.block().medium()},
+                             {"level", hb.block().level()},
+                             {"kind", hb.block().elastic() ? "elastic" : "replica"},
+                             {"local", is_local}});
       }
-      uint64_t len = std::min(bs, f->info.attr().size() - i * bs);
+      uint64_t len = std::min(bs, info.attr().size() - i * bs);
       cached += any;
       local_blocks += here;
       if (any) cached_bytes += len;
@@ -965,10 +930,10 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
     if (opts.json) {
       json j = {{"path", ns},
                 {"type", "file"},
-                {"size", f->info.attr().size()},
-                {"version", f->info.version()},
+                {"size", info.attr().size()},
+                {"version", info.version()},
                 {"block_size", bs},
-                {"blocks", f->blocks},
+                {"blocks", nblocks},
                 {"cached_blocks", cached},
                 {"cached_bytes", cached_bytes},
                 {"local_blocks", local_blocks},
@@ -978,10 +943,10 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
       return 0;
     }
     std::printf("%s\n  size %s, version %s, block size %s, %llu blocks\n", ns.c_str(),
-                FormatBytes(f->info.attr().size()).c_str(), f->info.version().c_str(), FormatBytes(bs).c_str(),
-                static_cast<unsigned long long>(f->blocks));
+                FormatBytes(info.attr().size()).c_str(), info.version().c_str(), FormatBytes(bs).c_str(),
+                static_cast<unsigned long long>(nblocks));
     std::printf("  cached %llu of %llu blocks (%s), %llu on this node's worker (%s)\n",
-                static_cast<unsigned long long>(cached), static_cast<unsigned long long>(f->blocks),
+                static_cast<unsigned long long>(cached), static_cast<unsigned long long>(nblocks),
                 FormatBytes(cached_bytes).c_str(), static_cast<unsigned long long>(local_blocks),
                 local.empty() ? "unknown" : local.c_str());
     std::printf("  %6s %10s  %s\n", "block", "length", "where (worker tier kind)");
@@ -1003,20 +968,19 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
   rpc::DuResponse du;
   st = master.Call(&rpc::Master::Stub::Du, dr, &du);
   if (!st.ok()) return Fail(st);
-  std::vector<WorkerRef> mine;
-  for (const auto& w : workers) {
-    if (w.local) mine.push_back(w);
-  }
   uint64_t files = 0, whole_local = 0;
-  std::vector<FileBlocks> batch;
+  std::vector<uint64_t> batch;  // files whose residency on this node's worker is asked next
   auto flush = [&]() -> Status {
-    Holders h;
-    RETURN_IF_ERROR(AskResidency(*sec, cfg, mine, batch, &h));
-    for (size_t i = 0; i < batch.size(); ++i) {
-      std::set<uint64_t> held;
-      for (const auto& [index, _] : h[i]) held.insert(index);
-      if (held.size() == batch[i].blocks) whole_local++;
+    if (local.empty()) {
+      batch.clear();  // no worker on this node: no file is on it
+      return Status::OK();
     }
+    RETURN_IF_ERROR(FileResidency(master, batch, local,
+                                  [&](size_t, const rpc::FileInfo&, uint64_t n, const std::vector<rpc::HeldBlock>& h) {
+                                    std::set<uint64_t> on_node;
+                                    for (const auto& b : h) on_node.insert(b.block().index());
+                                    if (on_node.size() == n) whole_local++;
+                                  }));
     batch.clear();
     return Status::OK();
   };
@@ -1041,13 +1005,11 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
           continue;
         }
         ++files;
-        auto f = BlocksOf(master, child, e.attr().ino(), &uris);
-        if (!f.ok()) return Fail(f.status());
-        if (f->blocks == 0) {
+        if (e.attr().size() == 0) {
           whole_local++;  // nothing to cache
           continue;
         }
-        batch.push_back(std::move(*f));
+        batch.push_back(e.attr().ino());
         if (batch.size() >= 1000) {
           st = flush();
           if (!st.ok()) return Fail(st);

@@ -152,12 +152,48 @@ uint64_t BlockCount(uint64_t size, uint64_t block_size) {
   return block_size == 0 ? 0 : (size + block_size - 1) / block_size;
 }
 
-// A range of one file's blocks in a du walk, waiting for the workers' answer, and the entries its
-// figures go to.
-struct DuRange {
+// A range of one file's blocks in a residency question.
+struct BlockRange {
   FileKey key;
   uint64_t first = 0;  // block indexes first .. first+count-1 of the file
   uint64_t count = 0;
+};
+
+rpc::ResidencyRequest ResidencyQuestion(const std::vector<const BlockRange*>& ranges) {
+  rpc::ResidencyRequest req;
+  for (const BlockRange* r : ranges) {
+    rpc::ResidencyQuery* q = req.add_files();
+    q->set_file_key(FileKeyBytes(r->key));
+    q->set_first(r->first);
+    q->set_blocks(r->count);
+  }
+  return req;
+}
+
+// Asks one worker `req` (made by ResidencyQuestion from `ranges`) and calls held(i, block) for
+// each block it holds within range i. One answer per query, in the order asked; an answer that
+// does not line up (another file, a block outside the range) is dropped.
+Status AskResidency(rpc::Worker::Stub& w, grpc::ClientContext& ctx, const rpc::ResidencyRequest& req,
+                    const std::vector<const BlockRange*>& ranges,
+                    const std::function<void(size_t, const rpc::BlockResidency&)>& held) {
+  rpc::ResidencyResponse resp;
+  RETURN_IF_ERROR(FromGrpc(w.GetResidency(&ctx, req, &resp), "GetResidency"));
+  for (int i = 0; i < resp.files_size(); ++i) {
+    const rpc::FileResidency& fr = resp.files(i);
+    size_t at = static_cast<size_t>(i);
+    if (at >= ranges.size() || FileKeyBytes(ranges[at]->key) != fr.file_key()) continue;
+    for (const auto& b : fr.blocks()) {
+      if (b.index() < ranges[at]->first || b.index() - ranges[at]->first >= ranges[at]->count) continue;
+      held(at, b);
+    }
+  }
+  return Status::OK();
+}
+
+// A range of one file's blocks in a du walk, waiting for the workers' answer, and the entries its
+// figures go to.
+struct DuRange {
+  BlockRange range;
   rpc::DuEntry* entries[2] = {nullptr, nullptr};
 };
 
@@ -169,36 +205,22 @@ void AccountBatch(Cluster& cluster, const WorkerCalls& workers, std::vector<DuRa
                   uint32_t* failed) {
   std::vector<DuRange>& batch = *ranges;
   if (batch.empty()) return;
-  rpc::ResidencyRequest req;
-  for (const auto& r : batch) {
-    rpc::ResidencyQuery* q = req.add_files();
-    q->set_file_key(FileKeyBytes(r.key));
-    q->set_first(r.first);
-    q->set_blocks(r.count);
-  }
+  std::vector<const BlockRange*> asked_ranges;
+  for (const auto& r : batch) asked_ranges.push_back(&r.range);
+  const rpc::ResidencyRequest req = ResidencyQuestion(asked_ranges);
   // Per range: the length of each block held somewhere (0: nowhere), and the copies' bytes.
   std::vector<std::vector<uint64_t>> held(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) held[i].assign(batch[i].count, 0);
+  for (size_t i = 0; i < batch.size(); ++i) held[i].assign(batch[i].range.count, 0);
   std::vector<uint64_t> replica(batch.size()), elastic(batch.size());
   uint32_t told = 0;
   const uint32_t alive = static_cast<uint32_t>(cluster.AliveWorkers().size());
   Status st = ForEachWorker(
       cluster, workers,
       [&](rpc::Worker::Stub& w, grpc::ClientContext& ctx) {
-        rpc::ResidencyResponse resp;
-        RETURN_IF_ERROR(FromGrpc(w.GetResidency(&ctx, req, &resp), "GetResidency"));
-        // One answer per query, in the order asked; an answer that does not line up is dropped.
-        for (int i = 0; i < resp.files_size(); ++i) {
-          const rpc::FileResidency& fr = resp.files(i);
-          size_t at = static_cast<size_t>(i);
-          if (at >= batch.size() || FileKeyBytes(batch[at].key) != fr.file_key()) continue;
-          for (const auto& b : fr.blocks()) {
-            if (b.index() < batch[at].first || b.index() - batch[at].first >= batch[at].count) continue;
-            held[at][b.index() - batch[at].first] = b.length();
-            (b.elastic() ? elastic[at] : replica[at]) += b.length();
-          }
-        }
-        return Status::OK();
+        return AskResidency(w, ctx, req, asked_ranges, [&](size_t at, const rpc::BlockResidency& b) {
+          held[at][b.index() - batch[at].range.first] = b.length();
+          (b.elastic() ? elastic[at] : replica[at]) += b.length();
+        });
       },
       &told);
   if (!st.ok()) spdlog::warn("du: {} (its blocks are not counted)", st.message());
@@ -250,7 +272,7 @@ Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
       u = uris.emplace(f.mount_id(), m.uri()).first;
     }
     DuRange range;
-    range.key = MakeFileKey(u->second, f.ufs_path(), f.version());
+    range.range.key = MakeFileKey(u->second, f.ufs_path(), f.version());
     range.entries[0] = total;
     if (top.type() == rpc::DIRECTORY) {
       std::string rest = p.substr(prefix.size());
@@ -274,11 +296,11 @@ Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
         AccountBatch(*cluster_, workers_, &batch, &asked, &failed);
         batch_blocks = 0;
       }
-      range.first = first;
-      range.count = std::min(blocks - first, kBatchBlocks - batch_blocks);
+      range.range.first = first;
+      range.range.count = std::min(blocks - first, kBatchBlocks - batch_blocks);
       batch.push_back(range);
-      batch_blocks += range.count;
-      first += range.count;
+      batch_blocks += range.range.count;
+      first += range.range.count;
     }
     return Status::OK();
   }));
@@ -286,6 +308,75 @@ Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
   resp->set_workers(asked);
   resp->set_workers_failed(failed);
   for (auto& [k, e] : children) *resp->add_entries() = std::move(e);
+  return Status::OK();
+}
+
+Status CacheAdmin::FileResidency(const rpc::FileResidencyRequest& req, rpc::FileResidencyResponse* resp) {
+  if (static_cast<size_t>(req.inos_size()) > kResidencyFiles) {
+    return InvalidArgumentError("asked about " + std::to_string(req.inos_size()) + " files at once; ask about at most " +
+                                std::to_string(kResidencyFiles));
+  }
+  resp->Clear();
+  std::map<uint64_t, std::string> uris;
+  std::vector<BlockRange> ranges;
+  ranges.reserve(static_cast<size_t>(req.inos_size()));
+  uint64_t budget = kResidencyBlocks;
+  for (int i = 0; i < req.inos_size() && budget > 0; ++i) {
+    // Not GetFile's RPC path: a question about residency is no evidence of an epoch (fetch-ahead).
+    ASSIGN_OR_RETURN(rpc::FileInfo f, ns_->GetFile(req.inos(i)));
+    if (f.attr().type() == rpc::DIRECTORY) {
+      return InvalidArgumentError("inode " + std::to_string(req.inos(i)) + " is a directory; ask about its files");
+    }
+    auto u = uris.find(f.mount_id());
+    if (u == uris.end()) {
+      ASSIGN_OR_RETURN(rpc::MountInfo m, ns_->GetMount(f.mount_id()));
+      u = uris.emplace(f.mount_id(), m.uri()).first;
+    }
+    const uint64_t blocks = BlockCount(f.attr().size(), f.block_size());
+    BlockRange r;
+    r.key = MakeFileKey(u->second, f.ufs_path(), f.version());
+    r.first = i == 0 ? std::min(req.first_block(), blocks) : 0;
+    r.count = std::min(blocks - r.first, budget);
+    budget -= r.count;
+    rpc::FileHolders* fh = resp->add_files();
+    *fh->mutable_file() = std::move(f);
+    fh->set_blocks(blocks);
+    fh->set_first(r.first);
+    fh->set_count(r.count);
+    ranges.push_back(std::move(r));
+  }
+  std::vector<const BlockRange*> asked;
+  for (const auto& r : ranges) asked.push_back(&r);
+  const rpc::ResidencyRequest question = ResidencyQuestion(asked);
+  // Per file: (block index, worker id) -> the copy, so the answer lists copies by block.
+  std::vector<std::map<std::pair<uint64_t, uint64_t>, rpc::HeldBlock>> held(ranges.size());
+  uint32_t workers = 0, failed = 0;
+  for (const auto& [id, address] : cluster_->AliveWorkers()) {
+    if (!req.worker().empty() && address != req.worker()) continue;
+    ++workers;
+    auto holder = workers_.pool->Get(address);
+    grpc::ClientContext ctx;
+    workers_.pool->security().Prepare(&ctx, workers_.timeout);
+    const uint64_t worker_id = id;
+    const std::string& worker = address;
+    Status st = AskResidency(*holder->Get(), ctx, question, asked, [&](size_t at, const rpc::BlockResidency& b) {
+      rpc::HeldBlock h;
+      h.set_worker_id(worker_id);
+      h.set_worker(worker);
+      *h.mutable_block() = b;
+      held[at][{b.index(), worker_id}] = std::move(h);
+    });
+    if (!st.ok()) {
+      if (st.code() == Code::kUnavailable) holder->Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+      spdlog::warn("residency: worker {} at {}: {} (its blocks are not listed)", id, address, st.message());
+      ++failed;
+    }
+  }
+  for (size_t i = 0; i < held.size(); ++i) {
+    for (auto& [_, h] : held[i]) *resp->mutable_files(static_cast<int>(i))->add_held() = std::move(h);
+  }
+  resp->set_workers(workers);
+  resp->set_workers_failed(failed);
   return Status::OK();
 }
 

@@ -6,7 +6,8 @@
 // missed a push gets the whole set when it registers again. Free drops the cached blocks of every
 // file below a path on every live worker, refused when a pin overlaps the path. Du walks the files
 // below a path and asks every live worker which of their blocks it holds (GetResidency, in batches
-// of files): the master keeps no block map (master/cluster.h).
+// of files): the master keeps no block map (master/cluster.h). FileResidency asks the same question
+// about some files and answers it block by block (`granary info`), so no client asks workers itself.
 //
 // Thread-safe. Lock order: pin_mu_ (one pin or unpin at a time) is held across calls into the
 // namespace, the cluster and workers; nothing else is held while taking it.
@@ -64,6 +65,14 @@ class CacheAdmin {
   // cached_bytes counts each block held by some live worker once; replica_bytes and elastic_bytes
   // every copy. A worker that does not answer is left out of the figures (and logged).
   Status Du(const rpc::DuRequest& req, rpc::DuResponse* resp);
+  // Which live workers (or the one named) hold which blocks of some files: at most kResidencyFiles
+  // files and kResidencyBlocks blocks per answer (INVALID_ARGUMENT beyond the files; the blocks
+  // stop the answer short). NOT_FOUND for an unknown inode, INVALID_ARGUMENT for a directory. Not
+  // an open: fetch-ahead does not see it. A worker that does not answer is left out (counted).
+  Status FileResidency(const rpc::FileResidencyRequest& req, rpc::FileResidencyResponse* resp);
+
+  static constexpr size_t kResidencyFiles = 4096;
+  static constexpr uint64_t kResidencyBlocks = 100'000;
 
  private:
   Namespace* ns_;

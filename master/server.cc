@@ -221,6 +221,11 @@ class MasterService final : public MetadataCallbacks {
     GRANARY_AUTH();
     return ToGrpc(admin_.Du(*req, resp));
   }
+  grpc::Status GetFileResidency(ServerContext* ctx, const rpc::FileResidencyRequest* req,
+                                rpc::FileResidencyResponse* resp) override {
+    GRANARY_AUTH();
+    return ToGrpc(admin_.FileResidency(*req, resp));
+  }
 #undef GRANARY_AUTH
 
  private:

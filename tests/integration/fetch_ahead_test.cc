@@ -112,8 +112,15 @@ TEST_F(FetchAheadTest, AnEpochIsFetchedAheadButAListingOrOneReadStartsNothing) {
   }
   ASSERT_EQ(listed, names.size());
   ReadAll(root, {names[0]}, src);
+  // `granary info` of the whole tree asks which blocks are cached: no open either.
+  RunResult info = cluster_->Cli({"info", "/ds", "--json"});
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_EQ(nlohmann::json::parse(info.out, nullptr, false).value("files", 0u), names.size()) << info.out;
+  RunResult one = cluster_->Cli({"info", "/ds/" + names[1], "--json"});
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_EQ(nlohmann::json::parse(one.out, nullptr, false).value("cached_blocks", 1u), 0u) << one.out;
   const std::string opened = "granary_fetch_ahead_opened_files{mount=\"/ds\"}";
-  EXPECT_EQ(cluster_->Metric("master", opened), 1) << "only an open is evidence, not a lookup";
+  EXPECT_EQ(cluster_->Metric("master", opened), 1) << "only an open is evidence, not a lookup or `granary info`";
   EXPECT_TRUE(AheadJobs(*cluster_, "/ds").empty());
   EXPECT_EQ(cluster_->Metric("worker", "granary_worker_fetch_ahead_blocks_total"), 0);
 
