@@ -156,7 +156,7 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     route.keep = became_home;
   }
   if (!route.ask_peers && req.block_size >= kRangeFirstMinBlock && req.offset > 0 && len <= kRangeFirstMax &&
-      len * 2 <= meta.length && !InFlightOrBuffered(meta.id)) {
+      len * 2 <= meta.length && !JoinRatherThanRange(meta.id)) {
     return RangeFirst(req, t, route, out, source);
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block, Fetch(req, mount, meta, route));
@@ -202,10 +202,25 @@ bool BlockSource::SecondTouch(const BlockId& id) {
   return false;
 }
 
-bool BlockSource::InFlightOrBuffered(const BlockId& id) {
+bool BlockSource::JoinRatherThanRange(const BlockId& id) {
   MutexLock lock(&mu_);
-  if (inflight_.count(id)) return true;
-  return std::any_of(uncached_.begin(), uncached_.end(), [&](const auto& u) { return u.first == id; });
+  if (std::any_of(uncached_.begin(), uncached_.end(), [&](const auto& u) { return u.first == id; })) return true;
+  return inflight_.count(id) > 0 && fills_.count(id) == 0;
+}
+
+void BlockSource::Fill(const BlockRequest& req) {
+  BlockId id;
+  {
+    auto t = Resolve(req);
+    if (!t.ok()) return;
+    id = t->meta.id;
+    MutexLock lock(&mu_);
+    if (!fills_.insert(id).second) return;  // queued already
+  }
+  if (!Prefetch(req)) {
+    MutexLock lock(&mu_);
+    fills_.erase(id);
+  }
 }
 
 Status BlockSource::RangeFirst(const BlockRequest& req, const Target& t, const Route& route, std::string* out,
@@ -237,7 +252,7 @@ Status BlockSource::RangeFirst(const BlockRequest& req, const Target& t, const R
   counters_.bytes_served += t.len;
   CountSource(req.mount_id, ReadSource::kUnderStorage);
   if (source) *source = ReadSource::kUnderStorage;
-  if (route.keep && SecondTouch(t.meta.id) && store_->HasFreeRoom(t.meta.length)) Prefetch(req);
+  if (route.keep && SecondTouch(t.meta.id) && store_->HasFreeRoom(t.meta.length)) Fill(req);
   return Status::OK();
 }
 
@@ -371,11 +386,42 @@ Status BlockSource::Warm(BlockRequest req) {
   req.offset = 0;
   req.length = req.block_size;
   ASSIGN_OR_RETURN(Target t, Resolve(req));
+  // A random reader's fill holds a fetch-ahead's pacer slot while it fetches: it waits while
+  // demand misses fill the store's share, so the readers' own ranges go first.
+  struct FillSlot {
+    BlockSource* self = nullptr;
+    BlockId id;
+    bool slot = false;
+    ~FillSlot() {
+      if (self == nullptr) return;
+      if (slot) self->pacer_.ReleaseAhead();
+      MutexLock lock(&self->mu_);
+      self->fills_.erase(id);
+    }
+  } fill;
+  {
+    MutexLock lock(&mu_);
+    if (fills_.count(t.meta.id)) {
+      fill.self = this;
+      fill.id = t.meta.id;
+    }
+  }
   if (t.len == 0 || store_->Contains(t.meta.id)) return Status::OK();
   PeerRef home;
   Route route = RouteFor(req, t, &home);
   // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
   if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
+  if (fill.self != nullptr) {
+    if (!pacer_.AcquireAhead(FetchPacer::kMaxCap, [this] {
+          MutexLock lock(&prefetch_mu_);
+          return prefetch_stop_;
+        })) {
+      return CancelledError("the worker is stopping");
+    }
+    fill.slot = true;
+    route.ahead = true;
+    if (store_->Contains(t.meta.id) || !store_->HasFreeRoom(t.meta.length)) return Status::OK();
+  }
   ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
   counters_.prefetched++;
   return Status::OK();

@@ -58,6 +58,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/metrics.h"
@@ -243,8 +244,14 @@ class BlockSource {
   void CountAccess(uint64_t mount_id, bool hit);
   void CountSource(uint64_t mount_id, ReadSource source);
   Status Warm(BlockRequest req);
-  // Whether a whole-block fetch of `id` is in flight or just done (then a reader joins it).
-  bool InFlightOrBuffered(const BlockId& id);
+  // Whether a reader of a range of `id` waits for the whole block rather than reading its range:
+  // the block was just fetched (buffered), or a fetch of it that a reader waits on is in flight. A
+  // random reader's fill (fills_) is not waited for: the reader's own range costs one round trip,
+  // the fill a whole block behind the readers it yields to.
+  bool JoinRatherThanRange(const BlockId& id);
+  // Queues the whole block of `req` as a random reader's fill: fetched in the background with a
+  // fetch-ahead's pacer slot (demand misses go first), not joined by range reads meanwhile.
+  void Fill(const BlockRequest& req);
   // True when `id` was range-read before (remembered in a direct-mapped table of kTouched
   // blocks): its second touch. Forgets it then.
   bool SecondTouch(const BlockId& id);
@@ -265,6 +272,8 @@ class BlockSource {
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
   std::list<std::pair<BlockId, std::shared_ptr<const FetchedBlock>>> uncached_ GUARDED_BY(mu_);
   std::vector<BlockId> touched_ GUARDED_BY(mu_) = std::vector<BlockId>(kTouched);
+  // Blocks queued or in flight as a random reader's fill (Fill).
+  std::unordered_set<BlockId, BlockIdHash> fills_ GUARDED_BY(mu_);
 
   mutable Mutex access_mu_;
   std::unordered_map<uint64_t, MountAccess> access_ GUARDED_BY(access_mu_);
