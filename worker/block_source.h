@@ -41,8 +41,10 @@
 // kRangeFirstMinBlock, that this worker would fetch from the under-storage itself with no fetch of
 // the block in flight, is answered from a ranged read of just its bytes: a random 4 KiB read into
 // a cold 4 MiB block waits for 4 KiB, not 4 MiB. The whole block follows in the background (a
-// readahead hint) on the block's second range-first touch, and only when the cache has free room
-// for it below the low watermark. Measured in docs/benchmarks.md ("Range first").
+// fill) on the block's second range-first touch, and only when the cache has free room for it
+// below the low watermark. A fill holds a fetch-ahead's pacer slot (demand misses go first), and
+// range reads of its block meanwhile read their ranges rather than wait for it. Measured in
+// docs/benchmarks.md ("Range first").
 //
 // Thread-safe.
 #pragma once

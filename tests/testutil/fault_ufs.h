@@ -25,7 +25,7 @@ class FaultUfs : public UnderFileSystem {
     reads_started++;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return gate_open_; });
+      cv_.wait(lock, [&] { return gate_open_ || length < gate_min_length_; });
       if (fail_next_ > 0) {
         --fail_next_;
         return fail_status_;
@@ -34,10 +34,11 @@ class FaultUfs : public UnderFileSystem {
     return real_->Read(path, version, offset, length, out);
   }
 
-  // Reads wait until OpenGate().
-  void CloseGate() {
+  // Reads (of at least min_length bytes) wait until OpenGate().
+  void CloseGate(size_t min_length = 0) {
     std::lock_guard<std::mutex> lock(mu_);
     gate_open_ = false;
+    gate_min_length_ = min_length;
   }
   void OpenGate() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -57,6 +58,7 @@ class FaultUfs : public UnderFileSystem {
   std::mutex mu_;
   std::condition_variable cv_;
   bool gate_open_ = true;
+  size_t gate_min_length_ = 0;
   int fail_next_ = 0;
   Status fail_status_;
 };

@@ -292,6 +292,31 @@ TEST_F(RangeFirstTest, ASmallReadGetsItsRangeThenTheBlockFollowsOnItsSecondTouch
   EXPECT_TRUE(source_->IsCached(Big(1, 0, kBlock)));
 }
 
+// The fill a second touch starts yields to the readers: a range read of the block meanwhile reads
+// its range rather than waiting for the whole block.
+TEST_F(RangeFirstTest, ARangeReadDoesNotWaitBehindTheBlocksFill) {
+  fakes_.ufs->CloseGate(kBlock);  // whole-block reads wait; ranges pass
+  std::string out;
+  bool hit;
+  ASSERT_TRUE(source_->Read(Big(0, 4096, 4096), &out, &hit).ok());
+  ASSERT_TRUE(source_->Read(Big(0, 8192, 4096), &out, &hit).ok());  // the second touch: the fill starts
+  ASSERT_TRUE(testing::WaitFor([&] { return fakes_.ufs->reads_started.load() == 3; })) << "the fill reached the store";
+  std::atomic<bool> done{false};
+  std::string third;
+  std::thread reader([&] {
+    bool h = true;
+    if (source_->Read(Big(0, 3000000, 4096), &third, &h).ok() && !h) done = true;
+  });
+  bool answered = testing::WaitFor([&] { return done.load(); });
+  fakes_.ufs->OpenGate();
+  reader.join();
+  EXPECT_TRUE(answered) << "the range read waited for the block's fill";
+  EXPECT_EQ(third, big_.substr(3000000, 4096));
+  EXPECT_EQ(source_->counters().range_reads.load(), 3u);
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 4);
+}
+
 TEST_F(RangeFirstTest, NoRoomNoWholeBlock) {
   OpenStore(2 << 20);  // a 4 MiB block never fits
   std::string out;
