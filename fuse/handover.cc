@@ -667,12 +667,17 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
       if (c >= 0) clients.push_back(c);
     }
   }
+  // A spawned keeper that let go of every connection before stopping leaves nothing to look into:
+  // its log (SpawnKeeper's path.log) goes with its socket, or every mount point ever used would
+  // leave one behind. One stopped while holding a connection keeps it.
+  const bool clean = held.empty();
   for (auto& [mp, h] : held) close(h.fd);
   for (int c : clients) close(c);
   close(*listener);
+  std::fprintf(stderr, "granary-fuse keeper: stopped%s\n", clean ? "" : " while holding a connection");
+  if (exit_when_empty && clean) unlink((path + ".log").c_str());
   unlink(path.c_str());
   unlink((path + ".pid").c_str());
-  std::fprintf(stderr, "granary-fuse keeper: stopped\n");
   return 0;
 }
 

@@ -154,6 +154,9 @@ TEST_P(Handover, AReaderSeesNoErrorAcrossUpgradesAndCrashes) {
   EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_mode{mode=\"" + mode + "\",fallback=\"0\"}"), 1) << c.Logs();
   ASSERT_TRUE(c.StopAll(&why)) << why;
   EXPECT_EQ(MountsAt(c.mountpoint()), 0);
+  // The keeper let go of the connection when the mount ended, stopped, and took its log along.
+  EXPECT_TRUE(WaitFor([&] { return access((dir / "fuse.sock.keeper.log").c_str(), F_OK) != 0; }))
+      << ReadFile(dir / "fuse.sock.keeper.log");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Handover, ::testing::Values("kernel", "passthrough", "daemon"),
