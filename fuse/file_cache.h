@@ -10,17 +10,17 @@
 //
 // Entries live for `ttl` (no longer than the kernel may cache the same answer itself:
 // fuse.attr_timeout, fuse.entry_timeout) and at most `capacity` are kept; past that, the oldest
-// half is dropped. Inode numbers are never reused by the master, so an entry can only be stale by
+// half is dropped (common/bounded_map.h). Inode numbers are never reused by the master, so an entry can only be stale by
 // being old, never by naming another file. Thread-safe.
 #pragma once
 
 #include <chrono>
 #include <functional>
-#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
+#include "common/bounded_map.h"
 #include "common/thread_annotations.h"
 #include "proto/granary.pb.h"
 
@@ -31,48 +31,31 @@ class TtlCache {
  public:
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
   TtlCache(size_t capacity, std::chrono::milliseconds ttl, Clock clock = std::chrono::steady_clock::now)
-      : capacity_(capacity), ttl_(ttl), clock_(std::move(clock)) {}
+      : ttl_(ttl), clock_(std::move(clock)), entries_(ttl.count() > 0 ? capacity : 0) {}
 
   // The value, if present and younger than ttl; *age (optional) says how old it is.
   std::optional<V> Get(const K& key, std::chrono::milliseconds* age = nullptr) {
     MutexLock lock(&mu_);
-    auto it = entries_.find(key);
-    if (it == entries_.end()) return std::nullopt;
-    auto old = clock_() - it->second.added;
+    Entry* e = entries_.Find(key);
+    if (e == nullptr) return std::nullopt;
+    auto old = clock_() - e->added;
     if (old > ttl_) {
-      by_age_.erase(it->second.seq);
-      entries_.erase(it);
+      entries_.Erase(key);
       return std::nullopt;
     }
     if (age) *age = std::chrono::duration_cast<std::chrono::milliseconds>(old);
-    return it->second.value;
+    return e->value;
   }
 
   void Put(const K& key, const V& value) {
-    if (capacity_ == 0 || ttl_.count() <= 0) return;
     MutexLock lock(&mu_);
-    auto it = entries_.find(key);
-    if (it != entries_.end()) by_age_.erase(it->second.seq);
-    uint64_t seq = seq_++;
-    entries_[key] = Entry{value, clock_(), seq};
-    by_age_[seq] = key;
-    if (entries_.size() > capacity_) {
-      // Drop the oldest half: amortised O(1) per insert, and no per-read bookkeeping.
-      size_t drop = entries_.size() - capacity_ / 2;
-      for (auto a = by_age_.begin(); drop > 0 && a != by_age_.end(); --drop) {
-        entries_.erase(a->second);
-        a = by_age_.erase(a);
-      }
-    }
+    entries_.Put(key, Entry{value, clock_()});
   }
 
   // Forgets an entry (it turned out stale), so the next question goes to the master.
   void Erase(const K& key) {
     MutexLock lock(&mu_);
-    auto it = entries_.find(key);
-    if (it == entries_.end()) return;
-    by_age_.erase(it->second.seq);
-    entries_.erase(it);
+    entries_.Erase(key);
   }
 
   size_t size() {
@@ -84,15 +67,11 @@ class TtlCache {
   struct Entry {
     V value;
     std::chrono::steady_clock::time_point added;
-    uint64_t seq;
   };
-  const size_t capacity_;
   const std::chrono::milliseconds ttl_;
   Clock clock_;
   Mutex mu_;
-  uint64_t seq_ GUARDED_BY(mu_) = 0;
-  std::unordered_map<K, Entry> entries_ GUARDED_BY(mu_);
-  std::map<uint64_t, K> by_age_ GUARDED_BY(mu_);  // seq -> key
+  BoundedMap<K, Entry> entries_ GUARDED_BY(mu_);  // the oldest half goes when full
 };
 
 using FileCache = TtlCache<uint64_t, rpc::FileInfo>;

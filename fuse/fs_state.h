@@ -28,6 +28,8 @@
 //   passthrough  opens and idle (one backing id per inode, kept after the last close), handles;
 //                an open that cannot be passed through is served as in daemon mode (handles,
 //                page_versions) and counted in its inode's InodeOpens::cached.
+// dir_gens, page_versions, inode_files and reader_files are BoundedMaps: each remembers at most
+// kInodeStates (fuse.file_cache_entries for the last two) and forgets the oldest half when full.
 //
 // Locks: what each mutex guards.
 //   dir_gens_mu       dir_gens
@@ -73,6 +75,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/bounded_map.h"
 #include "common/config.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -134,6 +137,10 @@ struct InodeOpens {
   std::chrono::steady_clock::time_point idle_since{};
 };
 
+// Per-inode state remembered to spare a call or a re-read (dir_gens, page_versions): at most this
+// many entries each, the oldest half forgotten when full (common/bounded_map.h).
+inline constexpr size_t kInodeStates = 1'000'000;
+
 // Everything the operations need; the session's userdata.
 struct Fs {
   Config cfg;
@@ -154,19 +161,20 @@ struct Fs {
     std::chrono::steady_clock::time_point checked;  // when the master last confirmed it
   };
   Mutex dir_gens_mu;
-  std::unordered_map<uint64_t, DirGen> dir_gens GUARDED_BY(dir_gens_mu);  // master ino -> DirGen
+  BoundedMap<uint64_t, DirGen> dir_gens GUARDED_BY(dir_gens_mu){kInodeStates};  // master ino -> DirGen
   // Daemon mode: the version whose bytes the kernel's page cache may hold for a file: the one it
   // was last opened at. An open of the same version keeps those pages (keep_cache); another
   // version drops them.
   Mutex page_versions_mu;
-  std::unordered_map<uint64_t, std::string> page_versions GUARDED_BY(page_versions_mu);  // master ino -> version
+  BoundedMap<uint64_t, std::string> page_versions GUARDED_BY(page_versions_mu){kInodeStates};  // master ino -> version
   // Every mode: the version hash each file's attributes last carried. A change that the kernel
   // cannot see in size or mtime (a new ETag) drops its cached pages through the invalidator.
   Mutex attr_versions_mu;
   std::unordered_map<uint64_t, uint64_t> attr_versions GUARDED_BY(attr_versions_mu);  // kernel ino -> Attr.version_hash
   // Kernel mode: each file read since its info was last confirmed (no open carries it).
   Mutex inode_files_mu;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> inode_files GUARDED_BY(inode_files_mu);  // kernel ino -> newest known file
+  // kernel ino -> newest known file; at most fuse.file_cache_entries (set at mount).
+  BoundedMap<uint64_t, std::shared_ptr<OpenFile>> inode_files GUARDED_BY(inode_files_mu){0};
   // Kernel mode: the version each reading process is on, per file (no open pins it). A read at
   // offset 0 moves the process to the newest version; a read further in stays on its version.
   struct PidKey {
@@ -177,7 +185,7 @@ struct Fs {
   struct PidKeyHash {
     size_t operator()(const PidKey& k) const { return std::hash<uint64_t>()(k.ino * 0x9e3779b97f4a7c15ull ^ k.pid); }
   };
-  std::unordered_map<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files GUARDED_BY(inode_files_mu);
+  BoundedMap<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files GUARDED_BY(inode_files_mu){0};
   // Passthrough mode.
   Mutex opens_mu;
   std::unordered_map<uint64_t, InodeOpens> opens GUARDED_BY(opens_mu);  // kernel ino -> opens

@@ -179,6 +179,11 @@ Status FuseMountImpl::Init(const Config& cfg) {
 
   fs_ = std::make_unique<Fs>();
   fs_->cfg = cfg;
+  {
+    MutexLock lock(&fs_->inode_files_mu);
+    fs_->inode_files.SetCapacity(cfg.fuse.file_cache_entries);
+    fs_->reader_files.SetCapacity(cfg.fuse.file_cache_entries);
+  }
   if (cfg.fuse.open == "daemon") {
     fs_->wanted = OpenMode::kDaemon;
   } else if (cfg.fuse.open == "kernel") {

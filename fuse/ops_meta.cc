@@ -207,8 +207,8 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->keep_cache = 0;
   {
     MutexLock lock(&fs->dir_gens_mu);
-    auto it = fs->dir_gens.find(master_ino);
-    if (it != fs->dir_gens.end() && now - it->second.checked < fs->cfg.fuse.attr_timeout) {
+    const Fs::DirGen* known = fs->dir_gens.Find(master_ino);
+    if (known != nullptr && now - known->checked < fs->cfg.fuse.attr_timeout) {
       fi->keep_cache = 1;
       fuse_reply_open(req, fi);
       return;
@@ -222,10 +222,9 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   {
     MutexLock lock(&fs->dir_gens_mu);
-    if (fs->dir_gens.size() > 1'000'000) fs->dir_gens.clear();  // bounded; forgetting costs a re-read
-    auto [it, fresh] = fs->dir_gens.try_emplace(master_ino, Fs::DirGen{a->generation(), now});
-    if (!fresh && it->second.generation == a->generation()) fi->keep_cache = 1;
-    it->second = Fs::DirGen{a->generation(), now};
+    auto [gen, fresh] = fs->dir_gens.TryEmplace(master_ino, Fs::DirGen{a->generation(), now});
+    if (!fresh && gen->generation == a->generation()) fi->keep_cache = 1;
+    *gen = Fs::DirGen{a->generation(), now};
   }
   fuse_reply_open(req, fi);
 }

@@ -82,8 +82,8 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
   std::shared_ptr<OpenFile> newest;
   {
     MutexLock lock(&fs->inode_files_mu);
-    auto it = fs->inode_files.find(ino);
-    if (it != fs->inode_files.end() && now - it->second->confirmed < fs->cfg.fuse.attr_timeout) newest = it->second;
+    std::shared_ptr<OpenFile>* known = fs->inode_files.Find(ino);
+    if (known != nullptr && now - (*known)->confirmed < fs->cfg.fuse.attr_timeout) newest = *known;
   }
   if (!newest) {
     fs->files->Erase(fs->ToMaster(ino));  // as old as the kernel's attributes may be: ask the master
@@ -91,8 +91,8 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
     fs->NoteVersion(ino, info.attr().version_hash());
     fs->attrs->Put(info.attr().ino(), info.attr());  // the newest the master said
     MutexLock lock(&fs->inode_files_mu);
-    auto it = fs->inode_files.find(ino);
-    std::shared_ptr<OpenFile> slot = it == fs->inode_files.end() ? nullptr : it->second;
+    std::shared_ptr<OpenFile>* known = fs->inode_files.Find(ino);
+    std::shared_ptr<OpenFile> slot = known == nullptr ? nullptr : *known;
     if (slot && slot->info.version() == info.version()) {
       slot->confirmed = now;
       newest = slot;
@@ -101,20 +101,14 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
       newest = std::make_shared<OpenFile>();
       newest->info = std::move(info);
       newest->confirmed = now;
-      if (fs->inode_files.size() >= fs->cfg.fuse.file_cache_entries) {
-        fs->inode_files.clear();  // bounded by fuse.file_cache_entries; forgetting costs a call to the master
-      } else {
-        fs->inode_files[ino] = newest;
-      }
+      fs->inode_files.Put(ino, newest);  // at most fuse.file_cache_entries; forgetting costs a call to the master
     }
   }
   MutexLock lock(&fs->inode_files_mu);
-  if (fs->cfg.fuse.file_cache_entries == 0) return newest;
-  auto [it, fresh] = fs->reader_files.try_emplace(Fs::PidKey{ino, pid}, newest);
-  if (!fresh && off == 0) it->second = newest;
-  std::shared_ptr<OpenFile> mine = it->second;
-  if (fs->reader_files.size() > fs->cfg.fuse.file_cache_entries) fs->reader_files.clear();  // bounded
-  return mine;
+  auto [mine, fresh] = fs->reader_files.TryEmplace(Fs::PidKey{ino, pid}, newest);
+  if (mine == nullptr) return newest;  // fuse.file_cache_entries 0: nothing remembered
+  if (!fresh && off == 0) *mine = newest;
+  return *mine;
 }
 
 // Counts a read's bytes by where they came from, per mount; tells the trace record (if any).
@@ -256,10 +250,10 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!fi->direct_io) {
     {
       MutexLock lock(&fs->page_versions_mu);
-      if (fs->page_versions.size() > 1'000'000) fs->page_versions.clear();  // bounded; forgetting costs a re-read
-      std::string& seen = fs->page_versions[master_ino];
-      fi->keep_cache = fs->cfg.fuse.keep_cache && seen == of->info.version();
-      seen = of->info.version();
+      // At most kInodeStates remembered; a forgotten one costs a re-read of its pages.
+      std::string* seen = fs->page_versions.TryEmplace(master_ino, "").first;
+      fi->keep_cache = fs->cfg.fuse.keep_cache && *seen == of->info.version();
+      *seen = of->info.version();
     }
     if (mode == OpenMode::kPassthrough) {
       MutexLock lock(&fs->opens_mu);
@@ -309,11 +303,10 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
       fs->attrs->Erase(of->info.attr().ino());
       {
         MutexLock lock(&fs->page_versions_mu);
-        fs->page_versions.erase(of->info.attr().ino());
+        fs->page_versions.Erase(of->info.attr().ino());
       }
       MutexLock lock(&fs->inode_files_mu);
-      auto it = fs->inode_files.find(ino);
-      if (it != fs->inode_files.end()) it->second->confirmed = {};  // the next read asks the master
+      if (std::shared_ptr<OpenFile>* known = fs->inode_files.Find(ino)) (*known)->confirmed = {};  // the next read asks the master
     }
     return ReplyError(req, st, "read");
   }
