@@ -111,10 +111,9 @@ StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t o
   return *mine;
 }
 
-// Counts a read's bytes by where they came from, per mount; tells the trace record (if any).
-void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRecord* rec) {
-  std::array<uint64_t, 3> add{};
-  for (const auto& p : data.pieces) add[static_cast<size_t>(p.source)] += p.length;
+// Counts a read's bytes by where they came from (`add`, by NodeSource), per mount; tells the
+// trace record (if any) the source, or "mixed".
+void CountSourceBytes(Fs* fs, uint64_t mount_id, const std::array<uint64_t, 3>& add, TraceRecord* rec) {
   {
     MutexLock lock(&fs->mount_bytes_mu);
     auto& m = fs->mount_bytes[mount_id];
@@ -131,6 +130,12 @@ void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRe
   }
 }
 
+void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRecord* rec) {
+  std::array<uint64_t, 3> add{};
+  for (const auto& p : data.pieces) add[static_cast<size_t>(p.source)] += p.length;
+  CountSourceBytes(fs, mount_id, add, rec);
+}
+
 // Answers a READ from the file's read lease (fuse/read_leases.h): spliced from the cache's data file,
 // or, below kCopyBelow bytes, copied.
 constexpr size_t kCopyBelow = 64 * 1024;
@@ -144,11 +149,9 @@ void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease&
   const size_t n = static_cast<size_t>(std::min<uint64_t>(size, end - off));
   fs->read_bytes += n;
   fs->leased_reads++;
-  {
-    MutexLock lock(&fs->mount_bytes_mu);
-    fs->mount_bytes[of.info.mount_id()][static_cast<size_t>(NodeSource::kLocal)] += n;
-  }
-  if (scope->tracing()) scope->record().source = NodeSourceName(NodeSource::kLocal);
+  std::array<uint64_t, 3> add{};
+  add[static_cast<size_t>(NodeSource::kLocal)] = n;  // a lease is of this node's cache
+  CountSourceBytes(fs, of.info.mount_id(), add, scope->tracing() ? &scope->record() : nullptr);
   if (n <= kCopyBelow) {
     // A small read costs less copied (pread, one write) than spliced through a pipe (two splices).
     thread_local std::vector<char> buf;
