@@ -141,6 +141,8 @@ TEST_F(FetchAheadTest, AnEpochIsFetchedAheadButAListingOrOneReadStartsNothing) {
   EXPECT_EQ(misses1, misses0) << "fetch-ahead left blocks of the epoch uncached";
   EXPECT_EQ(ufs1, ufs0);
   EXPECT_GE(hits1 - hits0, names.size());
+  // Readers and fetch-ahead together fetched each block from the store once (single flight).
+  EXPECT_EQ(ufs1, names.size() * kFileSize);
 }
 
 TEST_F(FetchAheadTest, AFullCacheStopsItAndNothingIsEvicted) {
