@@ -18,6 +18,7 @@ if [ "${1:-}" != --build ]; then
     yamllint python3-yaml  # deploy/ checks
     libgtest-dev libgmock-dev libbenchmark-dev python3-botocore
     iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
+    liburing-dev  # bench/fuse_uring.sh: FUSE over io_uring against /dev/fuse
   )
   # kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl
   # is already installed (it may come from another package that owns /usr/bin/kubectl).
