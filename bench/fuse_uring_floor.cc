@@ -14,8 +14,9 @@
 // FUSE_IO_URING_CMD_COMMIT_AND_FETCH, which commits the reply and waits for the next request in
 // one submission. FORGET and INTERRUPT still come through /dev/fuse (one reader thread).
 // Prints "READY" once mounted (and, with uring, once every queue is registered); runs until
-// SIGTERM or SIGINT, then unmounts. bench/fuse_floor.sh --uring times both with the probe of
-// granary-fuse-floor.
+// SIGTERM or SIGINT, then unmounts. bench/fuse_uring.sh times both with the probe of
+// granary-fuse-floor; bench/fuse_uring_handover.sh kills one and lets a successor take the
+// connection over (--adopt-pid, --adopt-fd: the descriptor of a process keeping it).
 //
 // The io_uring layout (fs/fuse/dev_uring.c): the request's fuse_in_header is in the header's
 // in_out, its first argument (the per-operation header; empty for LOOKUP) in op_in, the other
@@ -28,6 +29,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -349,6 +351,12 @@ int main(int argc, char** argv) {
   app.add_option("--transport", transport)->check(CLI::IsMember({"dev", "uring"}));
   app.add_option("--threads", threads, "dev: reader threads; uring: entries per queue");
   app.add_option("--file-mb", file_mb);
+  // The hand-over experiment: take the connection over from the process holding it (a keeper of
+  // the descriptor, after this server's predecessor died): no mount, no INIT; FUSE_NOTIFY_RESEND
+  // asks the kernel to send again what the predecessor had taken and not answered.
+  int adopt_pid = 0, adopt_fd = -1;
+  app.add_option("--adopt-pid", adopt_pid);
+  app.add_option("--adopt-fd", adopt_fd);
   CLI11_PARSE(app, argc, argv);
   big_size = file_mb << 20;
   pattern.resize(1 << 20);
@@ -360,20 +368,33 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // every thread; main waits for them below
 
-  fuse_fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
-  if (fuse_fd < 0) {
-    std::perror("/dev/fuse");
-    return 1;
-  }
-  std::string opts = "fd=" + std::to_string(fuse_fd) + ",rootmode=40000,user_id=0,group_id=0,default_permissions";
-  if (mount("floor", mountpoint.c_str(), "fuse.floor", MS_NOSUID | MS_NODEV, opts.c_str()) != 0) {
-    std::perror("mount");
-    return 1;
-  }
   const bool uring = transport == "uring";
-  if (!Init(uring)) {
-    umount2(mountpoint.c_str(), MNT_DETACH);
-    return 1;
+  if (adopt_pid > 0) {
+    int pidfd = static_cast<int>(syscall(SYS_pidfd_open, adopt_pid, 0));
+    fuse_fd = pidfd < 0 ? -1 : static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, adopt_fd, 0));
+    if (fuse_fd < 0) {
+      std::perror("pidfd_getfd");
+      return 1;
+    }
+    fuse_out_header resend{};
+    resend.len = sizeof resend;
+    resend.error = 7;  // FUSE_NOTIFY_RESEND
+    if (write(fuse_fd, &resend, sizeof resend) < 0) std::perror("FUSE_NOTIFY_RESEND");
+  } else {
+    fuse_fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fuse_fd < 0) {
+      std::perror("/dev/fuse");
+      return 1;
+    }
+    std::string opts = "fd=" + std::to_string(fuse_fd) + ",rootmode=40000,user_id=0,group_id=0,default_permissions";
+    if (mount("floor", mountpoint.c_str(), "fuse.floor", MS_NOSUID | MS_NODEV, opts.c_str()) != 0) {
+      std::perror("mount");
+      return 1;
+    }
+    if (!Init(uring)) {
+      umount2(mountpoint.c_str(), MNT_DETACH);
+      return 1;
+    }
   }
   std::vector<std::thread> pool;
   if (uring) {
@@ -390,7 +411,7 @@ int main(int argc, char** argv) {
   } else {
     for (int t = 0; t < threads; ++t) pool.emplace_back(DevLoop);
   }
-  std::printf("READY %s\n", transport.c_str());
+  std::printf("READY %s fd=%d pid=%d\n", transport.c_str(), fuse_fd, getpid());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);
