@@ -208,16 +208,12 @@ bool BlockSource::JoinRatherThanRange(const BlockId& id) {
   return inflight_.count(id) > 0 && fills_.count(id) == 0;
 }
 
-void BlockSource::Fill(const BlockRequest& req) {
-  BlockId id;
+void BlockSource::Fill(const BlockRequest& req, const BlockId& id) {
   {
-    auto t = Resolve(req);
-    if (!t.ok()) return;
-    id = t->meta.id;
     MutexLock lock(&mu_);
     if (!fills_.insert(id).second) return;  // queued already
   }
-  if (!Prefetch(req)) {
+  if (!Enqueue(Queued{req, id})) {
     MutexLock lock(&mu_);
     fills_.erase(id);
   }
@@ -252,7 +248,7 @@ Status BlockSource::RangeFirst(const BlockRequest& req, const Target& t, const R
   counters_.bytes_served += t.len;
   CountSource(req.mount_id, ReadSource::kUnderStorage);
   if (source) *source = ReadSource::kUnderStorage;
-  if (route.keep && SecondTouch(t.meta.id) && store_->HasFreeRoom(t.meta.length)) Fill(req);
+  if (route.keep && SecondTouch(t.meta.id) && store_->HasFreeRoom(t.meta.length)) Fill(req, t.meta.id);
   return Status::OK();
 }
 
@@ -292,7 +288,9 @@ BlockSource::~BlockSource() {
     prefetch_stop_ = true;
   }
   prefetch_cv_.notify_all();
+  fill_cv_.notify_all();
   for (auto& t : prefetchers_) t.join();
+  for (auto& t : fillers_) t.join();
   std::thread classifier;
   {
     MutexLock lock(&classify_mu_);
@@ -357,37 +355,46 @@ size_t BlockSource::ClassifyNow() {
   return changed.size();
 }
 
-bool BlockSource::Prefetch(const BlockRequest& req) {
+bool BlockSource::Prefetch(const BlockRequest& req) { return Enqueue(Queued{req, std::nullopt}); }
+
+bool BlockSource::Enqueue(Queued q) {
   MutexLock lock(&prefetch_mu_);
-  if (prefetch_stop_ || prefetch_queue_.size() >= kPrefetchQueue) return false;
-  prefetch_queue_.push_back(req);
-  if (prefetchers_.size() < kPrefetchThreads) prefetchers_.emplace_back([this] { PrefetchLoop(); });
-  prefetch_cv_.notify_one();
+  const bool fill = q.fill.has_value();
+  std::deque<Queued>& queue = fill ? fill_queue_ : prefetch_queue_;
+  if (prefetch_stop_ || queue.size() >= kPrefetchQueue) return false;
+  queue.push_back(std::move(q));
+  if (fill) {
+    if (fillers_.size() < kFillThreads) fillers_.emplace_back([this] { PrefetchLoop(true); });
+    fill_cv_.notify_one();
+  } else {
+    if (prefetchers_.size() < kPrefetchThreads) prefetchers_.emplace_back([this] { PrefetchLoop(false); });
+    prefetch_cv_.notify_one();
+  }
   return true;
 }
 
-void BlockSource::PrefetchLoop() {
+void BlockSource::PrefetchLoop(bool fills) {
   for (;;) {
-    BlockRequest req;
+    Queued q;
     {
       MutexLock lock(&prefetch_mu_);
-      while (!prefetch_stop_ && prefetch_queue_.empty()) lock.Wait(&prefetch_cv_);
+      std::deque<Queued>& queue = fills ? fill_queue_ : prefetch_queue_;
+      while (!prefetch_stop_ && queue.empty()) lock.Wait(fills ? &fill_cv_ : &prefetch_cv_);
       if (prefetch_stop_) return;
-      req = std::move(prefetch_queue_.front());
-      prefetch_queue_.pop_front();
+      q = std::move(queue.front());
+      queue.pop_front();
     }
-    Status st = Warm(req);
+    const BlockRequest& req = q.req;
+    Status st = Warm(q.req, q.fill);
     if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's prefetch queue", st);
     if (!st.ok()) spdlog::debug("prefetch of {} block {}: {}", req.ufs_path, req.index, st.message());
   }
 }
 
-Status BlockSource::Warm(BlockRequest req) {
-  req.offset = 0;
-  req.length = req.block_size;
-  ASSIGN_OR_RETURN(Target t, Resolve(req));
+Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id) {
   // A random reader's fill holds a fetch-ahead's pacer slot while it fetches: it waits while
-  // demand misses fill the store's share, so the readers' own ranges go first.
+  // demand misses fill the store's share, so the readers' own ranges go first. Whatever ends it,
+  // its block leaves fills_.
   struct FillSlot {
     BlockSource* self = nullptr;
     BlockId id;
@@ -399,26 +406,24 @@ Status BlockSource::Warm(BlockRequest req) {
       self->fills_.erase(id);
     }
   } fill;
-  {
-    MutexLock lock(&mu_);
-    if (fills_.count(t.meta.id)) {
-      fill.self = this;
-      fill.id = t.meta.id;
-    }
+  if (fill_id) {
+    fill.self = this;
+    fill.id = *fill_id;
   }
+  req.offset = 0;
+  req.length = req.block_size;
+  ASSIGN_OR_RETURN(Target t, Resolve(req));
   if (t.len == 0 || store_->Contains(t.meta.id)) return Status::OK();
   PeerRef home;
   Route route = RouteFor(req, t, &home);
   // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
   if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
   if (fill.self != nullptr) {
-    if (!pacer_.AcquireAhead(FetchPacer::kMaxCap, [this] {
-          MutexLock lock(&prefetch_mu_);
-          return prefetch_stop_;
-        })) {
-      return CancelledError("the worker is stopping");
-    }
-    fill.slot = true;
+    fill.slot = pacer_.AcquireAhead(FetchPacer::kMaxCap, [this] {
+      MutexLock lock(&prefetch_mu_);
+      return prefetch_stop_;
+    });
+    if (!fill.slot) return CancelledError("the worker is stopping");
     route.ahead = true;
     if (store_->Contains(t.meta.id) || !store_->HasFreeRoom(t.meta.length)) return Status::OK();
   }

@@ -57,6 +57,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -183,6 +184,7 @@ class BlockSource {
   // cores to reads.
   static constexpr size_t kPrefetchQueue = 256;
   static constexpr size_t kPrefetchThreads = 8;
+  static constexpr size_t kFillThreads = 2;
   // Range first: a miss of at most this many bytes, and at most half its block, that this worker
   // fetches from the under-storage itself is answered from a ranged read (RangeFirst).
   static constexpr uint64_t kRangeFirstMax = 1024 * 1024;
@@ -241,19 +243,28 @@ class BlockSource {
   Status FromPeers(const BlockRequest& req, const BlockId& id, std::string* out, bool* became_home);
   // Where a miss of `t` goes (see the design note); `home` gets the block's home when peers are asked.
   Route RouteFor(const BlockRequest& req, const Target& t, PeerRef* home);
-  void PrefetchLoop();
+  // Runs the readahead hints (fills: false) or the fills (true) until the worker stops.
+  void PrefetchLoop(bool fills);
   void ClassifyLoop();
   void CountAccess(uint64_t mount_id, bool hit);
   void CountSource(uint64_t mount_id, ReadSource source);
-  Status Warm(BlockRequest req);
+  // A queued readahead hint, or a random reader's fill (`fill`: the block it fills, in fills_).
+  struct Queued {
+    BlockRequest req;
+    std::optional<BlockId> fill;
+  };
+  bool Enqueue(Queued q);
+  Status Warm(BlockRequest req, const std::optional<BlockId>& fill = std::nullopt);
   // Whether a reader of a range of `id` waits for the whole block rather than reading its range:
   // the block was just fetched (buffered), or a fetch of it that a reader waits on is in flight. A
   // random reader's fill (fills_) is not waited for: the reader's own range costs one round trip,
   // the fill a whole block behind the readers it yields to.
   bool JoinRatherThanRange(const BlockId& id);
-  // Queues the whole block of `req` as a random reader's fill: fetched in the background with a
-  // fetch-ahead's pacer slot (demand misses go first), not joined by range reads meanwhile.
-  void Fill(const BlockRequest& req);
+  // Queues the whole block `id` of `req` as a random reader's fill: fetched in the background with
+  // a fetch-ahead's pacer slot (demand misses go first), not joined by range reads meanwhile. Fills
+  // have a queue and kFillThreads threads of their own: one waiting for a slot never holds up a
+  // readahead hint.
+  void Fill(const BlockRequest& req, const BlockId& id);
   // True when `id` was range-read before (remembered in a direct-mapped table of kTouched
   // blocks): its second touch. Forgets it then.
   bool SecondTouch(const BlockId& id);
@@ -293,7 +304,10 @@ class BlockSource {
 
   Mutex prefetch_mu_;
   std::condition_variable prefetch_cv_;
-  std::deque<BlockRequest> prefetch_queue_ GUARDED_BY(prefetch_mu_);
+  std::deque<Queued> prefetch_queue_ GUARDED_BY(prefetch_mu_);
+  std::condition_variable fill_cv_;
+  std::deque<Queued> fill_queue_ GUARDED_BY(prefetch_mu_);  // random readers' fills (Fill)
+  std::vector<std::thread> fillers_ GUARDED_BY(prefetch_mu_);
   std::vector<std::thread> prefetchers_ GUARDED_BY(prefetch_mu_);
   bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
 };
