@@ -842,9 +842,19 @@ std::string NamespacePath(const Config& cfg, const std::string& path, std::optio
 // Which workers hold which blocks of `inos` (files), asked of the master (GetFileResidency) in as
 // many calls as its answer limit needs; done(i, blocks, file, held) once per file, in order, with
 // every copy it holds (one entry per worker and block). `worker` non-empty: only that worker.
+// A warning on stderr when workers did not answer: what they hold is missing from the figures.
+void WarnUnanswered(uint32_t failed) {
+  if (failed == 0) return;
+  std::fprintf(stderr, "warning: %u worker%s did not answer the master; the blocks %s hold%s are not shown "
+               "(granary report lists the workers)\n", failed, failed == 1 ? "" : "s", failed == 1 ? "it" : "they",
+               failed == 1 ? "s" : "");
+}
+
+// *failed (optional) gets the most workers any answer said did not answer.
 Status FileResidency(MasterConn& m, const std::vector<uint64_t>& inos, const std::string& worker,
                      const std::function<void(size_t, const rpc::FileInfo&, uint64_t,
-                                              const std::vector<rpc::HeldBlock>&)>& done) {
+                                              const std::vector<rpc::HeldBlock>&)>& done,
+                     uint32_t* failed = nullptr) {
   size_t next = 0;
   uint64_t first = 0;
   std::vector<rpc::HeldBlock> held;  // of inos[next], gathered over partial answers
@@ -855,6 +865,7 @@ Status FileResidency(MasterConn& m, const std::vector<uint64_t>& inos, const std
     for (size_t i = next; i < inos.size() && i - next < 1000; ++i) req.add_inos(inos[i]);
     rpc::FileResidencyResponse resp;
     RETURN_IF_ERROR(m.Call(&rpc::Master::Stub::GetFileResidency, req, &resp));
+    if (failed) *failed = std::max(*failed, resp.workers_failed());
     if (resp.files_size() == 0) return InternalError("the master answered no file of a residency question");
     for (const auto& f : resp.files()) {
       held.insert(held.end(), f.held().begin(), f.held().end());
@@ -888,6 +899,7 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
   if (!st.ok()) return Fail(st);
   // This node's worker: the one its granary-fuse reads from, else fuse.worker of the configuration.
   std::string local = node ? node->worker : cfg.fuse.worker;
+  uint32_t failed = 0;  // workers that did not answer the master: their blocks are not shown
 
   if (attr.attr().type() != rpc::DIRECTORY) {
     rpc::FileInfo info;
@@ -898,8 +910,10 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
                          info = fi;
                          nblocks = n;
                          held = h;
-                       });
+                       },
+                       &failed);
     if (!st.ok()) return Fail(st);
+    WarnUnanswered(failed);
     std::multimap<uint64_t, const rpc::HeldBlock*> by_index;
     for (const auto& h : held) by_index.emplace(h.block().index(), &h);
     uint64_t bs = info.block_size();
@@ -938,6 +952,7 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
                 {"cached_bytes", cached_bytes},
                 {"local_blocks", local_blocks},
                 {"local_worker", local},
+                {"workers_failed", failed},
                 {"block_list", blocks}};
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
@@ -980,7 +995,8 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
                                     std::set<uint64_t> on_node;
                                     for (const auto& b : h) on_node.insert(b.block().index());
                                     if (on_node.size() == n) whole_local++;
-                                  }));
+                                  },
+                                  &failed));
     batch.clear();
     return Status::OK();
   };
@@ -1019,6 +1035,7 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
     }
   }
   if (!batch.empty() && !(st = flush()).ok()) return Fail(st);
+  WarnUnanswered(failed);
   const rpc::DuEntry& t = du.total();
   if (opts.json) {
     json j = {{"path", ns},
@@ -1029,7 +1046,8 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
               {"replica_bytes", t.replica_bytes()},
               {"elastic_bytes", t.elastic_bytes()},
               {"local_worker", local},
-              {"files_wholly_local", whole_local}};
+              {"files_wholly_local", whole_local},
+              {"workers_failed", failed}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }

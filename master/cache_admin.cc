@@ -317,10 +317,16 @@ Status CacheAdmin::FileResidency(const rpc::FileResidencyRequest& req, rpc::File
                                 std::to_string(kResidencyFiles));
   }
   resp->Clear();
+  // The workers asked; each may hold a copy of every block, so the answer's size is its blocks
+  // times them: the budget is shared out so that the answer stays within kResidencyBlocks copies.
+  std::vector<std::pair<uint64_t, std::string>> asked_workers;
+  for (const auto& [id, address] : cluster_->AliveWorkers()) {
+    if (req.worker().empty() || address == req.worker()) asked_workers.emplace_back(id, address);
+  }
   std::map<uint64_t, std::string> uris;
   std::vector<BlockRange> ranges;
   ranges.reserve(static_cast<size_t>(req.inos_size()));
-  uint64_t budget = kResidencyBlocks;
+  uint64_t budget = std::max<uint64_t>(1, kResidencyBlocks / std::max<size_t>(1, asked_workers.size()));
   for (int i = 0; i < req.inos_size() && budget > 0; ++i) {
     // Not GetFile's RPC path: a question about residency is no evidence of an epoch (fetch-ahead).
     ASSIGN_OR_RETURN(rpc::FileInfo f, ns_->GetFile(req.inos(i)));
@@ -351,8 +357,7 @@ Status CacheAdmin::FileResidency(const rpc::FileResidencyRequest& req, rpc::File
   // Per file: (block index, worker id) -> the copy, so the answer lists copies by block.
   std::vector<std::map<std::pair<uint64_t, uint64_t>, rpc::HeldBlock>> held(ranges.size());
   uint32_t workers = 0, failed = 0;
-  for (const auto& [id, address] : cluster_->AliveWorkers()) {
-    if (!req.worker().empty() && address != req.worker()) continue;
+  for (const auto& [id, address] : asked_workers) {
     ++workers;
     auto holder = workers_.pool->Get(address);
     grpc::ClientContext ctx;

@@ -66,8 +66,8 @@ class CacheAdmin {
   // every copy. A worker that does not answer is left out of the figures (and logged).
   Status Du(const rpc::DuRequest& req, rpc::DuResponse* resp);
   // Which live workers (or the one named) hold which blocks of some files: at most kResidencyFiles
-  // files and kResidencyBlocks blocks per answer (INVALID_ARGUMENT beyond the files; the blocks
-  // stop the answer short). NOT_FOUND for an unknown inode, INVALID_ARGUMENT for a directory. Not
+  // files (INVALID_ARGUMENT beyond) and kResidencyBlocks / (workers asked) blocks per answer, so at
+  // most kResidencyBlocks copies (the blocks stop the answer short). NOT_FOUND for an unknown inode, INVALID_ARGUMENT for a directory. Not
   // an open: fetch-ahead does not see it. A worker that does not answer is left out (counted).
   Status FileResidency(const rpc::FileResidencyRequest& req, rpc::FileResidencyResponse* resp);
 

@@ -485,6 +485,7 @@ TEST_F(ClusterTest, InfoShowsWhereEachBlockOfAPartlyCachedFileIs) {
   EXPECT_EQ(info["path"], "/ds-info/" + name);
   EXPECT_EQ(info["blocks"].get<uint64_t>(), (want.size() + kBlockSize - 1) / kBlockSize);
   EXPECT_EQ(info["local_worker"], worker_addr_[1]);
+  EXPECT_EQ(info["workers_failed"], 0) << "every worker answered the master";
   std::set<std::string> holders;
   uint64_t cached = 0, on_node1 = 0;
   for (const auto& b : info["block_list"]) {
