@@ -197,7 +197,7 @@ void FetchAhead::Loop() {
 
 void FetchAhead::Step() {
   struct Action {
-    uint64_t mount;
+    uint64_t mount = 0;
     uint64_t cancel = 0;
     rpc::LoadJobSpec spec;
   };
@@ -208,7 +208,8 @@ void FetchAhead::Step() {
     for (auto& [id, m] : mounts_) {
       if (!m.enabled || !m.evidence.Ready() || now - m.last_new > opts_.idle) continue;
       std::string scope = ScopeLocked(m);
-      Action a{id};
+      Action a;
+      a.mount = id;
       if (m.job != 0) {
         if (scope == m.job_scope) continue;
         a.cancel = m.job;  // the scope widened: one job for the wider scope replaces it
