@@ -518,6 +518,7 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
   std::vector<int> clients;
   std::map<int, std::string> client_mount;  // a depositor's socket -> the mount point it deposited
   bool had = false;
+  bool failed = false;  // stopped on an error: its log says why, and stays
   auto start = std::chrono::steady_clock::now();
   auto drop = [&](const std::string& mp, const char* why) {
     auto it = held.find(mp);
@@ -574,7 +575,11 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
     fds.push_back({*listener, POLLIN, 0});
     for (int c : clients) fds.push_back({c, POLLIN, 0});
     int rc = poll(fds.data(), fds.size(), 1000);
-    if (rc < 0 && errno != EINTR) break;
+    if (rc < 0 && errno != EINTR) {
+      std::fprintf(stderr, "granary-fuse keeper: poll: %s\n", std::strerror(errno));
+      failed = true;
+      break;
+    }
     // The connections held: ended (aborted or unmounted) when a poll that does not wait reports
     // POLLERR (events 0). Never in the waiting poll above: a process sleeping in poll on
     // /dev/fuse is on the queue every request wakes, so the keeper woke for every FUSE request of
@@ -670,12 +675,17 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
   // A spawned keeper that let go of every connection before stopping leaves nothing to look into:
   // its log (SpawnKeeper's path.log) goes with its socket, or every mount point ever used would
   // leave one behind. One stopped while holding a connection keeps it.
-  const bool clean = held.empty();
+  const bool clean = held.empty() && !failed;
   for (auto& [mp, h] : held) close(h.fd);
   for (int c : clients) close(c);
   close(*listener);
   std::fprintf(stderr, "granary-fuse keeper: stopped%s\n", clean ? "" : " while holding a connection");
-  if (exit_when_empty && clean) unlink((path + ".log").c_str());
+  // Only its own log: a keeper started for the same path meanwhile writes a new file of that name.
+  struct stat mine {}, named {};
+  if (exit_when_empty && clean && fstat(STDERR_FILENO, &mine) == 0 && stat((path + ".log").c_str(), &named) == 0 &&
+      mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
+    unlink((path + ".log").c_str());
+  }
   unlink(path.c_str());
   unlink((path + ".pid").c_str());
   return 0;
