@@ -187,12 +187,14 @@ class ClusterTest : public ::testing::Test {
     return s;
   }
 
-  // Reads every file of the dataset through node `n`'s mount (in a shuffled order when `seed`),
-  // and counts files whose bytes differ or that failed.
-  static void ReadEpoch(int n, unsigned seed, std::atomic<int>* bad, const std::string& mount = "ds") {
+  // Reads every file of the dataset (or the first `limit`) through node `n`'s mount (in a shuffled
+  // order when `seed`), and counts files whose bytes differ or that failed.
+  static void ReadEpoch(int n, unsigned seed, std::atomic<int>* bad, const std::string& mount = "ds",
+                        size_t limit = SIZE_MAX) {
     std::vector<std::string> names;
     for (const auto& [name, data] : files_) names.push_back(name);
     std::shuffle(names.begin(), names.end(), std::mt19937(seed));
+    if (names.size() > limit) names.resize(limit);
     for (const auto& name : names) {
       std::string got;
       bool ok = ReadFileChecked(*dir_ / ("node" + std::to_string(n) + "/mnt/" + mount + "/" + name), &got);
@@ -347,6 +349,52 @@ TEST_F(ClusterTest, KillingAWorkerMidReadCostsReadersNothing) {
     for (const auto& mr : r["mounts"]) replica += mr["replica_bytes"].get<uint64_t>();
     return replica == dataset_bytes_;
   })) << replica << " bytes of replicas for a " << dataset_bytes_ << "-byte dataset\n" << Report().dump(1);
+}
+
+// kill -9 of a worker while fetch-ahead is fetching (its bandwidth capped so that it is still at
+// work): the readers of two other nodes read every file whole and right, and the worker comes back.
+TEST_F(ClusterTest, AWorkerKilledMidFetchAheadCostsReadersNothing) {
+  ASSERT_EQ(Cli({"free", "/ds"}).code, 0);  // the same objects: the same cached blocks
+  RunResult m = Cli({"mount", "/ds-ahead", "s3://cluster/ds", "-o", "endpoint=" + endpoint_, "-o",
+                     "access_key_file=" + *dir_ / "ak", "-o", "secret_key_file=" + *dir_ / "sk", "-o",
+                     "cache.elastic=false", "-o", "cache.fetch_ahead.bandwidth=1500000"});
+  ASSERT_EQ(m.code, 0) << m.out;
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "blocks") == 0; })) << Report().dump(1);
+  const uint64_t ahead0 = Sum(Report(), "ahead_bytes");
+  // 20 files read on node 1 are the evidence (fetch-ahead starts past 16 distinct files); at the
+  // cap, the rest of the 14 MB dataset takes it several seconds.
+  std::atomic<int> bad{0};
+  ReadEpoch(1, 11, &bad, "ds-ahead", 20);
+  ASSERT_EQ(bad.load(), 0);
+  ASSERT_TRUE(WaitFor([&] { return Sum(Report(), "ahead_bytes") > ahead0; }, std::chrono::seconds(60)))
+      << Report().dump(1);
+  workers_[2]->Stop(SIGKILL);
+  std::vector<std::thread> readers;
+  for (int n : {1, 3}) readers.emplace_back([n, &bad] { ReadEpoch(n, 20 + n, &bad, "ds-ahead"); });
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(bad.load(), 0) << "a reader saw an error or a wrong byte";
+  std::string why;
+  ASSERT_TRUE(StartWorker(2, worker_addr_[2], &why)) << why;
+  EXPECT_TRUE(WaitFor([&] { return PeersKnown() == std::vector<uint64_t>(kNodes, kNodes); })) << Report().dump(1);
+  std::atomic<int> bad2{0};
+  ReadEpoch(2, 31, &bad2, "ds-ahead");
+  EXPECT_EQ(bad2.load(), 0);
+  // The fetch-ahead job ends (whatever its outcome with a worker gone), and leaves nothing behind
+  // for the next test: its blocks are freed before the mount goes.
+  EXPECT_TRUE(WaitFor([&] {
+    RunResult r = Cli({"jobs", "--json"});
+    auto jobs = nlohmann::json::parse(r.out, nullptr, false);
+    if (r.code != 0 || !jobs.is_array()) return false;
+    for (const auto& j : jobs) {
+      const std::string state = j.value("state", "");
+      if (j.value("fetch_ahead", false) && state != "succeeded" && state != "failed" && state != "cancelled") {
+        return false;
+      }
+    }
+    return true;
+  }, std::chrono::seconds(60))) << Cli({"jobs", "--json"}).out;
+  ASSERT_EQ(Cli({"free", "/ds-ahead"}).code, 0);
+  ASSERT_EQ(Cli({"unmount", "/ds-ahead"}).code, 0);
 }
 
 // `granary load --replicas 2` on the whole cluster: one job whose batches every worker shares;
