@@ -72,49 +72,27 @@ wait_mounted "$WORK/granary" "$!" || { cat "$WORK/granary.log"; exit 1; }
 cat "$WORK/granary/small" "$WORK/granary/big" > /dev/null
 
 RESULTS=$WORK/results.jsonl; : > "$RESULTS"
-for round in $(seq "$ROUNDS"); do
-  order="floor floor1 granary"; [ $((round % 2)) = 0 ] && order="granary floor1 floor"
-  for op in ioctl getattr read4k read128k; do
-    file=small; case $op in read*) file=big;; esac
-    for t in 1 8; do
-      for srv in $order; do
-        [ "$srv" = floor1 ] && [ "$t" != 1 ] && continue
-        line=$("$BIN/granary-fuse-floor" probe --file "$WORK/$srv/$file" --op "$op" --threads "$t" --seconds "$SECONDS_PER")
-        echo "{\"server\": \"$srv\", \"round\": $round, ${line#\{}" | tee -a "$RESULTS" >&2
-      done
-    done
-  done
-done
+source "$ROOT/bench/floor_probe.sh"
+probe_rounds "$RESULTS" "$ROUNDS" "$SECONDS_PER" "$WORK" floor floor1:1 granary
 
-TABLE=$(python3 - "$RESULTS" "$CMDLINE" <<'PY'
-import datetime, json, os, platform, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-runs = {}
-for r in rows:
-    runs.setdefault((r["server"], r["op"], r["threads"]), {})[r["round"]] = r
-med = statistics.median
-# Per server and probe: the medians over the rounds. Ratios: the median of each round's ratio.
-by = {k: {"mean_us": med(x["mean_us"] for x in v.values()), "p50_us": med(x["p50_us"] for x in v.values())}
-      for k, v in runs.items()}
-def ratio(op, t, field):
-    g, f = runs[("granary", op, t)], runs[("floor", op, t)]
-    return med(g[r][field] / f[r][field] for r in g if r in f)
-names = {"ioctl": "ioctl (TCGETS)", "getattr": "GETATTR (statx, forced)", "read4k": "READ 4 KiB (O_DIRECT)",
-         "read128k": "READ 128 KiB (O_DIRECT)"}
-print("### %s — %d cores, %s %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
+TABLE=$(PYTHONPATH=$ROOT/bench python3 - "$RESULTS" "$CMDLINE" <<'PY'
+import sys
+from floor_stats import NAMES, OPS, Results, heading
+res = Results(sys.argv[1])
+print(heading())
 print("Command: `%s`. Mean and p50 round trip in µs, medians over %d rounds (the servers' probes back to "
       "back, in alternating order); the ratios are the medians of the rounds' ratios. The minimal server's "
       "session loop is multi-threaded as granary-fuse's is (single-threaded in its own column, 1 thread only); "
-      "granary-fuse in kernel mode, the files warm in its worker's cache.\n" % (sys.argv[2], len({r["round"] for r in rows})))
+      "granary-fuse in kernel mode, the files warm in its worker's cache.\n" % (sys.argv[2], res.rounds))
 print("| request | threads | minimal server mean / p50 | minimal, single-threaded loop mean / p50 | granary-fuse mean / p50 | granary-fuse ÷ minimal (mean) | (p50) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
-for op in ("ioctl", "getattr", "read4k", "read128k"):
+for op in OPS:
     for t in (1, 8):
-        f, g, s = by[("floor", op, t)], by[("granary", op, t)], by.get(("floor1", op, t))
+        f, g, s = res.median("floor", op, t), res.median("granary", op, t), res.median("floor1", op, t)
         single = "%.1f / %.1f" % (s["mean_us"], s["p50_us"]) if s else "-"
         print("| %s | %d | %.1f / %.1f | %s | %.1f / %.1f | %.2f | %.2f |" % (
-            names[op], t, f["mean_us"], f["p50_us"], single, g["mean_us"], g["p50_us"],
-            ratio(op, t, "mean_us"), ratio(op, t, "p50_us")))
+            NAMES[op], t, f["mean_us"], f["p50_us"], single, g["mean_us"], g["p50_us"],
+            res.ratio("granary", "floor", op, t, "mean_us"), res.ratio("granary", "floor", op, t, "p50_us")))
 PY
 )
 echo "$TABLE"

@@ -60,42 +60,22 @@ done
 wait_ready "$WORK/libfuse.log" "$!" || { cat "$WORK/libfuse.log" >&2; exit 1; }
 
 RESULTS=$WORK/results.jsonl; : > "$RESULTS"
-for round in $(seq "$ROUNDS"); do
-  order="dev uring libfuse"; [ $((round % 2)) = 0 ] && order="libfuse uring dev"
-  for op in ioctl getattr read4k read128k; do
-    file=small; case $op in read*) file=big;; esac
-    for t in 1 8; do
-      for srv in $order; do
-        line=$("$BIN/granary-fuse-floor" probe --file "$WORK/$srv/$file" --op "$op" --threads "$t" --seconds "$SECONDS_PER")
-        echo "{\"server\": \"$srv\", \"round\": $round, ${line#\{}" | tee -a "$RESULTS" >&2
-      done
-    done
-  done
-done
+source "$ROOT/bench/floor_probe.sh"
+probe_rounds "$RESULTS" "$ROUNDS" "$SECONDS_PER" "$WORK" dev uring libfuse
 
-python3 - "$RESULTS" "$CMDLINE" <<'PY'
-import datetime, json, os, platform, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-errors = sum(r["errors"] for r in rows)
-runs = {}
-for r in rows:
-    runs.setdefault((r["server"], r["op"], r["threads"]), {})[r["round"]] = r
-med = statistics.median
-by = {k: {f: med(x[f] for x in v.values()) for f in ("mean_us", "p50_us", "ops_per_s")} for k, v in runs.items()}
-def ratio(op, t, field):
-    u, d = runs[("uring", op, t)], runs[("dev", op, t)]
-    return med(u[r][field] / d[r][field] for r in u if r in d)
-names = {"ioctl": "ioctl (TCGETS)", "getattr": "GETATTR (statx, forced)", "read4k": "READ 4 KiB (O_DIRECT)",
-         "read128k": "READ 128 KiB (O_DIRECT)"}
-print("### %s — %d cores, %s %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
+PYTHONPATH=$ROOT/bench python3 - "$RESULTS" "$CMDLINE" <<'PY'
+import sys
+from floor_stats import NAMES, OPS, Results, heading
+res = Results(sys.argv[1])
+print(heading())
 print("Command: `%s`. Round trip mean / p50 in µs, medians over %d rounds; ratios: medians of the rounds' "
-      "ratios. Probe errors: %d.\n" % (sys.argv[2], len({r["round"] for r in rows}), errors))
+      "ratios. Probe errors: %d.\n" % (sys.argv[2], res.rounds, res.errors))
 print("| request | threads | libfuse minimal | same server, /dev/fuse | same server, io_uring | io_uring ÷ /dev/fuse (mean) | (p50) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
-for op in ("ioctl", "getattr", "read4k", "read128k"):
+for op in OPS:
     for t in (1, 8):
-        l, d, u = by[("libfuse", op, t)], by[("dev", op, t)], by[("uring", op, t)]
+        l, d, u = res.median("libfuse", op, t), res.median("dev", op, t), res.median("uring", op, t)
         print("| %s | %d | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f | %.2f | %.2f |" % (
-            names[op], t, l["mean_us"], l["p50_us"], d["mean_us"], d["p50_us"], u["mean_us"], u["p50_us"],
-            ratio(op, t, "mean_us"), ratio(op, t, "p50_us")))
+            NAMES[op], t, l["mean_us"], l["p50_us"], d["mean_us"], d["p50_us"], u["mean_us"], u["p50_us"],
+            res.ratio("uring", "dev", op, t, "mean_us"), res.ratio("uring", "dev", op, t, "p50_us")))
 PY
