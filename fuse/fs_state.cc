@@ -1,7 +1,8 @@
 // The helpers every FUSE operation shares (fuse/fs_state.h): a master Attr as the kernel sees it
-// (ToStat, ToEntry) and a file's open information (FileInfoOf).
+// (ToStat, ToEntry), a file's open information (FileInfoOf), and passthrough mode's BackingHost.
 #include "fuse/fs_state.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <utility>
@@ -44,5 +45,36 @@ StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino) {
   fs->files->Put(master_ino, *f);
   return f;
 }
+
+namespace {
+
+class FsBackingHost : public BackingHost {
+ public:
+  explicit FsBackingHost(Fs* fs) : fs_(fs) {}
+  StatusOr<std::unique_ptr<FileLease>> Lease(const rpc::FileInfo& info) override {
+    return fs_->client->LeaseFile(info);
+  }
+  StatusOr<int> Register(const FileLease& lease) override {
+    auto id = fs_->io->OpenBacking(lease.fd());
+    if (!id.ok() && !warned_.exchange(true)) {
+      // Refused for good (no CAP_SYS_ADMIN in the initial user namespace): kernel mode from now on.
+      spdlog::warn("fuse.open={}: the kernel refused a backing file ({}); serving in kernel mode instead",
+                   fs_->cfg.fuse.open, id.status().message());
+      fs_->mode = OpenMode::kKernel;
+    }
+    return id;
+  }
+  void Unregister(int id) override { fs_->io->CloseBacking(id); }
+  void Announce(uint64_t kino, const InodeOpens& st) override { fs_->KeeperPut(kino, st); }
+  void Drop(uint64_t kino, int id) override { fs_->DropBacking(kino, id); }
+
+ private:
+  Fs* const fs_;
+  std::atomic<bool> warned_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<BackingHost> MakeBackingHost(Fs* fs) { return std::make_unique<FsBackingHost>(fs); }
 
 }  // namespace granary::fuse::internal

@@ -84,6 +84,7 @@
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
 #include "fuse/handover.h"
+#include "fuse/passthrough.h"
 #include "fuse/read_leases.h"
 #include "fuse/session_io.h"
 #include "fuse/trace.h"
@@ -108,7 +109,7 @@ inline const char* ModeName(OpenMode m) {
 struct OpenFile {
   rpc::FileInfo info;
   bool passthrough = false;    // opened on a backing file: the kernel reads it, not us
-  bool counted_cached = false; // counted in InodeOpens::cached (passthrough mode's bookkeeping); Fs::opens_mu
+  bool counted_cached = false; // counted in InodeOpens::cached (passthrough mode's bookkeeping); PassthroughOpens::mu
   std::chrono::steady_clock::time_point confirmed{};  // kernel mode: when the master last confirmed info; Fs::inode_files_mu
   // Readahead state: where the next sequential read would start, and the last block hinted.
   Mutex mu;
@@ -119,22 +120,6 @@ struct OpenFile {
   uint32_t local_reads GUARDED_BY(mu) = 0;
   uint64_t lease_next GUARDED_BY(mu) = 0;  // where a sequential read would start next
   std::chrono::steady_clock::time_point lease_asked GUARDED_BY(mu){};
-};
-
-// Passthrough mode: what is open on each inode. The kernel puts an inode either in passthrough io
-// mode (every open on one backing file) or in cached io mode, and fails an open that asks for the
-// other one (ETXTBSY) — so new opens follow the mode the inode is in.
-struct InodeOpens {
-  int passthrough = 0;  // open files reading from `lease` through the kernel
-  int cached = 0;       // open files served by granary-fuse through the page cache
-  std::string version;  // the version `lease` holds
-  int backing_id = 0;
-  rpc::FileInfo info;   // the file `lease` holds (for a successor, fuse/handover.h)
-  std::unique_ptr<FileLease> lease;  // null after a hand-over whose re-lease failed
-  uint64_t bytes = 0;   // the file's size
-  // Closed, but its backing file kept for a reopen (in Fs::idle, at this sequence number; 0: not).
-  uint64_t idle_seq = 0;
-  std::chrono::steady_clock::time_point idle_since{};
 };
 
 // Per-inode state remembered to spare a call or a re-read (dir_gens, page_versions): at most this
@@ -153,7 +138,6 @@ struct Fs {
   std::atomic<OpenMode> wanted{OpenMode::kKernel};  // from fuse.open (auto: its choice at INIT)
   bool wanted_explicitly = false;       // fuse.open named the mode: a fallback is a warning
   std::atomic<OpenMode> mode{OpenMode::kKernel};  // decided at INIT
-  std::atomic<bool> passthrough_refused{false};    // the kernel refused a backing file (no CAP_SYS_ADMIN)
   std::string fallback_reason;                     // why the wanted mode is not the mode (set at INIT)
 
   struct DirGen {
@@ -186,12 +170,10 @@ struct Fs {
     size_t operator()(const PidKey& k) const { return std::hash<uint64_t>()(k.ino * 0x9e3779b97f4a7c15ull ^ k.pid); }
   };
   BoundedMap<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files GUARDED_BY(inode_files_mu){0};
-  // Passthrough mode.
-  Mutex opens_mu;
-  std::unordered_map<uint64_t, InodeOpens> opens GUARDED_BY(opens_mu);  // kernel ino -> opens
-  std::map<uint64_t, uint64_t> idle GUARDED_BY(opens_mu);  // idle_seq -> kernel ino, oldest first
-  uint64_t idle_bytes GUARDED_BY(opens_mu) = 0;
-  uint64_t idle_next GUARDED_BY(opens_mu) = 1;
+  // Passthrough mode: backing ids per inode, kept after the last close (fuse/passthrough.h). Made
+  // at mount, before the loop starts.
+  std::unique_ptr<BackingHost> backing_host;
+  std::unique_ptr<PassthroughOpens> passthrough;
 
   // Open file handles (fi->fh) of daemon-served opens and passthrough opens. The numbers carry a
   // random epoch in their top bits, so a handle of a crashed predecessor (which the kernel still
@@ -226,10 +208,10 @@ struct Fs {
   }
 
   // Hand-over (fuse/handover.h). The keeper is told about backing ids as they change, under
-  // opens_mu (so it hears of them in the order they happen).
+  // PassthroughOpens::mu (so it hears of them in the order they happen).
   std::unique_ptr<KeeperLink> keeper;
   bool taken_over = false;        // this process took the connection over: the mode is the predecessor's
-  void KeeperPut(uint64_t kino, const InodeOpens& st) REQUIRES(opens_mu) {
+  void KeeperPut(uint64_t kino, const InodeOpens& st) {
     if (!keeper) return;
     rpc::FuseBacking b;
     b.set_kino(kino);
@@ -238,8 +220,8 @@ struct Fs {
     keeper->PutBacking(b);
   }
   // An open file handle as a successor gets it (a hand-over, or the keeper).
-  // (opens_mu: it reads of.counted_cached.)
-  rpc::FuseHandle HandleOf(uint64_t fh, const OpenFile& of) const REQUIRES(opens_mu) {
+  // Call with passthrough->mu held: it reads of.counted_cached.
+  rpc::FuseHandle HandleOf(uint64_t fh, const OpenFile& of) const {
     rpc::FuseHandle h;
     h.set_fh(fh);
     h.set_kino(ToKernel(of.info.attr().ino()));
@@ -249,7 +231,7 @@ struct Fs {
     return h;
   }
   // Lets a backing id go: the keeper hears of it first (fuse/handover.h says why).
-  void DropBacking(uint64_t kino, int backing_id) REQUIRES(opens_mu) {
+  void DropBacking(uint64_t kino, int backing_id) {
     if (!keeper || keeper->DropBacking(kino, backing_id)) io->CloseBacking(backing_id);
   }
 
@@ -296,8 +278,7 @@ struct Fs {
     inval_cv.notify_one();
   }
   // Runs the invalidations; once a second also lets go of kept passthrough backing files that
-  // outlived attr_timeout (trim_idle).
-  std::function<void()> trim_idle;
+  // outlived attr_timeout, and of read leases past theirs.
   void InvalidateLoop() {
     auto last_trim = std::chrono::steady_clock::now();
     for (;;) {
@@ -316,7 +297,7 @@ struct Fs {
         }
       }
       if (trim) {
-        if (trim_idle) trim_idle();
+        if (passthrough) passthrough->Trim();
         if (read_leases) read_leases->Trim();
         last_trim = std::chrono::steady_clock::now();
         continue;
@@ -389,6 +370,11 @@ class OpScope {
   const bool tracing_;
   TraceRecord rec_;
 };
+
+// Passthrough mode's BackingHost on a mount: leases from the local worker, backing ids from the
+// session's I/O (SessionIo), the keeper told first. The first backing file the kernel refuses
+// turns the mount to kernel mode (with a warning).
+std::unique_ptr<BackingHost> MakeBackingHost(Fs* fs);
 
 // A master Attr as the kernel sees it (fuse.root's inode shown as the kernel's root, 1).
 struct stat ToStat(const Fs* fs, const rpc::Attr& a);

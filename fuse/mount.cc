@@ -201,6 +201,8 @@ Status FuseMountImpl::Init(const Config& cfg) {
   ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
   fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
   fs_->read_leases = std::make_unique<ReadLeases>(cfg.fuse.attr_timeout);
+  fs_->backing_host = MakeBackingHost(fs_.get());
+  fs_->passthrough = std::make_unique<PassthroughOpens>(fs_->backing_host.get(), cfg.fuse.attr_timeout);
   fs_->attrs = std::make_unique<AttrCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
   fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
                                               std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
@@ -239,7 +241,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
       fs_->fallback_reason = "the predecessor's";
     }
     if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
-    fs_->passthrough_refused = st.passthrough_refused();
+    if (st.passthrough_refused()) fs_->passthrough->SetRefused();
   } else {
     if (fuse_session_mount(se_, mountpoint_.c_str()) != 0) {
       fuse_session_destroy(se_);
@@ -265,11 +267,6 @@ Status FuseMountImpl::Init(const Config& cfg) {
     io_->SetNegotiated(got->msg.state().passthrough_negotiated());
     ApplyState(got->msg.state());
   }
-  fs_->trim_idle = [fs = fs_.get()] {
-    std::vector<std::unique_ptr<FileLease>> done;  // ended after the lock is released
-    MutexLock lock(&fs->opens_mu);
-    TrimIdleLocked(fs, &done);
-  };
   if (!keeper_path_.empty()) {  // deposits once INIT is known
     fs_->keeper = std::make_unique<KeeperLink>(keeper_path_, cfg.fuse.keeper == "spawn", io_->fd(),
                                                [this] { return Snapshot(false); },
@@ -398,13 +395,7 @@ void FuseMountImpl::Shutdown() {
   if (loop_.joinable()) loop_.join();
   StopInvalidator();
   fs_->keeper.reset();
-  std::unordered_map<uint64_t, InodeOpens> gone;  // the leases end after opens_mu is released
-  {
-    MutexLock lock(&fs_->opens_mu);
-    gone.swap(fs_->opens);  // the connection is gone with its backing ids
-    fs_->idle.clear();
-  }
-  gone.clear();
+  fs_->passthrough->Clear();  // the connection is gone with its backing ids
   if (mounted_) fuse_session_unmount(se_);
   fuse_session_destroy(se_);
   se_ = nullptr;

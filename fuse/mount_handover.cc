@@ -33,12 +33,12 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
   st.set_root_ino(fs_->root_ino);
   st.set_fingerprint(Fingerprint(fs_->cfg));
   st.set_sender("granary-fuse pid " + std::to_string(getpid()));
-  st.set_passthrough_refused(fs_->passthrough_refused);
+  st.set_passthrough_refused(fs_->passthrough->refused());
   {
-    // handles_mu before opens_mu (as ApplyState): counted_cached is written under opens_mu.
+    // handles_mu before the passthrough table's (as ApplyState): counted_cached is written under it.
     MutexLock hlock(&fs_->handles_mu);
-    MutexLock lock(&fs_->opens_mu);
-    for (const auto& [kino, o] : fs_->opens) {
+    MutexLock lock(&fs_->passthrough->mu);
+    for (const auto& [kino, o] : fs_->passthrough->entries()) {
       if (o.backing_id <= 0) continue;
       rpc::FuseBacking* b = st.add_backings();
       b->set_kino(kino);
@@ -74,14 +74,7 @@ void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
     // kernel holds the file it opened either way, so bytes stay right without one).
     auto lease = fs_->client->LeaseFile(b.info());
     if (lease.ok()) o.lease = std::move(*lease);
-    MutexLock lock(&fs_->opens_mu);
-    if (b.idle() && o.passthrough == 0) {
-      o.idle_seq = fs_->idle_next++;
-      o.idle_since = std::chrono::steady_clock::now();
-      fs_->idle.emplace(o.idle_seq, b.kino());
-      fs_->idle_bytes += o.bytes;
-    }
-    fs_->opens[b.kino()] = std::move(o);
+    fs_->passthrough->Adopt(b.kino(), std::move(o), b.idle());
   }
   MutexLock lock(&fs_->handles_mu);
   if (st.next_fh() > 0) fs_->next_fh = st.next_fh();
@@ -90,10 +83,7 @@ void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
     of->info = h.info();
     of->passthrough = h.passthrough();
     of->counted_cached = h.counted_cached();
-    if (of->counted_cached) {
-      MutexLock l2(&fs_->opens_mu);
-      fs_->opens[h.kino()].cached++;
-    }
+    if (of->counted_cached) fs_->passthrough->AddCached(h.kino());
     fs_->handles.emplace(h.fh(), std::move(of));
     // A hand-over's numbering goes on; a keeper's handles are a dead predecessor's, whose
     // other numbers (not listed) may still be open: this process keeps its own epoch.
@@ -162,12 +152,8 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   }
   handed_over_ = true;
   if (fs_->keeper) fs_->keeper->Stop();  // the successor deposits with the keeper; it keeps ours meanwhile
-  {
-    // The successor registered its own leases; ours end. The backing ids are the successor's now.
-    MutexLock l2(&fs_->opens_mu);
-    fs_->opens.clear();
-    fs_->idle.clear();
-  }
+  // The successor registered its own leases; ours end. The backing ids are the successor's now.
+  fs_->passthrough->Clear();
   spdlog::info("handed {} over ({} open files, {} backing files) in {} ms", mountpoint_, out.state().handles_size(),
                out.state().backings_size(),
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());

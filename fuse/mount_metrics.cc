@@ -126,7 +126,7 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
   e->Family("granary_fuse_open_mode", "gauge",
             "The connection's read mode (fuse.open): 1 for the mode in force. fallback=\"1\" when it is not the "
             "mode asked for (the log says why).");
-  bool fallback = fs_->mode != fs_->wanted || fs_->passthrough_refused;
+  bool fallback = fs_->mode != fs_->wanted || fs_->passthrough->refused();
   for (OpenMode m : {OpenMode::kDaemon, OpenMode::kKernel, OpenMode::kPassthrough}) {
     e->Sample("granary_fuse_open_mode", {{"mode", ModeName(m)}, {"fallback", fallback ? "1" : "0"}},
               fs_->mode == m ? 1 : 0);

@@ -4,7 +4,8 @@
 //   fuse/ops_meta.cc     INIT and the read-mode choice, lookup, getattr, directories, statfs, the
 //                        refusals of a read-only mount; the access trace's namespace paths
 //   fuse/ops_read.cc     open, read, release: the read modes' data path (its design note)
-//   fuse/passthrough.cc  passthrough mode's backing files, one per inode, kept after the last close
+//   fuse/passthrough.h   passthrough mode's backing files, one per inode, kept after the last close
+//                        (PassthroughOpens: the rules, apart from the kernel)
 //
 // Each operation finds the mount's state with FsOf(req) (fuse/fs_state.h, which also says what
 // each lock guards), may run on any of libfuse's threads beside any other, and replies to its
@@ -59,14 +60,8 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
 void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*);
 void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*);
 
-// ---- fuse/passthrough.cc (passthrough mode's bookkeeping, under Fs::opens_mu) ----
-// With opens_mu held: lets go of kept backing files past their bounds or age; the leases to end
-// go to *done, for the caller to end after releasing the lock.
-void TrimIdleLocked(Fs* fs, std::vector<std::unique_ptr<FileLease>>* done) REQUIRES(fs->opens_mu);
-// The backing id to open `info` on (counted as one more passthrough open of inode `kino`), or 0:
-// granary-fuse serves the open (fi->direct_io set when it must not use the page cache).
-int PassthroughBacking(Fs* fs, uint64_t kino, const rpc::FileInfo& info, fuse_file_info* fi);
-// Ends one open of `kino` in the bookkeeping: its RELEASE, or an open whose reply was interrupted.
+// Ends one open in passthrough mode's bookkeeping (fuse/passthrough.h): its RELEASE, or an open
+// whose reply was interrupted. Nothing for opens it did not count.
 void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of);
 
 }  // namespace granary::fuse::internal

@@ -208,6 +208,12 @@ void MaybeLease(Fs* fs, OpenFile* of, bool local, uint64_t off, uint64_t size) {
 
 }  // namespace
 
+void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
+  fs->passthrough->End(kino, of.passthrough, of.counted_cached, [&] {
+    if (of.counted_cached && fs->keeper) fs->keeper->DropHandle(fh);
+  });
+}
+
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, "open", FsOf(req)->lat_open, ino);
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
@@ -225,15 +231,17 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fs->NoteVersion(ino, info->attr().version_hash());
   auto of = std::make_shared<OpenFile>();
   of->info = std::move(*info);
+  PassthroughOpens::Choice choice;
   if (mode == OpenMode::kPassthrough) {
-    if (int backing = PassthroughBacking(fs, ino, of->info, fi); backing > 0) {
+    choice = fs->passthrough->Open(ino, of->info);
+    if (choice.backing_id > 0) {
       of->passthrough = true;
       fi->fh = fs->AddHandle(of);
       fi->keep_cache = 0;  // the kernel allows only direct_io and noflush beside passthrough
       fi->direct_io = 0;
       fi->noflush = 1;
       fs->opens_passthrough++;
-      SessionIo::MarkOpenReply(backing);
+      SessionIo::MarkOpenReply(choice.backing_id);
       if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
         SessionIo::MarkOpenReply(0);
         EndOpen(fs, ino, fi->fh, *of);
@@ -241,7 +249,9 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       }
       return;
     }
+    if (choice.direct_io) fi->direct_io = 1;  // another version of the inode is open in passthrough
     if (fs->mode == OpenMode::kKernel) {  // passthrough was refused just now: as in kernel mode
+      if (choice.cached) fs->passthrough->End(ino, false, true);
       fs->opens_kernel++;
       return ReplyUnsupported(req);
     }
@@ -259,11 +269,17 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       *seen = of->info.version();
     }
     if (mode == OpenMode::kPassthrough) {
-      MutexLock lock(&fs->opens_mu);
-      fs->opens[ino].cached++;
-      of->counted_cached = true;
       // It holds the inode in the kernel's cached io mode: the keeper must know (fuse/handover.h).
-      if (fs->keeper) fs->keeper->PutHandle(fs->HandleOf(fi->fh, *of));
+      auto tell = [&] {
+        of->counted_cached = true;
+        if (fs->keeper) fs->keeper->PutHandle(fs->HandleOf(fi->fh, *of));
+      };
+      if (choice.cached) {  // counted by Open
+        MutexLock lock(&fs->passthrough->mu);
+        tell();
+      } else {  // refused: counted now
+        fs->passthrough->AddCached(ino, tell);
+      }
     }
   }
   if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
