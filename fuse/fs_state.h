@@ -10,51 +10,47 @@
 // libfuse's threads (up to fuse.max_threads at once) and reach it through FsOf(req).
 //
 // Written before the loop starts and only read while it runs: cfg, client, files, entries, se, io,
-// root_ino, tracer, keeper, taken_over, trim_idle, wanted_explicitly. Written at INIT (ChooseMode,
-// fuse/ops_meta.cc; the kernel sends nothing else before INIT is answered): wanted,
-// fallback_reason. `mode` and `passthrough_refused` are atomics because passthrough falls back to
-// kernel mode at the first backing file the kernel refuses (fuse/passthrough.cc). The counters are
-// atomics, the latency histograms are made up front, and FileCache, EntryCache, Client, Tracer and
-// KeeperLink lock inside themselves.
+// root_ino, tracer, keeper, taken_over, wanted_explicitly, and the read modes' objects. Written at
+// INIT (ChooseMode, fuse/ops_meta.cc; the kernel sends nothing else before INIT is answered):
+// wanted, fallback_reason. `mode` is an atomic because passthrough falls back to kernel mode at the
+// first backing file the kernel refuses (MakeBackingHost). The counters are atomics, the latency
+// histograms are made up front, and FileCache, EntryCache, Client, Tracer, KeeperLink and the read
+// modes' objects lock inside themselves.
 //
-// Which map each read mode uses (fuse.open; fuse/ops_read.cc says how each mode serves open and
-// read):
+// Each read mode's rules are an object of its own, testable without a kernel (tests/fuse/); the
+// operations in fuse/ops_read.cc are the glue between them and libfuse:
+//   kernel       KernelReads (fuse/kernel_reads.h): no open, reads come by inode; which version
+//                each process reads. A read with a handle this process does not know (a crashed
+//                predecessor's, in any mode) is served the same way and its handle adopted.
+//   daemon       DaemonPages (fuse/daemon_pages.h): keep_cache across opens of one version;
+//                `handles` (one OpenFile per open: fi->fh).
+//   passthrough  PassthroughOpens (fuse/passthrough.h): one backing id per inode, kept after the
+//                last close, and which io mode the kernel holds each inode in; `handles`. An open
+//                that cannot be passed through is served as in daemon mode.
 //   every mode   attr_versions (a new version hash drops the kernel's pages: NoteVersion), the
-//                invalidation queue, dir_gens (cached directory listings), mount_bytes;
-//   daemon       handles (one OpenFile per open: fi->fh), page_versions (keep_cache across opens);
-//   kernel       inode_files and reader_files (no open: reads come by inode, InodeFile); a read
-//                with a handle this process does not know (a crashed predecessor's, in any mode)
-//                is served the same way and its handle adopted into `handles`;
-//   passthrough  opens and idle (one backing id per inode, kept after the last close), handles;
-//                an open that cannot be passed through is served as in daemon mode (handles,
-//                page_versions) and counted in its inode's InodeOpens::cached.
-// dir_gens, page_versions, inode_files and reader_files are BoundedMaps: each remembers at most
-// kInodeStates (fuse.file_cache_entries for the last two) and forgets the oldest half when full.
+//                invalidation queue, dir_gens (cached directory listings), mount_bytes.
+// dir_gens is a BoundedMap of at most kInodeStates entries (the oldest half forgotten when full).
 //
 // Locks: what each mutex guards.
 //   dir_gens_mu       dir_gens
-//   page_versions_mu  page_versions
 //   attr_versions_mu  attr_versions
-//   inode_files_mu    inode_files, reader_files
-//   opens_mu          opens, idle, idle_bytes, idle_next, and each InodeOpens and
-//                     OpenFile::counted_cached (the passthrough bookkeeping)
 //   handles_mu        handles, next_fh
 //   inval_mu          inval_queue, inval_stop (inval_cv waits on it)
 //   mount_bytes_mu    mount_bytes
 //   OpenFile::mu      an open file's readahead and lease state (next_offset, hinted_through,
 //                     local_reads, lease_next, lease_asked)
-// clang checks them (GUARDED_BY, REQUIRES; scripts/thread-safety.sh), except for what the
-// analysis cannot name from inside the guarded object: an InodeOpens (reached only through
-// `opens`), OpenFile::counted_cached (opens_mu) and OpenFile::confirmed (inode_files_mu).
+//   PassthroughOpens::mu  its table, and OpenFile::counted_cached (which the analysis cannot name
+//                     from inside OpenFile: a comment there says so)
+// clang checks them (GUARDED_BY, REQUIRES; scripts/thread-safety.sh).
 // Lock order, where two are held at once:
-//   FuseMountImpl::stop_mu_ -> handles_mu -> opens_mu -> the KeeperLink's and SessionIo's own
-//   inode_files_mu -> inval_mu
-// handles_mu comes before opens_mu where both are held (Snapshot, ApplyState in
-// fuse/mount_handover.cc). opens_mu is held while the keeper is told of a change (KeeperPut,
-// DropBacking, KeeperLink::PutHandle / DropHandle), so it hears of changes in the order they
-// happen (fuse/handover.h): one small message on a local socket. The other mutexes are leaves.
-// None of these is held across a call to the master or a worker; leases taken out of `opens` end
-// after opens_mu is released.
+//   FuseMountImpl::stop_mu_ -> handles_mu -> PassthroughOpens::mu -> the KeeperLink's and
+//   SessionIo's own
+// handles_mu comes before PassthroughOpens::mu where both are held (Snapshot, ApplyState in
+// fuse/mount_handover.cc). PassthroughOpens::mu is held while the keeper is told of a change
+// (BackingHost::Announce / Drop, KeeperLink::PutHandle / DropHandle), so it hears of changes in the
+// order they happen (fuse/handover.h): one small message on a local socket. The other mutexes are
+// leaves. None of these is held across a call to the master or a worker; leases taken out of the
+// passthrough table end after its lock is released.
 #pragma once
 
 #define FUSE_USE_VERSION 312
@@ -83,7 +79,10 @@
 #include "fuse/client.h"
 #include "fuse/errno.h"
 #include "fuse/file_cache.h"
+#include "fuse/daemon_pages.h"
 #include "fuse/handover.h"
+#include "fuse/kernel_reads.h"
+#include "fuse/open_file.h"
 #include "fuse/passthrough.h"
 #include "fuse/read_leases.h"
 #include "fuse/session_io.h"
@@ -106,23 +105,8 @@ inline const char* ModeName(OpenMode m) {
   return "?";
 }
 
-struct OpenFile {
-  rpc::FileInfo info;
-  bool passthrough = false;    // opened on a backing file: the kernel reads it, not us
-  bool counted_cached = false; // counted in InodeOpens::cached (passthrough mode's bookkeeping); PassthroughOpens::mu
-  std::chrono::steady_clock::time_point confirmed{};  // kernel mode: when the master last confirmed info; Fs::inode_files_mu
-  // Readahead state: where the next sequential read would start, and the last block hinted.
-  Mutex mu;
-  uint64_t next_offset GUARDED_BY(mu) = 0;
-  uint64_t hinted_through GUARDED_BY(mu) = 0;  // blocks up to this one were hinted (block 0 never is)
-  // Daemon and kernel modes: non-sequential READs served from the local cache since the last that
-  // was not, and when this open last asked for a read lease (fuse/read_leases.h).
-  uint32_t local_reads GUARDED_BY(mu) = 0;
-  uint64_t lease_next GUARDED_BY(mu) = 0;  // where a sequential read would start next
-  std::chrono::steady_clock::time_point lease_asked GUARDED_BY(mu){};
-};
 
-// Per-inode state remembered to spare a call or a re-read (dir_gens, page_versions): at most this
+// Per-inode state remembered to spare a call or a re-read (dir_gens, DaemonPages): at most this
 // many entries each, the oldest half forgotten when full (common/bounded_map.h).
 inline constexpr size_t kInodeStates = 1'000'000;
 
@@ -149,27 +133,13 @@ struct Fs {
   // Daemon mode: the version whose bytes the kernel's page cache may hold for a file: the one it
   // was last opened at. An open of the same version keeps those pages (keep_cache); another
   // version drops them.
-  Mutex page_versions_mu;
-  BoundedMap<uint64_t, std::string> page_versions GUARDED_BY(page_versions_mu){kInodeStates};  // master ino -> version
+  DaemonPages pages{kInodeStates};
   // Every mode: the version hash each file's attributes last carried. A change that the kernel
   // cannot see in size or mtime (a new ETag) drops its cached pages through the invalidator.
   Mutex attr_versions_mu;
   std::unordered_map<uint64_t, uint64_t> attr_versions GUARDED_BY(attr_versions_mu);  // kernel ino -> Attr.version_hash
-  // Kernel mode: each file read since its info was last confirmed (no open carries it).
-  Mutex inode_files_mu;
-  // kernel ino -> newest known file; at most fuse.file_cache_entries (set at mount).
-  BoundedMap<uint64_t, std::shared_ptr<OpenFile>> inode_files GUARDED_BY(inode_files_mu){0};
-  // Kernel mode: the version each reading process is on, per file (no open pins it). A read at
-  // offset 0 moves the process to the newest version; a read further in stays on its version.
-  struct PidKey {
-    uint64_t ino;
-    pid_t pid;
-    bool operator==(const PidKey& o) const { return ino == o.ino && pid == o.pid; }
-  };
-  struct PidKeyHash {
-    size_t operator()(const PidKey& k) const { return std::hash<uint64_t>()(k.ino * 0x9e3779b97f4a7c15ull ^ k.pid); }
-  };
-  BoundedMap<PidKey, std::shared_ptr<OpenFile>, PidKeyHash> reader_files GUARDED_BY(inode_files_mu){0};
+  // Kernel mode: the file each process reads by inode (fuse/kernel_reads.h). Made at mount.
+  std::unique_ptr<KernelReads> kernel_reads;
   // Passthrough mode: backing ids per inode, kept after the last close (fuse/passthrough.h). Made
   // at mount, before the loop starts.
   std::unique_ptr<BackingHost> backing_host;

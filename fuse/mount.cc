@@ -179,11 +179,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
 
   fs_ = std::make_unique<Fs>();
   fs_->cfg = cfg;
-  {
-    MutexLock lock(&fs_->inode_files_mu);
-    fs_->inode_files.SetCapacity(cfg.fuse.file_cache_entries);
-    fs_->reader_files.SetCapacity(cfg.fuse.file_cache_entries);
-  }
+  fs_->kernel_reads = std::make_unique<KernelReads>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
   if (cfg.fuse.open == "daemon") {
     fs_->wanted = OpenMode::kDaemon;
   } else if (cfg.fuse.open == "kernel") {

@@ -2,22 +2,21 @@
 //
 // Design
 // ------
-// The mode is chosen at INIT (fuse/ops_meta.cc) and read once per OPEN (Fs::mode). The modes are
-// not objects of their own yet but branches of these functions:
+// The mode is chosen at INIT (fuse/ops_meta.cc) and read once per OPEN (Fs::mode). Each mode's
+// rules are an object that knows nothing of the kernel (fuse/fs_state.h lists them); these
+// functions ask it and write the replies:
 //   kernel       OpOpen answers ENOSYS once: from then on the kernel opens every file itself and
-//                sends reads with no file handle. OpRead serves them by inode (InodeFile): the
-//                file's info is confirmed with the master at most once per fuse.attr_timeout, and
-//                the version each reading process is on is kept per (inode, pid), so no process
-//                reads bytes of two versions.
+//                sends reads with no file handle. OpRead serves them by inode: KernelReads says
+//                which version the reading process is on (fuse/kernel_reads.h).
 //   daemon       OpOpen gets the file's info (FileCache, else the master), lets the kernel keep its
-//                pages when they are of the version opened (Fs::page_versions, fuse.keep_cache)
-//                and hands out a handle (Fs::handles). OpRead serves the handle's version, failing
+//                pages when DaemonPages says they are of the version opened (fuse.keep_cache) and
+//                hands out a handle (Fs::handles). OpRead serves the handle's version, failing
 //                with ESTALE once the under-storage has changed; OpRelease drops the handle.
-//   passthrough  OpOpen asks fuse/passthrough.cc for a backing id. With one, the kernel reads the
-//                cache data file itself and only RELEASE comes back; without one (the file is
-//                empty, not wholly cached on this node, or its inode is open in the kernel's other
-//                io mode) the open is served as in daemon mode and counted on its inode. Once the
-//                kernel refuses a backing file, every open is answered as in kernel mode.
+//   passthrough  OpOpen asks PassthroughOpens for a backing id (fuse/passthrough.h). With one, the
+//                kernel reads the cache data file itself and only RELEASE comes back; without one
+//                (the file is empty, not wholly cached on this node, or its inode is open in the
+//                kernel's other io mode) the open is served as in daemon mode. Once the kernel
+//                refuses a backing file, every open is answered as in kernel mode.
 // In kernel and daemon modes a file read at random while whole in the local cache is leased and
 // its READs answered from the cache data file (MaybeLease, ReplyFromLease; fuse/read_leases.h).
 // In every mode a sequential read hints the blocks after it to the workers (MaybeReadahead), and
@@ -69,46 +68,19 @@ void MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
   fs->client->Prefetch(of->info, first, count);
 }
 
-// Kernel mode: the file behind a read that came with no open file handle, by its inode alone. Its
-// newest info is confirmed with the master at most once per fuse.attr_timeout; when that shows a
-// new version, the kernel's pages of the old one are dropped. Without opens, the version a reader
-// is on is kept per process (the request's pid): a read at offset 0 — a reader starting on the
-// file — moves the process to the newest version; a read further in stays on the version the
-// process has been reading, whose blocks are served while cached and fail with ESTALE once they
-// must be fetched again, as an open file does in daemon mode. So a process reading a file through
-// never gets bytes of two versions.
+// Kernel mode: the file behind a read that came with no open file handle, by its inode and the
+// reading process (fuse/kernel_reads.h says which version each process gets). The master is asked
+// directly, not through the FileCache (which serves opens): a file's info is kept in one place.
 StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t off, pid_t pid) {
-  auto now = std::chrono::steady_clock::now();
-  std::shared_ptr<OpenFile> newest;
-  {
-    MutexLock lock(&fs->inode_files_mu);
-    std::shared_ptr<OpenFile>* known = fs->inode_files.Find(ino);
-    if (known != nullptr && now - (*known)->confirmed < fs->cfg.fuse.attr_timeout) newest = *known;
-  }
-  if (!newest) {
-    fs->files->Erase(fs->ToMaster(ino));  // as old as the kernel's attributes may be: ask the master
-    ASSIGN_OR_RETURN(rpc::FileInfo info, FileInfoOf(fs, fs->ToMaster(ino)));
-    fs->NoteVersion(ino, info.attr().version_hash());
+  auto r = fs->kernel_reads->FileFor(ino, off, pid, [fs](uint64_t kino) -> StatusOr<rpc::FileInfo> {
+    ASSIGN_OR_RETURN(rpc::FileInfo info, fs->client->GetFile(fs->ToMaster(kino)));
+    fs->NoteVersion(kino, info.attr().version_hash());
     fs->attrs->Put(info.attr().ino(), info.attr());  // the newest the master said
-    MutexLock lock(&fs->inode_files_mu);
-    std::shared_ptr<OpenFile>* known = fs->inode_files.Find(ino);
-    std::shared_ptr<OpenFile> slot = known == nullptr ? nullptr : *known;
-    if (slot && slot->info.version() == info.version()) {
-      slot->confirmed = now;
-      newest = slot;
-    } else {
-      if (slot) fs->Invalidate(ino);  // a new version: the kernel's pages are the old one's
-      newest = std::make_shared<OpenFile>();
-      newest->info = std::move(info);
-      newest->confirmed = now;
-      fs->inode_files.Put(ino, newest);  // at most fuse.file_cache_entries; forgetting costs a call to the master
-    }
-  }
-  MutexLock lock(&fs->inode_files_mu);
-  auto [mine, fresh] = fs->reader_files.TryEmplace(Fs::PidKey{ino, pid}, newest);
-  if (mine == nullptr) return newest;  // fuse.file_cache_entries 0: nothing remembered
-  if (!fresh && off == 0) *mine = newest;
-  return *mine;
+    return info;
+  });
+  if (!r.ok()) return r.status();
+  if (r->new_version) fs->Invalidate(ino);  // the kernel's pages are the old version's
+  return std::move(r->file);
 }
 
 // Counts a read's bytes by where they came from (`add`, by NodeSource), per mount; tells the
@@ -261,13 +233,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->fh = fs->AddHandle(of);
   fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
   if (!fi->direct_io) {
-    {
-      MutexLock lock(&fs->page_versions_mu);
-      // At most kInodeStates remembered; a forgotten one costs a re-read of its pages.
-      std::string* seen = fs->page_versions.TryEmplace(master_ino, "").first;
-      fi->keep_cache = fs->cfg.fuse.keep_cache && *seen == of->info.version();
-      *seen = of->info.version();
-    }
+    fi->keep_cache = fs->pages.Open(master_ino, of->info.version(), fs->cfg.fuse.keep_cache);
     if (mode == OpenMode::kPassthrough) {
       // It holds the inode in the kernel's cached io mode: the keeper must know (fuse/handover.h).
       auto tell = [&] {
@@ -320,12 +286,8 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     if (st.IsVersionChanged()) {
       fs->files->Erase(of->info.attr().ino());
       fs->attrs->Erase(of->info.attr().ino());
-      {
-        MutexLock lock(&fs->page_versions_mu);
-        fs->page_versions.Erase(of->info.attr().ino());
-      }
-      MutexLock lock(&fs->inode_files_mu);
-      if (std::shared_ptr<OpenFile>* known = fs->inode_files.Find(ino)) (*known)->confirmed = {};  // the next read asks the master
+      fs->pages.Forget(of->info.attr().ino());
+      fs->kernel_reads->Unconfirm(ino);  // the next read by inode asks the master
     }
     return ReplyError(req, st, "read");
   }
