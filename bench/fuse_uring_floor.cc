@@ -47,35 +47,16 @@
 #include <thread>
 #include <vector>
 
+#include "fuse/kernel_abi.h"
+
 namespace {
 
-// ---- the FUSE-over-io_uring ABI (include/uapi/linux/fuse.h, protocol 7.42; Debian 12's headers
-// are 7.38 and do not have it) ----
-constexpr uint64_t kFuseOverIoUring = 1ull << 41;  // an INIT flag (in flags2, bit 9)
-constexpr uint32_t kUringCmdRegister = 1;
-constexpr uint32_t kUringCmdCommitAndFetch = 2;
-constexpr size_t kUringInOutHeader = 128;
-constexpr size_t kUringOpInOut = 128;
-struct UringEntInOut {
-  uint64_t flags;
-  uint64_t commit_id;  // the request's unique: what the commit names
-  uint32_t payload_sz;
-  uint32_t padding;
-  uint64_t reserved;
-};
-struct UringReqHeader {
-  char in_out[kUringInOutHeader];  // fuse_in_header, then fuse_out_header
-  char op_in[kUringOpInOut];       // the request's first argument
-  UringEntInOut ring_ent_in_out;
-};
-struct UringCmdReq {  // in the SQE's 80-byte command area (IORING_SETUP_SQE128)
-  uint64_t flags;
-  uint64_t commit_id;
-  uint16_t qid;
-  uint8_t padding[6];
-};
-static_assert(sizeof(UringReqHeader) == 288, "the kernel's struct fuse_uring_req_header");
-static_assert(sizeof(UringCmdReq) == 24, "the kernel's struct fuse_uring_cmd_req");
+// The FUSE-over-io_uring ABI (Debian 12's headers are protocol 7.38 and do not have it).
+using granary::fuse::kabi::kUringCmdCommitAndFetch;
+using granary::fuse::kabi::kUringCmdRegister;
+using granary::fuse::kabi::UringCmdReq;
+using granary::fuse::kabi::UringReqHeader;
+constexpr uint64_t kFuseOverIoUring = granary::fuse::kabi::kInitOverIoUring;
 
 constexpr uint64_t kSmall = 2, kBig = 3;
 constexpr size_t kSmallSize = 4096;

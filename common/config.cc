@@ -296,6 +296,20 @@ std::vector<Setting> MakeSettings() {
                   &Config::fuse, &FuseConfig::file_cache_entries));
   t.push_back(Row("fuse.max_threads", K::kCount, "16", "Most threads serving FUSE requests at once.",
                   &Config::fuse, &FuseConfig::max_threads));
+  t.push_back(Row("fuse.transport", K::kString, "dev",
+                  "How FUSE requests reach granary-fuse. dev: read from /dev/fuse by up to fuse.max_threads "
+                  "threads. uring: through io_uring queues, one per CPU (Linux >= 6.14 with the fuse module's "
+                  "enable_uring parameter Y, set by the privileged FUSE pod or `echo Y > "
+                  "/sys/module/fuse/parameters/enable_uring`): a round trip costs 0.5-0.8x of dev's, but a "
+                  "crash of granary-fuse leaves the requests it held in its queues unanswered until the mount "
+                  "is aborted (fuse.keeper cannot have them sent again on Linux 6.18). Where the kernel does not "
+                  "offer it, dev is used (logged). See \"Transports\" in docs/semantics.md.",
+                  &Config::fuse, &FuseConfig::transport));
+  t.push_back(Row("fuse.uring_depth", K::kCount, "4",
+                  "fuse.transport uring: requests each CPU's queue serves at once (each entry has its own "
+                  "thread, which blocks while the request waits for a worker). More lets more cold reads from "
+                  "one CPU wait on the store together; each entry holds a 1 MiB buffer.",
+                  &Config::fuse, &FuseConfig::uring_depth));
   // rpc
   t.push_back(Row("rpc.token_file", K::kPath, "",
                   "File holding a shared token. When set, servers reject calls without it and clients send "
@@ -455,6 +469,12 @@ StatusOr<Config> BuildConfig(const ConfigFlags& flags) {
         "directory (drop worker.cache_dir)");
   }
   if (c.fuse.max_threads == 0) return InvalidArgumentError("fuse.max_threads: must be at least 1");
+  if (c.fuse.transport != "dev" && c.fuse.transport != "uring") {
+    return InvalidArgumentError("fuse.transport: '" + c.fuse.transport + "' is not a transport (dev or uring)");
+  }
+  if (c.fuse.uring_depth == 0 || c.fuse.uring_depth > 64) {
+    return InvalidArgumentError("fuse.uring_depth: " + std::to_string(c.fuse.uring_depth) + " is out of range (1 to 64)");
+  }
   return c;
 }
 

@@ -83,6 +83,8 @@ struct FuseConfig {
   std::string keeper = "spawn";     // who keeps the connection across a crash: spawn, off or a socket path
   bool exit_after_handover = true;  // exit once handed over (false: idle until SIGTERM, for Kubernetes)
   std::chrono::milliseconds worker_wait{};  // how long a read waits for a restarting worker
+  std::string transport = "dev";    // how requests reach granary-fuse: dev (/dev/fuse) or uring (fuse/uring.h)
+  uint64_t uring_depth = 0;         // uring: entries (each with its own thread) per CPU queue
 };
 
 struct RpcConfig {

@@ -208,7 +208,11 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
   m.set_fingerprint(fingerprint);
   Status st = SendHandover(*s, m);
   StatusOr<HandoverReceived> r = st.ok() ? ReceiveHandover(*s, timeout) : StatusOr<HandoverReceived>(st);
-  close(*s);
+  if (r.ok() && r->msg.kind() == rpc::HandoverMessage::STATE && r->msg.state().uring_payload() > 0) {
+    r->peer = *s;  // the predecessor serves its rings until ours are registered
+  } else {
+    close(*s);
+  }
   if (!r.ok()) return r.status().WithContext("taking over from the granary-fuse on " + socket_path);
   if (r->msg.kind() == rpc::HandoverMessage::REFUSED) {
     return FailedPreconditionError("the running granary-fuse refused the hand-over and keeps serving: " +

@@ -70,6 +70,9 @@ Status CheckKeeperSetting(const Config& cfg);
 struct HandoverReceived {
   rpc::HandoverMessage msg;
   int fd = -1;  // the descriptor that came with it, owned by the receiver (-1: none)
+  // A hand-over of a connection served through io_uring: the socket to the predecessor, kept open
+  // for RINGS_READY (fuse/uring.h), owned by the receiver (-1: none).
+  int peer = -1;
 };
 
 // Framing on a connected Unix stream socket. Send passes `fd` along when >= 0.

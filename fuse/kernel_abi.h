@@ -1,6 +1,7 @@
 // Parts of the FUSE kernel protocol that Debian 12's headers (Linux 6.1 UAPI, libfuse 3.14) do not
 // name yet. Each value is the kernel's own, from include/uapi/linux/fuse.h of Linux 6.9 (protocol
-// 7.40), where FUSE passthrough was merged; the kernel this runs on decides whether it offers them.
+// 7.40), where FUSE passthrough was merged, and of Linux 6.14 (7.42, FUSE over io_uring); the
+// kernel this runs on decides whether it offers them.
 #pragma once
 
 #include <linux/fuse.h>
@@ -34,5 +35,39 @@ struct BackingMap {
 };
 constexpr unsigned long kIocBackingOpen = _IOW(229, 1, BackingMap);
 constexpr unsigned long kIocBackingClose = _IOW(229, 2, uint32_t);
+
+// ---- FUSE over io_uring (Linux >= 6.14, protocol 7.42; fs/fuse/dev_uring.c) ----
+// INIT flag (bit 41: flags2 bit 9): the server will take requests through io_uring. The kernel
+// offers it only while the fuse module's enable_uring parameter is Y.
+constexpr uint64_t kInitOverIoUring = 1ULL << 41;
+// IORING_OP_URING_CMD commands on the /dev/fuse descriptor.
+constexpr uint32_t kUringCmdRegister = 1;        // an entry (header + payload buffers) joins queue qid
+constexpr uint32_t kUringCmdCommitAndFetch = 2;  // the reply in the entry is committed; wait for the next
+constexpr size_t kUringInOutHeader = 128;
+constexpr size_t kUringOpInOut = 128;
+struct UringEntInOut {
+  uint64_t flags;
+  uint64_t commit_id;  // the request's unique: what the commit names
+  uint32_t payload_sz;
+  uint32_t padding;
+  uint64_t reserved;
+};
+// An entry's header buffer: the request's fuse_in_header (then the reply's fuse_out_header) in
+// in_out, the request's first argument in op_in, the payload's length in ring_ent_in_out. The other
+// arguments (and the reply's) are in the entry's payload buffer.
+struct UringReqHeader {
+  char in_out[kUringInOutHeader];
+  char op_in[kUringOpInOut];
+  UringEntInOut ring_ent_in_out;
+};
+// In the SQE's command area (an SQE128 ring).
+struct UringCmdReq {
+  uint64_t flags;
+  uint64_t commit_id;
+  uint16_t qid;
+  uint8_t padding[6];
+};
+static_assert(sizeof(UringReqHeader) == 288, "the kernel's struct fuse_uring_req_header");
+static_assert(sizeof(UringCmdReq) == 24, "the kernel's struct fuse_uring_cmd_req");
 
 }  // namespace granary::fuse::kabi

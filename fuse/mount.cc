@@ -262,6 +262,14 @@ Status FuseMountImpl::Init(const Config& cfg) {
   if (got) {
     io_->SetNegotiated(got->msg.state().passthrough_negotiated());
     ApplyState(got->msg.state());
+    io_->SetUring(got->msg.state().uring_payload());
+  } else if (cfg.fuse.transport == "uring") {
+    if (Status probe = UringQueues::Probe(); probe.ok()) {
+      io_->WantUring([this](size_t payload) { StartUring(payload); });
+    } else {
+      spdlog::warn("fuse.transport=uring: io_uring does not work here ({}); serving through /dev/fuse",
+                   probe.message());
+    }
   }
   if (!keeper_path_.empty()) {  // deposits once INIT is known
     fs_->keeper = std::make_unique<KeeperLink>(keeper_path_, cfg.fuse.keeper == "spawn", io_->fd(),
@@ -271,6 +279,20 @@ Status FuseMountImpl::Init(const Config& cfg) {
   StartInvalidator();
   if (!got) RaiseReadaheadOf(mountpoint_);
   StartLoop();
+  if (got && io_->uring_payload() > 0) {
+    // The kernel queues this connection's requests to io_uring: entries must be registered,
+    // whatever this process's fuse.transport says; once libfuse has the replayed INIT (it answers
+    // EIO to anything before).
+    if (!io_->WaitInitReplayed(std::chrono::seconds(10))) spdlog::warn("the replayed INIT was not processed in 10 s");
+    StartUring(io_->uring_payload());
+  }
+  if (got && got->peer >= 0) {  // the predecessor serves its entries until ours are registered
+    rpc::HandoverMessage ready;
+    ready.set_kind(rpc::HandoverMessage::RINGS_READY);
+    (void)SendHandover(got->peer, ready);
+    close(got->peer);
+    got->peer = -1;
+  }
   if (got) {
     spdlog::info("took over the FUSE connection of {} from {} ({} mode, {} open files, {} backing files)", mountpoint_,
                  from_keeper ? "the keeper (the previous granary-fuse died)" : got->msg.state().sender(),
@@ -389,6 +411,7 @@ void FuseMountImpl::Shutdown() {
     Unmount(mountpoint_);
   }
   if (loop_.joinable()) loop_.join();
+  if (uring_) uring_->Stop();  // the unmount ended their entries
   StopInvalidator();
   fs_->keeper.reset();
   fs_->passthrough->Clear();  // the connection is gone with its backing ids
@@ -398,6 +421,17 @@ void FuseMountImpl::Shutdown() {
   if (loop_cfg_) fuse_loop_cfg_destroy(loop_cfg_);
   loop_cfg_ = nullptr;
   spdlog::info("unmounted {}", mountpoint_);
+}
+
+void FuseMountImpl::StartUring(size_t payload) {
+  auto q = UringQueues::Start(se_, io_->fd(), payload, static_cast<int>(fs_->cfg.fuse.uring_depth));
+  if (!q.ok()) {
+    spdlog::warn("fuse.transport=uring: {}", q.status().message());
+    return;
+  }
+  uring_ = std::move(*q);
+  spdlog::info("{}: requests come through io_uring ({} queues, {} entries)", mountpoint_, UringQueues::QueueCount(),
+               uring_->entries());
 }
 
 }  // namespace internal

@@ -34,6 +34,7 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
   st.set_fingerprint(Fingerprint(fs_->cfg));
   st.set_sender("granary-fuse pid " + std::to_string(getpid()));
   st.set_passthrough_refused(fs_->passthrough->refused());
+  st.set_uring_payload(io_->uring_payload());
   {
     // handles_mu before the passthrough table's (as ApplyState): counted_cached is written under it.
     MutexLock hlock(&fs_->handles_mu);
@@ -151,6 +152,17 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
     return;
   }
   handed_over_ = true;
+  if (uring_) {
+    // The kernel queues to whichever entries are idle: ours serve until the successor's are
+    // registered, so no request waits in a queue with none (fuse/uring.h).
+    auto ready = ReceiveHandover(c, std::chrono::seconds(10));
+    if (!ready.ok() || ready->msg.kind() != rpc::HandoverMessage::RINGS_READY) {
+      spdlog::warn("the successor did not say its io_uring entries are registered ({}); stopping ours",
+                   ready.ok() ? "another message" : ready.status().message());
+    }
+    if (ready.ok() && ready->fd >= 0) close(ready->fd);
+    uring_->Stop();
+  }
   if (fs_->keeper) fs_->keeper->Stop();  // the successor deposits with the keeper; it keeps ours meanwhile
   // The successor registered its own leases; ours end. The backing ids are the successor's now.
   fs_->passthrough->Clear();

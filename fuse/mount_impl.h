@@ -26,6 +26,7 @@
 #include "fuse/fs_state.h"
 #include "fuse/mount.h"
 #include "fuse/session_io.h"
+#include "fuse/uring.h"
 #include "proto/granary.pb.h"
 
 namespace granary::fuse::internal {
@@ -39,6 +40,8 @@ class FuseMountImpl final : public FuseMount {
   void Shutdown() override;
   Status CheckMountPoint();
   void StartLoop();
+  // Registers and serves the io_uring queues (fuse/uring.h); on failure the kernel falls back to /dev/fuse.
+  void StartUring(size_t payload);
   void StartInvalidator();
   void StopInvalidator();
   std::string address() const override { return mountpoint_; }
@@ -69,6 +72,7 @@ class FuseMountImpl final : public FuseMount {
   std::atomic<bool> handed_over_{false};
   std::unique_ptr<Fs> fs_;
   std::unique_ptr<SessionIo> io_;
+  std::unique_ptr<UringQueues> uring_;  // fuse.transport uring, once INIT asked for it (or a predecessor did)
   fuse_session* se_ = nullptr;
   fuse_loop_config* loop_cfg_ = nullptr;
   bool mounted_ = false;

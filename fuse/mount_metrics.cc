@@ -131,6 +131,13 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
     e->Sample("granary_fuse_open_mode", {{"mode", ModeName(m)}, {"fallback", fallback ? "1" : "0"}},
               fs_->mode == m ? 1 : 0);
   }
+  e->Family("granary_fuse_transport", "gauge",
+            "How requests reach granary-fuse (fuse.transport): 1 for the transport in force (uring only once "
+            "its queues are registered).");
+  e->Sample("granary_fuse_transport", {{"transport", "dev"}}, uring_ ? 0 : 1);
+  e->Sample("granary_fuse_transport", {{"transport", "uring"}}, uring_ ? 1 : 0);
+  e->Counter("granary_fuse_uring_requests_total", "Requests served through io_uring (fuse.transport uring).",
+             uring_ ? static_cast<double>(uring_->requests()) : 0);
   e->Family("granary_fuse_opens_total", "counter",
             "Opens by how they were served: passthrough (the kernel reads the cache data file), daemon "
             "(granary-fuse serves the reads), kernel (answered once with ENOSYS; later opens never reach "

@@ -117,6 +117,11 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   // A connection taken over keeps the mode its predecessor told the kernel about (this INIT is a
   // replay, and its reply is not sent).
   if (!fs->taken_over) ChooseMode(fs);
+  if (fs->cfg.fuse.transport == "uring" && !fs->taken_over && fs->io != nullptr && !fs->io->uring_offered()) {
+    spdlog::warn("fuse.transport=uring: the kernel does not offer FUSE over io_uring (it needs Linux >= 6.14 and "
+                 "the fuse module's enable_uring=Y: echo Y > /sys/module/fuse/parameters/enable_uring); serving "
+                 "through /dev/fuse");
+  }
   // The kernel drops a file's cached pages when its attributes show a new size or mtime.
   if (conn->capable & FUSE_CAP_AUTO_INVAL_DATA) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;

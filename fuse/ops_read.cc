@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -42,6 +43,7 @@
 #include "fuse/fs_state.h"
 #include "fuse/session_io.h"
 #include "fuse/trace.h"
+#include "fuse/uring.h"
 
 namespace granary::fuse::internal {
 namespace {
@@ -108,6 +110,12 @@ void CountReadSources(Fs* fs, uint64_t mount_id, const ReadResult& data, TraceRe
   CountSourceBytes(fs, mount_id, add, rec);
 }
 
+// How file bytes go into a reply: spliced into /dev/fuse, or copied into the io_uring entry of a
+// ring thread (fuse/uring.h), which a splice cannot reach.
+fuse_buf_copy_flags ReplyCopyFlags() {
+  return UringQueues::OnRingThread() ? FUSE_BUF_NO_SPLICE : FUSE_BUF_SPLICE_MOVE;
+}
+
 // Answers a READ from the file's read lease (fuse/read_leases.h): spliced from the cache's data file,
 // or, below kCopyBelow bytes, copied.
 constexpr size_t kCopyBelow = 64 * 1024;
@@ -124,20 +132,22 @@ void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease&
   std::array<uint64_t, 3> add{};
   add[static_cast<size_t>(NodeSource::kLocal)] = n;  // a lease is of this node's cache
   CountSourceBytes(fs, of.info.mount_id(), add, scope->tracing() ? &scope->record() : nullptr);
-  if (n <= kCopyBelow) {
+  char* in_place = UringQueues::ReplyBuffer(n);  // a ring thread: read straight into its entry
+  if (n <= kCopyBelow || in_place != nullptr) {
     // A small read costs less copied (pread, one write) than spliced through a pipe (two splices).
     thread_local std::vector<char> buf;
-    buf.resize(kCopyBelow);
-    ssize_t got = pread(lease.fd(), buf.data(), n, static_cast<off_t>(off));
+    if (in_place == nullptr) buf.resize(kCopyBelow);
+    char* dst = in_place != nullptr ? in_place : buf.data();
+    ssize_t got = pread(lease.fd(), dst, n, static_cast<off_t>(off));
     if (got < 0) return ReplyError(req, ErrnoError(errno, "read of the leased cache file"), "read");
-    fuse_reply_buf(req, buf.data(), static_cast<size_t>(got));
+    fuse_reply_buf(req, dst, static_cast<size_t>(got));
     return;
   }
   fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
   bv.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
   bv.buf[0].fd = lease.fd();
   bv.buf[0].pos = static_cast<off_t>(off);
-  fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+  fuse_reply_data(req, &bv, ReplyCopyFlags());
 }
 
 // After a READ: counts the open's non-sequential reads from the local cache, and on the one past
@@ -176,6 +186,50 @@ void MaybeLease(Fs* fs, OpenFile* of, bool local, uint64_t off, uint64_t size) {
   auto lease = fs->client->LeaseFile(of->info, /*verify=*/true);
   if (!lease.ok()) return;  // not whole here, or spread over directories: this open reads as before
   fs->read_leases->Add(of->info.attr().ino(), of->info.version(), file_size, std::move(*lease));
+}
+
+// The pieces of a read, one after the other at `dst` (data.size() bytes).
+Status CopyPieces(const ReadResult& data, char* dst) {
+  for (const LocalChannel::Piece& p : data.pieces) {
+    if (p.fd < 0) {
+      std::memcpy(dst, p.data.data(), p.length);
+    } else {
+      for (size_t done = 0; done < p.length;) {
+        ssize_t got = pread(p.fd, dst + done, p.length - done, static_cast<off_t>(p.offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return ErrnoError(errno, "read of a cached block file");
+        if (got == 0) return DataLossError("a cached block file is shorter than its lease");
+        done += static_cast<size_t>(got);
+      }
+    }
+    dst += p.length;
+  }
+  return Status::OK();
+}
+
+// The pieces of a read as the reply's buffers: a leased block file (libfuse splices its pages into
+// /dev/fuse) or bytes in memory. The leases end when `data` goes, after the reply is written.
+void ReplyPieces(fuse_req_t req, const ReadResult& data) {
+  size_t n = data.pieces.size();
+  std::vector<char> storage(sizeof(fuse_bufvec) + (n - 1) * sizeof(fuse_buf));
+  auto* bv = reinterpret_cast<fuse_bufvec*>(storage.data());
+  bv->count = n;
+  bv->idx = 0;
+  bv->off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const LocalChannel::Piece& p = data.pieces[i];
+    fuse_buf& b = bv->buf[i];
+    b = fuse_buf{};
+    b.size = p.length;
+    if (p.fd >= 0) {
+      b.flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      b.fd = p.fd;
+      b.pos = static_cast<off_t>(p.offset);
+    } else {
+      b.mem = const_cast<char*>(p.data.data());
+    }
+  }
+  fuse_reply_data(req, bv, ReplyCopyFlags());
 }
 
 }  // namespace
@@ -295,30 +349,16 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     fuse_reply_buf(req, nullptr, 0);
     return;
   }
-  // One buffer per piece: a leased block file (libfuse splices its pages into /dev/fuse) or bytes
-  // in memory. The leases end when `data` goes, after the reply is written.
-  size_t n = data.pieces.size();
-  std::vector<char> storage(sizeof(fuse_bufvec) + (n - 1) * sizeof(fuse_buf));
-  auto* bv = reinterpret_cast<fuse_bufvec*>(storage.data());
-  bv->count = n;
-  bv->idx = 0;
-  bv->off = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const LocalChannel::Piece& p = data.pieces[i];
-    fuse_buf& b = bv->buf[i];
-    b = fuse_buf{};
-    b.size = p.length;
-    if (p.fd >= 0) {
-      b.flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-      b.fd = p.fd;
-      b.pos = static_cast<off_t>(p.offset);
-    } else {
-      b.mem = const_cast<char*>(p.data.data());
-    }
-  }
-  fs->read_bytes += fuse_buf_size(bv);
+  fs->read_bytes += data.size();
   CountReadSources(fs, of->info.mount_id(), data, scope.tracing() ? &scope.record() : nullptr);
-  fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
+  if (char* dst = UringQueues::ReplyBuffer(data.size())) {
+    // A ring thread: the pieces are read or copied straight into its entry, one copy in all.
+    Status copied = CopyPieces(data, dst);
+    if (!copied.ok()) return ReplyError(req, copied, "read");
+    fuse_reply_buf(req, dst, data.size());
+  } else {
+    ReplyPieces(req, data);
+  }
   // After the reply: a file read again and again from the local cache is leased for its next READs.
   const bool local = std::all_of(data.pieces.begin(), data.pieces.end(), [](const LocalChannel::Piece& p) {
     return p.source == NodeSource::kLocal;

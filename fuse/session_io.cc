@@ -8,10 +8,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "fuse/kernel_abi.h"
+#include "fuse/uring.h"
 
 namespace granary::fuse {
 namespace {
@@ -106,7 +108,7 @@ SessionIo::~SessionIo() {
 
 std::string SessionIo::init_request() const {
   MutexLock lock(&mu_);
-  return init_;
+  return init_answered_ ? init_ : "";
 }
 
 void SessionIo::NoteInit(const void* buf, size_t n) {
@@ -118,6 +120,7 @@ void SessionIo::NoteInit(const void* buf, size_t n) {
       flags |= static_cast<uint64_t>(in->flags2) << 32;
     }
     offered_ = (flags & kabi::kInitPassthrough) != 0;
+    uring_offered_ = (flags & kabi::kInitOverIoUring) != 0;
   }
   MutexLock lock(&mu_);
   init_.assign(static_cast<const char*>(buf), n);
@@ -259,8 +262,21 @@ ssize_t SessionIo::Read(int fd, void* buf, size_t len, void*) {
   return n;
 }
 
+bool SessionIo::WaitInitReplayed(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (init_pending_ && std::chrono::steady_clock::now() < deadline) lock.WaitFor(&cv_, std::chrono::milliseconds(100));
+  return !init_pending_;
+}
+
+void SessionIo::NoteRequest(const fuse_in_header* h) {
+  t_opcode = h->opcode;
+  t_unique = h->unique;
+}
+
 ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
   SessionIo* io = Of(fd);
+  size_t uring_payload = 0;  // the INIT reply asks for io_uring: start the queues once it is written
   if (count >= 1 && iov[0].iov_len == sizeof(fuse_out_header) && io != nullptr && t_opcode == FUSE_INIT) {
     const auto* out = static_cast<const fuse_out_header*>(iov[0].iov_base);
     bool swallow = false;
@@ -269,6 +285,7 @@ ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
       if (io->init_pending_ && out->unique == io->replay_unique_) {
         // The replayed INIT's reply: the kernel answered INIT with the predecessor's long ago.
         io->init_pending_ = false;
+        io->init_answered_ = true;
         io->cv_.notify_all();
         swallow = true;
       }
@@ -291,6 +308,12 @@ ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
           init->unused[0] = kabi::kMaxStackDepth;
           io->negotiated_ = true;
         }
+        if (io != nullptr && io->uring_start_ && io->uring_offered_ && (init->flags & FUSE_INIT_EXT)) {
+          init->flags2 |= static_cast<uint32_t>(kabi::kInitOverIoUring >> 32);
+          // The kernel's entries carry max(8 KiB, max_write, max_pages pages).
+          const size_t pages = (init->flags & FUSE_MAX_PAGES) ? init->max_pages : 32;
+          uring_payload = std::max<size_t>({8192, init->max_write, pages * 4096});
+        }
       } else if (t_opcode == FUSE_OPEN && t_backing > 0 && iov[1].iov_len == sizeof(fuse_open_out)) {
         auto* open = static_cast<fuse_open_out*>(iov[1].iov_base);
         open->open_flags |= kabi::kOpenPassthrough;
@@ -299,10 +322,27 @@ ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
     }
   }
   t_backing = 0;
-  return writev(fd, iov, count);
+  ssize_t n = 0;
+  if (UringQueues::TakeReply(iov, count, &n)) return n;
+  if (uring_payload > 0) io->uring_payload_ = uring_payload;
+  n = writev(fd, iov, count);
+  if (io != nullptr && t_opcode == FUSE_INIT && count >= 1 && iov[0].iov_len == sizeof(fuse_out_header) &&
+      static_cast<const fuse_out_header*>(iov[0].iov_base)->unique == t_unique) {
+    // What the connection negotiated is known now: a snapshot may carry it (fuse/handover.h).
+    MutexLock lock(&io->mu_);
+    io->init_answered_ = true;
+  }
+  if (uring_payload > 0 && n > 0) {
+    io->uring_start_(uring_payload);  // the kernel holds every request until the queues are registered
+  } else if (uring_payload > 0) {
+    io->uring_payload_ = 0;
+  }
+  return n;
 }
 
 ssize_t SessionIo::SpliceSend(int fdin, off_t* offin, int fdout, off_t* offout, size_t len, unsigned flags, void*) {
+  ssize_t n = 0;
+  if (UringQueues::TakeSplicedReply(fdin, fdout, len, &n)) return n;
   return splice(fdin, offin, fdout, offout, len, flags);
 }
 

@@ -35,9 +35,11 @@
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -56,7 +58,8 @@ class SessionIo {
                                                      std::string replay_init = "");
   ~SessionIo();
 
-  // The kernel's INIT request as read on this connection ("" until read).
+  // The kernel's INIT request as read on this connection ("" until its reply is written: only then
+  // is what the connection negotiated known).
   std::string init_request() const;
   // Stops reading, waits until every request read has been answered, and ends the session's loop
   // (fuse_session_loop_mt returns). Reading never resumes unless Resume() is called.
@@ -73,6 +76,20 @@ class SessionIo {
   // Whether the INIT reply asks for passthrough (when offered). Set before INIT is answered (the
   // init handler runs between the two hooks).
   void SetWantPassthrough(bool want) { want_ = want; }
+  // fuse.transport uring: the INIT reply asks for FUSE_OVER_IO_URING when the kernel offers it, and
+  // once that reply is written, `start` is called with the payload size an entry needs (the
+  // caller starts UringQueues; fuse/uring.h). Set before the loop starts.
+  void WantUring(std::function<void(size_t payload)> start) { uring_start_ = std::move(start); }
+  // After INIT: whether the kernel offered io_uring, and the payload size when this connection
+  // uses it (0: it does not). A successor is told by its predecessor (SetUring).
+  bool uring_offered() const { return uring_offered_.load(); }
+  size_t uring_payload() const { return uring_payload_.load(); }
+  void SetUring(size_t payload) { uring_payload_ = payload; }
+  // A handed-over connection: waits until libfuse has processed the replayed INIT (it answers EIO to
+  // anything before), at most `timeout`; whether it has.
+  bool WaitInitReplayed(std::chrono::milliseconds timeout);
+  // A ring thread's request (fuse/uring.h): noted as the read hook notes what it reads.
+  static void NoteRequest(const fuse_in_header* h);
   // After INIT: whether the kernel offered passthrough, and whether this connection has it.
   bool offered() const { return offered_.load(); }
   bool negotiated() const { return negotiated_.load(); }
@@ -107,11 +124,15 @@ class SessionIo {
   int wake_fd_ = -1;  // eventfd: readable once Drain starts
   std::atomic<bool> want_;
   std::atomic<bool> offered_{false};
+  std::function<void(size_t)> uring_start_;  // set before the loop: fuse.transport uring
+  std::atomic<bool> uring_offered_{false};
+  std::atomic<size_t> uring_payload_{0};
   std::atomic<bool> negotiated_{false};
 
   mutable Mutex mu_;
   std::condition_variable cv_;
   std::string init_ GUARDED_BY(mu_);               // the INIT request read (or replayed)
+  bool init_answered_ GUARDED_BY(mu_) = false;     // its reply written (or swallowed)
   std::string replay_ GUARDED_BY(mu_);             // to be returned by the first read
   uint64_t replay_unique_ GUARDED_BY(mu_) = 0;     // its unique, whose reply is swallowed
   bool init_pending_ GUARDED_BY(mu_) = false;      // replayed INIT not yet answered

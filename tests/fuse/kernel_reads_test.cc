@@ -121,7 +121,9 @@ TEST(KernelReads, ModelProcessesReadingThroughNeverSeeTwoVersions) {
         if (start) {
           // No older than the store's version of one confirm interval ago.
           int got = std::stoi(v.substr(1));
-          if (f.now - changed[kino] > std::chrono::seconds(1)) ASSERT_EQ(got, f.master.version[kino]);
+          if (f.now - changed[kino] > std::chrono::seconds(1)) {
+            ASSERT_EQ(got, f.master.version[kino]);
+          }
           r.reading = true;
           r.version = v;
         } else {

@@ -541,7 +541,9 @@ TEST_F(PeerRoutingTest, AJoinAndALeaveLeaveNoReplicaBeyondTheCount) {
       homed_at_4 += RankOf(id, all, 4) == 0;
     }
     EXPECT_EQ(replicas, Blocks() - homed_at_4);
-    if (!elastic) EXPECT_EQ(extra, homed_at_4);
+    if (!elastic) {
+      EXPECT_EQ(extra, homed_at_4);
+    }
     ASSERT_TRUE(ReadAll(c.node(4)));
     // Node 2 leaves: its blocks' new homes hold them as replicas if they had copies.
     c.node(2).dead = true;

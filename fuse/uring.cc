@@ -1,0 +1,283 @@
+// UringQueues (fuse/uring.h, whose design note says how requests and replies move).
+#include "fuse/uring.h"
+
+#include <liburing.h>
+#include <linux/fuse.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "fuse/kernel_abi.h"
+#include "fuse/session_io.h"
+
+namespace granary::fuse {
+
+struct UringQueues::Entry {
+  alignas(64) kabi::UringReqHeader header;
+  std::unique_ptr<char[]> payload;
+  size_t payload_size = 0;
+  uint16_t qid = 0;
+  iovec iov[2];
+  uint64_t unique = 0;   // the request being served
+  bool replied = false;  // its reply is in the entry
+};
+
+namespace {
+
+// The entry this thread serves (null: not a ring thread).
+thread_local void* t_entry = nullptr;
+
+void PrepCmd(io_uring* ring, int fd, void* e, const iovec* iov, uint32_t op, uint16_t qid, uint64_t commit_id) {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+  std::memset(sqe, 0, 128);  // an SQE128 slot: the struct's 64 bytes and the command area after them
+#pragma GCC diagnostic pop
+  sqe->opcode = IORING_OP_URING_CMD;
+  sqe->fd = fd;
+  sqe->cmd_op = op;
+  if (op == kabi::kUringCmdRegister) {
+    sqe->addr = reinterpret_cast<uint64_t>(iov);
+    sqe->len = 2;
+  }
+  sqe->user_data = reinterpret_cast<uint64_t>(e);
+  auto* req = reinterpret_cast<kabi::UringCmdReq*>(sqe->cmd);
+  req->qid = qid;
+  req->commit_id = commit_id;
+}
+
+}  // namespace
+
+Status UringQueues::Probe() {
+  io_uring ring;
+  int rc = io_uring_queue_init(2, &ring, IORING_SETUP_SQE128);
+  if (rc < 0) return ErrnoError(-rc, "io_uring_queue_init (SQE128)");
+  io_uring_queue_exit(&ring);
+  return Status::OK();
+}
+
+int UringQueues::QueueCount() {
+  std::ifstream f("/sys/devices/system/cpu/possible");
+  std::string s;
+  std::getline(f, s);  // "0-1", "0" or "0-3,5"
+  int last = 0;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t end = s.find_first_of(",", i);
+    std::string part = s.substr(i, end == std::string::npos ? std::string::npos : end - i);
+    size_t dash = part.find('-');
+    try {
+      last = std::max(last, std::stoi(dash == std::string::npos ? part : part.substr(dash + 1)));
+    } catch (...) {
+    }
+    if (end == std::string::npos) break;
+    i = end + 1;
+  }
+  return last + 1;
+}
+
+StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int fd, size_t payload, int depth) {
+  std::unique_ptr<UringQueues> q(new UringQueues(se, fd));
+  const int queues = QueueCount();
+  for (int qid = 0; qid < queues; ++qid) {
+    for (int d = 0; d < depth; ++d) {
+      auto e = std::make_unique<Entry>();
+      e->payload.reset(new char[payload]);
+      e->payload_size = payload;
+      e->qid = static_cast<uint16_t>(qid);
+      e->iov[0] = {&e->header, sizeof e->header};
+      e->iov[1] = {e->payload.get(), payload};
+      q->entries_.push_back(std::move(e));
+    }
+  }
+  std::atomic<int> registered{0}, failed{0};
+  for (auto& e : q->entries_) q->threads_.emplace_back(&UringQueues::Serve, q.get(), e.get(), &registered, &failed);
+  // Each thread says once whether its registration was taken (its first completion, or a second
+  // without one). Registration is quick: the kernel answers at once.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (registered.load() + failed.load() < static_cast<int>(q->entries_.size()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (failed.load() > 0 || registered.load() < static_cast<int>(q->entries_.size())) {
+    q->Stop();
+    return UnavailableError("registering " + std::to_string(q->entries_.size()) + " io_uring entries on " +
+                            std::to_string(queues) + " queues failed (" + std::to_string(failed.load()) +
+                            " refused; see the log): the kernel serves this mount through /dev/fuse");
+  }
+  return q;
+}
+
+UringQueues::UringQueues(fuse_session* se, int fd) : se_(se), fd_(fd) {}
+
+UringQueues::~UringQueues() { Stop(); }
+
+void UringQueues::Stop() {
+  stopping_ = true;
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>* failed) {
+  io_uring ring;
+  // One thread issues and reaps (SINGLE_ISSUER), and the kernel's work of handing it a request runs
+  // when it waits (DEFER_TASKRUN), not as an interruption; plain SQE128 where those are refused.
+  int rc = io_uring_queue_init(2, &ring, IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+  if (rc == -EINVAL) rc = io_uring_queue_init(2, &ring, IORING_SETUP_SQE128);
+  if (rc < 0) {
+    spdlog::warn("fuse.transport=uring: io_uring_queue_init: {}", std::strerror(-rc));
+    failed->fetch_add(1);
+    return;
+  }
+  PrepCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
+  // A registration the kernel takes completes only with the first request; one it refuses
+  // completes at once with the error. No completion within a short wait: taken.
+  bool counted = false;
+  t_entry = e;
+  thread_local std::vector<char> request;
+  for (;;) {
+    io_uring_cqe* cqe = nullptr;
+    __kernel_timespec wait{};
+    wait.tv_nsec = counted ? 0 : 50'000'000;
+    wait.tv_sec = counted ? 1 : 0;
+    // Submits what is queued (the registration, or the last reply's commit) and waits, in one call.
+    rc = io_uring_submit_and_wait_timeout(&ring, &cqe, 1, &wait, nullptr);
+    if (rc >= 0 && cqe == nullptr) continue;
+    if (rc == -ETIME || rc == -EINTR) {
+      if (!counted) {
+        counted = true;
+        registered->fetch_add(1);
+      }
+      if (stopping_) break;
+      continue;
+    }
+    if (rc < 0) {
+      spdlog::warn("fuse.transport=uring: waiting for a request: {}", std::strerror(-rc));
+      break;
+    }
+    const int res = cqe->res;
+    io_uring_cqe_seen(&ring, cqe);
+    if (res < 0) {
+      if (!counted) {
+        spdlog::warn("fuse.transport=uring: the kernel refused an entry of queue {}: {}", e->qid, std::strerror(-res));
+        failed->fetch_add(1);
+        counted = true;
+      } else if (res != -ENOTCONN && res != -ECANCELED && !stopping_) {
+        spdlog::warn("fuse.transport=uring: queue {}: {}", e->qid, std::strerror(-res));
+      }
+      break;  // ENOTCONN: the mount ended
+    }
+    if (!counted) {
+      counted = true;
+      registered->fetch_add(1);
+    }
+    // The request, laid out as /dev/fuse gives it: header, first argument, the rest.
+    const auto* in = reinterpret_cast<const fuse_in_header*>(e->header.in_out);
+    const size_t payload_sz = e->header.ring_ent_in_out.payload_sz;
+    const size_t total = in->len;
+    e->unique = e->header.ring_ent_in_out.commit_id;
+    e->replied = false;
+    SessionIo::NoteRequest(in);  // for the reply hooks (passthrough's open reply)
+    if (total >= sizeof(fuse_in_header) + payload_sz && total - sizeof(fuse_in_header) - payload_sz <= kabi::kUringOpInOut &&
+        payload_sz <= e->payload_size) {
+      const size_t op_in = total - sizeof(fuse_in_header) - payload_sz;
+      request.resize(std::max<size_t>(total, 4096));
+      std::memcpy(request.data(), in, sizeof(fuse_in_header));
+      std::memcpy(request.data() + sizeof(fuse_in_header), e->header.op_in, op_in);
+      std::memcpy(request.data() + sizeof(fuse_in_header) + op_in, e->payload.get(), payload_sz);
+      fuse_buf buf{};
+      buf.size = total;
+      buf.mem = request.data();
+      requests_.fetch_add(1, std::memory_order_relaxed);
+      fuse_session_process_buf(se_, &buf);
+    }
+    if (!e->replied) {  // malformed, or an operation that did not answer on this thread
+      fuse_out_header oh{};
+      oh.len = sizeof oh;
+      oh.error = -EIO;
+      oh.unique = e->unique;
+      std::memcpy(e->header.in_out, &oh, sizeof oh);
+      e->header.ring_ent_in_out.payload_sz = 0;
+    }
+    PrepCmd(&ring, fd_, e, e->iov, kabi::kUringCmdCommitAndFetch, e->qid, e->unique);
+    if (stopping_) {  // commit, and leave: the kernel cancels the entry when this ring closes
+      io_uring_submit(&ring);
+      break;
+    }
+  }
+  if (!counted) failed->fetch_add(1);
+  t_entry = nullptr;
+  io_uring_queue_exit(&ring);
+}
+
+bool UringQueues::OnRingThread() { return t_entry != nullptr; }
+
+char* UringQueues::ReplyBuffer(size_t n) {
+  auto* e = static_cast<Entry*>(t_entry);
+  return e != nullptr && n <= e->payload_size ? e->payload.get() : nullptr;
+}
+
+bool UringQueues::TakeReply(const struct iovec* iov, int count, ssize_t* n) {
+  auto* e = static_cast<Entry*>(t_entry);
+  if (e == nullptr || count < 1 || iov[0].iov_len < sizeof(fuse_out_header)) return false;
+  fuse_out_header oh;
+  std::memcpy(&oh, iov[0].iov_base, sizeof oh);
+  if (oh.unique != e->unique || e->replied) return false;
+  size_t total = 0, body = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  body = total - sizeof oh;
+  if (body > e->payload_size) {  // cannot happen within max_pages; answer EIO rather than overrun
+    oh.error = -EIO;
+    body = 0;
+  } else {
+    char* out = e->payload.get();
+    size_t skip = sizeof oh;
+    for (int i = 0; i < count; ++i) {
+      const char* p = static_cast<const char*>(iov[i].iov_base);
+      size_t len = iov[i].iov_len;
+      if (skip >= len) {
+        skip -= len;
+        continue;
+      }
+      p += skip;
+      len -= skip;
+      skip = 0;
+      if (p != out) std::memcpy(out, p, len);
+      out += len;
+    }
+  }
+  oh.len = static_cast<uint32_t>(sizeof oh + body);
+  std::memcpy(e->header.in_out, &oh, sizeof oh);
+  e->header.ring_ent_in_out.payload_sz = static_cast<uint32_t>(body);
+  e->replied = true;
+  *n = static_cast<ssize_t>(total);
+  return true;
+}
+
+bool UringQueues::TakeSplicedReply(int pipe_fd, int dev_fd, size_t len, ssize_t* n) {
+  auto* e = static_cast<Entry*>(t_entry);
+  if (e == nullptr) return false;
+  thread_local std::vector<char> buf;
+  buf.resize(len);
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = read(pipe_fd, buf.data() + got, len - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  iovec iov{buf.data(), len};
+  if (TakeReply(&iov, 1, n)) return true;
+  *n = write(dev_fd, buf.data(), len);  // not this thread's request: as the splice would have
+  return true;
+}
+
+}  // namespace granary::fuse
