@@ -13,6 +13,9 @@
 # and, per mode, the page cache one pass over everything takes (from /proc/meminfo) against
 # ext4's, beside the bytes the tier holds: what each mode costs in memory.
 #
+# A mode written MODE-uring (kernel-uring, daemon-uring) runs that mode with `fuse.transport: uring`
+# (FUSE over io_uring; the fuse module's enable_uring is set to Y for the run and put back).
+#
 #   bench/warm_read.sh [--files N] [--large-mb N] [--threads T] [--ops N] [--modes "kernel passthrough daemon"]
 #                      [--build DIR] [--work DIR] [--keep]
 #
@@ -33,13 +36,19 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--files N] [--large-mb N] [--threads T] [--ops N] [--modes LIST] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
   esac
 done
-for m in $MODES; do case "$m" in kernel|passthrough|daemon) ;; *) echo "error: unknown mode $m" >&2; exit 2;; esac; done
+for m in $MODES; do case "${m%-uring}" in kernel|passthrough|daemon) ;; *) echo "error: unknown mode $m" >&2; exit 2;; esac; done
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+URING_WAS=$(cat "$URING_PARAM" 2>/dev/null || echo N)
 [ -w /proc/sys/vm/drop_caches ] || { echo "error: needs root (drop_caches)" >&2; exit 1; }
 source "$(dirname "$0")/lib.sh"
 bench_setup granary-warm
 [ -x "$BIN/granary-access-read" ] || { echo "error: $BIN/granary-access-read not found; build first" >&2; exit 1; }
 DATA=$WORK/data; MNT=$WORK/mnt; OUT=$WORK/results.jsonl
-cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
+cleanup() {
+  stop_local
+  [ -w "$URING_PARAM" ] && echo "$URING_WAS" > "$URING_PARAM"
+  [ "$KEEP" = 1 ] || rm -rf "$WORK"
+}
 trap cleanup EXIT INT TERM
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 cached_kb() { awk '/^Cached:/ {print $2}' /proc/meminfo; }
@@ -103,20 +112,26 @@ rows ext4 "$DATA/small" "$DATA/large/big.bin" "$DATA/small" "$DATA/large/big.bin
 
 QUOTA=$(( ($(du -sb "$DATA" | cut -f1)) * 2 ))
 for mode in $MODES; do
+  transport=dev
+  if [ "$mode" != "${mode%-uring}" ]; then
+    transport=uring
+    echo Y > "$URING_PARAM" || { echo "error: cannot set $URING_PARAM (Linux >= 6.14)" >&2; exit 1; }
+  fi
   cat > "$WORK/granary.yaml" <<YAML
 worker:
   tieredstore:
     levels:
       - {mediumtype: SSD, path: $WORK/tier-$mode, quota: $QUOTA}
 fuse:
-  open: $mode
+  open: ${mode%-uring}
+  transport: $transport
 YAML
   start_local "$WORK/local-$mode.log" "file://$DATA" "$MNT" --dir "$WORK/state-$mode" --config "$WORK/granary.yaml"
   "$BIN/granary" load "/$(basename "$DATA")" >/dev/null  # every block into the tier
   rows "$mode" "$MNT/small" "$MNT/large/big.bin" "$DATA/small" "$DATA/large/big.bin"
   TIER_MB=$("$BIN/granary" report --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(sum(w["used_bytes"] for w in r["workers"]) // 1000000)')
   echo "{\"side\":\"$mode\",\"row\":\"tier_mb\",\"mb\":$TIER_MB}" >> "$OUT"
-  grep -h "read mode" "$WORK/local-$mode.log" | tail -1 >&2 || true
+  grep -h "read mode\|io_uring" "$WORK/local-$mode.log" | tail -2 >&2 || true
   stop_local
   rm -rf "$WORK/tier-$mode" "$WORK/state-$mode"
 done
