@@ -11,6 +11,7 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libssl-dev libcurl4-openssl-dev libcpp-httplib-dev libtinyxml2-dev libnfs-dev
+  liburing-dev  # granary-fuse's fuse.transport uring (fuse/uring.h)
 )
 if [ "${1:-}" != --build ]; then
   PKGS+=(
@@ -18,7 +19,6 @@ if [ "${1:-}" != --build ]; then
     yamllint python3-yaml  # deploy/ checks
     libgtest-dev libgmock-dev libbenchmark-dev python3-botocore
     iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
-    liburing-dev  # bench/fuse_uring.sh: FUSE over io_uring against /dev/fuse
   )
   # kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl
   # is already installed (it may come from another package that owns /usr/bin/kubectl).
