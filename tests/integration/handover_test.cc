@@ -392,7 +392,8 @@ class EnableUring {
 // byte is the source's, and an upgrade hands the connection over with its ring: the successor
 // registers its entries before the predecessor lets go of its own. The upgrades happen between
 // readers: on Linux 6.18 a request the kernel puts in an entry while its server lets go of it is
-// never answered (fuse/uring.h), so an upgrade under load is not yet without risk over io_uring.
+// never answered (fuse/uring.h), so an upgrade under load is not yet without risk over io_uring,
+// nor is a crash while requests are in flight.
 TEST(Uring, ReadersAreServedThroughTheRingAcrossUpgrades) {
   EnableUring uring(true);
   if (!uring.ok()) GTEST_SKIP() << "no writable /sys/module/fuse/parameters/enable_uring (Linux >= 6.14, root)";
@@ -406,9 +407,13 @@ TEST(Uring, ReadersAreServedThroughTheRingAcrossUpgrades) {
   ASSERT_TRUE(c.StartDaemons(&why)) << why;
   ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
   ASSERT_TRUE(c.StartFuse(&why)) << why;
-  for (int i = 0; i < 4; ++i) {
-    if (i > 0) {
+  // Three upgrades, then a crash (kill -9) between readers: the keeper's copy of the state says the
+  // connection uses io_uring, so the next granary-fuse registers entries before anything else.
+  for (int i = 0; i < 5; ++i) {
+    if (i > 0 && i < 4) {
       ASSERT_TRUE(c.UpgradeFuse(&why)) << "upgrade " << i << ": " << why;
+    } else if (i == 4) {
+      ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << why;
     }
     Reader reader(dir, c.mountpoint() + "/ds", names, true, "reader" + std::to_string(i));
     ASSERT_TRUE(reader.Progress()) << "after upgrade " << i << ": " << reader.Finish().dump();
