@@ -220,6 +220,7 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
   }
   if (r->msg.kind() != rpc::HandoverMessage::STATE || r->fd < 0) {
     if (r->fd >= 0) close(r->fd);
+    if (r->peer >= 0) close(r->peer);
     return DataLossError("the running granary-fuse answered the hand-over without a connection");
   }
   return std::optional<HandoverReceived>(std::move(*r));

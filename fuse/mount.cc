@@ -183,12 +183,14 @@ Status FuseMountImpl::Init(const Config& cfg) {
   }
   if (got && got->msg.state().format() != kHandoverFormat) {
     close(got->fd);
+    if (got->peer >= 0) close(got->peer);
     return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " is in hand-over format " +
                                    std::to_string(got->msg.state().format()) + ", this granary-fuse speaks " +
                                    std::to_string(kHandoverFormat) + "; unmount it (fusermount3 -u) and start again");
   }
   if (got && got->msg.state().fingerprint() != Fingerprint(cfg)) {
     close(got->fd);
+    if (got->peer >= 0) close(got->peer);
     return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " was made with other " +
                                    "settings (" + got->msg.state().fingerprint() + "); start granary-fuse with the same " +
                                    "fuse.mountpoint, fuse.root, fuse.open and fuse.allow_other, or " +
@@ -239,7 +241,10 @@ Status FuseMountImpl::Init(const Config& cfg) {
   se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
   fuse_opt_free_args(&args);
   if (se_ == nullptr) {
-    if (got) close(got->fd);
+    if (got) {
+      close(got->fd);
+      if (got->peer >= 0) close(got->peer);
+    }
     return InternalError("cannot create the FUSE session (see the message above)");
   }
   fs_->se = se_;
@@ -307,11 +312,16 @@ Status FuseMountImpl::Init(const Config& cfg) {
     // Requests that came while no entry was registered (a predecessor that died) wait in their
     // CPU's queue, and only a commit on that queue fetches them, not a registration: one request
     // of our own on each CPU's queue makes that commit (bench/fuse_uring_adopt.sh found it).
-    if (uring_) KickUringQueues(mountpoint_);
+    if (uring()) KickUringQueues(mountpoint_);
   }
   if (got && got->peer >= 0) {  // the predecessor serves its entries until ours are registered
     rpc::HandoverMessage ready;
-    ready.set_kind(rpc::HandoverMessage::RINGS_READY);
+    if (uring()) {
+      ready.set_kind(rpc::HandoverMessage::RINGS_READY);
+    } else {  // it keeps serving the ring: without entries every request would wait
+      ready.set_kind(rpc::HandoverMessage::REFUSED);
+      ready.set_text("the successor could not register io_uring entries");
+    }
     (void)SendHandover(got->peer, ready);
     close(got->peer);
     got->peer = -1;
@@ -419,7 +429,9 @@ void FuseMountImpl::Shutdown() {
     unlink(handover_path_.c_str());
   }
   if (handed_over_) {
-    // The successor serves the mount: leave it, and close only our copy of the connection.
+    // The successor serves the mount: leave it, and close only our copy of the connection (after
+    // our io_uring threads, which use the session, if the successor could not take the ring).
+    if (auto q = uring()) q->Stop();
     fuse_session_destroy(se_);
     se_ = nullptr;
     if (loop_cfg_) fuse_loop_cfg_destroy(loop_cfg_);
@@ -434,7 +446,7 @@ void FuseMountImpl::Shutdown() {
     Unmount(mountpoint_);
   }
   if (loop_.joinable()) loop_.join();
-  if (uring_) uring_->Stop();  // the unmount ended their entries
+  if (auto q = uring()) q->Stop();  // the unmount ended their entries
   StopInvalidator();
   fs_->keeper.reset();
   fs_->passthrough->Clear();  // the connection is gone with its backing ids
@@ -452,9 +464,10 @@ void FuseMountImpl::StartUring(size_t payload) {
     spdlog::warn("fuse.transport=uring: {}", q.status().message());
     return;
   }
-  uring_ = std::move(*q);
+  std::shared_ptr<UringQueues> started = std::move(*q);
   spdlog::info("{}: requests come through io_uring ({} queues, {} entries)", mountpoint_, UringQueues::QueueCount(),
-               uring_->entries());
+               started->entries());
+  std::atomic_store(&uring_, std::move(started));
 }
 
 }  // namespace internal

@@ -152,16 +152,22 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
     return;
   }
   handed_over_ = true;
-  if (uring_) {
+  bool rings_kept = false;
+  if (std::shared_ptr<UringQueues> ring = uring()) {
     // The kernel queues to whichever entries are idle: ours serve until the successor's are
-    // registered, so no request waits in a queue with none (fuse/uring.h).
-    auto ready = ReceiveHandover(c, std::chrono::seconds(10));
-    if (!ready.ok() || ready->msg.kind() != rpc::HandoverMessage::RINGS_READY) {
-      spdlog::warn("the successor did not say its io_uring entries are registered ({}); stopping ours",
-                   ready.ok() ? "another message" : ready.status().message());
-    }
+    // registered, so no request waits in a queue with none (fuse/uring.h). The successor may take
+    // 10 s for libfuse's replayed INIT and 10 s to register: we wait longer.
+    auto ready = ReceiveHandover(c, std::chrono::seconds(30));
     if (ready.ok() && ready->fd >= 0) close(ready->fd);
-    uring_->Stop();
+    if (ready.ok() && ready->msg.kind() == rpc::HandoverMessage::RINGS_READY) {
+      ring->Stop();
+    } else {
+      // Without our entries every request of the connection would wait: keep serving them.
+      rings_kept = true;
+      spdlog::error("the successor did not register io_uring entries ({}); this process keeps serving the ring "
+                    "until it is stopped",
+                    ready.ok() ? ready->msg.text() : ready.status().message());
+    }
   }
   if (fs_->keeper) fs_->keeper->Stop();  // the successor deposits with the keeper; it keeps ours meanwhile
   // The successor registered its own leases; ours end. The backing ids are the successor's now.
@@ -169,7 +175,7 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   spdlog::info("handed {} over ({} open files, {} backing files) in {} ms", mountpoint_, out.state().handles_size(),
                out.state().backings_size(),
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());
-  if (fs_->cfg.fuse.exit_after_handover) {
+  if (fs_->cfg.fuse.exit_after_handover && !rings_kept) {
     Shutdown::Request("handed the mount over to a successor");
   } else {
     spdlog::info("fuse.exit_after_handover is false: idle until stopped (SIGTERM leaves the mount to the successor)");

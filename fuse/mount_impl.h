@@ -72,7 +72,10 @@ class FuseMountImpl final : public FuseMount {
   std::atomic<bool> handed_over_{false};
   std::unique_ptr<Fs> fs_;
   std::unique_ptr<SessionIo> io_;
-  std::unique_ptr<UringQueues> uring_;  // fuse.transport uring, once INIT asked for it (or a predecessor did)
+  // fuse.transport uring, once INIT asked for it (or a predecessor did). Set from a libfuse thread
+  // (the INIT reply's hook) while others read it: only through uring() and std::atomic_store.
+  std::shared_ptr<UringQueues> uring_;
+  std::shared_ptr<UringQueues> uring() const { return std::atomic_load(&uring_); }
   fuse_session* se_ = nullptr;
   fuse_loop_config* loop_cfg_ = nullptr;
   bool mounted_ = false;

@@ -134,10 +134,15 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
   e->Family("granary_fuse_transport", "gauge",
             "How requests reach granary-fuse (fuse.transport): 1 for the transport in force (uring only once "
             "its queues are registered).");
-  e->Sample("granary_fuse_transport", {{"transport", "dev"}}, uring_ ? 0 : 1);
-  e->Sample("granary_fuse_transport", {{"transport", "uring"}}, uring_ ? 1 : 0);
+  std::shared_ptr<UringQueues> ring = uring();
+  e->Sample("granary_fuse_transport", {{"transport", "dev"}}, ring ? 0 : 1);
+  e->Sample("granary_fuse_transport", {{"transport", "uring"}}, ring ? 1 : 0);
   e->Counter("granary_fuse_uring_requests_total", "Requests served through io_uring (fuse.transport uring).",
-             uring_ ? static_cast<double>(uring_->requests()) : 0);
+             ring ? static_cast<double>(ring->requests()) : 0);
+  e->Counter("granary_fuse_uring_commit_failures_total",
+             "Replies through io_uring the kernel refused (their requests aborted meanwhile); each entry is "
+             "registered again.",
+             ring ? static_cast<double>(ring->commit_failures()) : 0);
   e->Family("granary_fuse_opens_total", "counter",
             "Opens by how they were served: passthrough (the kernel reads the cache data file), daemon "
             "(granary-fuse serves the reads), kernel (answered once with ENOSYS; later opens never reach "

@@ -312,7 +312,8 @@ ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
           init->flags2 |= static_cast<uint32_t>(kabi::kInitOverIoUring >> 32);
           // The kernel's entries carry max(8 KiB, max_write, max_pages pages).
           const size_t pages = (init->flags & FUSE_MAX_PAGES) ? init->max_pages : 32;
-          uring_payload = std::max<size_t>({8192, init->max_write, pages * 4096});
+          const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+          uring_payload = std::max<size_t>({8192, init->max_write, pages * page});
         }
       } else if (t_opcode == FUSE_OPEN && t_backing > 0 && iov[1].iov_len == sizeof(fuse_open_out)) {
         auto* open = static_cast<fuse_open_out*>(iov[1].iov_base);

@@ -97,25 +97,55 @@ StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int 
       q->entries_.push_back(std::move(e));
     }
   }
-  std::atomic<int> registered{0}, failed{0};
-  for (auto& e : q->entries_) q->threads_.emplace_back(&UringQueues::Serve, q.get(), e.get(), &registered, &failed);
+  std::vector<std::atomic<int>> registered(queues);
+  std::atomic<int> failed{0};
+  for (auto& e : q->entries_) {
+    q->threads_.emplace_back(&UringQueues::Serve, q.get(), e.get(), &registered[e->qid], &failed);
+  }
   // Each thread says once whether its registration was taken (its first completion, or a second
   // without one). Registration is quick: the kernel answers at once.
+  auto settled = [&] {
+    int n = failed.load();
+    for (auto& r : registered) n += r.load();
+    return n;
+  };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (registered.load() + failed.load() < static_cast<int>(q->entries_.size()) &&
-         std::chrono::steady_clock::now() < deadline) {
+  while (settled() < static_cast<int>(q->entries_.size()) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (failed.load() > 0 || registered.load() < static_cast<int>(q->entries_.size())) {
-    q->Stop();
-    return UnavailableError("registering " + std::to_string(q->entries_.size()) + " io_uring entries on " +
-                            std::to_string(queues) + " queues failed (" + std::to_string(failed.load()) +
-                            " refused; see the log): the kernel serves this mount through /dev/fuse");
+  bool every_queue = true;
+  for (auto& r : registered) every_queue = every_queue && r.load() > 0;
+  if (every_queue) {
+    // The ring is ready: the kernel sends requests to it now. Serve with what registered.
+    if (failed.load() > 0) {
+      spdlog::warn("fuse.transport=uring: {} of {} io_uring entries were refused; serving with the others",
+                   failed.load(), q->entries_.size());
+    }
+    return q;
   }
-  return q;
+  // Not ready, and the kernel holds every request until it is: turn io_uring off on this
+  // connection (a registration the kernel refuses does that), so /dev/fuse serves it.
+  q->DisableOnConnection();
+  q->Stop();
+  return UnavailableError("registering " + std::to_string(q->entries_.size()) + " io_uring entries on " +
+                          std::to_string(queues) + " queues failed (" + std::to_string(failed.load()) +
+                          " refused; see the log): the kernel serves this mount through /dev/fuse");
 }
 
 UringQueues::UringQueues(fuse_session* se, int fd) : se_(se), fd_(fd) {}
+
+void UringQueues::DisableOnConnection() {
+  io_uring ring;
+  if (io_uring_queue_init(2, &ring, IORING_SETUP_SQE128) < 0) return;
+  static kabi::UringReqHeader header;
+  static char payload[1];
+  iovec iov[2] = {{&header, sizeof header}, {payload, sizeof payload}};
+  // A queue number past the last: the kernel refuses the registration and turns io_uring off.
+  PrepCmd(&ring, fd_, nullptr, iov, kabi::kUringCmdRegister, static_cast<uint16_t>(QueueCount()), 0);
+  io_uring_cqe* cqe = nullptr;
+  if (io_uring_submit_and_wait(&ring, 1) >= 0 && io_uring_peek_cqe(&ring, &cqe) == 0) io_uring_cqe_seen(&ring, cqe);
+  io_uring_queue_exit(&ring);
+}
 
 UringQueues::~UringQueues() { Stop(); }
 
@@ -141,6 +171,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
   // A registration the kernel takes completes only with the first request; one it refuses
   // completes at once with the error. No completion within a short wait: taken.
   bool counted = false;
+  bool reregistered = false;  // the last submission registered the entry again after a refused commit
   t_entry = e;
   thread_local std::vector<char> request;
   for (;;) {
@@ -170,11 +201,19 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
         spdlog::warn("fuse.transport=uring: the kernel refused an entry of queue {}: {}", e->qid, std::strerror(-res));
         failed->fetch_add(1);
         counted = true;
-      } else if (res != -ENOTCONN && res != -ECANCELED && !stopping_) {
-        spdlog::warn("fuse.transport=uring: queue {}: {}", e->qid, std::strerror(-res));
+        break;
       }
-      break;  // ENOTCONN: the mount ended
+      if (res == -ENOTCONN || res == -ECANCELED || stopping_ || reregistered) break;  // ended, Stop, or refused again
+      // A commit the kernel refused (the request was aborted meanwhile): the entry is not the
+      // queue's any more; register its buffers again, so the queue keeps its depth.
+      commit_failures_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("fuse.transport=uring: a reply on queue {} was refused ({}); registering its entry again",
+                   e->qid, std::strerror(-res));
+      PrepCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
+      reregistered = true;
+      continue;
     }
+    reregistered = false;
     if (!counted) {
       counted = true;
       registered->fetch_add(1);
@@ -271,7 +310,11 @@ bool UringQueues::TakeSplicedReply(int pipe_fd, int dev_fd, size_t len, ssize_t*
   while (got < len) {
     ssize_t r = read(pipe_fd, buf.data() + got, len - got);
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
+    if (r <= 0) {  // the pipe no longer holds the whole reply: fail it rather than send a part
+      *n = -1;
+      errno = EIO;
+      return true;
+    }
     got += static_cast<size_t>(r);
   }
   iovec iov{buf.data(), len};

@@ -20,24 +20,34 @@
 // /dev/fuse as before. FORGET and INTERRUPT always come through /dev/fuse: libfuse's loop stays.
 //
 // Falling back: a ring is only asked for after a probe showed io_uring works here (Probe). If
-// registering fails anyway, the kernel turns io_uring off for the connection and serves it through
-// /dev/fuse; Start's error says why. Once registered, the queues live as long as the connection:
-// Stop ends the threads, and the kernel cancels their idle entries.
+// registering fails anyway before every queue has an entry, Start turns io_uring off for the
+// connection (a registration the kernel refuses does that) and the kernel serves it through
+// /dev/fuse; Start's error says why. Once every queue has one, the ring serves with what
+// registered. Once registered, the queues live as long as the connection: Stop ends the threads,
+// and the kernel cancels their idle entries. A reply the kernel refuses (its request aborted
+// meanwhile) is counted and its entry registered again.
 //
 // The hand-over (fuse/handover.h) carries the ring: the successor registers its own entries (the
 // kernel queues to the ring from INIT on, whatever the successor's fuse.transport says), tells the
 // predecessor (RINGS_READY), and the predecessor's threads then commit their last reply and leave.
-// Linux 6.18 leaves two gaps, which is why fuse.transport defaults to dev:
+// Linux 6.18 leaves two gaps, and the hand-over one of its own, which is why fuse.transport
+// defaults to dev and upgrades over io_uring belong between epochs:
 //   - an entry cannot be withdrawn, only cancelled with its ring, and a request the kernel assigns
 //     to it in the microseconds before the cancel is never delivered: an upgrade under load can
 //     leave one caller waiting until the mount is aborted;
 //   - a request in an entry of a granary-fuse that dies is not sent again (FUSE_NOTIFY_RESEND
-//     covers /dev/fuse only), so a crash leaves the callers of the requests it held waiting.
-// Both can be closed, as bench/fuse_uring_adopt.sh shows (5 of 5 runs): entries in a memfd (the
-// keeper holds a copy) that a successor maps at the same address and adopts by answering the request
-// each holds and committing it itself: a commit names the request by its unique, and the kernel reads
-// the reply from the entry's addresses in the committing task's memory, checking no owner. Not built
-// into granary-fuse yet. A successor does already make one request on each CPU's queue after
+//     covers /dev/fuse only), so a crash leaves the callers of the requests it held waiting;
+//   - between the predecessor's snapshot and RINGS_READY its ring threads still serve, on its own
+//     state: an open or a release there is not in the successor's (a handle the successor then
+//     serves by its inode; a passthrough backing id it does not know of).
+// If the successor cannot register, it says so and the predecessor keeps serving the ring (and does
+// not exit) until stopped.
+// The first two can be closed, as bench/fuse_uring_adopt.sh shows (5 of 5 runs): entries in a
+// memfd (the keeper holds a copy) that a successor maps at the same address and adopts by answering
+// the request each holds and committing it itself: a commit names the request by its unique, and
+// the kernel reads the reply from the entry's addresses in the committing task's memory, checking
+// no owner. Not built into granary-fuse yet; the third closes with it (the predecessor parks its
+// entries instead of serving on, and the successor adopts them). A successor does already make one request on each CPU's queue after
 // registering (KickUringQueues, fuse/mount.cc): requests that came while no entry was registered
 // wait in their queue, and only a commit there fetches them.
 //
@@ -77,6 +87,8 @@ class UringQueues {
   // Ends the threads, each after the request it is serving; their idle entries are cancelled.
   void Stop();
   uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  // Replies the kernel refused (their requests aborted meanwhile); each entry registered again.
+  uint64_t commit_failures() const { return commit_failures_.load(std::memory_order_relaxed); }
   int entries() const { return static_cast<int>(threads_.size()); }
 
   // The write hooks (fuse/session_io.cc). On a ring thread, a reply to the request it serves is
@@ -94,6 +106,9 @@ class UringQueues {
   struct Entry;
   UringQueues(fuse_session* se, int fd);
   void Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>* failed);
+  // Turns io_uring off on the connection (a registration the kernel refuses does), so that a ring
+  // that never became ready does not hold every request.
+  void DisableOnConnection();
 
   fuse_session* const se_;
   const int fd_;
@@ -101,6 +116,7 @@ class UringQueues {
   std::vector<std::thread> threads_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> requests_{0};
+  std::atomic<uint64_t> commit_failures_{0};
 };
 
 }  // namespace granary::fuse
