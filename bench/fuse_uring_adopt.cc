@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "fuse/kernel_abi.h"
+#include "fuse/uring_cmd.h"
 
 using namespace granary::fuse::kabi;
 
@@ -70,23 +71,7 @@ Slot SlotAt(char* base, int i) {
 }
 
 void Prep(io_uring* ring, Slot* s, uint32_t op, uint64_t commit_id) {
-  io_uring_sqe* sqe = io_uring_get_sqe(ring);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-  std::memset(sqe, 0, 128);  // an SQE128 slot: the struct's 64 bytes and the command area after them
-#pragma GCC diagnostic pop
-  sqe->opcode = IORING_OP_URING_CMD;
-  sqe->fd = fuse_fd;
-  sqe->cmd_op = op;
-  if (op == kUringCmdRegister) {
-    sqe->addr = reinterpret_cast<uint64_t>(s->iov);
-    sqe->len = 2;
-  }
-  sqe->user_data = reinterpret_cast<uint64_t>(s);
-  auto* req = reinterpret_cast<UringCmdReq*>(sqe->cmd);
-  req->qid = s->qid;
-  req->commit_id = commit_id;
+  granary::fuse::PrepFuseUringCmd(ring, fuse_fd, s, s->iov, op, s->qid, commit_id);
 }
 
 void FillAttr(uint64_t ino, fuse_attr* a) {

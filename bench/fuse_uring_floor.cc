@@ -48,13 +48,13 @@
 #include <vector>
 
 #include "fuse/kernel_abi.h"
+#include "fuse/uring_cmd.h"
 
 namespace {
 
 // The FUSE-over-io_uring ABI (Debian 12's headers are protocol 7.38 and do not have it).
 using granary::fuse::kabi::kUringCmdCommitAndFetch;
 using granary::fuse::kabi::kUringCmdRegister;
-using granary::fuse::kabi::UringCmdReq;
 using granary::fuse::kabi::UringReqHeader;
 constexpr uint64_t kFuseOverIoUring = granary::fuse::kabi::kInitOverIoUring;
 
@@ -232,25 +232,11 @@ struct Entry {
 };
 
 void PrepCmd(io_uring* ring, Entry* e, uint32_t op, uint16_t qid, uint64_t commit_id) {
-  io_uring_sqe* sqe = io_uring_get_sqe(ring);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-  std::memset(sqe, 0, 128);  // an SQE128 slot: the struct's 64 bytes and the command area after them
-#pragma GCC diagnostic pop
-  sqe->opcode = IORING_OP_URING_CMD;
-  sqe->fd = fuse_fd;
-  sqe->cmd_op = op;
   if (op == kUringCmdRegister) {
     e->iov[0] = {&e->header, sizeof e->header};
     e->iov[1] = {e->payload.get(), kPayload};
-    sqe->addr = reinterpret_cast<uint64_t>(e->iov);
-    sqe->len = 2;
   }
-  sqe->user_data = reinterpret_cast<uint64_t>(e);
-  auto* req = reinterpret_cast<UringCmdReq*>(sqe->cmd);
-  req->qid = qid;
-  req->commit_id = commit_id;
+  granary::fuse::PrepFuseUringCmd(ring, fuse_fd, e, e->iov, op, qid, commit_id);
 }
 
 void QueueLoop(uint16_t qid, int depth, std::atomic<int>* registered, std::atomic<int>* failed) {

@@ -15,6 +15,7 @@
 
 #include "fuse/kernel_abi.h"
 #include "fuse/session_io.h"
+#include "fuse/uring_cmd.h"
 
 namespace granary::fuse {
 
@@ -32,26 +33,6 @@ namespace {
 
 // The entry this thread serves (null: not a ring thread).
 thread_local void* t_entry = nullptr;
-
-void PrepCmd(io_uring* ring, int fd, void* e, const iovec* iov, uint32_t op, uint16_t qid, uint64_t commit_id) {
-  io_uring_sqe* sqe = io_uring_get_sqe(ring);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-  std::memset(sqe, 0, 128);  // an SQE128 slot: the struct's 64 bytes and the command area after them
-#pragma GCC diagnostic pop
-  sqe->opcode = IORING_OP_URING_CMD;
-  sqe->fd = fd;
-  sqe->cmd_op = op;
-  if (op == kabi::kUringCmdRegister) {
-    sqe->addr = reinterpret_cast<uint64_t>(iov);
-    sqe->len = 2;
-  }
-  sqe->user_data = reinterpret_cast<uint64_t>(e);
-  auto* req = reinterpret_cast<kabi::UringCmdReq*>(sqe->cmd);
-  req->qid = qid;
-  req->commit_id = commit_id;
-}
 
 }  // namespace
 
@@ -141,7 +122,7 @@ void UringQueues::DisableOnConnection() {
   static char payload[1];
   iovec iov[2] = {{&header, sizeof header}, {payload, sizeof payload}};
   // A queue number past the last: the kernel refuses the registration and turns io_uring off.
-  PrepCmd(&ring, fd_, nullptr, iov, kabi::kUringCmdRegister, static_cast<uint16_t>(QueueCount()), 0);
+  PrepFuseUringCmd(&ring, fd_, nullptr, iov, kabi::kUringCmdRegister, static_cast<uint16_t>(QueueCount()), 0);
   io_uring_cqe* cqe = nullptr;
   if (io_uring_submit_and_wait(&ring, 1) >= 0 && io_uring_peek_cqe(&ring, &cqe) == 0) io_uring_cqe_seen(&ring, cqe);
   io_uring_queue_exit(&ring);
@@ -167,7 +148,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
     failed->fetch_add(1);
     return;
   }
-  PrepCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
+  PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
   // A registration the kernel takes completes only with the first request; one it refuses
   // completes at once with the error. No completion within a short wait: taken.
   bool counted = false;
@@ -209,7 +190,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
       commit_failures_.fetch_add(1, std::memory_order_relaxed);
       spdlog::warn("fuse.transport=uring: a reply on queue {} was refused ({}); registering its entry again",
                    e->qid, std::strerror(-res));
-      PrepCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
+      PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
       reregistered = true;
       continue;
     }
@@ -246,7 +227,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
       std::memcpy(e->header.in_out, &oh, sizeof oh);
       e->header.ring_ent_in_out.payload_sz = 0;
     }
-    PrepCmd(&ring, fd_, e, e->iov, kabi::kUringCmdCommitAndFetch, e->qid, e->unique);
+    PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdCommitAndFetch, e->qid, e->unique);
     if (stopping_) {  // commit, and leave: the kernel cancels the entry when this ring closes
       io_uring_submit(&ring);
       break;
