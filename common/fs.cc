@@ -99,4 +99,9 @@ std::string MountRunFile(const std::string& mountpoint, const std::string& suffi
 
 std::string MountEndpointsFile(const std::string& mountpoint) { return MountRunFile(mountpoint, ".json"); }
 
+std::string ParentDir(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+}
+
 }  // namespace granary

@@ -13,6 +13,8 @@ Status MakeDirs(const std::string& path, unsigned mode);
 Status WriteFileAtomic(const std::string& path, const std::string& data);
 StatusOr<std::string> ReadFileToString(const std::string& path);
 bool IsDirectory(const std::string& path);
+// The directory part of `path`: "/a/b" for "/a/b/c", "/" for "/c" or a path without a slash.
+std::string ParentDir(const std::string& path);
 
 // Where daemons leave small files for each other and the CLI on this machine (hand-over sockets,
 // mount endpoints): $GRANARY_RUN_DIR, else /run/granary where writable (root), else

@@ -1,40 +1,24 @@
 #include "fuse/handover.h"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <map>
-#include <set>
 #include <vector>
 
-#include "common/bad_request.h"
 #include "common/fs.h"
-#include "common/hash.h"
 #include "common/net.h"
 #include "rpc/local_wire.h"
-
-extern char** environ;
 
 namespace granary::fuse {
 namespace {
 
 constexpr uint32_t kMaxMessage = 64u << 20;
-
-std::string Dir(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
-}
 
 sockaddr_un AddressOf(const std::string& path, Status* st) {
   sockaddr_un a{};
@@ -48,8 +32,9 @@ sockaddr_un AddressOf(const std::string& path, Status* st) {
   return a;
 }
 
-// Reads exactly n bytes (the first recvmsg may carry a descriptor) before `deadline`.
-Status ReadFully(int sock, char* buf, size_t n, int* fd, std::chrono::steady_clock::time_point deadline) {
+// Reads exactly n bytes (the first recvmsg may carry up to two descriptors: fds[0], fds[1]) before
+// `deadline`.
+Status ReadFully(int sock, char* buf, size_t n, int* fds, std::chrono::steady_clock::time_point deadline) {
   size_t got = 0;
   while (got < n) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -59,11 +44,11 @@ Status ReadFully(int sock, char* buf, size_t n, int* fd, std::chrono::steady_clo
     if (rc < 0 && errno != EINTR) return ErrnoError(errno, "poll");
     if (rc <= 0) continue;
     iovec iov{buf + got, n - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
     msghdr m{};
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
-    if (fd != nullptr && *fd < 0) {
+    if (fds != nullptr && fds[0] < 0) {
       m.msg_control = control;
       m.msg_controllen = sizeof control;
     }
@@ -75,7 +60,17 @@ Status ReadFully(int sock, char* buf, size_t n, int* fd, std::chrono::steady_clo
     if (r == 0) return UnavailableError("the other side closed the hand-over socket");
     if (m.msg_controllen > 0) {
       for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int fd = -1;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          if (i < 2 && fds[i] < 0) {
+            fds[i] = fd;
+          } else {
+            close(fd);  // more than a message carries: not ours to keep
+          }
+        }
       }
     }
     got += static_cast<size_t>(r);
@@ -108,7 +103,7 @@ Status CheckKeeperSetting(const Config& cfg) {
   return InvalidArgumentError("fuse.keeper '" + k + "' is not spawn, off or the absolute path of a keeper's socket");
 }
 
-Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd) {
+Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd, int fd2) {
   std::string body;
   if (!m.SerializeToString(&body)) return InternalError("cannot serialize a hand-over message");
   uint32_t len = static_cast<uint32_t>(body.size());
@@ -120,15 +115,17 @@ Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd) {
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
     if (sent == 0 && fd >= 0) {
+      const int fds[2] = {fd, fd2};
+      const size_t count = fd2 >= 0 ? 2 : 1;
       msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
+      msg.msg_controllen = CMSG_SPACE(count * sizeof(int));
       cmsghdr* c = CMSG_FIRSTHDR(&msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+      c->cmsg_len = CMSG_LEN(count * sizeof(int));
+      std::memcpy(CMSG_DATA(c), fds, count * sizeof(int));
     }
     ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
     if (n < 0) {
@@ -145,11 +142,21 @@ Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd) {
   return Status::OK();
 }
 
+void HandoverReceived::CloseAll() {
+  for (int* f : {&fd, &ring_fd, &peer}) {
+    if (*f >= 0) close(*f);
+    *f = -1;
+  }
+}
+
 StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   HandoverReceived r;
   uint32_t len = 0;
-  Status st = ReadFully(sock, reinterpret_cast<char*>(&len), 4, &r.fd, deadline);
+  int fds[2] = {-1, -1};
+  Status st = ReadFully(sock, reinterpret_cast<char*>(&len), 4, fds, deadline);
+  r.fd = fds[0];
+  r.ring_fd = fds[1];
   if (st.ok() && len > kMaxMessage) {
     st = InvalidArgumentError("a hand-over message of " + std::to_string(len) + " bytes (at most " +
                               std::to_string(kMaxMessage) + ")");
@@ -160,7 +167,7 @@ StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds t
   }
   if (st.ok() && !r.msg.ParseFromString(body)) st = DataLossError("a hand-over message that does not parse");
   if (!st.ok()) {
-    if (r.fd >= 0) close(r.fd);
+    r.CloseAll();
     return st;
   }
   return r;
@@ -182,7 +189,7 @@ StatusOr<int> ConnectLocal(const std::string& path) {
 }
 
 StatusOr<int> ListenLocal(const std::string& path) {
-  RETURN_IF_ERROR(MakeDirs(Dir(path), 0700));
+  RETURN_IF_ERROR(MakeDirs(ParentDir(path), 0700));
   if (auto s = ConnectLocal(path); s.ok()) {
     close(*s);
     return AlreadyExistsError("another process listens on " + path);
@@ -219,8 +226,7 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
                                    r->msg.text());
   }
   if (r->msg.kind() != rpc::HandoverMessage::STATE || r->fd < 0) {
-    if (r->fd >= 0) close(r->fd);
-    if (r->peer >= 0) close(r->peer);
+    r->CloseAll();
     return DataLossError("the running granary-fuse answered the hand-over without a connection");
   }
   return std::optional<HandoverReceived>(std::move(*r));
@@ -242,7 +248,7 @@ StatusOr<std::optional<HandoverReceived>> WithdrawFromKeeper(const std::string& 
   close(*s);
   if (!r.ok()) return r.status().WithContext("the keeper on " + keeper_path);
   if (r->msg.kind() != rpc::HandoverMessage::STATE || r->fd < 0) {
-    if (r->fd >= 0) close(r->fd);
+    r->CloseAll();
     return std::optional<HandoverReceived>();
   }
   return std::optional<HandoverReceived>(std::move(*r));
@@ -338,6 +344,12 @@ void KeeperLink::DropHandle(uint64_t fh) {
   Send(std::move(m));
 }
 
+void KeeperLink::SetRingMemory(int fd) {
+  ring_fd_ = fd;
+  MutexLock lock(&mu_);
+  if (!stop_) DisconnectLocked();  // the link's thread deposits again, with it
+}
+
 void KeeperLink::Release(const std::string& mountpoint) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::RELEASE);
@@ -369,7 +381,7 @@ int KeeperLink::Connect(const rpc::FuseConnectionState& snap) {
   rpc::HandoverMessage m;
   m.set_kind(rpc::HandoverMessage::DEPOSIT);
   *m.mutable_state() = snap;
-  if (!SendHandover(*s, m, fd_).ok()) {
+  if (!SendHandover(*s, m, fd_, ring_fd_.load()).ok()) {
     close(*s);
     return -1;
   }
@@ -431,269 +443,6 @@ void KeeperLink::Loop() {
     }
     for (int id : closable) close_backing_(id);
   }
-}
-
-// ---- the keeper process -------------------------------------------------------------------------
-
-Status SpawnKeeper(const std::string& path) {
-  RETURN_IF_ERROR(MakeDirs(Dir(path), 0700));
-  std::string log = path + ".log";
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  // Its own session: not in granary-fuse's process group, so a signal to that group spares it.
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigfillset(&defaults);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  // The keeper is granary-fuse's own binary: this one, or the one beside it (granary local).
-  std::string self;
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    self = exe;
-  }
-  if (self.size() < 12 || self.compare(self.size() - 12, 12, "granary-fuse") != 0) {
-    std::string beside = Dir(self) + "/granary-fuse";
-    if (self.empty() || access(beside.c_str(), X_OK) != 0) {
-      return NotFoundError("granary-fuse, which runs the keeper, is not beside " + self +
-                           " (install it there, or set fuse.keeper off)");
-    }
-    self = beside;
-  }
-  std::vector<std::string> args{self, "--keeper", path, "--exit-when-empty"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, self.c_str(), &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) return ErrnoError(rc, "starting the FUSE keeper " + self);
-  spdlog::info("started the FUSE keeper (pid {}) on {}", pid, path);
-  // Reaped by nobody on purpose: it must outlive this process. Wait until it listens.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (auto s = ConnectLocal(path); s.ok()) {
-      close(*s);
-      return Status::OK();
-    }
-    if (waitpid(pid, nullptr, WNOHANG) == pid) break;  // it exited (its log says why)
-    usleep(10000);
-  }
-  return UnavailableError("the FUSE keeper did not listen on " + path + " (see " + log + ")");
-}
-
-namespace {
-
-volatile sig_atomic_t g_keeper_stop = 0;
-void OnKeeperSignal(int) { g_keeper_stop = 1; }
-
-struct Held {
-  int fd = -1;
-  int depositor = -1;  // the socket of the process whose state this is: only its changes apply
-  rpc::FuseConnectionState state;               // its handles are kept in `handles`
-  std::map<uint64_t, rpc::FuseHandle> handles;  // fh -> a daemon-served open of passthrough mode
-};
-
-}  // namespace
-
-int RunKeeper(const std::string& path, bool exit_when_empty) {
-  struct sigaction sa {};
-  sa.sa_handler = OnKeeperSignal;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  signal(SIGHUP, SIG_IGN);
-  auto listener = ListenLocal(path);
-  if (!listener.ok()) {
-    std::fprintf(stderr, "granary-fuse keeper: error: %s\n", listener.status().message().c_str());
-    return 1;
-  }
-  (void)WriteFileAtomic(path + ".pid", std::to_string(getpid()) + "\n");
-  std::fprintf(stderr, "granary-fuse keeper: pid %d listening on %s\n", getpid(), path.c_str());
-  std::map<std::string, Held> held;  // mount point -> connection
-  std::vector<int> clients;
-  std::map<int, std::string> client_mount;  // a depositor's socket -> the mount point it deposited
-  bool had = false;
-  bool failed = false;  // stopped on an error: its log says why, and stays
-  auto start = std::chrono::steady_clock::now();
-  auto drop = [&](const std::string& mp, const char* why) {
-    auto it = held.find(mp);
-    if (it == held.end()) return;
-    close(it->second.fd);
-    held.erase(it);
-    std::fprintf(stderr, "granary-fuse keeper: let go of the connection of %s (%s)\n", mp.c_str(), why);
-  };
-  // A change told by depositor `c`. Only the current depositor's changes apply: a message its
-  // predecessor wrote just before dying must not edit its successor's state.
-  auto apply_change = [&](int c, const rpc::HandoverMessage& m) {
-    auto cm = client_mount.find(c);
-    auto it = cm == client_mount.end() ? held.end() : held.find(cm->second);
-    if (it == held.end() || it->second.depositor != c) return;
-    if (m.kind() == rpc::HandoverMessage::HANDLE_PUT) {
-      it->second.handles[m.handle().fh()] = m.handle();
-      return;
-    }
-    if (m.kind() == rpc::HandoverMessage::HANDLE_DROP) {
-      it->second.handles.erase(m.handle().fh());
-      return;
-    }
-    auto* bs = it->second.state.mutable_backings();
-    for (int k = 0; k < bs->size(); ++k) {
-      if (bs->Get(k).kino() == m.backing().kino()) {
-        bs->SwapElements(k, bs->size() - 1);
-        bs->RemoveLast();
-        break;
-      }
-    }
-    if (m.kind() == rpc::HandoverMessage::BACKING_PUT) *bs->Add() = m.backing();
-  };
-  std::set<int> gone;  // client sockets closed this round
-  // Before a successor gets a connection: every change its depositor wrote before dying, read.
-  auto drain_depositors = [&](const std::string& mp) {
-    for (auto& [d, dmp] : client_mount) {
-      if (dmp != mp || gone.count(d)) continue;
-      for (;;) {
-        pollfd p{d, POLLIN, 0};
-        if (poll(&p, 1, 0) <= 0) break;
-        auto r = ReceiveHandover(d, std::chrono::milliseconds(500));
-        if (!r.ok()) {
-          gone.insert(d);
-          break;
-        }
-        if (r->fd >= 0) close(r->fd);
-        apply_change(d, r->msg);
-      }
-    }
-  };
-  while (!g_keeper_stop) {
-    gone.clear();
-    std::vector<pollfd> fds;
-    fds.push_back({*listener, POLLIN, 0});
-    for (int c : clients) fds.push_back({c, POLLIN, 0});
-    int rc = poll(fds.data(), fds.size(), 1000);
-    if (rc < 0 && errno != EINTR) {
-      std::fprintf(stderr, "granary-fuse keeper: poll: %s\n", std::strerror(errno));
-      failed = true;
-      break;
-    }
-    // The connections held: ended (aborted or unmounted) when a poll that does not wait reports
-    // POLLERR (events 0). Never in the waiting poll above: a process sleeping in poll on
-    // /dev/fuse is on the queue every request wakes, so the keeper woke for every FUSE request of
-    // the mount and contended for its queue's lock (bench/fuse_floor.sh, 8 threads).
-    std::vector<std::string> ended;
-    for (auto& [mp, h] : held) {
-      pollfd p{h.fd, 0, 0};
-      if (poll(&p, 1, 0) > 0 && (p.revents & (POLLERR | POLLHUP | POLLNVAL))) ended.push_back(mp);
-    }
-    for (const auto& mp : ended) drop(mp, "the connection ended");
-    if (exit_when_empty && held.empty() && clients.empty() &&
-        (had || std::chrono::steady_clock::now() - start > std::chrono::seconds(60))) {
-      break;
-    }
-    if (rc <= 0) continue;
-    std::vector<int> still;
-    for (size_t i = 0; i < clients.size(); ++i) {
-      int c = clients[i];
-      if (gone.count(c)) continue;
-      if (!(fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) {
-        still.push_back(c);
-        continue;
-      }
-      auto r = ReceiveHandover(c, std::chrono::seconds(5));
-      if (r.status().code() == Code::kInvalidArgument) NoteBadRequest("keeper's socket", r.status());
-      if (!r.ok()) {  // the depositor went away (it may have crashed: keep what it deposited)
-        close(c);
-        client_mount.erase(c);
-        continue;
-      }
-      still.push_back(c);
-      const rpc::HandoverMessage& m = r->msg;
-      switch (m.kind()) {
-        case rpc::HandoverMessage::DEPOSIT: {
-          const std::string& mp = m.state().mountpoint();
-          if (r->fd < 0) break;
-          auto it = held.find(mp);
-          if (it != held.end()) close(it->second.fd);
-          Held h{r->fd, c, m.state(), {}};
-          for (const rpc::FuseHandle& fh : h.state.handles()) h.handles[fh.fh()] = fh;
-          h.state.clear_handles();
-          held[mp] = std::move(h);
-          client_mount[c] = mp;
-          r->fd = -1;
-          had = true;
-          std::fprintf(stderr, "granary-fuse keeper: holding the connection of %s for %s\n", mp.c_str(),
-                       m.state().sender().c_str());
-          break;
-        }
-        case rpc::HandoverMessage::BACKING_PUT:
-        case rpc::HandoverMessage::BACKING_DROP:
-        case rpc::HandoverMessage::HANDLE_PUT:
-        case rpc::HandoverMessage::HANDLE_DROP:
-          apply_change(c, m);
-          break;
-        case rpc::HandoverMessage::RELEASE:
-          drop(m.mountpoint(), "released");
-          break;
-        case rpc::HandoverMessage::WITHDRAW: {
-          drain_depositors(m.mountpoint());
-          rpc::HandoverMessage out;
-          auto it = held.find(m.mountpoint());
-          if (it == held.end()) {
-            out.set_kind(rpc::HandoverMessage::EMPTY);
-            (void)SendHandover(c, out);
-            break;
-          }
-          out.set_kind(rpc::HandoverMessage::STATE);
-          *out.mutable_state() = it->second.state;
-          for (auto& b : *out.mutable_state()->mutable_backings()) b.set_passthrough(-1);  // counts unknown
-          for (const auto& [fh, h] : it->second.handles) *out.mutable_state()->add_handles() = h;
-          (void)SendHandover(c, out, it->second.fd);
-          std::fprintf(stderr, "granary-fuse keeper: handed the connection of %s to a successor\n",
-                       m.mountpoint().c_str());
-          break;
-        }
-        default:
-          break;
-      }
-      if (r->fd >= 0) close(r->fd);
-    }
-    for (int d : gone) {
-      close(d);
-      client_mount.erase(d);
-    }
-    still.erase(std::remove_if(still.begin(), still.end(), [&](int c) { return gone.count(c) > 0; }), still.end());
-    clients.swap(still);
-    if (fds[0].revents & POLLIN) {
-      int c = accept4(*listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c >= 0) clients.push_back(c);
-    }
-  }
-  // A spawned keeper that let go of every connection before stopping leaves nothing to look into:
-  // its log (SpawnKeeper's path.log) goes with its socket, or every mount point ever used would
-  // leave one behind. One stopped while holding a connection keeps it.
-  const bool clean = held.empty() && !failed;
-  for (auto& [mp, h] : held) close(h.fd);
-  for (int c : clients) close(c);
-  close(*listener);
-  std::fprintf(stderr, "granary-fuse keeper: stopped%s\n", clean ? "" : " while holding a connection");
-  // Only its own log: a keeper started for the same path meanwhile writes a new file of that name.
-  struct stat mine {}, named {};
-  if (exit_when_empty && clean && fstat(STDERR_FILENO, &mine) == 0 && stat((path + ".log").c_str(), &named) == 0 &&
-      mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
-    unlink((path + ".log").c_str());
-  }
-  unlink(path.c_str());
-  unlink((path + ".pid").c_str());
-  return 0;
 }
 
 }  // namespace granary::fuse

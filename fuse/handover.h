@@ -37,6 +37,7 @@
 // in a 0700 directory); nothing here touches the network.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -70,13 +71,18 @@ Status CheckKeeperSetting(const Config& cfg);
 struct HandoverReceived {
   rpc::HandoverMessage msg;
   int fd = -1;  // the descriptor that came with it, owned by the receiver (-1: none)
+  // The memory of the connection's io_uring entries (a memfd; state.uring_memory_base says where
+  // the sender mapped it), when it came along; owned by the receiver (-1: none).
+  int ring_fd = -1;
   // A hand-over of a connection served through io_uring: the socket to the predecessor, kept open
   // for RINGS_READY (fuse/uring.h), owned by the receiver (-1: none).
   int peer = -1;
+  void CloseAll();  // closes what it owns
 };
 
-// Framing on a connected Unix stream socket. Send passes `fd` along when >= 0.
-Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd = -1);
+// Framing on a connected Unix stream socket. Send passes `fd` along when >= 0, and `fd2` beside it
+// when that is >= 0 too (the receiver's ring_fd).
+Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd = -1, int fd2 = -1);
 // DEADLINE_EXCEEDED past `timeout`; UNAVAILABLE when the peer closed.
 StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds timeout);
 
@@ -132,6 +138,9 @@ class KeeperLink {
   // meanwhile: PutHandle before the open reply, DropHandle when its RELEASE comes.
   void PutHandle(const rpc::FuseHandle& h);
   void DropHandle(uint64_t fh);
+  // The memory of the connection's io_uring entries (fuse/uring.h), deposited beside the
+  // descriptor from now on: a deposit is made again at once. The caller keeps `fd` open.
+  void SetRingMemory(int fd);
   // The mount is gone for good: the keeper lets the connection go.
   void Release(const std::string& mountpoint);
   // Whether a keeper holds the connection now.
@@ -150,6 +159,7 @@ class KeeperLink {
   const std::string path_;
   const bool spawn_;
   const int fd_;
+  std::atomic<int> ring_fd_{-1};
   const std::function<rpc::FuseConnectionState()> snapshot_;
   const std::function<void(int)> close_backing_;
   mutable Mutex mu_;

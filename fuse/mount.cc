@@ -182,15 +182,13 @@ Status FuseMountImpl::Init(const Config& cfg) {
     }
   }
   if (got && got->msg.state().format() != kHandoverFormat) {
-    close(got->fd);
-    if (got->peer >= 0) close(got->peer);
+    got->CloseAll();
     return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " is in hand-over format " +
                                    std::to_string(got->msg.state().format()) + ", this granary-fuse speaks " +
                                    std::to_string(kHandoverFormat) + "; unmount it (fusermount3 -u) and start again");
   }
   if (got && got->msg.state().fingerprint() != Fingerprint(cfg)) {
-    close(got->fd);
-    if (got->peer >= 0) close(got->peer);
+    got->CloseAll();
     return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " was made with other " +
                                    "settings (" + got->msg.state().fingerprint() + "); start granary-fuse with the same " +
                                    "fuse.mountpoint, fuse.root, fuse.open and fuse.allow_other, or " +
@@ -241,10 +239,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
   se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
   fuse_opt_free_args(&args);
   if (se_ == nullptr) {
-    if (got) {
-      close(got->fd);
-      if (got->peer >= 0) close(got->peer);
-    }
+    if (got) got->CloseAll();
     return InternalError("cannot create the FUSE session (see the message above)");
   }
   fs_->se = se_;
@@ -303,28 +298,45 @@ Status FuseMountImpl::Init(const Config& cfg) {
   StartInvalidator();
   if (!got) RaiseReadaheadOf(mountpoint_);
   StartLoop();
+  bool adopting = false;
   if (got && io_->uring_payload() > 0) {
     // The kernel queues this connection's requests to io_uring: entries must be registered,
     // whatever this process's fuse.transport says; once libfuse has the replayed INIT (it answers
     // EIO to anything before).
     if (!io_->WaitInitReplayed(std::chrono::seconds(10))) spdlog::warn("the replayed INIT was not processed in 10 s");
-    StartUring(io_->uring_payload());
+    // The predecessor's entries, with what they hold, are adopted when their memory came along.
+    const rpc::FuseConnectionState& st = got->msg.state();
+    UringQueues::Memory theirs{got->ring_fd, st.uring_memory_base(), st.uring_memory_bytes()};
+    got->ring_fd = -1;
+    if (theirs.fd >= 0 && theirs.base == 0) {
+      close(theirs.fd);
+      theirs.fd = -1;
+    }
+    adopting = theirs.fd >= 0;
+    StartUring(io_->uring_payload(), adopting ? &theirs : nullptr);
     // Requests that came while no entry was registered (a predecessor that died) wait in their
     // CPU's queue, and only a commit on that queue fetches them, not a registration: one request
     // of our own on each CPU's queue makes that commit (bench/fuse_uring_adopt.sh found it).
     if (uring()) KickUringQueues(mountpoint_);
   }
-  if (got && got->peer >= 0) {  // the predecessor serves its entries until ours are registered
+  if (got && got->peer >= 0) {  // the predecessor holds its parked entries until we serve
     rpc::HandoverMessage ready;
-    if (uring()) {
+    std::shared_ptr<UringQueues> ring = uring();
+    if (ring && (!adopting || ring->adopted())) {
       ready.set_kind(rpc::HandoverMessage::RINGS_READY);
+      if (adopting) spdlog::info("adopted {} requests held in the predecessor's io_uring entries", ring->adopted_requests());
     } else {  // it keeps serving the ring: without entries every request would wait
       ready.set_kind(rpc::HandoverMessage::REFUSED);
-      ready.set_text("the successor could not register io_uring entries");
+      ready.set_text(ring ? "the successor could not map the io_uring entries' memory at the same address"
+                          : "the successor could not register io_uring entries");
     }
     (void)SendHandover(got->peer, ready);
     close(got->peer);
     got->peer = -1;
+  }
+  if (got && got->ring_fd >= 0) {  // ring memory of a connection this process does not serve through io_uring
+    close(got->ring_fd);
+    got->ring_fd = -1;
   }
   if (got) {
     spdlog::info("took over the FUSE connection of {} from {} ({} mode, {} open files, {} backing files)", mountpoint_,
@@ -458,8 +470,8 @@ void FuseMountImpl::Shutdown() {
   spdlog::info("unmounted {}", mountpoint_);
 }
 
-void FuseMountImpl::StartUring(size_t payload) {
-  auto q = UringQueues::Start(se_, io_->fd(), payload, static_cast<int>(fs_->cfg.fuse.uring_depth));
+void FuseMountImpl::StartUring(size_t payload, const UringQueues::Memory* adopt) {
+  auto q = UringQueues::Start(se_, io_->fd(), payload, static_cast<int>(fs_->cfg.fuse.uring_depth), adopt);
   if (!q.ok()) {
     spdlog::warn("fuse.transport=uring: {}", q.status().message());
     return;
@@ -467,7 +479,9 @@ void FuseMountImpl::StartUring(size_t payload) {
   std::shared_ptr<UringQueues> started = std::move(*q);
   spdlog::info("{}: requests come through io_uring ({} queues, {} entries)", mountpoint_, UringQueues::QueueCount(),
                started->entries());
+  const int memory_fd = started->memory().fd;
   std::atomic_store(&uring_, std::move(started));
+  if (fs_->keeper) fs_->keeper->SetRingMemory(memory_fd);  // a crash leaves the entries to adopt
 }
 
 }  // namespace internal

@@ -35,6 +35,10 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
   st.set_sender("granary-fuse pid " + std::to_string(getpid()));
   st.set_passthrough_refused(fs_->passthrough->refused());
   st.set_uring_payload(io_->uring_payload());
+  if (std::shared_ptr<UringQueues> ring = uring()) {
+    st.set_uring_memory_base(ring->memory().base);
+    st.set_uring_memory_bytes(ring->memory().bytes);
+  }
   {
     // handles_mu before the passthrough table's (as ApplyState): counted_cached is written under it.
     MutexLock hlock(&fs_->handles_mu);
@@ -101,7 +105,7 @@ void FuseMountImpl::RespondLoop() {
     if (c < 0) continue;
     auto m = ReceiveHandover(c, std::chrono::seconds(5));
     if (m.ok() && m->msg.kind() == rpc::HandoverMessage::TAKEOVER) HandOver(c, m->msg);
-    if (m.ok() && m->fd >= 0) close(m->fd);
+    if (m.ok()) m->CloseAll();
     close(c);
   }
 }
@@ -130,6 +134,16 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   // Its port is the successor's when both share a network namespace. A process that stays idle
   // (Kubernetes, each pod its own network) keeps answering probes: /readyz says "handed over".
   if (fs_->cfg.fuse.exit_after_handover) StopMetrics();
+  // Over io_uring, every entry keeps the next request it gets for the successor to adopt
+  // (fuse/uring.h): from now on no request changes this process's state.
+  std::shared_ptr<UringQueues> ring = uring();
+  if (ring) {
+    const int parked = ring->Park(mountpoint_, std::chrono::seconds(5));
+    if (parked < ring->entries()) {
+      spdlog::warn("{} of {} io_uring entries parked for the hand-over (a CPU this process may not run on keeps "
+                   "its entries idle)", parked, ring->entries());
+    }
+  }
   io_->Drain(se_);   // every request read is answered; nothing more is read
   if (loop_.joinable()) loop_.join();
   StopInvalidator();
@@ -138,9 +152,10 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   *out.mutable_state() = Snapshot(true);
   close(listen_fd_);  // the successor listens on the same path
   listen_fd_ = -1;
-  Status st = SendHandover(c, out, io_->fd());
+  Status st = SendHandover(c, out, io_->fd(), ring ? ring->memory().fd : -1);
   if (!st.ok()) {
     spdlog::warn("handing {} over failed ({}); serving on", mountpoint_, st.message());
+    if (ring) ring->Unpark();
     io_->Resume();
     fuse_session_reset(se_);
     handing_over_ = false;
@@ -153,16 +168,17 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   }
   handed_over_ = true;
   bool rings_kept = false;
-  if (std::shared_ptr<UringQueues> ring = uring()) {
-    // The kernel queues to whichever entries are idle: ours serve until the successor's are
-    // registered, so no request waits in a queue with none (fuse/uring.h). The successor may take
-    // 10 s for libfuse's replayed INIT and 10 s to register: we wait longer.
+  if (ring) {
+    // Our parked entries hold their requests until the successor has adopted them and registered
+    // the rest (fuse/uring.h). It may take 10 s for libfuse's replayed INIT and 10 s to register:
+    // we wait longer.
     auto ready = ReceiveHandover(c, std::chrono::seconds(30));
-    if (ready.ok() && ready->fd >= 0) close(ready->fd);
+    if (ready.ok()) ready->CloseAll();
     if (ready.ok() && ready->msg.kind() == rpc::HandoverMessage::RINGS_READY) {
-      ring->Stop();
+      ring->Stop();  // the parked threads leave their requests to the successor
     } else {
       // Without our entries every request of the connection would wait: keep serving them.
+      ring->Unpark();
       rings_kept = true;
       spdlog::error("the successor did not register io_uring entries ({}); this process keeps serving the ring "
                     "until it is stopped",

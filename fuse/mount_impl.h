@@ -40,8 +40,9 @@ class FuseMountImpl final : public FuseMount {
   void Shutdown() override;
   Status CheckMountPoint();
   void StartLoop();
-  // Registers and serves the io_uring queues (fuse/uring.h); on failure the kernel falls back to /dev/fuse.
-  void StartUring(size_t payload);
+  // Registers and serves the io_uring queues (fuse/uring.h), adopting a predecessor's entries when
+  // their memory is given; on failure the kernel falls back to /dev/fuse.
+  void StartUring(size_t payload, const UringQueues::Memory* adopt = nullptr);
   void StartInvalidator();
   void StopInvalidator();
   std::string address() const override { return mountpoint_; }

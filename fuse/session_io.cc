@@ -327,16 +327,17 @@ ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
   if (UringQueues::TakeReply(iov, count, &n)) return n;
   if (uring_payload > 0) io->uring_payload_ = uring_payload;
   n = writev(fd, iov, count);
-  if (io != nullptr && t_opcode == FUSE_INIT && count >= 1 && iov[0].iov_len == sizeof(fuse_out_header) &&
-      static_cast<const fuse_out_header*>(iov[0].iov_base)->unique == t_unique) {
-    // What the connection negotiated is known now: a snapshot may carry it (fuse/handover.h).
-    MutexLock lock(&io->mu_);
-    io->init_answered_ = true;
-  }
   if (uring_payload > 0 && n > 0) {
     io->uring_start_(uring_payload);  // the kernel holds every request until the queues are registered
   } else if (uring_payload > 0) {
     io->uring_payload_ = 0;
+  }
+  if (io != nullptr && t_opcode == FUSE_INIT && count >= 1 && iov[0].iov_len == sizeof(fuse_out_header) &&
+      static_cast<const fuse_out_header*>(iov[0].iov_base)->unique == t_unique) {
+    // What the connection negotiated is known now, and its io_uring entries (if any) are started:
+    // a snapshot may carry both (fuse/handover.h).
+    MutexLock lock(&io->mu_);
+    io->init_answered_ = true;
   }
   return n;
 }

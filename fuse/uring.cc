@@ -1,9 +1,13 @@
 // UringQueues (fuse/uring.h, whose design note says how requests and replies move).
 #include "fuse/uring.h"
 
+#include <fcntl.h>
 #include <liburing.h>
 #include <linux/fuse.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,14 +23,73 @@
 
 namespace granary::fuse {
 
+namespace {
+
+// The ring memory's first page, then the slots (fuse/uring.h).
+constexpr uint64_t kMagic = 0x31474e4952524e47ULL;  // "GNRRING1"
+constexpr size_t kPage = 4096;
+constexpr size_t kStateOffset = 512;   // a slot's SlotState, after the kernel's 288-byte header
+constexpr size_t kPayloadOffset = kPage;
+
+struct PoolHeader {
+  uint64_t magic;
+  uint32_t slots;
+  uint32_t queues;
+  uint64_t slot_bytes;
+  uint64_t payload;     // each slot's payload buffer
+  uint64_t generation;  // of the process serving the ring now
+  uint32_t depth;       // entries per queue
+};
+
+// What a slot's entry is doing, as its thread last wrote it (read by a successor).
+enum SlotStep : uint64_t {
+  kFree = 0,        // no entry here (or one of an older generation, cancelled)
+  kRegistered = 1,  // registered or committed: the kernel may write a request here at any time
+  kHeld = 2,        // holds request `unique`, not answered
+  kReplied = 3,     // holds the answer to `unique`; its commit may or may not have been made
+};
+
+struct SlotState {
+  uint64_t generation;
+  uint64_t step;
+  uint64_t unique;
+  uint64_t qid;
+};
+
+uint64_t Load(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+void Store(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+}  // namespace
+
+struct UringQueues::Slot {
+  kabi::UringReqHeader* header = nullptr;
+  SlotState* state = nullptr;
+  char* payload = nullptr;
+};
+
 struct UringQueues::Entry {
-  alignas(64) kabi::UringReqHeader header;
-  std::unique_ptr<char[]> payload;
+  uint32_t slot = 0;
+  kabi::UringReqHeader* header = nullptr;  // in the ring memory (fuse/uring.h)
+  SlotState* state = nullptr;
+  char* payload = nullptr;
   size_t payload_size = 0;
   uint16_t qid = 0;
   iovec iov[2];
   uint64_t unique = 0;   // the request being served
   bool replied = false;  // its reply is in the entry
+  // Its first step: register, or (adopting a predecessor's entry) answer what it holds, or commit
+  // the answer it holds.
+  enum First { kRegister, kProcess, kCommit } first = kRegister;
+
+  void SetSlot(uint32_t i, const Slot& s, size_t payload_bytes) {
+    slot = i;
+    header = s.header;
+    state = s.state;
+    payload = s.payload;
+    payload_size = payload_bytes;
+    iov[0] = {header, sizeof *header};
+    iov[1] = {payload, payload_bytes};
+  }
 };
 
 namespace {
@@ -64,20 +127,11 @@ int UringQueues::QueueCount() {
   return last + 1;
 }
 
-StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int fd, size_t payload, int depth) {
+StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int fd, size_t payload, int depth,
+                                                         const Memory* adopt) {
   std::unique_ptr<UringQueues> q(new UringQueues(se, fd));
+  RETURN_IF_ERROR(q->MapMemory(adopt, payload, depth));
   const int queues = QueueCount();
-  for (int qid = 0; qid < queues; ++qid) {
-    for (int d = 0; d < depth; ++d) {
-      auto e = std::make_unique<Entry>();
-      e->payload.reset(new char[payload]);
-      e->payload_size = payload;
-      e->qid = static_cast<uint16_t>(qid);
-      e->iov[0] = {&e->header, sizeof e->header};
-      e->iov[1] = {e->payload.get(), payload};
-      q->entries_.push_back(std::move(e));
-    }
-  }
   std::vector<std::atomic<int>> registered(queues);
   std::atomic<int> failed{0};
   for (auto& e : q->entries_) {
@@ -96,7 +150,7 @@ StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int 
   }
   bool every_queue = true;
   for (auto& r : registered) every_queue = every_queue && r.load() > 0;
-  if (every_queue) {
+  if (every_queue || q->adopted_) {
     // The ring is ready: the kernel sends requests to it now. Serve with what registered.
     if (failed.load() > 0) {
       spdlog::warn("fuse.transport=uring: {} of {} io_uring entries were refused; serving with the others",
@@ -115,6 +169,140 @@ StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int 
 
 UringQueues::UringQueues(fuse_session* se, int fd) : se_(se), fd_(fd) {}
 
+UringQueues::Slot UringQueues::SlotAt(uint32_t i) const {
+  const auto* pool = reinterpret_cast<const PoolHeader*>(memory_.base);
+  char* at = reinterpret_cast<char*>(memory_.base) + kPage + static_cast<size_t>(i) * pool->slot_bytes;
+  Slot s;
+  s.header = reinterpret_cast<kabi::UringReqHeader*>(at);
+  s.state = reinterpret_cast<SlotState*>(at + kStateOffset);
+  s.payload = at + kPayloadOffset;
+  return s;
+}
+
+bool UringQueues::TakeFreeSlot(Entry* e) {
+  uint32_t i = 0;
+  {
+    MutexLock lock(&slots_mu_);
+    if (free_slots_.empty()) return false;
+    i = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  e->SetSlot(i, SlotAt(i), reinterpret_cast<const PoolHeader*>(memory_.base)->payload);
+  return true;
+}
+
+Status UringQueues::MapMemory(const Memory* adopt, size_t payload, int depth) {
+  const uint32_t queues = static_cast<uint32_t>(QueueCount());
+  if (adopt != nullptr && adopt->fd >= 0) {
+    // At the predecessor's address, or not at all: the kernel knows its entries by those addresses.
+    void* at = mmap(reinterpret_cast<void*>(adopt->base), adopt->bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_FIXED_NOREPLACE, adopt->fd, 0);
+    std::string why;
+    if (at == MAP_FAILED) {
+      why = std::string("mmap: ") + std::strerror(errno);
+    } else if (reinterpret_cast<uint64_t>(at) != adopt->base) {
+      why = "the kernel mapped it elsewhere";
+    } else {
+      const auto* h = static_cast<const PoolHeader*>(at);
+      if (adopt->bytes < kPage || h->magic != kMagic || h->queues != queues || h->depth == 0 || h->slots == 0 ||
+          kPage + static_cast<uint64_t>(h->slots) * h->slot_bytes != adopt->bytes || h->payload < payload ||
+          h->slot_bytes < kPayloadOffset + h->payload) {
+        why = "its layout is not this granary-fuse's";
+      }
+    }
+    if (why.empty()) {
+      memory_ = *adopt;
+      adopted_ = true;
+    } else {
+      if (at != MAP_FAILED) munmap(at, adopt->bytes);
+      close(adopt->fd);
+      spdlog::warn("fuse.transport=uring: cannot map the predecessor's io_uring entries at {:#x} ({}); requests "
+                   "they hold are not answered by this process",
+                   adopt->base, why);
+    }
+  }
+  if (!adopted_) {
+    const uint64_t payload_bytes = (payload + kPage - 1) / kPage * kPage;
+    const uint64_t slot_bytes = kPayloadOffset + payload_bytes;
+    const uint32_t slots = 2 * queues * static_cast<uint32_t>(depth);
+    const uint64_t bytes = kPage + slots * slot_bytes;
+    int mfd = memfd_create("granary-fuse-ring", MFD_CLOEXEC);
+    if (mfd < 0) return ErrnoError(errno, "memfd_create for the io_uring entries");
+    if (ftruncate(mfd, static_cast<off_t>(bytes)) != 0) {
+      int err = errno;
+      close(mfd);
+      return ErrnoError(err, "sizing the io_uring entries' memory");
+    }
+    void* at = MAP_FAILED;
+    for (uint64_t base = kRingBase; at == MAP_FAILED && base > kRingBase - (4ULL << 40); base -= 1ULL << 40) {
+      at = mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, mfd, 0);
+      if (at != MAP_FAILED && reinterpret_cast<uint64_t>(at) != base) {
+        munmap(at, bytes);
+        at = MAP_FAILED;
+      }
+    }
+    if (at == MAP_FAILED) at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    if (at == MAP_FAILED) {
+      int err = errno;
+      close(mfd);
+      return ErrnoError(err, "mapping the io_uring entries' memory");
+    }
+    auto* h = static_cast<PoolHeader*>(at);
+    h->magic = kMagic;
+    h->slots = slots;
+    h->queues = queues;
+    h->slot_bytes = slot_bytes;
+    h->payload = payload_bytes;
+    h->generation = 0;
+    h->depth = static_cast<uint32_t>(depth);
+    memory_ = {mfd, reinterpret_cast<uint64_t>(at), bytes};
+  }
+  auto* pool = reinterpret_cast<PoolHeader*>(memory_.base);
+  const uint64_t previous = pool->generation;
+  generation_ = previous + 1;
+  depth_ = static_cast<int>(pool->depth);
+  if (adopted_ && depth_ != depth) {
+    spdlog::info("fuse.transport=uring: keeping the predecessor's {} io_uring entries per queue (fuse.uring_depth {})",
+                 depth_, depth);
+  }
+  // The predecessor's slots (those its entries own: a slot changes owner only once the kernel took
+  // the new owner's commit or registration): each that holds a request (or its answer) is adopted
+  // by an entry of its queue; the others are left alone. The rest of the pool is free.
+  std::vector<int> per_queue(queues, 0);
+  std::vector<bool> theirs(pool->slots, false);
+  for (uint32_t i = 0; adopted_ && i < pool->slots; ++i) {
+    Slot sl = SlotAt(i);
+    if (Load(&sl.state->generation) != previous) continue;
+    theirs[i] = true;
+    const uint64_t id = Load(&sl.header->ring_ent_in_out.commit_id);
+    const uint64_t qid = Load(&sl.state->qid);
+    if (id == 0 || qid >= queues) continue;
+    auto e = std::make_unique<Entry>();
+    e->SetSlot(i, sl, pool->payload);
+    e->qid = static_cast<uint16_t>(qid);
+    const bool answered = Load(&sl.state->step) == kReplied && Load(&sl.state->unique) == id;
+    e->first = answered ? Entry::kCommit : Entry::kProcess;
+    per_queue[qid]++;
+    entries_.push_back(std::move(e));
+  }
+  {
+    MutexLock lock(&slots_mu_);
+    for (uint32_t i = pool->slots; i-- > 0;) {
+      if (!theirs[i]) free_slots_.push_back(i);
+    }
+  }
+  for (uint32_t qid = 0; qid < queues; ++qid) {  // an entry whose adoption is refused takes a free slot then
+    for (; per_queue[qid] < depth_; per_queue[qid]++) {
+      auto e = std::make_unique<Entry>();
+      e->qid = static_cast<uint16_t>(qid);
+      if (!TakeFreeSlot(e.get())) return InternalError("the io_uring entries' memory has no free slot");
+      entries_.push_back(std::move(e));
+    }
+  }
+  pool->generation = generation_;
+  return Status::OK();
+}
+
 void UringQueues::DisableOnConnection() {
   io_uring ring;
   if (io_uring_queue_init(2, &ring, IORING_SETUP_SQE128) < 0) return;
@@ -128,12 +316,96 @@ void UringQueues::DisableOnConnection() {
   io_uring_queue_exit(&ring);
 }
 
-UringQueues::~UringQueues() { Stop(); }
+UringQueues::~UringQueues() {
+  Stop();
+  if (memory_.base != 0) munmap(reinterpret_cast<void*>(memory_.base), memory_.bytes);
+  if (memory_.fd >= 0) close(memory_.fd);
+}
 
 void UringQueues::Stop() {
-  stopping_ = true;
+  {
+    MutexLock lock(&park_mu_);
+    stopping_ = true;
+  }
+  park_cv_.notify_all();
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
+  }
+}
+
+int UringQueues::Park(const std::string& mountpoint, std::chrono::milliseconds timeout) {
+  {
+    MutexLock lock(&park_mu_);
+    parking_ = true;
+  }
+  // An idle entry gets a request of our own: one GETATTR per entry from a thread on each CPU (a
+  // request goes to its caller's CPU's queue). Each waits until someone answers it: the successor
+  // after adopting, or this process if the hand-over fails (Unpark).
+  const int cpus = QueueCount();
+  for (int cpu = 0; cpu < cpus; ++cpu) {
+    for (int d = 0; d < depth_; ++d) {
+      std::thread([cpu, mountpoint] {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0) return;  // not ours to run on
+        struct statx st {};
+        statx(AT_FDCWD, mountpoint.c_str(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &st);
+      }).detach();
+    }
+  }
+  MutexLock lock(&park_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (parked_ < serving_.load() && lock.WaitUntil(&park_cv_, deadline)) {
+  }
+  return parked_;
+}
+
+void UringQueues::Unpark() {
+  {
+    MutexLock lock(&park_mu_);
+    parking_ = false;
+  }
+  park_cv_.notify_all();
+}
+
+bool UringQueues::HoldWhileParked() {
+  MutexLock lock(&park_mu_);
+  if (!parking_) return false;
+  ++parked_;
+  park_cv_.notify_all();
+  while (parking_ && !stopping_) lock.Wait(&park_cv_);
+  --parked_;
+  return stopping_;
+}
+
+void UringQueues::Process(Entry* e, std::vector<char>* scratch) {
+  // The request, laid out as /dev/fuse gives it: header, first argument, the rest.
+  const auto* in = reinterpret_cast<const fuse_in_header*>(e->header->in_out);
+  const size_t payload_sz = e->header->ring_ent_in_out.payload_sz;
+  const size_t total = in->len;
+  e->replied = false;
+  SessionIo::NoteRequest(in);  // for the reply hooks (passthrough's open reply)
+  if (total >= sizeof(fuse_in_header) + payload_sz && total - sizeof(fuse_in_header) - payload_sz <= kabi::kUringOpInOut &&
+      payload_sz <= e->payload_size && in->unique == e->unique) {
+    const size_t op_in = total - sizeof(fuse_in_header) - payload_sz;
+    scratch->resize(std::max<size_t>(total, 4096));
+    std::memcpy(scratch->data(), in, sizeof(fuse_in_header));
+    std::memcpy(scratch->data() + sizeof(fuse_in_header), e->header->op_in, op_in);
+    std::memcpy(scratch->data() + sizeof(fuse_in_header) + op_in, e->payload, payload_sz);
+    fuse_buf buf{};
+    buf.size = total;
+    buf.mem = scratch->data();
+    requests_.fetch_add(1, std::memory_order_relaxed);
+    fuse_session_process_buf(se_, &buf);
+  }
+  if (!e->replied) {  // malformed, or an operation that did not answer on this thread
+    fuse_out_header oh{};
+    oh.len = sizeof oh;
+    oh.error = -EIO;
+    oh.unique = e->unique;
+    std::memcpy(e->header->in_out, &oh, sizeof oh);
+    e->header->ring_ent_in_out.payload_sz = 0;
   }
 }
 
@@ -148,13 +420,48 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
     failed->fetch_add(1);
     return;
   }
-  PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
-  // A registration the kernel takes completes only with the first request; one it refuses
-  // completes at once with the error. No completion within a short wait: taken.
-  bool counted = false;
-  bool reregistered = false;  // the last submission registered the entry again after a refused commit
+  // What a successor reads of this entry (fuse/uring.h): written before each step it describes.
+  auto register_entry = [&] {
+    Store(&e->header->ring_ent_in_out.commit_id, 0);  // nothing held until the kernel writes a request
+    Store(&e->state->unique, 0);
+    Store(&e->state->qid, e->qid);
+    Store(&e->state->step, kRegistered);
+    Store(&e->state->generation, generation_);
+    PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
+  };
+  auto commit = [&] {
+    Store(&e->state->step, kReplied);
+    PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdCommitAndFetch, e->qid, e->unique);
+  };
   t_entry = e;
-  thread_local std::vector<char> request;
+  std::vector<char> scratch;
+  // A predecessor's entry: answer what it holds (or commit the answer it holds), which makes it ours.
+  bool adopting = e->first != Entry::kRegister;
+  if (adopting) {
+    e->unique = Load(&e->header->ring_ent_in_out.commit_id);
+    if (e->first == Entry::kProcess) Process(e, &scratch);
+    commit();
+  } else {
+    register_entry();
+  }
+  // A registration (or commit) the kernel takes completes only with the next request; one it
+  // refuses completes at once with the error. No completion within a short wait: taken.
+  bool counted = false;
+  bool in_service = false;    // counted in serving_
+  bool reregistered = false;  // the last submission registered the entry again after a refused commit
+  auto taken = [&] {
+    if (!counted) {
+      counted = true;
+      in_service = true;
+      registered->fetch_add(1);
+      serving_.fetch_add(1);
+    }
+    if (adopting) {  // the commit was taken: the kernel's entry is ours now, and so is the slot
+      adopting = false;
+      Store(&e->state->generation, generation_);
+      adopted_requests_.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
   for (;;) {
     io_uring_cqe* cqe = nullptr;
     __kernel_timespec wait{};
@@ -164,10 +471,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
     rc = io_uring_submit_and_wait_timeout(&ring, &cqe, 1, &wait, nullptr);
     if (rc >= 0 && cqe == nullptr) continue;
     if (rc == -ETIME || rc == -EINTR) {
-      if (!counted) {
-        counted = true;
-        registered->fetch_add(1);
-      }
+      taken();
       if (stopping_) break;
       continue;
     }
@@ -177,6 +481,17 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
     }
     const int res = cqe->res;
     io_uring_cqe_seen(&ring, cqe);
+    if (res < 0 && adopting) {
+      // Its request was answered already (or aborted): the entry stays the predecessor's (idle
+      // until its ring closes). Register on a free slot instead.
+      adopting = false;
+      if (!TakeFreeSlot(e)) {
+        spdlog::warn("fuse.transport=uring: no free slot for an entry of queue {}", e->qid);
+        break;
+      }
+      register_entry();
+      continue;
+    }
     if (res < 0) {
       if (!counted) {
         spdlog::warn("fuse.transport=uring: the kernel refused an entry of queue {}: {}", e->qid, std::strerror(-res));
@@ -190,50 +505,25 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
       commit_failures_.fetch_add(1, std::memory_order_relaxed);
       spdlog::warn("fuse.transport=uring: a reply on queue {} was refused ({}); registering its entry again",
                    e->qid, std::strerror(-res));
-      PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdRegister, e->qid, 0);
+      register_entry();
       reregistered = true;
       continue;
     }
     reregistered = false;
-    if (!counted) {
-      counted = true;
-      registered->fetch_add(1);
-    }
-    // The request, laid out as /dev/fuse gives it: header, first argument, the rest.
-    const auto* in = reinterpret_cast<const fuse_in_header*>(e->header.in_out);
-    const size_t payload_sz = e->header.ring_ent_in_out.payload_sz;
-    const size_t total = in->len;
-    e->unique = e->header.ring_ent_in_out.commit_id;
-    e->replied = false;
-    SessionIo::NoteRequest(in);  // for the reply hooks (passthrough's open reply)
-    if (total >= sizeof(fuse_in_header) + payload_sz && total - sizeof(fuse_in_header) - payload_sz <= kabi::kUringOpInOut &&
-        payload_sz <= e->payload_size) {
-      const size_t op_in = total - sizeof(fuse_in_header) - payload_sz;
-      request.resize(std::max<size_t>(total, 4096));
-      std::memcpy(request.data(), in, sizeof(fuse_in_header));
-      std::memcpy(request.data() + sizeof(fuse_in_header), e->header.op_in, op_in);
-      std::memcpy(request.data() + sizeof(fuse_in_header) + op_in, e->payload.get(), payload_sz);
-      fuse_buf buf{};
-      buf.size = total;
-      buf.mem = request.data();
-      requests_.fetch_add(1, std::memory_order_relaxed);
-      fuse_session_process_buf(se_, &buf);
-    }
-    if (!e->replied) {  // malformed, or an operation that did not answer on this thread
-      fuse_out_header oh{};
-      oh.len = sizeof oh;
-      oh.error = -EIO;
-      oh.unique = e->unique;
-      std::memcpy(e->header.in_out, &oh, sizeof oh);
-      e->header.ring_ent_in_out.payload_sz = 0;
-    }
-    PrepFuseUringCmd(&ring, fd_, e, e->iov, kabi::kUringCmdCommitAndFetch, e->qid, e->unique);
+    taken();
+    e->unique = Load(&e->header->ring_ent_in_out.commit_id);
+    Store(&e->state->unique, e->unique);
+    Store(&e->state->step, kHeld);
+    if (HoldWhileParked()) break;  // stopped while parked: the successor answers it
+    Process(e, &scratch);
+    commit();
     if (stopping_) {  // commit, and leave: the kernel cancels the entry when this ring closes
       io_uring_submit(&ring);
       break;
     }
   }
   if (!counted) failed->fetch_add(1);
+  if (in_service) serving_.fetch_sub(1);
   t_entry = nullptr;
   io_uring_queue_exit(&ring);
 }
@@ -242,7 +532,7 @@ bool UringQueues::OnRingThread() { return t_entry != nullptr; }
 
 char* UringQueues::ReplyBuffer(size_t n) {
   auto* e = static_cast<Entry*>(t_entry);
-  return e != nullptr && n <= e->payload_size ? e->payload.get() : nullptr;
+  return e != nullptr && n <= e->payload_size ? e->payload : nullptr;
 }
 
 bool UringQueues::TakeReply(const struct iovec* iov, int count, ssize_t* n) {
@@ -258,7 +548,7 @@ bool UringQueues::TakeReply(const struct iovec* iov, int count, ssize_t* n) {
     oh.error = -EIO;
     body = 0;
   } else {
-    char* out = e->payload.get();
+    char* out = e->payload;
     size_t skip = sizeof oh;
     for (int i = 0; i < count; ++i) {
       const char* p = static_cast<const char*>(iov[i].iov_base);
@@ -275,8 +565,8 @@ bool UringQueues::TakeReply(const struct iovec* iov, int count, ssize_t* n) {
     }
   }
   oh.len = static_cast<uint32_t>(sizeof oh + body);
-  std::memcpy(e->header.in_out, &oh, sizeof oh);
-  e->header.ring_ent_in_out.payload_sz = static_cast<uint32_t>(body);
+  std::memcpy(e->header->in_out, &oh, sizeof oh);
+  e->header->ring_ent_in_out.payload_sz = static_cast<uint32_t>(body);
   e->replied = true;
   *n = static_cast<ssize_t>(total);
   return true;

@@ -27,29 +27,38 @@
 // and the kernel cancels their idle entries. A reply the kernel refuses (its request aborted
 // meanwhile) is counted and its entry registered again.
 //
-// The hand-over (fuse/handover.h) carries the ring: the successor registers its own entries (the
-// kernel queues to the ring from INIT on, whatever the successor's fuse.transport says), tells the
-// predecessor (RINGS_READY), and the predecessor's threads then commit their last reply and leave.
-// Linux 6.18 leaves two gaps, and the hand-over one of its own, which is why fuse.transport
-// defaults to dev and upgrades over io_uring belong between epochs:
-//   - an entry cannot be withdrawn, only cancelled with its ring, and a request the kernel assigns
-//     to it in the microseconds before the cancel is never delivered: an upgrade under load can
-//     leave one caller waiting until the mount is aborted;
-//   - a request in an entry of a granary-fuse that dies is not sent again (FUSE_NOTIFY_RESEND
-//     covers /dev/fuse only), so a crash leaves the callers of the requests it held waiting;
-//   - between the predecessor's snapshot and RINGS_READY its ring threads still serve, on its own
-//     state: an open or a release there is not in the successor's (a handle the successor then
-//     serves by its inode; a passthrough backing id it does not know of).
-// If the successor cannot register, it says so and the predecessor keeps serving the ring (and does
-// not exit) until stopped.
-// The first two can be closed, as bench/fuse_uring_adopt.sh shows (5 of 5 runs): entries in a
-// memfd (the keeper holds a copy) that a successor maps at the same address and adopts by answering
-// the request each holds and committing it itself: a commit names the request by its unique, and
-// the kernel reads the reply from the entry's addresses in the committing task's memory, checking
-// no owner. Not built into granary-fuse yet; the third closes with it (the predecessor parks its
-// entries instead of serving on, and the successor adopts them). A successor does already make one request on each CPU's queue after
-// registering (KickUringQueues, fuse/mount.cc): requests that came while no entry was registered
-// wait in their queue, and only a commit there fetches them.
+// The entries' memory: one memfd (the "ring memory"), mapped at a fixed address (kRingBase, or
+// one the kernel chose when that is taken), holding a pool of 2 x queues x depth slots. A slot is
+// an entry's header buffer, a small state word of ours (SlotState: the generation of the process
+// that registered it, whether it holds a request not yet answered or an answer not yet committed,
+// and that request's unique) and its payload buffer. The kernel keeps the entries' addresses, and
+// a commit names its request by unique and reads the reply from those addresses in the committing
+// process, with no check of who registered the entry. So a process that maps the same memfd at the
+// same address can answer what another process's entries hold.
+//
+// The hand-over (fuse/handover.h) carries the ring memory beside the descriptor, and the keeper
+// holds a copy:
+//   - upgrade: the predecessor parks its entries (Park): each keeps the next request it gets
+//     unanswered, and idle entries are given one of our own (a GETATTR of the mount point from a
+//     thread on their CPU), so that no entry of it is left idle — an idle entry cannot be
+//     withdrawn, and a request the kernel gives it as it is cancelled is never delivered. It then
+//     sends its state, taken after parking (no request changes it meanwhile). The successor maps
+//     the memory, answers and commits each held request itself (Start with `adopt`: the entry is
+//     its own from then on), registers the rest of its entries on free slots, and says
+//     RINGS_READY; the predecessor's threads then leave without committing.
+//   - crash: the successor gets the memory from the keeper and adopts what the dead process's
+//     entries held: a request it had not answered is answered again, an answer it had written and
+//     maybe not committed is committed (a commit of an answered request is refused: harmless).
+// Slots of the previous generation that held nothing stay untouched (their entries are the
+// predecessor's until its ring closes, then cancelled); free slots are those of older
+// generations. What is still lost: a request the kernel assigns to an entry in the instant its
+// process dies (the kernel then cancels it without writing it to the entry), and requests in a
+// queue whose CPU no thread of granary-fuse may run on (it cannot park those entries). A successor
+// that cannot map the memory at the same address registers entries of its own and refuses
+// RINGS_READY: the predecessor serves on (fuse/mount_handover.cc).
+// A successor makes one request on each CPU's queue after starting (KickUringQueues,
+// fuse/mount.cc): requests that came while no entry was registered wait in their queue, and only a
+// commit there fetches them.
 //
 // Thread-safety: Start and Stop from one thread; the hooks are called by ring threads.
 #pragma once
@@ -59,17 +68,28 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace granary::fuse {
 
 class UringQueues {
  public:
+  // The ring memory of a running ring (a predecessor's, to adopt): a memfd mapped at `base`.
+  struct Memory {
+    int fd = -1;
+    uint64_t base = 0;
+    uint64_t bytes = 0;
+  };
+
   // Whether io_uring with 128-byte submission entries works in this process (kernel support, not
   // disabled by kernel.io_uring_disabled or a seccomp profile). OK before an INIT asks for a ring.
   static Status Probe();
@@ -79,17 +99,37 @@ class UringQueues {
   // Registers `depth` entries on every queue of the connection `fd` of session `se` (its INIT
   // answered with FUSE_OVER_IO_URING), each with a payload buffer of `payload` bytes (at least the
   // kernel's max_write and max_pages * 4 KiB), and serves them.
-  static StatusOr<std::unique_ptr<UringQueues>> Start(fuse_session* se, int fd, size_t payload, int depth);
+  // With `adopt` (a predecessor's ring memory; its fd is taken over either way), the memory is
+  // mapped at the same address and what its entries hold is answered first (the design note); when
+  // that mapping fails, the queues start on memory of their own and adopted() is false. The depth
+  // is then the predecessor's.
+  static StatusOr<std::unique_ptr<UringQueues>> Start(fuse_session* se, int fd, size_t payload, int depth,
+                                                      const Memory* adopt = nullptr);
   ~UringQueues();  // Stop()
   UringQueues(const UringQueues&) = delete;
   UringQueues& operator=(const UringQueues&) = delete;
 
-  // Ends the threads, each after the request it is serving; their idle entries are cancelled.
+  // Ends the threads, each after the request it is serving (a parked one leaves its request for
+  // the successor); their idle entries are cancelled.
   void Stop();
+  // For a hand-over: every entry keeps the next request it gets unanswered, and entries left idle
+  // are given a GETATTR of `mountpoint` from a thread on their CPU. Returns how many entries are
+  // parked when all are, or `timeout` passed (threads that cannot run on a CPU leave its entries idle).
+  int Park(const std::string& mountpoint, std::chrono::milliseconds timeout);
+  // A hand-over that failed: the parked entries answer their requests and serve on.
+  void Unpark();
+  // The ring memory, for a successor (Memory::fd stays this object's).
+  Memory memory() const { return memory_; }
+  // Whether Start's `adopt` memory was mapped (false: the predecessor's held requests are not ours).
+  bool adopted() const { return adopted_; }
+  // Requests a predecessor's entries held that this process answered (or committed) for it.
+  uint64_t adopted_requests() const { return adopted_requests_.load(std::memory_order_relaxed); }
   uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
   // Replies the kernel refused (their requests aborted meanwhile); each entry registered again.
   uint64_t commit_failures() const { return commit_failures_.load(std::memory_order_relaxed); }
   int entries() const { return static_cast<int>(threads_.size()); }
+  // Where a fresh ring memory is mapped when it can be (an address a process rarely uses).
+  static constexpr uint64_t kRingBase = 0x6f0000000000ULL;
 
   // The write hooks (fuse/session_io.cc). On a ring thread, a reply to the request it serves is
   // copied into the entry: true, with *n the bytes "written". Otherwise false: write it to /dev/fuse.
@@ -104,8 +144,19 @@ class UringQueues {
 
  private:
   struct Entry;
+  struct Slot;
   UringQueues(fuse_session* se, int fd);
+  // Maps `adopt` (or a fresh memfd), and gives every entry its slot and first step.
+  Status MapMemory(const Memory* adopt, size_t payload, int depth);
+  Slot SlotAt(uint32_t i) const;
+  // Points `e` at a free slot (none left: false). Thread-safe.
+  bool TakeFreeSlot(Entry* e);
   void Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>* failed);
+  // Lays out the request in `e` as /dev/fuse would and hands it to libfuse; the answer ends up in
+  // the entry (EIO when the operation did not answer on this thread).
+  void Process(Entry* e, std::vector<char>* scratch);
+  // Parked: waits while parking, true when Stop came first (leave the request for the successor).
+  bool HoldWhileParked();
   // Turns io_uring off on the connection (a registration the kernel refuses does), so that a ring
   // that never became ready does not hold every request.
   void DisableOnConnection();
@@ -117,6 +168,18 @@ class UringQueues {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> commit_failures_{0};
+  std::atomic<uint64_t> adopted_requests_{0};
+  std::atomic<int> serving_{0};  // threads whose entry the kernel took
+  Memory memory_;          // the mapped ring memory (fd owned, unmapped at destruction)
+  bool adopted_ = false;
+  uint64_t generation_ = 1;  // this process's, in every slot it registers
+  int depth_ = 0;
+  Mutex slots_mu_;
+  std::vector<uint32_t> free_slots_ GUARDED_BY(slots_mu_);
+  Mutex park_mu_;
+  std::condition_variable park_cv_;
+  bool parking_ GUARDED_BY(park_mu_) = false;
+  int parked_ GUARDED_BY(park_mu_) = 0;
 };
 
 }  // namespace granary::fuse
