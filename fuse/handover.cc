@@ -347,6 +347,7 @@ void KeeperLink::DropHandle(uint64_t fh) {
 void KeeperLink::SetRingMemory(int fd) {
   ring_fd_ = fd;
   MutexLock lock(&mu_);
+  ++ring_changes_;
   if (!stop_) DisconnectLocked();  // the link's thread deposits again, with it
 }
 
@@ -390,6 +391,7 @@ int KeeperLink::Connect(const rpc::FuseConnectionState& snap) {
 
 void KeeperLink::Loop() {
   bool warned = false;
+  uint64_t seen_ring = 0;
   for (;;) {
     {
       MutexLock lock(&mu_);
@@ -408,6 +410,7 @@ void KeeperLink::Loop() {
         continue;
       }
       pending_.clear();  // the snapshot below carries every change made before it
+      seen_ring = ring_changes_;
     }
     rpc::FuseConnectionState snap = snapshot_();  // takes the mount's locks: none of ours held
     if (snap.init_request().empty()) {            // the kernel's INIT not read yet
@@ -421,6 +424,10 @@ void KeeperLink::Loop() {
     std::vector<int> closable;
     {
       MutexLock lock(&mu_);
+      if (s >= 0 && seen_ring != ring_changes_) {  // the ring memory came after the snapshot: again
+        close(s);
+        continue;
+      }
       bool ok = s >= 0;
       // The changes made since the snapshot, in order, before anyone else writes.
       while (ok && !pending_.empty()) {

@@ -22,6 +22,9 @@
 //             hand-over socket, asks the keeper (WITHDRAW) and gets STATE from it. Requests the dead
 //             process had read but not answered are re-sent by the kernel when told to
 //             (FUSE_NOTIFY_RESEND, Linux >= 6.9); open file handles are rebuilt from the inode.
+//   io_uring  A connection served through io_uring also carries its entries' memory (a memfd, sent
+//             beside the descriptor in STATE and DEPOSIT): the successor answers what the
+//             predecessor's entries hold (fuse/uring.h).
 //
 // A successor's libfuse session has never seen INIT, and the kernel sends INIT only once: the
 // successor replays the saved INIT request through its own /dev/fuse I/O and swallows the reply
@@ -160,6 +163,7 @@ class KeeperLink {
   const bool spawn_;
   const int fd_;
   std::atomic<int> ring_fd_{-1};
+  uint64_t ring_changes_ GUARDED_BY(mu_) = 0;  // SetRingMemory calls: a deposit begun before one is made again
   const std::function<rpc::FuseConnectionState()> snapshot_;
   const std::function<void(int)> close_backing_;
   mutable Mutex mu_;

@@ -215,9 +215,19 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
           const std::string& mp = m.state().mountpoint();
           if (r->fd < 0) break;
           auto it = held.find(mp);
-          if (it != held.end()) close(it->second.fd);
-          if (it != held.end() && it->second.ring_fd >= 0) close(it->second.ring_fd);
           Held h{r->fd, r->ring_fd, c, m.state(), {}};
+          if (it != held.end()) {
+            close(it->second.fd);
+            // A successor deposits before it has adopted the io_uring entries' memory: keep the
+            // copy held, which is the same connection's, so a crash meanwhile leaves it to adopt.
+            if (h.ring_fd < 0 && it->second.ring_fd >= 0 && h.state.uring_payload() > 0) {
+              h.ring_fd = it->second.ring_fd;
+              h.state.set_uring_memory_base(it->second.state.uring_memory_base());
+              h.state.set_uring_memory_bytes(it->second.state.uring_memory_bytes());
+            } else if (it->second.ring_fd >= 0) {
+              close(it->second.ring_fd);
+            }
+          }
           for (const rpc::FuseHandle& fh : h.state.handles()) h.handles[fh.fh()] = fh;
           h.state.clear_handles();
           held[mp] = std::move(h);

@@ -181,6 +181,17 @@ Status FuseMountImpl::Init(const Config& cfg) {
       from_keeper = true;
     }
   }
+  // The predecessor's socket and ring memory, on every return that does not use them.
+  struct CloseExtras {
+    std::optional<HandoverReceived>* got;
+    ~CloseExtras() {
+      if (!*got) return;
+      for (int* f : {&(*got)->ring_fd, &(*got)->peer}) {
+        if (*f >= 0) close(*f);
+        *f = -1;
+      }
+    }
+  } close_extras{&got};
   if (got && got->msg.state().format() != kHandoverFormat) {
     got->CloseAll();
     return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " is in hand-over format " +

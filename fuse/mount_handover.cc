@@ -129,21 +129,24 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   }
   MutexLock lock(&stop_mu_);
   if (stopping_ || loop_done_) return refuse("this granary-fuse is stopping");
+  // Over io_uring, every entry keeps the next request it gets, for the successor to adopt
+  // (fuse/uring.h): from then on no request changes this process's state. An entry left serving
+  // would answer beside the successor, so the hand-over waits for all or does not happen.
+  std::shared_ptr<UringQueues> ring = uring();
+  if (ring) {
+    const int parked = ring->Park(mountpoint_, std::chrono::seconds(5));
+    if (parked < ring->serving()) {
+      ring->Unpark();
+      return refuse(std::to_string(ring->serving() - parked) + " of its " + std::to_string(ring->serving()) +
+                    " io_uring entries could not be parked in 5 s (busy with slow requests, or on a CPU this "
+                    "process may not run on); try the upgrade again");
+    }
+  }
   auto start = std::chrono::steady_clock::now();
   handing_over_ = true;
   // Its port is the successor's when both share a network namespace. A process that stays idle
   // (Kubernetes, each pod its own network) keeps answering probes: /readyz says "handed over".
   if (fs_->cfg.fuse.exit_after_handover) StopMetrics();
-  // Over io_uring, every entry keeps the next request it gets for the successor to adopt
-  // (fuse/uring.h): from now on no request changes this process's state.
-  std::shared_ptr<UringQueues> ring = uring();
-  if (ring) {
-    const int parked = ring->Park(mountpoint_, std::chrono::seconds(5));
-    if (parked < ring->entries()) {
-      spdlog::warn("{} of {} io_uring entries parked for the hand-over (a CPU this process may not run on keeps "
-                   "its entries idle)", parked, ring->entries());
-    }
-  }
   io_->Drain(se_);   // every request read is answered; nothing more is read
   if (loop_.joinable()) loop_.join();
   StopInvalidator();
@@ -171,13 +174,19 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   if (ring) {
     // Our parked entries hold their requests until the successor has adopted them and registered
     // the rest (fuse/uring.h). It may take 10 s for libfuse's replayed INIT and 10 s to register:
-    // we wait longer.
-    auto ready = ReceiveHandover(c, std::chrono::seconds(30));
+    // we wait longer. Only a successor that says it adopted nothing (REFUSED) gives them back to us:
+    // after a silence it may have answered some already, so they stay its (or, if it died, the
+    // next granary-fuse's, from the keeper's copy of the memory).
+    auto ready = ReceiveHandover(c, std::chrono::seconds(60));
     if (ready.ok()) ready->CloseAll();
-    if (ready.ok() && ready->msg.kind() == rpc::HandoverMessage::RINGS_READY) {
+    if (!ready.ok() || ready->msg.kind() != rpc::HandoverMessage::REFUSED) {
+      if (!ready.ok() || ready->msg.kind() != rpc::HandoverMessage::RINGS_READY) {
+        spdlog::error("the successor did not say it serves the io_uring entries ({}); leaving them to it",
+                      ready.ok() ? ready->msg.text() : ready.status().message());
+      }
       ring->Stop();  // the parked threads leave their requests to the successor
     } else {
-      // Without our entries every request of the connection would wait: keep serving them.
+      // It adopted nothing and serves with entries of its own: ours serve too, or what they hold waits.
       ring->Unpark();
       rings_kept = true;
       spdlog::error("the successor did not register io_uring entries ({}); this process keeps serving the ring "

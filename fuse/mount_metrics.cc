@@ -143,6 +143,10 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
              "Replies through io_uring the kernel refused (their requests aborted meanwhile); each entry is "
              "registered again.",
              ring ? static_cast<double>(ring->commit_failures()) : 0);
+  e->Counter("granary_fuse_uring_adopted_total",
+             "Requests a predecessor's io_uring entries held (parked for an upgrade, or left by a crash) that "
+             "this granary-fuse answered for it.",
+             ring ? static_cast<double>(ring->adopted_requests()) : 0);
   e->Family("granary_fuse_opens_total", "counter",
             "Opens by how they were served: passthrough (the kernel reads the cache data file), daemon "
             "(granary-fuse serves the reads), kernel (answered once with ENOSYS; later opens never reach "

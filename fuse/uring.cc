@@ -47,6 +47,7 @@ enum SlotStep : uint64_t {
   kRegistered = 1,  // registered or committed: the kernel may write a request here at any time
   kHeld = 2,        // holds request `unique`, not answered
   kReplied = 3,     // holds the answer to `unique`; its commit may or may not have been made
+  kReplying = 4,    // the answer to `unique` is being written over the request: neither is whole
 };
 
 struct SlotState {
@@ -79,7 +80,7 @@ struct UringQueues::Entry {
   bool replied = false;  // its reply is in the entry
   // Its first step: register, or (adopting a predecessor's entry) answer what it holds, or commit
   // the answer it holds.
-  enum First { kRegister, kProcess, kCommit } first = kRegister;
+  enum First { kRegister, kProcess, kCommit, kFail } first = kRegister;
 
   void SetSlot(uint32_t i, const Slot& s, size_t payload_bytes) {
     slot = i;
@@ -150,6 +151,13 @@ StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int 
   }
   bool every_queue = true;
   for (auto& r : registered) every_queue = every_queue && r.load() > 0;
+  // The adoptions are settled: from now on the pool is this generation's (a successor takes what
+  // this process's entries hold; slots of older generations that held nothing are free).
+  reinterpret_cast<PoolHeader*>(q->memory_.base)->generation = q->generation_;
+  if (!every_queue && q->adopted_) {
+    spdlog::error("fuse.transport=uring: a CPU's io_uring queue has no entry after adopting the predecessor's; "
+                  "requests from that CPU wait until granary-fuse is restarted");
+  }
   if (every_queue || q->adopted_) {
     // The ring is ready: the kernel sends requests to it now. Serve with what registered.
     if (failed.load() > 0) {
@@ -265,30 +273,36 @@ Status UringQueues::MapMemory(const Memory* adopt, size_t payload, int depth) {
     spdlog::info("fuse.transport=uring: keeping the predecessor's {} io_uring entries per queue (fuse.uring_depth {})",
                  depth_, depth);
   }
-  // The predecessor's slots (those its entries own: a slot changes owner only once the kernel took
-  // the new owner's commit or registration): each that holds a request (or its answer) is adopted
-  // by an entry of its queue; the others are left alone. The rest of the pool is free.
+  // Slots that hold a request or its answer are adopted by an entry of their queue, whatever their
+  // generation (an older one's, when a successor died before adopting them: its owner is dead, so
+  // its entry is the kernel's to give): a commit of a request answered already is refused, harmless.
+  // The predecessor's other slots are left alone (its idle entries live until its ring closes). The
+  // rest of the pool is free.
   std::vector<int> per_queue(queues, 0);
-  std::vector<bool> theirs(pool->slots, false);
+  std::vector<bool> taken(pool->slots, false);
   for (uint32_t i = 0; adopted_ && i < pool->slots; ++i) {
     Slot sl = SlotAt(i);
-    if (Load(&sl.state->generation) != previous) continue;
-    theirs[i] = true;
+    const bool predecessors = Load(&sl.state->generation) == previous;
     const uint64_t id = Load(&sl.header->ring_ent_in_out.commit_id);
     const uint64_t qid = Load(&sl.state->qid);
-    if (id == 0 || qid >= queues) continue;
+    const uint64_t step = Load(&sl.state->step);
+    taken[i] = predecessors;
+    // A request written since the slot's last step (its thread had not seen it) counts as held.
+    if (id == 0 || qid >= queues || (!predecessors && step == kRegistered && Load(&sl.state->unique) == id)) continue;
+    if (!predecessors && step == kFree) continue;
+    taken[i] = true;
     auto e = std::make_unique<Entry>();
     e->SetSlot(i, sl, pool->payload);
     e->qid = static_cast<uint16_t>(qid);
-    const bool answered = Load(&sl.state->step) == kReplied && Load(&sl.state->unique) == id;
-    e->first = answered ? Entry::kCommit : Entry::kProcess;
+    const bool same = Load(&sl.state->unique) == id;
+    e->first = step == kReplied && same ? Entry::kCommit : step == kReplying && same ? Entry::kFail : Entry::kProcess;
     per_queue[qid]++;
     entries_.push_back(std::move(e));
   }
   {
     MutexLock lock(&slots_mu_);
     for (uint32_t i = pool->slots; i-- > 0;) {
-      if (!theirs[i]) free_slots_.push_back(i);
+      if (!taken[i]) free_slots_.push_back(i);
     }
   }
   for (uint32_t qid = 0; qid < queues; ++qid) {  // an entry whose adoption is refused takes a free slot then
@@ -299,7 +313,7 @@ Status UringQueues::MapMemory(const Memory* adopt, size_t payload, int depth) {
       entries_.push_back(std::move(e));
     }
   }
-  pool->generation = generation_;
+  previous_generation_ = previous;
   return Status::OK();
 }
 
@@ -399,14 +413,22 @@ void UringQueues::Process(Entry* e, std::vector<char>* scratch) {
     requests_.fetch_add(1, std::memory_order_relaxed);
     fuse_session_process_buf(se_, &buf);
   }
-  if (!e->replied) {  // malformed, or an operation that did not answer on this thread
-    fuse_out_header oh{};
-    oh.len = sizeof oh;
-    oh.error = -EIO;
-    oh.unique = e->unique;
-    std::memcpy(e->header->in_out, &oh, sizeof oh);
-    e->header->ring_ent_in_out.payload_sz = 0;
-  }
+  if (!e->replied) FailInEntry(e, EIO);  // malformed, or an operation that did not answer on this thread
+}
+
+void UringQueues::FailInEntry(Entry* e, int err) {
+  fuse_out_header oh{};
+  oh.len = sizeof oh;
+  oh.error = -err;
+  oh.unique = e->unique;
+  std::memcpy(e->header->in_out, &oh, sizeof oh);
+  e->header->ring_ent_in_out.payload_sz = 0;
+  e->replied = true;
+}
+
+bool UringQueues::Parking() {
+  MutexLock lock(&park_mu_);
+  return parking_;
 }
 
 void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>* failed) {
@@ -440,6 +462,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
   if (adopting) {
     e->unique = Load(&e->header->ring_ent_in_out.commit_id);
     if (e->first == Entry::kProcess) Process(e, &scratch);
+    if (e->first == Entry::kFail) FailInEntry(e, EIO);  // half written by a process that died: EIO
     commit();
   } else {
     register_entry();
@@ -485,6 +508,9 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
       // Its request was answered already (or aborted): the entry stays the predecessor's (idle
       // until its ring closes). Register on a free slot instead.
       adopting = false;
+      // A dead generation's stale answer: forget it, so the next successor does not try it again
+      // (a predecessor's slot may still be its idle entry, which the kernel may write to: untouched).
+      if (Load(&e->state->generation) != previous_generation_) Store(&e->header->ring_ent_in_out.commit_id, 0);
       if (!TakeFreeSlot(e)) {
         spdlog::warn("fuse.transport=uring: no free slot for an entry of queue {}", e->qid);
         break;
@@ -499,7 +525,9 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
         counted = true;
         break;
       }
-      if (res == -ENOTCONN || res == -ECANCELED || stopping_ || reregistered) break;  // ended, Stop, or refused again
+      if (res == -ENOTCONN || res == -ECANCELED || stopping_ || reregistered || Parking()) {
+        break;  // ended, Stop, refused again, or a hand-over under way (the slot may be the successor's)
+      }
       // A commit the kernel refused (the request was aborted meanwhile): the entry is not the
       // queue's any more; register its buffers again, so the queue keeps its depth.
       commit_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -523,7 +551,11 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
     }
   }
   if (!counted) failed->fetch_add(1);
-  if (in_service) serving_.fetch_sub(1);
+  if (in_service) {
+    MutexLock lock(&park_mu_);
+    serving_.fetch_sub(1);
+    park_cv_.notify_all();
+  }
   t_entry = nullptr;
   io_uring_queue_exit(&ring);
 }
@@ -541,6 +573,7 @@ bool UringQueues::TakeReply(const struct iovec* iov, int count, ssize_t* n) {
   fuse_out_header oh;
   std::memcpy(&oh, iov[0].iov_base, sizeof oh);
   if (oh.unique != e->unique || e->replied) return false;
+  Store(&e->state->step, kReplying);  // the request is overwritten from here on (fuse/uring.h)
   size_t total = 0, body = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   body = total - sizeof oh;

@@ -115,9 +115,9 @@ class UringQueues {
   // For a hand-over: every entry keeps the next request it gets unanswered, and entries left idle
   // are given a GETATTR of `mountpoint` from a thread on their CPU. Returns how many entries are
   // parked when all are, or `timeout` passed (threads that cannot run on a CPU leave its entries idle).
-  int Park(const std::string& mountpoint, std::chrono::milliseconds timeout);
+  int Park(const std::string& mountpoint, std::chrono::milliseconds timeout) EXCLUDES(park_mu_);
   // A hand-over that failed: the parked entries answer their requests and serve on.
-  void Unpark();
+  void Unpark() EXCLUDES(park_mu_);
   // The ring memory, for a successor (Memory::fd stays this object's).
   Memory memory() const { return memory_; }
   // Whether Start's `adopt` memory was mapped (false: the predecessor's held requests are not ours).
@@ -128,6 +128,8 @@ class UringQueues {
   // Replies the kernel refused (their requests aborted meanwhile); each entry registered again.
   uint64_t commit_failures() const { return commit_failures_.load(std::memory_order_relaxed); }
   int entries() const { return static_cast<int>(threads_.size()); }
+  // Entries the kernel took (registered or adopted) whose threads still serve.
+  int serving() const { return serving_.load(); }
   // Where a fresh ring memory is mapped when it can be (an address a process rarely uses).
   static constexpr uint64_t kRingBase = 0x6f0000000000ULL;
 
@@ -150,13 +152,16 @@ class UringQueues {
   Status MapMemory(const Memory* adopt, size_t payload, int depth);
   Slot SlotAt(uint32_t i) const;
   // Points `e` at a free slot (none left: false). Thread-safe.
-  bool TakeFreeSlot(Entry* e);
+  bool TakeFreeSlot(Entry* e) EXCLUDES(slots_mu_);
   void Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>* failed);
   // Lays out the request in `e` as /dev/fuse would and hands it to libfuse; the answer ends up in
   // the entry (EIO when the operation did not answer on this thread).
   void Process(Entry* e, std::vector<char>* scratch);
   // Parked: waits while parking, true when Stop came first (leave the request for the successor).
-  bool HoldWhileParked();
+  bool HoldWhileParked() EXCLUDES(park_mu_);
+  bool Parking() EXCLUDES(park_mu_);
+  // Writes an error answer to e's request into the entry.
+  static void FailInEntry(Entry* e, int err);
   // Turns io_uring off on the connection (a registration the kernel refuses does), so that a ring
   // that never became ready does not hold every request.
   void DisableOnConnection();
@@ -173,6 +178,7 @@ class UringQueues {
   Memory memory_;          // the mapped ring memory (fd owned, unmapped at destruction)
   bool adopted_ = false;
   uint64_t generation_ = 1;  // this process's, in every slot it registers
+  uint64_t previous_generation_ = 0;  // the predecessor's
   int depth_ = 0;
   Mutex slots_mu_;
   std::vector<uint32_t> free_slots_ GUARDED_BY(slots_mu_);
