@@ -465,6 +465,8 @@ TEST(Uring, UpgradesUnderLoadLoseNothing) {
   for (auto& r : t.readers) ASSERT_TRUE(r->Progress()) << r->Finish().dump();
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(t.c.UpgradeFuse(&why)) << "upgrade " << i << ": " << why;
+    // Every entry was parked holding a request (the readers', or our own GETATTR): all adopted.
+    EXPECT_GT(t.c.Metric("fuse", "granary_fuse_uring_adopted_total"), 0) << t.c.Logs();
     for (auto& r : t.readers) ASSERT_TRUE(r->Progress(2)) << "upgrade " << i << ": " << r->Finish().dump() << t.c.Logs();
     EXPECT_EQ(t.c.Metric("fuse", "granary_fuse_transport{transport=\"uring\"}"), 1) << t.c.Logs();
   }
