@@ -3,6 +3,7 @@
 // (the keeper only holds it and polls it for errors).
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,7 +39,7 @@ class Keeper {
   std::string log() const { return p_->Log(); }
 
   // A connected depositor that has deposited `st` (with an eventfd as the connection): its socket.
-  int Deposit(rpc::FuseConnectionState st, const std::string& sender) {
+  int Deposit(rpc::FuseConnectionState st, const std::string& sender, int ring_fd = -1) {
     auto s = ConnectLocal(path_);
     if (!s.ok()) return -1;
     st.set_mountpoint(kMount);
@@ -48,7 +49,7 @@ class Keeper {
     m.set_kind(rpc::HandoverMessage::DEPOSIT);
     *m.mutable_state() = st;
     int efd = eventfd(0, EFD_CLOEXEC);
-    Status sent = SendHandover(*s, m, efd);
+    Status sent = SendHandover(*s, m, efd, ring_fd);
     close(efd);
     if (!sent.ok()) {
       close(*s);
@@ -58,14 +59,22 @@ class Keeper {
   }
 
   // What a successor withdraws, once it comes from `sender` (nullopt: not within the deadline).
-  std::optional<rpc::FuseConnectionState> Withdraw(const std::string& sender) {
+  // With `ring_memory`, also the io_uring entries' memory that came along (its first bytes; "" none).
+  std::optional<rpc::FuseConnectionState> Withdraw(const std::string& sender, std::string* ring_memory = nullptr) {
     std::optional<rpc::FuseConnectionState> got;
     WaitFor([&] {
       auto r = WithdrawFromKeeper(path_, kMount);
       if (!r.ok() || !r->has_value()) return false;
-      close((*r)->fd);
+      std::string memory;
+      if ((*r)->ring_fd >= 0) {
+        char buf[16] = {};
+        ssize_t n = pread((*r)->ring_fd, buf, sizeof buf, 0);
+        memory.assign(buf, n > 0 ? static_cast<size_t>(n) : 0);
+      }
+      (*r)->CloseAll();
       if ((*r)->msg.state().sender() != sender) return false;
       got = (*r)->msg.state();
+      if (ring_memory != nullptr) *ring_memory = memory;
       return true;
     });
     return got;
@@ -161,6 +170,59 @@ TEST(Keeper, IgnoresAReplacedDepositor) {
   EXPECT_EQ(Handles(*got), (std::set<uint64_t>{4}));
   close(d1);
   close(d2);
+}
+
+// A memfd holding `text` (standing in for the io_uring entries' memory).
+int MemoryWith(const std::string& text) {
+  int fd = memfd_create("keeper-test-ring", MFD_CLOEXEC);
+  if (fd >= 0 && write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The io_uring entries' memory travels with the connection (fuse/uring.h): a successor's first
+// deposit, made before it adopted that memory, does not make the keeper forget it; a deposit with
+// memory of its own replaces it.
+TEST(Keeper, KeepsTheRingMemoryUntilADepositBringsItsOwn) {
+  TempDir dir;
+  Keeper k(dir);
+  ASSERT_TRUE(k.listening()) << k.log();
+  rpc::FuseConnectionState st;
+  st.set_uring_payload(1 << 20);
+  st.set_uring_memory_base(0x6f0000000000ULL);
+  st.set_uring_memory_bytes(16);
+  int ring = MemoryWith("first's entries.");
+  ASSERT_GE(ring, 0);
+  int d1 = k.Deposit(st, "first", ring);
+  close(ring);
+  ASSERT_GE(d1, 0) << k.log();
+  std::string memory;
+  auto got = k.Withdraw("first", &memory);
+  ASSERT_TRUE(got.has_value()) << k.log();
+  EXPECT_EQ(memory, "first's entries.");
+  // The successor deposits at once, before it maps the memory: no memory, no address.
+  rpc::FuseConnectionState second = st;
+  second.clear_uring_memory_base();
+  second.clear_uring_memory_bytes();
+  int d2 = k.Deposit(second, "second");
+  ASSERT_GE(d2, 0) << k.log();
+  got = k.Withdraw("second", &memory);
+  ASSERT_TRUE(got.has_value()) << k.log();
+  EXPECT_EQ(memory, "first's entries.");
+  EXPECT_EQ(got->uring_memory_base(), 0x6f0000000000ULL);
+  EXPECT_EQ(got->uring_memory_bytes(), 16u);
+  // A third brings memory of its own (it could not map the first's).
+  ring = MemoryWith("third's entries.");
+  ASSERT_GE(ring, 0);
+  int d3 = k.Deposit(st, "third", ring);
+  close(ring);
+  ASSERT_GE(d3, 0) << k.log();
+  got = k.Withdraw("third", &memory);
+  ASSERT_TRUE(got.has_value()) << k.log();
+  EXPECT_EQ(memory, "third's entries.");
+  for (int d : {d1, d2, d3}) close(d);
 }
 
 }  // namespace
