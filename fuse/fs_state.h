@@ -23,9 +23,9 @@
 //                each process reads. A read with a handle this process does not know (a crashed
 //                predecessor's, in any mode) is served the same way and its handle adopted.
 //   daemon       DaemonPages (fuse/daemon_pages.h): keep_cache across opens of one version;
-//                `handles` (one OpenFile per open: fi->fh).
+//                OpenHandles (fuse/open_handles.h): one OpenFile per open (fi->fh).
 //   passthrough  PassthroughOpens (fuse/passthrough.h): one backing id per inode, kept after the
-//                last close, and which io mode the kernel holds each inode in; `handles`. An open
+//                last close, and which io mode the kernel holds each inode in; OpenHandles. An open
 //                that cannot be passed through is served as in daemon mode.
 //   every mode   attr_versions (a new version hash drops the kernel's pages: NoteVersion), the
 //                invalidation queue, dir_gens (cached directory listings), mount_bytes.
@@ -34,7 +34,7 @@
 // Locks: what each mutex guards.
 //   dir_gens_mu       dir_gens
 //   attr_versions_mu  attr_versions
-//   handles_mu        handles, next_fh
+//   OpenHandles::mu   the open file handles and their numbering
 //   inval_mu          inval_queue, inval_stop (inval_cv waits on it)
 //   mount_bytes_mu    mount_bytes
 //   OpenFile::mu      an open file's readahead and lease state (next_offset, hinted_through,
@@ -43,9 +43,9 @@
 //                     from inside OpenFile: a comment there says so)
 // clang checks them (GUARDED_BY, REQUIRES; scripts/thread-safety.sh).
 // Lock order, where two are held at once:
-//   FuseMountImpl::stop_mu_ -> handles_mu -> PassthroughOpens::mu -> the KeeperLink's and
+//   FuseMountImpl::stop_mu_ -> OpenHandles::mu -> PassthroughOpens::mu -> the KeeperLink's and
 //   SessionIo's own
-// handles_mu comes before PassthroughOpens::mu where both are held (Snapshot, ApplyState in
+// OpenHandles::mu comes before PassthroughOpens::mu where both are held (Snapshot in
 // fuse/mount_handover.cc). PassthroughOpens::mu is held while the keeper is told of a change
 // (BackingHost::Announce / Drop, KeeperLink::PutHandle / DropHandle), so it hears of changes in the
 // order they happen (fuse/handover.h): one small message on a local socket. The other mutexes are
@@ -83,6 +83,7 @@
 #include "fuse/handover.h"
 #include "fuse/kernel_reads.h"
 #include "fuse/open_file.h"
+#include "fuse/open_handles.h"
 #include "fuse/passthrough.h"
 #include "fuse/read_leases.h"
 #include "fuse/session_io.h"
@@ -145,37 +146,9 @@ struct Fs {
   std::unique_ptr<BackingHost> backing_host;
   std::unique_ptr<PassthroughOpens> passthrough;
 
-  // Open file handles (fi->fh) of daemon-served opens and passthrough opens. The numbers carry a
-  // random epoch in their top bits, so a handle of a crashed predecessor (which the kernel still
-  // sends) never names one of ours; such a handle is rebuilt from its inode (OpRead).
-  Mutex handles_mu;
-  std::unordered_map<uint64_t, std::shared_ptr<OpenFile>> handles GUARDED_BY(handles_mu);
-  uint64_t next_fh GUARDED_BY(handles_mu) = 0;
-  uint64_t AddHandle(std::shared_ptr<OpenFile> of) {
-    MutexLock lock(&handles_mu);
-    uint64_t fh = next_fh++;
-    handles.emplace(fh, std::move(of));
-    return fh;
-  }
-  // The handle `fh` when it is of inode `kino` (a stale or foreign number: null).
-  std::shared_ptr<OpenFile> FindHandle(uint64_t fh, uint64_t kino) {
-    MutexLock lock(&handles_mu);
-    auto it = handles.find(fh);
-    if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
-    return it->second;
-  }
-  std::shared_ptr<OpenFile> TakeHandle(uint64_t fh, uint64_t kino) {
-    MutexLock lock(&handles_mu);
-    auto it = handles.find(fh);
-    if (it == handles.end() || ToKernel(it->second->info.attr().ino()) != kino) return nullptr;
-    auto of = std::move(it->second);
-    handles.erase(it);
-    return of;
-  }
-  void AdoptHandle(uint64_t fh, std::shared_ptr<OpenFile> of) {
-    MutexLock lock(&handles_mu);
-    if (handles.size() < 1'000'000) handles.emplace(fh, std::move(of));
-  }
+  // Open file handles (fi->fh) of daemon-served opens and passthrough opens (fuse/open_handles.h).
+  // Made at mount, before the loop starts.
+  std::unique_ptr<OpenHandles> handles;
 
   // Hand-over (fuse/handover.h). The keeper is told about backing ids as they change, under
   // PassthroughOpens::mu (so it hears of them in the order they happen).

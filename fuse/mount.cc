@@ -221,8 +221,8 @@ Status FuseMountImpl::Init(const Config& cfg) {
   fs_->mode = fs_->wanted.load();
   {
     std::random_device rd;
-    MutexLock lock(&fs_->handles_mu);
-    fs_->next_fh = ((static_cast<uint64_t>(rd()) & 0x7fffff) + 1) << 40;
+    Fs* fs = fs_.get();
+    fs_->handles = std::make_unique<OpenHandles>(rd(), [fs](uint64_t ino) { return fs->ToKernel(ino); });
   }
   ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
   fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);

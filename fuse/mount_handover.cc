@@ -40,8 +40,6 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
     st.set_uring_memory_bytes(ring->memory().bytes);
   }
   {
-    // handles_mu before the passthrough table's (as ApplyState): counted_cached is written under it.
-    MutexLock hlock(&fs_->handles_mu);
     MutexLock lock(&fs_->passthrough->mu);
     for (const auto& [kino, o] : fs_->passthrough->entries()) {
       if (o.backing_id <= 0) continue;
@@ -52,14 +50,16 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
       b->set_passthrough(o.passthrough);
       b->set_idle(o.idle_seq != 0);
     }
-    // A hand-over carries every handle; a deposit only the daemon-served opens of passthrough
-    // mode (the keeper learns the rest of them as they change, fuse/handover.h).
-    if (with_handles) st.set_next_fh(fs_->next_fh);
-    for (const auto& [fh, of] : fs_->handles) {
-      if (!with_handles && !of->counted_cached) continue;
-      *st.add_handles() = fs_->HandleOf(fh, *of);
-    }
   }
+  // A hand-over carries every handle; a deposit only the daemon-served opens of passthrough mode
+  // (the keeper learns the rest of them as they change, fuse/handover.h). counted_cached is written
+  // under the passthrough table's lock, taken after the handles' (the lock order).
+  const uint64_t next = fs_->handles->ForEach([&](uint64_t fh, const OpenFile& of) {
+    MutexLock lock(&fs_->passthrough->mu);
+    if (!with_handles && !of.counted_cached) return;
+    *st.add_handles() = fs_->HandleOf(fh, of);
+  });
+  if (with_handles) st.set_next_fh(next);
   return st;
 }
 
@@ -81,18 +81,16 @@ void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
     if (lease.ok()) o.lease = std::move(*lease);
     fs_->passthrough->Adopt(b.kino(), std::move(o), b.idle());
   }
-  MutexLock lock(&fs_->handles_mu);
-  if (st.next_fh() > 0) fs_->next_fh = st.next_fh();
+  // A hand-over's numbering goes on; a keeper's handles are a dead predecessor's, whose other
+  // numbers (not listed) may still be open: this process keeps its own epoch.
+  if (st.next_fh() > 0) fs_->handles->ContinueFrom(st.next_fh());
   for (const rpc::FuseHandle& h : st.handles()) {
     auto of = std::make_shared<OpenFile>();
     of->info = h.info();
     of->passthrough = h.passthrough();
     of->counted_cached = h.counted_cached();
     if (of->counted_cached) fs_->passthrough->AddCached(h.kino());
-    fs_->handles.emplace(h.fh(), std::move(of));
-    // A hand-over's numbering goes on; a keeper's handles are a dead predecessor's, whose
-    // other numbers (not listed) may still be open: this process keeps its own epoch.
-    if (st.next_fh() > 0) fs_->next_fh = std::max(fs_->next_fh, h.fh() + 1);
+    fs_->handles->Restore(h.fh(), std::move(of), st.next_fh() > 0);
   }
 }
 

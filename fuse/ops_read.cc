@@ -10,7 +10,7 @@
 //                which version the reading process is on (fuse/kernel_reads.h).
 //   daemon       OpOpen gets the file's info (FileCache, else the master), lets the kernel keep its
 //                pages when DaemonPages says they are of the version opened (fuse.keep_cache) and
-//                hands out a handle (Fs::handles). OpRead serves the handle's version, failing
+//                hands out a handle (OpenHandles). OpRead serves the handle's version, failing
 //                with ESTALE once the under-storage has changed; OpRelease drops the handle.
 //   passthrough  OpOpen asks PassthroughOpens for a backing id (fuse/passthrough.h). With one, the
 //                kernel reads the cache data file itself and only RELEASE comes back; without one
@@ -264,7 +264,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     choice = fs->passthrough->Open(ino, of->info);
     if (choice.backing_id > 0) {
       of->passthrough = true;
-      fi->fh = fs->AddHandle(of);
+      fi->fh = fs->handles->Add(of);
       fi->keep_cache = 0;  // the kernel allows only direct_io and noflush beside passthrough
       fi->direct_io = 0;
       fi->noflush = 1;
@@ -273,7 +273,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
         SessionIo::MarkOpenReply(0);
         EndOpen(fs, ino, fi->fh, *of);
-        fs->TakeHandle(fi->fh, ino);
+        fs->handles->Take(fi->fh, ino);
       }
       return;
     }
@@ -286,7 +286,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fs->passthrough_misses++;
   }
   fs->opens_daemon++;
-  fi->fh = fs->AddHandle(of);
+  fi->fh = fs->handles->Add(of);
   fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
   if (!fi->direct_io) {
     fi->keep_cache = fs->pages.Open(master_ino, of->info.version(), fs->cfg.fuse.keep_cache);
@@ -306,7 +306,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
     EndOpen(fs, ino, fi->fh, *of);
-    fs->TakeHandle(fi->fh, ino);
+    fs->handles->Take(fi->fh, ino);
   }
 }
 
@@ -317,7 +317,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     scope.record().size = size;
   }
   Fs* fs = FsOf(req);
-  std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->FindHandle(fi->fh, ino) : nullptr;
+  std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->handles->Find(fi->fh, ino) : nullptr;
   if (!held) {
     // Kernel mode (no open), or a handle of a predecessor that died before handing it over:
     // served by inode, and such a handle keeps the version it is given now.
@@ -326,7 +326,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     auto f = InodeFile(fs, ino, static_cast<uint64_t>(off), ctx ? ctx->pid : 0);
     if (!f.ok()) return ReplyError(req, f.status(), "read");
     held = std::move(*f);
-    if (fi->fh != 0) fs->AdoptHandle(fi->fh, held);
+    if (fi->fh != 0) fs->handles->Adopt(fi->fh, held);
   }
   OpenFile* of = held.get();
   if (off == 0) fs->files_read++;
@@ -371,7 +371,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, "release", FsOf(req)->lat_release, ino);
   // A handle this process does not know (a crashed predecessor's) has nothing to end.
-  if (auto of = FsOf(req)->TakeHandle(fi->fh, ino)) EndOpen(FsOf(req), ino, fi->fh, *of);
+  if (auto of = FsOf(req)->handles->Take(fi->fh, ino)) EndOpen(FsOf(req), ino, fi->fh, *of);
   fuse_reply_err(req, 0);
 }
 

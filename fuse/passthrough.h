@@ -25,7 +25,7 @@
 // it is closed (BackingHost::Announce, BackingHost::Drop; fuse/handover.h says why).
 //
 // Thread-safety: every method is thread-safe. `mu` is public for the hand-over's Snapshot, which
-// reads the table beside Fs::handles (lock order: Fs::handles_mu -> mu -> the host's own locks).
+// reads the table beside the open handles (lock order: OpenHandles::mu -> mu -> the host's own locks).
 #pragma once
 
 #include <atomic>
