@@ -10,7 +10,8 @@
 // buffer, registered with FUSE_IO_URING_CMD_REGISTER and served by a thread of its own with an
 // io_uring of its own: a request is answered and the next one awaited in one submission
 // (FUSE_IO_URING_CMD_COMMIT_AND_FETCH). An entry blocks while its request waits for a worker, so
-// each queue has fuse.uring_depth of them.
+// each queue has fuse.uring_depth of them. Each thread runs on its queue's CPU (where the callers
+// of its requests run), where the process may.
 //
 // libfuse 3.14 knows nothing of this: a ring thread lays the request out as /dev/fuse would have
 // (header, first argument, payload) and hands it to fuse_session_process_buf. The operation replies
