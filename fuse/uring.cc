@@ -47,7 +47,7 @@ enum SlotStep : uint64_t {
   kRegistered = 1,  // registered or committed: the kernel may write a request here at any time
   kHeld = 2,        // holds request `unique`, not answered
   kReplied = 3,     // holds the answer to `unique`; its commit may or may not have been made
-  kReplying = 4,    // the answer to `unique` is being written over the request: neither is whole
+  kReplying = 4,    // the answer to `unique` is being written over the request (a copy's time): neither is whole
 };
 
 struct SlotState {
@@ -421,8 +421,10 @@ void UringQueues::FailInEntry(Entry* e, int err) {
   oh.len = sizeof oh;
   oh.error = -err;
   oh.unique = e->unique;
+  Store(&e->state->step, kReplying);
   std::memcpy(e->header->in_out, &oh, sizeof oh);
   e->header->ring_ent_in_out.payload_sz = 0;
+  Store(&e->state->step, kReplied);
   e->replied = true;
 }
 
@@ -607,6 +609,7 @@ bool UringQueues::TakeReply(const struct iovec* iov, int count, ssize_t* n) {
   oh.len = static_cast<uint32_t>(sizeof oh + body);
   std::memcpy(e->header->in_out, &oh, sizeof oh);
   e->header->ring_ent_in_out.payload_sz = static_cast<uint32_t>(body);
+  Store(&e->state->step, kReplied);  // whole: a successor commits it as it is
   e->replied = true;
   *n = static_cast<ssize_t>(total);
   return true;
