@@ -35,7 +35,9 @@
 // and that request's unique) and its payload buffer. The kernel keeps the entries' addresses, and
 // a commit names its request by unique and reads the reply from those addresses in the committing
 // process, with no check of who registered the entry. So a process that maps the same memfd at the
-// same address can answer what another process's entries hold.
+// same address can answer what another process's entries hold. An answer is marked whole as soon
+// as it is written (TakeReply), so only the copy itself leaves a request neither answered nor
+// answerable (its successor answers EIO).
 //
 // The hand-over (fuse/handover.h) carries the ring memory beside the descriptor, and the keeper
 // holds a copy:
