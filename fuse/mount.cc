@@ -143,22 +143,6 @@ void Unmount(const std::string& mp) {
   if (pid > 0) waitpid(pid, nullptr, 0);
 }
 
-// One GETATTR of `mp` from each online CPU (a thread pinned there), so that each CPU's io_uring
-// queue commits a reply and fetches what waited in it.
-void KickUringQueues(const std::string& mp) {
-  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
-  for (int cpu = 0; cpu < cpus; ++cpu) {
-    std::thread([cpu, mp] {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(cpu, &set);
-      if (sched_setaffinity(0, sizeof set, &set) != 0) return;  // offline: its queue gets no requests
-      struct statx st {};
-      statx(AT_FDCWD, mp.c_str(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &st);
-    }).join();
-  }
-}
-
 }  // namespace
 
 Status FuseMountImpl::Init(const Config& cfg) {
@@ -328,7 +312,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
     // Requests that came while no entry was registered (a predecessor that died) wait in their
     // CPU's queue, and only a commit on that queue fetches them, not a registration: one request
     // of our own on each CPU's queue makes that commit (bench/fuse_uring_adopt.sh found it).
-    if (uring()) KickUringQueues(mountpoint_);
+    if (uring()) UringQueues::GetattrFromEachCpu(mountpoint_, 1, /*wait=*/true);
   }
   if (got && got->peer >= 0) {  // the predecessor holds its parked entries until we serve
     rpc::HandoverMessage ready;

@@ -347,6 +347,31 @@ void UringQueues::Stop() {
   }
 }
 
+bool UringQueues::RunOnCpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return sched_setaffinity(0, sizeof set, &set) == 0;
+}
+
+void UringQueues::GetattrFromEachCpu(const std::string& mountpoint, int per_cpu, bool wait) {
+  std::vector<std::thread> threads;
+  for (int cpu = 0; cpu < QueueCount(); ++cpu) {
+    for (int i = 0; i < per_cpu; ++i) {
+      std::thread t([cpu, mountpoint] {
+        if (!RunOnCpu(cpu)) return;  // offline, or not ours to run on: its queue gets none
+        struct statx st {};
+        statx(AT_FDCWD, mountpoint.c_str(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &st);
+      });
+      if (wait) {
+        t.join();
+      } else {
+        t.detach();
+      }
+    }
+  }
+}
+
 int UringQueues::Park(const std::string& mountpoint, std::chrono::milliseconds timeout) {
   {
     MutexLock lock(&park_mu_);
@@ -355,19 +380,7 @@ int UringQueues::Park(const std::string& mountpoint, std::chrono::milliseconds t
   // An idle entry gets a request of our own: one GETATTR per entry from a thread on each CPU (a
   // request goes to its caller's CPU's queue). Each waits until someone answers it: the successor
   // after adopting, or this process if the hand-over fails (Unpark).
-  const int cpus = QueueCount();
-  for (int cpu = 0; cpu < cpus; ++cpu) {
-    for (int d = 0; d < depth_; ++d) {
-      std::thread([cpu, mountpoint] {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        if (sched_setaffinity(0, sizeof set, &set) != 0) return;  // not ours to run on
-        struct statx st {};
-        statx(AT_FDCWD, mountpoint.c_str(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &st);
-      }).detach();
-    }
-  }
+  GetattrFromEachCpu(mountpoint, depth_, /*wait=*/false);
   MutexLock lock(&park_mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (parked_ < serving_.load() && lock.WaitUntil(&park_cv_, deadline)) {
@@ -460,10 +473,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
   // The kernel queues a request on its caller's CPU's queue: served on that CPU, the request and
   // its answer stay in that CPU's caches, and no thread migrates (bench/fuse_floor.sh --uring: 1.16-1.91x
   // the io_uring floor unpinned, 1.05-1.37x pinned). A CPU this process may not run on: anywhere.
-  cpu_set_t cpu;
-  CPU_ZERO(&cpu);
-  CPU_SET(e->qid, &cpu);
-  (void)sched_setaffinity(0, sizeof cpu, &cpu);
+  (void)RunOnCpu(e->qid);
   t_entry = e;
   std::vector<char> scratch;
   // A predecessor's entry: answer what it holds (or commit the answer it holds), which makes it ours.

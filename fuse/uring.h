@@ -59,7 +59,7 @@
 // queue whose CPU no thread of granary-fuse may run on (it cannot park those entries). A successor
 // that cannot map the memory at the same address registers entries of its own and refuses
 // RINGS_READY: the predecessor serves on (fuse/mount_handover.cc).
-// A successor makes one request on each CPU's queue after starting (KickUringQueues,
+// A successor makes one request on each CPU's queue after starting (GetattrFromEachCpu,
 // fuse/mount.cc): requests that came while no entry was registered wait in their queue, and only a
 // commit there fetches them.
 //
@@ -133,6 +133,9 @@ class UringQueues {
   int entries() const { return static_cast<int>(threads_.size()); }
   // Entries the kernel took (registered or adopted) whose threads still serve.
   int serving() const { return serving_.load(); }
+  // `per_cpu` GETATTRs of `mountpoint` from threads on each CPU (each request goes to its CPU's
+  // queue), one after the other when `wait`, else left running until answered.
+  static void GetattrFromEachCpu(const std::string& mountpoint, int per_cpu, bool wait);
   // Where a fresh ring memory is mapped when it can be (an address a process rarely uses).
   static constexpr uint64_t kRingBase = 0x6f0000000000ULL;
 
@@ -154,6 +157,8 @@ class UringQueues {
   // Maps `adopt` (or a fresh memfd), and gives every entry its slot and first step.
   Status MapMemory(const Memory* adopt, size_t payload, int depth);
   Slot SlotAt(uint32_t i) const;
+  // Pins the calling thread to `cpu`; false where this process may not run there.
+  static bool RunOnCpu(int cpu);
   // Points `e` at a free slot (none left: false). Thread-safe.
   bool TakeFreeSlot(Entry* e) EXCLUDES(slots_mu_);
   void Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>* failed);
