@@ -4,13 +4,17 @@
 # the page cache dropped on both sides, in one run. Range first (worker/block_source.h) is what
 # this measures: a 4 KiB read into a cold 4 MiB block waits for 4 KiB, not 4 MiB.
 #
-#   bench/cold_random.sh [--large-mb N] [--ops N] [--threads T] [--patterns "pread mmap"] [--build DIR] [--work DIR] [--keep]
+#   bench/cold_random.sh [--large-mb N] [--ops N] [--threads T] [--patterns "pread mmap"] [--floor] [--build DIR] [--work DIR] [--keep]
+#
+# --floor adds a column: the same reads through the minimal FUSE server of bench/fuse_floor.cc
+# serving the file by one pread per READ (`granary-fuse-floor serve --backing`), nothing cached —
+# what any FUSE daemon that reads the under-storage itself reaches on this kernel.
 #
 # Rows: random 4 KiB preads, random 2 KiB mmap windows (granary-access-read, the same code on both
 # sides, every byte verified on the mount). Prints a Markdown table with each row's ratio to direct.
 # Everything it starts is stopped and unmounted on exit. Needs root (drop_caches).
 set -euo pipefail
-LARGE_MB=1024; OPS=4000; THREADS=8; PATTERNS="pread mmap"; BUILD=""; WORK=""; KEEP=0
+LARGE_MB=1024; OPS=4000; THREADS=8; PATTERNS="pread mmap"; BUILD=""; WORK=""; KEEP=0; FLOOR=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --large-mb) LARGE_MB=$2; shift 2;;
@@ -20,21 +24,34 @@ while [ $# -gt 0 ]; do
     --build) BUILD=$2; shift 2;;
     --work) WORK=$2; shift 2;;
     --keep) KEEP=1; shift;;
-    *) sed -n '2,12p' "$0" >&2; exit 2;;
+    --floor) FLOOR=1; shift;;
+    *) sed -n '2,16p' "$0" >&2; exit 2;;
   esac
 done
 [ -w /proc/sys/vm/drop_caches ] || { echo "error: needs root (drop_caches)" >&2; exit 1; }
 source "$(dirname "$0")/lib.sh"
 bench_setup granary-cold-random
 [ -x "$BIN/granary-access-read" ] || { echo "error: $BIN/granary-access-read not found; build first" >&2; exit 1; }
-DATA=$WORK/data; MNT=$WORK/mnt
-cleanup() { stop_local; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
+DATA=$WORK/data; MNT=$WORK/mnt; FLOOR_MNT=$WORK/floor; FLOOR_PID=""
+stop_floor() {
+  if grep -q " $FLOOR_MNT " /proc/mounts 2>/dev/null; then fusermount3 -u "$FLOOR_MNT" 2>/dev/null || umount -l "$FLOOR_MNT" 2>/dev/null || true; fi
+  if [ -n "$FLOOR_PID" ]; then kill "$FLOOR_PID" 2>/dev/null || true; wait "$FLOOR_PID" 2>/dev/null || true; fi
+  FLOOR_PID=""
+}
+cleanup() { stop_local; stop_floor; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
 mkdir -p "$DATA/large" "$MNT"
 [ -f "$DATA/large/big.bin" ] || head -c "$((LARGE_MB * 1024 * 1024))" /dev/urandom > "$DATA/large/big.bin"
-declare -A SECS
+declare -A SECS FLOORS
+if [ "$FLOOR" = 1 ]; then
+  mkdir -p "$FLOOR_MNT"
+  "$BIN/granary-fuse-floor" serve "$FLOOR_MNT" --backing "$DATA/large/big.bin" > "$WORK/floor.log" 2>&1 &
+  FLOOR_PID=$!
+  for _ in $(seq 200); do grep -q READY "$WORK/floor.log" && break; kill -0 "$FLOOR_PID" 2>/dev/null || break; sleep 0.05; done
+  grep -q READY "$WORK/floor.log" || { echo "error: granary-fuse-floor did not mount:" >&2; cat "$WORK/floor.log" >&2; exit 1; }
+fi
 for p in $PATTERNS; do
   rs=4096; [ "$p" = mmap ] && rs=2048
   drop_caches
@@ -53,15 +70,31 @@ for p in $PATTERNS; do
   # under-storage's page cache before the timed pass).
   verified=$("$BIN/granary-access-read" --pattern "$p" --file "$MNT/big.bin" --ops "$OPS" --read-size "$rs" --threads "$THREADS" --seed 12 --verify "$DATA/large/big.bin" || true)
   stop_local
+  if [ "$FLOOR" = 1 ]; then
+    drop_caches
+    f1=$("$BIN/granary-access-read" --pattern "$p" --file "$FLOOR_MNT/big" --ops "$OPS" --read-size "$rs" --threads "$THREADS" --seed 11)
+    drop_caches
+    f2=$("$BIN/granary-access-read" --pattern "$p" --file "$FLOOR_MNT/big" --ops "$OPS" --read-size "$rs" --threads "$THREADS" --seed 13)
+    FLOORS[$p]=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["seconds"], json.loads(sys.argv[2])["seconds"])' "$f1" "$f2")
+  else
+    FLOORS[$p]="0 0"
+  fi
   SECS[$p]=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); g=json.loads(sys.argv[2]); v=json.loads(sys.argv[3] or "{\"errors\": 1, \"mismatches\": 0}"); s=json.loads(sys.argv[4]); d2=json.loads(sys.argv[5]); print(d["seconds"], g["seconds"], g["errors"] + v["errors"] + v["mismatches"] + s["errors"], d2["seconds"], s["seconds"])' "$direct" "$mounted" "$verified" "$second" "$direct2")
 done
 echo "### $(date +%F) — $(nproc) cores, $(uname -sr), \`bench/cold_random.sh --large-mb $LARGE_MB --ops $OPS --threads $THREADS\`"
 echo
-echo "| row | direct s | Granary s | × direct | errors |"
-echo "|---|---:|---:|---:|---:|"
+if [ "$FLOOR" = 1 ]; then
+  echo "| row | direct s | Granary s | × direct | minimal FUSE server (pread per READ) s | its × direct | errors |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
+else
+  echo "| row | direct s | Granary s | × direct | errors |"
+  echo "|---|---:|---:|---:|---:|"
+fi
 for p in $PATTERNS; do
   read -r d g e d2 g2 <<< "${SECS[$p]}"
-  python3 -c 'import sys; p,d,g,e,d2,g2=sys.argv[1:]; n={"pread": "4 KiB pread", "mmap": "2 KiB mmap windows"}[p]
-for label, a, b in (("first pass (cold)", float(d), float(g)), ("second pass", float(d2), float(g2))):
-    print("| random %s, page cache dropped, %s | %.2f | %.2f | %.2f | %s |" % (n, label, a, b, a / b if b else 0, e))' "$p" "$d" "$g" "$e" "$d2" "$g2"
+  read -r f1 f2 <<< "${FLOORS[$p]}"
+  python3 -c 'import sys; p,d,g,e,d2,g2,f1,f2,fl=sys.argv[1:]; n={"pread": "4 KiB pread", "mmap": "2 KiB mmap windows"}[p]
+for label, a, b, f in (("first pass (cold)", float(d), float(g), float(f1)), ("second pass", float(d2), float(g2), float(f2))):
+    floor = " %.2f | %.2f |" % (f, a / f if f else 0) if fl == "1" else ""
+    print("| random %s, page cache dropped, %s | %.2f | %.2f | %.2f |%s %s |" % (n, label, a, b, a / b if b else 0, floor, e))' "$p" "$d" "$g" "$e" "$d2" "$g2" "$f1" "$f2" "$FLOOR"
 done

@@ -1,11 +1,13 @@
 // granary-fuse-floor: the floor of a FUSE request on this kernel, and a probe that measures it.
 //
-//   granary-fuse-floor serve MOUNTPOINT [--single] [--file-mb N]
+//   granary-fuse-floor serve MOUNTPOINT [--single] [--file-mb N] [--backing FILE]
 //       A minimal low-level libfuse server that answers from memory: a root directory holding
 //       `small` (4 KiB) and `big` (N MiB, default 64) whose bytes are a pattern computed on the
 //       fly. Mounted with default_permissions, as granary-fuse is. No ioctl handler (libfuse
 //       answers ENOSYS, as for granary-fuse). Multi-threaded session loop unless --single. Runs
-//       until unmounted or SIGTERM; prints "READY" once mounted.
+//       until unmounted or SIGTERM; prints "READY" once mounted. With --backing FILE, `big` is
+//       that file's size and every READ of it is one pread of FILE: the floor of a FUSE server
+//       that reads a local under-storage itself, nothing cached (bench/cold_random.sh --floor).
 //
 //   granary-fuse-floor probe --file PATH --op OP [--threads T] [--seconds S]
 //       T threads each issue one kind of request in a loop for S seconds, each on its own file
@@ -44,6 +46,8 @@ constexpr size_t kSmallSize = 4096;
 size_t big_size = 64ull << 20;
 // The bytes every read is served from: 1 MiB of a pattern, repeated.
 std::vector<char> pattern;
+// --backing: `big`'s bytes come from this descriptor (-1: the pattern).
+int backing_fd = -1;
 
 size_t SizeOf(fuse_ino_t ino) { return ino == kSmall ? kSmallSize : big_size; }
 
@@ -102,6 +106,17 @@ void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info
     return;
   }
   size = std::min(size, len - static_cast<size_t>(off));
+  if (ino == kBig && backing_fd >= 0) {
+    thread_local std::vector<char> buf;
+    buf.resize(std::max(buf.size(), size));
+    ssize_t n = pread(backing_fd, buf.data(), size, off);
+    if (n < 0) {
+      fuse_reply_err(req, errno);
+      return;
+    }
+    fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+    return;
+  }
   // A read of at most 1 MiB (the kernel asks for at most max_pages) starting inside the pattern's first copy: one buffer.
   const size_t start = static_cast<size_t>(off) % (pattern.size() / 2);
   fuse_reply_buf(req, pattern.data() + start, size);
@@ -255,6 +270,8 @@ int main(int argc, char** argv) {
   serve->add_option("mountpoint", mountpoint)->required();
   serve->add_flag("--single", single, "single-threaded session loop");
   serve->add_option("--file-mb", file_mb, "size of `big` in MiB");
+  std::string backing;
+  serve->add_option("--backing", backing, "serve `big` by a pread of this file per READ");
   auto* probe = app.add_subcommand("probe", "measure round trips");
   probe->add_option("--file", file)->required();
   probe->add_option("--op", op)->required();
@@ -263,6 +280,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (serve->parsed()) {
     big_size = file_mb << 20;
+    if (!backing.empty()) {
+      backing_fd = open(backing.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st {};
+      if (backing_fd < 0 || fstat(backing_fd, &st) != 0) {
+        std::fprintf(stderr, "--backing %s: %s\n", backing.c_str(), std::strerror(errno));
+        return 1;
+      }
+      big_size = static_cast<size_t>(st.st_size);
+    }
     return Serve(mountpoint, single);
   }
   return Probe(file, op, threads, seconds);
