@@ -300,10 +300,13 @@ std::vector<Setting> MakeSettings() {
                   "How FUSE requests reach granary-fuse. dev: read from /dev/fuse by up to fuse.max_threads "
                   "threads. uring: through io_uring queues, one per CPU (Linux >= 6.14 with the fuse module's "
                   "enable_uring parameter Y, set by the privileged FUSE pod or `echo Y > "
-                  "/sys/module/fuse/parameters/enable_uring`): a round trip costs 0.5-0.8x of dev's, but a "
-                  "crash of granary-fuse leaves the requests it held in its queues unanswered until the mount "
-                  "is aborted (fuse.keeper cannot have them sent again on Linux 6.18). Where the kernel does not "
-                  "offer it, dev is used (logged). See \"Transports\" in docs/semantics.md.",
+                  "/sys/module/fuse/parameters/enable_uring`): a round trip costs 0.55-1.05x of a minimal "
+                  "/dev/fuse server's (bench/fuse_floor.sh --uring). An upgrade hands the queues' entries and "
+                  "the requests they hold to the successor, and after a crash the successor adopts them from "
+                  "fuse.keeper; but on Linux 6.18 a request the kernel gives an entry in the instant its process "
+                  "dies fails with ECANCELED, which is why dev stays the default. A FUSE container limited to "
+                  "some CPUs (a cpuset) cannot be upgraded over uring. Where the kernel does not offer it, dev "
+                  "is used (logged). See \"Transports\" in docs/semantics.md.",
                   &Config::fuse, &FuseConfig::transport));
   t.push_back(Row("fuse.uring_depth", K::kCount, "4",
                   "fuse.transport uring: requests each CPU's queue serves at once (each entry has its own "
