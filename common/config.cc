@@ -278,6 +278,15 @@ std::vector<Setting> MakeSettings() {
                   "descriptor is passed and its pages spliced into the reply, nothing copied. false: every "
                   "read streams over gRPC.",
                   &Config::fuse, &FuseConfig::zero_copy));
+  t.push_back(Row("fuse.source_reads", K::kBool, "true",
+                  "With fuse.zero_copy and an under-storage that is a directory of this machine (a local disk, "
+                  "an NFS volume mounted in the pod): once the worker answers a read of a block that is not "
+                  "cached from the under-storage, it hands granary-fuse the file (checked to have the listed "
+                  "version), and granary-fuse reads that block's next 8 ranges itself, checking the file's "
+                  "stat after each; the worker still sees every ninth, so its policy still fills hot blocks. "
+                  "Cold random reads (LMDB, numpy.memmap) skip the worker's hop. false: every read goes "
+                  "through the worker.",
+                  &Config::fuse, &FuseConfig::source_reads));
   t.push_back(Row("fuse.readahead_blocks", K::kCount, "2",
                   "When a file is read sequentially, how many of its next blocks the workers fetch into the "
                   "cache ahead of the reader (each at its home worker). 0 turns readahead off; more helps a "

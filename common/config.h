@@ -77,6 +77,7 @@ struct FuseConfig {
   uint64_t file_cache_entries = 0;  // open-file info kept in the FUSE process
   bool keep_cache = true;           // keep the kernel's page cache across opens of an unchanged file
   bool zero_copy = true;            // read cached blocks through the worker's local socket
+  bool source_reads = true;         // read uncached ranges of a local under-storage's files here
   uint64_t readahead_blocks = 0;    // blocks warmed ahead of a sequential reader
   std::string open = "auto";        // read mode: auto, kernel, passthrough or daemon (fuse/mount.h)
   std::string handover_socket;      // take-over socket of the serving process ("": derived from mountpoint)

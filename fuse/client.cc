@@ -296,7 +296,35 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
 
 Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out) {
   if (auto ch = Local()) {
-    Status st = ch->Read(req, piece);
+    const bool sourced = cfg_.fuse.source_reads;
+    std::string key;
+    if (sourced) {
+      key = std::to_string(req.mount_id()) + ":" + req.version() + ":" + req.ufs_path();
+      if (std::shared_ptr<const SourceFile> f = source_reads_.Direct(key, req.index())) {
+        *piece = LocalChannel::Piece{};
+        piece->data.resize(want);
+        Status st = f->Read(req.index() * req.block_size() + req.offset(), want, piece->data.data());
+        if (st.ok()) {
+          piece->length = want;
+          piece->source = NodeSource::kUnderStorage;
+          counters_.source_reads++;
+          return Status::OK();
+        }
+        source_reads_.Forget(key);
+        if (st.IsVersionChanged()) return st;
+        // Any other failure: the worker reads it (and answers with its own error if it fails too).
+      }
+    }
+    std::shared_ptr<const SourceFile> file;
+    const bool ask = sourced && source_reads_.Wants(key);
+    Status st = ch->Read(req, piece, ask, sourced ? &file : nullptr);
+    if (st.ok() && sourced) {
+      if (piece->fd < 0 && piece->source == NodeSource::kUnderStorage) {
+        source_reads_.FromSource(key, req.index(), std::move(file), ask);
+      } else {
+        source_reads_.FromWorker(key, req.index());
+      }
+    }
     if (st.ok()) {
       if (piece->fd >= 0) counters_.zero_copy_pieces++;
       if (!out->channel_) out->channel_ = ch;

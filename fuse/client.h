@@ -2,6 +2,8 @@
 // (block bytes). Every call has the rpc.timeout deadline and the shared token. Thread-safe.
 //
 // Block bytes come, in order of preference:
+//   0. a range of a block the worker last answered from a local under-storage: read from that
+//      file here (fuse.source_reads, fuse/source_reads.h);
 //   1. through the local worker's Unix socket (fuse.zero_copy; the socket's path is learnt from the
 //      worker): a cached block arrives as a leased file descriptor, spliced into the reply;
 //   2. over gRPC from the local worker (a stream of chunks), when the socket is off or unusable;
@@ -28,6 +30,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "fuse/local_channel.h"
+#include "fuse/source_reads.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
 
@@ -70,6 +73,8 @@ class FileLease {
 
 struct ClientCounters {
   std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0}, prefetch_hints{0};
+  // Ranges read from a local under-storage's file by granary-fuse itself (fuse.source_reads).
+  std::atomic<uint64_t> source_reads{0};
   // Reads that found no worker and waited for one (fuse.worker_wait), and those whose wait ended
   // with the bytes.
   std::atomic<uint64_t> worker_waits{0}, worker_waits_ended{0};
@@ -121,6 +126,7 @@ class Client {
   StubHolder<rpc::Worker> worker_;
   ClientCounters counters_;
   metrics::Histogram master_latency_;
+  SourceReads source_reads_;  // thread-safe on its own
 
   Mutex mu_;
   std::shared_ptr<LocalChannel> local_ GUARDED_BY(mu_);

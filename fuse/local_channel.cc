@@ -38,7 +38,8 @@ void LocalChannel::Give(int conn) {
   idle_.push_back(conn);
 }
 
-Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
+Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool want_source,
+                          std::shared_ptr<const SourceFile>* source_file) {
   // A failure to reach the worker or a broken connection is UNAVAILABLE (the worker restarting or
   // gone); only the worker's own answers carry other codes.
   auto taken = Take();
@@ -46,6 +47,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
   int conn = *taken;
   rpc::LocalRequest lr;
   *lr.mutable_read() = req;
+  lr.set_want_source(want_source && source_file != nullptr);
   rpc::LocalResponse resp;
   int fd = -1;
   Status st = SendFrame(conn, lr);
@@ -75,6 +77,11 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out) {
     out->lease = resp.lease();
     out->conn = conn;  // held until Release
     return Status::OK();
+  }
+  if (fd >= 0 && resp.source_file() && source_file != nullptr) {
+    // The under-storage's file, not a lease: granary-fuse reads its uncached ranges itself.
+    *source_file = std::make_shared<const SourceFile>(fd, resp.source_size(), resp.source_mtime_ns(), resp.source_ino());
+    fd = -1;
   }
   if (fd >= 0) close(fd);
   out->data = std::move(*resp.mutable_data());

@@ -9,11 +9,13 @@
 // Thread-safe.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "fuse/source_reads.h"
 #include "proto/granary.pb.h"
 #include "rpc/wire.h"
 
@@ -53,7 +55,10 @@ class LocalChannel {
 
   // UNAVAILABLE when the socket cannot be used (the worker went away); other errors are the
   // worker's answer about the data (FAILED_PRECONDITION: the file changed, ...).
-  Status Read(const rpc::ReadBlockRequest& req, Piece* out);
+  // With `want_source` and `source_file`: should the worker answer from the under-storage a file
+  // of this machine, *source_file gets that file (fuse/source_reads.h).
+  Status Read(const rpc::ReadBlockRequest& req, Piece* out, bool want_source = false,
+              std::shared_ptr<const SourceFile>* source_file = nullptr);
   // Leases the whole data file of a file for a passthrough open (LocalRequest.whole_file):
   // out->fd is the data file, out->length the file's size. Such leases are long (as long as the
   // file is open), so they all live on one shared connection instead of holding one each.

@@ -109,10 +109,12 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
   const ClientCounters& c = fs_->client->counters();
   e->Family("granary_fuse_read_pieces_total", "counter",
             "Pieces of reads by how they came: zero_copy (a leased block file from the local worker), "
-            "local (the local worker over gRPC), failover (another worker, the local one being down).");
+            "local (the local worker over gRPC), failover (another worker, the local one being down), "
+            "source (read from a local under-storage's file by granary-fuse itself, fuse.source_reads).");
   e->Sample("granary_fuse_read_pieces_total", {{"source", "zero_copy"}}, static_cast<double>(c.zero_copy_pieces));
   e->Sample("granary_fuse_read_pieces_total", {{"source", "local"}}, static_cast<double>(c.local_grpc_pieces));
   e->Sample("granary_fuse_read_pieces_total", {{"source", "failover"}}, static_cast<double>(c.failover_pieces));
+  e->Sample("granary_fuse_read_pieces_total", {{"source", "source"}}, static_cast<double>(c.source_reads));
   e->Counter("granary_fuse_prefetch_hints_total", "Readahead hints sent to workers.",
              static_cast<double>(c.prefetch_hints));
   e->Counter("granary_fuse_worker_waits_total",

@@ -172,4 +172,24 @@ StatusOr<size_t> LocalUfs::Read(const std::string& path, const std::string& vers
   return done;
 }
 
+StatusOr<LocalFile> LocalUfs::OpenLocal(const std::string& path, const std::string& version) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open " + full);
+  Status ok = CheckConfined(fd, full);
+  struct stat st;
+  if (ok.ok() && fstat(fd, &st) != 0) ok = ErrnoError(errno, "stat " + full);
+  if (ok.ok() && VersionOf(st) != version) ok = VersionChangedError(full + " changed in the under-storage since it was listed");
+  if (!ok.ok()) {
+    close(fd);
+    return ok;
+  }
+  LocalFile f;
+  f.fd = fd;
+  f.size = static_cast<uint64_t>(st.st_size);
+  f.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  f.ino = static_cast<uint64_t>(st.st_ino);
+  return f;
+}
+
 }  // namespace granary

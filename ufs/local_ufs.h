@@ -26,6 +26,7 @@ class LocalUfs : public UnderFileSystem {
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override;
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
+  StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version) override;
 
  private:
   LocalUfs(std::string root, std::vector<std::string> confine)

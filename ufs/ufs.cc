@@ -103,6 +103,10 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
                             "://' is not supported (use file:///path, s3://bucket/prefix, oss://bucket/prefix or nfs://server/export)");
 }
 
+StatusOr<LocalFile> UnderFileSystem::OpenLocal(const std::string&, const std::string&) {
+  return UnimplementedError("the under-storage " + uri() + " is not a file of this machine");
+}
+
 Status UnderFileSystem::ListTree(const std::string& dir, size_t page_size, const PageFn& on_page,
                                  const std::string& after) {
   std::vector<UfsEntry> out;
@@ -232,6 +236,9 @@ class CountingUfs final : public UnderFileSystem {
     auto r = Counted(&c_->reads, [&] { return inner_->Read(path, version, offset, length, out); });
     if (r.ok()) c_->read_bytes += *r;
     return r;
+  }
+  StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version) override {
+    return inner_->OpenLocal(path, version);
   }
 
  private:

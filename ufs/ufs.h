@@ -32,6 +32,17 @@ struct UfsEntry {
   std::string version;  // empty for directories
 };
 
+// A file of this machine open for reading (UnderFileSystem::OpenLocal), and what its stat said
+// when it was found to have the version asked for. A reader checks the stat again after each read:
+// another size, modification time or inode means the file changed under it (its bytes may mix two
+// versions), and the read must fail as a version change does.
+struct LocalFile {
+  int fd = -1;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t ino = 0;
+};
+
 class UnderFileSystem {
  public:
   virtual ~UnderFileSystem() = default;
@@ -67,6 +78,12 @@ class UnderFileSystem {
   // Returns the bytes read (fewer only at end of file). FAILED_PRECONDITION when the version differs.
   virtual StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset,
                                 size_t length, char* out) = 0;
+
+  // `path` open for reading, for a reader on this machine that reads it itself (granary-fuse's
+  // source reads, fuse/source_reads.h), found to have `version`. The caller owns the descriptor.
+  // FAILED_PRECONDITION (VersionChangedError) when the version differs; UNIMPLEMENTED where the
+  // under-storage is not a file of this machine (object stores, NFS through libnfs).
+  virtual StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version);
 };
 
 struct ParsedUri {

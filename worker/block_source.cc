@@ -96,6 +96,11 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
   return Miss(req, t, out, hit, source, lease);
 }
 
+StatusOr<LocalFile> BlockSource::OpenSource(const BlockRequest& req) {
+  ASSIGN_OR_RETURN(Target t, Resolve(req));
+  return t.mount.ufs->OpenLocal(req.ufs_path, req.version);
+}
+
 StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source, bool verify) {
   if (req.index != 0 || req.offset != 0 || req.file_size == 0 || req.block_size == 0) {
     return InvalidArgumentError("a file lease names block 0 of a non-empty file");

@@ -131,6 +131,10 @@ class BlockSource {
   // here (another worker is its holder, it could not be cached, or the blocks are spread over
   // cache directories).
   StatusOr<BlockLease> LeaseFile(const BlockRequest& req, bool* hit, ReadSource* source = nullptr, bool verify = false);
+  // The under-storage's file of `req` open for reading, when it is a file of this machine
+  // (UnderFileSystem::OpenLocal), for granary-fuse to read uncached ranges of it itself. The
+  // caller owns the descriptor. UNIMPLEMENTED for other under-storages.
+  StatusOr<LocalFile> OpenSource(const BlockRequest& req);
 
   // Readahead: queues a background fetch of req's whole block unless it is cached. A holder of the
   // block fetches it like a miss (from the home, or the under-storage); any other worker passes the

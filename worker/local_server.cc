@@ -153,6 +153,7 @@ void LocalServer::Serve(int conn) {
     rpc::SetStatus(st, &resp);
     resp.set_source(rpc::ToWire(source));
     int fd = -1;
+    int source_fd = -1;  // the under-storage's file (want_source), closed once sent
     if (st.ok() && lease.fd >= 0) {
       uint64_t n = next_lease++;
       resp.set_lease(n);
@@ -162,9 +163,24 @@ void LocalServer::Serve(int conn) {
     } else if (st.ok()) {
       resp.set_length(data.size());
       resp.set_data(std::move(data));
+      // Read from the under-storage and not kept: granary-fuse may read the file's uncached
+      // ranges itself from now on (fuse/source_reads.h). Where the file is not one of this
+      // machine, nothing comes.
+      if (req.want_source() && source == ReadSource::kUnderStorage) {
+        StatusOr<LocalFile> f = source_->OpenSource(br);
+        if (f.ok()) {
+          source_fd = fd = f->fd;
+          resp.set_source_file(true);
+          resp.set_source_size(f->size);
+          resp.set_source_mtime_ns(f->mtime_ns);
+          resp.set_source_ino(f->ino);
+        }
+      }
     }
     Status sent = SendFrame(conn, resp, fd);
-    if (fd >= 0) {
+    if (source_fd >= 0) {
+      close(source_fd);
+    } else if (fd >= 0) {
       lease.CloseFd();  // the client has its own copy now
       leases.emplace(resp.lease(), std::move(lease));
     }

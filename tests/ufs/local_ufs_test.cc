@@ -80,6 +80,28 @@ TEST(LocalUfs, DetectsChangedAndMissingFiles) {
   EXPECT_EQ(ufs->Read("f", v1, 0, 4, buf).status().code(), Code::kNotFound);
 }
 
+// OpenLocal: the descriptor granary-fuse reads a local source with (fuse/source_reads.h), handed
+// out only for the listed version, only within the roots, with the stat it was checked against.
+TEST(LocalUfs, OpensAFileForReadingHereOnlyAtItsListedVersion) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "roots/ds/f", "abcdef");
+  testing::WriteFile(dir / "outside/secret", "root-only");
+  ASSERT_EQ(symlink((dir / "outside/secret").c_str(), (dir / "roots/ds/leak").c_str()), 0);
+  auto ufs = LocalUfs::Open(dir / "roots/ds", {dir / "roots"}).value();
+  const UfsEntry e = ufs->Stat("f").value();
+  auto f = ufs->OpenLocal("f", e.version);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  char buf[8];
+  EXPECT_EQ(pread(f->fd, buf, 3, 2), 3);
+  EXPECT_EQ(std::string(buf, 3), "cde");
+  EXPECT_EQ(f->size, 6u);
+  EXPECT_EQ(f->mtime_ns, e.mtime_ns);
+  close(f->fd);
+  EXPECT_TRUE(ufs->OpenLocal("f", e.version + "x").status().IsVersionChanged());
+  EXPECT_EQ(ufs->OpenLocal("leak", "v").status().code(), Code::kPermissionDenied);
+  EXPECT_EQ(ufs->OpenLocal("../outside/secret", "v").status().code(), Code::kInvalidArgument);
+}
+
 TEST(LocalUfs, RefusesPathsOutsideTheRoot) {
   testing::TempDir dir;
   auto ufs = LocalUfs::Open(dir.path()).value();

@@ -1,0 +1,96 @@
+#include "fuse/source_reads.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace granary::fuse {
+
+SourceFile::~SourceFile() {
+  if (fd_ >= 0) close(fd_);
+}
+
+Status SourceFile::Read(uint64_t offset, uint64_t length, char* out) const {
+  uint64_t done = 0;
+  while (done < length) {
+    ssize_t n = pread(fd_, out + done, length - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "read of the under-storage's file");
+    }
+    if (n == 0) break;
+    done += static_cast<uint64_t>(n);
+  }
+  // A writer that raced with this read shows up as a new size, modification time or inode.
+  struct stat st;
+  if (fstat(fd_, &st) != 0) return ErrnoError(errno, "stat of the under-storage's file");
+  const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  if (static_cast<uint64_t>(st.st_size) != size_ || mtime_ns != mtime_ns_ || static_cast<uint64_t>(st.st_ino) != ino_ ||
+      done != length) {
+    return VersionChangedError("the file changed in the under-storage since it was listed");
+  }
+  return Status::OK();
+}
+
+SourceReads::Entry* SourceReads::Touch(const std::string& key) {
+  auto it = files_.find(key);
+  if (it == files_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return &it->second;
+}
+
+std::shared_ptr<const SourceFile> SourceReads::Direct(const std::string& key, uint64_t index) {
+  MutexLock lock(&mu_);
+  Entry* e = Touch(key);
+  if (e == nullptr || !e->file) return nullptr;
+  auto b = e->left.find(index);
+  if (b == e->left.end()) return nullptr;
+  if (--b->second == 0) e->left.erase(b);  // the next read of the block asks the worker
+  return e->file;
+}
+
+bool SourceReads::Wants(const std::string& key) {
+  MutexLock lock(&mu_);
+  return files_.count(key) == 0;
+}
+
+void SourceReads::FromSource(const std::string& key, uint64_t index, std::shared_ptr<const SourceFile> file,
+                             bool asked) {
+  MutexLock lock(&mu_);
+  Entry* e = Touch(key);
+  if (e == nullptr) {
+    if (!file && !asked) return;  // nothing to read it with, and nothing learnt
+    if (files_.size() >= kMaxFiles) {
+      files_.erase(lru_.back());  // a read holding its descriptor keeps it open until it ends
+      lru_.pop_back();
+    }
+    lru_.push_front(key);
+    e = &files_[key];
+    e->lru = lru_.begin();
+  }
+  if (file) e->file = std::move(file);
+  if (!e->file) return;  // the worker has no file to give: every read asks it
+  if (e->left.size() >= kMaxBlocks && e->left.count(index) == 0) return;  // this block keeps asking the worker
+  e->left[index] = kDirectReads;
+}
+
+void SourceReads::FromWorker(const std::string& key, uint64_t index) {
+  MutexLock lock(&mu_);
+  auto it = files_.find(key);
+  if (it != files_.end()) it->second.left.erase(index);
+}
+
+void SourceReads::Forget(const std::string& key) {
+  MutexLock lock(&mu_);
+  auto it = files_.find(key);
+  if (it == files_.end()) return;
+  lru_.erase(it->second.lru);
+  files_.erase(it);
+}
+
+size_t SourceReads::files() const {
+  MutexLock lock(&mu_);
+  return files_.size();
+}
+
+}  // namespace granary::fuse

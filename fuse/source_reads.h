@@ -1,0 +1,91 @@
+// SourceReads: uncached ranges of a local under-storage file, read by granary-fuse itself.
+//
+// Design note. A cold random read (an LMDB page, a numpy.memmap window) into a block that is not
+// cached is answered by the worker range first (worker/block_source.h): one ranged read of the
+// under-storage, the bytes sent back through the local socket. With a local under-storage (a
+// directory, an NFS volume mounted in the pod) the worker's hop costs about 4x the FUSE round trip
+// itself on a 2-core VM (docs/benchmarks.md, "Session 20"). So when the worker answers a range
+// from the under-storage and the file is one of this machine, it attaches that file's descriptor,
+// checked to have the version granary-fuse asked for, with what its stat said (LocalResponse
+// source_file). granary-fuse then reads the next kDirectReads ranges of that block itself and asks
+// the worker again for the one after:
+//   - the worker still sees every block's touches, so its policy still fills a block on its second
+//     touch (SecondTouch), and a filled block is read from the cache within kDirectReads reads;
+//   - a block never answered from the under-storage (cached, or read sequentially: fetched whole
+//     and kept) is never read from the source here.
+// Correct bytes: after each read the descriptor's stat is taken again; another size, modification
+// time or inode means the file changed under the read, which then fails as a version change does
+// (the open gets ESTALE; the next open asks the master for the new version). A file replaced by a
+// rename is no change for the open descriptor: it still reads the version that was listed.
+//
+// Bounded: at most kMaxFiles files (least recently used dropped, their descriptors closed once no
+// read holds them) and kMaxBlocks block counts per file. Thread-safe.
+#pragma once
+
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "common/thread_annotations.h"
+
+namespace granary::fuse {
+
+// A file of the under-storage open here, and its stat when the worker found it had the version.
+class SourceFile {
+ public:
+  SourceFile(int fd, uint64_t size, int64_t mtime_ns, uint64_t ino) : fd_(fd), size_(size), mtime_ns_(mtime_ns), ino_(ino) {}
+  SourceFile(const SourceFile&) = delete;
+  SourceFile& operator=(const SourceFile&) = delete;
+  ~SourceFile();
+
+  // Reads exactly `length` bytes at `offset` into `out`. FAILED_PRECONDITION (VersionChangedError)
+  // when the file is shorter or its stat changed; the errno's Status for an I/O error.
+  Status Read(uint64_t offset, uint64_t length, char* out) const;
+
+ private:
+  const int fd_;
+  const uint64_t size_;
+  const int64_t mtime_ns_;
+  const uint64_t ino_;
+};
+
+class SourceReads {
+ public:
+  static constexpr uint32_t kDirectReads = 8;   // reads of a block served here between worker asks
+  static constexpr size_t kMaxFiles = 256;
+  static constexpr size_t kMaxBlocks = 4096;    // block counts kept per file
+
+  // `key` names one version of one file (mount, path and version). The descriptor to read block
+  // `index` of it with here, counting one read; nullptr: ask the worker.
+  std::shared_ptr<const SourceFile> Direct(const std::string& key, uint64_t index);
+  // True when nothing is known of `key`: a read sent to the worker asks for its file. False once
+  // the file is held, or once the worker was asked and sent none (an object store, NFS through
+  // libnfs): it is not asked again while `key` is remembered.
+  bool Wants(const std::string& key);
+  // The worker answered a read of block `index` from the under-storage (range first), the request
+  // having asked for the file (`asked`) or not: its next kDirectReads reads are served here, with
+  // `file` when it came, else with the one held, if any.
+  void FromSource(const std::string& key, uint64_t index, std::shared_ptr<const SourceFile> file, bool asked);
+  // The worker answered a read of block `index` otherwise (cached, or fetched and kept).
+  void FromWorker(const std::string& key, uint64_t index);
+  // The file changed, or a read of it failed: nothing of `key` is read here any more.
+  void Forget(const std::string& key);
+
+  size_t files() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const SourceFile> file;  // null: asked, and none came
+    std::unordered_map<uint64_t, uint32_t> left;  // block -> direct reads left
+    std::list<std::string>::iterator lru;
+  };
+  Entry* Touch(const std::string& key) REQUIRES(mu_);
+
+  mutable Mutex mu_;
+  std::unordered_map<std::string, Entry> files_ GUARDED_BY(mu_);
+  std::list<std::string> lru_ GUARDED_BY(mu_);  // most recent first
+};
+
+}  // namespace granary::fuse
