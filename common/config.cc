@@ -282,7 +282,7 @@ std::vector<Setting> MakeSettings() {
                   "With fuse.zero_copy and an under-storage that is a directory of this machine (a local disk, "
                   "an NFS volume mounted in the pod): once the worker answers a read of a block that is not "
                   "cached from the under-storage, it hands granary-fuse the file (checked to have the listed "
-                  "version), and granary-fuse reads that block's next 8 ranges itself, checking the file's "
+                  "version), and granary-fuse reads that block's next 8 ranges (within a second) itself, checking the file's "
                   "stat after each; the worker still sees every ninth, so its policy still fills hot blocks. "
                   "Cold random reads (LMDB, numpy.memmap) skip the worker's hop. false: every read goes "
                   "through the worker.",

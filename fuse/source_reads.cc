@@ -44,8 +44,12 @@ std::shared_ptr<const SourceFile> SourceReads::Direct(const std::string& key, ui
   Entry* e = Touch(key);
   if (e == nullptr || !e->file) return nullptr;
   auto b = e->left.find(index);
-  if (b == e->left.end()) return nullptr;
-  if (--b->second == 0) e->left.erase(b);  // the next read of the block asks the worker
+  if (b == e->left.end() || b->second.reads == 0) return nullptr;
+  if (now_() >= b->second.end) {  // the worker may have filled it since: ask
+    b->second.reads = 0;
+    return nullptr;
+  }
+  --b->second.reads;  // at 0, the next read of the block asks the worker
   return e->file;
 }
 
@@ -71,7 +75,10 @@ void SourceReads::FromSource(const std::string& key, uint64_t index, std::shared
   if (file) e->file = std::move(file);
   if (!e->file) return;  // the worker has no file to give: every read asks it
   if (e->left.size() >= kMaxBlocks && e->left.count(index) == 0) return;  // this block keeps asking the worker
-  e->left[index] = kDirectReads;
+  Entry::Left& b = e->left[index];
+  if (++b.answers < 2) return;  // the worker's fill policy counts the first two touches
+  b.reads = kDirectReads;
+  b.end = now_() + kDirectFor;
 }
 
 void SourceReads::FromWorker(const std::string& key, uint64_t index) {

@@ -7,10 +7,13 @@
 // itself on a 2-core VM (docs/benchmarks.md, "Session 20"). So when the worker answers a range
 // from the under-storage and the file is one of this machine, it attaches that file's descriptor,
 // checked to have the version granary-fuse asked for, with what its stat said (LocalResponse
-// source_file). granary-fuse then reads the next kDirectReads ranges of that block itself and asks
-// the worker again for the one after:
-//   - the worker still sees every block's touches, so its policy still fills a block on its second
-//     touch (SecondTouch), and a filled block is read from the cache within kDirectReads reads;
+// source_file). From the worker's second such answer for a block on, granary-fuse reads the next
+// kDirectReads ranges of that block itself, for at most kDirectFor, and asks the worker again for
+// the one after:
+//   - the worker sees a block's first two touches as before, so its policy fills it on its second
+//     touch (SecondTouch) as it did without source reads, and a filled block is read from the cache
+//     within kDirectReads reads or kDirectFor (a later epoch over the same blocks finds them cached,
+//     and the read leases of fuse/read_leases.h, which need the whole file cached, take over);
 //   - a block never answered from the under-storage (cached, or read sequentially: fetched whole
 //     and kept) is never read from the source here.
 // Correct bytes: after each read the descriptor's stat is taken again; another size, modification
@@ -22,6 +25,8 @@
 // read holds them) and kMaxBlocks block counts per file. Thread-safe.
 #pragma once
 
+#include <chrono>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -53,9 +58,14 @@ class SourceFile {
 
 class SourceReads {
  public:
+  using Clock = std::chrono::steady_clock;
   static constexpr uint32_t kDirectReads = 8;   // reads of a block served here between worker asks
+  static constexpr std::chrono::milliseconds kDirectFor{1000};  // ... within this long
   static constexpr size_t kMaxFiles = 256;
   static constexpr size_t kMaxBlocks = 4096;    // block counts kept per file
+
+  // `now`: the clock (tests pass their own).
+  explicit SourceReads(std::function<Clock::time_point()> now = Clock::now) : now_(std::move(now)) {}
 
   // `key` names one version of one file (mount, path and version). The descriptor to read block
   // `index` of it with here, counting one read; nullptr: ask the worker.
@@ -65,8 +75,9 @@ class SourceReads {
   // libnfs): it is not asked again while `key` is remembered.
   bool Wants(const std::string& key);
   // The worker answered a read of block `index` from the under-storage (range first), the request
-  // having asked for the file (`asked`) or not: its next kDirectReads reads are served here, with
-  // `file` when it came, else with the one held, if any.
+  // having asked for the file (`asked`) or not; `file` when it came. From the block's second such
+  // answer on, each grants the block's next kDirectReads reads here (within kDirectFor), with the
+  // file held.
   void FromSource(const std::string& key, uint64_t index, std::shared_ptr<const SourceFile> file, bool asked);
   // The worker answered a read of block `index` otherwise (cached, or fetched and kept).
   void FromWorker(const std::string& key, uint64_t index);
@@ -78,11 +89,17 @@ class SourceReads {
  private:
   struct Entry {
     std::shared_ptr<const SourceFile> file;  // null: asked, and none came
-    std::unordered_map<uint64_t, uint32_t> left;  // block -> direct reads left
+    struct Left {
+      uint32_t answers = 0;     // answers from the under-storage the worker gave for the block
+      uint32_t reads = 0;       // direct reads left
+      Clock::time_point end{};  // and until when
+    };
+    std::unordered_map<uint64_t, Left> left;  // by block
     std::list<std::string>::iterator lru;
   };
   Entry* Touch(const std::string& key) REQUIRES(mu_);
 
+  const std::function<Clock::time_point()> now_;
   mutable Mutex mu_;
   std::unordered_map<std::string, Entry> files_ GUARDED_BY(mu_);
   std::list<std::string> lru_ GUARDED_BY(mu_);  // most recent first

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <random>
@@ -58,15 +59,22 @@ TEST(SourceReads, NothingIsReadHereBeforeTheWorkerAnsweredFromTheSource) {
   EXPECT_TRUE(r.Wants("f"));
 }
 
-TEST(SourceReads, ABlockAnsweredFromTheSourceIsReadHereThenAskedAgain) {
+TEST(SourceReads, ABlockAnsweredFromTheSourceTwiceIsReadHereThenAskedAgain) {
   SourceReads r;
   auto f = Fake();
   r.FromSource("f", 3, f, true);
   EXPECT_FALSE(r.Wants("f"));
+  // The worker sees a block's second touch too (it fills the block on it).
+  EXPECT_EQ(r.Direct("f", 3), nullptr);
+  r.FromSource("f", 3, nullptr, false);
   for (uint32_t i = 0; i < SourceReads::kDirectReads; ++i) EXPECT_EQ(r.Direct("f", 3), f) << i;
   // The worker sees the next one: its fill policy counts the touch.
   EXPECT_EQ(r.Direct("f", 3), nullptr);
-  // Another block of the file is asked of the worker first, with the file already held.
+  r.FromSource("f", 3, nullptr, false);  // still not cached: 8 more
+  EXPECT_EQ(r.Direct("f", 3), f);
+  // Another block of the file is asked of the worker first, twice, with the file already held.
+  EXPECT_EQ(r.Direct("f", 4), nullptr);
+  r.FromSource("f", 4, nullptr, false);
   EXPECT_EQ(r.Direct("f", 4), nullptr);
   r.FromSource("f", 4, nullptr, false);
   EXPECT_EQ(r.Direct("f", 4), f);
@@ -80,15 +88,37 @@ TEST(SourceReads, ABlockAnsweredFromTheSourceIsReadHereThenAskedAgain) {
   EXPECT_TRUE(r.Wants("f"));
 }
 
+TEST(SourceReads, ABlocksDirectReadsLastAtMostASecond) {
+  SourceReads::Clock::time_point now{};
+  SourceReads r([&] { return now; });
+  auto f = Fake();
+  r.FromSource("f", 0, f, true);
+  r.FromSource("f", 0, nullptr, false);
+  EXPECT_EQ(r.Direct("f", 0), f);
+  now += SourceReads::kDirectFor - std::chrono::milliseconds(1);
+  EXPECT_EQ(r.Direct("f", 0), f);
+  now += std::chrono::milliseconds(1);
+  EXPECT_EQ(r.Direct("f", 0), nullptr) << "the next epoch asks the worker, which may have filled the block";
+  EXPECT_EQ(r.Direct("f", 0), nullptr);
+  r.FromSource("f", 0, nullptr, false);  // still answered from the source: 8 more
+  EXPECT_EQ(r.Direct("f", 0), f);
+}
+
 TEST(SourceReads, FilesAndBlocksAreBounded) {
   SourceReads r;
   auto f = Fake();
-  for (size_t i = 0; i < SourceReads::kMaxFiles + 10; ++i) r.FromSource("f" + std::to_string(i), 0, f, true);
+  for (size_t i = 0; i < SourceReads::kMaxFiles + 10; ++i) {
+    r.FromSource("f" + std::to_string(i), 0, f, true);
+    r.FromSource("f" + std::to_string(i), 0, nullptr, false);
+  }
   EXPECT_EQ(r.files(), SourceReads::kMaxFiles);
   EXPECT_EQ(r.Direct("f0", 0), nullptr);  // the least recently used went first
   EXPECT_EQ(r.Direct("f" + std::to_string(SourceReads::kMaxFiles + 9), 0), f);
   SourceReads b;
-  for (uint64_t i = 0; i < SourceReads::kMaxBlocks + 5; ++i) b.FromSource("g", i, i == 0 ? f : nullptr, i == 0);
+  for (uint64_t i = 0; i < SourceReads::kMaxBlocks + 5; ++i) {
+    b.FromSource("g", i, i == 0 ? f : nullptr, i == 0);
+    b.FromSource("g", i, nullptr, false);
+  }
   EXPECT_EQ(b.Direct("g", 0), f);
   EXPECT_EQ(b.Direct("g", SourceReads::kMaxBlocks + 4), nullptr);  // past the bound: the worker
 }
@@ -96,9 +126,11 @@ TEST(SourceReads, FilesAndBlocksAreBounded) {
 TEST(SourceReads, MatchesAModelOverRandomOperations) {
   for (int seed = 1; seed <= 20; ++seed) {
     std::mt19937 rng(seed);
-    SourceReads r;
+    SourceReads::Clock::time_point now{};
+    SourceReads r([&] { return now; });  // time stands still: only the counts end direct reads
     auto f = Fake();
-    std::map<std::pair<int, uint64_t>, uint32_t> left;  // (file, block) -> direct reads left
+    std::map<std::pair<int, uint64_t>, uint32_t> left;     // (file, block) -> direct reads left
+    std::map<std::pair<int, uint64_t>, uint32_t> answers;  // (file, block) -> answers from the source
     std::map<int, bool> held;                           // file -> has a descriptor
     std::map<int, bool> known;                          // file -> remembered (held, or asked in vain)
     for (int op = 0; op < 3000; ++op) {
@@ -112,19 +144,23 @@ TEST(SourceReads, MatchesAModelOverRandomOperations) {
           r.FromSource(key, block, with ? f : nullptr, asked);
           if (with) held[file] = true;
           if (with || asked) known[file] = true;
-          if (held[file]) left[{file, block}] = SourceReads::kDirectReads;
+          if (held[file] && ++answers[{file, block}] >= 2) left[{file, block}] = SourceReads::kDirectReads;
           break;
         }
         case 1:
           r.FromWorker(key, block);
           left.erase({file, block});
+          answers.erase({file, block});
           break;
         case 2:
           if (rng() % 10 == 0) {
             r.Forget(key);
             held.erase(file);
             known.erase(file);
-            for (uint64_t b = 0; b < 6; ++b) left.erase({file, b});
+            for (uint64_t b = 0; b < 6; ++b) {
+              left.erase({file, b});
+              answers.erase({file, b});
+            }
           }
           break;
         default: {
