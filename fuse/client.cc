@@ -310,14 +310,15 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
           counters_.source_reads++;
           return Status::OK();
         }
+        // Changed, renamed, deleted or failing: the worker answers, from its cache if it holds the
+        // listed version's block, else with its own error (ESTALE, ENOENT), as without source reads.
         source_reads_.Forget(key);
-        if (st.IsVersionChanged()) return st;
-        // Any other failure: the worker reads it (and answers with its own error if it fails too).
       }
     }
     std::shared_ptr<const SourceFile> file;
     const bool ask = sourced && source_reads_.Wants(key);
     Status st = ch->Read(req, piece, ask, sourced ? &file : nullptr);
+    if (!st.ok() && sourced && (st.IsVersionChanged() || st.code() == Code::kNotFound)) source_reads_.Forget(key);
     if (st.ok() && sourced) {
       if (piece->fd < 0 && piece->source == NodeSource::kUnderStorage) {
         source_reads_.FromSource(key, req.index(), std::move(file), ask);

@@ -1,6 +1,7 @@
 #include "fuse/source_reads.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,12 +22,15 @@ Status SourceFile::Read(uint64_t offset, uint64_t length, char* out) const {
     if (n == 0) break;
     done += static_cast<uint64_t>(n);
   }
-  // A writer that raced with this read shows up as a new size, modification time or inode.
-  struct stat st;
-  if (fstat(fd_, &st) != 0) return ErrnoError(errno, "stat of the under-storage's file");
-  const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
-  if (static_cast<uint64_t>(st.st_size) != size_ || mtime_ns != mtime_ns_ || static_cast<uint64_t>(st.st_ino) != ino_ ||
-      done != length) {
+  // A writer that raced with this read shows up as a new size or modification time, a rename or
+  // unlink as no link left. AT_STATX_FORCE_SYNC: on NFS the client asks the server, not its
+  // attribute cache (which could hide another client's rewrite for up to a minute).
+  struct statx st;
+  if (statx(fd_, "", AT_EMPTY_PATH | AT_STATX_FORCE_SYNC, STATX_SIZE | STATX_MTIME | STATX_NLINK | STATX_INO, &st) != 0) {
+    return ErrnoError(errno, "stat of the under-storage's file");
+  }
+  const int64_t mtime_ns = static_cast<int64_t>(st.stx_mtime.tv_sec) * 1'000'000'000 + st.stx_mtime.tv_nsec;
+  if (st.stx_size != size_ || mtime_ns != mtime_ns_ || st.stx_ino != ino_ || st.stx_nlink == 0 || done != length) {
     return VersionChangedError("the file changed in the under-storage since it was listed");
   }
   return Status::OK();

@@ -16,10 +16,11 @@
 //     and the read leases of fuse/read_leases.h, which need the whole file cached, take over);
 //   - a block never answered from the under-storage (cached, or read sequentially: fetched whole
 //     and kept) is never read from the source here.
-// Correct bytes: after each read the descriptor's stat is taken again; another size, modification
-// time or inode means the file changed under the read, which then fails as a version change does
-// (the open gets ESTALE; the next open asks the master for the new version). A file replaced by a
-// rename is no change for the open descriptor: it still reads the version that was listed.
+// Correct bytes: after each read the descriptor's stat is taken again (statx with
+// AT_STATX_FORCE_SYNC: on NFS the server is asked, not the attribute cache); another size,
+// modification time or inode, or no link left (renamed over, deleted), means the file changed under
+// the read. The file is then forgotten and the read goes to the worker, which answers as it would
+// have without source reads (its cached block of the listed version, or ESTALE / ENOENT).
 //
 // Bounded: at most kMaxFiles files (least recently used dropped, their descriptors closed once no
 // read holds them) and kMaxBlocks block counts per file. Thread-safe.
