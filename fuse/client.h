@@ -102,6 +102,8 @@ class Client {
   // Asks the local worker, in the background, to warm blocks [first, first+count) of `file`
   // (readahead). Hints beyond a small queue are dropped.
   void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count);
+  // Lets go of local under-storage files not read lately (SourceReads::Trim); called once a second.
+  void TrimSourceReads() { source_reads_.Trim(); }
   const ClientCounters& counters() const { return counters_; }
   // Round trips to the master (every metadata call), for /metrics and `granary stats`.
   const metrics::Histogram& master_latency() const { return master_latency_; }

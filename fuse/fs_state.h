@@ -221,7 +221,7 @@ struct Fs {
     inval_cv.notify_one();
   }
   // Runs the invalidations; once a second also lets go of kept passthrough backing files that
-  // outlived attr_timeout, and of read leases past theirs.
+  // outlived attr_timeout, of read leases past theirs, and of idle under-storage files.
   void InvalidateLoop() {
     auto last_trim = std::chrono::steady_clock::now();
     for (;;) {
@@ -242,6 +242,7 @@ struct Fs {
       if (trim) {
         if (passthrough) passthrough->Trim();
         if (read_leases) read_leases->Trim();
+        if (client) client->TrimSourceReads();
         last_trim = std::chrono::steady_clock::now();
         continue;
       }

@@ -40,6 +40,7 @@ SourceReads::Entry* SourceReads::Touch(const std::string& key) {
   auto it = files_.find(key);
   if (it == files_.end()) return nullptr;
   lru_.splice(lru_.begin(), lru_, it->second.lru);
+  it->second.used = now_();
   return &it->second;
 }
 
@@ -59,7 +60,12 @@ std::shared_ptr<const SourceFile> SourceReads::Direct(const std::string& key, ui
 
 bool SourceReads::Wants(const std::string& key) {
   MutexLock lock(&mu_);
-  return files_.count(key) == 0;
+  auto it = files_.find(key);
+  if (it == files_.end()) return true;
+  if (it->second.file || now_() - it->second.asked < kAskAgain) return false;
+  lru_.erase(it->second.lru);  // asked in vain long ago: ask again
+  files_.erase(it);
+  return true;
 }
 
 void SourceReads::FromSource(const std::string& key, uint64_t index, std::shared_ptr<const SourceFile> file,
@@ -75,6 +81,7 @@ void SourceReads::FromSource(const std::string& key, uint64_t index, std::shared
     lru_.push_front(key);
     e = &files_[key];
     e->lru = lru_.begin();
+    e->used = e->asked = now_();
   }
   if (file) e->file = std::move(file);
   if (!e->file) return;  // the worker has no file to give: every read asks it
@@ -97,6 +104,18 @@ void SourceReads::Forget(const std::string& key) {
   if (it == files_.end()) return;
   lru_.erase(it->second.lru);
   files_.erase(it);
+}
+
+void SourceReads::Trim() {
+  MutexLock lock(&mu_);
+  const Clock::time_point now = now_();
+  // lru_ is ordered by last use, so the idle ones are at its back.
+  while (!lru_.empty()) {
+    auto it = files_.find(lru_.back());
+    if (now - it->second.used < kIdle) break;
+    files_.erase(it);  // a read holding the descriptor keeps it open until it ends
+    lru_.pop_back();
+  }
 }
 
 size_t SourceReads::files() const {

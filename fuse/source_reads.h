@@ -23,7 +23,10 @@
 // have without source reads (its cached block of the listed version, or ESTALE / ENOENT).
 //
 // Bounded: at most kMaxFiles files (least recently used dropped, their descriptors closed once no
-// read holds them) and kMaxBlocks block counts per file. Thread-safe.
+// read holds them) and kMaxBlocks block counts per file. A file not read for kIdle is let go (Trim,
+// once a second): a held descriptor keeps a deleted file's space, an NFS client's .nfsXXXX name and
+// the under-storage's file system busy. A worker that had no file to give is asked again after
+// kAskAgain (its error may have passed). Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -64,6 +67,8 @@ class SourceReads {
   static constexpr std::chrono::milliseconds kDirectFor{1000};  // ... within this long
   static constexpr size_t kMaxFiles = 256;
   static constexpr size_t kMaxBlocks = 4096;    // block counts kept per file
+  static constexpr std::chrono::seconds kIdle{10};      // a file unread this long is let go (Trim)
+  static constexpr std::chrono::seconds kAskAgain{30};  // a worker that sent no file is asked again
 
   // `now`: the clock (tests pass their own).
   explicit SourceReads(std::function<Clock::time_point()> now = Clock::now) : now_(std::move(now)) {}
@@ -73,7 +78,7 @@ class SourceReads {
   std::shared_ptr<const SourceFile> Direct(const std::string& key, uint64_t index);
   // True when nothing is known of `key`: a read sent to the worker asks for its file. False once
   // the file is held, or once the worker was asked and sent none (an object store, NFS through
-  // libnfs): it is not asked again while `key` is remembered.
+  // libnfs, or an error opening it): it is asked again only after kAskAgain.
   bool Wants(const std::string& key);
   // The worker answered a read of block `index` from the under-storage (range first), the request
   // having asked for the file (`asked`) or not; `file` when it came. From the block's second such
@@ -85,11 +90,16 @@ class SourceReads {
   // The file changed, or a read of it failed: nothing of `key` is read here any more.
   void Forget(const std::string& key);
 
+  // Lets go of the files not read for kIdle (granary-fuse calls it once a second).
+  void Trim();
+
   size_t files() const;
 
  private:
   struct Entry {
     std::shared_ptr<const SourceFile> file;  // null: asked, and none came
+    Clock::time_point used{};                // the last read or answer of it
+    Clock::time_point asked{};               // when it was first asked for and none came
     struct Left {
       uint32_t answers = 0;     // answers from the under-storage the worker gave for the block
       uint32_t reads = 0;       // direct reads left

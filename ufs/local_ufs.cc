@@ -131,28 +131,29 @@ Status LocalUfs::List(const std::string& dir, size_t page_size, const PageFn& on
   return result;
 }
 
+StatusOr<int> LocalUfs::OpenAtVersion(const std::string& full, const std::string& version, struct stat* st) const {
+  // O_NONBLOCK: a FIFO put where a listed file was must not hold the worker in open(2) until a
+  // writer comes; it is then refused below. (Reads of a regular file ignore the flag.)
+  int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoError(errno, "open " + full);
+  Status ok = CheckConfined(fd, full);
+  if (ok.ok() && fstat(fd, st) != 0) ok = ErrnoError(errno, "stat " + full);
+  if (ok.ok() && !S_ISREG(st->st_mode)) {
+    ok = VersionChangedError(full + " is no longer a regular file in the under-storage");
+  }
+  if (ok.ok() && VersionOf(*st) != version) ok = VersionChangedError(full + " changed in the under-storage since it was listed");
+  if (!ok.ok()) {
+    close(fd);
+    return ok;
+  }
+  return fd;
+}
+
 StatusOr<size_t> LocalUfs::Read(const std::string& path, const std::string& version, uint64_t offset,
                                 size_t length, char* out) {
   ASSIGN_OR_RETURN(std::string full, FullPath(path));
-  int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open " + full);
-  if (Status in = CheckConfined(fd, full); !in.ok()) {
-    close(fd);
-    return in;
-  }
-  auto changed = [&] {
-    return VersionChangedError(full + " changed in the under-storage since it was listed");
-  };
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    close(fd);
-    return ErrnoError(err, "stat " + full);
-  }
-  if (VersionOf(st) != version) {
-    close(fd);
-    return changed();
-  }
+  ASSIGN_OR_RETURN(int fd, OpenAtVersion(full, version, &st));
   size_t done = 0;
   while (done < length) {
     ssize_t n = pread(fd, out + done, length - done, static_cast<off_t>(offset + done));
@@ -168,22 +169,14 @@ StatusOr<size_t> LocalUfs::Read(const std::string& path, const std::string& vers
   // A writer that raced with this read shows up as a new size or mtime.
   bool same = fstat(fd, &st) == 0 && VersionOf(st) == version;
   close(fd);
-  if (!same) return changed();
+  if (!same) return VersionChangedError(full + " changed in the under-storage since it was listed");
   return done;
 }
 
 StatusOr<LocalFile> LocalUfs::OpenLocal(const std::string& path, const std::string& version) {
   ASSIGN_OR_RETURN(std::string full, FullPath(path));
-  int fd = open(full.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open " + full);
-  Status ok = CheckConfined(fd, full);
   struct stat st;
-  if (ok.ok() && fstat(fd, &st) != 0) ok = ErrnoError(errno, "stat " + full);
-  if (ok.ok() && VersionOf(st) != version) ok = VersionChangedError(full + " changed in the under-storage since it was listed");
-  if (!ok.ok()) {
-    close(fd);
-    return ok;
-  }
+  ASSIGN_OR_RETURN(int fd, OpenAtVersion(full, version, &st));
   LocalFile f;
   f.fd = fd;
   f.size = static_cast<uint64_t>(st.st_size);

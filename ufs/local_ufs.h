@@ -6,6 +6,8 @@
 // nothing the roots do not hold. Thread-safe (no mutable state).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +36,10 @@ class LocalUfs : public UnderFileSystem {
   StatusOr<std::string> FullPath(const std::string& path) const;
   // OK when open file `fd` (named `full`) lies within confine_.
   Status CheckConfined(int fd, const std::string& full) const;
+  // `full` open for reading (non-blocking open, close-on-exec), confined, a regular file, at
+  // `version`; its stat in *st. FAILED_PRECONDITION (VersionChangedError) when it is another
+  // version or no longer a regular file.
+  StatusOr<int> OpenAtVersion(const std::string& full, const std::string& version, struct stat* st) const;
 
   std::string root_;
   std::string uri_;

@@ -174,6 +174,9 @@ void LocalServer::Serve(int conn) {
           resp.set_source_size(f->size);
           resp.set_source_mtime_ns(f->mtime_ns);
           resp.set_source_ino(f->ino);
+        } else if (f.status().code() != Code::kUnimplemented) {
+          // granary-fuse asks again later (SourceReads::kAskAgain); the read itself was answered.
+          spdlog::debug("no source file for granary-fuse: {}", f.status().ToString());
         }
       }
     }

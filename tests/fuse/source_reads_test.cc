@@ -123,6 +123,40 @@ TEST(SourceReads, FilesAndBlocksAreBounded) {
   EXPECT_EQ(b.Direct("g", SourceReads::kMaxBlocks + 4), nullptr);  // past the bound: the worker
 }
 
+// A held descriptor keeps a deleted file's space and the source's file system busy: a file not read
+// for kIdle is let go. A worker that sent no file (perhaps an error that has passed) is asked again
+// after kAskAgain.
+TEST(SourceReads, IdleFilesAreLetGoAndAWorkerThatSentNoneIsAskedAgain) {
+  SourceReads::Clock::time_point now{};
+  SourceReads r([&] { return now; });
+  auto f = Fake();
+  std::weak_ptr<const SourceFile> weak = f;
+  r.FromSource("busy", 0, f, true);
+  r.FromSource("idle", 0, std::move(f), true);
+  r.FromSource("none", 0, nullptr, true);
+  EXPECT_FALSE(r.Wants("none"));
+  now += SourceReads::kIdle - std::chrono::seconds(1);
+  r.FromSource("busy", 0, nullptr, false);  // read again: not idle
+  r.Trim();
+  EXPECT_EQ(r.files(), 3u);
+  now += std::chrono::seconds(1);
+  r.Trim();
+  EXPECT_EQ(r.files(), 1u);
+  EXPECT_TRUE(r.Wants("idle"));
+  EXPECT_EQ(r.Direct("busy", 0), nullptr);   // its grant (kDirectFor) ran out: the worker is asked
+  r.FromSource("busy", 0, nullptr, false);
+  EXPECT_NE(r.Direct("busy", 0), nullptr);   // the file is still held
+  EXPECT_FALSE(weak.expired());
+  now += SourceReads::kIdle;
+  r.Trim();
+  EXPECT_EQ(r.files(), 0u);
+  EXPECT_TRUE(weak.expired()) << "the descriptor is closed once no read holds it";
+  r.FromSource("none", 0, nullptr, true);
+  EXPECT_FALSE(r.Wants("none"));
+  now += SourceReads::kAskAgain;
+  EXPECT_TRUE(r.Wants("none"));
+}
+
 TEST(SourceReads, MatchesAModelOverRandomOperations) {
   for (int seed = 1; seed <= 20; ++seed) {
     std::mt19937 rng(seed);

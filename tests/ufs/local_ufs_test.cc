@@ -1,6 +1,7 @@
 #include "ufs/local_ufs.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,6 +101,26 @@ TEST(LocalUfs, OpensAFileForReadingHereOnlyAtItsListedVersion) {
   EXPECT_TRUE(ufs->OpenLocal("f", e.version + "x").status().IsVersionChanged());
   EXPECT_EQ(ufs->OpenLocal("leak", "v").status().code(), Code::kPermissionDenied);
   EXPECT_EQ(ufs->OpenLocal("../outside/secret", "v").status().code(), Code::kInvalidArgument);
+}
+
+// A FIFO put where a listed file was (no writer ever comes) is refused at once: neither a read nor
+// an OpenLocal waits in open(2), which would hold a worker thread for ever.
+TEST(LocalUfs, RefusesAFifoPutWhereAFileWasWithoutWaiting) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "f", "abcd");
+  auto ufs = LocalUfs::Open(dir.path()).value();
+  const std::string v = ufs->Stat("f")->version;
+  ASSERT_EQ(unlink((dir / "f").c_str()), 0);
+  ASSERT_EQ(mkfifo((dir / "f").c_str(), 0600), 0);
+  char buf[4];
+  EXPECT_TRUE(ufs->Read("f", v, 0, 4, buf).status().IsVersionChanged());
+  EXPECT_TRUE(ufs->OpenLocal("f", v).status().IsVersionChanged());
+  std::vector<std::string> names;
+  ASSERT_TRUE(ufs->List("", 100, [&](std::vector<UfsEntry>& page) {
+                   for (const auto& e : page) names.push_back(e.name);
+                   return Status::OK();
+                 }).ok());
+  EXPECT_TRUE(names.empty());  // special files are not listed
 }
 
 TEST(LocalUfs, RefusesPathsOutsideTheRoot) {
