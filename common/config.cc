@@ -282,10 +282,11 @@ std::vector<Setting> MakeSettings() {
                   "With fuse.zero_copy and an under-storage that is a directory of this machine (a local disk, "
                   "an NFS volume mounted in the pod): once the worker answers a read of a block that is not "
                   "cached from the under-storage, it hands granary-fuse the file (checked to have the listed "
-                  "version), and granary-fuse reads that block's next 8 ranges (within a second) itself, checking the file's "
-                  "stat after each; the worker still sees every ninth, so its policy still fills hot blocks. "
-                  "Cold random reads (LMDB, numpy.memmap) skip the worker's hop. false: every read goes "
-                  "through the worker.",
+                  "version) and says which of its blocks are cached; granary-fuse then reads the file's random "
+                  "ranges (up to 1 MiB) in blocks not cached itself, checking the file's stat after each, and "
+                  "asks the worker every ninth read of a block; it reports each block's first touches to the "
+                  "worker, so its policy still fills hot blocks. Cold random reads (LMDB, numpy.memmap) skip "
+                  "the worker's hop. false: every read goes through the worker.",
                   &Config::fuse, &FuseConfig::source_reads));
   t.push_back(Row("fuse.readahead_blocks", K::kCount, "2",
                   "When a file is read sequentially, how many of its next blocks the workers fetch into the "

@@ -104,7 +104,7 @@ std::string ReadResult::Flatten() const {
   std::string out;
   for (const auto& p : pieces) {
     if (p.fd < 0) {
-      out += p.data;
+      out.append(p.bytes(), p.length);
       continue;
     }
     std::string buf(p.length, '\0');
@@ -146,15 +146,30 @@ void Client::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count)
   prefetch_cv_.notify_one();
 }
 
+void Client::Touched(const rpc::ReadBlockRequest& req, uint64_t length) {
+  MutexLock lock(&prefetch_mu_);
+  if (prefetch_stop_ || touches_.blocks_size() >= kMaxTouches) return;  // a lost touch costs a fill at most
+  rpc::ReadBlockRequest* r = touches_.add_blocks();
+  *r = req;
+  r->set_length(length);
+  touches_.set_touched(true);
+  if (!prefetcher_.joinable()) prefetcher_ = std::thread([this] { PrefetchLoop(); });
+  prefetch_cv_.notify_one();
+}
+
 void Client::PrefetchLoop() {
   for (;;) {
     rpc::PrefetchRequest pr;
     {
       MutexLock lock(&prefetch_mu_);
-      while (!prefetch_stop_ && prefetch_queue_.empty()) lock.Wait(&prefetch_cv_);
+      while (!prefetch_stop_ && prefetch_queue_.empty() && touches_.blocks_size() == 0) lock.Wait(&prefetch_cv_);
       if (prefetch_stop_) return;
-      pr = std::move(prefetch_queue_.front());
-      prefetch_queue_.pop_front();
+      if (touches_.blocks_size() > 0) {  // every touch reported so far, in one request
+        pr.Swap(&touches_);
+      } else {
+        pr = std::move(prefetch_queue_.front());
+        prefetch_queue_.pop_front();
+      }
     }
     rpc::PrefetchResponse resp;
     grpc::ClientContext ctx;
@@ -249,7 +264,9 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
   return st;
 }
 
-Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out) {
+Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random,
+                    char* scratch) {
+  const uint64_t start = offset;
   uint64_t size = file.attr().size();
   uint64_t bs = file.block_size();
   if (bs == 0) return InternalError("file has no block size");
@@ -267,13 +284,14 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
     req.set_index(index);
     req.set_offset(in_block);
     req.set_length(want);
+    req.set_random(random);
     LocalChannel::Piece piece;
     // No worker can serve it (this node's restarting, no live peer has it): wait for one, up to
     // fuse.worker_wait, instead of failing the read.
     auto deadline = std::chrono::steady_clock::now() + cfg_.fuse.worker_wait;
     auto pause = std::chrono::milliseconds(50);
     for (bool waited = false;; waited = true) {
-      Status st = ReadPiece(req, want, &piece, out);
+      Status st = ReadPiece(req, want, &piece, out, scratch != nullptr ? scratch + (offset - start) : nullptr);
       if (st.ok()) {
         if (waited) counters_.worker_waits_ended++;
         break;
@@ -294,20 +312,29 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
   return Status::OK();
 }
 
-Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out) {
+Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out,
+                         char* dst) {
   if (auto ch = Local()) {
     const bool sourced = cfg_.fuse.source_reads;
     std::string key;
     if (sourced) {
       key = std::to_string(req.mount_id()) + ":" + req.version() + ":" + req.ufs_path();
-      if (std::shared_ptr<const SourceFile> f = source_reads_.Direct(key, req.index())) {
+      const uint64_t block_start = req.index() * req.block_size();
+      const uint64_t block_length = std::min<uint64_t>(req.block_size(), req.file_size() - std::min(req.file_size(), block_start));
+      const bool range_first = SourceReads::IsRangeFirst(req.block_size(), block_length, req.offset(), want, req.random());
+      if (SourceReads::Grant g = source_reads_.Direct(key, req.index(), range_first); g.file) {
         *piece = LocalChannel::Piece{};
-        piece->data.resize(want);
-        Status st = f->Read(req.index() * req.block_size() + req.offset(), want, piece->data.data());
+        if (dst == nullptr) {
+          piece->data.resize(want);
+          dst = piece->data.data();
+        }
+        Status st = g.file->Read(block_start + req.offset(), want, dst);
         if (st.ok()) {
+          if (piece->data.empty()) piece->mem = dst;
           piece->length = want;
           piece->source = NodeSource::kUnderStorage;
           counters_.source_reads++;
+          if (g.touch) Touched(req, want);
           return Status::OK();
         }
         // Changed, renamed, deleted or failing: the worker answers, from its cache if it holds the

@@ -92,8 +92,12 @@ class Client {
   StatusOr<rpc::WorkerStats> WorkerStats();
   // The master's report (workers, mounts with the files and bytes known of each).
   StatusOr<rpc::Report> GetReport();
-  // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`.
-  Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out);
+  // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`. `random`:
+  // not a sequential reader's read (ReadBlockRequest.random: range first also at a block's start).
+  // `scratch` (optional, `length` bytes): where pieces granary-fuse reads itself (source reads)
+  // land, at their place in the read (Piece::mem), so the reply needs no copy of them.
+  Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random = false,
+              char* scratch = nullptr);
   // For a passthrough open: leases the local worker's data file of `file` (every block of it
   // cached in one directory there). NOT_FOUND when the local worker does not have it whole;
   // UNAVAILABLE when there is no local socket.
@@ -111,6 +115,10 @@ class Client {
 
  private:
   void PrefetchLoop();
+  // Reports to the local worker, in the background, that `length` bytes of req's block were read
+  // from the under-storage's file here (source reads): its fill policy counts the touch.
+  void Touched(const rpc::ReadBlockRequest& req, uint64_t length);
+  static constexpr int kMaxTouches = 1024;  // touches waiting to be reported (more are dropped)
   Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
   grpc::Status CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call);
   // The local socket channel, once the worker has named its socket (asked at most every 5 s).
@@ -118,7 +126,9 @@ class Client {
   void DropLocal(const std::shared_ptr<LocalChannel>& ch);
   // One block range: the local socket, else gRPC from the local worker, else another live worker.
   // UNAVAILABLE when none of them answers.
-  Status ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out);
+  // `dst` (optional): where a piece read from the source here goes (Piece::mem).
+  Status ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out,
+                   char* dst = nullptr);
   // One block range over gRPC: the local worker, else another live worker.
   Status ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out, NodeSource* source);
 
@@ -142,6 +152,7 @@ class Client {
   Mutex prefetch_mu_;
   std::condition_variable prefetch_cv_;
   std::deque<rpc::PrefetchRequest> prefetch_queue_ GUARDED_BY(prefetch_mu_);
+  rpc::PrefetchRequest touches_ GUARDED_BY(prefetch_mu_);  // touched: reports not yet sent
   bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
   std::thread prefetcher_ GUARDED_BY(prefetch_mu_);  // started with the first hint
 };

@@ -80,7 +80,8 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
   }
   if (fd >= 0 && resp.source_file() && source_file != nullptr) {
     // The under-storage's file, not a lease: granary-fuse reads its uncached ranges itself.
-    *source_file = std::make_shared<const SourceFile>(fd, resp.source_size(), resp.source_mtime_ns(), resp.source_ino());
+    *source_file = std::make_shared<const SourceFile>(fd, resp.source_size(), resp.source_mtime_ns(), resp.source_ino(),
+                                                     resp.source_cached());
     fd = -1;
   }
   if (fd >= 0) close(fd);

@@ -42,7 +42,11 @@ class LocalChannel {
     int fd = -1;          // a leased block file, or -1
     uint64_t offset = 0;  // where the bytes start in fd
     uint64_t length = 0;
-    std::string data;     // the bytes, when fd < 0
+    std::string data;     // the bytes, when fd < 0 and mem is null
+    // The bytes, when fd < 0 and they were read straight into the caller's buffer (Client::Read's
+    // `scratch`): not owned.
+    const char* mem = nullptr;
+    const char* bytes() const { return mem != nullptr ? mem : data.data(); }
     uint64_t lease = 0;
     int conn = -1;        // the connection holding the lease (-1: none, or the shared lease connection)
     uint64_t shared_gen = 0;  // nonzero: the lease lives on the shared lease connection of this generation

@@ -50,24 +50,29 @@ namespace {
 
 // A read that starts where the previous one ended (or at 0) is sequential: hint the blocks after
 // the last one it touches (fuse.readahead_blocks), so the workers fetch them while the reader is
-// still busy. Each block is hinted once per open.
-void MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
+// still busy. Each block is hinted once per open. Returns whether the read is a random one: farther
+// from where the last one ended than the kernel's readahead reorders (ReadLeases::kSequentialSlack
+// or 4 READs), so a range it reads at a block's start is not a sequential reader's block start.
+bool MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
   uint64_t ahead = fs->cfg.fuse.readahead_blocks, bs = of->info.block_size();
-  if (ahead == 0 || bs == 0 || size == 0) return;
   uint64_t first = 0, count = 0;
+  bool random = false;
   {
     MutexLock lock(&of->mu);
+    const uint64_t slack = std::max<uint64_t>(ReadLeases::kSequentialSlack, 4 * size);
+    random = off != 0 && (off + slack < of->next_offset || off > of->next_offset + slack);
     bool sequential = off == of->next_offset;
     of->next_offset = off + size;
-    if (!sequential) return;
+    if (!sequential || ahead == 0 || bs == 0 || size == 0) return random;
     uint64_t end_block = (off + size - 1) / bs;
     uint64_t last = end_block + ahead;
     first = std::max(of->hinted_through + 1, end_block + 1);
-    if (last < first) return;
+    if (last < first) return random;
     count = last - first + 1;
     of->hinted_through = last;
   }
   fs->client->Prefetch(of->info, first, count);
+  return random;
 }
 
 // Kernel mode: the file behind a read that came with no open file handle, by its inode and the
@@ -194,7 +199,7 @@ void MaybeLease(Fs* fs, OpenFile* of, bool local, uint64_t off, uint64_t size) {
 Status CopyPieces(const ReadResult& data, char* dst) {
   for (const LocalChannel::Piece& p : data.pieces) {
     if (p.fd < 0) {
-      std::memcpy(dst, p.data.data(), p.length);
+      if (p.mem != dst) std::memcpy(dst, p.bytes(), p.length);  // else read in place already
     } else {
       for (size_t done = 0; done < p.length;) {
         ssize_t got = pread(p.fd, dst + done, p.length - done, static_cast<off_t>(p.offset + done));
@@ -228,7 +233,7 @@ void ReplyPieces(fuse_req_t req, const ReadResult& data) {
       b.fd = p.fd;
       b.pos = static_cast<off_t>(p.offset);
     } else {
-      b.mem = const_cast<char*>(p.data.data());
+      b.mem = const_cast<char*>(p.bytes());
     }
   }
   fuse_reply_data(req, bv, ReplyCopyFlags());
@@ -333,9 +338,15 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   if (std::shared_ptr<FileLease> lease = fs->read_leases->Find(of->info.attr().ino(), of->info.version())) {
     return ReplyFromLease(req, fs, *of, *lease, static_cast<uint64_t>(off), size, &scope);
   }
-  MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
+  const bool random = MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
+  // Where the reply is put together: a ring thread's entry, else this thread's buffer. Pieces read
+  // from the source here land in it directly (Client::Read's scratch).
+  char* ring = UringQueues::ReplyBuffer(size);
+  thread_local std::vector<char> scratch_buf;
+  if (ring == nullptr && scratch_buf.size() < size) scratch_buf.resize(size);
+  char* scratch = ring != nullptr ? ring : scratch_buf.data();
   ReadResult data;
-  Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data);
+  Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data, random, scratch);
   if (!st.ok()) {
     // The file changed in the under-storage since this open: this open fails (ESTALE), the next
     // open asks the master for the new version.
@@ -353,11 +364,15 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   }
   fs->read_bytes += data.size();
   CountReadSources(fs, of->info.mount_id(), data, scope.tracing() ? &scope.record() : nullptr);
-  if (char* dst = UringQueues::ReplyBuffer(data.size())) {
-    // A ring thread: the pieces are read or copied straight into its entry, one copy in all.
-    Status copied = CopyPieces(data, dst);
+  const bool in_memory = std::all_of(data.pieces.begin(), data.pieces.end(),
+                                     [](const LocalChannel::Piece& p) { return p.fd < 0; });
+  if (ring != nullptr || (in_memory && data.pieces.size() > 1) || (in_memory && data.pieces[0].mem != nullptr)) {
+    // A ring thread: the pieces are read or copied straight into its entry, one copy in all. Else
+    // bytes in memory are put together in the scratch buffer (those read from the source are there
+    // already) and written once, not gathered by libfuse into a fresh allocation per reply.
+    Status copied = CopyPieces(data, scratch);
     if (!copied.ok()) return ReplyError(req, copied, "read");
-    fuse_reply_buf(req, dst, data.size());
+    fuse_reply_buf(req, scratch, data.size());
   } else {
     ReplyPieces(req, data);
   }

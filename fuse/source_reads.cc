@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace granary::fuse {
 
 SourceFile::~SourceFile() {
@@ -44,18 +46,28 @@ SourceReads::Entry* SourceReads::Touch(const std::string& key) {
   return &it->second;
 }
 
-std::shared_ptr<const SourceFile> SourceReads::Direct(const std::string& key, uint64_t index) {
+SourceReads::Grant SourceReads::Direct(const std::string& key, uint64_t index, bool range_first) {
   MutexLock lock(&mu_);
   Entry* e = Touch(key);
-  if (e == nullptr || !e->file) return nullptr;
+  if (e == nullptr || !e->file) return {};
+  const Clock::time_point now = now_();
   auto b = e->left.find(index);
-  if (b == e->left.end() || b->second.reads == 0) return nullptr;
-  if (now_() >= b->second.end) {  // the worker may have filled it since: ask
-    b->second.reads = 0;
-    return nullptr;
+  if (b == e->left.end()) {
+    // A block the worker has not answered since the file came: read here when the worker would
+    // have read just this range from the source too, and the block is not known to be cached.
+    if (!range_first || index >= e->cached.size() || e->cached[index] || e->left.size() >= kMaxBlocks) return {};
+    b = e->left.emplace(index, Entry::Left{kDirectReads, 0, now + kDirectFor}).first;
   }
-  --b->second.reads;  // at 0, the next read of the block asks the worker
-  return e->file;
+  Entry::Left& l = b->second;
+  if (l.reads == 0) return {};
+  if (now >= l.end) {  // the worker may have filled it since: ask
+    l.reads = 0;
+    return {};
+  }
+  --l.reads;  // at 0, the next read of the block asks the worker
+  Grant g{e->file, l.touches < 2};
+  if (g.touch) ++l.touches;  // the worker fills a block on its second touch
+  return g;
 }
 
 bool SourceReads::Wants(const std::string& key) {
@@ -83,19 +95,26 @@ void SourceReads::FromSource(const std::string& key, uint64_t index, std::shared
     e->lru = lru_.begin();
     e->used = e->asked = now_();
   }
-  if (file) e->file = std::move(file);
+  if (file) {
+    // What the worker had cached when it opened the file; blocks past the bitmap are asked of it.
+    const std::string& bits = file->cached();
+    e->cached.assign(std::min(bits.size() * 8, kMaxBlocks), false);
+    for (size_t i = 0; i < e->cached.size(); ++i) e->cached[i] = (static_cast<uint8_t>(bits[i / 8]) >> (i % 8)) & 1;
+    e->file = std::move(file);
+  }
   if (!e->file) return;  // the worker has no file to give: every read asks it
+  if (index < e->cached.size()) e->cached[index] = false;
   if (e->left.size() >= kMaxBlocks && e->left.count(index) == 0) return;  // this block keeps asking the worker
-  Entry::Left& b = e->left[index];
-  if (++b.answers < 2) return;  // the worker's fill policy counts the first two touches
-  b.reads = kDirectReads;
-  b.end = now_() + kDirectFor;
+  // The worker's answer was itself a touch (it fills the block on the second).
+  e->left[index] = Entry::Left{kDirectReads, 1, now_() + kDirectFor};
 }
 
 void SourceReads::FromWorker(const std::string& key, uint64_t index) {
   MutexLock lock(&mu_);
   auto it = files_.find(key);
-  if (it != files_.end()) it->second.left.erase(index);
+  if (it == files_.end()) return;
+  it->second.left.erase(index);
+  if (index < it->second.cached.size()) it->second.cached[index] = true;
 }
 
 void SourceReads::Forget(const std::string& key) {

@@ -160,7 +160,7 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     route.ask_peers = false;
     route.keep = became_home;
   }
-  if (!route.ask_peers && req.block_size >= kRangeFirstMinBlock && req.offset > 0 && len <= kRangeFirstMax &&
+  if (!route.ask_peers && req.block_size >= kRangeFirstMinBlock && (req.offset > 0 || req.random) && len <= kRangeFirstMax &&
       len * 2 <= meta.length && !JoinRatherThanRange(meta.id)) {
     return RangeFirst(req, t, route, out, source);
   }
@@ -194,6 +194,16 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
 bool BlockSource::IsCached(const BlockRequest& req) {
   auto t = Resolve(req);
   return t.ok() && store_->Contains(t->meta.id);
+}
+
+bool BlockSource::Touched(const BlockRequest& req) {
+  auto t = Resolve(req);
+  if (!t.ok() || t->len == 0 || store_->Contains(t->meta.id)) return false;
+  const Route route = RouteFor(req, *t, nullptr);
+  if (route.ask_peers || !route.keep) return false;  // another worker fetches this block
+  if (!SecondTouch(t->meta.id) || !store_->HasFreeRoom(t->meta.length)) return false;
+  Fill(req, t->meta.id);
+  return true;
 }
 
 bool BlockSource::SecondTouch(const BlockId& id) {

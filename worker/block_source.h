@@ -37,7 +37,9 @@
 // blocks) so the next requests for the rest of the block, from the same reader, do not fetch it
 // again. The buffer is deliberately tiny: it is not a cache.
 // Range first: a miss that starts inside its block (offset > 0; a sequential reader starts each
-// block at 0), of at most kRangeFirstMax bytes and half the block, in a block of at least
+// block at 0), or anywhere in it for a random reader's (BlockRequest::random: granary-fuse saw the
+// read land far from the file's last one, so a window crossing into a block is not a sequential
+// reader's block start), of at most kRangeFirstMax bytes and half the block, in a block of at least
 // kRangeFirstMinBlock, that this worker would fetch from the under-storage itself with no fetch of
 // the block in flight, is answered from a ranged read of just its bytes: a random 4 KiB read into
 // a cold 4 MiB block waits for 4 KiB, not 4 MiB. The whole block follows in the background (a
@@ -135,6 +137,12 @@ class BlockSource {
   // (UnderFileSystem::OpenLocal), for granary-fuse to read uncached ranges of it itself. The
   // caller owns the descriptor. UNIMPLEMENTED for other under-storages.
   StatusOr<LocalFile> OpenSource(const BlockRequest& req);
+
+  // granary-fuse read req's range (offset, length) from the under-storage's file itself
+  // (OpenSource): counted as a range-first touch of the block, so a block touched twice is filled
+  // in the background as RangeFirst would (this worker fetches it itself, the cache has free room).
+  // Nothing is read now. True when a fill was queued.
+  bool Touched(const BlockRequest& req);
 
   // Readahead: queues a background fetch of req's whole block unless it is cached. A holder of the
   // block fetches it like a miss (from the home, or the under-storage); any other worker passes the

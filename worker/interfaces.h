@@ -33,6 +33,7 @@ struct BlockRequest {
   uint64_t length = 0;
   bool from_peer = false;  // asked by another worker: serve from here, never forward
   bool cached_only = false;  // with from_peer: from this worker's cache only (NOT_FOUND on a miss)
+  bool random = false;  // not a sequential reader's: range first also at a block's start
 };
 
 struct MountHandle {

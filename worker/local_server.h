@@ -34,6 +34,9 @@ namespace granary::worker {
 
 class LocalServer {
  public:
+  // The blocks of a source file (want_source) whose cached state is sent with it (source_cached):
+  // granary-fuse's SourceReads::kMaxBlocks.
+  static constexpr uint64_t kSourceCachedBlocks = 4096;
   // Listens on `path` (a stale socket file there is replaced).
   static StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path, BlockSource* source, BlockStore* store);
   ~LocalServer();

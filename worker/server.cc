@@ -89,6 +89,7 @@ class WorkerService final : public rpc::Worker::Service {
     BlockRequest br{req->mount_id(), req->ufs_path(), req->version(), req->file_size(), req->block_size(),
                     req->index(),      req->offset(),   req->length(),  req->from_peer(),
                     req->from_peer() && req->cached_only()};
+    br.random = req->random();
     std::string data;
     bool hit = false;
     ReadSource source = ReadSource::kCache;
@@ -116,6 +117,12 @@ class WorkerService final : public rpc::Worker::Service {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     uint32_t queued = 0;
     for (const auto& r : req->blocks()) {
+      if (req->touched()) {
+        BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
+                        r.index(),    r.offset(),   r.length(),  false};
+        queued += source_->Touched(br);
+        continue;
+      }
       BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
                       r.index(),    0,            0,           r.from_peer()};
       queued += source_->Prefetch(br);

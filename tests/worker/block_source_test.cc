@@ -317,6 +317,41 @@ TEST_F(RangeFirstTest, ARangeReadDoesNotWaitBehindTheBlocksFill) {
   EXPECT_EQ(fakes_.ufs->reads_started.load(), 4);
 }
 
+// A random reader's window that crosses into a block reaches it at offset 0: marked random, it is a
+// range, not a sequential reader's block start (which fetches the block whole).
+TEST_F(RangeFirstTest, ARandomReadAtABlocksStartIsARangeToo) {
+  std::string out;
+  bool hit;
+  BlockRequest r = Big(0, 0, 65536);
+  r.random = true;
+  ASSERT_TRUE(source_->Read(r, &out, &hit).ok());
+  EXPECT_EQ(out, big_.substr(0, 65536));
+  EXPECT_EQ(source_->counters().range_reads.load(), 1u);
+  EXPECT_FALSE(source_->IsCached(Big(0, 0, kBlock))) << "fetched whole on its first touch";
+}
+
+// granary-fuse's own reads of the source (fuse/source_reads.h) reach the worker as touches: nothing
+// is read for them, and a block touched twice (by reads here or there) is filled as range first
+// fills it; a cached block's touches do nothing.
+TEST_F(RangeFirstTest, TouchesReportedByGranaryFuseFillABlockTouchedTwice) {
+  EXPECT_FALSE(source_->Touched(Big(0, 4096, 4096)));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 0) << "a touch reads nothing";
+  EXPECT_TRUE(source_->Touched(Big(0, 8192, 4096))) << "the second touch queues the fill";
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+  std::string out;
+  bool hit = false;
+  ASSERT_TRUE(source_->Read(Big(0, 2000000, 4096), &out, &hit).ok());
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(out, big_.substr(2000000, 4096));
+  EXPECT_FALSE(source_->Touched(Big(0, 4096, 4096)));
+  EXPECT_FALSE(source_->Touched(Big(0, 4096, 4096))) << "a cached block is not filled again";
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1) << "the fill only: touches and the hit read nothing";
+  // A read answered range first and a touch make two touches as well.
+  ASSERT_TRUE(source_->Read(Big(1, 4096, 4096), &out, &hit).ok());
+  EXPECT_TRUE(source_->Touched(Big(1, 8192, 4096)));
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(1, 0, kBlock)); }));
+}
+
 TEST_F(RangeFirstTest, NoRoomNoWholeBlock) {
   OpenStore(2 << 20);  // a 4 MiB block never fits
   std::string out;
