@@ -6,6 +6,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 bash "$ROOT/scripts/install-deps.sh"
 bash "$ROOT/scripts/s3-server.sh" install   # Ceph RGW for the S3 tests
 bash "$ROOT/scripts/nfs-server.sh" install  # nfs-ganesha for the NFS tests
+bash "$ROOT/scripts/etcd.sh" install        # etcd for the masters' leader election tests
 # The official ali-oss SDK, to check OSS signatures against (versions pinned by package-lock.json).
 command -v npm >/dev/null || bash "$ROOT/scripts/apt-ensure.sh" nodejs npm
 (cd "$ROOT/tests/ufs/oss_sdk" && npm ci --silent --no-audit --no-fund >/dev/null)

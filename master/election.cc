@@ -1,0 +1,175 @@
+#include "master/election.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace granary::master {
+namespace {
+
+// A failed call to etcd is tried again after this long (bounded by the fence while leading).
+constexpr std::chrono::milliseconds kRetry{250};
+
+}  // namespace
+
+LeaderElection::LeaderElection(Coordinator* coord, ElectionOptions opts, OnChange on_change,
+                               std::function<Clock::time_point()> now)
+    : coord_(coord), opts_(std::move(opts)), on_change_(std::move(on_change)), now_(std::move(now)) {
+  MutexLock lock(&mu_);
+  since_ = now_();
+}
+
+LeaderElection::~LeaderElection() { Stop(); }
+
+bool LeaderElection::IsLeader() const {
+  MutexLock lock(&mu_);
+  return leading_ && now_() < valid_until_;
+}
+
+int64_t LeaderElection::term() const {
+  MutexLock lock(&mu_);
+  return leading_ ? term_ : 0;
+}
+
+std::string LeaderElection::leader() const {
+  MutexLock lock(&mu_);
+  return leader_;
+}
+
+LeaderElection::Clock::time_point LeaderElection::since() const {
+  MutexLock lock(&mu_);
+  return since_;
+}
+
+void LeaderElection::Notify(bool leading, int64_t term) {
+  if (on_change_) on_change_(leading, term);
+}
+
+LeaderElection::Clock::time_point LeaderElection::Step() {
+  MutexLock step(&step_mu_);
+  const Clock::time_point now = now_();
+  bool leading;
+  {
+    MutexLock lock(&mu_);
+    leading = leading_;
+  }
+  return leading ? KeepLeading(now) : Campaign(now);
+}
+
+LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now) {
+  const auto poll = std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;
+  StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
+  if (!held.ok()) {
+    spdlog::warn("leader election: cannot read {} from etcd: {}", opts_.key, held.status().ToString());
+    return now + kRetry;
+  }
+  if (held->has_value()) {  // someone leads (or a lease not yet expired still holds the key)
+    MutexLock lock(&mu_);
+    leader_ = (*held)->value;
+    return now + poll;
+  }
+  // The lease's ttl runs from when etcd granted it, which is after this instant: the fence counts
+  // from here.
+  const Clock::time_point sent = now_();
+  StatusOr<int64_t> lease = coord_->Grant(opts_.ttl);
+  if (!lease.ok()) {
+    spdlog::warn("leader election: cannot get a lease from etcd: {}", lease.status().ToString());
+    return now + kRetry;
+  }
+  StatusOr<EtcdKv> kv = coord_->CreateIfAbsent(opts_.key, opts_.id, *lease);
+  if (!kv.ok() || kv->lease != *lease) {
+    coord_->Revoke(*lease).IgnoreError();  // unused; it would expire by itself anyway
+    if (!kv.ok()) {
+      spdlog::warn("leader election: campaign for {} failed: {}", opts_.key, kv.status().ToString());
+      return now + kRetry;
+    }
+    MutexLock lock(&mu_);
+    leader_ = kv->value;
+    return now + poll;
+  }
+  lease_ = *lease;
+  {
+    MutexLock lock(&mu_);
+    leading_ = true;
+    term_ = kv->create_revision;
+    valid_until_ = sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) - opts_.margin;
+    leader_ = opts_.id;
+    since_ = now;
+  }
+  spdlog::info("leader election: {} leads (term {})", opts_.id, kv->create_revision);
+  Notify(true, kv->create_revision);
+  return sent + poll;
+}
+
+LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point now) {
+  Clock::time_point valid_until;
+  {
+    MutexLock lock(&mu_);
+    valid_until = valid_until_;
+  }
+  if (now >= valid_until) {
+    StepDown(now, "its lease could not be kept alive in time");
+    return now;
+  }
+  const Clock::time_point sent = now;
+  StatusOr<int64_t> ttl = coord_->KeepAlive(lease_);
+  if (ttl.ok()) {
+    MutexLock lock(&mu_);
+    valid_until_ = sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) - opts_.margin;
+    return sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;
+  }
+  if (ttl.status().code() == Code::kNotFound) {
+    StepDown(now_(), "its lease expired in etcd");
+    return now_();
+  }
+  spdlog::warn("leader election: cannot keep the lease alive: {}", ttl.status().ToString());
+  return std::min(now_() + kRetry, valid_until);
+}
+
+void LeaderElection::StepDown(Clock::time_point now, const std::string& why) {
+  lease_ = 0;  // not kept alive any more; etcd ends it
+  {
+    MutexLock lock(&mu_);
+    if (!leading_) return;
+    leading_ = false;
+    term_ = 0;
+    leader_.clear();
+    since_ = now;
+  }
+  spdlog::warn("leader election: {} steps down: {}", opts_.id, why);
+  Notify(false, 0);
+}
+
+void LeaderElection::Start() {
+  MutexLock lock(&thread_mu_);
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] {
+    for (;;) {
+      const Clock::time_point next = Step();
+      MutexLock l(&thread_mu_);
+      while (!stop_ && Clock::now() < next && l.WaitUntil(&wake_, next)) {
+      }
+      if (stop_) return;
+    }
+  });
+}
+
+void LeaderElection::Stop() {
+  std::thread t;
+  {
+    MutexLock lock(&thread_mu_);
+    stop_ = true;
+    t = std::move(thread_);
+  }
+  wake_.notify_all();
+  if (t.joinable()) t.join();
+  MutexLock step(&step_mu_);
+  if (lease_ != 0) {
+    // Resign: the key goes with the lease, and a standby leads at its next round.
+    coord_->Revoke(lease_).IgnoreError();
+    StepDown(now_(), "it is stopping");
+  }
+}
+
+}  // namespace granary::master

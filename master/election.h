@@ -1,0 +1,105 @@
+// LeaderElection: which of the granary-masters leads, through etcd (master/etcd.h), and when a
+// leader must stop acting as one.
+//
+// Design note. Each master campaigns for one key (ElectionOptions::key): it grants itself a lease
+// of `ttl` and, in one transaction, creates the key with its id bound to that lease if the key
+// does not exist. The master whose transaction created the key leads; its *term* is the key's
+// create_revision, which grows with every new leader (a later creation has a later revision), so
+// whatever a leader stamps with its term can be told apart from an older leader's. A leader keeps
+// its lease alive every ttl/3; a standby reads the key every ttl/3 (who leads) and campaigns when it
+// is gone (the leader resigned, or its lease expired).
+//
+// Fencing. A leader cut off from etcd must stop acting as leader before anyone else can start. etcd
+// ends a lease no earlier than `ttl` after the keep-alive that last renewed it reached it, which is
+// after the leader sent it. So the leader counts its leadership as valid until
+//     (when it sent its last keep-alive that succeeded) + ttl - margin
+// (IsLeader) and steps down at that instant by its own clock, whatever etcd says or does not say;
+// another master can create the key only once etcd has ended the lease, which is later. `margin`
+// covers the two clocks' rates differing over one ttl and the time an action checked against
+// IsLeader takes to land (a write must be checked against IsLeader and finish within the margin).
+// A leader whose keep-alive is answered "expired" steps down at once.
+//
+// Step() does one round (campaign, keep-alive or read) and says when the next is due: tests drive it
+// on a fake clock with a fake Coordinator (tests/master/election_test.cc); Start() runs it on a
+// thread. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "common/thread_annotations.h"
+#include "master/etcd.h"
+
+namespace granary::master {
+
+struct ElectionOptions {
+  std::string key = "/granary/leader";  // the key campaigned for
+  std::string id;                       // this master (its address): the key's value while it leads
+  std::chrono::seconds ttl{5};          // the lease: failover takes at most about this long
+  std::chrono::milliseconds margin{1000};  // fencing margin (see the design note); < ttl / 3
+};
+
+class LeaderElection {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Called on every change of leadership of this master: leading (with its term) or not.
+  using OnChange = std::function<void(bool leading, int64_t term)>;
+
+  // `coord` outlives this object. `now`: the clock (tests pass their own).
+  LeaderElection(Coordinator* coord, ElectionOptions opts, OnChange on_change = nullptr,
+                 std::function<Clock::time_point()> now = Clock::now);
+  ~LeaderElection();  // Stop()s; a leader resigns
+  LeaderElection(const LeaderElection&) = delete;
+  LeaderElection& operator=(const LeaderElection&) = delete;
+
+  // One round; returns when the next is due.
+  Clock::time_point Step();
+  // Runs Step on a thread until Stop.
+  void Start();
+  // Stops the thread; a leader resigns (its lease revoked: a standby takes over at its next round).
+  void Stop();
+
+  // True while this master leads and its leadership is fenced valid (see the design note).
+  bool IsLeader() const;
+  // This master's term while it leads (the leader key's create_revision), else 0.
+  int64_t term() const;
+  // The leader's id as last read (empty: none known), and whether it is this master.
+  std::string leader() const;
+  // When this master last became leader or a standby (for `granary report`).
+  Clock::time_point since() const;
+
+ private:
+  // The rounds (Step): etcd is asked with mu_ released, so IsLeader never waits for it.
+  Clock::time_point Campaign(Clock::time_point now) REQUIRES(step_mu_);
+  Clock::time_point KeepLeading(Clock::time_point now) REQUIRES(step_mu_);
+  void StepDown(Clock::time_point now, const std::string& why) REQUIRES(step_mu_);
+  // Tells on_change_ of a change (outside every lock).
+  void Notify(bool leading, int64_t term);
+
+  Coordinator* const coord_;
+  const ElectionOptions opts_;
+  const OnChange on_change_;
+  const std::function<Clock::time_point()> now_;
+
+  Mutex step_mu_;  // one round at a time
+  int64_t lease_ GUARDED_BY(step_mu_) = 0;  // held while leading
+
+  mutable Mutex mu_;
+  bool leading_ GUARDED_BY(mu_) = false;
+  int64_t term_ GUARDED_BY(mu_) = 0;
+  Clock::time_point valid_until_ GUARDED_BY(mu_){};  // fence: leadership is void from here
+  std::string leader_ GUARDED_BY(mu_);
+  Clock::time_point since_ GUARDED_BY(mu_){};
+
+  Mutex thread_mu_;
+  std::condition_variable wake_;
+  bool stop_ GUARDED_BY(thread_mu_) = false;
+  std::thread thread_ GUARDED_BY(thread_mu_);
+};
+
+}  // namespace granary::master

@@ -1,0 +1,193 @@
+#include "master/etcd.h"
+
+#include <httplib.h>
+#include <openssl/evp.h>
+
+#include <nlohmann/json.hpp>
+
+namespace granary::master {
+namespace {
+
+using json = nlohmann::json;
+
+// etcd's gateway writes 64-bit integers as strings, and leaves out fields at their default.
+int64_t Int(const json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_string()) {
+    try {
+      return std::stoll(it->get<std::string>());
+    } catch (...) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+StatusOr<EtcdKv> KvOf(const json& j) {
+  EtcdKv kv;
+  ASSIGN_OR_RETURN(kv.key, Base64Decode(j.value("key", std::string())));
+  ASSIGN_OR_RETURN(kv.value, Base64Decode(j.value("value", std::string())));
+  kv.create_revision = Int(j, "create_revision");
+  kv.mod_revision = Int(j, "mod_revision");
+  kv.lease = Int(j, "lease");
+  return kv;
+}
+
+StatusOr<json> Parse(const std::string& body, const std::string& what) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InternalError("etcd answered " + what + " with something that is not JSON");
+  if (j.contains("error") || j.contains("code")) {
+    return InternalError("etcd refused " + what + ": " + j.value("message", j.value("error", std::string("?"))));
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string Base64Encode(const std::string& in) {
+  std::string out(4 * ((in.size() + 2) / 3), '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
+StatusOr<std::string> Base64Decode(const std::string& in) {
+  if (in.empty()) return std::string();
+  if (in.size() % 4 != 0) return InvalidArgumentError("not base64 (length " + std::to_string(in.size()) + ")");
+  std::string out(3 * (in.size() / 4), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  if (n < 0) return InvalidArgumentError("not base64");
+  // EVP_DecodeBlock counts the padding's bytes as data: take them off.
+  size_t len = static_cast<size_t>(n);
+  if (in.back() == '=') --len;
+  if (in.size() >= 2 && in[in.size() - 2] == '=') --len;
+  out.resize(len);
+  return out;
+}
+
+StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::vector<std::string>& endpoints,
+                                                         std::chrono::milliseconds timeout) {
+  if (endpoints.empty()) return InvalidArgumentError("no etcd endpoint given (master.etcd_endpoints)");
+  std::vector<Endpoint> parsed;
+  for (const std::string& e : endpoints) {
+    const std::string scheme = "http://";
+    if (e.rfind(scheme, 0) != 0) {
+      return InvalidArgumentError("etcd endpoint '" + e + "' is not http://HOST:PORT (https is not supported yet)");
+    }
+    std::string rest = e.substr(scheme.size());
+    while (!rest.empty() && rest.back() == '/') rest.pop_back();
+    const size_t colon = rest.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == rest.size()) {
+      return InvalidArgumentError("etcd endpoint '" + e + "' has no port (http://HOST:PORT)");
+    }
+    Endpoint ep;
+    ep.host = rest.substr(0, colon);
+    try {
+      size_t used = 0;
+      ep.port = std::stoi(rest.substr(colon + 1), &used);
+      if (used != rest.size() - colon - 1 || ep.port <= 0 || ep.port > 65535) throw std::out_of_range("port");
+    } catch (...) {
+      return InvalidArgumentError("etcd endpoint '" + e + "' has no valid port (1-65535)");
+    }
+    parsed.push_back(std::move(ep));
+  }
+  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(parsed), timeout));
+}
+
+StatusOr<std::string> EtcdClient::Post(const std::string& path, const std::string& body) {
+  std::string last = "no endpoint";
+  const size_t first = preferred_.load();
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    const size_t at = (first + i) % endpoints_.size();
+    const Endpoint& ep = endpoints_[at];
+    httplib::Client cli(ep.host, ep.port);
+    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(timeout_);
+    const auto usecs = std::chrono::duration_cast<std::chrono::microseconds>(timeout_ - secs);
+    cli.set_connection_timeout(secs.count(), usecs.count());
+    cli.set_read_timeout(secs.count(), usecs.count());
+    cli.set_write_timeout(secs.count(), usecs.count());
+    auto res = cli.Post(path, body, "application/json");
+    if (!res) {
+      last = ep.host + ":" + std::to_string(ep.port) + ": " + httplib::to_string(res.error());
+      continue;
+    }
+    if (res->status >= 500) {  // a member without quorum, or shutting down: another may answer
+      last = ep.host + ":" + std::to_string(ep.port) + ": HTTP " + std::to_string(res->status);
+      continue;
+    }
+    preferred_ = at;
+    if (res->status != 200) {
+      return InternalError("etcd answered " + path + " with HTTP " + std::to_string(res->status) + ": " +
+                           res->body.substr(0, 200));
+    }
+    return res->body;
+  }
+  return UnavailableError("no etcd endpoint answered " + path + " (last: " + last + ")");
+}
+
+StatusOr<int64_t> EtcdClient::Grant(std::chrono::seconds ttl) {
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/lease/grant", json{{"TTL", ttl.count()}}.dump()));
+  ASSIGN_OR_RETURN(json j, Parse(body, "a lease grant"));
+  const int64_t id = Int(j, "ID");
+  if (id == 0) return InternalError("etcd granted a lease with no ID");
+  return id;
+}
+
+StatusOr<int64_t> EtcdClient::KeepAlive(int64_t lease) {
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}.dump()));
+  ASSIGN_OR_RETURN(json j, Parse(body, "a lease keep-alive"));
+  const json& r = j.contains("result") && j["result"].is_object() ? j["result"] : j;
+  const int64_t ttl = Int(r, "TTL");
+  if (ttl <= 0) return NotFoundError("etcd lease " + std::to_string(lease) + " has expired");
+  return ttl;
+}
+
+Status EtcdClient::Revoke(int64_t lease) {
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}.dump()));
+  return Parse(body, "a lease revocation").status();
+}
+
+StatusOr<EtcdKv> EtcdClient::CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease) {
+  const std::string k = Base64Encode(key);
+  json txn = {
+      {"compare", json::array({{{"key", k}, {"result", "EQUAL"}, {"target", "CREATE"}, {"create_revision", "0"}}})},
+      {"success", json::array({{{"requestPut", {{"key", k}, {"value", Base64Encode(value)}, {"lease", std::to_string(lease)}}}}})},
+      {"failure", json::array({{{"requestRange", {{"key", k}}}}})},
+  };
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/txn", txn.dump()));
+  ASSIGN_OR_RETURN(json j, Parse(body, "a transaction"));
+  if (j.value("succeeded", false)) {
+    EtcdKv kv;
+    kv.key = key;
+    kv.value = value;
+    kv.lease = lease;
+    kv.create_revision = kv.mod_revision = j.contains("header") ? Int(j["header"], "revision") : 0;
+    if (kv.create_revision == 0) return InternalError("etcd's transaction answer has no revision");
+    return kv;
+  }
+  // Someone holds it: the range in the failure branch says who.
+  const json* kvs = nullptr;
+  if (j.contains("responses") && j["responses"].is_array() && !j["responses"].empty()) {
+    const json& r = j["responses"][0];
+    if (r.contains("response_range") && r["response_range"].contains("kvs")) kvs = &r["response_range"]["kvs"];
+  }
+  if (kvs == nullptr || !kvs->is_array() || kvs->empty()) {
+    // Cannot be etcd's (the compare and the range are one transaction): say what came.
+    return InternalError("etcd's failed transaction on " + key + " shows no key: " + body.substr(0, 200));
+  }
+  return KvOf((*kvs)[0]);
+}
+
+StatusOr<std::optional<EtcdKv>> EtcdClient::Get(const std::string& key) {
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/range", json{{"key", Base64Encode(key)}}.dump()));
+  ASSIGN_OR_RETURN(json j, Parse(body, "a range read"));
+  if (!j.contains("kvs") || !j["kvs"].is_array() || j["kvs"].empty()) return std::optional<EtcdKv>();
+  ASSIGN_OR_RETURN(EtcdKv kv, KvOf(j["kvs"][0]));
+  return std::optional<EtcdKv>(std::move(kv));
+}
+
+}  // namespace granary::master
