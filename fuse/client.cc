@@ -164,7 +164,10 @@ void Client::PrefetchLoop() {
       MutexLock lock(&prefetch_mu_);
       while (!prefetch_stop_ && prefetch_queue_.empty() && touches_.blocks_size() == 0) lock.Wait(&prefetch_cv_);
       if (prefetch_stop_) return;
-      if (touches_.blocks_size() > 0) {  // every touch reported so far, in one request
+      // Every touch reported so far in one request, and readahead hints, by turns: neither waits
+      // behind the other.
+      touch_turn_ = !touch_turn_;
+      if (touches_.blocks_size() > 0 && (touch_turn_ || prefetch_queue_.empty())) {
         pr.Swap(&touches_);
       } else {
         pr = std::move(prefetch_queue_.front());

@@ -153,6 +153,7 @@ class Client {
   std::condition_variable prefetch_cv_;
   std::deque<rpc::PrefetchRequest> prefetch_queue_ GUARDED_BY(prefetch_mu_);
   rpc::PrefetchRequest touches_ GUARDED_BY(prefetch_mu_);  // touched: reports not yet sent
+  bool touch_turn_ GUARDED_BY(prefetch_mu_) = false;       // PrefetchLoop: touches' turn next
   bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
   std::thread prefetcher_ GUARDED_BY(prefetch_mu_);  // started with the first hint
 };

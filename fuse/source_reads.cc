@@ -50,12 +50,15 @@ SourceReads::Grant SourceReads::Direct(const std::string& key, uint64_t index, b
   MutexLock lock(&mu_);
   Entry* e = Touch(key);
   if (e == nullptr || !e->file) return {};
+  // Only what the worker would read range first: a sequential reader's block start is its to fetch
+  // whole and keep.
+  if (!range_first) return {};
   const Clock::time_point now = now_();
   auto b = e->left.find(index);
   if (b == e->left.end()) {
-    // A block the worker has not answered since the file came: read here when the worker would
-    // have read just this range from the source too, and the block is not known to be cached.
-    if (!range_first || index >= e->cached.size() || e->cached[index] || e->left.size() >= kMaxBlocks) return {};
+    // A block the worker has not answered since the file came: read here unless it is known to be
+    // cached.
+    if (index >= e->cached.size() || e->cached[index] || e->left.size() >= kMaxBlocks) return {};
     b = e->left.emplace(index, Entry::Left{kDirectReads, 0, now + kDirectFor}).first;
   }
   Entry::Left& l = b->second;
@@ -65,7 +68,9 @@ SourceReads::Grant SourceReads::Direct(const std::string& key, uint64_t index, b
     return {};
   }
   --l.reads;  // at 0, the next read of the block asks the worker
-  Grant g{e->file, l.touches < 2};
+  // A worker that sent no bitmap predates touch reports (it would take one for a readahead hint
+  // and fetch the block whole): it is told nothing.
+  Grant g{e->file, l.touches < 2 && !e->file->cached().empty()};
   if (g.touch) ++l.touches;  // the worker fills a block on its second touch
   return g;
 }

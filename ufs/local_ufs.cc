@@ -142,6 +142,8 @@ StatusOr<int> LocalUfs::OpenAtVersion(const std::string& full, const std::string
     ok = VersionChangedError(full + " is no longer a regular file in the under-storage");
   }
   if (ok.ok() && VersionOf(*st) != version) ok = VersionChangedError(full + " changed in the under-storage since it was listed");
+  // Reads block as usual from here (a file system that honours O_NONBLOCK would answer EAGAIN).
+  if (ok.ok() && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) ok = ErrnoError(errno, "fcntl " + full);
   if (!ok.ok()) {
     close(fd);
     return ok;

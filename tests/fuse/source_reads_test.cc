@@ -88,8 +88,10 @@ TEST(SourceReads, OnceTheFileCameRangeFirstReadsOfUncachedBlocksAreReadHere) {
   EXPECT_TRUE(r.Direct("f", 4, true).touch);
   EXPECT_FALSE(r.Direct("f", 4, true).touch);
   // Not range first (a read at a block's start: a sequential reader's, which the worker keeps
-  // whole), a block the worker has cached, or one past what it said: asked of the worker.
+  // whole; also in a block read here), a block the worker has cached, or one past what it said:
+  // asked of the worker.
   EXPECT_EQ(r.Direct("f", 5, false).file, nullptr);
+  EXPECT_EQ(r.Direct("f", 4, false).file, nullptr);
   EXPECT_EQ(r.Direct("f", 2, true).file, nullptr);
   EXPECT_EQ(r.Direct("f", 16, true).file, nullptr);
   // The worker answered block 4 from its cache: asked of it from now on.
@@ -103,6 +105,20 @@ TEST(SourceReads, OnceTheFileCameRangeFirstReadsOfUncachedBlocksAreReadHere) {
   r.Forget("f");
   EXPECT_EQ(r.Direct("f", 3, true).file, nullptr);
   EXPECT_TRUE(r.Wants("f"));
+}
+
+// A worker that sends no bitmap of its cached blocks predates touch reports (it would take one for
+// a readahead hint and fetch the whole block): its grants are read here, and it is told nothing.
+TEST(SourceReads, AnOlderWorkerIsSentNoTouches) {
+  SourceReads r;
+  auto f = Fake(std::string());
+  r.FromSource("f", 3, f, true);
+  for (uint32_t i = 0; i < SourceReads::kDirectReads; ++i) {
+    SourceReads::Grant g = r.Direct("f", 3, true);
+    EXPECT_EQ(g.file, f) << i;
+    EXPECT_FALSE(g.touch) << i;
+  }
+  EXPECT_EQ(r.Direct("f", 4, true).file, nullptr) << "without its bitmap, a block it has not answered is asked of it";
 }
 
 TEST(SourceReads, OnlyReadsTheWorkerWouldAnswerRangeFirstAreReadHere) {
@@ -236,7 +252,7 @@ TEST(SourceReads, MatchesAModelOverRandomOperations) {
           const bool rf = rng() % 4 != 0;
           SourceReads::Grant g = r.Direct(key, block, rf);
           bool expect = false, touch = false;
-          if (m.held) {
+          if (m.held && rf) {
             auto it = m.left.find(block);
             if (it == m.left.end() && rf && block < m.cached.size() && !m.cached[block]) {
               it = m.left.emplace(block, Block{SourceReads::kDirectReads, 0}).first;

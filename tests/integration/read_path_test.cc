@@ -530,6 +530,26 @@ TEST_P(SourceReadsTest, RandomReadsReturnTheSourceBytesAndTheWorkerStillFillsHot
   })) << "the worker did not fill the blocks read at random";
 }
 
+// A random READ across a block boundary: with source reads on, both pieces are granary-fuse's own
+// (the second starts at the next block's offset 0, but the READ is marked random, so it is not taken
+// for a sequential reader's block start), read in place into one reply.
+TEST_P(SourceReadsTest, AReadAcrossABlockBoundaryIsPutTogetherFromTwoPieces) {
+  int fd = open((cluster_.mountpoint() + "/ds/big.bin").c_str(), O_RDONLY | O_DIRECT);
+  ASSERT_GE(fd, 0);
+  const size_t len = 49 * 4096;
+  void* mem = nullptr;
+  ASSERT_EQ(posix_memalign(&mem, 4096, len), 0);
+  std::unique_ptr<char, decltype(&free)> buf(static_cast<char*>(mem), &free);
+  // The first read brings the file (the worker answers it range first).
+  ASSERT_EQ(pread(fd, buf.get(), 4096, 64 << 10), 4096);
+  ASSERT_EQ(std::string(buf.get(), 4096), want_.substr(64 << 10, 4096));
+  const uint64_t off = (8 << 20) - (96 << 10);  // 96 KiB of block 1, then 100 KiB of block 2
+  ASSERT_EQ(pread(fd, buf.get(), len, static_cast<off_t>(off)), static_cast<ssize_t>(len));
+  EXPECT_EQ(std::string(buf.get(), len), want_.substr(off, len)) << "bytes out of place in the reply";
+  close(fd);
+  EXPECT_EQ(SourcePieces(), GetParam() ? 2 : 0) << "both pieces of the crossing read are granary-fuse's own";
+}
+
 TEST_P(SourceReadsTest, AFileRewrittenUnderAnOpenNeverMixesVersions) {
   // O_DIRECT: each pread is one READ of exactly its range (no page cache, no kernel readahead).
   int fd = open((cluster_.mountpoint() + "/ds/big.bin").c_str(), O_RDONLY | O_DIRECT);
