@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/thread_annotations.h"
+#include "fuse/read_leases.h"
 #include "proto/granary.pb.h"
 
 namespace granary::fuse {
@@ -22,10 +23,10 @@ namespace granary::fuse {
 class ReadStreams {
  public:
   static constexpr size_t kStreams = 4;
-  static constexpr uint64_t kSlack = 4 << 20;  // ReadLeases::kSequentialSlack; or 4 READs' length
-  // Notes a READ of `size` bytes at `off`; true when it is a random one.
+  // Notes a READ of `size` bytes at `off`; true when it is a random one. Near a stream: within
+  // ReadLeases::kSequentialSlack (or 4 READs' length) of its end.
   bool Note(uint64_t off, uint64_t size) {
-    const uint64_t slack = std::max<uint64_t>(kSlack, 4 * size);
+    const uint64_t slack = std::max<uint64_t>(ReadLeases::kSequentialSlack, 4 * size);
     for (size_t i = 0; i < used_; ++i) {
       if (off + slack >= ends_[i] && off <= ends_[i] + slack) {
         ends_[i] = off + size;

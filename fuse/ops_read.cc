@@ -366,7 +366,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   CountReadSources(fs, of->info.mount_id(), data, scope.tracing() ? &scope.record() : nullptr);
   const bool in_memory = std::all_of(data.pieces.begin(), data.pieces.end(),
                                      [](const LocalChannel::Piece& p) { return p.fd < 0; });
-  if (ring != nullptr || (in_memory && data.pieces.size() > 1) || (in_memory && data.pieces[0].mem != nullptr)) {
+  if (ring != nullptr || (in_memory && (data.pieces.size() > 1 || data.pieces[0].mem != nullptr))) {
     // A ring thread: the pieces are read or copied straight into its entry, one copy in all. Else
     // bytes in memory are put together in the scratch buffer (those read from the source are there
     // already) and written once, not gathered by libfuse into a fresh allocation per reply.

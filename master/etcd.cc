@@ -30,7 +30,6 @@ StatusOr<EtcdKv> KvOf(const json& j) {
   ASSIGN_OR_RETURN(kv.key, Base64Decode(j.value("key", std::string())));
   ASSIGN_OR_RETURN(kv.value, Base64Decode(j.value("value", std::string())));
   kv.create_revision = Int(j, "create_revision");
-  kv.mod_revision = Int(j, "mod_revision");
   kv.lease = Int(j, "lease");
   return kv;
 }
@@ -165,7 +164,7 @@ StatusOr<EtcdKv> EtcdClient::CreateIfAbsent(const std::string& key, const std::s
     kv.key = key;
     kv.value = value;
     kv.lease = lease;
-    kv.create_revision = kv.mod_revision = j.contains("header") ? Int(j["header"], "revision") : 0;
+    kv.create_revision = j.contains("header") ? Int(j["header"], "revision") : 0;
     if (kv.create_revision == 0) return InternalError("etcd's transaction answer has no revision");
     return kv;
   }

@@ -33,7 +33,6 @@ namespace granary::master {
 struct EtcdKv {
   std::string key, value;
   int64_t create_revision = 0;
-  int64_t mod_revision = 0;
   int64_t lease = 0;
 };
 

@@ -196,6 +196,21 @@ bool BlockSource::IsCached(const BlockRequest& req) {
   return t.ok() && store_->Contains(t->meta.id);
 }
 
+std::string BlockSource::CachedBlocks(const BlockRequest& req, uint64_t max_blocks) {
+  BlockRequest first = req;
+  first.index = first.offset = first.length = 0;
+  auto t = Resolve(first);  // the file's key, once
+  if (!t.ok()) return {};
+  const uint64_t blocks = std::min((req.file_size + req.block_size - 1) / req.block_size, max_blocks);
+  std::string bits((blocks + 7) / 8, '\0');
+  BlockId id = t->meta.id;
+  for (uint64_t i = 0; i < blocks; ++i) {
+    id.index = i;
+    if (store_->Contains(id)) bits[i / 8] = static_cast<char>(bits[i / 8] | (1 << (i % 8)));
+  }
+  return bits;
+}
+
 bool BlockSource::Touched(const BlockRequest& req) {
   auto t = Resolve(req);
   if (!t.ok() || t->len == 0 || store_->Contains(t->meta.id)) return false;

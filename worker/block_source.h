@@ -175,6 +175,9 @@ class BlockSource {
 
   // Whether req's block is cached here (a cheap look: its key and the store's index).
   bool IsCached(const BlockRequest& req);
+  // Which of the first `max_blocks` blocks of req's file are cached here: bit i of byte i / 8 for
+  // block i (LocalResponse.source_cached). Empty when req does not resolve.
+  std::string CachedBlocks(const BlockRequest& req, uint64_t max_blocks);
 
   // The membership changed: classify every cached block again (replica or elastic copy), in the
   // background, and report the changes. Calls while one runs coalesce into one more pass.

@@ -176,15 +176,7 @@ void LocalServer::Serve(int conn) {
           resp.set_source_mtime_ns(f->mtime_ns);
           resp.set_source_ino(f->ino);
           // Which blocks are cached here: granary-fuse asks for those rather than read the source.
-          const uint64_t blocks = br.block_size == 0 ? 0 : (br.file_size + br.block_size - 1) / br.block_size;
-          std::string cached((std::min<uint64_t>(blocks, kSourceCachedBlocks) + 7) / 8, '\0');
-          BlockRequest probe = br;
-          probe.offset = probe.length = 0;
-          for (uint64_t i = 0; i < cached.size() * 8 && i < blocks; ++i) {
-            probe.index = i;
-            if (source_->IsCached(probe)) cached[i / 8] = static_cast<char>(cached[i / 8] | (1 << (i % 8)));
-          }
-          resp.set_source_cached(std::move(cached));
+          resp.set_source_cached(source_->CachedBlocks(br, kSourceCachedBlocks));
         } else if (f.status().code() != Code::kUnimplemented) {
           // granary-fuse asks again later (SourceReads::kAskAgain); the read itself was answered.
           spdlog::debug("no source file for granary-fuse: {}", f.status().ToString());

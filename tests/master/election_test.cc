@@ -70,7 +70,7 @@ class FakeCoordinator : public Coordinator {
     auto it = etcd_->keys.find(key);
     if (it != etcd_->keys.end()) return it->second;
     if (etcd_->leases.count(lease) == 0) return NotFoundError("no such lease");
-    EtcdKv kv{key, value, ++etcd_->revision, etcd_->revision, lease};
+    EtcdKv kv{key, value, ++etcd_->revision, lease};
     etcd_->keys[key] = kv;
     return kv;
   }

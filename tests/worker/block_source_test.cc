@@ -352,6 +352,17 @@ TEST_F(RangeFirstTest, TouchesReportedByGranaryFuseFillABlockTouchedTwice) {
   ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(1, 0, kBlock)); }));
 }
 
+// The bitmap the worker sends with a source file (LocalResponse.source_cached): bit i of byte i / 8
+// for block i, as fuse/source_reads.cc reads it.
+TEST_F(RangeFirstTest, CachedBlocksSaysWhichBlocksAreCached) {
+  EXPECT_EQ(source_->CachedBlocks(Big(0, 0, 0), 4096), std::string(1, '\0'));
+  std::string out;
+  bool hit;
+  ASSERT_TRUE(source_->Read(Big(1, 0, 4096), &out, &hit).ok());  // a block's start: fetched whole, kept
+  EXPECT_EQ(source_->CachedBlocks(Big(0, 0, 0), 4096), std::string(1, '\x02'));
+  EXPECT_EQ(source_->CachedBlocks(Big(0, 0, 0), 1), std::string(1, '\0')) << "only the first block asked";
+}
+
 TEST_F(RangeFirstTest, NoRoomNoWholeBlock) {
   OpenStore(2 << 20);  // a 4 MiB block never fits
   std::string out;
