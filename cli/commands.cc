@@ -281,6 +281,18 @@ int CmdReport(MasterConn& m, bool json) {
     }
     j["cache"] = {{"capacity_bytes", capacity}, {"used_bytes", used}, {"hits", hits},
                   {"misses", misses}, {"ufs_bytes", ufs_bytes}};
+    const rpc::MasterRole& role = r.master();
+    nlohmann::json mj = {{"leader", role.id()},
+                         {"ha", role.ha()},
+                         {"term", role.term()},
+                         {"since_unix_ns", role.since_unix_ns()},
+                         {"journal_index", role.position().index()}};
+    mj["standbys"] = nlohmann::json::array();
+    for (const auto& sb : role.standbys()) {
+      mj["standbys"].push_back(
+          {{"id", sb.id()}, {"in_sync", sb.in_sync()}, {"acked_index", sb.acked_index()}, {"lag", sb.lag()}});
+    }
+    j["master"] = std::move(mj);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -288,6 +300,23 @@ int CmdReport(MasterConn& m, bool json) {
               FormatBytes(capacity).c_str(), FormatBytes(used).c_str(), static_cast<unsigned long long>(hits),
               static_cast<unsigned long long>(misses), Percent(hits, hits + misses).c_str(),
               FormatBytes(ufs_bytes).c_str());
+  if (r.has_master() && !r.master().id().empty()) {
+    const rpc::MasterRole& role = r.master();
+    if (role.ha()) {
+      std::time_t since = static_cast<std::time_t>(role.since_unix_ns() / 1000000000);
+      char when[32];
+      std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", std::gmtime(&since));
+      std::printf("Master: %s leads since %s UTC (term %llu, journal at entry %llu)\n", role.id().c_str(), when,
+                  static_cast<unsigned long long>(role.term()), static_cast<unsigned long long>(role.position().index()));
+      if (role.standbys_size() == 0) std::printf("  no standby follows it: a failover would wait for it to come back\n");
+      for (const auto& sb : role.standbys()) {
+        std::printf("  standby %-24s %-12s %llu entries behind\n", sb.id().c_str(), sb.in_sync() ? "in sync" : "catching up",
+                    static_cast<unsigned long long>(sb.lag()));
+      }
+    } else {
+      std::printf("Master: %s (single master, no standbys)\n", role.id().c_str());
+    }
+  }
   std::printf("\nWorkers:\n  %-4s %-24s %-6s %10s %10s %10s %8s %10s %10s\n", "ID", "ADDRESS", "STATE", "CAPACITY",
               "USED", "ELASTIC", "BLOCKS", "HITS", "MISSES");
   for (const auto& w : r.workers()) {

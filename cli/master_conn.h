@@ -19,15 +19,19 @@ class MasterConn {
     MasterConn c;
     c.cfg_ = cfg;
     c.sec_ = sec;
-    c.stub_ = std::shared_ptr<rpc::Master::Stub>(rpc::Master::NewStub(sec->MakeChannel(cfg.master.address)));
+    c.holder_ = std::make_shared<StubHolder<rpc::Master>>(sec, cfg.master.address);
     return c;
   }
-  // Calls stub method `fn` with a prepared context.
+  // Calls stub method `fn` with a prepared context. With several masters (standbys) the call
+  // follows the leader and waits out an election, for up to rpc.master_wait; with one, a master
+  // that does not answer is said at once.
   template <typename Req, typename Resp, typename Fn>
   Status Call(Fn fn, const Req& req, Resp* resp) {
-    grpc::ClientContext ctx;
-    sec_->Prepare(&ctx, cfg_.rpc.timeout);
-    grpc::Status s = ((*stub_).*fn)(&ctx, req, resp);
+    auto wait = holder_->address_count() > 1 ? cfg_.rpc.master_wait : std::chrono::milliseconds(0);
+    grpc::Status s = CallWithFailover(*holder_, *sec_, cfg_.rpc.timeout, wait,
+                                      [&](rpc::Master::Stub& stub, grpc::ClientContext& ctx) {
+                                        return (stub.*fn)(&ctx, req, resp);
+                                      });
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return UnavailableError("cannot reach the master at " + cfg_.master.address + ": " + s.error_message() +
                               " (is granary-master or `granary local` running? set --master or GRANARY_MASTER;"
@@ -39,7 +43,7 @@ class MasterConn {
  private:
   Config cfg_;
   std::shared_ptr<RpcSecurity> sec_;
-  std::shared_ptr<rpc::Master::Stub> stub_;
+  std::shared_ptr<StubHolder<rpc::Master>> holder_;
 };
 
 

@@ -22,6 +22,18 @@ StatusOr<std::string> ParseAs<std::string>(SettingKind kind, std::string_view te
     auto hp = ParseHostPort(v);
     if (!hp.ok()) return hp.status();
   }
+  if (kind == SettingKind::kAddressList) {
+    if (v.empty()) return InvalidArgumentError("an empty list of addresses (give host:port, or several comma-separated)");
+    size_t start = 0;
+    for (;;) {
+      size_t comma = v.find(',', start);
+      std::string one = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      auto hp = ParseHostPort(one);
+      if (!hp.ok()) return InvalidArgumentError("'" + one + "' in '" + v + "': " + hp.status().message());
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
   if (kind == SettingKind::kLogLevel) {
     static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
     for (const char* l : kLevels) {
@@ -73,6 +85,7 @@ const char* UnitOf(SettingKind kind) {
   switch (kind) {
     case SettingKind::kString: return "text";
     case SettingKind::kAddress: return "host:port";
+    case SettingKind::kAddressList: return "host:port[,host:port...]";
     case SettingKind::kPath: return "path";
     case SettingKind::kBytes: return "bytes (512Mi, 10Gi)";
     case SettingKind::kDuration: return "duration (500ms, 3s, 1m)";
@@ -137,9 +150,11 @@ std::vector<Setting> MakeSettings() {
                   "Where granary-master serves Prometheus /metrics and the /healthz and /readyz probes (HTTP). "
                   "off: no endpoint. A busy port leaves it off with a warning.",
                   &Config::master, &MasterConfig::metrics_listen));
-  t.push_back(Row("master.address", K::kAddress, "127.0.0.1:19998",
-                  "Where workers, FUSE clients and the CLI reach the master.", &Config::master,
-                  &MasterConfig::address));
+  t.push_back(Row("master.address", K::kAddressList, "127.0.0.1:19998",
+                  "Where workers, FUSE clients and the CLI reach the master. With standby masters: every "
+                  "master, comma-separated (or one name that reaches any of them); clients find the leader "
+                  "by themselves and follow it across failovers.",
+                  &Config::master, &MasterConfig::address));
   t.push_back(Row("master.data_dir", K::kPath, "/var/lib/granary/master",
                   "RocksDB directory holding the namespace and mount table. Put it on a persistent volume.",
                   &Config::master, &MasterConfig::data_dir));
@@ -161,6 +176,27 @@ std::vector<Setting> MakeSettings() {
                   "RocksDB block cache of the namespace. The master's memory stays near this plus a fixed base "
                   "however many files are mounted; a larger cache makes cold metadata faster.",
                   &Config::master, &MasterConfig::rocksdb_cache));
+  t.push_back(Row("master.etcd_endpoints", K::kString, "",
+                  "etcd client URLs (http://host:2379, comma-separated) through which several granary-masters "
+                  "elect one leader; the others are standbys that keep a copy of the namespace and take over "
+                  "within about master.election_ttl when the leader goes. Empty: one master, no election.",
+                  &Config::master, &MasterConfig::etcd_endpoints));
+  t.push_back(Row("master.etcd_prefix", K::kString, "/granary",
+                  "Prefix of the keys the masters keep in etcd (the leader key is <prefix>/master/leader): one "
+                  "per Granary cluster sharing an etcd.",
+                  &Config::master, &MasterConfig::etcd_prefix));
+  t.push_back(Row("master.advertise", K::kAddress, "",
+                  "The address other masters and clients dial for this master (what it stands for in the "
+                  "election). Empty: master.listen, with 0.0.0.0 replaced by this host's name.",
+                  &Config::master, &MasterConfig::advertise));
+  t.push_back(Row("master.election_ttl", K::kDuration, "5s",
+                  "The leader's lease in etcd. A leader that cannot renew it stops leading before it ends; a "
+                  "standby takes over within about this long after the leader goes.",
+                  &Config::master, &MasterConfig::election_ttl));
+  t.push_back(Row("master.replication_log", K::kBytes, "64Mi",
+                  "With standby masters: the most recent namespace writes kept in memory, so a standby that "
+                  "fell behind catches up from them; one further behind copies the whole namespace.",
+                  &Config::master, &MasterConfig::replication_log));
   // worker
   t.push_back(Row("worker.listen", K::kAddress, "0.0.0.0:29999",
                   "Where granary-worker's gRPC server listens (FUSE clients and peers read blocks here).",
@@ -341,6 +377,11 @@ std::vector<Setting> MakeSettings() {
                   &Config::rpc, &RpcConfig::tls_ca));
   t.push_back(Row("rpc.timeout", K::kDuration, "30s", "Deadline of one unary RPC (metadata calls, reports).",
                   &Config::rpc, &RpcConfig::timeout));
+  t.push_back(Row("rpc.master_wait", K::kDuration, "30s",
+                  "How long a call to the master (a lookup, a heartbeat, a CLI command) keeps trying while no "
+                  "master answers — one restarting, or standbys electing a new leader — before it fails (a "
+                  "reader then gets EIO). Longer than master.election_ttl, so a failover is waited out.",
+                  &Config::rpc, &RpcConfig::master_wait));
   // ufs
   t.push_back(Row("ufs.local_roots", K::kString, "",
                   "Comma-separated directories that file:// mounts may name and their reads may reach (at or "
@@ -475,6 +516,10 @@ StatusOr<Config> BuildConfig(const ConfigFlags& flags) {
   if (c.master.block_size < kMinBlockSize || c.master.block_size > kMaxBlockSize) {
     return InvalidArgumentError("master.block_size: " + FormatBytes(c.master.block_size) +
                                 " is out of range (64Ki to 256Mi)");
+  }
+  if (c.master.election_ttl < std::chrono::seconds(2) || c.master.election_ttl > std::chrono::minutes(5)) {
+    return InvalidArgumentError("master.election_ttl: " + FormatDuration(c.master.election_ttl) +
+                                " is out of range (2s to 5m; 5s fails over in about 5 s)");
   }
   if (!c.worker.tieredstore.levels.empty() && c.IsExplicit("worker.cache_dir")) {
     return InvalidArgumentError(

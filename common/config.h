@@ -36,12 +36,19 @@ inline constexpr uint64_t kMaxBlockSize = 256ull * 1024 * 1024;
 struct MasterConfig {
   std::string listen;       // host:port the gRPC server binds (port 0: the OS picks)
   std::string metrics_listen;  // host:port of /metrics, /healthz, /readyz; "off": none
-  std::string address;      // host:port clients dial
+  std::string address;      // host:port clients dial; standby masters: several, comma-separated
   std::string data_dir;     // RocksDB directory
   uint64_t block_size = 0;  // bytes per block of new files
   std::chrono::milliseconds worker_timeout{};
   int64_t metadata_sync_ms = kSyncNever;  // default for mounts without metadata.sync_interval
   uint64_t rocksdb_cache = 0;             // bytes of RocksDB block cache
+  // Standby masters (docs/architecture.md, "Master failover"): etcd's client URLs, comma-separated
+  // (empty: one master, no election); the leader key's prefix; the lease; entries kept for standbys.
+  std::string etcd_endpoints;
+  std::string etcd_prefix;
+  std::string advertise;  // the address other masters and clients dial for this one; empty: derived
+  std::chrono::milliseconds election_ttl{};
+  uint64_t replication_log = 0;
 };
 
 struct TieredStoreConfig {
@@ -95,6 +102,7 @@ struct RpcConfig {
   std::string tls_key;     // PEM private key of this server
   std::string tls_ca;      // PEM roots clients trust (and with a cert, enables TLS)
   std::chrono::milliseconds timeout{};
+  std::chrono::milliseconds master_wait{};  // how long calls to the master retry UNAVAILABLE
 };
 
 // What a mount may name on a daemon's machine (ufs/access.h).
@@ -107,7 +115,7 @@ struct LogConfig {
   std::string level;
 };
 
-enum class SettingKind { kString, kAddress, kPath, kBytes, kDuration, kBool, kCount, kLogLevel, kPolicy, kTierLevels, kSyncInterval, kOpenMode };
+enum class SettingKind { kString, kAddress, kAddressList, kPath, kBytes, kDuration, kBool, kCount, kLogLevel, kPolicy, kTierLevels, kSyncInterval, kOpenMode };
 
 struct Config;
 

@@ -17,16 +17,13 @@ Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
       other_stubs_(sec_) {}
 
 grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call) {
-  // Metadata calls are idempotent: after UNAVAILABLE (the master restarted), try once more on the
-  // fresh channel the holder made.
-  for (int attempt = 0;; ++attempt) {
-    grpc::ClientContext ctx;
-    sec_->Prepare(&ctx, cfg_.rpc.timeout);
-    auto start = std::chrono::steady_clock::now();
-    grpc::Status st = master_.Note(call(*master_.Get(), ctx));
-    master_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE || attempt == 1) return st;
-  }
+  // Metadata calls are idempotent: after UNAVAILABLE (the master restarting, or standby masters
+  // electing a leader) they are made again — on the leader, once a standby names it — for up to
+  // rpc.master_wait, so a failover costs a reader a pause, never an error.
+  auto start = std::chrono::steady_clock::now();
+  grpc::Status st = CallWithFailover(master_, *sec_, cfg_.rpc.timeout, cfg_.rpc.master_wait, call);
+  master_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return st;
 }
 
 StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name) {
@@ -50,7 +47,7 @@ StatusOr<rpc::Attr> Client::Resolve(const std::string& path) {
   rpc::ResolvePathRequest req;
   req.set_path(path);
   rpc::AttrResponse resp;
-  RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.ResolvePath(&ctx, req, &resp); }), "the master at " + cfg_.master.address));
+  RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.ResolvePath(&ctx, req, &resp); }), "the master at " + master_.address()));
   return resp.attr();
 }
 

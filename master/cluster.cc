@@ -119,4 +119,34 @@ uint64_t Cluster::Members(uint64_t known, google::protobuf::RepeatedPtrField<rpc
   return epoch_;
 }
 
+MembersRecord Cluster::Record(uint64_t* epoch) {
+  MutexLock lock(&mu_);
+  MembersRecord r;
+  for (const auto& [id, w] : workers_) {
+    if (!w.alive) continue;
+    MemberRecord* m = r.add_members();
+    m->set_id(id);
+    m->set_address(w.address);
+  }
+  r.set_next_id(next_worker_);
+  if (epoch) *epoch = epoch_;
+  return r;
+}
+
+void Cluster::Restore(const MembersRecord& r) {
+  MutexLock lock(&mu_);
+  workers_.clear();
+  auto now = clock_();
+  for (const auto& m : r.members()) {
+    Worker& w = workers_[m.id()];
+    w.address = m.address();
+    w.last_heartbeat = now;
+    w.last_heartbeat_wall_ns = WallNs();
+    next_worker_ = std::max(next_worker_, m.id() + 1);
+  }
+  next_worker_ = std::max<uint64_t>(next_worker_, r.next_id());
+  epoch_ = std::max(epoch_ + 1, static_cast<uint64_t>(WallNs()));
+  spdlog::info("took over {} workers from the previous leader", workers_.size());
+}
+
 }  // namespace granary::master

@@ -29,6 +29,7 @@
 
 #include "common/thread_annotations.h"
 #include "proto/granary.pb.h"
+#include "proto/meta.pb.h"
 
 namespace granary::master {
 
@@ -56,6 +57,12 @@ class Cluster {
   // The membership's epoch (changes whenever a worker joins, is replaced or dies) and, when
   // `known` differs from it, the live workers into *out.
   uint64_t Members(uint64_t known, google::protobuf::RepeatedPtrField<rpc::PeerInfo>* out);
+
+  // Standby masters: the live workers as a record (the leader writes it whenever the epoch
+  // changes), and a new leader taking them back (alive, as if each had just sent a heartbeat; one
+  // that does not heartbeat within worker_timeout is expired as usual). Restore starts a new epoch.
+  MembersRecord Record(uint64_t* epoch = nullptr);
+  void Restore(const MembersRecord& r);
 
  private:
   struct Worker {

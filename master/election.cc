@@ -68,6 +68,11 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     leader_ = (*held)->value;
     return now + poll;
   }
+  {
+    MutexLock lock(&mu_);
+    leader_.clear();  // the key is gone: nobody leads
+  }
+  if (opts_.may_campaign && !opts_.may_campaign()) return now + kRetry;
   // The lease's ttl runs from when etcd granted it, which is after this instant: the fence counts
   // from here.
   const Clock::time_point sent = now_();

@@ -42,6 +42,9 @@ struct ElectionOptions {
   std::string id;                       // this master (its address): the key's value while it leads
   std::chrono::seconds ttl{5};          // the lease: failover takes at most about this long
   std::chrono::milliseconds margin{1000};  // fencing margin (see the design note); < ttl / 3
+  // Asked before campaigning for a free key: false lets this round pass (a standby whose copy is
+  // behind another's leaves the election to the one ahead; master/server.cc). Empty: always.
+  std::function<bool()> may_campaign;
 };
 
 class LeaderElection {

@@ -32,19 +32,6 @@ std::string CursorKey(uint64_t mount_id, uint64_t ino) { return "L" + Be64(mount
 const char kNextIno[] = "S/next_ino";
 const char kNextMount[] = "S/next_mount";
 
-// A RocksDB status as ours, by its code (never its text): see Namespace::Open.
-Status FromRocks(const rocksdb::Status& s, const std::string& what) {
-  if (s.ok()) return Status::OK();
-  if (s.IsNotFound()) return NotFoundError(what + ": not found");
-  std::string m = what + ": RocksDB: " + s.ToString();
-  if (s.IsCorruption()) return DataLossError(m + " (the master's database is damaged; restore master.data_dir from a backup)");
-  if (s.IsNoSpace()) return ResourceExhaustedError(m + " (free space on master.data_dir's disk)");
-  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain() || s.IsIOError() || s.IsShutdownInProgress()) {
-    return UnavailableError(m);
-  }
-  return InternalError(m);
-}
-
 // Data directories this process has open: RocksDB's own lock cannot tell us apart from another
 // process, and a second Namespace on one directory must fail with the same clear error.
 std::mutex open_dirs_mu;
@@ -164,7 +151,30 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::OpenDb(const std::string& data_d
 }
 
 Status Namespace::Init() {
+  RETURN_IF_ERROR(journal_.Load());
   MutexLock lock(&mu_);
+  std::string v;
+  rocksdb::Status root_s = db_->Get({}, InodeKey(kRootIno), &v);
+  if (!root_s.IsNotFound()) RETURN_IF_ERROR(FromRocks(root_s, "read the root inode"));
+  if (root_s.IsNotFound()) {
+    // Written outside the journal, by every master on an empty database: a standby's copy is
+    // replaced by the leader's snapshot before it serves (its journal position is 0/0).
+    InodeRecord root;
+    root.set_ino(kRootIno);
+    root.set_parent(kRootIno);
+    root.set_type(rpc::DIRECTORY);
+    root.set_mode(0755);
+    root.set_mtime_ns(NowNs());
+    root.set_listed(true);
+    RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(kRootIno), root.SerializeAsString()), "create root"));
+  }
+  RETURN_IF_ERROR(LoadStateLocked());
+  spdlog::info("namespace opened: {} mounts, next inode {}, journal at {}", mounts_.size(), next_ino_,
+               journal_.position().ToString());
+  return Status::OK();
+}
+
+Status Namespace::LoadStateLocked() {
   std::string v;
   // A counter that cannot be read must stop the start: guessing it would reuse inode numbers.
   auto counter = [&](const char* key, uint64_t* out) -> Status {
@@ -175,20 +185,10 @@ Status Namespace::Init() {
     *out = GetBe64(v.data());
     return Status::OK();
   };
-  RETURN_IF_ERROR(counter(kNextIno, &next_ino_));
-  RETURN_IF_ERROR(counter(kNextMount, &next_mount_));
-  rocksdb::Status root_s = db_->Get({}, InodeKey(kRootIno), &v);
-  if (!root_s.IsNotFound()) RETURN_IF_ERROR(FromRocks(root_s, "read the root inode"));
-  if (root_s.IsNotFound()) {
-    InodeRecord root;
-    root.set_ino(kRootIno);
-    root.set_parent(kRootIno);
-    root.set_type(rpc::DIRECTORY);
-    root.set_mode(0755);
-    root.set_mtime_ns(NowNs());
-    root.set_listed(true);
-    RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(kRootIno), root.SerializeAsString()), "create root"));
-  }
+  uint64_t next_ino = 2, next_mount = 1;
+  RETURN_IF_ERROR(counter(kNextIno, &next_ino));
+  RETURN_IF_ERROR(counter(kNextMount, &next_mount));
+  std::map<uint64_t, rpc::MountInfo> mounts;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
   for (it->Seek("M"); it->Valid() && it->key().starts_with("M"); it->Next()) {
     MountRecord r;
@@ -196,13 +196,44 @@ Status Namespace::Init() {
       return DataLossError("corrupt mount record in RocksDB");
     }
     rpc::MountInfo m = FromRecord(r);
-    mounts_[m.id()] = m;
-    MutexLock sync_lock(&sync_mu_);
-    sync_ms_[m.id()] = ParsedSyncMs(m);
+    mounts[m.id()] = m;
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "read mount records"));
-  spdlog::info("namespace opened: {} mounts, next inode {}", mounts_.size(), next_ino_);
+  // Under-storages opened for mounts that are gone or changed are let go (a snapshot from a new
+  // leader may reuse a mount id for another dataset).
+  for (const auto& [id, m] : mounts_) {
+    auto now = mounts.find(id);
+    auto options = [](const rpc::MountInfo& x) {
+      return std::map<std::string, std::string>(x.options().begin(), x.options().end());
+    };
+    if (now == mounts.end() || now->second.uri() != m.uri() || options(now->second) != options(m)) {
+      open_mounts_.Erase(id);
+    }
+  }
+  next_ino_ = next_ino;
+  next_mount_ = next_mount;
+  mounts_ = std::move(mounts);
+  MutexLock sync_lock(&sync_mu_);
+  sync_ms_.clear();
+  for (const auto& [id, m] : mounts_) sync_ms_[id] = ParsedSyncMs(m);
   return Status::OK();
+}
+
+Status Namespace::ReloadState() {
+  MutexLock lock(&mu_);
+  return LoadStateLocked();
+}
+
+Status Namespace::ApplyEntry(const JournalEntry& e) {
+  std::string touched;
+  RETURN_IF_ERROR(journal_.Apply(e, &touched));
+  if (touched.find_first_of("MS*") == std::string::npos) return Status::OK();
+  return ReloadState();
+}
+
+Status Namespace::InstallSnapshotEnd() {
+  RETURN_IF_ERROR(journal_.InstallEnd());
+  return ReloadState();
 }
 
 StatusOr<InodeRecord> Namespace::GetRecord(uint64_t ino) const {
@@ -415,7 +446,7 @@ Status Namespace::WriteLocked(SyncBatch* b) {
   if (mit == mounts_.end()) return NotFoundError("the mount was removed while listing");
   b->batch.Put(kNextIno, Be64(next_ino_));
   RETURN_IF_ERROR(PutMountLocked(b->mount, &b->batch));
-  RETURN_IF_ERROR(FromRocks(db_->Write({}, &b->batch), "write listing"));
+  RETURN_IF_ERROR(journal_.Commit(&b->batch).WithContext("write listing"));
   b->batch.Clear();
   return Status::OK();
 }
@@ -702,7 +733,7 @@ Status Namespace::SyncFile(InodeRecord* r) {
     r->set_gid(e->gid);
     r->set_synced_ns(NowNs());
     batch.Put(InodeKey(r->ino()), r->SerializeAsString());
-    RETURN_IF_ERROR(FromRocks(db_->Write({}, &batch), "update file"));
+    RETURN_IF_ERROR(journal_.Commit(&batch).WithContext("update file"));
   }
   Reclaim(std::move(reclaim));
   return Status::OK();
@@ -774,9 +805,7 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
   }
   batch.Put(kNextIno, Be64(next_ino_));
   batch.Put(kNextMount, Be64(next_mount_));
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "write mount"));
+  RETURN_IF_ERROR(journal_.Commit(&batch, /*sync=*/true).WithContext("write mount"));
   for (auto& [id, m] : mounts_) {
     if (m.path() == canonical) {
       spdlog::info("mounted {} at {}", RedactUri(uri), canonical);
@@ -813,11 +842,11 @@ Status Namespace::DeleteSubtreeLocked(uint64_t ino, const std::string* uri, std:
     }
     batch.Delete(InodeKey(cur));
     if (batch.Count() > 10000) {
-      RETURN_IF_ERROR(FromRocks(db_->Write({}, &batch), "delete subtree"));
+      RETURN_IF_ERROR(journal_.Commit(&batch).WithContext("delete subtree"));
       batch.Clear();
     }
   }
-  return FromRocks(db_->Write({}, &batch), "delete subtree");
+  return journal_.Commit(&batch).WithContext("delete subtree");
 }
 
 StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
@@ -836,16 +865,22 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
   if (!ok) return NotFoundError(canonical + " is not a mounted dataset (see `granary mounts`)");
   ASSIGN_OR_RETURN(InodeRecord root, GetRecord(found.root_ino()));
   uint64_t parent = root.parent();
-  RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(parent, root.ino())), "unlink mount"));
-  if (auto pr = GetRecord(parent); pr.ok()) {
-    pr->set_content_gen(pr->content_gen() + 1);  // its listing changed
-    RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(parent), pr->SerializeAsString()), "update parent"));
+  {
+    rocksdb::WriteBatch unlink;
+    unlink.Delete(ChildKey(parent, root.ino()));
+    if (auto pr = GetRecord(parent); pr.ok()) {
+      pr->set_content_gen(pr->content_gen() + 1);  // its listing changed
+      unlink.Put(InodeKey(parent), pr->SerializeAsString());
+    }
+    RETURN_IF_ERROR(journal_.Commit(&unlink).WithContext("unlink mount"));
   }
   RETURN_IF_ERROR(DeleteSubtreeLocked(root.ino()));
-  // And the cursors of its unfinished loads.
-  RETURN_IF_ERROR(FromRocks(db_->DeleteRange({}, db_->DefaultColumnFamily(), CursorKey(found.id(), 0),
-                                             CursorKey(found.id() + 1, 0)),
-                            "delete load cursors"));
+  {
+    // And the cursors of its unfinished loads.
+    rocksdb::WriteBatch cursors;
+    cursors.DeleteRange(CursorKey(found.id(), 0), CursorKey(found.id() + 1, 0));
+    RETURN_IF_ERROR(journal_.Commit(&cursors).WithContext("delete load cursors"));
+  }
   // Remove virtual parents left empty.
   while (parent != kRootIno) {
     std::string prefix = "C" + Be64(parent);
@@ -854,13 +889,15 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
     RETURN_IF_ERROR(FromRocks(it->status(), "look for children of an emptied parent"));
     if (it->Valid() && it->key().starts_with(prefix)) break;
     ASSIGN_OR_RETURN(InodeRecord pr, GetRecord(parent));
-    RETURN_IF_ERROR(FromRocks(db_->Delete({}, ChildKey(pr.parent(), pr.ino())), "unlink parent"));
+    rocksdb::WriteBatch unlink;
+    unlink.Delete(ChildKey(pr.parent(), pr.ino()));
+    RETURN_IF_ERROR(journal_.Commit(&unlink).WithContext("unlink parent"));
     RETURN_IF_ERROR(DeleteSubtreeLocked(pr.ino()));
     parent = pr.parent();
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  RETURN_IF_ERROR(FromRocks(db_->Delete(wo, MountKey(found.id())), "delete mount"));
+  rocksdb::WriteBatch gone;
+  gone.Delete(MountKey(found.id()));
+  RETURN_IF_ERROR(journal_.Commit(&gone, /*sync=*/true).WithContext("delete mount"));
   mounts_.erase(found.id());
   {
     MutexLock sync_lock(&sync_mu_);
@@ -1045,7 +1082,9 @@ Status Namespace::ForEachFileKey(const std::string& path,
 }
 
 Status Namespace::PutJobRecord(const std::string& key, const std::string& value) {
-  return FromRocks(db_->Put({}, "J" + key, value), "record job");
+  rocksdb::WriteBatch batch;
+  batch.Put("J" + key, value);
+  return journal_.Commit(&batch).WithContext("record job");
 }
 
 StatusOr<std::string> Namespace::GetJobRecord(const std::string& key) const {
@@ -1066,14 +1105,36 @@ Status Namespace::ForEachJobRecord(const std::string& prefix,
   return FromRocks(it->status(), "list jobs");
 }
 
+Status Namespace::PutMembers(const MembersRecord& r) {
+  rocksdb::WriteBatch batch;
+  batch.Put("W/members", r.SerializeAsString());
+  return journal_.Commit(&batch).WithContext("record the workers");
+}
+
+StatusOr<MembersRecord> Namespace::GetMembers() const {
+  std::string v;
+  MembersRecord r;
+  rocksdb::Status s = db_->Get({}, "W/members", &v);
+  if (s.IsNotFound()) return r;
+  RETURN_IF_ERROR(FromRocks(s, "read the workers"));
+  if (!r.ParseFromString(v)) return DataLossError("the master's database holds a malformed worker list");
+  return r;
+}
+
 Status Namespace::PutPin(const std::string& path, const std::vector<FileKey>& keys) {
   std::string v;
   v.reserve(keys.size() * 16);
   for (const auto& k : keys) v += FileKeyBytes(k);
-  return FromRocks(db_->Put({}, "P" + path, v), "record pin");
+  rocksdb::WriteBatch batch;
+  batch.Put("P" + path, v);
+  return journal_.Commit(&batch).WithContext("record pin");
 }
 
-Status Namespace::DeletePin(const std::string& path) { return FromRocks(db_->Delete({}, "P" + path), "remove pin"); }
+Status Namespace::DeletePin(const std::string& path) {
+  rocksdb::WriteBatch batch;
+  batch.Delete("P" + path);
+  return journal_.Commit(&batch).WithContext("remove pin");
+}
 
 StatusOr<std::map<std::string, std::vector<FileKey>>> Namespace::Pins() const {
   std::map<std::string, std::vector<FileKey>> out;

@@ -26,6 +26,11 @@
 //   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned
 //   J ...                       -> load jobs (layout in master/jobs.h)
 //   L be64(mount) be64(ino)     -> LoadCursorRecord  where an unfinished LoadTree of ino stands
+//   W/members                   -> MembersRecord    the live workers (for a standby taking over)
+//   Z/pos                       -> be64(term) be64(index): the journal's position (master/journal.h)
+// Every write goes through the journal (Commit), so standby masters can apply the same entries
+// (ApplyEntry) and hold the same inodes; a standby only reads (the metadata calls with
+// `ufs_needed`, which never write) and applies.
 // Readdir cookies are child inode numbers: children discovered together get consecutive numbers,
 // and a cookie stays valid however the directory grows.
 //
@@ -53,6 +58,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "common/tiers.h"
+#include "master/journal.h"
 #include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "proto/granary.pb.h"
@@ -150,12 +156,27 @@ class Namespace {
   Status ForEachJobRecord(const std::string& prefix,
                           const std::function<void(const std::string& key, const std::string& value)>& fn) const;
 
+  // The live workers (W/members, master/cluster.h), kept for a standby that takes over.
+  Status PutMembers(const MembersRecord& r);
+  StatusOr<MembersRecord> GetMembers() const;  // empty when none was written
+
   // Pinned paths (canonical, like /imagenet/train) and the FileKeys they cover.
   Status PutPin(const std::string& path, const std::vector<FileKey>& keys);
   Status DeletePin(const std::string& path);
   StatusOr<std::map<std::string, std::vector<FileKey>>> Pins() const;
   // The canonical form of a namespace path (/a//b/ -> /a/b).
   static StatusOr<std::string> CanonicalPath(const std::string& path);
+
+  // The journal of every write (master/journal.h): the leader's fence and term, followers' reads.
+  Journal& journal() { return journal_; }
+  // A standby: applies one entry of the leader's journal and refreshes what this object keeps in
+  // memory (mounts, counters) when the entry touched it.
+  Status ApplyEntry(const JournalEntry& e);
+  // A standby: a snapshot of the leader's database replaces this one (Journal::InstallBegin,
+  // InstallPage, then InstallSnapshotEnd, which also reloads what is kept in memory).
+  Status InstallSnapshotEnd();
+  // Reads the counters and mounts again from the database (a standby about to lead).
+  Status ReloadState();
 
   // master.block_size: the block size of mounts made from now on.
   uint64_t block_size() const { return block_size_; }
@@ -197,6 +218,7 @@ class Namespace {
   Status SyncFile(InodeRecord* r);
   void Reclaim(std::vector<FileKey> keys);
   Status Init();
+  Status LoadStateLocked() REQUIRES(mu_);
   StatusOr<InodeRecord> GetRecord(uint64_t ino) const;
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
   Status EnsureListed(const InodeRecord& dir, bool* ufs_needed = nullptr);
@@ -212,6 +234,7 @@ class Namespace {
                              uint64_t* files = nullptr, uint64_t* bytes = nullptr) REQUIRES(mu_);
 
   std::unique_ptr<rocksdb::DB> db_;
+  Journal journal_{db_.get()};
   std::string open_dir_;  // canonical data_dir, in open_dirs while this is open
   const uint64_t block_size_;
   const int64_t default_sync_ms_;

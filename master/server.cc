@@ -18,7 +18,10 @@
 #include "master/cache_admin.h"
 #include "master/cluster.h"
 #include "master/jobs.h"
+#include "master/election.h"
+#include "master/etcd.h"
 #include "master/namespace.h"
+#include "master/replication.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
 
@@ -39,23 +42,62 @@ using MetadataCallbacks = rpc::Master::WithCallbackMethod_Lookup<rpc::Master::Wi
 constexpr size_t kSlowCallThreadsKept = 4;
 constexpr size_t kSlowCallThreadsMax = 512;
 
+// What only the leader runs, made when it starts leading and dropped when it stops: the workers'
+// membership, load jobs, fetch-ahead, and the cache admin calls. A single master (no etcd) makes
+// one at start and keeps it.
+struct Leading {
+  Leading(Namespace* ns, std::chrono::milliseconds worker_timeout, const WorkerCalls& workers, uint64_t term_)
+      : term(term_), cluster(worker_timeout), jobs(ns, &cluster, workers.pool), ahead(ns, &jobs),
+        admin(ns, &cluster, workers) {}
+  ~Leading() {
+    ahead.Stop();
+    jobs.Stop();
+  }
+  const uint64_t term;  // 0: a single master
+  Cluster cluster;
+  JobManager jobs;
+  FetchAhead ahead;
+  CacheAdmin admin;
+  uint64_t members_written = 0;  // the membership epoch last written to the journal
+};
+
+// The service's view of this master's role (MasterServerImpl).
+class Roles {
+ public:
+  virtual ~Roles() = default;
+  // The leader's parts while this master leads; null on a standby.
+  virtual std::shared_ptr<Leading> leading() = 0;
+  // A standby whose copy of the namespace can answer reads.
+  virtual bool ServesReads() = 0;
+  // The answer of a standby to what only the leader does: UNAVAILABLE, naming the leader in the
+  // message and in the status details (granary-leader=host:port), which clients follow.
+  virtual grpc::Status NotLeader() = 0;
+  virtual rpc::MasterRole Role() = 0;
+  virtual bool IsLeader() = 0;
+  // Told of every registration (the membership is written to the journal soon after).
+  virtual void MembersChanged() = 0;
+};
+
 class MasterService final : public MetadataCallbacks {
  public:
   // `unmounted` is told of every mount unmounted (its blocks are freed in the background).
-  MasterService(Namespace* ns, Cluster* cluster, JobManager* jobs, std::shared_ptr<RpcSecurity> sec,
-                const WorkerCalls& workers, std::function<void(const rpc::MountInfo&)> unmounted,
-                FetchAhead* ahead = nullptr)
-      : ns_(ns), cluster_(cluster), jobs_(jobs), ahead_(ahead), sec_(std::move(sec)), admin_(ns, cluster, workers),
-        unmounted_(std::move(unmounted)) {}
+  MasterService(Namespace* ns, Roles* roles, std::shared_ptr<RpcSecurity> sec,
+                std::function<void(const rpc::MountInfo&)> unmounted)
+      : ns_(ns), roles_(roles), sec_(std::move(sec)), unmounted_(std::move(unmounted)) {}
 
 #define GRANARY_AUTH()                                   \
   do {                                                   \
     grpc::Status _auth = sec_->CheckToken(ctx);          \
     if (!_auth.ok()) return _auth;                       \
   } while (0)
+// Checks the token and that this master leads; `L` is then the leader's parts.
+#define GRANARY_LEADER(L)                                \
+  GRANARY_AUTH();                                        \
+  std::shared_ptr<Leading> L = roles_->leading();        \
+  if (!L) return roles_->NotLeader()
 
   grpc::Status Mount(ServerContext* ctx, const rpc::MountRequest* req, rpc::MountResponse* resp) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     std::map<std::string, std::string> opts(req->options().begin(), req->options().end());
     auto m = ns_->Mount(req->path(), req->uri(), opts);
     if (!m.ok()) return ToGrpc(m.status());
@@ -64,19 +106,19 @@ class MasterService final : public MetadataCallbacks {
     return grpc::Status::OK;
   }
   grpc::Status Unmount(ServerContext* ctx, const rpc::UnmountRequest* req, rpc::UnmountResponse*) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     auto m = ns_->Unmount(req->path());
     if (!m.ok()) return ToGrpc(m.status());
     unmounted_(*m);
     return grpc::Status::OK;
   }
   grpc::Status ListMounts(ServerContext* ctx, const rpc::ListMountsRequest*, rpc::ListMountsResponse* resp) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     for (auto& m : ns_->ListMounts()) *resp->add_mounts() = std::move(m);
     return grpc::Status::OK;
   }
   grpc::Status GetMount(ServerContext* ctx, const rpc::GetMountRequest* req, rpc::MountInfo* resp) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     auto m = ns_->GetMount(req->id());
     if (!m.ok()) return ToGrpc(m.status());
     *resp = *m;
@@ -95,54 +137,66 @@ class MasterService final : public MetadataCallbacks {
       reactor->Finish(auth);
       return reactor;
     }
+    std::shared_ptr<Leading> leading = roles_->leading();
+    if (!leading && !roles_->ServesReads()) {
+      reactor->Finish(roles_->NotLeader());
+      return reactor;
+    }
     bool ufs_needed = false;
-    grpc::Status st = fn(&ufs_needed);
+    grpc::Status st = fn(&ufs_needed, leading.get());
     if (!ufs_needed) {
       reactor->Finish(st);
       return reactor;
     }
-    slow_.Post([reactor, ctx, fn]() mutable {
+    if (!leading) {  // a standby never lists or checks the under-storage: that writes
+      reactor->Finish(roles_->NotLeader());
+      return reactor;
+    }
+    slow_.Post([reactor, ctx, fn, leading]() mutable {
       // A call cancelled while it waited (its caller gone, or the server shutting down past its
       // deadline) is not made.
       if (ctx->IsCancelled()) return reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-      reactor->Finish(fn(nullptr));
+      reactor->Finish(fn(nullptr, leading.get()));
     });
     return reactor;
   }
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const rpc::LookupRequest* req,
                                    rpc::AttrResponse* resp) override {
-    return Serve(ctx, [this, req, resp](bool* ufs) { return Reply(ns_->Lookup(req->parent(), req->name(), ufs), resp); });
+    return Serve(ctx, [this, req, resp](bool* ufs, Leading*) {
+      return Reply(ns_->Lookup(req->parent(), req->name(), ufs), resp);
+    });
   }
   grpc::ServerUnaryReactor* GetAttr(grpc::CallbackServerContext* ctx, const rpc::GetAttrRequest* req,
                                     rpc::AttrResponse* resp) override {
-    return Serve(ctx, [this, req, resp](bool* ufs) { return Reply(ns_->GetAttr(req->ino(), ufs), resp); });
+    return Serve(ctx, [this, req, resp](bool* ufs, Leading*) { return Reply(ns_->GetAttr(req->ino(), ufs), resp); });
   }
   grpc::Status ResolvePath(ServerContext* ctx, const rpc::ResolvePathRequest* req, rpc::AttrResponse* resp) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     return Reply(ns_->Resolve(req->path()), resp);
   }
   grpc::ServerUnaryReactor* GetFile(grpc::CallbackServerContext* ctx, const rpc::GetFileRequest* req,
                                     rpc::FileInfo* resp) override {
-    return Serve(ctx, [this, req, resp](bool* ufs) {
+    return Serve(ctx, [this, req, resp](bool* ufs, Leading* leading) {
       auto f = ns_->GetFile(req->ino(), ufs);
       if (!f.ok()) return ToGrpc(f.status());
-      if (ahead_) ahead_->Opened(*f);  // the evidence of an epoch (master/fetch_ahead.h)
+      if (leading) leading->ahead.Opened(*f);  // the evidence of an epoch (master/fetch_ahead.h)
       *resp = std::move(f).value();
       return grpc::Status::OK;
     });
   }
   grpc::ServerUnaryReactor* ReadDir(grpc::CallbackServerContext* ctx, const rpc::ReadDirRequest* req,
                                     rpc::ReadDirResponse* resp) override {
-    return Serve(ctx, [this, req, resp](bool* ufs) {
+    return Serve(ctx, [this, req, resp](bool* ufs, Leading*) {
       resp->Clear();
       return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp, ufs));
     });
   }
   grpc::Status RegisterWorker(ServerContext* ctx, const rpc::RegisterWorkerRequest* req,
                               rpc::RegisterWorkerResponse* resp) override {
-    GRANARY_AUTH();
-    resp->set_worker_id(cluster_->RegisterWorker(*req));
-    resp->set_members_epoch(cluster_->Members(0, resp->mutable_workers()));
+    GRANARY_LEADER(L);
+    resp->set_worker_id(L->cluster.RegisterWorker(*req));
+    roles_->MembersChanged();
+    resp->set_members_epoch(L->cluster.Members(0, resp->mutable_workers()));
     auto pins = ns_->Pins();
     if (!pins.ok()) return ToGrpc(pins.status());
     std::set<FileKey> pinned;
@@ -151,37 +205,38 @@ class MasterService final : public MetadataCallbacks {
     return grpc::Status::OK;
   }
   grpc::Status Heartbeat(ServerContext* ctx, const rpc::HeartbeatRequest* req, rpc::HeartbeatResponse* resp) override {
-    GRANARY_AUTH();
-    resp->set_reregister(!cluster_->Heartbeat(req->worker_id(), req->stats(), req->address()));
-    if (!resp->reregister()) resp->set_members_epoch(cluster_->Members(req->members_epoch(), resp->mutable_workers()));
+    GRANARY_LEADER(L);
+    resp->set_reregister(!L->cluster.Heartbeat(req->worker_id(), req->stats(), req->address()));
+    if (!resp->reregister()) resp->set_members_epoch(L->cluster.Members(req->members_epoch(), resp->mutable_workers()));
     return grpc::Status::OK;
   }
   grpc::Status ReportBlocks(ServerContext* ctx, const rpc::ReportBlocksRequest* req,
                             rpc::ReportBlocksResponse* resp) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     // An older worker's block changes: its stats are kept, its block lists ignored (master/cluster.h).
-    if (req->has_stats()) resp->set_reregister(!cluster_->UpdateStats(req->worker_id(), req->stats()));
+    if (req->has_stats()) resp->set_reregister(!L->cluster.UpdateStats(req->worker_id(), req->stats()));
     return grpc::Status::OK;
   }
   grpc::Status GetReport(ServerContext* ctx, const rpc::GetReportRequest*, rpc::Report* resp) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     std::vector<rpc::MountReport*> mounts;
     for (auto& m : ns_->ListMounts()) {
       auto* mr = resp->add_mounts();
       *mr->mutable_mount() = std::move(m);
       mounts.push_back(mr);
     }
-    cluster_->FillReport(resp, mounts);
+    L->cluster.FillReport(resp, mounts);
     resp->set_block_size(ns_->block_size());
+    *resp->mutable_master() = roles_->Role();
     return grpc::Status::OK;
   }
   grpc::Status Pin(ServerContext* ctx, const rpc::PinRequest* req, rpc::PinResponse* resp) override {
-    GRANARY_AUTH();
-    return ToGrpc(admin_.Pin(*req, resp));
+    GRANARY_LEADER(L);
+    return ToGrpc(L->admin.Pin(*req, resp));
   }
   grpc::Status LoadMetadata(ServerContext* ctx, const rpc::LoadMetadataRequest* req,
                             rpc::LoadMetadataResponse* resp) override {
-    GRANARY_AUTH();
+    GRANARY_LEADER(L);
     LoadTreeOptions opts;  // a caller that went away stops the load; the next one resumes it
     opts.stop = [ctx] { return ctx->IsCancelled(); };
     auto st = ns_->LoadTree(req->path(), opts);
@@ -197,35 +252,46 @@ class MasterService final : public MetadataCallbacks {
     return grpc::Status::OK;
   }
   grpc::Status Free(ServerContext* ctx, const rpc::FreeRequest* req, rpc::FreeResponse* resp) override {
-    GRANARY_AUTH();
-    return ToGrpc(admin_.Free(*req, resp));
+    GRANARY_LEADER(L);
+    return ToGrpc(L->admin.Free(*req, resp));
   }
   grpc::Status SubmitLoad(ServerContext* ctx, const rpc::LoadJobSpec* req, rpc::LoadJob* resp) override {
-    GRANARY_AUTH();
-    return Reply(jobs_->Submit(*req), resp);
+    GRANARY_LEADER(L);
+    return Reply(L->jobs.Submit(*req), resp);
   }
   grpc::Status GetJob(ServerContext* ctx, const rpc::GetJobRequest* req, rpc::LoadJob* resp) override {
-    GRANARY_AUTH();
-    return Reply(jobs_->Get(req->id()), resp);
+    GRANARY_LEADER(L);
+    return Reply(L->jobs.Get(req->id()), resp);
   }
   grpc::Status CancelJob(ServerContext* ctx, const rpc::CancelJobRequest* req, rpc::LoadJob* resp) override {
-    GRANARY_AUTH();
-    return Reply(jobs_->Cancel(req->id()), resp);
+    GRANARY_LEADER(L);
+    return Reply(L->jobs.Cancel(req->id()), resp);
   }
   grpc::Status ListJobs(ServerContext* ctx, const rpc::ListJobsRequest*, rpc::ListJobsResponse* resp) override {
-    GRANARY_AUTH();
-    for (auto& j : jobs_->List()) *resp->add_jobs() = std::move(j);
+    GRANARY_LEADER(L);
+    for (auto& j : L->jobs.List()) *resp->add_jobs() = std::move(j);
     return grpc::Status::OK;
   }
   grpc::Status Du(ServerContext* ctx, const rpc::DuRequest* req, rpc::DuResponse* resp) override {
-    GRANARY_AUTH();
-    return ToGrpc(admin_.Du(*req, resp));
+    GRANARY_LEADER(L);
+    return ToGrpc(L->admin.Du(*req, resp));
   }
   grpc::Status GetFileResidency(ServerContext* ctx, const rpc::FileResidencyRequest* req,
                                 rpc::FileResidencyResponse* resp) override {
-    GRANARY_AUTH();
-    return ToGrpc(admin_.FileResidency(*req, resp));
+    GRANARY_LEADER(L);
+    return ToGrpc(L->admin.FileResidency(*req, resp));
   }
+  grpc::Status Replicate(ServerContext* ctx,
+                         grpc::ServerReaderWriter<rpc::ReplicaBatch, rpc::ReplicaAck>* stream) override {
+    GRANARY_LEADER(L);
+    return ServeStandby(ns_, L->term, [this] { return roles_->IsLeader(); }, ctx, stream);
+  }
+  grpc::Status GetRole(ServerContext* ctx, const rpc::GetRoleRequest*, rpc::MasterRole* resp) override {
+    GRANARY_AUTH();
+    *resp = roles_->Role();
+    return grpc::Status::OK;
+  }
+#undef GRANARY_LEADER
 #undef GRANARY_AUTH
 
  private:
@@ -241,16 +307,13 @@ class MasterService final : public MetadataCallbacks {
   }
 
   Namespace* ns_;
-  Cluster* cluster_;
-  JobManager* jobs_;
-  FetchAhead* ahead_ = nullptr;
+  Roles* roles_;
   std::shared_ptr<RpcSecurity> sec_;
-  CacheAdmin admin_;
   std::function<void(const rpc::MountInfo&)> unmounted_;
   ThreadPool slow_{kSlowCallThreadsKept, kSlowCallThreadsMax};  // drained before the server's Shutdown returns
 };
 
-class MasterServerImpl final : public MasterServer {
+class MasterServerImpl final : public MasterServer, public Roles {
  public:
   ~MasterServerImpl() override { Shutdown(); }
 
@@ -269,7 +332,9 @@ class MasterServerImpl final : public MasterServer {
       Status allowed = CheckMountAccess(m->uri(), {m->options().begin(), m->options().end()}, access);
       if (!allowed.ok()) spdlog::warn("mount {} cannot be served here: {}", m->path(), allowed.message());
     }
-    cluster_ = std::make_unique<Cluster>(cfg.master.worker_timeout);
+    worker_timeout_ = cfg.master.worker_timeout;
+    ttl_ = cfg.master.election_ttl;
+    ha_ = !cfg.master.etcd_endpoints.empty();
     // Versions replaced or deleted by a metadata sync: free their blocks in the background.
     ns_->SetReclaimListener([this](std::vector<FileKey> keys) {
       MutexLock lock(&mu_);
@@ -277,10 +342,15 @@ class MasterServerImpl final : public MasterServer {
       cv_.notify_all();
     });
     workers_ = WorkerCalls{std::make_shared<StubPool<rpc::Worker>>(sec_), cfg.rpc.timeout};
-    jobs_ = std::make_unique<JobManager>(ns_.get(), cluster_.get(), workers_.pool);
-    ahead_ = std::make_unique<FetchAhead>(ns_.get(), jobs_.get());
-    service_ = std::make_unique<MasterService>(ns_.get(), cluster_.get(), jobs_.get(), sec_, workers_,
-                                               [this](const rpc::MountInfo& m) { Unmounted(m); }, ahead_.get());
+    std::unique_ptr<EtcdClient> etcd;
+    if (ha_) {
+      auto created = EtcdClient::Create(SplitAddressList(cfg.master.etcd_endpoints), std::chrono::milliseconds(1000));
+      if (!created.ok()) return created.status().WithContext("master.etcd_endpoints");
+      etcd = std::move(created).value();
+      ns_->journal().Configure(cfg.master.replication_log,
+                               std::max<std::chrono::milliseconds>(std::chrono::milliseconds(500), ttl_ / 4));
+    }
+    service_ = std::make_unique<MasterService>(ns_.get(), this, sec_, [this](const rpc::MountInfo& m) { Unmounted(m); });
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(cfg.master.listen, sec_->ServerCredentials(), &port);
@@ -292,42 +362,44 @@ class MasterServerImpl final : public MasterServer {
     if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.master.listen);
     auto hp = ParseHostPort(cfg.master.listen);
     address_ = hp->host + ":" + std::to_string(port);
+    advertise_ = cfg.master.advertise;
+    if (advertise_.empty()) {
+      advertise_ = (hp->host == "0.0.0.0" || hp->host == "::" ? HostName() : hp->host) + ":" + std::to_string(port);
+    }
+    {
+      MutexLock lock(&role_mu_);
+      since_ = std::chrono::system_clock::now();
+    }
+    if (!ha_) {
+      auto L = std::make_shared<Leading>(ns_.get(), worker_timeout_, workers_, 0);
+      L->ahead.Start();
+      RETURN_IF_ERROR(L->jobs.Start());
+      MutexLock lock(&role_mu_);
+      leading_ = std::move(L);
+    } else {
+      etcd_ = std::move(etcd);
+      ElectionOptions eo;
+      eo.key = cfg.master.etcd_prefix + "/master/leader";
+      eo.id = advertise_;
+      eo.ttl = std::chrono::duration_cast<std::chrono::seconds>(ttl_);
+      eo.margin = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000), ttl_ / 4);
+      eo.may_campaign = [this] { return MayCampaign(); };
+      election_ = std::make_unique<LeaderElection>(etcd_.get(), eo,
+                                                   [this](bool leading, int64_t term) { RoleChanged(leading, term); });
+      ns_->journal().SetFence([this]() -> Status {
+        if (election_->IsLeader()) return Status::OK();
+        return UnavailableError("this master no longer leads (its lease in etcd lapsed): the write was not made; "
+                                "the new leader takes it");
+      });
+      follower_ = std::make_unique<Follower>(ns_.get(), sec_, advertise_, [this] { return election_->leader(); });
+      follower_->Start();
+      role_thread_ = std::thread([this] { RoleLoop(); });
+      election_->Start();
+      spdlog::info("granary-master {} is a standby until elected (etcd {}, leader key {})", advertise_,
+                   cfg.master.etcd_endpoints, eo.key);
+    }
     auto interval = std::max<std::chrono::milliseconds>(cfg.master.worker_timeout / 4, std::chrono::milliseconds(100));
-    expirer_ = std::thread([this, interval] {
-      for (;;) {
-        // mu_ guards only the queue and the stop flag; the work (the cluster's lock, RPCs to
-        // workers) happens without it, so the reclaim listener never waits behind an expiry.
-        std::vector<FileKey> keys;
-        std::vector<uint64_t> mounts;
-        {
-          MutexLock lock(&mu_);
-          if (!stop_ && reclaim_.empty() && reclaim_mounts_.empty()) lock.WaitFor(&cv_, interval);
-          if (stop_) return;
-          keys.swap(reclaim_);
-          mounts.swap(reclaim_mounts_);
-        }
-        cluster_->ExpireWorkers();
-        for (uint64_t id : mounts) {
-          uint64_t blocks = 0;
-          uint32_t told = 0;
-          Status st = FreeMountOnWorkers(*cluster_, workers_, id, &blocks, &told);
-          if (!st.ok()) {
-            spdlog::warn("freeing the blocks of unmounted mount {}: {} (a worker that missed it frees them when it "
-                         "registers again)",
-                         id, st.message());
-          }
-          spdlog::info("freed {} cached blocks of unmounted mount {} on {} workers", blocks, id, told);
-        }
-        if (keys.empty()) continue;
-        uint64_t blocks = 0;
-        uint32_t told = 0;
-        Status st = FreeOnWorkers(*cluster_, workers_, keys, &blocks, &told);
-        if (!st.ok()) spdlog::warn("reclaiming the blocks of {} replaced file versions: {}", keys.size(), st.message());
-        spdlog::info("reclaimed {} cached blocks of {} replaced or deleted file versions", blocks, keys.size());
-      }
-    });
-    ahead_->Start();
-    RETURN_IF_ERROR(jobs_->Start());
+    expirer_ = std::thread([this, interval] { ExpireLoop(interval); });
     spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
     WarnIfServingWithoutToken(cfg.master.listen, cfg.rpc);
     metrics_ = metrics::StartOrWarn("master.metrics_listen", cfg.master.metrics_listen,
@@ -338,8 +410,66 @@ class MasterServerImpl final : public MasterServer {
   std::string address() const override { return address_; }
   std::string metrics_address() const override { return metrics_ ? metrics_->address() : ""; }
 
+  // Roles.
+  std::shared_ptr<Leading> leading() override {
+    if (ha_ && !election_->IsLeader()) return nullptr;  // fenced, even before RoleLoop hears of it
+    MutexLock lock(&role_mu_);
+    return leading_;
+  }
+  bool IsLeader() override { return leading() != nullptr; }
+  bool ServesReads() override { return follower_ && follower_->ServingReads(); }
+  grpc::Status NotLeader() override {
+    std::string leader = election_ ? election_->leader() : "";
+    if (leader.empty() || leader == advertise_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "no granary-master leads right now (an election is under way); try again in a few seconds");
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "granary-master " + advertise_ + " is a standby; the leader is " + leader,
+                        std::string(kLeaderHint) + leader);
+  }
+  rpc::MasterRole Role() override {
+    rpc::MasterRole r;
+    r.set_id(advertise_);
+    r.set_ha(ha_);
+    std::shared_ptr<Leading> L = leading();
+    r.set_leader(L != nullptr);
+    r.set_leader_id(L ? advertise_ : (election_ ? election_->leader() : ""));
+    {
+      MutexLock lock(&role_mu_);
+      r.set_since_unix_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(since_.time_since_epoch()).count());
+      r.set_term(L ? L->term : leader_term_);
+    }
+    LogPosition pos = ns_->journal().position();
+    r.mutable_position()->set_term(pos.term);
+    r.mutable_position()->set_index(pos.index);
+    if (L) {
+      for (const auto& f : ns_->journal().Followers()) {
+        auto* sb = r.add_standbys();
+        sb->set_id(f.id);
+        sb->set_acked_index(f.acked);
+        sb->set_in_sync(f.in_sync);
+        sb->set_lag(pos.index > f.acked ? pos.index - f.acked : 0);
+      }
+    } else if (follower_) {
+      r.set_lag(follower_->lag());
+      r.set_serving_reads(follower_->ServingReads());
+    }
+    return r;
+  }
+  void MembersChanged() override {
+    if (!ha_) return;
+    MutexLock lock(&mu_);
+    members_dirty_ = true;
+    cv_.notify_all();
+  }
+
   // Workers, mounts and cache totals as GetReport sees them, and load jobs.
   void Render(metrics::Exposition* e) {
+    RenderRole(e);
+    metrics::WriteProcessMetrics(e);
+    std::shared_ptr<Leading> L = leading();
+    if (!L) return;  // a standby: the rest is the leader's
     rpc::Report r;
     std::vector<rpc::MountReport*> mounts;
     for (auto& m : ns_->ListMounts()) {
@@ -347,7 +477,7 @@ class MasterServerImpl final : public MasterServer {
       *mr->mutable_mount() = std::move(m);
       mounts.push_back(mr);
     }
-    cluster_->FillReport(&r, mounts);
+    L->cluster.FillReport(&r, mounts);
     auto d = [](uint64_t v) { return static_cast<double>(v); };
     uint64_t alive = 0, lost = 0, capacity = 0, used = 0;
     for (const auto& w : r.workers()) {
@@ -362,7 +492,6 @@ class MasterServerImpl final : public MasterServer {
     e->Gauge("granary_cluster_cache_capacity_bytes", "Cache quota of every live worker together.", d(capacity));
     e->Gauge("granary_cluster_cache_used_bytes", "Bytes cached on every live worker together.", d(used));
     e->Gauge("granary_master_mounts", "Mounted datasets.", d(r.mounts_size()));
-    metrics::WriteProcessMetrics(e);
     const UfsCounters& u = ns_->ufs_counters();
     e->Counter("granary_master_ufs_calls_total", "Under-storage calls of the master (listings, stats).",
                d(u.stats + u.lists + u.reads));
@@ -375,7 +504,7 @@ class MasterServerImpl final : public MasterServer {
     for (const auto& mr : r.mounts()) e->Sample("granary_mount_ufs_bytes", {{"mount", mr.mount().path()}}, d(mr.mount().known_bytes()));
     e->Family("granary_mount_cached_bytes", "gauge", "Bytes of a mount's blocks held by live workers (each once).");
     for (const auto& mr : r.mounts()) e->Sample("granary_mount_cached_bytes", {{"mount", mr.mount().path()}}, d(mr.cached_bytes()));
-    JobManager::Totals t = jobs_->GetTotals();
+    JobManager::Totals t = L->jobs.GetTotals();
     e->Family("granary_load_jobs", "gauge", "Load jobs by state.");
     for (int s = rpc::JobState_MIN; s <= rpc::JobState_MAX; ++s) {
       std::string name = rpc::JobState_Name(static_cast<rpc::JobState>(s)).substr(4);
@@ -387,18 +516,41 @@ class MasterServerImpl final : public MasterServer {
     e->Counter("granary_load_fetched_bytes_total", "Bytes load jobs brought into the cache.", d(t.bytes_fetched));
     e->Counter("granary_load_failed_files_total", "Files load jobs could not load.", d(t.files_failed));
     e->Family("granary_load_job_progress_ratio", "gauge", "Share of a running load job's bytes done (0 to 1).");
-    for (const auto& j : jobs_->List()) {
+    for (const auto& j : L->jobs.List()) {
       if (j.state() != rpc::JOB_SCANNING && j.state() != rpc::JOB_LOADING) continue;
       double ratio = j.bytes_total() ? static_cast<double>(j.bytes_done()) / static_cast<double>(j.bytes_total()) : 0;
       e->Sample("granary_load_job_progress_ratio", {{"job", std::to_string(j.id())}}, ratio);
     }
-    auto ahead = ahead_->Mounts();
+    auto ahead = L->ahead.Mounts();
     e->Family("granary_fetch_ahead_active", "gauge",
               "1 while a mount is being fetched ahead of its readers (master/fetch_ahead.h), else 0.");
     for (const auto& m : ahead) e->Sample("granary_fetch_ahead_active", {{"mount", m.path}}, m.job ? 1 : 0);
     e->Family("granary_fetch_ahead_opened_files", "gauge",
               "Distinct files readers opened in a mount since they last paused: fetch-ahead's evidence.");
     for (const auto& m : ahead) e->Sample("granary_fetch_ahead_opened_files", {{"mount", m.path}}, d(m.files_opened));
+  }
+
+  // Who leads, since when, the journal, the standbys' lag.
+  void RenderRole(metrics::Exposition* e) {
+    rpc::MasterRole r = Role();
+    auto d = [](uint64_t v) { return static_cast<double>(v); };
+    e->Gauge("granary_master_leader", "1 while this master leads (a single master always does), 0 on a standby.",
+             r.leader() ? 1 : 0);
+    e->Gauge("granary_master_term", "The leader's term (etcd revision of its election; 0: a single master).",
+             d(r.term()));
+    e->Gauge("granary_master_role_since_seconds", "Unix time at which this master became leader or standby.",
+             static_cast<double>(r.since_unix_ns()) / 1e9);
+    e->Gauge("granary_master_journal_index", "Entries in this master's journal (its namespace's position).",
+             d(r.position().index()));
+    if (r.leader()) {
+      e->Family("granary_master_standby_lag_entries", "gauge", "Journal entries a standby master is behind the leader.");
+      for (const auto& sb : r.standbys()) e->Sample("granary_master_standby_lag_entries", {{"standby", sb.id()}}, d(sb.lag()));
+      uint64_t in_sync = 0;
+      for (const auto& sb : r.standbys()) in_sync += sb.in_sync() ? 1 : 0;
+      e->Gauge("granary_master_standbys_in_sync", "Standby masters the leader's writes wait for.", d(in_sync));
+    } else if (r.ha()) {
+      e->Gauge("granary_master_lag_entries", "Journal entries this standby is behind the leader.", d(r.lag()));
+    }
   }
 
   void Shutdown() override {
@@ -409,18 +561,164 @@ class MasterServerImpl final : public MasterServer {
     }
     cv_.notify_all();
     metrics_.reset();
-    if (ahead_) ahead_->Stop();
-    if (jobs_) jobs_->Stop();
+    if (election_) election_->Stop();  // a leader resigns: a standby takes over at once
+    {
+      MutexLock lock(&role_mu_);
+      role_stop_ = true;
+      role_cv_.notify_all();
+    }
+    if (role_thread_.joinable()) role_thread_.join();
+    if (follower_) follower_->Stop();
+    std::shared_ptr<Leading> L;
+    {
+      MutexLock lock(&role_mu_);
+      L.swap(leading_);
+    }
+    L.reset();  // stops its jobs and fetch-ahead
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     if (expirer_.joinable()) expirer_.join();
     server_.reset();
     service_.reset();
-    ahead_.reset();
-    jobs_.reset();
+    follower_.reset();
+    election_.reset();
+    etcd_.reset();
     ns_.reset();
   }
 
  private:
+  // Expires workers, writes the membership for the standbys, and sends reclaims.
+  void ExpireLoop(std::chrono::milliseconds interval) {
+    for (;;) {
+      // mu_ guards only the queue and the stop flag; the work (the cluster's lock, RPCs to
+      // workers) happens without it, so the reclaim listener never waits behind an expiry.
+      std::vector<FileKey> keys;
+      std::vector<uint64_t> mounts;
+      {
+        MutexLock lock(&mu_);
+        if (!stop_ && reclaim_.empty() && reclaim_mounts_.empty() && !members_dirty_) lock.WaitFor(&cv_, interval);
+        if (stop_) return;
+        keys.swap(reclaim_);
+        mounts.swap(reclaim_mounts_);
+        members_dirty_ = false;
+      }
+      std::shared_ptr<Leading> L = leading();
+      if (!L) continue;  // a standby: the leader does this
+      L->cluster.ExpireWorkers();
+      if (ha_) {
+        uint64_t epoch = 0;
+        MembersRecord rec = L->cluster.Record(&epoch);
+        if (epoch != L->members_written && ns_->PutMembers(rec).ok()) L->members_written = epoch;
+      }
+      for (uint64_t id : mounts) {
+        uint64_t blocks = 0;
+        uint32_t told = 0;
+        Status st = FreeMountOnWorkers(L->cluster, workers_, id, &blocks, &told);
+        if (!st.ok()) {
+          spdlog::warn("freeing the blocks of unmounted mount {}: {} (a worker that missed it frees them when it "
+                       "registers again)",
+                       id, st.message());
+        }
+        spdlog::info("freed {} cached blocks of unmounted mount {} on {} workers", blocks, id, told);
+      }
+      if (keys.empty()) continue;
+      uint64_t blocks = 0;
+      uint32_t told = 0;
+      Status st = FreeOnWorkers(L->cluster, workers_, keys, &blocks, &told);
+      if (!st.ok()) spdlog::warn("reclaiming the blocks of {} replaced file versions: {}", keys.size(), st.message());
+      spdlog::info("reclaimed {} cached blocks of {} replaced or deleted file versions", blocks, keys.size());
+    }
+  }
+
+  // Called by the election's thread: hands the change to RoleLoop (promotion takes time; the
+  // election must go on keeping the lease meanwhile).
+  void RoleChanged(bool leading, int64_t term) {
+    MutexLock lock(&role_mu_);
+    role_want_ = leading;
+    role_term_ = static_cast<uint64_t>(term);
+    role_pending_ = true;
+    role_cv_.notify_all();
+  }
+
+  void RoleLoop() {
+    for (;;) {
+      bool want;
+      uint64_t term;
+      {
+        MutexLock lock(&role_mu_);
+        while (!role_stop_ && !role_pending_) lock.Wait(&role_cv_);
+        if (role_stop_) return;
+        role_pending_ = false;
+        want = role_want_;
+        term = role_term_;
+      }
+      if (want) {
+        Promote(term);
+      } else {
+        Demote();
+      }
+    }
+  }
+
+  // This master was elected: it stops following, reads its copy's state, starts a term in the
+  // journal (the standbys see it), and starts the leader's parts with the previous leader's
+  // workers, jobs and pins (all in the replicated namespace).
+  void Promote(uint64_t term) {
+    auto started = std::chrono::steady_clock::now();
+    follower_->Stop();
+    Status st = ns_->ReloadState();
+    if (st.ok()) st = ns_->journal().BeginTerm(term);
+    if (!st.ok()) {
+      spdlog::error("elected (term {}) but cannot lead: {}; following again", term, st.message());
+      follower_->Start();
+      return;
+    }
+    auto L = std::make_shared<Leading>(ns_.get(), worker_timeout_, workers_, term);
+    auto members = ns_->GetMembers();
+    if (members.ok() && members->members_size() > 0) L->cluster.Restore(*members);
+    L->ahead.Start();
+    st = L->jobs.Start();
+    if (!st.ok()) spdlog::error("load jobs could not be resumed: {}", st.message());
+    {
+      MutexLock lock(&role_mu_);
+      leading_ = std::move(L);
+      leader_term_ = term;
+      since_ = std::chrono::system_clock::now();
+      not_in_step_since_ = {};
+    }
+    spdlog::info("granary-master {} leads (term {}) from journal position {}, ready in {} ms", advertise_, term,
+                 ns_->journal().position().ToString(),
+                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
+  }
+
+  void Demote() {
+    std::shared_ptr<Leading> L;
+    {
+      MutexLock lock(&role_mu_);
+      L.swap(leading_);
+      since_ = std::chrono::system_clock::now();
+    }
+    if (L) spdlog::warn("granary-master {} no longer leads (term {}); it follows the next leader", advertise_, L->term);
+    L.reset();
+    follower_->Start();
+  }
+
+  // A standby in step with the last leader campaigns at once; one behind (or never in touch) waits
+  // two leases first, so a standby with every acknowledged write wins when there is one.
+  bool MayCampaign() {
+    MutexLock lock(&role_mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (follower_->InStep()) {
+      not_in_step_since_ = {};
+      return true;
+    }
+    if (not_in_step_since_ == std::chrono::steady_clock::time_point{}) not_in_step_since_ = now;
+    if (now - not_in_step_since_ < 2 * ttl_) return false;
+    spdlog::warn("campaigning for leader although this master's copy may be behind (journal at {}): no standby in "
+                 "step took over within {} ms",
+                 ns_->journal().position().ToString(), (2 * ttl_).count());
+    return true;
+  }
+
   // An unmounted dataset: its blocks are freed on the workers in the background, unless another
   // mount serves the same URI (blocks are named by URI, path and version, so they are its too).
   void Unmounted(const rpc::MountInfo& gone) {
@@ -437,25 +735,43 @@ class MasterServerImpl final : public MasterServer {
 
   std::shared_ptr<RpcSecurity> sec_;
   std::unique_ptr<Namespace> ns_;
-  std::unique_ptr<Cluster> cluster_;
   WorkerCalls workers_;
-  std::unique_ptr<JobManager> jobs_;
-  std::unique_ptr<FetchAhead> ahead_;
+  std::chrono::milliseconds worker_timeout_{};
+  std::chrono::milliseconds ttl_{};
+  bool ha_ = false;
+  std::unique_ptr<EtcdClient> etcd_;
+  std::unique_ptr<LeaderElection> election_;
+  std::unique_ptr<Follower> follower_;
   std::unique_ptr<MasterService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   std::string address_;
+  std::string advertise_;
   // Lock order in the master (docs/architecture.md, "Locks"): MasterService::pin_mu_ is the only
   // lock held across calls into other objects (the namespace, the cluster, RPCs to workers).
   // Namespace::mu_, the Cluster's mutex, JobManager::mu_ and this mu_ are leaves, each held only
   // inside its own object's methods. mu_ guards reclaim_ and stop_; the namespace calls the
-  // reclaim listener outside its own lock.
+  // reclaim listener outside its own lock. role_mu_ is a leaf too (the journal's fence takes the
+  // election's lock, never role_mu_).
   Mutex mu_;
   std::condition_variable cv_;
   bool stop_ GUARDED_BY(mu_) = false;
+  bool members_dirty_ GUARDED_BY(mu_) = false;
   std::vector<FileKey> reclaim_ GUARDED_BY(mu_);
   std::vector<uint64_t> reclaim_mounts_ GUARDED_BY(mu_);  // unmounted: their blocks to free
   std::thread expirer_;           // expires workers and sends reclaims
+
+  Mutex role_mu_;
+  std::condition_variable role_cv_;
+  std::shared_ptr<Leading> leading_ GUARDED_BY(role_mu_);
+  uint64_t leader_term_ GUARDED_BY(role_mu_) = 0;
+  std::chrono::system_clock::time_point since_ GUARDED_BY(role_mu_){};
+  std::chrono::steady_clock::time_point not_in_step_since_ GUARDED_BY(role_mu_){};
+  bool role_pending_ GUARDED_BY(role_mu_) = false;
+  bool role_want_ GUARDED_BY(role_mu_) = false;
+  uint64_t role_term_ GUARDED_BY(role_mu_) = 0;
+  bool role_stop_ GUARDED_BY(role_mu_) = false;
+  std::thread role_thread_;
 };
 
 }  // namespace

@@ -25,6 +25,27 @@ Reason ReasonOf(const grpc::Status& s) {
 
 }  // namespace
 
+std::string LeaderHint(const grpc::Status& s) {
+  const std::string& d = s.error_details();
+  constexpr size_t n = sizeof(kLeaderHint) - 1;
+  if (d.size() <= n || d.compare(0, n, kLeaderHint) != 0) return "";
+  return d.substr(n);
+}
+
+std::vector<std::string> SplitAddressList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    std::string one = list.substr(start, comma - start);
+    size_t b = one.find_first_not_of(" \t"), e = one.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(one.substr(b, e - b + 1));
+    start = comma + 1;
+  }
+  return out;
+}
+
 grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
   auto code = static_cast<grpc::StatusCode>(static_cast<int>(s.code()));

@@ -5,7 +5,8 @@
 // - Credentials: TLS when rpc.tls_* are set, and a shared token (rpc.token_file) that clients send
 //   as "authorization: Bearer ..." metadata and servers check with CheckToken.
 // - MakeChannel: a channel to host:port with Granary's message-size limits; StubHolder (a stub that
-//   reconnects after UNAVAILABLE) and StubPool (one StubHolder per address for a whole process).
+//   reconnects after UNAVAILABLE, and with several addresses — standby masters — follows the
+//   leader) and StubPool (one StubHolder per address for a whole process).
 // Thread-safe.
 #pragma once
 
@@ -17,6 +18,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/config.h"
 #include "common/status.h"
@@ -34,6 +37,13 @@ Status FromGrpc(const grpc::Status& s, const std::string& context);
 constexpr std::chrono::seconds kKeepalive{5};
 constexpr std::chrono::seconds kKeepaliveTimeout{5};
 void AllowKeepalivePings(grpc::ServerBuilder* builder);
+
+// A standby master's UNAVAILABLE carries the leader's address in its details, after this prefix
+// (master/server.cc); LeaderHint reads it back ("" when there is none).
+inline constexpr char kLeaderHint[] = "granary-leader=";
+std::string LeaderHint(const grpc::Status& s);
+// "a:1, b:2,c:3" -> {"a:1", "b:2", "c:3"} (spaces and empty items dropped).
+std::vector<std::string> SplitAddressList(const std::string& list);
 
 // Largest message either side accepts (a 1 MiB chunk plus framing, or a large listing page).
 constexpr int kMaxMessageBytes = 16 * 1024 * 1024;
@@ -67,14 +77,22 @@ bool IsLoopbackHost(const std::string& host);
 
 // A client stub whose channel is replaced when a call fails with UNAVAILABLE (at most once per
 // 500 ms). A fresh channel connects as soon as the server is back, where a channel that saw the
-// server die can sit in gRPC's reconnect backoff for several seconds. Thread-safe.
+// server die can sit in gRPC's reconnect backoff for several seconds.
+//
+// `address` may list several servers, comma-separated (the masters of a cluster with standbys):
+// the holder talks to one at a time; an UNAVAILABLE that names the leader (LeaderHint) moves it
+// there, any other UNAVAILABLE to the next address (at most once per 200 ms). Thread-safe.
 template <typename Service>
 class StubHolder {
  public:
   using Stub = typename Service::Stub;
   StubHolder(std::shared_ptr<RpcSecurity> sec, std::string address)
-      : sec_(std::move(sec)), address_(std::move(address)), channel_(sec_->MakeChannel(address_)),
-        stub_(Service::NewStub(channel_)) {}
+      : sec_(std::move(sec)), addresses_(SplitAddressList(address)) {
+    if (addresses_.empty()) addresses_.push_back(address);
+    current_ = addresses_.front();
+    channel_ = sec_->MakeChannel(current_);
+    stub_ = Service::NewStub(channel_);
+  }
 
   std::shared_ptr<Stub> Get() {
     MutexLock lock(&mu_);
@@ -87,21 +105,39 @@ class StubHolder {
   // Call with every finished call's status; returns it unchanged.
   const grpc::Status& Note(const grpc::Status& st) {
     if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
+    std::string hint = LeaderHint(st);
     MutexLock lock(&mu_);
     auto now = std::chrono::steady_clock::now();
-    if (now - last_reset_ > std::chrono::milliseconds(500)) {
-      channel_ = sec_->MakeChannel(address_);
-      stub_ = Service::NewStub(channel_);
-      last_reset_ = now;
+    if (!hint.empty() && hint != current_) {
+      MoveLocked(hint, now);
+    } else if (hint.empty() && addresses_.size() > 1 && now - last_reset_ > std::chrono::milliseconds(200)) {
+      size_t at = 0;
+      while (at < addresses_.size() && addresses_[at] != current_) ++at;
+      MoveLocked(addresses_[(at + 1) % addresses_.size()], now);
+    } else if (now - last_reset_ > std::chrono::milliseconds(500)) {
+      MoveLocked(current_, now);
     }
     return st;
   }
-  const std::string& address() const { return address_; }
+  // The server calls go to now.
+  std::string address() const {
+    MutexLock lock(&mu_);
+    return current_;
+  }
+  size_t address_count() const { return addresses_.size(); }
 
  private:
+  void MoveLocked(const std::string& to, std::chrono::steady_clock::time_point now) REQUIRES(mu_) {
+    current_ = to;
+    channel_ = sec_->MakeChannel(current_);
+    stub_ = Service::NewStub(channel_);
+    last_reset_ = now;
+  }
+
   std::shared_ptr<RpcSecurity> sec_;
-  const std::string address_;
-  Mutex mu_;
+  std::vector<std::string> addresses_;
+  mutable Mutex mu_;
+  std::string current_ GUARDED_BY(mu_);
   std::shared_ptr<grpc::Channel> channel_ GUARDED_BY(mu_);
   std::shared_ptr<Stub> stub_ GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_reset_ GUARDED_BY(mu_){};
@@ -135,6 +171,29 @@ class StubPool {
   Mutex mu_;
   std::map<std::string, std::shared_ptr<StubHolder<Service>>> holders_ GUARDED_BY(mu_);
 };
+
+// Calls `call(stub, ctx)` (ctx prepared with the token and `timeout`) through `holder`; while the
+// answer is UNAVAILABLE (a master restarting, or standbys electing a leader) tries again — the
+// holder having moved to the leader or the next address — until `wait` has passed, backing off
+// from 20 ms to 500 ms. For idempotent calls only.
+template <typename Service, typename Fn>
+grpc::Status CallWithFailover(StubHolder<Service>& holder, const RpcSecurity& sec, std::chrono::milliseconds timeout,
+                              std::chrono::milliseconds wait, Fn call) {
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  auto backoff = std::chrono::milliseconds(20);
+  for (;;) {
+    grpc::ClientContext ctx;
+    sec.Prepare(&ctx, timeout);
+    grpc::Status st = holder.Note(call(*holder.Get(), ctx));
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
+    // A hint names the leader: ask it at once; otherwise wait a little.
+    if (!LeaderHint(st).empty()) backoff = std::chrono::milliseconds(0);
+    if (std::chrono::steady_clock::now() + backoff >= deadline) return st;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(20)),
+                                                  std::chrono::milliseconds(500));
+  }
+}
 
 // Runs one Worker.ReadBlock call on `stub` (ctx already prepared) and appends the streamed bytes
 // to `out`. DATA_LOSS when the stream ends short of `want` bytes; `who` names the worker in errors.

@@ -55,7 +55,7 @@ Status MasterLink::Register() {
   rpc::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->RegisterWorker(&ctx, req, &resp)), "the master at " + cfg_.master.address));
+  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->RegisterWorker(&ctx, req, &resp)), "the master at " + stub_->address()));
   std::vector<FileKey> pins;
   for (const auto& k : resp.pinned_keys()) {
     FileKey f;
@@ -81,7 +81,7 @@ Status MasterLink::Register() {
   MutexLock lock(&mu_);
   worker_id_ = resp.worker_id();
   members_epoch_ = resp.members_epoch();
-  spdlog::info("registered with the master at {} as worker {}", cfg_.master.address, worker_id_);
+  spdlog::info("registered with the master at {} as worker {}", stub_->address(), worker_id_);
   return Status::OK();
 }
 
@@ -106,11 +106,13 @@ Status MasterLink::Beat() {
   }
   *req.mutable_stats() = stats_();
   rpc::HeartbeatResponse resp;
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  // A failed beat needs no retry of its own: the next one (at the interval) carries the stats as
-  // they are then.
-  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->Heartbeat(&ctx, req, &resp)), "the master"));
+  // A failed beat is tried again only within the interval (a standby naming the leader, or the next
+  // of several masters): the next beat carries the stats as they are then.
+  RETURN_IF_ERROR(FromGrpc(CallWithFailover(*stub_, *sec_, cfg_.rpc.timeout, cfg_.worker.heartbeat_interval,
+                                            [&](rpc::Master::Stub& m, grpc::ClientContext& ctx) {
+                                              return m.Heartbeat(&ctx, req, &resp);
+                                            }),
+                           "the master"));
   if (resp.reregister()) {
     MutexLock lock(&mu_);
     worker_id_ = 0;
@@ -160,9 +162,11 @@ StatusOr<MountTable::Source> MasterLink::MountSource(uint64_t mount_id) {
   rpc::GetMountRequest req;
   req.set_id(mount_id);
   rpc::MountInfo info;
-  grpc::ClientContext ctx;
-  sec_->Prepare(&ctx, cfg_.rpc.timeout);
-  RETURN_IF_ERROR(FromGrpc(stub_->Note(stub_->Get()->GetMount(&ctx, req, &info)), "the master at " + cfg_.master.address));
+  RETURN_IF_ERROR(FromGrpc(CallWithFailover(*stub_, *sec_, cfg_.rpc.timeout, cfg_.rpc.master_wait,
+                                            [&](rpc::Master::Stub& m, grpc::ClientContext& ctx) {
+                                              return m.GetMount(&ctx, req, &info);
+                                            }),
+                           "the master at " + stub_->address()));
   return MountTable::Source{info.uri(), {info.options().begin(), info.options().end()}, info.block_size()};
 }
 

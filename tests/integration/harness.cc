@@ -59,7 +59,11 @@ LocalCluster::~LocalCluster() {
 }
 
 bool LocalCluster::StartDaemons(std::string* why) {
-  if (!StartMaster("127.0.0.1:0", why)) return false;
+  if (!opts_.masters.empty()) {
+    master_addr_ = opts_.masters;
+  } else if (!StartMaster("127.0.0.1:0", why)) {
+    return false;
+  }
   return StartWorker("127.0.0.1:0", why);
 }
 

@@ -27,6 +27,9 @@ struct ClusterOptions {
   // Off also runs granary-fuse in the daemon read mode (every read the page cache cannot serve
   // reaches the worker, and no page is kept across opens) unless fuse_args name a --fuse.open.
   bool keep_cache = false;
+  // Masters started by the test (standby masters: comma-separated addresses): StartDaemons then
+  // starts only the worker, and every daemon and the CLI are given this list.
+  std::string masters;
 };
 
 class LocalCluster {

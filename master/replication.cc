@@ -1,0 +1,236 @@
+#include "master/replication.h"
+
+#include <spdlog/spdlog.h>
+
+#include <vector>
+
+#include "common/keys.h"
+
+namespace granary::master {
+namespace {
+
+constexpr size_t kBatchBytes = 1 << 20;                     // entries or snapshot bytes per message
+constexpr auto kIdleBeat = std::chrono::milliseconds(250);  // an empty batch when nothing is new
+constexpr auto kRetry = std::chrono::milliseconds(200);     // between streams
+constexpr auto kHeardRecently = std::chrono::seconds(3);    // a standby serves reads while in touch
+
+rpc::JournalPosition ToProto(const LogPosition& p) {
+  rpc::JournalPosition out;
+  out.set_term(p.term);
+  out.set_index(p.index);
+  return out;
+}
+LogPosition FromProto(const rpc::JournalPosition& p) { return {p.term(), p.index()}; }
+
+}  // namespace
+
+grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool()>& leading, grpc::ServerContext* ctx,
+                          grpc::ServerReaderWriter<rpc::ReplicaBatch, rpc::ReplicaAck>* stream) {
+  rpc::ReplicaAck hello;
+  if (!stream->Read(&hello)) return grpc::Status(grpc::StatusCode::CANCELLED, "the standby went before saying where it stands");
+  const std::string id = hello.id().empty() ? ctx->peer() : hello.id();
+  Journal& journal = ns->journal();
+  LogPosition at = FromProto(hello.applied());
+  std::thread acks([&] {
+    rpc::ReplicaAck a;
+    while (stream->Read(&a)) journal.Acked(id, a.applied().index());
+  });
+  spdlog::info("standby master {} follows this leader from entry {} (this leader at {})", id, at.ToString(),
+               journal.position().ToString());
+  auto stamp = [&](rpc::ReplicaBatch* b) {
+    b->set_leader_term(term);
+    *b->mutable_leader_position() = ToProto(journal.position());
+  };
+  grpc::Status result = grpc::Status::OK;
+  while (!ctx->IsCancelled()) {
+    if (!leading()) {
+      result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "this master no longer leads");
+      break;
+    }
+    std::vector<JournalEntry> entries;
+    FollowerNeeds need = journal.Read(at, kBatchBytes, &entries);
+    if (need == FollowerNeeds::kSnapshot) {
+      spdlog::info("sending standby master {} a snapshot: it stands at {}, which this leader (at {}) cannot vouch for",
+                   id, at.ToString(), journal.position().ToString());
+      rpc::ReplicaBatch begin;
+      begin.set_snapshot_begin(true);
+      stamp(&begin);
+      if (!stream->Write(begin)) break;
+      LogPosition snap;
+      Status st = journal.Snapshot(kBatchBytes, [&](const std::vector<std::string>& keys,
+                                                    const std::vector<std::string>& values) -> Status {
+        rpc::ReplicaBatch page;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          page.add_keys(keys[i]);
+          page.add_values(values[i]);
+          if (keys[i] == kJournalPositionKey && values[i].size() == 16) {
+            snap = {GetBe64(values[i].data()), GetBe64(values[i].data() + 8)};
+          }
+        }
+        stamp(&page);
+        return stream->Write(page) ? Status::OK() : UnavailableError("the standby went");
+      });
+      if (!st.ok()) {
+        spdlog::warn("snapshot for standby master {}: {}", id, st.message());
+        break;
+      }
+      rpc::ReplicaBatch end;
+      end.set_snapshot_end(true);
+      stamp(&end);
+      if (!stream->Write(end)) break;
+      at = snap;
+      continue;
+    }
+    rpc::ReplicaBatch b;
+    if (need == FollowerNeeds::kEntries) {
+      for (auto& e : entries) {
+        auto* out = b.add_entries();
+        *out->mutable_pos() = ToProto(e.pos);
+        out->set_data(std::move(e.data));
+      }
+      at = entries.back().pos;
+    } else if (journal.WaitBeyond(at.index, kIdleBeat)) {
+      continue;  // new entries: read them
+    }
+    stamp(&b);
+    if (!stream->Write(b)) break;
+  }
+  ctx->TryCancel();  // ends the acknowledgements' Read
+  acks.join();
+  journal.Forget(id);
+  spdlog::info("standby master {} stopped following this leader", id);
+  return result;
+}
+
+Follower::Follower(Namespace* ns, std::shared_ptr<RpcSecurity> sec, std::string self,
+                   std::function<std::string()> leader)
+    : ns_(ns), sec_(std::move(sec)), self_(std::move(self)), leader_(std::move(leader)) {}
+
+Follower::~Follower() { Stop(); }
+
+void Follower::Start() {
+  MutexLock lock(&mu_);
+  stop_ = false;
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+}
+
+void Follower::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    if (ctx_) ctx_->TryCancel();
+    wake_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  thread_ = std::thread();
+}
+
+uint64_t Follower::lag() const {
+  uint64_t mine = ns_->journal().position().index;
+  MutexLock lock(&mu_);
+  return leader_index_ > mine ? leader_index_ - mine : 0;
+}
+
+bool Follower::ServingReads() const {
+  if (ns_->journal().position().index == 0) return false;
+  MutexLock lock(&mu_);
+  return !installing_ && std::chrono::steady_clock::now() - heard_ < kHeardRecently;
+}
+
+bool Follower::InStep() const {
+  uint64_t mine = ns_->journal().position().index;
+  MutexLock lock(&mu_);
+  return !installing_ && mine > 0 && mine >= leader_index_ &&
+         std::chrono::steady_clock::now() - heard_ < kHeardRecently;
+}
+
+void Follower::Run() {
+  std::string following;
+  for (;;) {
+    std::string leader = leader_();
+    {
+      MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    if (!leader.empty() && leader != self_) {
+      if (leader != following) spdlog::info("this standby master follows the leader at {}", leader);
+      following = leader;
+      Status st = FollowOnce(leader);
+      if (!st.ok()) spdlog::debug("following the leader at {}: {}", leader, st.message());
+    }
+    MutexLock lock(&mu_);
+    if (stop_) return;
+    lock.WaitFor(&wake_, kRetry);
+  }
+}
+
+Status Follower::FollowOnce(const std::string& leader) {
+  auto stub = rpc::Master::NewStub(sec_->MakeChannel(leader));
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, std::chrono::milliseconds(0));
+  {
+    MutexLock lock(&mu_);
+    if (stop_) return Status::OK();
+    ctx_ = &ctx;
+  }
+  auto stream = stub->Replicate(&ctx);
+  Journal& journal = ns_->journal();
+  rpc::ReplicaAck ack;
+  ack.set_id(self_);
+  *ack.mutable_applied() = ToProto(journal.position());
+  Status st = Status::OK();
+  if (stream->Write(ack)) {
+    rpc::ReplicaBatch b;
+    while (st.ok() && stream->Read(&b)) {
+      {
+        MutexLock lock(&mu_);
+        if (b.leader_term() < max_term_) {
+          st = FailedPreconditionError("a stream from a deposed leader (term " + std::to_string(b.leader_term()) +
+                                       ", seen " + std::to_string(max_term_) + ")");
+          break;
+        }
+        max_term_ = b.leader_term();
+        heard_ = std::chrono::steady_clock::now();
+        leader_index_ = b.leader_position().index();
+        if (b.snapshot_begin()) installing_ = true;
+      }
+      if (b.snapshot_begin()) {
+        spdlog::info("this standby master copies a snapshot of the leader's namespace");
+        st = journal.InstallBegin();
+      }
+      if (st.ok() && b.keys_size() > 0) {
+        st = journal.InstallPage({b.keys().begin(), b.keys().end()}, {b.values().begin(), b.values().end()});
+      }
+      if (st.ok() && b.snapshot_end()) {
+        st = ns_->InstallSnapshotEnd();
+        if (st.ok()) {
+          spdlog::info("this standby master holds the leader's namespace as of entry {}", journal.position().ToString());
+          MutexLock lock(&mu_);
+          installing_ = false;
+        }
+      }
+      for (const auto& e : b.entries()) {
+        if (!st.ok()) break;
+        st = ns_->ApplyEntry({FromProto(e.pos()), e.data()});
+      }
+      if (!st.ok()) break;
+      if (b.snapshot_begin() || b.keys_size() > 0) continue;  // acknowledged once whole
+      *ack.mutable_applied() = ToProto(journal.position());
+      if (!stream->Write(ack)) break;
+    }
+  }
+  ctx.TryCancel();
+  grpc::Status end = stream->Finish();
+  {
+    MutexLock lock(&mu_);
+    ctx_ = nullptr;
+  }
+  if (!st.ok()) {
+    spdlog::warn("following the leader at {}: {}", leader, st.message());
+    return st;
+  }
+  if (!end.ok() && end.error_code() != grpc::StatusCode::CANCELLED) return FromGrpc(end, "the leader at " + leader);
+  return Status::OK();
+}
+
+}  // namespace granary::master

@@ -1,0 +1,80 @@
+// Replication of the master's journal (master/journal.h) from the leader to its standbys, over the
+// Master service's Replicate stream (proto/granary.proto).
+//
+// Design note. The standby opens the stream to whoever the election names leader and says where
+// its journal stands (ReplicaAck). The leader answers with what the standby needs (Journal::Read):
+// the entries after that position, or — when it cannot vouch for that position — a snapshot of its
+// whole database followed by the entries after the snapshot's position. Every batch carries the
+// leader's term and position; a standby refuses a batch whose term is smaller than one it has seen
+// (a deposed leader's late stream) and acknowledges each position it has applied, which is what the
+// leader's semi-synchronous commits wait for. When idle, the leader sends an empty batch every
+// 250 ms, so a standby always knows how far behind it is.
+//
+// A standby answers namespace reads only while its copy is whole (not halfway through a snapshot)
+// and has heard from the leader within the last few seconds (ServingReads); otherwise the reads go
+// to the leader. Either way it never writes except through ApplyEntry.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "common/thread_annotations.h"
+#include "master/namespace.h"
+#include "proto/granary.grpc.pb.h"
+#include "rpc/rpc.h"
+
+namespace granary::master {
+
+// The leader's side of one standby's Replicate stream: runs until the standby goes, the stream is
+// cancelled, or `leading()` turns false (then UNAVAILABLE). `term`: the leader's term.
+grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool()>& leading,
+                          grpc::ServerContext* ctx, grpc::ServerReaderWriter<rpc::ReplicaBatch, rpc::ReplicaAck>* stream);
+
+// The standby's side: a thread that follows the leader the election names.
+class Follower {
+ public:
+  // `leader()`: the leader's address as last known ("" none; this master's own: do not follow).
+  Follower(Namespace* ns, std::shared_ptr<RpcSecurity> sec, std::string self, std::function<std::string()> leader);
+  ~Follower();  // Stop()s
+  void Start();
+  // Ends the stream and the thread (promotion: before this master leads).
+  void Stop();
+
+  // Entries behind the leader's position as last heard; 0 when in step or unknown.
+  uint64_t lag() const;
+  // True while a whole copy is here and the leader was heard from recently.
+  bool ServingReads() const;
+  // True when the last batch from the leader found this copy in step with it (no lag), recently:
+  // a standby in step campaigns at once when the leader goes, others wait (master/server.cc).
+  bool InStep() const;
+
+ private:
+  void Run();
+  // One stream to `leader`, until it ends.
+  Status FollowOnce(const std::string& leader);
+
+  Namespace* const ns_;
+  const std::shared_ptr<RpcSecurity> sec_;
+  const std::string self_;
+  const std::function<std::string()> leader_;
+
+  mutable Mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  grpc::ClientContext* ctx_ GUARDED_BY(mu_) = nullptr;  // the stream in progress, to cancel
+  uint64_t max_term_ GUARDED_BY(mu_) = 0;
+  bool installing_ GUARDED_BY(mu_) = false;
+  uint64_t leader_index_ GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point heard_ GUARDED_BY(mu_){};
+  std::thread thread_;
+};
+
+}  // namespace granary::master

@@ -1,0 +1,234 @@
+// The master's journal (master/journal.h): a standby applying the leader's entries holds the same
+// database (inode numbers included); whatever a standby cannot be vouched for is replaced by a
+// snapshot; the fence stops writes; commits wait for a follower in sync.
+#include "master/journal.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/keys.h"
+#include "master/namespace.h"
+#include "tests/testutil/testutil.h"
+
+namespace granary::master {
+namespace {
+
+using KeyValues = std::map<std::string, std::string>;
+
+class JournalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < 20; ++i) testing::WriteFile(dir_ / ("src/d" + std::to_string(i % 3) + "/f" + std::to_string(i)), "x");
+    a_ = Open("a");
+    b_ = Open("b");
+  }
+  std::unique_ptr<Namespace> Open(const std::string& name, size_t keep = 64 << 20) {
+    auto ns = Namespace::Open(dir_ / name, 4096, UfsAccess::Unrestricted());
+    EXPECT_TRUE(ns.ok()) << ns.status().message();
+    (*ns)->journal().Configure(keep, std::chrono::milliseconds(300));
+    return std::move(ns).value();
+  }
+  // What a standby's stream does (master/replication.cc), in one thread: `to` catches up with `from`.
+  void Pump(Namespace* from, Namespace* to) {
+    for (int rounds = 0; rounds < 1000; ++rounds) {
+      std::vector<JournalEntry> entries;
+      FollowerNeeds need = from->journal().Read(to->journal().position(), 4096, &entries);
+      if (need == FollowerNeeds::kNothing) return;
+      if (need == FollowerNeeds::kSnapshot) {
+        ++snapshots_;
+        ASSERT_TRUE(to->journal().InstallBegin().ok());
+        Status st = from->journal().Snapshot(
+            512, [&](const std::vector<std::string>& k, const std::vector<std::string>& v) { return to->journal().InstallPage(k, v); });
+        ASSERT_TRUE(st.ok()) << st.message();
+        ASSERT_TRUE(to->InstallSnapshotEnd().ok());
+        continue;
+      }
+      for (const auto& e : entries) {
+        Status st = to->ApplyEntry(e);
+        ASSERT_TRUE(st.ok()) << st.message();
+      }
+    }
+    FAIL() << "the standby never caught up";
+  }
+  static KeyValues Contents(Namespace* ns) {
+    KeyValues out;
+    EXPECT_TRUE(ns->journal()
+                    .Snapshot(1 << 20,
+                              [&](const std::vector<std::string>& k, const std::vector<std::string>& v) {
+                                for (size_t i = 0; i < k.size(); ++i) out[k[i]] = v[i];
+                                return Status::OK();
+                              })
+                    .ok());
+    return out;
+  }
+  // Inode of `path`, asked the way a standby answers (never listing the under-storage).
+  static uint64_t StandbyIno(Namespace* ns, const std::string& path) {
+    uint64_t ino = kRootIno;
+    size_t start = 1;
+    while (start < path.size()) {
+      size_t slash = path.find('/', start);
+      std::string name = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+      bool ufs = false;
+      auto a = ns->Lookup(ino, name, &ufs);
+      if (!a.ok()) return 0;
+      ino = a->ino();
+      if (slash == std::string::npos) break;
+      start = slash + 1;
+    }
+    return ino;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Namespace> a_, b_;
+  int snapshots_ = 0;
+};
+
+TEST_F(JournalTest, AStandbyHoldsTheLeadersNamespaceWithTheSameInodes) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  auto f = a_->Resolve("/data/d1/f4");  // lists / and d1 in the leader: inodes handed out
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  Pump(a_.get(), b_.get());
+  EXPECT_EQ(snapshots_, 1) << "a new standby starts from a snapshot";
+  EXPECT_EQ(b_->journal().position(), a_->journal().position());
+  EXPECT_EQ(StandbyIno(b_.get(), "/data/d1/f4"), f->ino());
+  ASSERT_EQ(b_->ListMounts().size(), 1u) << "the mount table follows the entries";
+
+  // More writes: entries only, no second snapshot.
+  auto g = a_->Resolve("/data/d2/f5");
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(a_->PutPin("/data/d2", {}).ok());
+  ASSERT_TRUE(a_->Unmount("/data").ok());
+  ASSERT_TRUE(a_->Mount("/other", "file://" + dir_ / "src/d0", {}).ok());
+  Pump(a_.get(), b_.get());
+  EXPECT_EQ(snapshots_, 1);
+  EXPECT_EQ(Contents(b_.get()), Contents(a_.get()));
+  ASSERT_EQ(b_->ListMounts().size(), 1u);
+  EXPECT_EQ(b_->ListMounts()[0].path(), "/other");
+
+  // The standby takes over: it goes on from the same counters, so no inode number is handed out twice.
+  ASSERT_TRUE(b_->ReloadState().ok());
+  ASSERT_TRUE(b_->journal().BeginTerm(9).ok());
+  auto h = b_->Resolve("/other/f0");
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  auto seen = Contents(a_.get());
+  for (const auto& [k, v] : seen) {
+    if (k[0] == 'I') {
+      EXPECT_NE(GetBe64(k.data() + 1), h->ino()) << "inode reused";
+    }
+  }
+  // And the old leader, now a standby at the same position, follows without a snapshot.
+  Pump(b_.get(), a_.get());
+  EXPECT_EQ(snapshots_, 1);
+  EXPECT_EQ(Contents(a_.get()), Contents(b_.get()));
+}
+
+TEST_F(JournalTest, ADeposedLeadersUnreplicatedWritesAreReplacedByASnapshot) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  Pump(a_.get(), b_.get());
+  ASSERT_EQ(snapshots_, 1);
+  // A writes on, cut off: B never gets it, takes over and writes too.
+  ASSERT_TRUE(a_->Mount("/lost", "file://" + dir_ / "src/d0", {}).ok());
+  ASSERT_TRUE(b_->ReloadState().ok());
+  ASSERT_TRUE(b_->journal().BeginTerm(7).ok());
+  ASSERT_TRUE(b_->Mount("/kept", "file://" + dir_ / "src/d1", {}).ok());
+  EXPECT_EQ(a_->journal().position().index, b_->journal().position().index - 1);
+  // Same index, other term: A's entries are not B's.
+  std::vector<JournalEntry> entries;
+  EXPECT_EQ(b_->journal().Read(a_->journal().position(), 1 << 20, &entries), FollowerNeeds::kSnapshot);
+  Pump(b_.get(), a_.get());
+  EXPECT_EQ(snapshots_, 2);
+  EXPECT_EQ(Contents(a_.get()), Contents(b_.get()));
+  std::set<std::string> paths;
+  for (const auto& m : a_->ListMounts()) paths.insert(m.path());
+  EXPECT_EQ(paths, (std::set<std::string>{"/data", "/kept"}));
+}
+
+TEST_F(JournalTest, AFollowerOlderThanTheKeptEntriesTakesASnapshot) {
+  a_ = nullptr;
+  a_ = Open("a2", /*keep=*/2048);
+  ASSERT_TRUE(a_->journal().BeginTerm(3).ok());
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  Pump(a_.get(), b_.get());
+  ASSERT_EQ(snapshots_, 1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a_->Resolve("/data/d" + std::to_string(i) + "/f" + std::to_string(i)).ok());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(a_->PutPin("/data/p" + std::to_string(i), {}).ok());
+  Pump(a_.get(), b_.get());
+  EXPECT_EQ(snapshots_, 2) << "2 KiB of entries cannot hold 50 pins' worth";
+  EXPECT_EQ(Contents(b_.get()), Contents(a_.get()));
+}
+
+TEST_F(JournalTest, EntriesOutOfOrderOrWithoutTheirPositionAreRefused) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  Pump(a_.get(), b_.get());
+  ASSERT_TRUE(a_->PutPin("/x", {}).ok());
+  ASSERT_TRUE(a_->PutPin("/y", {}).ok());
+  std::vector<JournalEntry> entries;
+  LogPosition from = b_->journal().position();
+  ASSERT_EQ(a_->journal().Read(from, 1 << 20, &entries), FollowerNeeds::kEntries);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(b_->ApplyEntry(entries[1]).code(), Code::kFailedPrecondition) << "a gap";
+  JournalEntry forged = entries[0];
+  forged.pos.term += 1;  // its data says otherwise
+  EXPECT_EQ(b_->ApplyEntry(forged).code(), Code::kDataLoss);
+  JournalEntry garbage{entries[0].pos, "not a write batch"};
+  EXPECT_EQ(b_->ApplyEntry(garbage).code(), Code::kDataLoss);
+  EXPECT_EQ(b_->journal().position(), from) << "nothing applied";
+  ASSERT_TRUE(b_->ApplyEntry(entries[0]).ok());
+  ASSERT_TRUE(b_->ApplyEntry(entries[1]).ok());
+  EXPECT_EQ(Contents(b_.get()), Contents(a_.get()));
+}
+
+TEST_F(JournalTest, TheFenceStopsEveryWrite) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  std::atomic<bool> leading{true};
+  a_->journal().SetFence([&]() -> Status { return leading ? Status::OK() : UnavailableError("deposed"); });
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  LogPosition before = a_->journal().position();
+  KeyValues contents = Contents(a_.get());
+  leading = false;
+  EXPECT_EQ(a_->Mount("/more", "file://" + dir_ / "src", {}).status().code(), Code::kUnavailable);
+  EXPECT_FALSE(a_->Resolve("/data/d0/f0").ok()) << "a listing writes, so it is fenced too";
+  EXPECT_FALSE(a_->PutPin("/data", {}).ok());
+  EXPECT_EQ(a_->journal().position(), before);
+  EXPECT_EQ(Contents(a_.get()), contents);
+}
+
+TEST_F(JournalTest, CommitsWaitForAFollowerInSync) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  Journal& j = a_->journal();
+  j.Configure(64 << 20, std::chrono::seconds(60));
+  j.Acked("b", j.position().index);  // in step: in sync
+  ASSERT_EQ(j.Followers().size(), 1u);
+  EXPECT_TRUE(j.Followers()[0].in_sync);
+  const uint64_t start = j.position().index;
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    EXPECT_TRUE(a_->PutPin("/p", {}).ok());
+    done = true;
+  });
+  ASSERT_TRUE(j.WaitBeyond(start, std::chrono::seconds(30))) << "the entry is written before the wait";
+  EXPECT_FALSE(done) << "the commit waits for the follower's acknowledgement";
+  j.Acked("b", start + 1);
+  writer.join();
+  EXPECT_TRUE(done);
+  // A follower that does not answer within the sync timeout drops out of sync, and the write returns.
+  j.Configure(64 << 20, std::chrono::milliseconds(200));
+  ASSERT_TRUE(a_->PutPin("/q", {}).ok());
+  ASSERT_EQ(j.Followers().size(), 1u);
+  EXPECT_FALSE(j.Followers()[0].in_sync);
+  EXPECT_TRUE(a_->PutPin("/r", {}).ok()) << "no follower in sync: no wait";
+  j.Acked("b", j.position().index);
+  EXPECT_TRUE(j.Followers()[0].in_sync) << "caught up: in sync again";
+  j.Forget("b");
+  EXPECT_TRUE(j.Followers().empty());
+}
+
+}  // namespace
+}  // namespace granary::master
