@@ -140,8 +140,18 @@ bool Follower::ServingReads() const {
 bool Follower::InStep() const {
   uint64_t mine = ns_->journal().position().index;
   MutexLock lock(&mu_);
-  return !installing_ && mine > 0 && mine >= leader_index_ &&
-         std::chrono::steady_clock::now() - heard_ < kHeardRecently;
+  return !installing_ && mine > 0 && heard_ != std::chrono::steady_clock::time_point{} && mine >= leader_index_;
+}
+
+bool Follower::HeardALeader() const {
+  MutexLock lock(&mu_);
+  return heard_ != std::chrono::steady_clock::time_point{};
+}
+
+bool Follower::Whole() const {
+  if (ns_->journal().position().index == 0) return false;
+  MutexLock lock(&mu_);
+  return !installing_;
 }
 
 void Follower::Run() {

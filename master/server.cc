@@ -417,7 +417,13 @@ class MasterServerImpl final : public MasterServer, public Roles {
     return leading_;
   }
   bool IsLeader() override { return leading() != nullptr; }
-  bool ServesReads() override { return follower_ && follower_->ServingReads(); }
+  bool ServesReads() override {
+    if (!follower_) return false;
+    if (follower_->ServingReads()) return true;
+    // No master leads (etcd out of reach, or an election under way): every master answers reads
+    // from its copy, which is as fresh as any — nothing can be written without a leader.
+    return follower_->Whole() && election_->leader().empty();
+  }
   grpc::Status NotLeader() override {
     std::string leader = election_ ? election_->leader() : "";
     if (leader.empty() || leader == advertise_) {
@@ -702,8 +708,11 @@ class MasterServerImpl final : public MasterServer, public Roles {
     follower_->Start();
   }
 
-  // A standby in step with the last leader campaigns at once; one behind (or never in touch) waits
-  // two leases first, so a standby with every acknowledged write wins when there is one.
+  // Who campaigns first when no master leads: the copy most likely to hold every acknowledged write.
+  // A standby in step with the last leader it heard campaigns at once; one behind waits two leases;
+  // one that heard no leader since it started waits one lease if its copy holds anything, three if
+  // it is empty (so turning a single master into three never elects an empty one over it). A copy
+  // left behind by whoever wins is replaced by the winner's (master/journal.h).
   bool MayCampaign() {
     MutexLock lock(&role_mu_);
     auto now = std::chrono::steady_clock::now();
@@ -712,10 +721,11 @@ class MasterServerImpl final : public MasterServer, public Roles {
       return true;
     }
     if (not_in_step_since_ == std::chrono::steady_clock::time_point{}) not_in_step_since_ = now;
-    if (now - not_in_step_since_ < 2 * ttl_) return false;
-    spdlog::warn("campaigning for leader although this master's copy may be behind (journal at {}): no standby in "
-                 "step took over within {} ms",
-                 ns_->journal().position().ToString(), (2 * ttl_).count());
+    std::chrono::milliseconds wait = 2 * ttl_;
+    if (!follower_->HeardALeader()) wait = ns_->journal().position().index > 0 ? ttl_ : 3 * ttl_;
+    if (now - not_in_step_since_ < wait) return false;
+    spdlog::info("campaigning for leader with the journal at {}: no master in step with a leader took over within {} ms",
+                 ns_->journal().position().ToString(), wait.count());
     return true;
   }
 

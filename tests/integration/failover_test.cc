@@ -46,6 +46,8 @@ class FailoverTest : public ::testing::Test {
     for (int i = 0; i < 3; ++i) list_ += (i ? "," : "") + addr_[i];
   }
   void TearDown() override {
+    StopReader();
+    for (pid_t p : EtcdPids()) kill(p, SIGCONT);
     cluster_.reset();
     for (auto& m : masters_) m.reset();
     RunCommand({"bash", SourceDir() + "/scripts/etcd.sh", "stop", dir_ / "etcd"});
@@ -65,8 +67,10 @@ class FailoverTest : public ::testing::Test {
   }
   // `granary report --json`'s master section, asked of the cluster ({} when no master answers).
   nlohmann::json Master() {
-    RunResult r = RunCommand({Bin("granary"), "--master", list_, "report", "--json"}, {{"GRANARY_HOME", dir_ / "home"}},
-                             seconds(60));
+    // Answered at once when no master leads (a CLI command otherwise waits out rpc.master_wait).
+    WriteFile(dir_ / "cli.yaml", "rpc:\n  master_wait: 2s\n");
+    RunResult r = RunCommand({Bin("granary"), "--config", dir_ / "cli.yaml", "--master", list_, "report", "--json"},
+                             {{"GRANARY_HOME", dir_ / "home"}}, seconds(60));
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     if (r.code != 0 || j.is_discarded() || !j.contains("master")) return nlohmann::json::object();
     return j["master"];
@@ -96,6 +100,87 @@ class FailoverTest : public ::testing::Test {
     return out;
   }
 
+  // A leader with both standbys in sync, a worker and granary-fuse following the three masters,
+  // and /data mounted; inodes_ holds every file's inode number.
+  void StartCluster() {
+    leader_ = WaitForLeader(2);
+    ASSERT_GE(leader_, 0) << "no leader with two standbys in sync:\n" << masters_[0]->Log() << masters_[1]->Log();
+    ClusterOptions opts;
+    opts.masters = list_;
+    // Every stat and open asks the master (no kernel or granary-fuse metadata caching), so the
+    // reader is exposed to each failover. GRANARY_FAILOVER_FUSE_ARGS adds arguments (a check that
+    // this test fails when granary-fuse does not wait out a failover: --rpc.master_wait 0s).
+    opts.fuse_args = {"--fuse.entry_timeout", "0s", "--fuse.attr_timeout", "0s", "--fuse.file_cache_entries", "0"};
+    if (const char* extra = std::getenv("GRANARY_FAILOVER_FUSE_ARGS")) {
+      std::istringstream in(extra);
+      for (std::string a; in >> a;) opts.fuse_args.push_back(a);
+    }
+    cluster_ = std::make_unique<LocalCluster>(dir_, opts);
+    std::string why;
+    ASSERT_TRUE(cluster_->StartDaemons(&why)) << why;
+    ASSERT_TRUE(cluster_->StartFuse(&why)) << why;
+    RunResult m = cluster_->Cli({"mount", "/data", "file://" + dir_ / "src"});
+    ASSERT_EQ(m.code, 0) << m.out;
+    inodes_ = Inodes();
+    ASSERT_EQ(inodes_.size(), files_.size());
+  }
+  // A reader that stats and reads every file, over and over, checking every byte and inode.
+  void StartReader() {
+    reader_ = std::thread([this] {
+      while (!stop_reader_) {
+        for (const auto& [name, bytes] : files_) {
+          std::string path = cluster_->mountpoint() + "/data/" + name, got;
+          struct stat st{};
+          bool ok = stat(path.c_str(), &st) == 0 && ReadFileChecked(path, &got);
+          if (!ok) {
+            ++errors_;
+            std::lock_guard<std::mutex> lock(error_mu_);
+            if (first_error_.empty()) first_error_ = name + ": " + std::strerror(errno);
+          } else if (got != bytes || st.st_ino != inodes_.at(name)) {
+            ++wrong_;
+          }
+          ++reads_;
+        }
+      }
+    });
+  }
+  void StopReader() {
+    stop_reader_ = true;
+    if (reader_.joinable()) reader_.join();
+  }
+  // The reader got through every file once more.
+  bool ReaderGoesOn() {
+    uint64_t before = reads_;
+    return WaitFor([&] { return reads_ > before + kFiles; }, seconds(60));
+  }
+  // The masters and clients still hold what was written, and the leader writes.
+  void CheckNamespaceAndWrites(const std::string& new_mount) {
+    EXPECT_EQ(Inodes(), inodes_);
+    RunResult mounts = cluster_->Cli({"mounts"});
+    EXPECT_NE(mounts.out.find("/data"), std::string::npos) << mounts.out;
+    RunResult again = cluster_->Cli({"mount", new_mount, "file://" + dir_ / "src/d1"});
+    EXPECT_EQ(again.code, 0) << again.out;
+    std::string got;
+    EXPECT_TRUE(ReadFileChecked(cluster_->mountpoint() + new_mount + "/f1", &got));
+    EXPECT_EQ(got, files_["d1/f1"]);
+  }
+  std::vector<pid_t> EtcdPids() {
+    std::vector<pid_t> out;
+    for (int i = 0; i < 3; ++i) {
+      std::string pid = ReadFile(dir_ / ("etcd/m" + std::to_string(i) + "/pid"));
+      if (!pid.empty()) out.push_back(static_cast<pid_t>(std::stol(pid)));
+    }
+    return out;
+  }
+
+  int leader_ = -1;
+  std::map<std::string, uint64_t> inodes_;
+  std::thread reader_;
+  std::atomic<bool> stop_reader_{false};
+  std::atomic<uint64_t> reads_{0}, errors_{0}, wrong_{0};
+  std::mutex error_mu_;
+  std::string first_error_;
+
   TempDir dir_;
   std::string etcd_;
   std::map<std::string, std::string> files_;
@@ -106,86 +191,58 @@ class FailoverTest : public ::testing::Test {
 };
 
 TEST_F(FailoverTest, AStandbyTakesOverWithTheSameNamespaceAndNoReaderNotices) {
-  int leader = WaitForLeader(2);
-  ASSERT_GE(leader, 0) << "no leader with two standbys in sync:\n" << masters_[0]->Log() << masters_[1]->Log();
-  ClusterOptions opts;
-  opts.masters = list_;
-  // Every stat and open asks the master (no kernel or granary-fuse metadata caching), so the reader
-  // is exposed to each failover. GRANARY_FAILOVER_FUSE_ARGS adds arguments (a check that this test
-  // fails when granary-fuse does not wait out a failover: --rpc.master_wait 0s).
-  opts.fuse_args = {"--fuse.entry_timeout", "0s", "--fuse.attr_timeout", "0s", "--fuse.file_cache_entries", "0"};
-  if (const char* extra = std::getenv("GRANARY_FAILOVER_FUSE_ARGS")) {
-    std::istringstream in(extra);
-    for (std::string a; in >> a;) opts.fuse_args.push_back(a);
-  }
-  cluster_ = std::make_unique<LocalCluster>(dir_, opts);
-  std::string why;
-  ASSERT_TRUE(cluster_->StartDaemons(&why)) << why;
-  ASSERT_TRUE(cluster_->StartFuse(&why)) << why;
-  RunResult m = cluster_->Cli({"mount", "/data", "file://" + dir_ / "src"});
-  ASSERT_EQ(m.code, 0) << m.out;
-  const std::map<std::string, uint64_t> inodes = Inodes();
-  ASSERT_EQ(inodes.size(), files_.size());
-
-  // A reader that reads every file, over and over, and checks every byte and inode.
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> reads{0}, errors{0}, wrong{0};
-  std::string first_error;
-  std::mutex error_mu;
-  std::thread reader([&] {
-    while (!stop) {
-      for (const auto& [name, bytes] : files_) {
-        std::string path = cluster_->mountpoint() + "/data/" + name, got;
-        struct stat st{};
-        bool ok = stat(path.c_str(), &st) == 0 && ReadFileChecked(path, &got);
-        if (!ok) {
-          ++errors;
-          std::lock_guard<std::mutex> lock(error_mu);
-          if (first_error.empty()) first_error = name + ": " + std::strerror(errno);
-        } else if (got != bytes || st.st_ino != inodes.at(name)) {
-          ++wrong;
-        }
-        ++reads;
-      }
-    }
-  });
-
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  StartReader();
   for (int round = 0; round < 2; ++round) {
-    uint64_t before = reads;
-    ASSERT_TRUE(WaitFor([&] { return reads > before + kFiles; }, seconds(60))) << "the reader is stuck";
+    ASSERT_TRUE(ReaderGoesOn()) << "the reader is stuck";
     auto killed_at = std::chrono::steady_clock::now();
-    masters_[leader]->Stop(SIGKILL);
+    masters_[leader_]->Stop(SIGKILL);
     int next = WaitForLeader(1);
-    ASSERT_GE(next, 0) << "no standby took over:\n" << masters_[(leader + 1) % 3]->Log();
-    ASSERT_NE(next, leader);
+    ASSERT_GE(next, 0) << "no standby took over:\n" << masters_[(leader_ + 1) % 3]->Log();
+    ASSERT_NE(next, leader_);
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-    std::printf("failover %d: %s -> %s in %.1f s\n", round, addr_[leader].c_str(), addr_[next].c_str(), took);
+    std::printf("failover %d: %s -> %s in %.1f s\n", round, addr_[leader_].c_str(), addr_[next].c_str(), took);
     // The killed master comes back on its address and data as a standby, and catches up.
-    ASSERT_TRUE(StartMaster(leader, addr_[leader], &why)) << why;
-    ASSERT_EQ(WaitForLeader(2), next) << "the restarted master did not catch up as a standby:\n" << masters_[leader]->Log();
-    before = reads;
-    ASSERT_TRUE(WaitFor([&] { return reads > before + kFiles; }, seconds(60))) << "the reader is stuck";
-    leader = next;
+    std::string why;
+    ASSERT_TRUE(StartMaster(leader_, addr_[leader_], &why)) << why;
+    ASSERT_EQ(WaitForLeader(2), next) << "the restarted master did not catch up as a standby:\n"
+                                      << masters_[leader_]->Log();
+    ASSERT_TRUE(ReaderGoesOn()) << "the reader is stuck";
+    leader_ = next;
   }
-  stop = true;
-  reader.join();
-  EXPECT_EQ(errors, 0u) << first_error;
-  EXPECT_EQ(wrong, 0u);
-  EXPECT_GT(reads, 4u * kFiles);
-
-  // Everything the old leaders wrote is there: the mount, its inodes; the new leader writes.
-  EXPECT_EQ(Inodes(), inodes);
-  RunResult mounts = cluster_->Cli({"mounts"});
-  EXPECT_NE(mounts.out.find("/data"), std::string::npos) << mounts.out;
-  RunResult again = cluster_->Cli({"mount", "/more", "file://" + dir_ / "src/d1"});
-  EXPECT_EQ(again.code, 0) << again.out;
-  std::string got;
-  EXPECT_TRUE(ReadFileChecked(cluster_->mountpoint() + "/more/f1", &got));
-  EXPECT_EQ(got, files_["d1/f1"]);
-  // The worker kept its membership across both failovers (it never had to register again).
+  StopReader();
+  EXPECT_EQ(errors_, 0u) << first_error_;
+  EXPECT_EQ(wrong_, 0u);
+  EXPECT_GT(reads_, 4u * kFiles);
+  CheckNamespaceAndWrites("/more");
   nlohmann::json report = cluster_->Report();
   ASSERT_TRUE(report.contains("workers")) << report.dump();
   EXPECT_EQ(report["workers"].size(), 1u);
+}
+
+TEST_F(FailoverTest, WithEtcdGoneForThirtySecondsReadsGoOnAndTheClusterRecoversByItself) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  StartReader();
+  ASSERT_TRUE(ReaderGoesOn());
+  // etcd stops answering (every member frozen): the leader cannot keep its lease, so it stops
+  // leading; no master can be elected; every master answers reads from its copy.
+  std::vector<pid_t> etcd = EtcdPids();
+  ASSERT_EQ(etcd.size(), 3u);
+  auto frozen_at = std::chrono::steady_clock::now();
+  for (pid_t p : etcd) kill(p, SIGSTOP);
+  ASSERT_TRUE(WaitFor([&] { return Master().empty(); }, seconds(30))) << "the leader went on leading without etcd";
+  uint64_t errors_before = errors_;
+  ASSERT_TRUE(ReaderGoesOn()) << "reads stopped with etcd";
+  std::this_thread::sleep_until(frozen_at + seconds(30));  // the outage's length, not a wait for a condition
+  ASSERT_TRUE(ReaderGoesOn()) << "reads stopped with etcd";
+  for (pid_t p : etcd) kill(p, SIGCONT);
+  int leader = WaitForLeader(2);
+  ASSERT_GE(leader, 0) << "no leader after etcd came back:\n" << masters_[0]->Log();
+  ASSERT_TRUE(ReaderGoesOn());
+  StopReader();
+  EXPECT_EQ(errors_, 0u) << first_error_ << " (" << errors_before << " before etcd stopped)";
+  EXPECT_EQ(wrong_, 0u);
+  CheckNamespaceAndWrites("/after");
 }
 
 }  // namespace
