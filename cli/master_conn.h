@@ -23,11 +23,12 @@ class MasterConn {
     return c;
   }
   // Calls stub method `fn` with a prepared context. With several masters (standbys) the call
-  // follows the leader and waits out an election, for up to rpc.master_wait; with one, a master
-  // that does not answer is said at once.
+  // follows the leader and waits out an election, for up to rpc.master_wait; with one address, a
+  // standby's answer still leads to the leader it names, and a master that does not answer is said
+  // within a second.
   template <typename Req, typename Resp, typename Fn>
   Status Call(Fn fn, const Req& req, Resp* resp) {
-    auto wait = holder_->address_count() > 1 ? cfg_.rpc.master_wait : std::chrono::milliseconds(0);
+    auto wait = holder_->address_count() > 1 ? cfg_.rpc.master_wait : std::chrono::milliseconds(1000);
     grpc::Status s = CallWithFailover(*holder_, *sec_, cfg_.rpc.timeout, wait,
                                       [&](rpc::Master::Stub& stub, grpc::ClientContext& ctx) {
                                         return (stub.*fn)(&ctx, req, resp);

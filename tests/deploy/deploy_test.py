@@ -63,7 +63,7 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_every_overlay_renders(self):
-        for overlay in ("base", "overlays/gpu", "overlays/prometheus-operator"):
+        for overlay in ("base", "overlays/gpu", "overlays/prometheus-operator", "overlays/ha"):
             kinds = [d["kind"] for d in render(overlay)]
             self.assertIn("DaemonSet", kinds, overlay)
         self.assertIn("PodMonitor", [d["kind"] for d in render("overlays/prometheus-operator")])
@@ -88,6 +88,39 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(data[0]["mountPath"], self.config["master"]["data_dir"])
         self.assertTrue(sts["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"])
         self.check_probes(c, self.config["master"]["metrics_listen"])
+
+    def test_standby_masters_overlay(self):
+        """overlays/ha: three masters electing through a 3-member etcd; workers and FUSE list all three."""
+        docs = render("overlays/ha")
+        sts = find(docs, "StatefulSet", "granary-master")
+        self.assertEqual(sts["spec"]["replicas"], 3)
+        c = sts["spec"]["template"]["spec"]["containers"][0]
+        args = c["args"]
+        endpoints = args[args.index("--master.etcd_endpoints") + 1].split(",")
+        etcd = find(docs, "StatefulSet", "granary-etcd")
+        etcd_svc = find(docs, "Service", "granary-etcd")
+        self.assertEqual(etcd["spec"]["replicas"], 3)
+        self.assertEqual(etcd["spec"]["serviceName"], etcd_svc["metadata"]["name"])
+        self.assertEqual(endpoints, [f"http://granary-etcd-{i}.granary-etcd:2379" for i in range(3)])
+        self.assertEqual(args[args.index("--master.advertise") + 1], "$(POD_NAME).granary-master:19998")
+        self.assertIn("POD_NAME", [e["name"] for e in c["env"]])
+        masters = ",".join(f"granary-master-{i}.granary-master:19998" for i in range(3))
+        for name, container in (("granary-worker", "worker"), ("granary-fuse", "fuse")):
+            ds = find(docs, "DaemonSet", name)
+            cs = {x["name"]: x for x in ds["spec"]["template"]["spec"]["containers"]}
+            a = cs[container]["args"]
+            self.assertEqual(a[a.index("--master.address") + 1], masters, name)
+        # The flags are settings the daemons accept, with these values (the same parser reads a file).
+        values = {"etcd_endpoints": ",".join(endpoints), "address": masters,
+                  "advertise": "granary-master-1.granary-master:19998"}
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            yaml.safe_dump({"master": values}, f)
+            f.flush()
+            for key, value in values.items():
+                r = run([os.path.join(BIN, "granary"), "--config", f.name, "config", "--get", "master." + key])
+                self.assertEqual(r.returncode, 0, key + ": " + r.stdout + r.stderr)
+                self.assertEqual(r.stdout.strip(), value)
+        self.assertEqual(find(docs, "PodDisruptionBudget", "granary-master")["spec"]["maxUnavailable"], 1)
 
     def check_probes(self, container, metrics_listen):
         port = int(metrics_listen.rsplit(":", 1)[1])
