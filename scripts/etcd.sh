@@ -6,6 +6,7 @@
 #   scripts/etcd.sh start DIR [MEMBERS]  prints "READY http://127.0.0.1:P1,http://127.0.0.1:P2,..."
 #                                        once every member answers; data and logs under DIR
 #   scripts/etcd.sh stop DIR [MEMBER]    stops every member (or member MEMBER, 0-based: a member down)
+# ETCD_HOST (default 127.0.0.1): the address to serve on (a network namespace's, for the benches).
 set -euo pipefail
 cmd=${1:?usage: etcd.sh install|start DIR [MEMBERS]|stop DIR [MEMBER]}
 if [ "$cmd" = install ]; then
@@ -26,24 +27,25 @@ if [ "$cmd" = stop ]; then
 fi
 [ "$cmd" = start ] || { echo "usage: etcd.sh install|start DIR [MEMBERS]|stop DIR [MEMBER]" >&2; exit 2; }
 N=${3:-1}
+H=${ETCD_HOST:-127.0.0.1}
 command -v etcd >/dev/null || { echo "error: etcd not installed (scripts/etcd.sh install)" >&2; exit 1; }
 # Two ports per member (clients, peers), held by the OS until etcd binds them.
 read -r -a PORTS < <(python3 -c '
 import socket, sys
 ss = [socket.socket() for _ in range(2 * int(sys.argv[1]))]
-for s in ss: s.bind(("127.0.0.1", 0))
+for s in ss: s.bind((sys.argv[2], 0))
 print(*[s.getsockname()[1] for s in ss])
-for s in ss: s.close()' "$N")
+for s in ss: s.close()' "$N" "$H")
 cluster=""; clients=""
 for i in $(seq 0 $((N - 1))); do
-  cluster+="${cluster:+,}m$i=http://127.0.0.1:${PORTS[$((2 * i + 1))]}"
-  clients+="${clients:+,}http://127.0.0.1:${PORTS[$((2 * i))]}"
+  cluster+="${cluster:+,}m$i=http://$H:${PORTS[$((2 * i + 1))]}"
+  clients+="${clients:+,}http://$H:${PORTS[$((2 * i))]}"
 done
 for i in $(seq 0 $((N - 1))); do
   m="$D/m$i"; mkdir -p "$m"
   setsid etcd --name "m$i" --data-dir "$m/data" \
-    --listen-client-urls "http://127.0.0.1:${PORTS[$((2 * i))]}" --advertise-client-urls "http://127.0.0.1:${PORTS[$((2 * i))]}" \
-    --listen-peer-urls "http://127.0.0.1:${PORTS[$((2 * i + 1))]}" --initial-advertise-peer-urls "http://127.0.0.1:${PORTS[$((2 * i + 1))]}" \
+    --listen-client-urls "http://$H:${PORTS[$((2 * i))]}" --advertise-client-urls "http://$H:${PORTS[$((2 * i))]}" \
+    --listen-peer-urls "http://$H:${PORTS[$((2 * i + 1))]}" --initial-advertise-peer-urls "http://$H:${PORTS[$((2 * i + 1))]}" \
     --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "granary-$$" \
     --listen-metrics-urls "" > "$m/log" 2>&1 < /dev/null &
   echo $! > "$m/pid"
@@ -52,7 +54,7 @@ done
 for _ in $(seq 300); do
   ok=0
   for i in $(seq 0 $((N - 1))); do
-    curl -sf -m 2 "http://127.0.0.1:${PORTS[$((2 * i))]}/health" 2>/dev/null | grep -q '"health":"true"' && ok=$((ok + 1))
+    curl -sf -m 2 "http://$H:${PORTS[$((2 * i))]}/health" 2>/dev/null | grep -q '"health":"true"' && ok=$((ok + 1))
   done
   [ "$ok" = "$N" ] && { echo "READY $clients"; exit 0; }
   for i in $(seq 0 $((N - 1))); do
