@@ -9,7 +9,10 @@
 //
 //   granary-cluster-sim --master HOST:PORT --path /ds/dir [--workers 1000] [--clients 100]
 //       [--seconds 10] [--heartbeat 3s] [--blocks-per-s 20] [--report-every 1s] [--master-pid P]
-//       [--client-rate R]
+//       [--client-rate R] [--read-masters A,B,C]
+//
+// --read-masters: the clients' metadata calls go to these masters, client i to the (i mod n)-th
+// (standby masters answer namespace reads); workers still talk to --master (the leader).
 //
 // Clients run closed-loop by default (a new call as soon as the last returns: throughput, and
 // latency at saturation). With --client-rate R each client starts a call every 1/R s on a fixed
@@ -90,7 +93,7 @@ double CpuSeconds(int pid) {
 
 int main(int argc, char** argv) {
   CLI::App app{"granary-cluster-sim"};
-  std::string master, path, heartbeat_s, report_s;
+  std::string master, path, heartbeat_s, report_s, read_masters_list;
   int workers = 1000, clients = 100, master_pid = 0;
   double seconds = 10, blocks_per_s = 20, client_rate = 0;
   Config cfg = Config::Defaults();
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat", heartbeat_s, "heartbeat interval (default: worker.heartbeat_interval's default)");
   app.add_option("--blocks-per-s", blocks_per_s, "blocks each worker caches (and reports) per second");
   app.add_option("--report-every", report_s, "how often a worker sends an early heartbeat for its new blocks (default 1s)");
+  app.add_option("--read-masters", read_masters_list, "masters the clients' calls go to, comma-separated (default: --master)");
   app.add_option("--master-pid", master_pid, "the master's pid, for its CPU and RSS");
   app.add_option("--client-rate", client_rate, "calls per second per client, open loop (default 0: closed loop)");
   CLI11_PARSE(app, argc, argv);
@@ -262,7 +266,9 @@ int main(int argc, char** argv) {
   std::vector<std::thread> cs;
   for (int c = 0; c < clients; ++c) {
     cs.emplace_back([&, c] {
-      auto s = rpc::Master::NewStub((*sec)->MakeChannel(master));  // each client its own channel
+      const std::vector<std::string> readers = SplitAddressList(read_masters_list);
+      const std::string& target = readers.empty() ? master : readers[c % readers.size()];
+      auto s = rpc::Master::NewStub((*sec)->MakeChannel(target));  // each client its own channel
       std::mt19937_64 rng(c + 1);
       std::vector<double> l, g, r, f;
       uint64_t le = 0, ge = 0, re = 0, fe = 0;
@@ -333,6 +339,7 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"workers", workers},
                         {"clients", clients},
                         {"client_rate", client_rate},
+                        {"read_masters", std::max<size_t>(1, SplitAddressList(read_masters_list).size())},
                         {"seconds", secs},
                         {"heartbeat_interval_ms", interval.count()},
                         {"blocks_per_s_per_worker", blocks_per_s},

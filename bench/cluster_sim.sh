@@ -9,12 +9,18 @@
 # CPU with 1000 workers (target: < 1 core).
 #
 #   bench/cluster_sim.sh [--files N] [--seconds S] [--sizes "W:C W:C ..."] [--blocks-per-s B]
-#                        [--client-rate R] [--build DIR] [--work DIR] [--keep]
+#                        [--client-rate R] [--build DIR] [--work DIR] [--keep] [--standbys]
+#
+# --standbys: three masters electing a leader through etcd (scripts/etcd.sh, one member) instead of
+# one master, started once on a fresh namespace (not restarted per size); each size runs twice, the
+# clients' calls all going to the leader, then spread over the leader and its two standbys (which
+# answer namespace reads from their copies). The "reads" column says which.
 #
 # --client-rate R: each client calls R times a second on a schedule (open loop) instead of as fast
 # as it can; latencies then count from when a call was due.
 set -euo pipefail
 FILES=100000; SECONDS_EACH=10; SIZES="1000:0 1:1 100:1 1000:1 1000:10 1000:100"; BLOCKS=20; RATE=0; BUILD=""; WORK=""; KEEP=0
+STANDBYS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --files) FILES=$2; shift 2;;
@@ -25,6 +31,7 @@ while [ $# -gt 0 ]; do
     --build) BUILD=$2; shift 2;;
     --work) WORK=$2; shift 2;;
     --keep) KEEP=1; shift;;
+    --standbys) STANDBYS=1; shift;;
     *) echo "usage: $0 [--files N] [--seconds S] [--sizes \"W:C ...\"] [--blocks-per-s B] [--client-rate R] [--build DIR] [--work DIR] [--keep]" >&2
        exit 2;;
   esac
@@ -41,7 +48,13 @@ stop_master() {
   if [ -n "$MASTER_PID" ]; then kill -TERM "$MASTER_PID" 2>/dev/null || true; wait "$MASTER_PID" 2>/dev/null || true; fi
   MASTER_PID=""
 }
-cleanup() { stop_master; [ "$KEEP" = 1 ] || rm -rf "$WORK"; }
+HA_PIDS=()
+cleanup() {
+  stop_master
+  for p in "${HA_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  [ "$STANDBYS" = 1 ] && bash "$ROOT/scripts/etcd.sh" stop "$WORK/etcd"
+  [ "$KEEP" = 1 ] || rm -rf "$WORK"
+}
 trap cleanup EXIT INT TERM
 start_master() {
   rm -f "$WORK/master.addr"
@@ -52,7 +65,7 @@ start_master() {
   [ -s "$WORK/master.addr" ] || { echo "error: the master did not start (see $WORK/master.log)" >&2; exit 1; }
   MASTER=$(cat "$WORK/master.addr")
 }
-if [ ! -d "$WORK/src" ]; then
+if [ ! -d "$WORK/src" ] || [ "$STANDBYS" = 1 ]; then
   echo "creating $FILES files in directories of 1000 ..." >&2
   /usr/bin/python3 - "$WORK/src" "$FILES" <<'PY'
 import os, sys
@@ -63,12 +76,55 @@ for i in range(n):
         os.makedirs(d, exist_ok=True)
     os.close(os.open(os.path.join(d, "f%08d.jpg" % i), os.O_CREAT | os.O_WRONLY, 0o644))
 PY
-  start_master
-  "$BIN/granary" --master "$MASTER" mount /ds "file://$WORK/src" > /dev/null
-  "$BIN/granary-meta-bench" --master "$MASTER" --load /ds > /dev/null
-  stop_master
+  if [ "$STANDBYS" = 0 ]; then
+    start_master
+    "$BIN/granary" --master "$MASTER" mount /ds "file://$WORK/src" > /dev/null
+    "$BIN/granary-meta-bench" --master "$MASTER" --load /ds > /dev/null
+    stop_master
+  fi
 fi
 : > "$WORK/results.jsonl"
+if [ "$STANDBYS" = 1 ]; then
+  bash "$ROOT/scripts/etcd.sh" install
+  read -r _ ETCD < <(bash "$ROOT/scripts/etcd.sh" start "$WORK/etcd" 1 | tail -1)
+  addrs=()
+  for i in 1 2 3; do
+    rm -rf "$WORK/ha$i"; rm -f "$WORK/ha$i.addr"
+    "$BIN/granary-master" --master.listen 127.0.0.1:0 --master.data_dir "$WORK/ha$i" --master.etcd_endpoints "$ETCD" \
+      --master.election_ttl 2s --master.metrics_listen off --ufs.local_roots "$WORK/src" --ready-file "$WORK/ha$i.addr" \
+      >> "$WORK/ha$i.log" 2>&1 &
+    HA_PIDS+=($!)
+    for _ in $(seq 1200); do [ -s "$WORK/ha$i.addr" ] && break; sleep 0.05; done
+    addrs+=("$(cat "$WORK/ha$i.addr")")
+  done
+  ALL="${addrs[0]},${addrs[1]},${addrs[2]}"
+  ha_state() {  # the leader's address and how many standbys are in sync with it
+    "$BIN/granary" --master "$ALL" report --json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+m = json.load(sys.stdin)["master"]
+print(m["leader"], sum(1 for s in m["standbys"] if s["in_sync"]))' 2>/dev/null || echo "- 0"
+  }
+  in_sync() { for _ in $(seq 1200); do [ "$(ha_state | cut -d" " -f2)" = 2 ] && return 0; sleep 0.1; done; return 1; }
+  in_sync || { echo "error: no leader with two standbys in sync (logs in $WORK/ha*.log)" >&2; exit 1; }
+  MASTER=$(ha_state | cut -d" " -f1)
+  for i in 0 1 2; do [ "${addrs[$i]}" = "$MASTER" ] && MASTER_PID=${HA_PIDS[$i]}; done
+  "$BIN/granary" --master "$MASTER" mount /ds "file://$WORK/src" > /dev/null
+  "$BIN/granary-meta-bench" --master "$MASTER" --load /ds > /dev/null
+  in_sync || { echo "error: the standbys did not catch up" >&2; exit 1; }
+  echo "leader $MASTER, standbys in sync; etcd $ETCD" >&2
+  for size in $SIZES; do
+    w=${size%%:*}; c=${size##*:}
+    for reads in "$MASTER" "$ALL"; do
+      echo "workers $w, clients $c, reads to $reads ..." >&2
+      "$BIN/granary-cluster-sim" --master "$MASTER" --read-masters "$reads" --path /ds/d00000 --workers "$w" \
+        --clients "$c" --seconds "$SECONDS_EACH" --blocks-per-s "$BLOCKS" --client-rate "$RATE" \
+        --master-pid "$MASTER_PID" >> "$WORK/results.jsonl" ||
+        echo "warning: errors in the run with $w workers and $c clients (see the table)" >&2
+    done
+  done
+  MASTER_PID=""
+  SIZES=""
+fi
 for size in $SIZES; do
   w=${size%%:*}; c=${size##*:}
   start_master
@@ -86,13 +142,13 @@ one = next((r for r in rows if r["clients"] == 1), None)
 print(f"namespace: {sys.argv[2]} files; heartbeat every {rows[0]['heartbeat_interval_ms']} ms; "
       f"{rows[0]['blocks_per_s_per_worker']:g} blocks/s reported per worker; clients "
       + (f"open loop, {rows[0]['client_rate']:g} calls/s each" if rows[0].get("client_rate") else "closed loop"))
-print(f"{'workers':>7} {'clients':>7} {'cpu':>6} {'rss MiB':>8} {'reg s':>6} {'hb p50':>7} {'hb p99':>7} "
+print(f"{'workers':>7} {'clients':>7} {'reads':>5} {'cpu':>6} {'rss MiB':>8} {'reg s':>6} {'hb p50':>7} {'hb p99':>7} "
       + " ".join(f"{m + ' p50/p99 ms':>22}" for m in meta) + f" {'meta ops/s':>10} {'p99 vs 1':>8} {'errors':>6}")
 for r in rows:
     worst = max(r[m]["p99_ms"] for m in meta)
     ratio = worst / max(max(one[m]["p99_ms"] for m in meta), 1e-9) if one else float("nan")
     errors = sum(r[k]["errors"] for k in ("register", "heartbeat", "report_blocks") + meta)
-    print(f"{r['workers']:>7} {r['clients']:>7} {r.get('master_cpu_cores', 0):>6.2f} "
+    print(f"{r['workers']:>7} {r['clients']:>7} {r.get('read_masters', 1):>5} {r.get('master_cpu_cores', 0):>6.2f} "
           f"{r.get('master_rss_bytes', 0) / 2**20:>8.0f} {r['register_all_s']:>6.2f} "
           f"{r['heartbeat']['p50_ms']:>7.2f} {r['heartbeat']['p99_ms']:>7.2f} "
           + " ".join(f"{r[m]['p50_ms']:>10.2f}/{r[m]['p99_ms']:<11.2f}" for m in meta)
