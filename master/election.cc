@@ -72,6 +72,7 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     MutexLock lock(&mu_);
     leader_.clear();  // the key is gone: nobody leads
   }
+  if (now < sit_out_until_) return std::min(sit_out_until_, now + poll);
   if (opts_.may_campaign && !opts_.may_campaign()) return now + kRetry;
   // The lease's ttl runs from when etcd granted it, which is after this instant: the fence counts
   // from here.
@@ -143,6 +144,14 @@ void LeaderElection::StepDown(Clock::time_point now, const std::string& why) {
   }
   spdlog::warn("leader election: {} steps down: {}", opts_.id, why);
   Notify(false, 0);
+}
+
+void LeaderElection::Resign(std::chrono::milliseconds pause) {
+  MutexLock step(&step_mu_);
+  if (lease_ == 0) return;
+  coord_->Revoke(lease_).IgnoreError();
+  sit_out_until_ = now_() + pause;
+  StepDown(now_(), "it resigned");
 }
 
 void LeaderElection::Start() {

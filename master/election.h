@@ -66,6 +66,9 @@ class LeaderElection {
   void Start();
   // Stops the thread; a leader resigns (its lease revoked: a standby takes over at its next round).
   void Stop();
+  // A leader that cannot lead gives the key up (its lease revoked) and sits out campaigns for
+  // `pause`; the thread goes on.
+  void Resign(std::chrono::milliseconds pause);
 
   // True while this master leads and its leadership is fenced valid (see the design note).
   bool IsLeader() const;
@@ -91,6 +94,7 @@ class LeaderElection {
 
   Mutex step_mu_;  // one round at a time
   int64_t lease_ GUARDED_BY(step_mu_) = 0;  // held while leading
+  Clock::time_point sit_out_until_ GUARDED_BY(step_mu_){};  // no campaign before (Resign)
 
   mutable Mutex mu_;
   bool leading_ GUARDED_BY(mu_) = false;

@@ -22,6 +22,8 @@ Status FromRocks(const rocksdb::Status& s, const std::string& what) {
 
 namespace {
 
+constexpr uint64_t kRejoinLag = 16;
+
 std::string EncodePosition(const LogPosition& p) { return Be64(p.term) + Be64(p.index); }
 
 // The first bytes of every key a batch touches, and whether it sets Z/pos (and to what).
@@ -69,6 +71,9 @@ void Journal::Configure(size_t keep_bytes, std::chrono::milliseconds sync_timeou
 
 Status Journal::Load() {
   std::string v;
+  rocksdb::Status inst = db_->Get({}, kJournalInstallingKey, &v);
+  if (!inst.IsNotFound()) RETURN_IF_ERROR(FromRocks(inst, "read the journal's install marker"));
+  const bool whole = inst.IsNotFound();
   rocksdb::Status s = db_->Get({}, kJournalPositionKey, &v);
   LogPosition pos;
   if (!s.IsNotFound()) {
@@ -77,6 +82,7 @@ Status Journal::Load() {
     pos = {GetBe64(v.data()), GetBe64(v.data() + 8)};
   }
   MutexLock lock(&mu_);
+  whole_ = whole;
   pos_ = pos;
   base_ = pos;
   kept_.clear();
@@ -103,10 +109,33 @@ Status Journal::BeginTerm(uint64_t term) {
       return FailedPreconditionError("term " + std::to_string(term) + " is older than the journal's " +
                                      std::to_string(pos_.term));
     }
+    if (!whole_) return FailedPreconditionError("this master's copy of the namespace is partial (a snapshot was left halfway)");
     term_ = term;
+    in_term_ = true;
   }
   rocksdb::WriteBatch empty;
   return Commit(&empty, /*sync=*/true);
+}
+
+void Journal::EndTerm() {
+  MutexLock lock(&mu_);
+  in_term_ = false;
+}
+
+bool Journal::Whole() const {
+  MutexLock lock(&mu_);
+  return whole_;
+}
+
+void Journal::Hold(uint64_t index) {
+  MutexLock lock(&mu_);
+  held_.insert(index);
+}
+
+void Journal::Unhold(uint64_t index) {
+  MutexLock lock(&mu_);
+  auto it = held_.find(index);
+  if (it != held_.end()) held_.erase(it);
 }
 
 Status Journal::WriteLocked(rocksdb::WriteBatch* batch, const LogPosition& pos, bool sync) {
@@ -124,7 +153,7 @@ void Journal::KeepLocked(JournalEntry e) {
   }
   kept_bytes_ += e.data.size();
   kept_.push_back(std::move(e));
-  while (kept_bytes_ > keep_bytes_ && kept_.size() > 1) {
+  while (kept_bytes_ > keep_bytes_ && kept_.size() > 1 && (held_.empty() || kept_.front().pos.index <= *held_.begin())) {
     kept_bytes_ -= kept_.front().data.size();
     base_ = kept_.front().pos;
     kept_.pop_front();
@@ -136,7 +165,10 @@ Status Journal::Commit(rocksdb::WriteBatch* batch, bool sync) {
   bool wait = false;
   {
     MutexLock lock(&mu_);
-    if (fence_) RETURN_IF_ERROR(fence_());
+    if (fence_) {
+      if (!in_term_) return UnavailableError("this master does not lead (yet): the write was not made");
+      RETURN_IF_ERROR(fence_());
+    }
     pos = {term_, pos_.index + 1};
     batch->Put(kJournalPositionKey, EncodePosition(pos));
     RETURN_IF_ERROR(WriteLocked(batch, pos, sync));
@@ -179,6 +211,7 @@ Status Journal::Apply(const JournalEntry& e, std::string* prefixes) {
     return DataLossError("entry " + e.pos.ToString() + " from the leader does not carry its own position");
   }
   MutexLock lock(&mu_);
+  in_term_ = false;  // following another leader
   if (e.pos.index != pos_.index + 1 || e.pos.term < pos_.term) {
     return FailedPreconditionError("entry " + e.pos.ToString() + " does not follow this master's position " +
                                    pos_.ToString());
@@ -193,7 +226,9 @@ Status Journal::Apply(const JournalEntry& e, std::string* prefixes) {
 
 FollowerNeeds Journal::Read(const LogPosition& from, size_t max_bytes, std::vector<JournalEntry>* out) const {
   MutexLock lock(&mu_);
-  if (from.index == 0 || from.index > pos_.index) return FollowerNeeds::kSnapshot;
+  // Term 0 is a single master's (no election): two such journals share nothing, whatever their
+  // indexes say.
+  if (from.index == 0 || from.term == 0 || from.index > pos_.index) return FollowerNeeds::kSnapshot;
   if (from.index == pos_.index) return from.term == pos_.term ? FollowerNeeds::kNothing : FollowerNeeds::kSnapshot;
   size_t at;  // the first kept entry to send
   if (from.index == base_.index) {
@@ -224,12 +259,16 @@ bool Journal::WaitBeyond(uint64_t index, std::chrono::milliseconds timeout) cons
 }
 
 Status Journal::Snapshot(size_t page_bytes,
-                         const std::function<Status(const std::vector<std::string>&, const std::vector<std::string>&)>& fn)
-    const {
+                         const std::function<Status(const std::vector<std::string>&, const std::vector<std::string>&)>& fn,
+                         LogPosition* at) {
   const rocksdb::Snapshot* snap;
   {
     MutexLock lock(&mu_);  // no commit halfway: the snapshot is at one position
     snap = db_->GetSnapshot();
+    if (at) {
+      *at = pos_;
+      held_.insert(pos_.index);
+    }
   }
   std::shared_ptr<const rocksdb::Snapshot> release(snap, [this](const rocksdb::Snapshot* s) { db_->ReleaseSnapshot(s); });
   rocksdb::ReadOptions ro;
@@ -239,6 +278,7 @@ Status Journal::Snapshot(size_t page_bytes,
   std::vector<std::string> keys, values;
   size_t bytes = 0;
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key() == rocksdb::Slice(kJournalInstallingKey)) continue;
     keys.push_back(it->key().ToString());
     values.push_back(it->value().ToString());
     bytes += keys.back().size() + values.back().size();
@@ -259,7 +299,10 @@ Status Journal::InstallBegin() {
   // Every key the master writes starts with an upper-case letter; the range covers them all.
   batch.DeleteRange(rocksdb::Slice("", 0), rocksdb::Slice("\xff\xff\xff\xff", 4));
   batch.Put(kJournalPositionKey, EncodePosition({}));
+  batch.Put(kJournalInstallingKey, "1");  // a partial copy until InstallEnd, across restarts too
   MutexLock lock(&mu_);
+  in_term_ = false;
+  whole_ = false;
   RETURN_IF_ERROR(WriteLocked(&batch, {}, true));
   kept_.clear();
   kept_bytes_ = 0;
@@ -275,7 +318,9 @@ Status Journal::InstallPage(const std::vector<std::string>& keys, const std::vec
 }
 
 Status Journal::InstallEnd() {
-  RETURN_IF_ERROR(FromRocks(db_->FlushWAL(true), "sync the installed snapshot"));
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  RETURN_IF_ERROR(FromRocks(db_->Delete(wo, kJournalInstallingKey), "finish the installed snapshot"));
   return Load();
 }
 
@@ -284,7 +329,9 @@ void Journal::Acked(const std::string& follower, uint64_t index) {
   FollowerState& f = followers_[follower];
   f.id = follower;
   f.acked = std::max(f.acked, index);
-  if (!f.in_sync && f.acked >= pos_.index) {
+  // Within a few entries of the leader counts: under steady writes a follower that keeps up is
+  // always an entry or two behind the moment it acknowledges.
+  if (!f.in_sync && f.acked + kRejoinLag >= pos_.index) {
     f.in_sync = true;
     spdlog::info("standby master {} is in sync at entry {}", follower, f.acked);
   }

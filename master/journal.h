@@ -41,6 +41,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,9 @@ Status FromRocks(const rocksdb::Status& s, const std::string& what);
 
 // The key of the position in every master's database.
 inline constexpr char kJournalPositionKey[] = "Z/pos";
+// Present while a standby installs a snapshot (a partial copy): such a copy never leads. Never in
+// a snapshot (a leader's copy is whole).
+inline constexpr char kJournalInstallingKey[] = "Z/installing";
 
 struct LogPosition {
   uint64_t term = 0;
@@ -92,10 +96,17 @@ class Journal {
   LogPosition position() const;
 
   // The fence: asked before every commit (under the commit lock); a non-OK answer is returned and
-  // nothing is written. Default: always OK (a single master).
+  // nothing is written. Default: always OK (a single master). With a fence, commits are also
+  // refused outside a term this journal began (BeginTerm .. EndTerm): a master elected but not yet
+  // promoted writes nothing under the previous leader's term.
   void SetFence(std::function<Status()> fence);
-  // Starts a term: later commits carry it; writes an empty entry (the term's first).
+  // Starts a term: later commits carry it; writes an empty entry (the term's first). The term must
+  // be larger than the journal's (Promote passes max(etcd's, journal's + 1)).
   Status BeginTerm(uint64_t term);
+  // Ends this master's term (it no longer leads): commits are refused until the next BeginTerm.
+  void EndTerm();
+  // False while a snapshot is being installed, or one was left halfway (see kJournalInstallingKey).
+  bool Whole() const;
 
   // Writes `batch` as the next entry; waits for a follower in sync (see the design note).
   // `sync`: fsync the write-ahead log.
@@ -109,12 +120,18 @@ class Journal {
   FollowerNeeds Read(const LogPosition& from, size_t max_bytes, std::vector<JournalEntry>* out) const;
   // Waits until the position's index passes `index` or `timeout` passes; true when it passed.
   bool WaitBeyond(uint64_t index, std::chrono::milliseconds timeout) const;
+  // Keeps every entry after `index` (however many bytes) until Unhold: a snapshot in flight must
+  // be followed by the entries after its position, or the standby would need another.
+  void Hold(uint64_t index);
+  void Unhold(uint64_t index);
 
   // A consistent copy of the whole database, in pages of about `page_bytes`: `fn(keys, values)`;
   // the Z/pos key is among them, so the copy carries its own position. Stops at fn's first error.
+  // `*at` (when not null): the snapshot's position, held (Hold) until the caller Unholds it.
   Status Snapshot(size_t page_bytes,
                   const std::function<Status(const std::vector<std::string>& keys,
-                                             const std::vector<std::string>& values)>& fn) const;
+                                             const std::vector<std::string>& values)>& fn,
+                  LogPosition* at = nullptr);
   // A standby installing a snapshot: Begin deletes everything (position 0/0, so a crash halfway
   // takes a snapshot again), Page writes, End reads the position the copy carried.
   Status InstallBegin();
@@ -138,6 +155,9 @@ class Journal {
   mutable std::condition_variable changed_;  // the position moved, or a follower acknowledged
   std::function<Status()> fence_ GUARDED_BY(mu_);
   uint64_t term_ GUARDED_BY(mu_) = 0;  // the term new entries carry
+  bool in_term_ GUARDED_BY(mu_) = false;  // between BeginTerm and EndTerm (only matters with a fence)
+  bool whole_ GUARDED_BY(mu_) = true;
+  std::multiset<uint64_t> held_ GUARDED_BY(mu_);
   LogPosition pos_ GUARDED_BY(mu_);
   // Kept entries: consecutive, the last one at pos_; base_ is the position just before the first.
   std::deque<JournalEntry> kept_ GUARDED_BY(mu_);

@@ -169,6 +169,14 @@ Status Namespace::Init() {
     RETURN_IF_ERROR(FromRocks(db_->Put({}, InodeKey(kRootIno), root.SerializeAsString()), "create root"));
   }
   RETURN_IF_ERROR(LoadStateLocked());
+  if (journal_.position().index == 0 && journal_.Whole() && (!mounts_.empty() || next_ino_ > 2)) {
+    // A database written before the journal (an older granary-master): it holds a namespace, so
+    // its position must rank above an empty copy's when standby masters first elect a leader.
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    RETURN_IF_ERROR(FromRocks(db_->Put(wo, kJournalPositionKey, Be64(0) + Be64(1)), "start the journal"));
+    RETURN_IF_ERROR(journal_.Load());
+  }
   spdlog::info("namespace opened: {} mounts, next inode {}, journal at {}", mounts_.size(), next_ino_,
                journal_.position().ToString());
   return Status::OK();
@@ -222,6 +230,17 @@ Status Namespace::LoadStateLocked() {
 Status Namespace::ReloadState() {
   MutexLock lock(&mu_);
   return LoadStateLocked();
+}
+
+Status Namespace::SkipAhead(uint64_t inodes, uint64_t mounts) {
+  MutexLock lock(&mu_);
+  rocksdb::WriteBatch batch;
+  batch.Put(kNextIno, Be64(next_ino_ + inodes));
+  batch.Put(kNextMount, Be64(next_mount_ + mounts));
+  RETURN_IF_ERROR(journal_.Commit(&batch, /*sync=*/true).WithContext("move the counters ahead"));
+  next_ino_ += inodes;
+  next_mount_ += mounts;
+  return Status::OK();
 }
 
 Status Namespace::ApplyEntry(const JournalEntry& e) {

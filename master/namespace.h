@@ -177,6 +177,10 @@ class Namespace {
   Status InstallSnapshotEnd();
   // Reads the counters and mounts again from the database (a standby about to lead).
   Status ReloadState();
+  // A new leader: moves the inode and mount counters `inodes` and `mounts` ahead (a journal entry),
+  // so numbers the previous leader handed out in writes this copy never got are not handed out
+  // again for other files (a kernel holding one gets ESTALE, never another file's bytes).
+  Status SkipAhead(uint64_t inodes, uint64_t mounts);
 
   // master.block_size: the block size of mounts made from now on.
   uint64_t block_size() const { return block_size_; }

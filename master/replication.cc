@@ -37,14 +37,16 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
   });
   spdlog::info("standby master {} follows this leader from entry {} (this leader at {})", id, at.ToString(),
                journal.position().ToString());
-  auto stamp = [&](rpc::ReplicaBatch* b) {
+  // The leader's position as of what the batch carries (its last entry, or the journal's now when
+  // it carries none): a standby that applied a batch is in step with the leader as of that batch.
+  auto stamp = [&](rpc::ReplicaBatch* b, const LogPosition* last = nullptr) {
     b->set_leader_term(term);
-    *b->mutable_leader_position() = ToProto(journal.position());
+    *b->mutable_leader_position() = ToProto(last ? *last : journal.position());
   };
   grpc::Status result = grpc::Status::OK;
   while (!ctx->IsCancelled()) {
     if (!leading()) {
-      result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "this master no longer leads");
+      result = grpc::Status(grpc::StatusCode::UNAVAILABLE, "this master no longer leads", kLeaderHint);
       break;
     }
     std::vector<JournalEntry> entries;
@@ -57,28 +59,51 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
       stamp(&begin);
       if (!stream->Write(begin)) break;
       LogPosition snap;
-      Status st = journal.Snapshot(kBatchBytes, [&](const std::vector<std::string>& keys,
-                                                    const std::vector<std::string>& values) -> Status {
-        rpc::ReplicaBatch page;
-        for (size_t i = 0; i < keys.size(); ++i) {
-          page.add_keys(keys[i]);
-          page.add_values(values[i]);
-          if (keys[i] == kJournalPositionKey && values[i].size() == 16) {
-            snap = {GetBe64(values[i].data()), GetBe64(values[i].data() + 8)};
-          }
-        }
-        stamp(&page);
-        return stream->Write(page) ? Status::OK() : UnavailableError("the standby went");
-      });
+      Status st = journal.Snapshot(
+          kBatchBytes,
+          [&](const std::vector<std::string>& keys, const std::vector<std::string>& values) -> Status {
+            rpc::ReplicaBatch page;
+            for (size_t i = 0; i < keys.size(); ++i) {
+              page.add_keys(keys[i]);
+              page.add_values(values[i]);
+            }
+            stamp(&page);
+            return stream->Write(page) ? Status::OK() : UnavailableError("the standby went");
+          },
+          &snap);
+      // The entries after the snapshot stay kept until the standby has them (they are read below,
+      // from `at`; once sent, the hold can go).
+      struct Unhold {
+        Journal& j;
+        uint64_t index;
+        ~Unhold() { j.Unhold(index); }
+      } unhold{journal, snap.index};
       if (!st.ok()) {
         spdlog::warn("snapshot for standby master {}: {}", id, st.message());
         break;
       }
       rpc::ReplicaBatch end;
       end.set_snapshot_end(true);
-      stamp(&end);
+      stamp(&end, &snap);
       if (!stream->Write(end)) break;
       at = snap;
+      // Send what followed the snapshot before letting the hold go.
+      std::vector<JournalEntry> after;
+      if (journal.Read(at, kBatchBytes, &after) == FollowerNeeds::kEntries) {
+        while (!after.empty()) {
+          rpc::ReplicaBatch b;
+          for (auto& e : after) {
+            auto* out = b.add_entries();
+            *out->mutable_pos() = ToProto(e.pos);
+            out->set_data(std::move(e.data));
+          }
+          at = after.back().pos;
+          stamp(&b, &at);
+          if (!stream->Write(b)) break;
+          after.clear();
+          if (journal.Read(at, kBatchBytes, &after) != FollowerNeeds::kEntries) break;
+        }
+      }
       continue;
     }
     rpc::ReplicaBatch b;
@@ -89,10 +114,12 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
         out->set_data(std::move(e.data));
       }
       at = entries.back().pos;
+      stamp(&b, &at);
     } else if (journal.WaitBeyond(at.index, kIdleBeat)) {
       continue;  // new entries: read them
+    } else {
+      stamp(&b);
     }
-    stamp(&b);
     if (!stream->Write(b)) break;
   }
   ctx->TryCancel();  // ends the acknowledgements' Read
@@ -132,7 +159,7 @@ uint64_t Follower::lag() const {
 }
 
 bool Follower::ServingReads() const {
-  if (ns_->journal().position().index == 0) return false;
+  if (ns_->journal().position().index == 0 || !ns_->journal().Whole()) return false;
   MutexLock lock(&mu_);
   return !installing_ && std::chrono::steady_clock::now() - heard_ < kHeardRecently;
 }
@@ -140,7 +167,8 @@ bool Follower::ServingReads() const {
 bool Follower::InStep() const {
   uint64_t mine = ns_->journal().position().index;
   MutexLock lock(&mu_);
-  return !installing_ && mine > 0 && heard_ != std::chrono::steady_clock::time_point{} && mine >= leader_index_;
+  return !installing_ && mine > 0 && ns_->journal().Whole() && heard_ != std::chrono::steady_clock::time_point{} &&
+         mine >= leader_index_;
 }
 
 bool Follower::HeardALeader() const {
@@ -149,9 +177,14 @@ bool Follower::HeardALeader() const {
 }
 
 bool Follower::Whole() const {
-  if (ns_->journal().position().index == 0) return false;
+  if (ns_->journal().position().index == 0 || !ns_->journal().Whole()) return false;
   MutexLock lock(&mu_);
   return !installing_;
+}
+
+uint64_t Follower::CopyGeneration() const {
+  MutexLock lock(&mu_);
+  return generation_;
 }
 
 void Follower::Run() {
@@ -202,7 +235,10 @@ Status Follower::FollowOnce(const std::string& leader) {
         max_term_ = b.leader_term();
         heard_ = std::chrono::steady_clock::now();
         leader_index_ = b.leader_position().index();
-        if (b.snapshot_begin()) installing_ = true;
+        if (b.snapshot_begin()) {
+          installing_ = true;
+          ++generation_;  // reads made while it changes are answered "not the leader" (master/server.cc)
+        }
       }
       if (b.snapshot_begin()) {
         spdlog::info("this standby master copies a snapshot of the leader's namespace");

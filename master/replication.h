@@ -59,6 +59,9 @@ class Follower {
   bool HeardALeader() const;
   // True when this copy is whole (it was copied or followed once, and no snapshot is halfway).
   bool Whole() const;
+  // Changes whenever a snapshot starts replacing this copy: a read that saw it change (or the copy
+  // not whole) after reading may have seen a copy halfway replaced.
+  uint64_t CopyGeneration() const;
 
  private:
   void Run();
@@ -76,6 +79,7 @@ class Follower {
   grpc::ClientContext* ctx_ GUARDED_BY(mu_) = nullptr;  // the stream in progress, to cancel
   uint64_t max_term_ GUARDED_BY(mu_) = 0;
   bool installing_ GUARDED_BY(mu_) = false;
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
   uint64_t leader_index_ GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point heard_ GUARDED_BY(mu_){};
   std::thread thread_;

@@ -40,6 +40,9 @@ using MetadataCallbacks = rpc::Master::WithCallbackMethod_Lookup<rpc::Master::Wi
 // more started while every one is busy (callers queued behind one slow listing must not hold up
 // the others), as the sync server did.
 constexpr size_t kSlowCallThreadsKept = 4;
+// What a new leader moves the counters ahead by (Namespace::SkipAhead).
+constexpr uint64_t kInodeGapOnFailover = 1ull << 24;
+constexpr uint64_t kMountGapOnFailover = 1024;
 constexpr size_t kSlowCallThreadsMax = 512;
 
 // What only the leader runs, made when it starts leading and dropped when it stops: the workers'
@@ -49,7 +52,9 @@ struct Leading {
   Leading(Namespace* ns, std::chrono::milliseconds worker_timeout, const WorkerCalls& workers, uint64_t term_)
       : term(term_), cluster(worker_timeout), jobs(ns, &cluster, workers.pool), ahead(ns, &jobs),
         admin(ns, &cluster, workers) {}
-  ~Leading() {
+  ~Leading() { Stop(); }
+  // Stops load jobs and fetch-ahead (a master that stops leading; handlers may still hold this).
+  void Stop() {
     ahead.Stop();
     jobs.Stop();
   }
@@ -67,8 +72,10 @@ class Roles {
   virtual ~Roles() = default;
   // The leader's parts while this master leads; null on a standby.
   virtual std::shared_ptr<Leading> leading() = 0;
-  // A standby whose copy of the namespace can answer reads.
+  // A standby whose copy of the namespace can answer reads, and the copy's generation (it changes
+  // when a snapshot starts replacing it).
   virtual bool ServesReads() = 0;
+  virtual uint64_t CopyGeneration() = 0;
   // The answer of a standby to what only the leader does: UNAVAILABLE, naming the leader in the
   // message and in the status details (granary-leader=host:port), which clients follow.
   virtual grpc::Status NotLeader() = 0;
@@ -142,8 +149,14 @@ class MasterService final : public MetadataCallbacks {
       reactor->Finish(roles_->NotLeader());
       return reactor;
     }
+    const uint64_t copy = leading ? 0 : roles_->CopyGeneration();
     bool ufs_needed = false;
     grpc::Status st = fn(&ufs_needed, leading.get());
+    if (!leading && (roles_->CopyGeneration() != copy || !roles_->ServesReads())) {
+      // A snapshot began replacing this standby's copy while it was read: the answer may be wrong.
+      reactor->Finish(roles_->NotLeader());
+      return reactor;
+    }
     if (!ufs_needed) {
       reactor->Finish(st);
       return reactor;
@@ -350,6 +363,13 @@ class MasterServerImpl final : public MasterServer, public Roles {
       ns_->journal().Configure(cfg.master.replication_log,
                                std::max<std::chrono::milliseconds>(std::chrono::milliseconds(500), ttl_ / 4));
     }
+    if (!ha_) {  // a single master leads from the start, before it serves
+      auto L = std::make_shared<Leading>(ns_.get(), worker_timeout_, workers_, 0);
+      L->ahead.Start();
+      RETURN_IF_ERROR(L->jobs.Start());
+      MutexLock lock(&role_mu_);
+      leading_ = std::move(L);
+    }
     service_ = std::make_unique<MasterService>(ns_.get(), this, sec_, [this](const rpc::MountInfo& m) { Unmounted(m); });
     grpc::ServerBuilder builder;
     int port = 0;
@@ -370,13 +390,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
       MutexLock lock(&role_mu_);
       since_ = std::chrono::system_clock::now();
     }
-    if (!ha_) {
-      auto L = std::make_shared<Leading>(ns_.get(), worker_timeout_, workers_, 0);
-      L->ahead.Start();
-      RETURN_IF_ERROR(L->jobs.Start());
-      MutexLock lock(&role_mu_);
-      leading_ = std::move(L);
-    } else {
+    if (ha_) {
       etcd_ = std::move(etcd);
       ElectionOptions eo;
       eo.key = cfg.master.etcd_prefix + "/master/leader";
@@ -417,6 +431,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
     return leading_;
   }
   bool IsLeader() override { return leading() != nullptr; }
+  uint64_t CopyGeneration() override { return follower_ ? follower_->CopyGeneration() : 0; }
   bool ServesReads() override {
     if (!follower_) return false;
     if (follower_->ServingReads()) return true;
@@ -428,7 +443,8 @@ class MasterServerImpl final : public MasterServer, public Roles {
     std::string leader = election_ ? election_->leader() : "";
     if (leader.empty() || leader == advertise_) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "no granary-master leads right now (an election is under way); try again in a few seconds");
+                          "no granary-master leads right now (an election is under way); try again in a few seconds",
+                          kLeaderHint);
     }
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "granary-master " + advertise_ + " is a standby; the leader is " + leader,
@@ -578,10 +594,15 @@ class MasterServerImpl final : public MasterServer, public Roles {
     std::shared_ptr<Leading> L;
     {
       MutexLock lock(&role_mu_);
-      L.swap(leading_);
+      L = leading_;
     }
-    L.reset();  // stops its jobs and fetch-ahead
+    if (L) L->Stop();  // its jobs and fetch-ahead; calls in flight still see it
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    {
+      MutexLock lock(&role_mu_);
+      leading_.reset();
+    }
+    L.reset();
     if (expirer_.joinable()) expirer_.join();
     server_.reset();
     service_.reset();
@@ -668,13 +689,20 @@ class MasterServerImpl final : public MasterServer, public Roles {
   // This master was elected: it stops following, reads its copy's state, starts a term in the
   // journal (the standbys see it), and starts the leader's parts with the previous leader's
   // workers, jobs and pins (all in the replicated namespace).
-  void Promote(uint64_t term) {
+  void Promote(uint64_t elected_term) {
     auto started = std::chrono::steady_clock::now();
+    StopLeading();  // a role change that came while this one was pending
     follower_->Stop();
+    // Terms must grow in the journal: etcd's revision does, unless etcd was recreated.
+    const uint64_t term = std::max(elected_term, ns_->journal().position().term + 1);
     Status st = ns_->ReloadState();
     if (st.ok()) st = ns_->journal().BeginTerm(term);
+    // Numbers the previous leader may have handed out in writes this copy never got.
+    if (st.ok()) st = ns_->SkipAhead(kInodeGapOnFailover, kMountGapOnFailover);
     if (!st.ok()) {
-      spdlog::error("elected (term {}) but cannot lead: {}; following again", term, st.message());
+      spdlog::error("elected (term {}) but cannot lead: {}; resigning", term, st.message());
+      ns_->journal().EndTerm();
+      election_->Resign(3 * ttl_);
       follower_->Start();
       return;
     }
@@ -697,15 +725,23 @@ class MasterServerImpl final : public MasterServer, public Roles {
   }
 
   void Demote() {
+    ns_->journal().EndTerm();
+    StopLeading();
+    follower_->Start();
+  }
+
+  // Drops the leader's parts, stopping their jobs and fetch-ahead now (a call in flight may hold
+  // them a while longer; the journal refuses its writes).
+  void StopLeading() {
     std::shared_ptr<Leading> L;
     {
       MutexLock lock(&role_mu_);
       L.swap(leading_);
       since_ = std::chrono::system_clock::now();
     }
-    if (L) spdlog::warn("granary-master {} no longer leads (term {}); it follows the next leader", advertise_, L->term);
-    L.reset();
-    follower_->Start();
+    if (!L) return;
+    spdlog::warn("granary-master {} no longer leads (term {}); it follows the next leader", advertise_, L->term);
+    L->Stop();
   }
 
   // Who campaigns first when no master leads: the copy most likely to hold every acknowledged write.
@@ -714,8 +750,13 @@ class MasterServerImpl final : public MasterServer, public Roles {
   // it is empty (so turning a single master into three never elects an empty one over it). A copy
   // left behind by whoever wins is replaced by the winner's (master/journal.h).
   bool MayCampaign() {
+    if (!ns_->journal().Whole()) return false;  // a partial copy never leads
     MutexLock lock(&role_mu_);
     auto now = std::chrono::steady_clock::now();
+    // Asked only while the key is free: a gap since the last question means a leader held it
+    // meanwhile, and this is another election.
+    if (now - last_campaign_question_ > std::chrono::seconds(2)) not_in_step_since_ = {};
+    last_campaign_question_ = now;
     if (follower_->InStep()) {
       not_in_step_since_ = {};
       return true;
@@ -777,6 +818,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
   uint64_t leader_term_ GUARDED_BY(role_mu_) = 0;
   std::chrono::system_clock::time_point since_ GUARDED_BY(role_mu_){};
   std::chrono::steady_clock::time_point not_in_step_since_ GUARDED_BY(role_mu_){};
+  std::chrono::steady_clock::time_point last_campaign_question_ GUARDED_BY(role_mu_){};
   bool role_pending_ GUARDED_BY(role_mu_) = false;
   bool role_want_ GUARDED_BY(role_mu_) = false;
   uint64_t role_term_ GUARDED_BY(role_mu_) = 0;

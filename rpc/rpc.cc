@@ -49,8 +49,20 @@ std::vector<std::string> SplitAddressList(const std::string& list) {
 grpc::Status ToGrpc(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
   auto code = static_cast<grpc::StatusCode>(static_cast<int>(s.code()));
-  if (s.reason() == Reason::kNone) return grpc::Status(code, s.message());
+  // An UNAVAILABLE of ours always carries details (reason 0 when none), so a client can tell a
+  // server that answered "unavailable" (its under-storage failed) from one it never reached
+  // (ServerUnreachable).
+  if (s.reason() == Reason::kNone && code != grpc::StatusCode::UNAVAILABLE) return grpc::Status(code, s.message());
   return grpc::Status(code, s.message(), std::string(kReasonPrefix) + std::to_string(static_cast<int>(s.reason())));
+}
+
+bool IsNotLeader(const grpc::Status& s) {
+  constexpr size_t n = sizeof(kLeaderHint) - 1;
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE && s.error_details().compare(0, n, kLeaderHint) == 0;
+}
+
+bool ServerUnreachable(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE && s.error_details().empty();
 }
 
 Status FromGrpc(const grpc::Status& s, const std::string& context) {

@@ -42,6 +42,12 @@ void AllowKeepalivePings(grpc::ServerBuilder* builder);
 // (master/server.cc); LeaderHint reads it back ("" when there is none).
 inline constexpr char kLeaderHint[] = "granary-leader=";
 std::string LeaderHint(const grpc::Status& s);
+// A master that does not lead answered (UNAVAILABLE with the hint prefix, the leader's address
+// after it when known): the call was not made, and is made again on the leader.
+bool IsNotLeader(const grpc::Status& s);
+// UNAVAILABLE from gRPC itself (the server never answered: down, unreachable, connection lost),
+// as opposed to an UNAVAILABLE a server answered (ToGrpc gives those details).
+bool ServerUnreachable(const grpc::Status& s);
 // "a:1, b:2,c:3" -> {"a:1", "b:2", "c:3"} (spaces and empty items dropped).
 std::vector<std::string> SplitAddressList(const std::string& list);
 
@@ -104,15 +110,21 @@ class StubHolder {
   }
   // Call with every finished call's status; returns it unchanged.
   const grpc::Status& Note(const grpc::Status& st) {
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
+    // Only a server not reached or not leading moves the holder (an UNAVAILABLE the leader
+    // answered — its under-storage failed — does not).
+    if (!ServerUnreachable(st) && !IsNotLeader(st)) return st;
     std::string hint = LeaderHint(st);
     MutexLock lock(&mu_);
     auto now = std::chrono::steady_clock::now();
+    size_t at = 0;
+    while (at < addresses_.size() && addresses_[at] != current_) ++at;
     if (!hint.empty() && hint != current_) {
       MoveLocked(hint, now);
-    } else if (hint.empty() && addresses_.size() > 1 && now - last_reset_ > std::chrono::milliseconds(200)) {
-      size_t at = 0;
-      while (at < addresses_.size() && addresses_[at] != current_) ++at;
+    } else if (now - last_reset_ <= std::chrono::milliseconds(200)) {
+      // moved a moment ago (another call's failure): stay
+    } else if (at == addresses_.size()) {
+      MoveLocked(addresses_.front(), now);  // a leader named earlier stopped answering: back to the list
+    } else if (addresses_.size() > 1) {
       MoveLocked(addresses_[(at + 1) % addresses_.size()], now);
     } else if (now - last_reset_ > std::chrono::milliseconds(500)) {
       MoveLocked(current_, now);
@@ -172,10 +184,12 @@ class StubPool {
   std::map<std::string, std::shared_ptr<StubHolder<Service>>> holders_ GUARDED_BY(mu_);
 };
 
-// Calls `call(stub, ctx)` (ctx prepared with the token and `timeout`) through `holder`; while the
-// answer is UNAVAILABLE (a master restarting, or standbys electing a leader) tries again — the
-// holder having moved to the leader or the next address — until `wait` has passed, backing off
-// from 20 ms to 500 ms. For idempotent calls only.
+// Calls `call(stub, ctx)` (ctx prepared with the token and `timeout`) through `holder`; while no
+// master was reached (one restarting) or the one reached does not lead (standbys electing a
+// leader), tries again — the holder having moved to the leader or the next address — until `wait`
+// has passed, backing off from 20 ms to 500 ms. An UNAVAILABLE the leader answered (its
+// under-storage failed) is returned at once. A not-leader answer means the call was not made; a
+// server not reached may have made it: for calls that may be repeated.
 template <typename Service, typename Fn>
 grpc::Status CallWithFailover(StubHolder<Service>& holder, const RpcSecurity& sec, std::chrono::milliseconds timeout,
                               std::chrono::milliseconds wait, Fn call) {
@@ -185,7 +199,7 @@ grpc::Status CallWithFailover(StubHolder<Service>& holder, const RpcSecurity& se
     grpc::ClientContext ctx;
     sec.Prepare(&ctx, timeout);
     grpc::Status st = holder.Note(call(*holder.Get(), ctx));
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
+    if (!ServerUnreachable(st) && !IsNotLeader(st)) return st;
     // A hint names the leader: ask it at once; otherwise wait a little.
     if (!LeaderHint(st).empty()) backoff = std::chrono::milliseconds(0);
     if (std::chrono::steady_clock::now() + backoff >= deadline) return st;

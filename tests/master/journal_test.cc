@@ -230,5 +230,70 @@ TEST_F(JournalTest, CommitsWaitForAFollowerInSync) {
   EXPECT_TRUE(j.Followers().empty());
 }
 
+TEST_F(JournalTest, APartialCopyNeverLeadsAndIsReplacedWhole) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  // B starts installing A's snapshot and stops halfway (a crash, a broken stream).
+  ASSERT_TRUE(b_->journal().InstallBegin().ok());
+  int pages = 0;
+  ASSERT_TRUE(a_->journal()
+                  .Snapshot(64, [&](const std::vector<std::string>& k, const std::vector<std::string>& v) {
+                    return ++pages > 2 ? UnavailableError("the stream broke") : b_->journal().InstallPage(k, v);
+                  })
+                  .code() == Code::kUnavailable);
+  b_ = nullptr;
+  b_ = Open("b");  // restarted
+  EXPECT_FALSE(b_->journal().Whole());
+  EXPECT_EQ(b_->journal().BeginTerm(6).code(), Code::kFailedPrecondition) << "a partial copy must never lead";
+  Pump(a_.get(), b_.get());
+  EXPECT_TRUE(b_->journal().Whole());
+  EXPECT_EQ(Contents(b_.get()), Contents(a_.get()));
+}
+
+TEST_F(JournalTest, ASingleMastersPositionIsNeverTakenForAnElectedOnes) {
+  // Both journals at term 0 (single masters): equal indexes prove nothing.
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  ASSERT_TRUE(b_->Mount("/other", "file://" + dir_ / "src/d0", {}).ok());
+  ASSERT_EQ(a_->journal().position(), b_->journal().position());
+  std::vector<JournalEntry> entries;
+  EXPECT_EQ(a_->journal().Read(b_->journal().position(), 1 << 20, &entries), FollowerNeeds::kSnapshot);
+}
+
+TEST_F(JournalTest, ASnapshotInFlightKeepsTheEntriesAfterIt) {
+  a_ = nullptr;
+  a_ = Open("a3", /*keep=*/1024);
+  ASSERT_TRUE(a_->journal().BeginTerm(3).ok());
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  LogPosition at;
+  ASSERT_TRUE(a_->journal()
+                  .Snapshot(1 << 20, [](const std::vector<std::string>&, const std::vector<std::string>&) { return Status::OK(); },
+                            &at)
+                  .ok());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(a_->PutPin("/data/p" + std::to_string(i), {}).ok());  // far beyond 1 KiB
+  std::vector<JournalEntry> entries;
+  EXPECT_EQ(a_->journal().Read(at, 1 << 30, &entries), FollowerNeeds::kEntries);
+  EXPECT_EQ(entries.size(), 50u);
+  a_->journal().Unhold(at.index);
+  ASSERT_TRUE(a_->PutPin("/data/q", {}).ok());
+  entries.clear();
+  EXPECT_EQ(a_->journal().Read(at, 1 << 30, &entries), FollowerNeeds::kSnapshot) << "released: trimmed again";
+}
+
+TEST_F(JournalTest, ANewLeaderHandsOutNoNumberThePreviousOneMayHaveUsed) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
+  Pump(a_.get(), b_.get());
+  // A lists a directory (inodes handed out) that B never gets, and dies.
+  auto lost = a_->Resolve("/data/d1/f1");
+  ASSERT_TRUE(lost.ok());
+  ASSERT_TRUE(b_->ReloadState().ok());
+  ASSERT_TRUE(b_->journal().BeginTerm(7).ok());
+  ASSERT_TRUE(b_->SkipAhead(1 << 24, 1024).ok());
+  auto other = b_->Resolve("/data/d2/f2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_GT(other->ino(), lost->ino() + (1u << 23)) << "a number A gave out is not given to another file";
+  EXPECT_EQ(b_->GetAttr(lost->ino()).status().code(), Code::kNotFound);
+}
+
 }  // namespace
 }  // namespace granary::master

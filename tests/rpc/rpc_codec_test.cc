@@ -64,3 +64,44 @@ TEST(RpcCodec, LocalStatusAndReadSource) {
 
 }  // namespace
 }  // namespace granary
+
+namespace granary {
+namespace {
+
+// Standby masters: which UNAVAILABLE moves a client, and where to.
+TEST(LeaderFollowing, AnUnavailableAServerAnsweredIsNotAnUnreachableServer) {
+  grpc::Status answered = ToGrpc(UnavailableError("the NFS server does not answer"));
+  EXPECT_FALSE(ServerUnreachable(answered));
+  EXPECT_FALSE(IsNotLeader(answered));
+  EXPECT_TRUE(ServerUnreachable(grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect to all addresses")));
+  grpc::Status standby(grpc::StatusCode::UNAVAILABLE, "a standby", std::string(kLeaderHint) + "m2:1");
+  EXPECT_TRUE(IsNotLeader(standby));
+  EXPECT_EQ(LeaderHint(standby), "m2:1");
+  grpc::Status electing(grpc::StatusCode::UNAVAILABLE, "no leader", kLeaderHint);
+  EXPECT_TRUE(IsNotLeader(electing));
+  EXPECT_EQ(LeaderHint(electing), "");
+  EXPECT_EQ(FromGrpc(answered, "the master").code(), Code::kUnavailable);
+  EXPECT_EQ(SplitAddressList(" a:1, b:2,,c:3 "), (std::vector<std::string>{"a:1", "b:2", "c:3"}));
+}
+
+TEST(LeaderFollowing, TheHolderFollowsHintsAndOtherwiseTheList) {
+  auto sec = RpcSecurity::FromConfig(RpcConfig{});
+  ASSERT_TRUE(sec.ok());
+  StubHolder<rpc::Master> h(*sec, "127.0.0.1:1,127.0.0.1:2");
+  EXPECT_EQ(h.address(), "127.0.0.1:1");
+  EXPECT_EQ(h.address_count(), 2u);
+  h.Note(ToGrpc(UnavailableError("its under-storage failed")));
+  EXPECT_EQ(h.address(), "127.0.0.1:1") << "the server answered: stay";
+  h.Note(grpc::Status(grpc::StatusCode::UNAVAILABLE, "standby", std::string(kLeaderHint) + "127.0.0.1:7"));
+  EXPECT_EQ(h.address(), "127.0.0.1:7") << "a hint is followed at once, even off the list";
+  // The named leader stops answering: back to the list (moves are at most one per 200 ms).
+  const grpc::Status gone(grpc::StatusCode::UNAVAILABLE, "connection refused");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (h.address() == "127.0.0.1:7" && std::chrono::steady_clock::now() < deadline) h.Note(gone);
+  EXPECT_EQ(h.address(), "127.0.0.1:1");
+  while (h.address() == "127.0.0.1:1" && std::chrono::steady_clock::now() < deadline) h.Note(gone);
+  EXPECT_EQ(h.address(), "127.0.0.1:2") << "unreachable: the next address";
+}
+
+}  // namespace
+}  // namespace granary
