@@ -43,6 +43,18 @@ StatusOr<rpc::Attr> Client::GetAttr(uint64_t ino) {
   return resp.attr();
 }
 
+Status Client::MasterAnswers() {
+  rpc::ResolvePathRequest req;
+  req.set_path("/");
+  rpc::AttrResponse resp;
+  auto timeout = std::min<std::chrono::milliseconds>(cfg_.rpc.timeout, std::chrono::seconds(2));
+  return FromGrpc(CallWithFailover(master_, *sec_, timeout, std::chrono::milliseconds(0),
+                                   [&](rpc::Master::Stub& m, grpc::ClientContext& ctx) {
+                                     return m.ResolvePath(&ctx, req, &resp);
+                                   }),
+                  "the master at " + master_.address());
+}
+
 StatusOr<rpc::Attr> Client::Resolve(const std::string& path) {
   rpc::ResolvePathRequest req;
   req.set_path(path);

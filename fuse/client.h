@@ -87,6 +87,8 @@ class Client {
   StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name);
   StatusOr<rpc::Attr> GetAttr(uint64_t ino);
   StatusOr<rpc::Attr> Resolve(const std::string& path);
+  // For /readyz: one quick call to the master (no waiting out a failover): OK when it answers.
+  Status MasterAnswers();
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
   StatusOr<rpc::WorkerStats> WorkerStats();

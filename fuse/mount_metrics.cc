@@ -200,9 +200,7 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
 Status FuseMountImpl::Ready() {
   if (handed_over_) return UnavailableError("handed the mount at " + mountpoint_ + " over to a successor");
   if (loop_done_) return UnavailableError("the mount at " + mountpoint_ + " is gone");
-  auto root = fs_->client->Resolve("/");
-  if (!root.ok()) return root.status().WithContext("the master");
-  return Status::OK();
+  return fs_->client->MasterAnswers().WithContext("the master");
 }
 
 }  // namespace granary::fuse::internal
