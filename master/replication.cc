@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
 #include <vector>
 
 #include "common/keys.h"
@@ -43,6 +44,13 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
     b->set_leader_term(term);
     *b->mutable_leader_position() = ToProto(last ? *last : journal.position());
   };
+  // A snapshot's position, held (Journal::Hold) from the snapshot until the standby has caught up
+  // with the entries after it: they must not be trimmed meanwhile, however many come.
+  std::optional<uint64_t> held;
+  auto release = [&] {
+    if (held) journal.Unhold(*held);
+    held.reset();
+  };
   grpc::Status result = grpc::Status::OK;
   while (!ctx->IsCancelled()) {
     if (!leading()) {
@@ -58,6 +66,7 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
       begin.set_snapshot_begin(true);
       stamp(&begin);
       if (!stream->Write(begin)) break;
+      release();
       LogPosition snap;
       Status st = journal.Snapshot(
           kBatchBytes,
@@ -71,13 +80,7 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
             return stream->Write(page) ? Status::OK() : UnavailableError("the standby went");
           },
           &snap);
-      // The entries after the snapshot stay kept until the standby has them (they are read below,
-      // from `at`; once sent, the hold can go).
-      struct Unhold {
-        Journal& j;
-        uint64_t index;
-        ~Unhold() { j.Unhold(index); }
-      } unhold{journal, snap.index};
+      held = snap.index;
       if (!st.ok()) {
         spdlog::warn("snapshot for standby master {}: {}", id, st.message());
         break;
@@ -87,25 +90,9 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
       stamp(&end, &snap);
       if (!stream->Write(end)) break;
       at = snap;
-      // Send what followed the snapshot before letting the hold go.
-      std::vector<JournalEntry> after;
-      if (journal.Read(at, kBatchBytes, &after) == FollowerNeeds::kEntries) {
-        while (!after.empty()) {
-          rpc::ReplicaBatch b;
-          for (auto& e : after) {
-            auto* out = b.add_entries();
-            *out->mutable_pos() = ToProto(e.pos);
-            out->set_data(std::move(e.data));
-          }
-          at = after.back().pos;
-          stamp(&b, &at);
-          if (!stream->Write(b)) break;
-          after.clear();
-          if (journal.Read(at, kBatchBytes, &after) != FollowerNeeds::kEntries) break;
-        }
-      }
       continue;
     }
+    if (need == FollowerNeeds::kNothing) release();  // caught up
     rpc::ReplicaBatch b;
     if (need == FollowerNeeds::kEntries) {
       for (auto& e : entries) {
@@ -122,6 +109,7 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
     }
     if (!stream->Write(b)) break;
   }
+  release();
   ctx->TryCancel();  // ends the acknowledgements' Read
   acks.join();
   journal.Forget(id);
