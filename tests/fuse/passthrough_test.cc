@@ -282,6 +282,23 @@ TEST(PassthroughOpens, ModelConcurrentOpensRaceToOneBackingFilePerInode) {
     threads.emplace_back([&, t] {
       std::mt19937 rng(static_cast<uint32_t>(t + 100));
       std::vector<ModelOpen> mine;
+      // Ends this thread's newest open: first out of the model's view, then in PassthroughOpens,
+      // so `outstanding` only ever holds opens still counted there.
+      auto close_last = [&] {
+        ModelOpen o = mine.back();
+        mine.pop_back();
+        {
+          std::lock_guard<std::mutex> l(mu);
+          for (size_t i = 0; i < outstanding.size(); ++i) {
+            const ModelOpen& x = outstanding[i];
+            if (x.kino == o.kino && x.backing_id == o.backing_id && x.cached == o.cached) {
+              outstanding.erase(outstanding.begin() + static_cast<long>(i));
+              break;
+            }
+          }
+        }
+        f.opens.End(o.kino, o.backing_id > 0, o.cached);
+      };
       for (int step = 0; step < 3000; ++step) {
         uint64_t kino = 1 + rng() % 4;
         if (rng() % 8 == 0) {  // a file not wholly on this node for a while: its opens are cached
@@ -294,25 +311,14 @@ TEST(PassthroughOpens, ModelConcurrentOpensRaceToOneBackingFilePerInode) {
           outstanding.push_back(mine.back());
           CheckRules(f.host, outstanding);
         } else {
-          ModelOpen o = mine.back();
-          mine.pop_back();
-          {
-            std::lock_guard<std::mutex> l(mu);
-            for (size_t i = 0; i < outstanding.size(); ++i) {
-              const ModelOpen& x = outstanding[i];
-              if (x.kino == o.kino && x.backing_id == o.backing_id && x.cached == o.cached) {
-                outstanding.erase(outstanding.begin() + static_cast<long>(i));
-                break;
-              }
-            }
-          }
-          f.opens.End(o.kino, o.backing_id > 0, o.cached);
+          close_last();
         }
       }
-      for (const ModelOpen& o : mine) f.opens.End(o.kino, o.backing_id > 0, o.cached);
+      while (!mine.empty()) close_last();  // out of `outstanding` too: the other threads still check it
     });
   }
   for (auto& th : threads) th.join();
+  EXPECT_TRUE(outstanding.empty());
   f.now += std::chrono::minutes(2);
   f.opens.Trim();
   EXPECT_TRUE(f.host.open_ids.empty());
