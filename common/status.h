@@ -58,10 +58,14 @@ enum class Reason : int {
   kNone = 0,
   kVersionChanged = 1,  // with FAILED_PRECONDITION: the file changed in the under-storage
   kUnderStorage = 2,    // with UNAVAILABLE: the under-storage failed, not the server that answered
+  // With FAILED_PRECONDITION, for the write calls (granary-fuse's errno funnel gives the errno named):
+  kNotEmpty = 3,      // a directory to remove or replace has entries (ENOTEMPTY)
+  kReadOnly = 4,      // the dataset is not mounted writable (EROFS)
+  kNotSupported = 5,  // a write the under-storage or Granary cannot make whole (EOPNOTSUPP)
 };
 // A reason as a wire number; one this build does not know reads as kNone.
 inline Reason ReasonFromWire(int r) {
-  return r == 1 ? Reason::kVersionChanged : r == 2 ? Reason::kUnderStorage : Reason::kNone;
+  return r >= 1 && r <= 5 ? static_cast<Reason>(r) : Reason::kNone;
 }
 
 class [[nodiscard]] Status {
@@ -117,6 +121,12 @@ inline Status UnavailableError(std::string m) { return Status(Code::kUnavailable
 inline Status DataLossError(std::string m) { return Status(Code::kDataLoss, std::move(m)); }
 inline Status DeadlineExceededError(std::string m) { return Status(Code::kDeadlineExceeded, std::move(m)); }
 inline Status UnauthenticatedError(std::string m) { return Status(Code::kUnauthenticated, std::move(m)); }
+// The write calls' refusals (Reason above): FAILED_PRECONDITION with a reason.
+inline Status NotEmptyError(std::string m) { return Status(Code::kFailedPrecondition, std::move(m), Reason::kNotEmpty); }
+inline Status ReadOnlyError(std::string m) { return Status(Code::kFailedPrecondition, std::move(m), Reason::kReadOnly); }
+inline Status NotSupportedError(std::string m) {
+  return Status(Code::kFailedPrecondition, std::move(m), Reason::kNotSupported);
+}
 // The file changed in the under-storage since it was listed (see IsVersionChanged).
 inline Status VersionChangedError(std::string m) {
   return Status(Code::kFailedPrecondition, std::move(m), Reason::kVersionChanged);

@@ -209,6 +209,22 @@ Status RefuseInlineSecrets(const std::map<std::string, std::string>& options) {
   return Status::OK();
 }
 
+StatusOr<WriteMode> ParseWriteMode(std::string_view text) {
+  if (text == "off") return WriteMode::kOff;
+  if (text == "through") return WriteMode::kThrough;
+  if (text == "back") return WriteMode::kBack;
+  return InvalidArgumentError("'" + std::string(text) + "' is not off, through or back");
+}
+
+const char* WriteModeName(WriteMode m) {
+  switch (m) {
+    case WriteMode::kOff: return "off";
+    case WriteMode::kThrough: return "through";
+    case WriteMode::kBack: return "back";
+  }
+  return "off";
+}
+
 Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map<std::string, std::string>* ufs,
                          MountCacheOptions* cache) {
   RETURN_IF_ERROR(RefuseInlineSecrets(all));
@@ -217,6 +233,12 @@ Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map
       auto ms = ParseSyncInterval(v);
       if (!ms.ok()) return InvalidArgumentError("mount option metadata.sync_interval: " + ms.status().message());
       cache->metadata_sync_ms = *ms;
+      continue;
+    }
+    if (k == "write") {
+      auto m = ParseWriteMode(v);
+      if (!m.ok()) return InvalidArgumentError("mount option write: " + m.status().message());
+      cache->write = *m;
       continue;
     }
     if (k.rfind("cache.", 0) != 0 && k.rfind("metadata.", 0) != 0) {
@@ -261,7 +283,7 @@ Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map
     } else {
       return InvalidArgumentError("unknown mount option '" + k +
                                   "' (Granary's own options: cache.policy, cache.replicas, cache.elastic, cache.fetch_ahead, "
-                                  "cache.fetch_ahead.bandwidth, cache.fetch_ahead.inflight, metadata.sync_interval)");
+                                  "cache.fetch_ahead.bandwidth, cache.fetch_ahead.inflight, metadata.sync_interval, write)");
     }
   }
   return Status::OK();

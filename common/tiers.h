@@ -62,7 +62,16 @@ std::string FormatSyncInterval(int64_t ms);
 inline constexpr uint32_t kMaxReplicas = 16;
 inline constexpr uint32_t kMaxFetchAheadInflight = 256;
 
+// Mount option `write`: whether and how granary-fuse writes through a mount (docs/semantics.md,
+// "Writes"). off: read-only (EROFS); through: close() and fsync() return once the file is whole in
+// the under-storage and the namespace; back: close() returns once the bytes are staged on the
+// node's disk, the worker uploads them after (fsync() waits for the upload).
+enum class WriteMode { kOff, kThrough, kBack };
+StatusOr<WriteMode> ParseWriteMode(std::string_view text);  // "off", "through", "back"
+const char* WriteModeName(WriteMode m);
+
 struct MountCacheOptions {
+  WriteMode write = WriteMode::kOff;  // write: off (default), through or back
   std::optional<CachePolicy> policy;          // cache.policy: overrides the worker's policy
   std::optional<int64_t> metadata_sync_ms;    // metadata.sync_interval: overrides the master's
   // cache.replicas: how many workers keep a copy of each block (the first N of its rendezvous

@@ -30,6 +30,14 @@ std::map<std::pair<std::string, std::string>, uint64_t> ErrorCounts() {
 
 int ToErrno(const Status& s) {
   if (s.IsVersionChanged()) return ESTALE;
+  if (s.code() == Code::kFailedPrecondition) {
+    switch (s.reason()) {
+      case Reason::kNotEmpty: return ENOTEMPTY;
+      case Reason::kReadOnly: return EROFS;
+      case Reason::kNotSupported: return EOPNOTSUPP;
+      default: break;
+    }
+  }
   switch (s.code()) {
     case Code::kOk: return 0;
     case Code::kNotFound: return ENOENT;
@@ -46,7 +54,7 @@ int ToErrno(const Status& s) {
 
 void ReplyError(fuse_req_t req, const Status& s, const char* op) {
   int err = ToErrno(s);
-  if (err == EIO || err == ESTALE || err == EACCES) {
+  if (err == EIO || err == ESTALE || err == EACCES || err == EOPNOTSUPP || err == ENOSPC) {
     spdlog::warn("{}: {} -> {}", op, s.ToString(), strerrorname_np(err));
   } else {
     spdlog::debug("{}: {} -> {}", op, s.ToString(), strerrorname_np(err));

@@ -6,6 +6,8 @@
 //   INVALID_ARGUMENT -> EINVAL   version changed (Status::IsVersionChanged) -> ESTALE
 //   ALREADY_EXISTS -> EEXIST     RESOURCE_EXHAUSTED -> ENOSPC
 //   UNIMPLEMENTED -> ENOSYS      CANCELLED -> EINTR
+//   FAILED_PRECONDITION with Reason::kNotEmpty -> ENOTEMPTY, kReadOnly -> EROFS,
+//   kNotSupported -> EOPNOTSUPP (the write calls' refusals, common/status.h)
 //   everything else (UNAVAILABLE, DEADLINE_EXCEEDED, DATA_LOSS, INTERNAL, any other
 //   FAILED_PRECONDITION, ...) -> EIO
 #pragma once

@@ -175,6 +175,20 @@ TEST(TieredStoreConfig, BadLevelsAreClearErrors) {
       << s.message();
 }
 
+TEST(TieredStoreConfig, MountOptionWriteIsOffThroughOrBack) {
+  std::map<std::string, std::string> ufs;
+  MountCacheOptions cache;
+  EXPECT_EQ(cache.write, WriteMode::kOff);
+  ASSERT_TRUE(SplitMountOptions({{"write", "through"}}, &ufs, &cache).ok());
+  EXPECT_EQ(cache.write, WriteMode::kThrough);
+  ASSERT_TRUE(SplitMountOptions({{"write", "back"}}, &ufs, &cache).ok());
+  EXPECT_EQ(cache.write, WriteMode::kBack);
+  EXPECT_TRUE(ufs.empty()) << "write is Granary's own option, not the under-storage's";
+  Status s = SplitMountOptions({{"write", "on"}}, &ufs, &cache);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("mount option write: 'on' is not off, through or back"), std::string::npos) << s.message();
+}
+
 TEST(TieredStoreConfig, MountOptionsSplitCacheFromUnderStorage) {
   std::map<std::string, std::string> ufs;
   MountCacheOptions cache;
