@@ -47,6 +47,9 @@ Status Status::WithContext(std::string_view context) const {
 Status ErrnoError(int err, std::string_view what) {
   Code code;
   switch (err) {
+    case ENOTEMPTY: return NotEmptyError(std::string(what) + ": " + std::strerror(err));
+    case EROFS: return ReadOnlyError(std::string(what) + ": " + std::strerror(err));
+    case EOPNOTSUPP: return NotSupportedError(std::string(what) + ": " + std::strerror(err));
     case ENOENT:
     case ENOTDIR: code = Code::kNotFound; break;
     case EACCES:

@@ -516,7 +516,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
     e->Gauge("granary_master_mounts", "Mounted datasets.", d(r.mounts_size()));
     const UfsCounters& u = ns_->ufs_counters();
     e->Counter("granary_master_ufs_calls_total", "Under-storage calls of the master (listings, stats).",
-               d(u.stats + u.lists + u.reads));
+               d(u.stats + u.lists + u.reads + u.writes));
     e->Counter("granary_master_ufs_retries_total", "Under-storage attempts of the master beyond the first of a call.",
                d(u.retries));
     e->Counter("granary_master_ufs_errors_total", "Under-storage calls of the master that failed.", d(u.errors));

@@ -101,6 +101,10 @@ StatusOr<HttpResponse> CurlHttpClient::Send(const HttpRequest& req) {
   } else if (req.method != "GET") {
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req.method.c_str());
   }
+  if (req.method == "PUT" || req.method == "POST") {  // the body as it is (POSTFIELDS copies nothing)
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, req.body != nullptr ? req.body : "");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body_size));
+  }
   BodyTarget target{c, &req, &resp};
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &target);

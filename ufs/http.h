@@ -19,7 +19,7 @@
 namespace granary {
 
 struct HttpRequest {
-  std::string method;  // GET, HEAD
+  std::string method;  // GET, HEAD, PUT, POST, DELETE
   std::string url;     // already percent-encoded
   HeaderList headers;
   // Where a 2xx body goes, when set: its first sink_capacity bytes are written straight into the
@@ -28,6 +28,9 @@ struct HttpRequest {
   // the caller reads HttpResponse::sunk bytes from the sink, then body.
   char* sink = nullptr;
   size_t sink_capacity = 0;
+  // The request's body (PUT, POST): not owned, sent as it is (size 0: an empty body).
+  const char* body = nullptr;
+  size_t body_size = 0;
 };
 
 struct HttpResponse {

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include <random>
+
 #include "common/path.h"
 
 namespace granary {
@@ -34,7 +36,118 @@ UfsEntry EntryOf(const std::string& name, const struct stat& st) {
   return e;
 }
 
+std::string Parent(const std::string& full) { return full.substr(0, full.rfind('/')); }
+
+Status SyncDir(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open directory " + dir);
+  int rc = fsync(fd);
+  int err = errno;
+  close(fd);
+  return rc == 0 ? Status::OK() : ErrnoError(err, "fsync directory " + dir);
+}
+
+// A new file written beside its target and renamed over it at Commit.
+class LocalWriter : public UfsWriter {
+ public:
+  LocalWriter(std::string full, std::string temp, int fd, std::string name)
+      : full_(std::move(full)), temp_(std::move(temp)), fd_(fd), name_(std::move(name)) {}
+  ~LocalWriter() override { Abort(); }
+
+  Status Append(std::string_view data) override {
+    if (fd_ < 0) return FailedPreconditionError("write to " + full_ + " after it was committed or aborted");
+    while (!data.empty()) {
+      ssize_t n = write(fd_, data.data(), data.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError(errno, "write " + full_);
+      }
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+    return Status::OK();
+  }
+
+  StatusOr<UfsEntry> Commit() override {
+    if (fd_ < 0) return FailedPreconditionError("commit of " + full_ + " after it was committed or aborted");
+    if (fsync(fd_) != 0) return ErrnoError(errno, "fsync " + full_);
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return ErrnoError(errno, "stat " + full_);
+    if (rename(temp_.c_str(), full_.c_str()) != 0) {
+      Status s = ErrnoError(errno, "rename into " + full_);
+      Abort();
+      return s;
+    }
+    close(fd_);
+    fd_ = -1;
+    RETURN_IF_ERROR(SyncDir(Parent(full_)));
+    return EntryOf(name_, st);  // the stat of the file now at full_: rename keeps inode and mtime
+  }
+
+  void Abort() override {
+    if (fd_ < 0) return;
+    close(fd_);
+    fd_ = -1;
+    unlink(temp_.c_str());
+  }
+
+ private:
+  const std::string full_, temp_;
+  int fd_;
+  const std::string name_;
+};
+
 }  // namespace
+
+StatusOr<std::unique_ptr<UfsWriter>> LocalUfs::Create(const std::string& path, uint32_t mode) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  if (path.empty()) return InvalidArgumentError("cannot write the mount's root directory as a file");
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
+  size_t slash = full.rfind('/');
+  std::string name = full.substr(slash + 1);
+  std::string temp = full.substr(0, slash + 1) + std::string(kWritingPrefix) + suffix;
+  int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode & 0777));
+  if (fd < 0) return ErrnoError(errno, "create " + full);
+  if (fchmod(fd, static_cast<mode_t>(mode & 0777)) != 0) {  // not narrowed by the umask
+    Status s = ErrnoError(errno, "chmod " + full);
+    close(fd);
+    unlink(temp.c_str());
+    return s;
+  }
+  return std::unique_ptr<UfsWriter>(new LocalWriter(full, temp, fd, name));
+}
+
+Status LocalUfs::Remove(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  struct stat st;
+  if (lstat(full.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return InvalidArgumentError(full + " is a directory");
+  if (unlink(full.c_str()) != 0) return ErrnoError(errno, "remove " + full);
+  return SyncDir(Parent(full));
+}
+
+Status LocalUfs::MakeDir(const std::string& path, uint32_t mode) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  if (mkdir(full.c_str(), static_cast<mode_t>(mode & 07777)) != 0) return ErrnoError(errno, "make directory " + full);
+  chmod(full.c_str(), static_cast<mode_t>(mode & 07777));  // not narrowed by the umask; best effort
+  return SyncDir(Parent(full));
+}
+
+Status LocalUfs::RemoveDir(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  if (path.empty()) return InvalidArgumentError("cannot remove the mount's root directory");
+  if (rmdir(full.c_str()) != 0) return ErrnoError(errno, "remove directory " + full);
+  return SyncDir(Parent(full));
+}
+
+Status LocalUfs::Rename(const std::string& from, const std::string& to) {
+  ASSIGN_OR_RETURN(std::string a, FullPath(from));
+  ASSIGN_OR_RETURN(std::string b, FullPath(to));
+  if (from.empty() || to.empty()) return InvalidArgumentError("cannot rename the mount's root directory");
+  if (rename(a.c_str(), b.c_str()) != 0) return ErrnoError(errno, "rename " + a + " to " + b);
+  RETURN_IF_ERROR(SyncDir(Parent(b)));
+  return Parent(a) == Parent(b) ? Status::OK() : SyncDir(Parent(a));
+}
 
 StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& root,
                                                          const std::vector<std::string>& confine) {
@@ -108,7 +221,7 @@ Status LocalUfs::List(const std::string& dir, size_t page_size, const PageFn& on
       break;
     }
     std::string name = de->d_name;
-    if (name == "." || name == "..") continue;
+    if (name == "." || name == ".." || IsWritingName(name)) continue;
     if (!IsValidName(name)) {
       spdlog::warn("skipping an entry of {} whose name cannot be a file name", full);
       continue;

@@ -1,7 +1,7 @@
 // LocalUfs: a directory of this machine as under-storage (a local disk, or an NFS volume already
 // mounted into the pod). Versions are "<size>-<mtime ns>-<inode>", so an in-place rewrite or an
 // atomic replace both produce a new version. Symbolic links are followed; other special files are
-// skipped. With `confine` (ufs.local_roots), a read whose file resolves outside every one of those
+// skipped, as are writers' temporary files (kWritingPrefix). With `confine` (ufs.local_roots), a read whose file resolves outside every one of those
 // directories is PERMISSION_DENIED: a link a dataset's writer planted (x -> /etc/shadow) reads
 // nothing the roots do not hold. Thread-safe (no mutable state).
 #pragma once
@@ -29,6 +29,14 @@ class LocalUfs : public UnderFileSystem {
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
   StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version) override;
+  // Writes: a hidden temporary file beside the target (kWritingPrefix), fsynced, renamed over it,
+  // the directory fsynced. Owner: the writing process's (root: the caller's uid/gid are not known
+  // here). Directories are renamed with rename(2).
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override;
+  Status Remove(const std::string& path) override;
+  Status MakeDir(const std::string& path, uint32_t mode) override;
+  Status RemoveDir(const std::string& path) override;
+  Status Rename(const std::string& from, const std::string& to) override;
 
  private:
   LocalUfs(std::string root, std::vector<std::string> confine)

@@ -269,7 +269,9 @@ std::string S3Ufs::KeyOf(const std::string& path) const {
 }
 
 StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string& key, const HeaderList& query,
-                                   const HeaderList& headers, const Check& check, char* sink, size_t sink_capacity) {
+                                   const HeaderList& headers, const Check& check, char* sink, size_t sink_capacity,
+                                   std::string_view body) {
+  const bool sends_body = method == "PUT" || method == "POST";
   size_t scheme_end = s_.endpoint.find("://") + 3;
   std::string scheme = s_.endpoint.substr(0, scheme_end);
   std::string host = s_.endpoint.substr(scheme_end);
@@ -298,17 +300,19 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
       if (std::chrono::steady_clock::now() + wait >= deadline) break;
       std::this_thread::sleep_for(wait);
     }
-    HttpRequest req{method, url, headers, sink, sink_capacity};
+    HttpRequest req{method, url, headers, sink, sink_capacity, body.data(), body.size()};
     std::time_t now = std::time(nullptr);
     if (s_.signing == S3Settings::Signing::kAwsV4) {
-      SigV4Request sreq{method, host, path, query, headers, ""};
+      SigV4Request sreq{method, host, path, query, headers, sends_body ? "UNSIGNED-PAYLOAD" : ""};
       for (auto& h : SignV4(sreq, s_.creds, s_.region, "s3", now).headers) {
         if (h.first != "host") req.headers.push_back(h);
       }
     } else {
       OssRequest oreq{method, s_.bucket, key, query, {}, headers, {}};
       for (const auto& [k, v] : query) {
-        if (k == "continuation-token") oreq.subresources.emplace_back(k, v);
+        if (k == "continuation-token" || k == "uploads" || k == "uploadId" || k == "partNumber") {
+          oreq.subresources.emplace_back(k, v);
+        }
       }
       HeaderList signed_headers = s_.signing == S3Settings::Signing::kOssV4 ? OssSignV4(oreq, s_.creds, s_.region, now)
                                                                               : OssSignV1(oreq, s_.creds, now);
@@ -610,6 +614,209 @@ StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version
   // A client that ignored the sink (a test's) left the bytes in body.
   if (r.sunk < length && !r.body.empty()) std::memcpy(out + r.sunk, r.body.data(), std::min(length - r.sunk, r.body.size()));
   return std::min(length, r.BodySize());
+}
+
+// ---- writes ----
+
+namespace {
+std::string XmlEscape(const std::string& in) {
+  std::string out;
+  for (char c : in) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+// One object being written: bytes gather into a part; full parts upload on threads of their own
+// (at most kPartsInFlight at once) while the writer appends.
+class S3Writer : public UfsWriter {
+ public:
+  S3Writer(S3Ufs* fs, std::string path) : fs_(fs), path_(std::move(path)), key_(fs->KeyOf(path_)) {}
+  ~S3Writer() override { Abort(); }
+
+  Status Append(std::string_view data) override {
+    if (done_) return FailedPreconditionError("write to " + Where() + " after it was committed or aborted");
+    while (!data.empty()) {
+      size_t k = std::min(data.size(), S3Ufs::kPartSize - buf_.size());
+      buf_.append(data.data(), k);
+      data.remove_prefix(k);
+      if (buf_.size() == S3Ufs::kPartSize) RETURN_IF_ERROR(SendPart());
+    }
+    return Status::OK();
+  }
+
+  StatusOr<UfsEntry> Commit() override {
+    if (done_) return FailedPreconditionError("commit of " + Where() + " after it was committed or aborted");
+    if (upload_id_.empty()) {  // smaller than a part: one PUT
+      ASSIGN_OR_RETURN(HttpResponse r, fs_->Call("PUT", key_, {}, {{"Content-Type", "application/octet-stream"}},
+                                                 nullptr, nullptr, 0, buf_));
+      if (r.status != 200) return fs_->ErrorFor(r, "put " + Where());
+    } else {
+      if (!buf_.empty()) RETURN_IF_ERROR(SendPart());
+      RETURN_IF_ERROR(WaitParts(0));
+      std::string xml = "<CompleteMultipartUpload>";
+      for (size_t i = 0; i < etags_.size(); ++i) {
+        xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + XmlEscape(etags_[i]) +
+               "</ETag></Part>";
+      }
+      xml += "</CompleteMultipartUpload>";
+      ASSIGN_OR_RETURN(HttpResponse r, fs_->Call("POST", key_, {{"uploadId", upload_id_}},
+                                                 {{"Content-Type", "application/xml"}}, nullptr, nullptr, 0, xml));
+      // A 200 may still carry an error document (the completion failed after it began).
+      if (r.status != 200 || r.body.find("<Error>") != std::string::npos) {
+        return fs_->ErrorFor(r, "complete the upload of " + Where());
+      }
+    }
+    done_ = true;
+    upload_id_.clear();
+    buf_.clear();
+    return fs_->Stat(path_);
+  }
+
+  void Abort() override {
+    if (done_) return;
+    done_ = true;
+    (void)WaitParts(0);
+    if (upload_id_.empty()) return;
+    auto r = fs_->Call("DELETE", key_, {{"uploadId", upload_id_}}, {});
+    if (!r.ok() || (r->status != 204 && r->status != 200 && r->status != 404)) {
+      spdlog::warn("could not abort the multipart upload of {}: {} (the bucket's lifecycle rule for incomplete "
+                   "uploads removes it)", Where(), r.ok() ? "HTTP " + std::to_string(r->status) : r.status().message());
+    }
+    upload_id_.clear();
+  }
+
+ private:
+  std::string Where() const { return "s3://" + fs_->s_.bucket + "/" + key_; }
+
+  Status Begin() {
+    ASSIGN_OR_RETURN(HttpResponse r, fs_->Call("POST", key_, {{"uploads", ""}},
+                                               {{"Content-Type", "application/octet-stream"}}));
+    if (r.status != 200) return fs_->ErrorFor(r, "start an upload of " + Where());
+    tinyxml2::XMLDocument doc;
+    if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
+      return InternalError("start an upload of " + Where() + ": the response is not XML");
+    }
+    upload_id_ = XmlText(doc.RootElement(), "UploadId");
+    if (upload_id_.empty()) return InternalError("start an upload of " + Where() + ": no UploadId in the answer");
+    return Status::OK();
+  }
+
+  // Hands the gathered part to a thread of its own.
+  Status SendPart() {
+    if (upload_id_.empty()) RETURN_IF_ERROR(Begin());
+    RETURN_IF_ERROR(WaitParts(S3Ufs::kPartsInFlight - 1));
+    size_t number = etags_.size() + 1;
+    etags_.emplace_back();
+    auto part = std::make_shared<std::string>(std::move(buf_));
+    buf_.clear();
+    buf_.reserve(S3Ufs::kPartSize);
+    in_flight_.push_back(std::thread([this, part, number] {
+      auto r = fs_->Call("PUT", key_, {{"partNumber", std::to_string(number)}, {"uploadId", upload_id_}},
+                         {{"Content-Type", "application/octet-stream"}}, nullptr, nullptr, 0, *part);
+      Status st = r.ok() ? Status::OK() : r.status();
+      if (st.ok() && r->status != 200) st = fs_->ErrorFor(*r, "upload part " + std::to_string(number) + " of " + Where());
+      std::lock_guard<std::mutex> l(mu_);
+      if (st.ok()) {
+        etags_[number - 1] = r->Header("etag");
+      } else if (failed_.ok()) {
+        failed_ = st;
+      }
+    }));
+    return Status::OK();
+  }
+
+  // Waits until at most `keep` parts are uploading; the first failure of any part.
+  Status WaitParts(size_t keep) {
+    while (in_flight_.size() > keep) {
+      in_flight_.front().join();
+      in_flight_.erase(in_flight_.begin());
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    return failed_;
+  }
+
+  S3Ufs* const fs_;
+  const std::string path_, key_;
+  std::string buf_;
+  std::string upload_id_;
+  std::vector<std::string> etags_;  // by part number - 1; written by the part's thread under mu_
+  std::vector<std::thread> in_flight_;
+  std::mutex mu_;
+  Status failed_;
+  bool done_ = false;
+};
+
+StatusOr<std::unique_ptr<UfsWriter>> S3Ufs::Create(const std::string& path, uint32_t) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  if (path.empty()) return InvalidArgumentError("cannot write the mount's root directory as a file");
+  return std::unique_ptr<UfsWriter>(new S3Writer(this, path));
+}
+
+Status S3Ufs::Remove(const std::string& path) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  std::string key = KeyOf(path);
+  ASSIGN_OR_RETURN(HttpResponse r, Call("DELETE", key, {}, {}));
+  if (r.status != 204 && r.status != 200) return ErrorFor(r, "delete s3://" + s_.bucket + "/" + key);
+  return Status::OK();
+}
+
+Status S3Ufs::MakeDir(const std::string& path, uint32_t) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  std::string key = KeyOf(path);
+  auto st = Stat(path);
+  if (st.ok()) return AlreadyExistsError("s3://" + s_.bucket + "/" + key + " exists");
+  if (st.status().code() != Code::kNotFound) return st.status();
+  ASSIGN_OR_RETURN(HttpResponse r, Call("PUT", key + "/", {}, {{"Content-Type", "application/x-directory"}}));
+  if (r.status != 200) return ErrorFor(r, "make directory s3://" + s_.bucket + "/" + key + "/");
+  return Status::OK();
+}
+
+Status S3Ufs::RemoveDir(const std::string& path) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  if (path.empty()) return InvalidArgumentError("cannot remove the mount's root directory");
+  std::string prefix = KeyOf(path) + "/";
+  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", {{"list-type", "2"}, {"prefix", prefix}, {"max-keys", "2"}}, {}));
+  if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + prefix);
+  tinyxml2::XMLDocument doc;
+  if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
+    return InternalError("list s3://" + s_.bucket + "/" + prefix + ": the response is not XML");
+  }
+  for (auto* c = doc.RootElement()->FirstChildElement("Contents"); c; c = c->NextSiblingElement("Contents")) {
+    if (XmlText(c, "Key") != prefix) return NotEmptyError("s3://" + s_.bucket + "/" + prefix + " is not empty");
+  }
+  ASSIGN_OR_RETURN(HttpResponse d, Call("DELETE", prefix, {}, {}));
+  if (d.status != 204 && d.status != 200) return ErrorFor(d, "delete s3://" + s_.bucket + "/" + prefix);
+  return Status::OK();
+}
+
+Status S3Ufs::Rename(const std::string& from, const std::string& to) {
+  RETURN_IF_ERROR(CheckRelativePath(from));
+  RETURN_IF_ERROR(CheckRelativePath(to));
+  ASSIGN_OR_RETURN(UfsEntry e, Stat(from));
+  if (e.is_dir) {
+    return NotSupportedError("cannot rename directory " + from + ": an object store has no directories to rename at "
+                             "once (copy the files, then remove the old ones)");
+  }
+  if (e.size > (5ull << 30)) {
+    return NotSupportedError("cannot rename " + from + ": objects over 5 GiB cannot be copied in one request; "
+                             "write the file under its new name instead");
+  }
+  std::string src = KeyOf(from), dst = KeyOf(to);
+  const bool oss = s_.signing != S3Settings::Signing::kAwsV4;
+  std::string source = AwsUriEncode("/" + s_.bucket + "/" + src, true);
+  ASSIGN_OR_RETURN(HttpResponse r, Call("PUT", dst, {}, {{oss ? "x-oss-copy-source" : "x-amz-copy-source", source}}));
+  if (r.status != 200 || r.body.find("<Error>") != std::string::npos) {
+    return ErrorFor(r, "copy s3://" + s_.bucket + "/" + src + " to " + dst);
+  }
+  return Remove(from);
 }
 
 }  // namespace granary

@@ -80,8 +80,23 @@ class S3Ufs : public UnderFileSystem {
   Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) override;
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
+  // Writes: a multipart upload (parts of kPartSize, up to kPartsInFlight uploading at once while
+  // the writer appends), completed at Commit — or one PUT for a file smaller than a part. Abort
+  // (or an uncommitted writer's end) aborts the upload. Directories: a "dir/" marker object made
+  // by MakeDir, removed by RemoveDir when nothing else is below it. Rename of a file: a server-side
+  // copy, then a delete of the source (up to 5 GiB; larger files and directories are
+  // NotSupportedError: object stores cannot rename them at once).
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override;
+  Status Remove(const std::string& path) override;
+  Status MakeDir(const std::string& path, uint32_t mode) override;
+  Status RemoveDir(const std::string& path) override;
+  Status Rename(const std::string& from, const std::string& to) override;
+
+  static constexpr size_t kPartSize = 16 << 20;
+  static constexpr int kPartsInFlight = 4;
 
  private:
+  friend class S3Writer;
   S3Ufs(std::string uri, S3Settings s, std::shared_ptr<HttpClient> http);
   std::string KeyOf(const std::string& path) const;
   // Sends a signed request for `key` ("" = the bucket) with retries; any final HTTP status is
@@ -89,9 +104,10 @@ class S3Ufs : public UnderFileSystem {
   // retried like a reset connection.
   using Check = std::function<Status(const HttpResponse&)>;
   // With `sink`, a 2xx body is written into sink[0, sink_capacity) (HttpRequest::sink).
+  // `body`: what a PUT or POST sends (not signed: UNSIGNED-PAYLOAD).
   StatusOr<HttpResponse> Call(const std::string& method, const std::string& key, const HeaderList& query,
                               const HeaderList& headers, const Check& check = nullptr, char* sink = nullptr,
-                              size_t sink_capacity = 0);
+                              size_t sink_capacity = 0, std::string_view body = {});
   Status ErrorFor(const HttpResponse& r, const std::string& what) const;
   StatusOr<bool> HasChildren(const std::string& key_prefix);
 

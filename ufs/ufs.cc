@@ -240,6 +240,21 @@ class CountingUfs final : public UnderFileSystem {
   StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version) override {
     return inner_->OpenLocal(path, version);
   }
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override {
+    return Counted(&c_->writes, [&] { return inner_->Create(path, mode); });
+  }
+  Status Remove(const std::string& path) override {
+    return Counted(&c_->writes, [&] { return inner_->Remove(path); });
+  }
+  Status MakeDir(const std::string& path, uint32_t mode) override {
+    return Counted(&c_->writes, [&] { return inner_->MakeDir(path, mode); });
+  }
+  Status RemoveDir(const std::string& path) override {
+    return Counted(&c_->writes, [&] { return inner_->RemoveDir(path); });
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    return Counted(&c_->writes, [&] { return inner_->Rename(from, to); });
+  }
 
  private:
   static PageFn Watch(const PageFn& on_page, Status* failed) {
@@ -281,6 +296,24 @@ Status MarkUnderStorage(const Status& s) {
 std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs, UfsCounters* counters) {
   if (counters == nullptr) return ufs;
   return std::make_shared<CountingUfs>(std::move(ufs), counters);
+}
+
+bool IsWritingName(std::string_view name) { return name.substr(0, kWritingPrefix.size()) == kWritingPrefix; }
+
+StatusOr<std::unique_ptr<UfsWriter>> UnderFileSystem::Create(const std::string& path, uint32_t) {
+  return NotSupportedError("cannot write " + path + ": " + RedactUri(uri()) + " takes no writes");
+}
+Status UnderFileSystem::Remove(const std::string& path) {
+  return NotSupportedError("cannot remove " + path + ": " + RedactUri(uri()) + " takes no writes");
+}
+Status UnderFileSystem::MakeDir(const std::string& path, uint32_t) {
+  return NotSupportedError("cannot make directory " + path + ": " + RedactUri(uri()) + " takes no writes");
+}
+Status UnderFileSystem::RemoveDir(const std::string& path) {
+  return NotSupportedError("cannot remove directory " + path + ": " + RedactUri(uri()) + " takes no writes");
+}
+Status UnderFileSystem::Rename(const std::string& from, const std::string&) {
+  return NotSupportedError("cannot rename " + from + ": " + RedactUri(uri()) + " takes no writes");
 }
 
 }  // namespace granary

@@ -43,6 +43,26 @@ struct LocalFile {
   uint64_t ino = 0;
 };
 
+// A file being written to the under-storage (UnderFileSystem::Create): its bytes in order with
+// Append, then Commit, which makes the whole file appear at its path at once — replacing what was
+// there — or Abort (also what destroying an uncommitted writer does). Never a partial or mixed
+// file at the path: local and NFS stores write a hidden temporary file beside it (named with
+// kWritingPrefix, skipped by listings) and rename it; object stores upload parts of a multipart
+// upload and complete it. Not thread-safe (one writer, one thread at a time).
+class UfsWriter {
+ public:
+  virtual ~UfsWriter() = default;
+  virtual Status Append(std::string_view data) = 0;
+  // Durable at its path when this returns OK; the file's entry as the store now has it (its new
+  // version). After Commit or Abort the writer takes no more calls.
+  virtual StatusOr<UfsEntry> Commit() = 0;
+  virtual void Abort() = 0;
+};
+
+// Names of the temporary files writers make beside their targets; listings skip them.
+inline constexpr std::string_view kWritingPrefix = ".granary-writing-";
+bool IsWritingName(std::string_view name);
+
 class UnderFileSystem {
  public:
   virtual ~UnderFileSystem() = default;
@@ -84,6 +104,23 @@ class UnderFileSystem {
   // FAILED_PRECONDITION (VersionChangedError) when the version differs; UNIMPLEMENTED where the
   // under-storage is not a file of this machine (object stores, NFS through libnfs).
   virtual StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version);
+
+  // The write calls (mounts with write=through or back; docs/semantics.md, "Writes"). Where a
+  // store cannot make one whole, it answers NotSupportedError (EOPNOTSUPP) saying so; the defaults
+  // do, for every call.
+  //
+  // A new file (or a whole new version of one) at `path`, with permission bits `mode` where the
+  // store keeps them.
+  virtual StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode);
+  // Removes the file `path` (NOT_FOUND when absent).
+  virtual Status Remove(const std::string& path);
+  // Makes the directory `path` (ALREADY_EXISTS when something is there).
+  virtual Status MakeDir(const std::string& path, uint32_t mode);
+  // Removes the empty directory `path` (NotEmptyError when it has entries).
+  virtual Status RemoveDir(const std::string& path);
+  // Renames the file or directory `from` to `to`, replacing a file at `to` (directories: where the
+  // store can rename them at once).
+  virtual Status Rename(const std::string& from, const std::string& to);
 };
 
 struct ParsedUri {
@@ -117,6 +154,7 @@ std::string JoinPath(const std::string& dir, const std::string& name);
 // included: the caller decides what they mean). Shared by /metrics, `granary stats` and GetStats.
 struct UfsCounters {
   std::atomic<uint64_t> stats{0}, lists{0}, reads{0};  // calls by operation
+  std::atomic<uint64_t> writes{0};  // Create, Remove, MakeDir, RemoveDir, Rename (not each Append)
   std::atomic<uint64_t> read_bytes{0};
   std::atomic<uint64_t> retries{0};
   std::atomic<uint64_t> errors{0};

@@ -517,7 +517,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ufs_latency_estimate_us(static_cast<uint64_t>(pace.latency * 1e6));
     const UfsCounters& u = link_->ufs_counters();
     s.set_ufs_retries(u.retries);
-    s.set_ufs_calls(u.stats + u.lists + u.reads);
+    s.set_ufs_calls(u.stats + u.lists + u.reads + u.writes);
     metrics::ProcessMemory mem = metrics::ReadProcessMemory();
     s.set_rss_bytes(mem.rss_bytes);
     s.set_memory_limit_bytes(mem.limit_bytes);

@@ -69,6 +69,59 @@ TEST(LocalUfs, StatListRead) {
   EXPECT_EQ(std::string(buf, *n), "3456789");
 }
 
+// The write calls: a file appears whole at Commit (never partly), hidden while written; an aborted
+// writer leaves nothing; directories and renames.
+TEST(LocalUfs, WritesAppearWholeAtCommit) {
+  testing::TempDir dir;
+  auto ufs = LocalUfs::Open(dir.path());
+  ASSERT_TRUE(ufs.ok());
+  auto w = (*ufs)->Create("ckpt.pt", 0640);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Append("hello ").ok());
+  EXPECT_EQ((*ufs)->Stat("ckpt.pt").status().code(), Code::kNotFound) << "visible before Commit";
+  int listed = 0;
+  ASSERT_TRUE((*ufs)->List("", 10, [&](std::vector<UfsEntry>& page) {
+    listed += static_cast<int>(page.size());
+    return Status::OK();
+  }).ok());
+  EXPECT_EQ(listed, 0) << "the temporary file must not be listed";
+  ASSERT_TRUE((*w)->Append("world").ok());
+  auto e = (*w)->Commit();
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->size, 11u);
+  EXPECT_EQ(e->name, "ckpt.pt");
+  EXPECT_EQ(testing::ReadFile(dir / "ckpt.pt"), "hello world");
+  EXPECT_EQ(e->version, (*ufs)->Stat("ckpt.pt")->version);
+  struct stat st;
+  ASSERT_EQ(stat((dir / "ckpt.pt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+
+  // A second version replaces the first whole; an aborted one leaves the first as it was.
+  auto w2 = (*ufs)->Create("ckpt.pt", 0644);
+  ASSERT_TRUE((*w2)->Append("v2").ok());
+  (*w2)->Abort();
+  EXPECT_EQ(testing::ReadFile(dir / "ckpt.pt"), "hello world");
+  {
+    auto w3 = (*ufs)->Create("ckpt.pt", 0644);
+    ASSERT_TRUE((*w3)->Append("dropped").ok());
+  }  // destroyed uncommitted: aborted
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 1)
+      << "a temporary file was left behind";
+
+  ASSERT_TRUE((*ufs)->MakeDir("out", 0755).ok());
+  EXPECT_EQ((*ufs)->MakeDir("out", 0755).code(), Code::kAlreadyExists);
+  ASSERT_TRUE((*ufs)->Rename("ckpt.pt", "out/final.pt").ok());
+  EXPECT_EQ(testing::ReadFile(dir / "out/final.pt"), "hello world");
+  Status s = (*ufs)->RemoveDir("out");
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_EQ(s.reason(), Reason::kNotEmpty) << s.ToString();
+  ASSERT_TRUE((*ufs)->Remove("out/final.pt").ok());
+  EXPECT_EQ((*ufs)->Remove("out/final.pt").code(), Code::kNotFound);
+  ASSERT_TRUE((*ufs)->RemoveDir("out").ok());
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+  EXPECT_EQ((*ufs)->Create("../escape", 0644).status().code(), Code::kInvalidArgument);
+}
+
 TEST(LocalUfs, DetectsChangedAndMissingFiles) {
   testing::TempDir dir;
   testing::WriteFile(dir / "f", "aaaa");
