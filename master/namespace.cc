@@ -223,7 +223,11 @@ Status Namespace::LoadStateLocked() {
   mounts_ = std::move(mounts);
   MutexLock sync_lock(&sync_mu_);
   sync_ms_.clear();
-  for (const auto& [id, m] : mounts_) sync_ms_[id] = ParsedSyncMs(m);
+  write_modes_.clear();
+  for (const auto& [id, m] : mounts_) {
+    sync_ms_[id] = ParsedSyncMs(m);
+    write_modes_[id] = ParsedWriteMode(m);
+  }
   return Status::OK();
 }
 
@@ -280,7 +284,9 @@ rpc::Attr Namespace::AttrOf(const InodeRecord& r) const {
   a.set_type(r.type());
   a.set_size(r.size());
   a.set_mtime_ns(r.mtime_ns());
-  a.set_mode(r.mode() & ~0222u);  // read-only namespace
+  // Read-only unless the mount is writable; then its owner may write (an object store's 0444 files
+  // show as 0644), and default_permissions decides who else may.
+  a.set_mode(WriteModeOf(r.mount_id()) == WriteMode::kOff ? r.mode() & ~0222u : r.mode() | 0200u);
   a.set_uid(r.uid());
   a.set_gid(r.gid());
   a.set_nlink(r.type() == rpc::DIRECTORY ? 2 : 1);
@@ -309,6 +315,7 @@ Status Namespace::PutMountLocked(const rpc::MountInfo& m, rocksdb::WriteBatch* b
   {
     MutexLock sync_lock(&sync_mu_);
     sync_ms_[m.id()] = ParsedSyncMs(m);
+    write_modes_[m.id()] = ParsedWriteMode(m);
   }
   return FromRocks(batch->Put(MountKey(m.id()), ToRecord(m).SerializeAsString()), "write mount");
 }
@@ -328,6 +335,21 @@ std::optional<int64_t> Namespace::ParsedSyncMs(const rpc::MountInfo& m) {
   // older release) syncs at the master's default.
   if (!SplitMountOptions(opts, &ufs_options, &cache).ok()) return std::nullopt;
   return cache.metadata_sync_ms;
+}
+
+WriteMode Namespace::ParsedWriteMode(const rpc::MountInfo& m) {
+  std::map<std::string, std::string> ufs_options;
+  MountCacheOptions cache;
+  std::map<std::string, std::string> opts(m.options().begin(), m.options().end());
+  if (!SplitMountOptions(opts, &ufs_options, &cache).ok()) return WriteMode::kOff;
+  return cache.write;
+}
+
+WriteMode Namespace::WriteModeOf(uint64_t mount_id) const {
+  if (mount_id == 0) return WriteMode::kOff;
+  MutexLock lock(&sync_mu_);
+  auto it = write_modes_.find(mount_id);
+  return it == write_modes_.end() ? WriteMode::kOff : it->second;
 }
 
 bool Namespace::SyncDue(const InodeRecord& r) const {
@@ -921,6 +943,7 @@ StatusOr<rpc::MountInfo> Namespace::Unmount(const std::string& path) {
   {
     MutexLock sync_lock(&sync_mu_);
     sync_ms_.erase(found.id());
+    write_modes_.erase(found.id());
   }
   open_mounts_.Erase(found.id());
   spdlog::info("unmounted {}", canonical);
@@ -1167,6 +1190,316 @@ StatusOr<std::map<std::string, std::vector<FileKey>>> Namespace::Pins() const {
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "list pins"));
   return out;
+}
+
+// ---- Writes ----
+
+StatusOr<InodeRecord> Namespace::WritableDir(uint64_t parent, const std::string& what) {
+  ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(parent));
+  if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError(what + ": inode " + std::to_string(parent) + " is not a directory");
+  if (WriteModeOf(dir.mount_id()) == WriteMode::kOff) {
+    return ReadOnlyError(what + ": " + (dir.mount_id() == 0 ? std::string("outside every mounted dataset")
+                                                              : "the dataset is mounted read-only; mount it with -o write=through "
+                                                                "or -o write=back to write to it"));
+  }
+  return dir;
+}
+
+Status Namespace::CommitChangeLocked(InodeRecord dir, const rpc::MountInfo& mount, rocksdb::WriteBatch* batch) {
+  dir.set_content_gen(dir.content_gen() + 1);
+  dir.set_mtime_ns(NowNs());
+  batch->Put(InodeKey(dir.ino()), dir.SerializeAsString());
+  batch->Put(kNextIno, Be64(next_ino_));
+  RETURN_IF_ERROR(PutMountLocked(mount, batch));
+  return journal_.Commit(batch);
+}
+
+StatusOr<Namespace::WriteTarget> Namespace::PrepareCreate(uint64_t parent, const std::string& name, uint32_t mode,
+                                                          uint32_t uid, uint32_t gid) {
+  if (!IsValidName(name) || IsWritingName(name)) return InvalidArgumentError("'" + name + "' cannot be a file name here");
+  ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, "create " + name));
+  RETURN_IF_ERROR(EnsureListed(dir));
+  WriteTarget t;
+  t.mode = WriteModeOf(dir.mount_id());
+  MutexLock lock(&mu_);
+  auto child = GetChild(parent, name);
+  if (child.ok()) {
+    ASSIGN_OR_RETURN(InodeRecord r, GetRecord(*child));
+    if (r.type() != rpc::REGULAR) return InvalidArgumentError("create " + name + ": a directory of that name exists");
+    *t.file.mutable_attr() = AttrOf(r);
+    t.file.set_mount_id(r.mount_id());
+    t.file.set_ufs_path(r.ufs_path());
+    t.file.set_version(r.version());
+    t.file.set_block_size(r.block_size());
+    return t;
+  }
+  if (child.status().code() != Code::kNotFound) return child.status();
+  auto mit = mounts_.find(dir.mount_id());
+  if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
+  ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(parent));  // content_gen may have moved
+  InodeRecord r;
+  r.set_ino(next_ino_++);
+  r.set_parent(parent);
+  r.set_name(name);
+  r.set_type(rpc::REGULAR);
+  r.set_mtime_ns(NowNs());
+  r.set_mode(mode & 07777);
+  r.set_uid(uid);
+  r.set_gid(gid);
+  r.set_mount_id(dir.mount_id());
+  r.set_ufs_path(JoinPath(dir.ufs_path(), name));
+  r.set_block_size(BlockSizeOf(mit->second));
+  r.set_synced_ns(NowNs());
+  rocksdb::WriteBatch batch;
+  batch.Put(InodeKey(r.ino()), r.SerializeAsString());
+  batch.Put(EntryKey(parent, name), Be64(r.ino()) + Be64(fresh.sync_gen()));
+  batch.Put(ChildKey(parent, r.ino()), "");
+  rpc::MountInfo m = mit->second;
+  m.set_known_files(m.known_files() + 1);
+  RETURN_IF_ERROR(CommitChangeLocked(fresh, m, &batch).WithContext("create " + name));
+  *t.file.mutable_attr() = AttrOf(r);
+  t.file.set_mount_id(r.mount_id());
+  t.file.set_ufs_path(r.ufs_path());
+  t.file.set_block_size(r.block_size());
+  t.created = true;
+  return t;
+}
+
+StatusOr<Namespace::WriteTarget> Namespace::PrepareWrite(uint64_t ino) {
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
+  if (r.type() != rpc::REGULAR) return InvalidArgumentError("inode " + std::to_string(ino) + " is not a file");
+  RETURN_IF_ERROR(WritableDir(r.parent(), "write " + r.name()).status());
+  WriteTarget t;
+  t.mode = WriteModeOf(r.mount_id());
+  *t.file.mutable_attr() = AttrOf(r);
+  t.file.set_mount_id(r.mount_id());
+  t.file.set_ufs_path(r.ufs_path());
+  t.file.set_version(r.version());
+  t.file.set_block_size(r.block_size());
+  return t;
+}
+
+StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const std::string& name, const UfsEntry& e) {
+  if (e.is_dir) return InvalidArgumentError("commit of " + name + ": the under-storage has a directory there");
+  ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, "commit " + name));
+  std::vector<FileKey> reclaim;
+  rpc::Attr attr;
+  {
+    MutexLock lock(&mu_);
+    auto mit = mounts_.find(dir.mount_id());
+    if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
+    rpc::MountInfo m = mit->second;
+    ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(parent));
+    InodeRecord r;
+    auto child = GetChild(parent, name);
+    if (child.ok()) {
+      ASSIGN_OR_RETURN(r, GetRecord(*child));
+      if (r.type() != rpc::REGULAR) return InvalidArgumentError("commit of " + name + ": a directory took its name");
+      if (!r.version().empty()) reclaim.push_back(MakeFileKey(m.uri(), r.ufs_path(), r.version()));
+      m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), r.size()));
+    } else if (child.status().code() == Code::kNotFound) {
+      // Removed meanwhile (a sync that did not see the file yet): made again with its inode, which
+      // nothing else was given (inode numbers are never handed out twice).
+      r.set_ino(ino < next_ino_ ? ino : next_ino_++);
+      r.set_parent(parent);
+      r.set_name(name);
+      r.set_type(rpc::REGULAR);
+      r.set_mount_id(dir.mount_id());
+      r.set_ufs_path(JoinPath(dir.ufs_path(), name));
+      r.set_block_size(BlockSizeOf(m));
+      r.set_uid(e.uid);
+      r.set_gid(e.gid);
+      r.set_mode(e.mode);
+      m.set_known_files(m.known_files() + 1);
+    } else {
+      return child.status();
+    }
+    r.set_size(e.size);
+    r.set_version(e.version);
+    r.set_mtime_ns(e.mtime_ns);
+    if (e.mode != 0) r.set_mode(e.mode);
+    r.set_synced_ns(NowNs());
+    m.set_known_bytes(m.known_bytes() + e.size);
+    rocksdb::WriteBatch batch;
+    batch.Put(InodeKey(r.ino()), r.SerializeAsString());
+    batch.Put(EntryKey(parent, name), Be64(r.ino()) + Be64(fresh.sync_gen()));
+    batch.Put(ChildKey(parent, r.ino()), "");
+    RETURN_IF_ERROR(CommitChangeLocked(fresh, m, &batch).WithContext("commit " + name));
+    attr = AttrOf(r);
+  }
+  Reclaim(std::move(reclaim));
+  return attr;
+}
+
+Status Namespace::Remove(uint64_t parent, const std::string& name, bool dir_wanted) {
+  ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, (dir_wanted ? "rmdir " : "unlink ") + name));
+  RETURN_IF_ERROR(EnsureListed(dir));
+  ASSIGN_OR_RETURN(uint64_t ino, GetChild(parent, name));
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
+  const bool is_dir = r.type() == rpc::DIRECTORY;
+  if (is_dir != dir_wanted) {
+    return InvalidArgumentError(name + (is_dir ? " is a directory (use rmdir)" : " is not a directory"));
+  }
+  if (r.ino() == r.mount_id() || (is_dir && r.ufs_path().empty())) {
+    return InvalidArgumentError("cannot remove the root of a mounted dataset (use granary umount)");
+  }
+  ASSIGN_OR_RETURN(auto ufs, UfsFor(r.mount_id()));
+  Status st = is_dir ? ufs->RemoveDir(r.ufs_path()) : ufs->Remove(r.ufs_path());
+  // A file written but not yet committed (or removed by someone else) is not in the store: the
+  // name goes all the same.
+  if (!st.ok() && st.code() != Code::kNotFound) return st;
+  std::vector<FileKey> reclaim;
+  {
+    MutexLock lock(&mu_);
+    auto mit = mounts_.find(r.mount_id());
+    if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
+    rpc::MountInfo m = mit->second;
+    uint64_t files = 0, bytes = 0;
+    RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &m.uri(), &reclaim, &files, &bytes));
+    if (!is_dir && r.version().empty()) files = std::max<uint64_t>(files, 1);  // a pending file was counted
+    m.set_known_files(m.known_files() - std::min(m.known_files(), files));
+    m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), bytes));
+    ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(parent));
+    rocksdb::WriteBatch batch;
+    batch.Delete(ChildKey(parent, ino));
+    RETURN_IF_ERROR(CommitChangeLocked(fresh, m, &batch).WithContext("remove " + name));
+  }
+  Reclaim(std::move(reclaim));
+  return Status::OK();
+}
+
+StatusOr<rpc::Attr> Namespace::MakeDir(uint64_t parent, const std::string& name, uint32_t mode, uint32_t uid,
+                                       uint32_t gid) {
+  if (!IsValidName(name) || IsWritingName(name)) return InvalidArgumentError("'" + name + "' cannot be a directory name here");
+  ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, "mkdir " + name));
+  RETURN_IF_ERROR(EnsureListed(dir));
+  if (GetChild(parent, name).ok()) return AlreadyExistsError("mkdir " + name + ": it exists");
+  ASSIGN_OR_RETURN(auto ufs, UfsFor(dir.mount_id()));
+  std::string path = JoinPath(dir.ufs_path(), name);
+  RETURN_IF_ERROR(ufs->MakeDir(path, mode));
+  MutexLock lock(&mu_);
+  auto mit = mounts_.find(dir.mount_id());
+  if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
+  ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(parent));
+  InodeRecord r;
+  r.set_ino(next_ino_++);
+  r.set_parent(parent);
+  r.set_name(name);
+  r.set_type(rpc::DIRECTORY);
+  r.set_mtime_ns(NowNs());
+  r.set_mode(mode & 07777);
+  r.set_uid(uid);
+  r.set_gid(gid);
+  r.set_mount_id(dir.mount_id());
+  r.set_ufs_path(path);
+  r.set_listed(true);  // made empty just now: nothing to list
+  r.set_synced_ns(NowNs());
+  r.set_sync_gen(1);
+  rocksdb::WriteBatch batch;
+  batch.Put(InodeKey(r.ino()), r.SerializeAsString());
+  batch.Put(EntryKey(parent, name), Be64(r.ino()) + Be64(fresh.sync_gen()));
+  batch.Put(ChildKey(parent, r.ino()), "");
+  RETURN_IF_ERROR(CommitChangeLocked(fresh, mit->second, &batch).WithContext("mkdir " + name));
+  return AttrOf(r);
+}
+
+Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
+                         bool noreplace) {
+  if (!IsValidName(new_name) || IsWritingName(new_name)) return InvalidArgumentError("'" + new_name + "' cannot be a name here");
+  ASSIGN_OR_RETURN(InodeRecord from_dir, WritableDir(parent, "rename " + name));
+  ASSIGN_OR_RETURN(InodeRecord to_dir, WritableDir(new_parent, "rename to " + new_name));
+  if (from_dir.mount_id() != to_dir.mount_id()) {
+    return Status(Code::kInvalidArgument, "rename " + name + ": across two mounted datasets (copy it instead)");
+  }
+  RETURN_IF_ERROR(EnsureListed(from_dir));
+  RETURN_IF_ERROR(EnsureListed(to_dir));
+  ASSIGN_OR_RETURN(uint64_t ino, GetChild(parent, name));
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
+  if (r.type() == rpc::DIRECTORY) {
+    // Not into itself or below it.
+    for (uint64_t at = new_parent; at != kRootIno && at != 0;) {
+      if (at == ino) return InvalidArgumentError("rename " + name + ": a directory cannot move below itself");
+      ASSIGN_OR_RETURN(InodeRecord up, GetRecord(at));
+      if (up.ufs_path().empty()) break;
+      at = up.parent();
+    }
+  }
+  auto existing = GetChild(new_parent, new_name);
+  if (existing.ok()) {
+    if (*existing == ino) return Status::OK();
+    if (noreplace) return AlreadyExistsError("rename to " + new_name + ": it exists");
+    ASSIGN_OR_RETURN(InodeRecord target, GetRecord(*existing));
+    if (target.type() == rpc::DIRECTORY && r.type() != rpc::DIRECTORY) {
+      return InvalidArgumentError("rename " + name + ": " + new_name + " is a directory");
+    }
+  }
+  const std::string new_path = JoinPath(to_dir.ufs_path(), new_name);
+  ASSIGN_OR_RETURN(auto ufs, UfsFor(r.mount_id()));
+  RETURN_IF_ERROR(ufs->Rename(r.ufs_path(), new_path));
+  std::optional<UfsEntry> moved;
+  if (r.type() == rpc::REGULAR) {
+    auto st = ufs->Stat(new_path);  // an object store's copy may carry another ETag
+    if (st.ok()) moved = *st;
+  }
+  std::vector<FileKey> reclaim;
+  {
+    MutexLock lock(&mu_);
+    auto mit = mounts_.find(r.mount_id());
+    if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
+    rpc::MountInfo m = mit->second;
+    auto target = GetChild(new_parent, new_name);
+    if (target.ok() && *target != ino) {
+      uint64_t files = 0, bytes = 0;
+      RETURN_IF_ERROR(DeleteSubtreeLocked(*target, &m.uri(), &reclaim, &files, &bytes));
+      m.set_known_files(m.known_files() - std::min(m.known_files(), files));
+      m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), bytes));
+    }
+    rocksdb::WriteBatch batch;
+    if (target.ok() && *target != ino) batch.Delete(ChildKey(new_parent, *target));
+    // The moved entry and, for a directory, the paths of everything below it (their blocks were
+    // cached under the old paths: reclaimed).
+    std::vector<std::pair<uint64_t, std::string>> stack{{ino, new_path}};
+    while (!stack.empty()) {
+      auto [cur, path] = stack.back();
+      stack.pop_back();
+      ASSIGN_OR_RETURN(InodeRecord c, GetRecord(cur));
+      if (c.type() == rpc::REGULAR && !c.version().empty()) reclaim.push_back(MakeFileKey(m.uri(), c.ufs_path(), c.version()));
+      c.set_ufs_path(path);
+      if (cur == ino) {
+        c.set_parent(new_parent);
+        c.set_name(new_name);
+        if (moved) {
+          m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), c.size()) + moved->size);
+          c.set_size(moved->size);
+          c.set_version(moved->version);
+          c.set_mtime_ns(moved->mtime_ns);
+        }
+      }
+      batch.Put(InodeKey(cur), c.SerializeAsString());
+      std::string prefix = "C" + Be64(cur);
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+        uint64_t child = GetBe64(it->key().data() + 9);
+        ASSIGN_OR_RETURN(InodeRecord cr, GetRecord(child));
+        stack.emplace_back(child, JoinPath(path, cr.name()));
+      }
+      RETURN_IF_ERROR(FromRocks(it->status(), "list a directory to rename"));
+    }
+    batch.Delete(EntryKey(parent, name));
+    batch.Delete(ChildKey(parent, ino));
+    ASSIGN_OR_RETURN(InodeRecord to_fresh, GetRecord(new_parent));
+    batch.Put(EntryKey(new_parent, new_name), Be64(ino) + Be64(to_fresh.sync_gen()));
+    batch.Put(ChildKey(new_parent, ino), "");
+    if (parent != new_parent) {
+      ASSIGN_OR_RETURN(InodeRecord from_fresh, GetRecord(parent));
+      from_fresh.set_content_gen(from_fresh.content_gen() + 1);
+      from_fresh.set_mtime_ns(NowNs());
+      batch.Put(InodeKey(parent), from_fresh.SerializeAsString());
+    }
+    RETURN_IF_ERROR(CommitChangeLocked(to_fresh, m, &batch).WithContext("rename " + name));
+  }
+  Reclaim(std::move(reclaim));
+  return Status::OK();
 }
 
 }  // namespace granary::master

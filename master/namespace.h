@@ -130,6 +130,37 @@ class Namespace {
   // Children of `ino` after cookie `after`, at most `limit` of them (appended to `out`).
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool* ufs_needed = nullptr);
 
+  // ---- Writes (mounts with write=through or back; docs/semantics.md, "Writes") ----
+  // Every one is refused with ReadOnlyError (EROFS) below a mount not mounted writable, and outside
+  // mounts. The master makes the directory calls in the under-storage itself (Remove, MakeDir,
+  // Rename); a file's bytes are written by the node's worker, which then calls CommitWrite.
+  struct WriteTarget {
+    rpc::FileInfo file;
+    WriteMode mode = WriteMode::kOff;
+    bool created = false;  // the name was absent: an empty entry was made for it (pending its commit)
+  };
+  // A file to write: `name` in directory `parent`, made as an empty entry (version "", so reads
+  // see no bytes) when absent — an inode the kernel can hold while the bytes are written. An
+  // existing file is returned as it is (its bytes stay until the new version commits); a
+  // directory there is INVALID_ARGUMENT.
+  StatusOr<WriteTarget> PrepareCreate(uint64_t parent, const std::string& name, uint32_t mode, uint32_t uid,
+                                      uint32_t gid);
+  // An existing file to write whole again (an open with O_TRUNC).
+  StatusOr<WriteTarget> PrepareWrite(uint64_t ino);
+  // The file `ino` (named `name` in `parent`) is now `e` in the under-storage: its record takes
+  // the new size, version and times (the old version's blocks are reclaimed). A record removed
+  // meanwhile (a sync that did not find the file yet) is made again with the same inode, unless
+  // another file took the name since.
+  StatusOr<rpc::Attr> CommitWrite(uint64_t ino, uint64_t parent, const std::string& name, const UfsEntry& e);
+  // unlink (dir false) or rmdir (dir true) of `name` in `parent`, in the under-storage, then here.
+  Status Remove(uint64_t parent, const std::string& name, bool dir);
+  StatusOr<rpc::Attr> MakeDir(uint64_t parent, const std::string& name, uint32_t mode, uint32_t uid, uint32_t gid);
+  // rename(2) within one mount; `noreplace`: ALREADY_EXISTS when `new_name` exists.
+  Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
+                bool noreplace);
+  // The write mode of `mount_id` (kOff for 0 and unknown mounts).
+  WriteMode WriteModeOf(uint64_t mount_id) const;
+
   // Bulk metadata load: one flat, paged listing of everything below the directory `path` (the
   // under-storage's ListTree), written as it streams; every directory fully covered is marked
   // listed, so later lookups and listings need no call to the under-storage. A repeated load only
@@ -200,6 +231,11 @@ class Namespace {
                                                      uint64_t cache_bytes, rocksdb::Env* env);
   int64_t SyncIntervalMs(uint64_t mount_id) const;
   static std::optional<int64_t> ParsedSyncMs(const rpc::MountInfo& m);
+  static WriteMode ParsedWriteMode(const rpc::MountInfo& m);
+  // The directory `parent` below a writable mount, for a write call named `what`.
+  StatusOr<InodeRecord> WritableDir(uint64_t parent, const std::string& what);
+  // Writes `batch` with parent `dir`'s listing marked changed (content_gen) and `mount`'s counts.
+  Status CommitChangeLocked(InodeRecord dir, const rpc::MountInfo& mount, rocksdb::WriteBatch* batch) REQUIRES(mu_);
   bool SyncDue(const InodeRecord& r) const;
   // Lists `dir` (first time or again), under its stripe lock.
   Status ListDir(InodeRecord dir);
@@ -252,6 +288,7 @@ class Namespace {
   // Read on every metadata call (SyncDue), so under a lock of its own, taken after mu_.
   mutable Mutex sync_mu_ ACQUIRED_AFTER(mu_);
   std::map<uint64_t, std::optional<int64_t>> sync_ms_ GUARDED_BY(sync_mu_);
+  std::map<uint64_t, WriteMode> write_modes_ GUARDED_BY(sync_mu_);  // each mount's `write` option
   // Opened under-storages by mount id (thread-safe on its own; loads from mounts_ via MountSource).
   UfsCounters ufs_counters_;
   const UfsAccess access_;

@@ -204,6 +204,50 @@ class MasterService final : public MetadataCallbacks {
       return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp, ufs));
     });
   }
+  // ---- writes (Namespace's write calls; the leader only) ----
+  static void FillTarget(const Namespace::WriteTarget& t, rpc::WriteTarget* resp) {
+    *resp->mutable_file() = t.file;
+    resp->set_write_mode(static_cast<uint32_t>(t.mode));
+    resp->set_created(t.created);
+  }
+  grpc::Status PrepareCreate(ServerContext* ctx, const rpc::PrepareCreateRequest* req, rpc::WriteTarget* resp) override {
+    GRANARY_LEADER(L);
+    auto t = ns_->PrepareCreate(req->parent(), req->name(), req->mode(), req->uid(), req->gid());
+    if (!t.ok()) return ToGrpc(t.status());
+    FillTarget(*t, resp);
+    return grpc::Status::OK;
+  }
+  grpc::Status PrepareWrite(ServerContext* ctx, const rpc::PrepareWriteRequest* req, rpc::WriteTarget* resp) override {
+    GRANARY_LEADER(L);
+    auto t = ns_->PrepareWrite(req->ino());
+    if (!t.ok()) return ToGrpc(t.status());
+    FillTarget(*t, resp);
+    return grpc::Status::OK;
+  }
+  grpc::Status CommitWrite(ServerContext* ctx, const rpc::CommitWriteRequest* req, rpc::AttrResponse* resp) override {
+    GRANARY_LEADER(L);
+    UfsEntry e;
+    e.name = req->name();
+    e.size = req->size();
+    e.mtime_ns = req->mtime_ns();
+    e.mode = req->mode();
+    e.uid = req->uid();
+    e.gid = req->gid();
+    e.version = req->version();
+    return Reply(ns_->CommitWrite(req->ino(), req->parent(), req->name(), e), resp);
+  }
+  grpc::Status Remove(ServerContext* ctx, const rpc::RemoveRequest* req, rpc::RemoveResponse*) override {
+    GRANARY_LEADER(L);
+    return ToGrpc(ns_->Remove(req->parent(), req->name(), req->directory()));
+  }
+  grpc::Status MakeDir(ServerContext* ctx, const rpc::MakeDirRequest* req, rpc::AttrResponse* resp) override {
+    GRANARY_LEADER(L);
+    return Reply(ns_->MakeDir(req->parent(), req->name(), req->mode(), req->uid(), req->gid()), resp);
+  }
+  grpc::Status Rename(ServerContext* ctx, const rpc::RenameRequest* req, rpc::RenameResponse*) override {
+    GRANARY_LEADER(L);
+    return ToGrpc(ns_->Rename(req->parent(), req->name(), req->new_parent(), req->new_name(), req->noreplace()));
+  }
   grpc::Status RegisterWorker(ServerContext* ctx, const rpc::RegisterWorkerRequest* req,
                               rpc::RegisterWorkerResponse* resp) override {
     GRANARY_LEADER(L);
