@@ -215,6 +215,12 @@ std::vector<Setting> MakeSettings() {
                   "/run/granary/worker-<port>.sock; off: none (reads then go over gRPC); or a path. The FUSE "
                   "client learns it from the worker, so in Kubernetes both pods need the directory (hostPath).",
                   &Config::worker, &WorkerConfig::local_socket));
+  t.push_back(Row("worker.staging_dir", K::kString, "auto",
+                  "Where files written through a writable mount (mount option write=through or back) are staged "
+                  "before and while they are uploaded; with write=back, what is staged here survives a restart "
+                  "and is uploaded then. auto: staging-<port> beside the first cache directory. Needs room for "
+                  "the files being written at once (a full disk gives the writer ENOSPC).",
+                  &Config::worker, &WorkerConfig::staging_dir));
   t.push_back(Row("worker.scrub_bandwidth", K::kBytes, "16Mi",
                   "Bytes per second the background scrub reads to verify every cached block's checksums, over and "
                   "over, after the full pass at start. Reads through the worker verify what they touch anyway; "

@@ -65,6 +65,7 @@ struct WorkerConfig {
   uint64_t cache_quota = 0;
   std::chrono::milliseconds heartbeat_interval{};
   std::string local_socket;  // "auto", "off" or a path (zero-copy reads for the FUSE client)
+  std::string staging_dir;   // where written files are staged (worker/writes.h); "auto": beside the cache
   uint64_t scrub_bandwidth = 0;  // bytes/s the background scrub verifies after the start-up pass; 0: off
   TieredStoreConfig tieredstore;
   // The levels in effect: tieredstore.levels, or one SSD level at cache_dir with cache_quota.

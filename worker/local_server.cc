@@ -17,6 +17,7 @@
 #include "common/net.h"
 #include "proto/granary.pb.h"
 #include "rpc/local_wire.h"
+#include "worker/writes.h"
 
 namespace granary::worker {
 
@@ -49,7 +50,7 @@ void RemoveDeadSockets(const std::string& path) {
 }  // namespace
 
 StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path, BlockSource* source,
-                                                          BlockStore* store) {
+                                                          BlockStore* store, WriteSessions* writes) {
   RemoveDeadSockets(path);
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
@@ -63,7 +64,7 @@ StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& pat
     unlink(path.c_str());
   }
   ASSIGN_OR_RETURN(int fd, ListenUnix(path, 128, "worker.local_socket"));
-  std::unique_ptr<LocalServer> s(new LocalServer(path, fd, source, store));
+  std::unique_ptr<LocalServer> s(new LocalServer(path, fd, source, store, writes));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
 }
@@ -111,6 +112,8 @@ void LocalServer::AcceptLoop() {
 void LocalServer::Serve(int conn) {
   std::unordered_map<uint64_t, BlockLease> leases;  // held by this connection; they end with it
   uint64_t next_lease = 1;
+  const uint64_t conn_id = next_conn_++;
+  bool wrote = false;  // began a write session: its unsealed ones are dropped when this ends
   for (;;) {
     rpc::LocalRequest req;
     int stray = -1;
@@ -129,6 +132,19 @@ void LocalServer::Serve(int conn) {
     if (!got.ok()) break;
     if (req.release() != 0) {
       leases.erase(req.release());  // ends the lease; an unknown or repeated number does nothing
+      continue;
+    }
+    if (req.has_write()) {
+      rpc::LocalResponse resp;
+      int fd = -1;
+      Status st = writes_ != nullptr ? writes_->Handle(conn_id, req.write(), &resp, &fd)
+                                     : ReadOnlyError("this worker takes no writes (no worker.staging_dir)");
+      wrote = true;
+      if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's local socket", st);
+      rpc::SetStatus(st, &resp);
+      Status sent = SendFrame(conn, resp, fd);
+      if (fd >= 0) close(fd);
+      if (!sent.ok()) break;
       continue;
     }
     const rpc::ReadBlockRequest& r = req.read();
@@ -193,6 +209,7 @@ void LocalServer::Serve(int conn) {
     if (!sent.ok()) break;
   }
   leases.clear();  // the client went away: its leases end
+  if (wrote && writes_ != nullptr) writes_->ConnectionClosed(conn_id);  // never acknowledged: dropped
   MutexLock lock(&mu_);
   conns_.erase(std::find(conns_.begin(), conns_.end(), conn));
   close(conn);

@@ -32,13 +32,17 @@
 
 namespace granary::worker {
 
+class WriteSessions;
+
 class LocalServer {
  public:
   // The blocks of a source file (want_source) whose cached state is sent with it (source_cached):
   // granary-fuse's SourceReads::kMaxBlocks.
   static constexpr uint64_t kSourceCachedBlocks = 4096;
   // Listens on `path` (a stale socket file there is replaced).
-  static StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path, BlockSource* source, BlockStore* store);
+  // `writes` (may be null: writes are refused) serves the write sessions (LocalRequest.write).
+  static StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path, BlockSource* source, BlockStore* store,
+                                                      WriteSessions* writes = nullptr);
   ~LocalServer();
   void Stop();
   const std::string& path() const { return path_; }
@@ -47,8 +51,8 @@ class LocalServer {
   const metrics::Histogram& read_latency() const { return read_latency_; }
 
  private:
-  LocalServer(std::string path, int fd, BlockSource* source, BlockStore* store)
-      : path_(std::move(path)), listen_fd_(fd), source_(source), store_(store) {}
+  LocalServer(std::string path, int fd, BlockSource* source, BlockStore* store, WriteSessions* writes)
+      : path_(std::move(path)), listen_fd_(fd), source_(source), store_(store), writes_(writes) {}
   void AcceptLoop();
   void Serve(int conn);
 
@@ -57,6 +61,8 @@ class LocalServer {
   BlockSource* source_;
   metrics::Histogram read_latency_;
   BlockStore* store_;
+  WriteSessions* writes_;
+  std::atomic<uint64_t> next_conn_{1};  // numbers connections for the write sessions
   std::atomic<bool> stop_{false};
   std::thread acceptor_;
   Mutex mu_;

@@ -170,6 +170,15 @@ StatusOr<MountTable::Source> MasterLink::MountSource(uint64_t mount_id) {
   return MountTable::Source{info.uri(), {info.options().begin(), info.options().end()}, info.block_size()};
 }
 
+Status MasterLink::CommitWrite(const rpc::CommitWriteRequest& req) {
+  rpc::AttrResponse resp;
+  return FromGrpc(CallWithFailover(*stub_, *sec_, cfg_.rpc.timeout, cfg_.rpc.master_wait,
+                                   [&](rpc::Master::Stub& m, grpc::ClientContext& ctx) {
+                                     return m.CommitWrite(&ctx, req, &resp);
+                                   }),
+                  "the master at " + stub_->address());
+}
+
 StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   bool opened_now = false;
   ASSIGN_OR_RETURN(OpenedMount m, mounts_.Get(mount_id, &opened_now));

@@ -54,6 +54,9 @@ class MasterLink final : public MountResolver, public BlockReporter {
   StatusOr<MountHandle> GetMount(uint64_t mount_id) override;
   // An unmounted dataset: its opened mount (and credentials) are dropped; a later use asks the master.
   void ForgetMount(uint64_t mount_id) { mounts_.Erase(mount_id); }
+  // A file this worker wrote to the under-storage is now `req` there: the master's namespace takes
+  // it (Master.CommitWrite), waiting out a failover for rpc.master_wait.
+  Status CommitWrite(const rpc::CommitWriteRequest& req);
   // Calls to the under-storage of every mount this worker opened.
   const UfsCounters& ufs_counters() const { return ufs_counters_; }
 

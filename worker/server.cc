@@ -25,7 +25,9 @@
 #include "worker/master_link.h"
 #include "worker/local_server.h"
 #include "worker/peers.h"
+#include "common/fs.h"
 #include "worker/stat_metrics.h"
+#include "worker/writes.h"
 
 namespace granary::worker {
 namespace {
@@ -341,6 +343,7 @@ class WorkerServerImpl final : public WorkerServer {
     if (advertise.empty()) {
       advertise = (hp->host == "0.0.0.0" || hp->host == "::" ? HostName() : hp->host) + ":" + std::to_string(port);
     }
+    RETURN_IF_ERROR(StartWrites(cfg, so, port));
     RETURN_IF_ERROR(StartLocalSocket(cfg.worker.local_socket, port));
     link_->Start(advertise);
     spdlog::info("granary-worker listening on {} ({} cache levels, policy {}, master {})", address_,
@@ -448,6 +451,21 @@ class WorkerServerImpl final : public WorkerServer {
   }
 
  private:
+  // worker.staging_dir: "auto" is staging-<port> beside the first cache directory.
+  Status StartWrites(const Config& cfg, const StoreOptions& so, int port) {
+    std::string dir = cfg.worker.staging_dir;
+    if (dir.empty() || dir == "auto") {
+      std::string first = so.levels.empty() || so.levels[0].paths.empty() ? "/var/lib/granary/cache" : so.levels[0].paths[0];
+      while (first.size() > 1 && first.back() == '/') first.pop_back();
+      dir = ParentDir(first) + "/staging-" + std::to_string(port);
+    }
+    auto w = WriteSessions::Open(dir, link_.get(), [this](const rpc::CommitWriteRequest& c) { return link_->CommitWrite(c); });
+    if (!w.ok()) return w.status().WithContext("worker.staging_dir");
+    writes_ = std::move(w).value();
+    spdlog::info("files written through writable mounts are staged in {}", writes_->dir());
+    return Status::OK();
+  }
+
   // worker.local_socket: "off", "auto" (/run/granary/worker-<port>.sock, skipped with a warning when
   // that directory cannot be made) or a path (a failure is fatal: it was asked for).
   Status StartLocalSocket(const std::string& setting, int port) {
@@ -460,7 +478,7 @@ class WorkerServerImpl final : public WorkerServer {
         return Status::OK();
       }
     }
-    auto local = LocalServer::Start(path, source_.get(), store_.get());
+    auto local = LocalServer::Start(path, source_.get(), store_.get(), writes_.get());
     if (!local.ok()) {
       if (setting != "auto") return local.status();
       spdlog::warn("zero-copy local reads are off: {}", local.status().message());
@@ -564,6 +582,7 @@ class WorkerServerImpl final : public WorkerServer {
   std::unique_ptr<BlockSource> source_;
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<WriteSessions> writes_;  // before local_: its connections call it until they end
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   std::string address_;

@@ -1,0 +1,363 @@
+// WriteSessions (worker/writes.h, whose design note gives the rules).
+#include "worker/writes.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "common/fs.h"
+#include "common/tiers.h"
+
+namespace granary::worker {
+namespace {
+
+// Writes `text` to `path` (0600) and fsyncs it.
+Status WriteDurably(const std::string& path, const std::string& text) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError(errno, "write " + path);
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      Status s = ErrnoError(errno, "write " + path);
+      close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  int rc = fsync(fd);
+  int err = errno;
+  close(fd);
+  return rc == 0 ? Status::OK() : ErrnoError(err, "fsync " + path);
+}
+
+Status SyncDir(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open " + dir);
+  int rc = fsync(fd);
+  int err = errno;
+  close(fd);
+  return rc == 0 ? Status::OK() : ErrnoError(err, "fsync " + dir);
+}
+
+}  // namespace
+
+std::string WriteSessions::ManifestOf(const Target& t, bool sealed, uint64_t size) {
+  nlohmann::json j = {{"mount_id", t.mount_id}, {"ino", t.ino},     {"parent", t.parent}, {"ufs_path", t.ufs_path},
+                      {"name", t.name},         {"mode", t.mode},   {"uid", t.uid},       {"gid", t.gid},
+                      {"write_mode", t.write_mode}, {"sealed", sealed}, {"size", size}};
+  return j.dump();
+}
+
+WriteSessions::WriteSessions(std::string dir, MountResolver* mounts, CommitFn commit)
+    : dir_(std::move(dir)), mounts_(mounts), commit_(std::move(commit)) {}
+
+StatusOr<std::unique_ptr<WriteSessions>> WriteSessions::Open(const std::string& dir, MountResolver* mounts,
+                                                            CommitFn commit) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "worker.staging_dir " + dir);
+  if (chmod(dir.c_str(), 0700) != 0) return ErrnoError(errno, "worker.staging_dir " + dir);
+  std::unique_ptr<WriteSessions> w(new WriteSessions(dir, mounts, std::move(commit)));
+  RETURN_IF_ERROR(w->Recover());
+  w->uploader_ = std::thread([p = w.get()] { p->UploadLoop(); });
+  return w;
+}
+
+WriteSessions::~WriteSessions() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (uploader_.joinable()) uploader_.join();
+}
+
+// Sealed files are uploaded again; unsealed ones were never acknowledged and go.
+Status WriteSessions::Recover() {
+  DIR* d = opendir(dir_.c_str());
+  if (d == nullptr) return ErrnoError(errno, "read worker.staging_dir " + dir_);
+  std::vector<std::string> names;
+  while (dirent* de = readdir(d)) names.emplace_back(de->d_name);
+  closedir(d);
+  MutexLock lock(&mu_);
+  for (const std::string& name : names) {
+    if (name.size() < 6 || name.substr(name.size() - 5) != ".json") continue;
+    const std::string stem = name.substr(0, name.size() - 5);
+    const uint64_t id = std::strtoull(stem.c_str(), nullptr, 10);
+    next_id_ = std::max(next_id_, id + 1);
+    std::string manifest = dir_ + "/" + name;
+    auto text = ReadFileToString(manifest);
+    auto j = nlohmann::json::parse(text.ok() ? *text : std::string(), nullptr, /*allow_exceptions=*/false);
+    const bool sealed = j.is_object() && j.value("sealed", false);
+    if (!sealed) {
+      unlink((dir_ + "/" + stem + ".data").c_str());
+      unlink(manifest.c_str());
+      continue;
+    }
+    Sealed s;
+    s.id = id;
+    s.target.mount_id = j.value("mount_id", uint64_t{0});
+    s.target.ino = j.value("ino", uint64_t{0});
+    s.target.parent = j.value("parent", uint64_t{0});
+    s.target.ufs_path = j.value("ufs_path", std::string());
+    s.target.name = j.value("name", std::string());
+    s.target.mode = j.value("mode", 0644u);
+    s.target.uid = j.value("uid", 0u);
+    s.target.gid = j.value("gid", 0u);
+    s.target.write_mode = j.value("write_mode", 0u);
+    s.size = j.value("size", uint64_t{0});
+    s.data_path = dir_ + "/" + stem + ".sealed";
+    s.manifest_path = manifest;
+    spdlog::info("write=back: uploading {} ({} bytes), staged before the last stop", s.target.ufs_path, s.size);
+    queue_.push_back(std::move(s));
+  }
+  for (const std::string& name : names) {  // staging files without a manifest
+    if (name.size() > 5 && name.substr(name.size() - 5) == ".data") unlink((dir_ + "/" + name).c_str());
+  }
+  return Status::OK();
+}
+
+Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::LocalResponse* resp, int* fd) {
+  *fd = -1;
+  switch (call.op()) {
+    case rpc::WriteCall::BEGIN: {
+      auto mode = static_cast<WriteMode>(call.write_mode());
+      if (mode != WriteMode::kThrough && mode != WriteMode::kBack) {
+        return InvalidArgumentError("write session: write mode " + std::to_string(call.write_mode()) + " is not through or back");
+      }
+      if (call.ufs_path().empty() || call.name().empty()) return InvalidArgumentError("write session: no path");
+      Session s;
+      s.conn = conn;
+      s.target = {call.mount_id(), call.ino(), call.parent(), call.ufs_path(), call.name(),
+                  call.mode(),     call.uid(), call.gid(),    call.write_mode()};
+      uint64_t id;
+      {
+        MutexLock lock(&mu_);
+        id = next_id_++;
+      }
+      s.data_path = dir_ + "/" + std::to_string(id) + ".data";
+      RETURN_IF_ERROR(WriteDurably(dir_ + "/" + std::to_string(id) + ".json", ManifestOf(s.target, false, 0)));
+      int f = open(s.data_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (f < 0) {
+        Status e = ErrnoError(errno, "create a staging file in worker.staging_dir " + dir_);
+        unlink((dir_ + "/" + std::to_string(id) + ".json").c_str());
+        return e;
+      }
+      *fd = f;
+      resp->set_session(id);
+      MutexLock lock(&mu_);
+      open_[id] = std::move(s);
+      return Status::OK();
+    }
+    case rpc::WriteCall::ABORT: {
+      MutexLock lock(&mu_);
+      auto it = open_.find(call.session());
+      if (it == open_.end() || it->second.conn != conn) return Status::OK();
+      unlink(it->second.data_path.c_str());
+      unlink((dir_ + "/" + std::to_string(call.session()) + ".json").c_str());
+      open_.erase(it);
+      return Status::OK();
+    }
+    case rpc::WriteCall::COMMIT: {
+      Session s;
+      {
+        MutexLock lock(&mu_);
+        auto it = open_.find(call.session());
+        if (it == open_.end() || it->second.conn != conn) {
+          return FailedPreconditionError("write session " + std::to_string(call.session()) + " is not open");
+        }
+        s = it->second;
+      }
+      const std::string manifest = dir_ + "/" + std::to_string(call.session()) + ".json";
+      if (static_cast<WriteMode>(s.target.write_mode) == WriteMode::kThrough) {
+        return Upload(s.target, s.data_path, call.size(), resp);
+      }
+      // write=back: sealed on this disk, then acknowledged; the uploader owns it from here.
+      int f = open(s.data_path.c_str(), O_RDWR | O_CLOEXEC);
+      if (f < 0) return ErrnoError(errno, "open staging file " + s.data_path);
+      int rc = fsync(f);
+      int err = errno;
+      close(f);
+      if (rc != 0) return ErrnoError(err, "fsync staging file " + s.data_path);
+      Sealed sealed;
+      sealed.target = s.target;
+      sealed.size = call.size();
+      {
+        MutexLock lock(&mu_);
+        sealed.id = next_id_++;  // a session may seal several versions (fsync, then more writes)
+      }
+      sealed.data_path = dir_ + "/" + std::to_string(sealed.id) + ".sealed";
+      sealed.manifest_path = dir_ + "/" + std::to_string(sealed.id) + ".json";
+      RETURN_IF_ERROR(WriteDurably(sealed.manifest_path, ManifestOf(s.target, true, call.size())));
+      if (rename(s.data_path.c_str(), sealed.data_path.c_str()) != 0) {
+        Status e = ErrnoError(errno, "seal staging file " + s.data_path);
+        unlink(sealed.manifest_path.c_str());
+        return e;
+      }
+      unlink(manifest.c_str());
+      RETURN_IF_ERROR(SyncDir(dir_));
+      resp->set_committed_size(call.size());
+      const uint64_t id = sealed.id;
+      MutexLock lock(&mu_);
+      open_.erase(call.session());
+      queue_.push_back(std::move(sealed));
+      cv_.notify_all();
+      if (!call.wait_upload()) return Status::OK();
+      // Until uploaded, or kSyncWait: then the last failure (the upload goes on trying).
+      auto deadline = std::chrono::steady_clock::now() + kSyncWait;
+      while (!stop_) {
+        auto d = done_.find(id);
+        if (d != done_.end() && d->second.ok()) break;
+        if (!lock.WaitUntil(&cv_, deadline)) break;
+      }
+      auto d = done_.find(id);
+      if (d == done_.end() || !d->second.ok()) {
+        std::string why = d == done_.end() ? std::string("not done yet") : d->second.ToString();
+        return UnavailableError("fsync: the upload of " + s.target.ufs_path + " has not succeeded (" + why +
+                                "); it goes on retrying and its bytes stay staged on this node");
+      }
+      done_.erase(d);
+      return Status::OK();
+    }
+    default:
+      return InvalidArgumentError("write session: unknown call " + std::to_string(call.op()));
+  }
+}
+
+void WriteSessions::ConnectionClosed(uint64_t conn) {
+  MutexLock lock(&mu_);
+  for (auto it = open_.begin(); it != open_.end();) {
+    if (it->second.conn != conn) {
+      ++it;
+      continue;
+    }
+    unlink(it->second.data_path.c_str());
+    unlink((dir_ + "/" + std::to_string(it->first) + ".json").c_str());
+    it = open_.erase(it);
+  }
+}
+
+Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint64_t size, rpc::LocalResponse* resp) {
+  ASSIGN_OR_RETURN(MountHandle m, mounts_->GetMount(t.mount_id));
+  int f = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f < 0) return ErrnoError(errno, "open staging file " + data_path);
+  auto w = m.ufs->Create(t.ufs_path, t.mode);
+  if (!w.ok()) {
+    close(f);
+    return w.status();
+  }
+  std::string buf(4 << 20, '\0');
+  uint64_t off = 0;
+  Status st;
+  while (st.ok() && off < size) {
+    ssize_t n = pread(f, buf.data(), std::min<uint64_t>(buf.size(), size - off), static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      st = ErrnoError(errno, "read staging file " + data_path);
+    } else if (n == 0) {
+      st = DataLossError("staging file " + data_path + " is shorter than the file written (" + std::to_string(off) +
+                         " of " + std::to_string(size) + " bytes)");
+    } else {
+      st = (*w)->Append(std::string_view(buf.data(), static_cast<size_t>(n)));
+      off += static_cast<uint64_t>(n);
+    }
+  }
+  close(f);
+  if (!st.ok()) {
+    (*w)->Abort();
+    return st;
+  }
+  ASSIGN_OR_RETURN(UfsEntry e, (*w)->Commit());
+  rpc::CommitWriteRequest c;
+  c.set_ino(t.ino);
+  c.set_parent(t.parent);
+  c.set_name(t.name);
+  c.set_size(e.size);
+  c.set_mtime_ns(e.mtime_ns);
+  c.set_mode(e.mode != 0 && e.mode != 0444 ? e.mode : t.mode);
+  c.set_uid(t.uid);
+  c.set_gid(t.gid);
+  c.set_version(e.version);
+  RETURN_IF_ERROR(commit_(c));
+  if (resp != nullptr) {
+    resp->set_committed_size(e.size);
+    resp->set_committed_version(e.version);
+  }
+  return Status::OK();
+}
+
+void WriteSessions::UploadLoop() {
+  for (;;) {
+    Sealed s;
+    {
+      MutexLock lock(&mu_);
+      for (;;) {
+        if (stop_) return;
+        auto now = std::chrono::steady_clock::now();
+        auto next = std::find_if(queue_.begin(), queue_.end(), [&](const Sealed& q) { return q.not_before <= now; });
+        if (next != queue_.end()) {
+          s = std::move(*next);
+          queue_.erase(next);
+          break;
+        }
+        auto soonest = now + std::chrono::seconds(60);
+        for (const Sealed& q : queue_) soonest = std::min(soonest, q.not_before);
+        lock.WaitUntil(&cv_, soonest);
+      }
+      uploading_ = true;
+      uploading_bytes_ = s.size;
+    }
+    Status st = Upload(s.target, s.data_path, s.size, nullptr);
+    {
+      MutexLock lock(&mu_);
+      uploading_ = false;
+      uploading_bytes_ = 0;
+      if (st.ok()) {
+        unlink(s.data_path.c_str());
+        unlink(s.manifest_path.c_str());
+        ++uploaded_;
+        uploaded_bytes_ += s.size;
+        done_[s.id] = Status::OK();
+      } else {
+        ++failures_;
+        ++s.attempts;
+        auto wait = std::chrono::seconds(std::min<int64_t>(60, int64_t{1} << std::min<uint32_t>(s.attempts - 1, 6)));
+        spdlog::warn("write=back: the upload of {} failed (attempt {}; again in {} s, its bytes stay staged in {}): {}",
+                     s.target.ufs_path, s.attempts, wait.count(), s.data_path, st.ToString());
+        s.not_before = std::chrono::steady_clock::now() + wait;
+        done_[s.id] = st;  // an fsync waiting for it answers this error; the upload goes on
+        queue_.push_back(std::move(s));
+      }
+      while (done_.size() > 4096) done_.erase(done_.begin());
+    }
+    cv_.notify_all();
+  }
+}
+
+WriteSessions::Backlog WriteSessions::backlog() const {
+  MutexLock lock(&mu_);
+  Backlog b;
+  for (const Sealed& s : queue_) {
+    ++b.files;
+    b.bytes += s.size;
+  }
+  if (uploading_) {
+    ++b.files;
+    b.bytes += uploading_bytes_;
+  }
+  b.uploaded = uploaded_;
+  b.uploaded_bytes = uploaded_bytes_;
+  b.failures = failures_;
+  b.open_sessions = open_.size();
+  return b;
+}
+
+}  // namespace granary::worker

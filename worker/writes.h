@@ -1,0 +1,119 @@
+// WriteSessions: the worker's side of writes through a granary-fuse mount (mount option `write`;
+// docs/semantics.md, "Writes"). granary-fuse asks over the local socket (LocalRequest.write).
+//
+// Design
+// ------
+// A session is one file being written on this node. BEGIN makes a staging file in
+// worker.staging_dir (0600 in a 0700 directory, named by the session number, never by the path)
+// and a manifest beside it saying where the file goes (mount, path, inode, parent and name,
+// permission bits); granary-fuse gets the staging file's descriptor and writes the bytes into it
+// itself, at local-disk speed. COMMIT makes the file's first `size` bytes the new version:
+//   write=through  the worker uploads them (UnderFileSystem::Create: a multipart upload, or a
+//                  temporary file renamed over the target), tells the master (CommitWrite), and
+//                  only then answers: close() and fsync() return once the file is whole in the
+//                  store and the namespace.
+//   write=back     the staging file is sealed (renamed <n>.sealed with its manifest marked
+//                  sealed, both fsynced) and the answer goes at once; the uploader thread uploads
+//                  it in the background, retrying with backoff (1 s doubling to 1 min) and keeping
+//                  the staged bytes until the store takes them. With wait_upload (fsync) the
+//                  answer waits for that upload; one that keeps failing answers its last error
+//                  after kSyncWait (the upload goes on trying).
+// A sealed file belongs to the uploader: granary-fuse starts a new session for writes after a
+// back-mode commit. Sessions a connection did not seal are dropped when it closes (granary-fuse
+// died: the file was never acknowledged). At start, sealed files are queued again (a kill -9 or a
+// reboot loses no acknowledged write); unsealed staging files are deleted.
+//
+// Never a partial or mixed file in the store: the store's writer makes the whole file appear at
+// once, and two sessions for one path commit one after the other (last commit wins, whole).
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "common/thread_annotations.h"
+#include "proto/granary.pb.h"
+#include "worker/interfaces.h"
+
+namespace granary::worker {
+
+class WriteSessions {
+ public:
+  // Tells the master a file is committed (MasterLink::CommitWrite).
+  using CommitFn = std::function<Status(const rpc::CommitWriteRequest&)>;
+  // How long fsync on a write=back file waits for its upload before answering the last error.
+  static constexpr std::chrono::seconds kSyncWait{60};
+
+  // Opens (creating) `dir`, deletes unsealed staging files and queues the sealed ones.
+  static StatusOr<std::unique_ptr<WriteSessions>> Open(const std::string& dir, MountResolver* mounts, CommitFn commit);
+  ~WriteSessions();
+
+  // One call of a connection (`conn` numbers the connection). BEGIN sets *fd to the staging
+  // file's descriptor (the caller sends and then closes it).
+  Status Handle(uint64_t conn, const rpc::WriteCall& call, rpc::LocalResponse* resp, int* fd);
+  // The connection closed: its unsealed sessions are dropped.
+  void ConnectionClosed(uint64_t conn);
+
+  struct Backlog {
+    uint64_t files = 0, bytes = 0;  // sealed, not uploaded yet
+    uint64_t uploaded = 0, uploaded_bytes = 0, failures = 0;  // since start
+    uint64_t open_sessions = 0;
+  };
+  Backlog backlog() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  struct Target {
+    uint64_t mount_id = 0, ino = 0, parent = 0;
+    std::string ufs_path, name;
+    uint32_t mode = 0644, uid = 0, gid = 0, write_mode = 0;
+  };
+  struct Session {
+    uint64_t conn = 0;
+    Target target;
+    std::string data_path;
+  };
+  struct Sealed {
+    uint64_t id = 0;
+    Target target;
+    std::string data_path, manifest_path;
+    uint64_t size = 0;
+    uint32_t attempts = 0;
+    std::chrono::steady_clock::time_point not_before{};
+  };
+
+  WriteSessions(std::string dir, MountResolver* mounts, CommitFn commit);
+  Status Recover();
+  // Uploads the first `size` bytes of `data_path` to `t` and tells the master.
+  Status Upload(const Target& t, const std::string& data_path, uint64_t size, rpc::LocalResponse* resp);
+  static std::string ManifestOf(const Target& t, bool sealed, uint64_t size);
+  void UploadLoop();
+
+  const std::string dir_;
+  MountResolver* const mounts_;
+  const CommitFn commit_;
+
+  mutable Mutex mu_;
+  std::condition_variable cv_;  // the queue changed, an upload ended, or stop
+  std::map<uint64_t, Session> open_ GUARDED_BY(mu_);
+  std::deque<Sealed> queue_ GUARDED_BY(mu_);
+  std::map<uint64_t, Status> done_ GUARDED_BY(mu_);  // sealed id -> its upload's end (for fsync), bounded
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  uint64_t uploading_bytes_ GUARDED_BY(mu_) = 0;
+  bool uploading_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
+  uint64_t uploaded_ GUARDED_BY(mu_) = 0, uploaded_bytes_ GUARDED_BY(mu_) = 0, failures_ GUARDED_BY(mu_) = 0;
+  std::thread uploader_;
+};
+
+}  // namespace granary::worker
