@@ -218,7 +218,7 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("worker.staging_dir", K::kString, "auto",
                   "Where files written through a writable mount (mount option write=through or back) are staged "
                   "before and while they are uploaded; with write=back, what is staged here survives a restart "
-                  "and is uploaded then. auto: staging-<port> beside the first cache directory. Needs room for "
+                  "and is uploaded then. auto: <dir>.staging beside the first cache directory that is not MEM. Needs room for "
                   "the files being written at once (a full disk gives the writer ENOSPC).",
                   &Config::worker, &WorkerConfig::staging_dir));
   t.push_back(Row("worker.scrub_bandwidth", K::kBytes, "16Mi",
@@ -280,6 +280,11 @@ std::vector<Setting> MakeSettings() {
                   "re-read costs no request at all. The pages count against the node's memory like any file "
                   "cache; false makes every open read from the worker (benchmarks of the tiers want that).",
                   &Config::fuse, &FuseConfig::keep_cache));
+  t.push_back(Row("fuse.writes", K::kBool, "true",
+                  "Take writes to datasets mounted writable (mount option write=through or back). In the kernel "
+                  "read mode this keeps opens coming to granary-fuse (answered at once, without the master), which "
+                  "writes need; false restores that mode's open-free reads and answers every write with EROFS.",
+                  &Config::fuse, &FuseConfig::writes));
   t.push_back(Row("fuse.open", K::kOpenMode, "auto",
                   "How reads of cached files reach their bytes. kernel: opens are answered by the kernel itself "
                   "(no OPEN, RELEASE or FLUSH request) and a re-read is served from the page cache without asking "

@@ -84,6 +84,7 @@ struct FuseConfig {
   uint64_t max_threads = 0;
   uint64_t file_cache_entries = 0;  // open-file info kept in the FUSE process
   bool keep_cache = true;           // keep the kernel's page cache across opens of an unchanged file
+  bool writes = true;               // take writes to writable datasets (fuse/writes.h)
   bool zero_copy = true;            // read cached blocks through the worker's local socket
   bool source_reads = true;         // read uncached ranges of a local under-storage's files here
   uint64_t readahead_blocks = 0;    // blocks warmed ahead of a sequential reader

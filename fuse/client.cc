@@ -35,6 +35,54 @@ StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name) {
   return resp.attr();
 }
 
+StatusOr<rpc::WriteTarget> Client::PrepareCreate(const rpc::PrepareCreateRequest& req) {
+  rpc::WriteTarget resp;
+  RETURN_IF_ERROR(FromGrpc(
+      CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.PrepareCreate(&ctx, req, &resp); }),
+      "the master"));
+  return resp;
+}
+
+StatusOr<rpc::WriteTarget> Client::PrepareWrite(uint64_t ino) {
+  rpc::PrepareWriteRequest req;
+  req.set_ino(ino);
+  rpc::WriteTarget resp;
+  RETURN_IF_ERROR(FromGrpc(
+      CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.PrepareWrite(&ctx, req, &resp); }),
+      "the master"));
+  return resp;
+}
+
+StatusOr<rpc::Attr> Client::MakeDir(const rpc::MakeDirRequest& req) {
+  rpc::AttrResponse resp;
+  RETURN_IF_ERROR(FromGrpc(
+      CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.MakeDir(&ctx, req, &resp); }),
+      "the master"));
+  return resp.attr();
+}
+
+Status Client::Remove(uint64_t parent, const std::string& name, bool directory) {
+  rpc::RemoveRequest req;
+  req.set_parent(parent);
+  req.set_name(name);
+  req.set_directory(directory);
+  rpc::RemoveResponse resp;
+  return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Remove(&ctx, req, &resp); }),
+                  "the master");
+}
+
+Status Client::Rename(const rpc::RenameRequest& req) {
+  rpc::RenameResponse resp;
+  return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Rename(&ctx, req, &resp); }),
+                  "the master");
+}
+
+StatusOr<std::string> Client::LocalSocketPath() {
+  auto ch = Local();
+  if (!ch) return UnavailableError("the worker on this node has no local socket (worker.local_socket), which writes need");
+  return ch->path();
+}
+
 StatusOr<rpc::Attr> Client::GetAttr(uint64_t ino) {
   rpc::GetAttrRequest req;
   req.set_ino(ino);

@@ -92,6 +92,14 @@ class Client {
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
   StatusOr<rpc::WorkerStats> WorkerStats();
+  // The write calls to the master (mounts with write=through or back; fuse/writes.h).
+  StatusOr<rpc::WriteTarget> PrepareCreate(const rpc::PrepareCreateRequest& req);
+  StatusOr<rpc::WriteTarget> PrepareWrite(uint64_t ino);
+  StatusOr<rpc::Attr> MakeDir(const rpc::MakeDirRequest& req);
+  Status Remove(uint64_t parent, const std::string& name, bool directory);
+  Status Rename(const rpc::RenameRequest& req);
+  // The path of the local worker's socket; UNAVAILABLE when it has none (writes need it).
+  StatusOr<std::string> LocalSocketPath();
   // The master's report (workers, mounts with the files and bytes known of each).
   StatusOr<rpc::Report> GetReport();
   // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`. `random`:

@@ -26,6 +26,14 @@
 
 namespace granary::fuse {
 
+// What a TtlCache may keep: nothing below a writable mount (rpc::Attr::writable).
+inline bool Cacheable(const rpc::Attr& a) { return !a.writable(); }
+inline bool Cacheable(const rpc::FileInfo& f) { return !f.attr().writable(); }
+template <typename V>
+bool Cacheable(const V&) {
+  return true;
+}
+
 template <typename K, typename V>
 class TtlCache {
  public:
@@ -48,6 +56,7 @@ class TtlCache {
   }
 
   void Put(const K& key, const V& value) {
+    if (!Cacheable(value)) return;  // below a writable mount: always asked again (close-to-open)
     MutexLock lock(&mu_);
     entries_.Put(key, Entry{value, clock_()});
   }

@@ -28,12 +28,21 @@ struct stat ToStat(const Fs* fs, const rpc::Attr& a) {
 
 fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a) {
   if (a.type() != rpc::DIRECTORY) fs->NoteVersion(fs->ToKernel(a.ino()), a.version_hash());
+  if (a.type() == rpc::DIRECTORY && a.writable()) fs->NoteWritableDir(a.ino());
   fuse_entry_param e{};
   e.ino = fs->ToKernel(a.ino());
   e.generation = 1;
   e.attr = ToStat(fs, a);
-  e.attr_timeout = Seconds(fs->cfg.fuse.attr_timeout);
-  e.entry_timeout = Seconds(fs->cfg.fuse.entry_timeout);
+  if (a.writable() && a.type() != rpc::DIRECTORY) {
+    if (WriteFiles* w = fs->WritesIfAny()) {
+      if (auto size = w->SizeOf(e.ino)) {  // being written here: the size written so far
+        e.attr.st_size = static_cast<off_t>(*size);
+        e.attr.st_blocks = static_cast<blkcnt_t>((*size + 511) / 512);
+      }
+    }
+  }
+  e.attr_timeout = a.writable() ? 0 : Seconds(fs->cfg.fuse.attr_timeout);  // close-to-open (file_cache.h)
+  e.entry_timeout = a.writable() ? 0 : Seconds(fs->cfg.fuse.entry_timeout);
   return e;
 }
 

@@ -70,6 +70,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/bounded_map.h"
 #include "common/config.h"
@@ -78,6 +79,7 @@
 #include "common/thread_annotations.h"
 #include "fuse/client.h"
 #include "fuse/errno.h"
+#include "fuse/writes.h"
 #include "fuse/file_cache.h"
 #include "fuse/daemon_pages.h"
 #include "fuse/handover.h"
@@ -115,6 +117,23 @@ inline constexpr size_t kInodeStates = 1'000'000;
 struct Fs {
   Config cfg;
   std::unique_ptr<Client> client;
+  // The files being written here (fuse/writes.h), made at the first write (the worker's local
+  // socket must be known by then). Writes() is that, or why there can be none.
+  Mutex writes_mu;
+  std::unique_ptr<WriteFiles> writes GUARDED_BY(writes_mu);
+  StatusOr<WriteFiles*> Writes() {
+    MutexLock lock(&writes_mu);
+    if (writes) return writes.get();
+    auto path = client->LocalSocketPath();
+    if (!path.ok()) return path.status();
+    writes = std::make_unique<WriteFiles>(*path);
+    return writes.get();
+  }
+  // The write handles' table when writes began (null: none did).
+  WriteFiles* WritesIfAny() {
+    MutexLock lock(&writes_mu);
+    return writes.get();
+  }
   std::unique_ptr<FileCache> files;
   std::unique_ptr<EntryCache> entries;  // lookups, for min(entry_timeout, attr_timeout)
   std::unique_ptr<AttrCache> attrs;     // attributes by master inode, for attr_timeout
@@ -128,7 +147,21 @@ struct Fs {
   struct DirGen {
     uint64_t generation;                           // whose listing the kernel may hold
     std::chrono::steady_clock::time_point checked;  // when the master last confirmed it
+    bool writable = false;  // below a writable mount: confirmed at every opendir (close-to-open)
   };
+  // Directories below writable mounts seen lately (master inodes): a name missing from one is not
+  // remembered by the kernel (another node may create it). Cleared when it grows past kInodeStates.
+  Mutex writable_dirs_mu;
+  std::unordered_set<uint64_t> writable_dirs GUARDED_BY(writable_dirs_mu);
+  void NoteWritableDir(uint64_t master_ino) {
+    MutexLock lock(&writable_dirs_mu);
+    if (writable_dirs.size() >= kInodeStates) writable_dirs.clear();
+    writable_dirs.insert(master_ino);
+  }
+  bool IsWritableDir(uint64_t master_ino) {
+    MutexLock lock(&writable_dirs_mu);
+    return writable_dirs.count(master_ino) != 0;
+  }
   Mutex dir_gens_mu;
   BoundedMap<uint64_t, DirGen> dir_gens GUARDED_BY(dir_gens_mu){kInodeStates};  // master ino -> DirGen
   // Daemon mode: the version whose bytes the kernel's page cache may hold for a file: the one it
@@ -196,7 +229,12 @@ struct Fs {
   metrics::Histogram* lat_read = &op_latency.Get("read");
   metrics::Histogram* lat_release = &op_latency.Get("release");
   metrics::Histogram* lat_statfs = &op_latency.Get("statfs");
+  metrics::Histogram* lat_write = &op_latency.Get("write");
+  metrics::Histogram* lat_flush = &op_latency.Get("flush");  // close(): a written file's commit
+  metrics::Histogram* lat_fsync = &op_latency.Get("fsync");
+  metrics::Histogram* lat_create = &op_latency.Get("create");
   std::atomic<uint64_t> read_bytes{0};
+  std::atomic<uint64_t> written_bytes{0}, files_committed{0};  // writes (fuse/writes.h)
   std::atomic<uint64_t> opens_passthrough{0}, opens_daemon{0}, opens_kernel{0};
   std::atomic<uint64_t> reads_by_inode{0};  // kernel mode: reads with no open file handle
   // Daemon and kernel modes: files read from a leased cache data file (fuse/read_leases.h).

@@ -226,7 +226,9 @@ Status FuseMountImpl::Init(const Config& cfg) {
     fs_->root_ino = root->ino();
   }
 
-  std::string opts = "default_permissions,ro,fsname=granary,subtype=granary";
+  // Writable where a dataset is mounted writable (the master refuses writes elsewhere: EROFS);
+  // fuse.writes=false mounts read-only.
+  std::string opts = std::string("default_permissions,") + (cfg.fuse.writes ? "" : "ro,") + "fsname=granary,subtype=granary";
   if (cfg.fuse.allow_other) opts += ",allow_other";
   const char* argv[] = {"granary-fuse", "-o", opts.c_str()};
   fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));

@@ -4,6 +4,8 @@
 //   fuse/ops_meta.cc     INIT and the read-mode choice, lookup, getattr, directories, statfs, the
 //                        refusals of a read-only mount; the access trace's namespace paths
 //   fuse/ops_read.cc     open, read, release: the read modes' data path (its design note)
+//   fuse/ops_write.cc    create, write, flush/fsync of written files, setattr, mkdir, unlink,
+//                        rmdir, rename (mounts with write=through or back; fuse/writes.h)
 //   fuse/passthrough.h   passthrough mode's backing files, one per inode, kept after the last close
 //                        (PassthroughOpens: the rules, apart from the kernel)
 //
@@ -52,6 +54,14 @@ void OpRemovexattr(fuse_req_t req, fuse_ino_t, const char*);
 void OpFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*);
 // Namespace paths of master inodes, for the access trace (fuse/trace.h).
 Tracer::PathFn TracePaths(Fs* fs);
+
+// ---- fuse/ops_write.cc ----
+// An OPEN for writing (or with O_TRUNC): joins or starts the inode's write (fuse/writes.h).
+void OpenForWrite(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+// READ, FLUSH/FSYNC and RELEASE of a write handle.
+void ReadWriteHandle(fuse_req_t req, uint64_t fh, size_t size, off_t off);
+void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_upload);
+void ReleaseWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh);
 
 // ---- fuse/ops_read.cc ----
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);

@@ -1,7 +1,7 @@
 // The FUSE operations on names and attributes: INIT, where the connection's read mode is chosen
 // (ChooseMode, PassthroughSuits), lookup, getattr, opendir / readdir / readdirplus and statfs;
-// what a read-only mount answers to every write-like operation (EROFS) and to extended attributes
-// (ENOSYS); and the namespace paths the access trace shows (TracePaths). Answers come from the
+// the refusals of links, special files and extended attributes (EROFS, ENOSYS; the write calls
+// are in fuse/ops_write.cc); and the namespace paths the access trace shows (TracePaths). Answers come from the
 // master (fuse/client.h) or from what it said lately (EntryCache, Fs::dir_gens).
 #include "fuse/ops.h"
 
@@ -163,7 +163,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       // Negative entry: the kernel remembers the miss for negative_timeout.
       fuse_entry_param e{};
       e.ino = 0;
-      e.entry_timeout = Seconds(fs->cfg.fuse.negative_timeout);
+      e.entry_timeout = fs->IsWritableDir(fs->ToMaster(parent)) ? 0 : Seconds(fs->cfg.fuse.negative_timeout);
       if (scope.tracing()) scope.record().err = ENOENT;
       fuse_reply_entry(req, &e);
       return;
@@ -194,8 +194,17 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   if (!a.ok()) return ReplyError(req, a.status(), "getattr");
   fs->attrs->Put(mino, *a);
   if (a->type() != rpc::DIRECTORY) fs->NoteVersion(ino, a->version_hash());
+  if (a->type() == rpc::DIRECTORY && a->writable()) fs->NoteWritableDir(mino);
   struct stat st = ToStat(fs, *a);
-  fuse_reply_attr(req, &st, Seconds(fs->cfg.fuse.attr_timeout));
+  if (a->writable() && a->type() != rpc::DIRECTORY) {
+    if (WriteFiles* w = fs->WritesIfAny()) {
+      if (auto size = w->SizeOf(ino)) {  // being written here: the size written so far
+        st.st_size = static_cast<off_t>(*size);
+        st.st_blocks = static_cast<blkcnt_t>((*size + 511) / 512);
+      }
+    }
+  }
+  fuse_reply_attr(req, &st, a->writable() ? 0 : Seconds(fs->cfg.fuse.attr_timeout));
 }
 
 // The kernel may cache a directory's listing (cache_readdir); it keeps the cached listing across
@@ -213,7 +222,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   {
     MutexLock lock(&fs->dir_gens_mu);
     const Fs::DirGen* known = fs->dir_gens.Find(master_ino);
-    if (known != nullptr && now - known->checked < fs->cfg.fuse.attr_timeout) {
+    if (known != nullptr && !known->writable && now - known->checked < fs->cfg.fuse.attr_timeout) {
       fi->keep_cache = 1;
       fuse_reply_open(req, fi);
       return;
@@ -227,9 +236,9 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
   {
     MutexLock lock(&fs->dir_gens_mu);
-    auto [gen, fresh] = fs->dir_gens.TryEmplace(master_ino, Fs::DirGen{a->generation(), now});
+    auto [gen, fresh] = fs->dir_gens.TryEmplace(master_ino, Fs::DirGen{a->generation(), now, a->writable()});
     if (!fresh && gen->generation == a->generation()) fi->keep_cache = 1;
-    *gen = Fs::DirGen{a->generation(), now};
+    *gen = Fs::DirGen{a->generation(), now, a->writable()};
   }
   fuse_reply_open(req, fi);
 }
@@ -335,17 +344,12 @@ void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyUnsuppor
 void OpListxattr(fuse_req_t req, fuse_ino_t, size_t) { ReplyUnsupported(req); }
 void OpReadlink(fuse_req_t req, fuse_ino_t) { ReplyErrno(req, EINVAL); }
 
-// Write-like operations: the namespace is read-only.
-void OpSetattr(fuse_req_t req, fuse_ino_t, struct stat*, int, fuse_file_info*) { ReplyErrno(req, EROFS); }
+// Links, special files and extended attributes are not kept by any under-storage Granary writes
+// to: EROFS below a read-only mount, EOPNOTSUPP below a writable one is left to the kernel (these
+// reach granary-fuse only on the first try). The write calls are in fuse/ops_write.cc.
 void OpMknod(fuse_req_t req, fuse_ino_t, const char*, mode_t, dev_t) { ReplyErrno(req, EROFS); }
-void OpMkdir(fuse_req_t req, fuse_ino_t, const char*, mode_t) { ReplyErrno(req, EROFS); }
-void OpUnlink(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
-void OpRmdir(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
 void OpSymlink(fuse_req_t req, const char*, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
-void OpRename(fuse_req_t req, fuse_ino_t, const char*, fuse_ino_t, const char*, unsigned) { ReplyErrno(req, EROFS); }
 void OpLink(fuse_req_t req, fuse_ino_t, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
-void OpWrite(fuse_req_t req, fuse_ino_t, const char*, size_t, off_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
-void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*) { ReplyErrno(req, EROFS); }
 void OpSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) { ReplyErrno(req, EROFS); }
 void OpRemovexattr(fuse_req_t req, fuse_ino_t, const char*) { ReplyErrno(req, EROFS); }
 void OpFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*) { ReplyErrno(req, EROFS); }

@@ -249,13 +249,22 @@ void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
 
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, "open", FsOf(req)->lat_open, ino);
-  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return ReplyErrno(req, EROFS);
+  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(req, ino, fi);
   Fs* fs = FsOf(req);
   OpenMode mode = fs->mode;
   if (mode == OpenMode::kKernel) {
+    fs->opens_kernel++;
+    if (fs->cfg.fuse.writes) {
+      // Opens keep coming (a write needs its OPEN): answered at once, reads served by inode as
+      // below, the page cache kept while the version is unchanged (NoteVersion), no FLUSH.
+      fi->fh = 0;
+      fi->keep_cache = 1;
+      fi->noflush = 1;
+      fuse_reply_open(req, fi);
+      return;
+    }
     // The kernel answers every later open itself (no OPEN, no RELEASE), keeps the page cache
     // across opens, and sends reads with no file handle (OpRead serves them by inode).
-    fs->opens_kernel++;
     return ReplyUnsupported(req);
   }
   uint64_t master_ino = fs->ToMaster(ino);
@@ -286,13 +295,20 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (fs->mode == OpenMode::kKernel) {  // passthrough was refused just now: as in kernel mode
       if (choice.cached) fs->passthrough->End(ino, false, true);
       fs->opens_kernel++;
+      if (fs->cfg.fuse.writes) {
+        fi->fh = 0;
+        fi->keep_cache = 1;
+        fi->noflush = 1;
+        fuse_reply_open(req, fi);
+        return;
+      }
       return ReplyUnsupported(req);
     }
     fs->passthrough_misses++;
   }
   fs->opens_daemon++;
   fi->fh = fs->handles->Add(of);
-  fi->noflush = 1;  // nothing to flush on a read-only mount: close() costs no FLUSH request
+  fi->noflush = 1;  // a read-only open: close() costs no FLUSH request
   if (!fi->direct_io) {
     fi->keep_cache = fs->pages.Open(master_ino, of->info.version(), fs->cfg.fuse.keep_cache);
     if (mode == OpenMode::kPassthrough) {
@@ -322,6 +338,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     scope.record().size = size;
   }
   Fs* fs = FsOf(req);
+  if (IsWriteHandle(fi->fh)) return ReadWriteHandle(req, fi->fh, size, off);
   std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->handles->Find(fi->fh, ino) : nullptr;
   if (!held) {
     // Kernel mode (no open), or a handle of a predecessor that died before handing it over:
@@ -385,13 +402,22 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
 
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, "release", FsOf(req)->lat_release, ino);
+  if (IsWriteHandle(fi->fh)) return ReleaseWriteHandle(req, ino, fi->fh);
   // A handle this process does not know (a crashed predecessor's) has nothing to end.
   if (auto of = FsOf(req)->handles->Take(fi->fh, ino)) EndOpen(FsOf(req), ino, fi->fh, *of);
   fuse_reply_err(req, 0);
 }
 
-// Nothing to flush on a read-only mount; ENOSYS makes the kernel stop sending FLUSH at all.
-void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { ReplyUnsupported(req); }
-void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+// A write handle's close() commits what it wrote (fuse/writes.h); read-only opens are noflush, so
+// a FLUSH of anything else has nothing to do.
+void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (IsWriteHandle(fi->fh)) return CommitWriteHandle(req, ino, fi->fh, false);
+  if (!FsOf(req)->cfg.fuse.writes) return ReplyUnsupported(req);  // ENOSYS: no FLUSH at all from now on
+  fuse_reply_err(req, 0);
+}
+void OpFsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
+  if (IsWriteHandle(fi->fh)) return CommitWriteHandle(req, ino, fi->fh, true);
+  fuse_reply_err(req, 0);
+}
 
 }  // namespace granary::fuse::internal

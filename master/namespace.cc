@@ -286,7 +286,9 @@ rpc::Attr Namespace::AttrOf(const InodeRecord& r) const {
   a.set_mtime_ns(r.mtime_ns());
   // Read-only unless the mount is writable; then its owner may write (an object store's 0444 files
   // show as 0644), and default_permissions decides who else may.
-  a.set_mode(WriteModeOf(r.mount_id()) == WriteMode::kOff ? r.mode() & ~0222u : r.mode() | 0200u);
+  const bool writable = WriteModeOf(r.mount_id()) != WriteMode::kOff;
+  a.set_mode(writable ? r.mode() | 0200u : r.mode() & ~0222u);
+  a.set_writable(writable);
   a.set_uid(r.uid());
   a.set_gid(r.gid());
   a.set_nlink(r.type() == rpc::DIRECTORY ? 2 : 1);

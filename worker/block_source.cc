@@ -282,6 +282,40 @@ Status BlockSource::RangeFirst(const BlockRequest& req, const Target& t, const R
   return Status::OK();
 }
 
+Status BlockSource::KeepWritten(uint64_t mount_id, const std::string& ufs_path, const std::string& version,
+                                uint64_t size, uint64_t block_size, int fd) {
+  if (size == 0 || block_size == 0) return Status::OK();
+  std::string data;
+  for (uint64_t index = 0; index * block_size < size; ++index) {
+    BlockRequest req;
+    req.mount_id = mount_id;
+    req.ufs_path = ufs_path;
+    req.version = version;
+    req.file_size = size;
+    req.block_size = block_size;
+    req.index = index;
+    req.length = block_size;
+    ASSIGN_OR_RETURN(Target t, Resolve(req));
+    const Route route = RouteFor(req, t, nullptr);
+    if (!route.keep) continue;
+    data.resize(t.meta.length);
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = pread(fd, data.data() + done, data.size() - done, static_cast<off_t>(t.meta.offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return n < 0 ? ErrnoError(errno, "read a written file's staging file") : DataLossError("a staging file is short");
+      done += static_cast<size_t>(n);
+    }
+    BlockMeta kept = t.meta;
+    kept.elastic = route.elastic;
+    kept.home = route.home;
+    if (t.mount.policy) store_->SetMountPolicy(mount_id, *t.mount.policy);
+    RETURN_IF_ERROR(store_->Put(kept, data));
+    ClassifyAgainIfMissed(route.gen);
+  }
+  return Status::OK();
+}
+
 BlockSource::Route BlockSource::RouteFor(const BlockRequest& req, const Target& t, PeerRef* home) {
   Route route;
   if (placement_ == nullptr) return route;  // alone

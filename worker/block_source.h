@@ -137,6 +137,12 @@ class BlockSource {
   // (UnderFileSystem::OpenLocal), for granary-fuse to read uncached ranges of it itself. The
   // caller owns the descriptor. UNIMPLEMENTED for other under-storages.
   StatusOr<LocalFile> OpenSource(const BlockRequest& req);
+  // A file this node just wrote to the under-storage (worker/writes.h): its blocks, read from the
+  // staging file `fd` (the file's `size` bytes at their offsets), are kept here as a fetched block
+  // would be (the home's copy, a replica, or an elastic copy while there is room), so reading it
+  // back is warm. Blocks this worker would not keep are skipped; the first failure is returned.
+  Status KeepWritten(uint64_t mount_id, const std::string& ufs_path, const std::string& version, uint64_t size,
+                     uint64_t block_size, int fd);
 
   // granary-fuse read req's range (offset, length) from the under-storage's file itself
   // (OpenSource): counted as a range-first touch of the block, so a block touched twice is filled

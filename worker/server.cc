@@ -343,7 +343,7 @@ class WorkerServerImpl final : public WorkerServer {
     if (advertise.empty()) {
       advertise = (hp->host == "0.0.0.0" || hp->host == "::" ? HostName() : hp->host) + ":" + std::to_string(port);
     }
-    RETURN_IF_ERROR(StartWrites(cfg, so, port));
+    RETURN_IF_ERROR(StartWrites(cfg, so));
     RETURN_IF_ERROR(StartLocalSocket(cfg.worker.local_socket, port));
     link_->Start(advertise);
     spdlog::info("granary-worker listening on {} ({} cache levels, policy {}, master {})", address_,
@@ -451,15 +451,28 @@ class WorkerServerImpl final : public WorkerServer {
   }
 
  private:
-  // worker.staging_dir: "auto" is staging-<port> beside the first cache directory.
-  Status StartWrites(const Config& cfg, const StoreOptions& so, int port) {
+  // worker.staging_dir: "auto" is <dir>.staging beside the first cache directory on a disk (not
+  // MEM: staged files must survive a reboot), the same across restarts so they are found again.
+  Status StartWrites(const Config& cfg, const StoreOptions& so) {
     std::string dir = cfg.worker.staging_dir;
     if (dir.empty() || dir == "auto") {
-      std::string first = so.levels.empty() || so.levels[0].paths.empty() ? "/var/lib/granary/cache" : so.levels[0].paths[0];
+      std::string first;
+      for (const TierLevel& l : so.levels) {
+        if (l.paths.empty()) continue;
+        if (first.empty()) first = l.paths[0];
+        if (l.medium != "MEM") {
+          first = l.paths[0];
+          break;
+        }
+      }
+      if (first.empty()) first = "/var/lib/granary/cache";
       while (first.size() > 1 && first.back() == '/') first.pop_back();
-      dir = ParentDir(first) + "/staging-" + std::to_string(port);
+      dir = first + ".staging";
     }
-    auto w = WriteSessions::Open(dir, link_.get(), [this](const rpc::CommitWriteRequest& c) { return link_->CommitWrite(c); });
+    auto w = WriteSessions::Open(
+        dir, link_.get(), [this](const rpc::CommitWriteRequest& c) { return link_->CommitWrite(c); },
+        [this](uint64_t mount, const std::string& path, const std::string& version, uint64_t size, uint64_t block_size,
+               int fd) { return source_->KeepWritten(mount, path, version, size, block_size, fd); });
     if (!w.ok()) return w.status().WithContext("worker.staging_dir");
     writes_ = std::move(w).value();
     spdlog::info("files written through writable mounts are staged in {}", writes_->dir());

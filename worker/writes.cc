@@ -54,20 +54,21 @@ Status SyncDir(const std::string& dir) {
 std::string WriteSessions::ManifestOf(const Target& t, bool sealed, uint64_t size) {
   nlohmann::json j = {{"mount_id", t.mount_id}, {"ino", t.ino},     {"parent", t.parent}, {"ufs_path", t.ufs_path},
                       {"name", t.name},         {"mode", t.mode},   {"uid", t.uid},       {"gid", t.gid},
-                      {"write_mode", t.write_mode}, {"sealed", sealed}, {"size", size}};
+                      {"write_mode", t.write_mode}, {"sealed", sealed}, {"size", size}, {"block_size", t.block_size}};
   return j.dump();
 }
 
-WriteSessions::WriteSessions(std::string dir, MountResolver* mounts, CommitFn commit)
-    : dir_(std::move(dir)), mounts_(mounts), commit_(std::move(commit)) {}
+WriteSessions::WriteSessions(std::string dir, MountResolver* mounts, CommitFn commit, KeepFn keep)
+    : dir_(std::move(dir)), mounts_(mounts), commit_(std::move(commit)), keep_(std::move(keep)) {}
 
 StatusOr<std::unique_ptr<WriteSessions>> WriteSessions::Open(const std::string& dir, MountResolver* mounts,
-                                                            CommitFn commit) {
+                                                            CommitFn commit, KeepFn keep) {
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoError(errno, "worker.staging_dir " + dir);
   if (chmod(dir.c_str(), 0700) != 0) return ErrnoError(errno, "worker.staging_dir " + dir);
-  std::unique_ptr<WriteSessions> w(new WriteSessions(dir, mounts, std::move(commit)));
+  std::unique_ptr<WriteSessions> w(new WriteSessions(dir, mounts, std::move(commit), std::move(keep)));
   RETURN_IF_ERROR(w->Recover());
   w->uploader_ = std::thread([p = w.get()] { p->UploadLoop(); });
+  w->keeper_ = std::thread([p = w.get()] { p->KeepLoop(); });
   return w;
 }
 
@@ -78,6 +79,25 @@ WriteSessions::~WriteSessions() {
   }
   cv_.notify_all();
   if (uploader_.joinable()) uploader_.join();
+  if (keeper_.joinable()) keeper_.join();
+  MutexLock lock(&mu_);
+  for (Keep& k : keeps_) close(k.fd);
+}
+
+void WriteSessions::KeepLoop() {
+  for (;;) {
+    Keep k;
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && keeps_.empty()) lock.Wait(&cv_);
+      if (stop_) return;
+      k = std::move(keeps_.front());
+      keeps_.pop_front();
+    }
+    Status kept = keep_(k.mount_id, k.ufs_path, k.version, k.size, k.block_size, k.fd);
+    close(k.fd);
+    if (!kept.ok()) spdlog::info("a written file was not kept in the cache ({}): {}", k.ufs_path, kept.ToString());
+  }
 }
 
 // Sealed files are uploaded again; unsealed ones were never acknowledged and go.
@@ -113,6 +133,7 @@ Status WriteSessions::Recover() {
     s.target.uid = j.value("uid", 0u);
     s.target.gid = j.value("gid", 0u);
     s.target.write_mode = j.value("write_mode", 0u);
+    s.target.block_size = j.value("block_size", uint64_t{0});
     s.size = j.value("size", uint64_t{0});
     s.data_path = dir_ + "/" + stem + ".sealed";
     s.manifest_path = manifest;
@@ -137,7 +158,7 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       Session s;
       s.conn = conn;
       s.target = {call.mount_id(), call.ino(), call.parent(), call.ufs_path(), call.name(),
-                  call.mode(),     call.uid(), call.gid(),    call.write_mode()};
+                  call.mode(),     call.uid(), call.gid(),    call.write_mode(), call.block_size()};
       uint64_t id;
       {
         MutexLock lock(&mu_);
@@ -287,6 +308,24 @@ Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint
   c.set_gid(t.gid);
   c.set_version(e.version);
   RETURN_IF_ERROR(commit_(c));
+  if (keep_) {  // reading it back is warm; a failure to cache costs a cold read, not the write
+    Keep k;
+    k.mount_id = t.mount_id;
+    k.size = e.size;
+    k.block_size = t.block_size != 0 ? t.block_size : m.block_size;
+    k.ufs_path = t.ufs_path;
+    k.version = e.version;
+    k.fd = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (k.fd >= 0) {
+      MutexLock lock(&mu_);
+      if (keeps_.size() < 64) {
+        keeps_.push_back(std::move(k));
+        k.fd = -1;
+      }
+    }
+    if (k.fd >= 0) close(k.fd);  // too many waiting: this one is read cold
+    cv_.notify_all();
+  }
   if (resp != nullptr) {
     resp->set_committed_size(e.size);
     resp->set_committed_version(e.version);

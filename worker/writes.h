@@ -51,11 +51,15 @@ class WriteSessions {
  public:
   // Tells the master a file is committed (MasterLink::CommitWrite).
   using CommitFn = std::function<Status(const rpc::CommitWriteRequest&)>;
+  // Keeps a committed file's blocks in this worker's cache (BlockSource::KeepWritten): mount,
+  // path, version, size, block size, the staging file.
+  using KeepFn = std::function<Status(uint64_t, const std::string&, const std::string&, uint64_t, uint64_t, int)>;
   // How long fsync on a write=back file waits for its upload before answering the last error.
   static constexpr std::chrono::seconds kSyncWait{60};
 
   // Opens (creating) `dir`, deletes unsealed staging files and queues the sealed ones.
-  static StatusOr<std::unique_ptr<WriteSessions>> Open(const std::string& dir, MountResolver* mounts, CommitFn commit);
+  static StatusOr<std::unique_ptr<WriteSessions>> Open(const std::string& dir, MountResolver* mounts, CommitFn commit,
+                                                       KeepFn keep = nullptr);
   ~WriteSessions();
 
   // One call of a connection (`conn` numbers the connection). BEGIN sets *fd to the staging
@@ -77,6 +81,7 @@ class WriteSessions {
     uint64_t mount_id = 0, ino = 0, parent = 0;
     std::string ufs_path, name;
     uint32_t mode = 0644, uid = 0, gid = 0, write_mode = 0;
+    uint64_t block_size = 0;
   };
   struct Session {
     uint64_t conn = 0;
@@ -92,16 +97,24 @@ class WriteSessions {
     std::chrono::steady_clock::time_point not_before{};
   };
 
-  WriteSessions(std::string dir, MountResolver* mounts, CommitFn commit);
+  WriteSessions(std::string dir, MountResolver* mounts, CommitFn commit, KeepFn keep);
   Status Recover();
   // Uploads the first `size` bytes of `data_path` to `t` and tells the master.
   Status Upload(const Target& t, const std::string& data_path, uint64_t size, rpc::LocalResponse* resp);
   static std::string ManifestOf(const Target& t, bool sealed, uint64_t size);
   void UploadLoop();
+  // Keeps committed files' blocks (KeepFn) off the caller's path: close() does not wait for it.
+  void KeepLoop();
+  struct Keep {
+    uint64_t mount_id = 0, size = 0, block_size = 0;
+    std::string ufs_path, version;
+    int fd = -1;  // the staging file, open (it may be unlinked meanwhile)
+  };
 
   const std::string dir_;
   MountResolver* const mounts_;
   const CommitFn commit_;
+  const KeepFn keep_;
 
   mutable Mutex mu_;
   std::condition_variable cv_;  // the queue changed, an upload ended, or stop
@@ -114,6 +127,8 @@ class WriteSessions {
   bool stop_ GUARDED_BY(mu_) = false;
   uint64_t uploaded_ GUARDED_BY(mu_) = 0, uploaded_bytes_ GUARDED_BY(mu_) = 0, failures_ GUARDED_BY(mu_) = 0;
   std::thread uploader_;
+  std::deque<Keep> keeps_ GUARDED_BY(mu_);
+  std::thread keeper_;
 };
 
 }  // namespace granary::worker

@@ -1,0 +1,284 @@
+// WriteFiles (fuse/writes.h, whose design note gives the rules).
+#include "fuse/writes.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "rpc/local_wire.h"
+#include "common/tiers.h"
+#include "rpc/wire.h"
+
+namespace granary::fuse {
+namespace {
+
+// One call on a write session's connection; the descriptor that came back in *fd (BEGIN).
+StatusOr<rpc::LocalResponse> Call(int conn, const rpc::WriteCall& call, int* fd) {
+  rpc::LocalRequest req;
+  *req.mutable_write() = call;
+  RETURN_IF_ERROR(SendFrame(conn, req).WithContext("the worker's local socket"));
+  rpc::LocalResponse resp;
+  int got = -1;
+  RETURN_IF_ERROR(RecvFrame(conn, &resp, &got).WithContext("the worker's local socket"));
+  if (fd != nullptr) {
+    *fd = got;
+  } else if (got >= 0) {
+    close(got);
+  }
+  Status st = rpc::StatusOf(resp);
+  if (!st.ok()) {
+    if (fd != nullptr && *fd >= 0) close(*fd);
+    return st;
+  }
+  return resp;
+}
+
+}  // namespace
+
+WriteFiles::~WriteFiles() {
+  MutexLock lock(&mu_);
+  for (auto& [kino, f] : by_inode_) {
+    MutexLock fl(&f->mu);
+    EndLocked(*f);
+  }
+}
+
+Status WriteFiles::BeginLocked(File& f, bool copy) {
+  ASSIGN_OR_RETURN(int conn, ConnectUnix(socket_));
+  rpc::WriteCall c;
+  c.set_op(rpc::WriteCall::BEGIN);
+  const rpc::FileInfo& file = f.target.target.file();
+  c.set_mount_id(file.mount_id());
+  c.set_ufs_path(file.ufs_path());
+  c.set_ino(file.attr().ino());
+  c.set_parent(f.target.parent);
+  c.set_name(f.target.name);
+  c.set_mode(f.target.mode);
+  c.set_uid(f.target.uid);
+  c.set_gid(f.target.gid);
+  c.set_write_mode(f.target.target.write_mode());
+  c.set_block_size(file.block_size());
+  int fd = -1;
+  auto resp = Call(conn, c, &fd);
+  if (!resp.ok()) {
+    close(conn);
+    return resp.status();
+  }
+  if (fd < 0) {
+    close(conn);
+    return InternalError("the worker began a write session without a staging file");
+  }
+  if (copy && f.fd >= 0 && f.size > 0) {
+    loff_t in = 0, out = 0;
+    uint64_t left = f.size;
+    while (left > 0) {
+      ssize_t n = copy_file_range(f.fd, &in, fd, &out, left, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        Status e = n < 0 ? ErrnoError(errno, "copy a sealed file into a new staging file")
+                         : DataLossError("a sealed staging file is shorter than the file");
+        close(fd);
+        close(conn);
+        return e;
+      }
+      left -= static_cast<uint64_t>(n);
+    }
+  }
+  EndLocked(f);
+  f.conn = conn;
+  f.fd = fd;
+  f.session = resp->session();
+  f.sealed = false;
+  return Status::OK();
+}
+
+void WriteFiles::EndLocked(File& f) {
+  if (f.fd >= 0) close(f.fd);
+  if (f.conn >= 0) close(f.conn);  // an unsealed session is dropped by the worker
+  f.fd = f.conn = -1;
+  f.session = 0;
+}
+
+StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
+  std::shared_ptr<File> f;
+  {
+    MutexLock lock(&mu_);
+    auto it = by_inode_.find(kino);
+    f = it != by_inode_.end() ? it->second : std::make_shared<File>();
+    f->handles++;
+    by_inode_[kino] = f;
+  }
+  Status st;
+  {
+    MutexLock fl(&f->mu);
+    if (f->conn < 0 || f->sealed) {
+      f->target = t;
+      st = BeginLocked(*f, false);
+    }
+    if (st.ok() && ftruncate(f->fd, 0) != 0) st = ErrnoError(errno, "empty a staging file");
+    if (st.ok()) {
+      f->size = 0;
+      f->dirty = true;  // emptied: even with no write, close() makes the file empty in the store
+    }
+  }
+  MutexLock lock(&mu_);
+  if (!st.ok()) {
+    if (--f->handles == 0) by_inode_.erase(kino);
+    return st;
+  }
+  uint64_t fh = kWriteHandleBit | next_++;
+  by_handle_[fh] = f;
+  inode_of_[fh] = kino;
+  return fh;
+}
+
+StatusOr<uint64_t> WriteFiles::Join(uint64_t kino) {
+  MutexLock lock(&mu_);
+  auto it = by_inode_.find(kino);
+  if (it == by_inode_.end()) return NotFoundError("not being written here");
+  it->second->handles++;
+  uint64_t fh = kWriteHandleBit | next_++;
+  by_handle_[fh] = it->second;
+  inode_of_[fh] = kino;
+  return fh;
+}
+
+std::shared_ptr<WriteFiles::File> WriteFiles::Of(uint64_t fh) {
+  MutexLock lock(&mu_);
+  auto it = by_handle_.find(fh);
+  return it == by_handle_.end() ? nullptr : it->second;
+}
+
+bool WriteFiles::Known(uint64_t fh) { return Of(fh) != nullptr; }
+
+Status WriteFiles::Write(uint64_t fh, const char* buf, size_t size, off_t off) {
+  auto f = Of(fh);
+  if (!f) return FailedPreconditionError("write through an unknown write handle (granary-fuse restarted?)");
+  MutexLock fl(&f->mu);
+  if (f->sealed) RETURN_IF_ERROR(BeginLocked(*f, true));  // write=back after a commit: a new version
+  if (f->fd < 0) return FailedPreconditionError("the file's write session ended");
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = pwrite(f->fd, buf + done, size - done, off + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(errno, "write the staging file");  // ENOSPC: the staging disk is full
+    done += static_cast<size_t>(n);
+  }
+  f->size = std::max<uint64_t>(f->size, static_cast<uint64_t>(off) + size);
+  f->dirty = true;
+  return Status::OK();
+}
+
+StatusOr<size_t> WriteFiles::Read(uint64_t fh, char* buf, size_t size, off_t off) {
+  auto f = Of(fh);
+  if (!f) return FailedPreconditionError("read through an unknown write handle");
+  MutexLock fl(&f->mu);
+  if (f->fd < 0) return FailedPreconditionError("the file's write session ended");
+  if (static_cast<uint64_t>(off) >= f->size) return size_t{0};
+  size = static_cast<size_t>(std::min<uint64_t>(size, f->size - static_cast<uint64_t>(off)));
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = pread(f->fd, buf + done, size - done, off + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(errno, "read the staging file");
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  std::fill(buf + done, buf + size, '\0');  // a hole past what the staging file holds
+  return size;
+}
+
+Status WriteFiles::Truncate(uint64_t fh, uint64_t size) {
+  auto f = Of(fh);
+  if (!f) return FailedPreconditionError("truncate through an unknown write handle");
+  MutexLock fl(&f->mu);
+  if (f->sealed) RETURN_IF_ERROR(BeginLocked(*f, true));
+  if (ftruncate(f->fd, static_cast<off_t>(size)) != 0) return ErrnoError(errno, "truncate the staging file");
+  f->size = size;
+  f->dirty = true;
+  return Status::OK();
+}
+
+Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
+  if (!f.dirty && !wait_upload) return Status::OK();
+  if (!f.dirty && f.sealed) {
+    // fsync after close: the sealed version's upload is what it waits for; a new session from a
+    // copy of it commits the same bytes again and waits.
+    RETURN_IF_ERROR(BeginLocked(f, true));
+  } else if (!f.dirty) {
+    return Status::OK();  // through: committed already
+  }
+  if (f.conn < 0) return FailedPreconditionError("the file's write session ended");
+  rpc::WriteCall c;
+  c.set_op(rpc::WriteCall::COMMIT);
+  c.set_session(f.session);
+  c.set_size(f.size);
+  c.set_wait_upload(wait_upload);
+  auto resp = Call(f.conn, c, nullptr);
+  if (!resp.ok()) {
+    // A broken connection lost the session (the worker restarted): the next write or commit
+    // starts a new one from the bytes staged here.
+    if (resp.status().code() == Code::kUnavailable && f.fd >= 0) {
+      Status again = BeginLocked(f, true);
+      if (again.ok()) {
+        c.set_session(f.session);
+        resp = Call(f.conn, c, nullptr);
+      }
+    }
+    if (!resp.ok()) return resp.status();
+  }
+  f.dirty = false;
+  if (static_cast<WriteMode>(f.target.target.write_mode()) == WriteMode::kBack) f.sealed = true;
+  return Status::OK();
+}
+
+Status WriteFiles::Commit(uint64_t fh, bool wait_upload) {
+  auto f = Of(fh);
+  if (!f) return Status::OK();  // a handle this process does not know: nothing of it is here
+  MutexLock fl(&f->mu);
+  return CommitLocked(*f, wait_upload);
+}
+
+Status WriteFiles::Release(uint64_t fh) {
+  std::shared_ptr<File> f;
+  uint64_t kino = 0;
+  bool last = false;
+  {
+    MutexLock lock(&mu_);
+    auto it = by_handle_.find(fh);
+    if (it == by_handle_.end()) return Status::OK();
+    f = it->second;
+    kino = inode_of_[fh];
+    by_handle_.erase(it);
+    inode_of_.erase(fh);
+    last = --f->handles == 0;
+    if (last) by_inode_.erase(kino);
+  }
+  if (!last) return Status::OK();
+  MutexLock fl(&f->mu);
+  Status st = CommitLocked(*f, false);
+  EndLocked(*f);
+  return st;
+}
+
+std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino) {
+  std::shared_ptr<File> f;
+  {
+    MutexLock lock(&mu_);
+    auto it = by_inode_.find(kino);
+    if (it == by_inode_.end()) return std::nullopt;
+    f = it->second;
+  }
+  MutexLock fl(&f->mu);
+  return f->size;
+}
+
+size_t WriteFiles::open_files() {
+  MutexLock lock(&mu_);
+  return by_inode_.size();
+}
+
+}  // namespace granary::fuse
