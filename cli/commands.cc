@@ -337,6 +337,13 @@ int CmdReport(MasterConn& m, bool json) {
                   static_cast<unsigned long long>(t.demotions()), static_cast<unsigned long long>(t.promotions()),
                   paths.c_str());
     }
+    if (s.writeback_files() + s.uploaded_files() + s.upload_failures() + s.write_sessions() > 0) {
+      std::printf("       writes: %u being written, write-back backlog %llu files (%s), uploaded %llu (%s), failed "
+                  "uploads %llu (retried)\n",
+                  s.write_sessions(), static_cast<unsigned long long>(s.writeback_files()),
+                  FormatBytes(s.writeback_bytes()).c_str(), static_cast<unsigned long long>(s.uploaded_files()),
+                  FormatBytes(s.uploaded_bytes()).c_str(), static_cast<unsigned long long>(s.upload_failures()));
+    }
     if (s.peer_reads() + s.peer_served() + s.peer_failovers() > 0) {
       std::printf("       from peers %llu reads (%s), served to peers %llu, failovers %llu\n",
                   static_cast<unsigned long long>(s.peer_reads()), FormatBytes(s.peer_bytes()).c_str(),

@@ -249,6 +249,8 @@ struct Figures {
   double used = 0, capacity = 0, high = 0, evictions = 0, elastic = 0;
   double ufs_requests = 0, ufs_bytes = 0, ufs_errors = 0, ufs_retries = 0;
   double ahead_bytes = 0, ahead_inflight = 0, ahead_target = 0, range_reads = 0;  // fetch-ahead, range first
+  // Writes: the write=back backlog now (gauges), and this interval's uploads and failed uploads.
+  double writeback_files = 0, writeback_bytes = 0, uploaded_bytes = 0, upload_failures = 0;
   double worker_rss = 0, worker_limit = 0;
   std::vector<rpc::TierStats> tiers;
 };
@@ -295,6 +297,10 @@ Figures Compare(const Snapshot& a, const Snapshot& b) {
     for (const auto& t : w.tiers()) f.high += t.high() * static_cast<double>(t.capacity_bytes());
     f.evictions += d(&rpc::WorkerStats::evictions);
     f.ufs_requests += d(&rpc::WorkerStats::ufs_calls);
+    f.writeback_files += static_cast<double>(w.writeback_files());
+    f.writeback_bytes += static_cast<double>(w.writeback_bytes());
+    f.uploaded_bytes += d(&rpc::WorkerStats::uploaded_bytes);
+    f.upload_failures += d(&rpc::WorkerStats::upload_failures);
     f.ufs_bytes += d(&rpc::WorkerStats::ufs_bytes);
     f.ufs_errors += d(&rpc::WorkerStats::ufs_errors);
     f.ufs_retries += d(&rpc::WorkerStats::ufs_retries);
@@ -461,6 +467,10 @@ json FiguresJson(const Figures& f) {
                 {"high", f.high},
                 {"evictions", f.evictions},
                 {"tiers", tiers}};
+  j["writes"] = {{"writeback_files", f.writeback_files},
+                 {"writeback_bytes", f.writeback_bytes},
+                 {"uploaded_bytes", f.uploaded_bytes},
+                 {"upload_failures", f.upload_failures}};
   j["ufs"] = {{"requests", f.ufs_requests}, {"bytes", f.ufs_bytes}, {"errors", f.ufs_errors}, {"retries", f.ufs_retries},
               {"range_reads", f.range_reads}};
   // Of ufs.bytes, what fetch-ahead brought; its fetches in flight now and the pacer's allowance.
@@ -545,6 +555,10 @@ int CmdStats(const Config& cfg, MasterConn& master, const StatsOptions& opts) {
       std::printf("%s\n", FiguresJson(f).dump().c_str());
     } else if (tty) {
       std::printf("%s\n", Row(Cells(f)).c_str());
+      if (f.writeback_files > 0) {  // under its row: the table's columns are full at 80 characters
+        std::printf("  write-back backlog: %.0f files, %s waiting to upload%s\n", f.writeback_files,
+                    CompactBytes(f.writeback_bytes).c_str(), f.upload_failures > 0 ? " (uploads failing, retried)" : "");
+      }
     } else {
       std::string line;
       for (const auto& c : Cells(f)) line += (line.empty() ? "" : " ") + c;

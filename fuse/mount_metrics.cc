@@ -106,6 +106,17 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
     e->Sample("granary_fuse_errors_total", {{"op", k.first}, {"errno", k.second}}, static_cast<double>(n));
   }
   e->Counter("granary_fuse_read_bytes_total", "Bytes returned to readers.", static_cast<double>(fs_->read_bytes));
+  e->Counter("granary_fuse_written_bytes_total", "Bytes written to files of writable mounts (fuse/writes.h).",
+             static_cast<double>(fs_->written_bytes));
+  e->Counter("granary_fuse_files_committed_total",
+             "Written files committed by a close() or fsync() (write=through: in the under-storage; write=back: "
+             "staged for upload).",
+             static_cast<double>(fs_->files_committed));
+  {
+    WriteFiles* w = fs_->WritesIfAny();
+    e->Gauge("granary_fuse_files_being_written", "Files open for writing through this mount now.",
+             w != nullptr ? static_cast<double>(w->open_files()) : 0.0);
+  }
   const ClientCounters& c = fs_->client->counters();
   e->Family("granary_fuse_read_pieces_total", "counter",
             "Pieces of reads by how they came: zero_copy (a leased block file from the local worker), "

@@ -156,11 +156,18 @@ void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_up
   OpScope scope(req, wait_upload ? "fsync" : "flush", wait_upload ? FsOf(req)->lat_fsync : FsOf(req)->lat_flush, ino);
   Fs* fs = FsOf(req);
   WriteFiles* w = fs->WritesIfAny();
-  if (w == nullptr) return (void)fuse_reply_err(req, 0);
-  Status st = w->Commit(fh, wait_upload);
+  Status st = w != nullptr ? w->Commit(fh, wait_upload)
+                           : InternalError("the file was opened for writing before granary-fuse restarted; it was "
+                                           "not committed (write it again)");
   fs->attrs->Erase(fs->ToMaster(ino));
   fs->files->Erase(fs->ToMaster(ino));
-  if (!st.ok()) return ReplyError(req, st, wait_upload ? "fsync" : "close");
+  if (!st.ok()) {
+    // The writer learns the file is not safe (EIO; ENOSPC for a full disk); the cause is logged.
+    if (ToErrno(st) != ENOSPC && ToErrno(st) != EIO) st = InternalError(st.message());
+    spdlog::error("{} of inode {} failed, the file is not committed: {}", wait_upload ? "fsync" : "close",
+                  fs->ToMaster(ino), st.message());
+    return ReplyError(req, st, wait_upload ? "fsync" : "close");
+  }
   fs->files_committed++;
   fuse_reply_err(req, 0);
 }

@@ -237,7 +237,11 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
 
 Status WriteFiles::Commit(uint64_t fh, bool wait_upload) {
   auto f = Of(fh);
-  if (!f) return Status::OK();  // a handle this process does not know: nothing of it is here
+  if (!f) {
+    // Opened by a granary-fuse that was restarted since: what it wrote was dropped with it.
+    return InternalError("the file was opened for writing before granary-fuse restarted; what was written through "
+                         "that open was not committed (write it again)");
+  }
   MutexLock fl(&f->mu);
   return CommitLocked(*f, wait_upload);
 }

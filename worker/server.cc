@@ -549,6 +549,15 @@ class WorkerServerImpl final : public WorkerServer {
     const UfsCounters& u = link_->ufs_counters();
     s.set_ufs_retries(u.retries);
     s.set_ufs_calls(u.stats + u.lists + u.reads + u.writes);
+    if (writes_) {
+      WriteSessions::Backlog b = writes_->backlog();
+      s.set_writeback_files(b.files);
+      s.set_writeback_bytes(b.bytes);
+      s.set_uploaded_files(b.uploaded);
+      s.set_uploaded_bytes(b.uploaded_bytes);
+      s.set_upload_failures(b.failures);
+      s.set_write_sessions(static_cast<uint32_t>(b.open_sessions));
+    }
     metrics::ProcessMemory mem = metrics::ReadProcessMemory();
     s.set_rss_bytes(mem.rss_bytes);
     s.set_memory_limit_bytes(mem.limit_bytes);

@@ -1,0 +1,295 @@
+// Writes through a real mount (mount option write=through|back; docs/semantics.md, "Writes"): every
+// supported call, the refusals, granary-fuse and the worker killed mid-write, the store failing,
+// a full staging disk, and what the report and /metrics show. The under-storage is a local
+// directory here; tests/integration/s3_test.cc runs the same calls on Ceph RGW.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Writes `data` to `path` with open(O_CREAT|O_TRUNC), write and close; the errno of the first call
+// that failed (0: none).
+int WriteWhole(const std::string& path, const std::string& data, bool fsync_first = false) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return errno;
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = write(fd, data.data() + done, std::min<size_t>(data.size() - done, 1 << 20));
+    if (n < 0) {
+      int err = errno;
+      close(fd);
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync_first && fsync(fd) != 0) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  return close(fd) == 0 ? 0 : errno;
+}
+
+struct Modes {
+  const char* write;  // mount option write=
+  const char* open;   // fuse.open
+};
+
+class WriteCalls : public ::testing::TestWithParam<Modes> {};
+
+// Every supported call, through the mount, in each write mode and read mode; what the store holds
+// afterwards; the refusals.
+TEST_P(WriteCalls, EverySupportedCallLandsWholeInTheStore) {
+  TempDir dir;
+  fs::create_directories(dir / "src/existing");
+  WriteFile(dir / "src/existing/old.bin", "old bytes");
+  fs::create_directories(dir / "ro");
+  WriteFile(dir / "ro/r.txt", "read only");
+  ClusterOptions opts;
+  opts.fuse_args = {"--fuse.open", GetParam().open};
+  LocalCluster c(dir, opts);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  RunResult m = c.Cli({"mount", "/w", "file://" + dir / "src", "-o", std::string("write=") + GetParam().write});
+  ASSERT_EQ(m.code, 0) << m.out;
+  ASSERT_EQ(c.Cli({"mount", "/r", "file://" + dir / "ro"}).code, 0);
+  const std::string mnt = c.mountpoint();
+  const bool back = std::string(GetParam().write) == "back";
+  // The store has `rel` with `data` (write=back: once uploaded).
+  auto in_store = [&](const std::string& rel, const std::string& data) {
+    return WaitFor([&] { return fs::exists(dir / ("src/" + rel)) && ReadFile(dir / ("src/" + rel)) == data; },
+                   std::chrono::seconds(back ? 30 : 1));
+  };
+
+  // A new file, several parts of it (a multi-block file: the block size is 64Ki here).
+  const std::string big = RandomBytes(3'000'000, 7);
+  ASSERT_EQ(WriteWhole(mnt + "/w/ckpt.pt", big), 0);
+  if (!back) EXPECT_EQ(ReadFile(dir / "src/ckpt.pt"), big) << "write=through: whole in the store when close() returns";
+  EXPECT_TRUE(in_store("ckpt.pt", big));
+  EXPECT_EQ(Sha256File(mnt + "/w/ckpt.pt"), Sha256File(dir / "src/ckpt.pt")) << "read back through the mount";
+  struct stat st;
+  ASSERT_EQ(stat((mnt + "/w/ckpt.pt").c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), big.size());
+  for (const auto& e : fs::directory_iterator(dir / "src")) {
+    EXPECT_EQ(e.path().filename().string().rfind(".granary-writing-", 0), std::string::npos)
+        << "a temporary file left in the store: " << e.path();
+  }
+
+  // Replaced whole (O_TRUNC), an empty file, a file made durable with fsync before close.
+  ASSERT_EQ(WriteWhole(mnt + "/w/existing/old.bin", "new bytes, longer than before"), 0);
+  EXPECT_TRUE(in_store("existing/old.bin", "new bytes, longer than before"));
+  EXPECT_EQ(ReadFile(mnt + "/w/existing/old.bin"), "new bytes, longer than before");
+  ASSERT_EQ(WriteWhole(mnt + "/w/empty", ""), 0);
+  EXPECT_TRUE(in_store("empty", ""));
+  ASSERT_EQ(WriteWhole(mnt + "/w/synced.bin", "synced", /*fsync_first=*/true), 0);
+  EXPECT_EQ(ReadFile(dir / "src/synced.bin"), "synced") << "fsync returns once the file is in the store, in both modes";
+
+  // Directories, renames, removals.
+  ASSERT_EQ(mkdir((mnt + "/w/out").c_str(), 0755), 0) << strerror(errno);
+  EXPECT_TRUE(fs::is_directory(dir / "src/out"));
+  EXPECT_EQ(mkdir((mnt + "/w/out").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EEXIST);
+  ASSERT_EQ(rename((mnt + "/w/ckpt.pt").c_str(), (mnt + "/w/out/final.pt").c_str()), 0) << strerror(errno);
+  EXPECT_FALSE(fs::exists(dir / "src/ckpt.pt"));
+  EXPECT_EQ(Sha256File(dir / "src/out/final.pt"), Sha256File(mnt + "/w/out/final.pt"));
+  EXPECT_EQ(ReadFile(mnt + "/w/out/final.pt"), big);
+  EXPECT_FALSE(fs::exists(mnt + "/w/ckpt.pt"));
+  EXPECT_EQ(rmdir((mnt + "/w/out").c_str()), -1);
+  EXPECT_EQ(errno, ENOTEMPTY);
+  ASSERT_EQ(unlink((mnt + "/w/out/final.pt").c_str()), 0) << strerror(errno);
+  EXPECT_FALSE(fs::exists(dir / "src/out/final.pt"));
+  ASSERT_EQ(rmdir((mnt + "/w/out").c_str()), 0) << strerror(errno);
+  EXPECT_FALSE(fs::exists(dir / "src/out"));
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(mnt + "/w")) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"empty", "existing", "synced.bin"}));
+
+  // Refusals: an append or a write into part of an existing file (EOPNOTSUPP, with a log line
+  // saying what to do), a truncate of a closed file; anything below a read-only mount (EROFS).
+  int fd = open((mnt + "/w/synced.bin").c_str(), O_WRONLY | O_APPEND);
+  EXPECT_EQ(fd, -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(truncate((mnt + "/w/synced.bin").c_str(), 2), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(ReadFile(dir / "src/synced.bin"), "synced") << "a refused call changed the store";
+  EXPECT_EQ(WriteWhole(mnt + "/r/new.txt", "x"), EROFS);
+  EXPECT_EQ(WriteWhole(mnt + "/r/r.txt", "x"), EROFS);
+  EXPECT_EQ(mkdir((mnt + "/r/d").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(unlink((mnt + "/r/r.txt").c_str()), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(ReadFile(dir / "ro/r.txt"), "read only");
+  EXPECT_NE(ReadFile(dir / "fuse.log").find("Granary writes whole files"), std::string::npos)
+      << "the refusal's log line says what to do";
+
+  // What was written is cached: the report counts it and reading it back is a hit.
+  if (!back) {
+    nlohmann::json r;
+    ASSERT_TRUE(WaitFor([&] {
+      r = c.Report();
+      for (const auto& mj : r["mounts"]) {
+        if (mj["path"] == "/w" && mj["cached_bytes"].get<uint64_t>() >= 29) return true;
+      }
+      return false;
+    })) << r.dump(2);
+  }
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WriteCalls,
+                         ::testing::Values(Modes{"through", "daemon"}, Modes{"back", "daemon"},
+                                           Modes{"through", "kernel"}, Modes{"back", "passthrough"}),
+                         [](const auto& info) {
+                           return std::string(info.param.write) + "_" + info.param.open;
+                         });
+
+// A writer killed with its granary-fuse: the file was never acknowledged and the store keeps its
+// previous version (never a partial file); after the restart the file can be written again.
+TEST(Writes, GranaryFuseKilledMidWriteLeavesThePreviousVersionWhole) {
+  for (const char* mode : {"through", "back"}) {
+    SCOPED_TRACE(mode);
+    TempDir dir;
+    fs::create_directories(dir / "src");
+    WriteFile(dir / "src/ckpt.pt", "version one");
+    LocalCluster c(dir);
+    std::string why;
+    ASSERT_TRUE(c.StartDaemons(&why)) << why;
+    ASSERT_TRUE(c.StartFuse(&why)) << why;
+    ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", std::string("write=") + mode}).code, 0);
+    // A writer that writes 4 MiB, says so, and goes on writing until it is told to stop.
+    WriteFile(dir / "writer.py",
+              "import os, sys, time\n"
+              "f = open(sys.argv[1], 'wb')\n"
+              "f.write(os.urandom(4 << 20)); f.flush()\n"
+              "open(sys.argv[2], 'w').write('started')\n"
+              "try:\n"
+              "    while not os.path.exists(sys.argv[3]):\n"
+              "        f.write(os.urandom(64 << 10)); f.flush(); time.sleep(0.01)\n"
+              "    f.close()\n"
+              "    print('closed')\n"
+              "except OSError as e:\n"
+              "    print('error', e.errno)\n");
+    Process writer({"/usr/bin/python3", dir / "writer.py", c.mountpoint() + "/w/ckpt.pt", dir / "started", dir / "stop"},
+                   dir / "writer.log");
+    ASSERT_TRUE(WaitFor([&] { return fs::exists(dir / "started") || !writer.Running(); })) << writer.Log();
+    ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << why;
+    WriteFile(dir / "stop", "");
+    ASSERT_TRUE(WaitFor([&] { return !writer.Running(); })) << writer.Log();
+    EXPECT_NE(writer.Log().find("error"), std::string::npos) << "the interrupted file was acknowledged:\n"
+                                                              << writer.Log();
+    // The worker dropped the session: nothing staged remains, the store has the old version.
+    EXPECT_TRUE(WaitFor([&] { return c.Metric("worker", "granary_worker_write_sessions") == 0; }));
+    EXPECT_EQ(ReadFile(dir / "src/ckpt.pt"), "version one");
+    for (const auto& e : fs::directory_iterator(dir / "src")) {
+      EXPECT_EQ(e.path().filename().string(), "ckpt.pt") << "left in the store: " << e.path();
+    }
+    ASSERT_EQ(WriteWhole(c.mountpoint() + "/w/ckpt.pt", "version two"), 0);
+    EXPECT_TRUE(WaitFor([&] { return ReadFile(dir / "src/ckpt.pt") == "version two"; }));
+    EXPECT_TRUE(c.StopAll(&why)) << why;
+  }
+}
+
+// write=back: a file whose upload fails stays staged (the report and /metrics show the backlog),
+// survives a kill -9 of the worker, and is uploaded whole once the store takes it.
+TEST(Writes, BackModeBacklogSurvivesAWorkerKillAndIsUploaded) {
+  TempDir dir;
+  fs::create_directories(dir / "src/sub");
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=back"}).code, 0);
+  // The store loses the directory behind Granary's back once the file is open: its upload fails
+  // until the directory is back.
+  int fd = open((c.mountpoint() + "/w/sub/late.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  fs::remove_all(dir / "src/sub");
+  const std::string data = RandomBytes(2'000'000, 3);
+  ASSERT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(close(fd), 0) << "write=back acknowledges once staged: " << strerror(errno);
+  EXPECT_TRUE(WaitFor([&] { return c.Metric("worker", "granary_worker_upload_failures_total") >= 1; })) << c.Logs();
+  EXPECT_EQ(c.Metric("worker", "granary_worker_writeback_backlog_files"), 1);
+  EXPECT_EQ(c.Metric("worker", "granary_worker_writeback_backlog_bytes"), static_cast<double>(data.size()));
+  // An fsync of such a file would wait for the upload (WriteSessions::kSyncWait) and fail: not
+  // exercised here, it takes a minute.
+  RunResult report;
+  EXPECT_TRUE(WaitFor([&] {  // as of the worker's next heartbeat
+    report = c.Cli({"report"});
+    return report.out.find("write-back backlog 1 files") != std::string::npos;
+  })) << report.out;
+
+  c.KillWorker();
+  fs::create_directories(dir / "src/sub");
+  ASSERT_TRUE(c.RestartWorker(&why)) << why;
+  EXPECT_TRUE(WaitFor([&] { return fs::exists(dir / "src/sub/late.bin"); })) << c.Logs();
+  EXPECT_EQ(ReadFile(dir / "src/sub/late.bin"), data);
+  EXPECT_TRUE(WaitFor([&] { return c.Metric("worker", "granary_worker_writeback_backlog_files") == 0; }));
+  EXPECT_EQ(Sha256File(c.mountpoint() + "/w/sub/late.bin"), Sha256File(dir / "src/sub/late.bin"));
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
+// write=through with the store failing: close() answers EIO (the cause logged) and the store keeps
+// nothing of the file.
+TEST(Writes, ThroughModeCloseFailsWithEioWhenTheStoreFails) {
+  TempDir dir;
+  fs::create_directories(dir / "src/sub");
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=through"}).code, 0);
+  int fd = open((c.mountpoint() + "/w/sub/x.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  fs::remove_all(dir / "src/sub");  // the store fails the upload
+  ASSERT_EQ(write(fd, "bytes", 5), 5);
+  EXPECT_EQ(close(fd), -1);
+  EXPECT_EQ(errno, EIO);
+  EXPECT_FALSE(fs::exists(dir / "src/sub"));
+  EXPECT_NE(ReadFile(dir / "fuse.log").find("the file is not committed"), std::string::npos);
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
+// A staging disk that fills up gives the writer ENOSPC, and nothing of the file reaches the store.
+TEST(Writes, AFullStagingDiskGivesTheWriterEnospc) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  TempDir dir;
+  fs::create_directories(dir / "src");
+  fs::create_directories(dir / "staging");
+  ASSERT_EQ(mount("tmpfs", (dir / "staging").c_str(), "tmpfs", 0, "size=2m,mode=0700"), 0) << strerror(errno);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{dir / "staging"};
+  ClusterOptions opts;
+  opts.worker_args = {"--worker.staging_dir", dir / "staging"};
+  {
+    LocalCluster c(dir, opts);
+    std::string why;
+    ASSERT_TRUE(c.StartDaemons(&why)) << why;
+    ASSERT_TRUE(c.StartFuse(&why)) << why;
+    ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=back"}).code, 0);
+    EXPECT_EQ(WriteWhole(c.mountpoint() + "/w/big.bin", RandomBytes(4 << 20, 5)), ENOSPC);
+    EXPECT_FALSE(fs::exists(dir / "src/big.bin"));
+    // Room again: the next write goes through.
+    EXPECT_EQ(WriteWhole(c.mountpoint() + "/w/small.bin", "fits"), 0);
+    EXPECT_TRUE(WaitFor([&] { return ReadFile(dir / "src/small.bin") == "fits"; }));
+    EXPECT_TRUE(c.StopAll(&why)) << why;
+  }
+}
+
+}  // namespace
+}  // namespace granary::testing
