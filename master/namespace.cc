@@ -787,7 +787,20 @@ StatusOr<rpc::MountInfo> Namespace::Mount(const std::string& path, const std::st
   ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
   if (parts.empty()) return InvalidArgumentError("cannot mount over / (mount at a path like /imagenet)");
   ASSIGN_OR_RETURN(OpenedMount opened, OpenMount(uri, options, access_, &ufs_counters_));
-  ASSIGN_OR_RETURN(UfsEntry root_entry, opened.ufs->Stat(""));
+  auto root_stat = opened.ufs->Stat("");
+  if (!root_stat.ok() && root_stat.status().IsNotFound() && opened.cache.write != WriteMode::kOff) {
+    // An object store's prefix with nothing below it yet is an empty directory to write into
+    // (checkpoints under a new prefix); a missing bucket or local directory is still an error.
+    auto parsed = ParseUri(uri);
+    if (parsed.ok() && (parsed->scheme == "s3" || parsed->scheme == "oss") && !parsed->path.empty()) {
+      UfsEntry empty;
+      empty.is_dir = true;
+      empty.mode = 0755;
+      empty.mtime_ns = NowNs();
+      root_stat = empty;
+    }
+  }
+  ASSIGN_OR_RETURN(UfsEntry root_entry, std::move(root_stat));
   if (!root_entry.is_dir) return InvalidArgumentError(RedactUri(uri) + " is not a directory");
 
   MutexLock lock(&mu_);

@@ -258,8 +258,15 @@ StatusOr<std::shared_ptr<UnderFileSystem>> S3Ufs::Open(const std::string& uri, S
                                                        std::shared_ptr<HttpClient> http) {
   if (!http) http = std::make_shared<CurlHttpClient>();
   std::shared_ptr<S3Ufs> ufs(new S3Ufs(RedactUri(uri), std::move(settings), std::move(http)));
-  ASSIGN_OR_RETURN(UfsEntry root, ufs->Stat(""));
-  (void)root;
+  auto root = ufs->Stat("");
+  if (!root.ok() && root.status().IsNotFound() && !ufs->s_.prefix.empty()) {
+    // A prefix with nothing below it: the bucket and credentials are proven by a one-key listing
+    // of the bucket; whether an empty prefix may be mounted is the caller's (a writable mount may).
+    ASSIGN_OR_RETURN(HttpResponse r, ufs->Call("GET", "", {{"list-type", "2"}, {"max-keys", "1"}}, {}));
+    if (r.status != 200) return ufs->ErrorFor(r, ufs->uri_);
+    return std::shared_ptr<UnderFileSystem>(ufs);
+  }
+  if (!root.ok()) return root.status();
   return std::shared_ptr<UnderFileSystem>(ufs);
 }
 

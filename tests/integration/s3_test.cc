@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -267,8 +268,20 @@ TEST_F(S3Test, MissingBucketAndPrefix) {
   EXPECT_FALSE(Open("s3://no-such-bucket-here/x", {}, nullptr, &err));
   EXPECT_EQ(err.code(), Code::kNotFound);
   EXPECT_NE(err.message().find("no-such-bucket-here"), std::string::npos) << err.message();
-  EXPECT_FALSE(Open("s3://granary-test/no-such-prefix", {}, nullptr, &err));
-  EXPECT_EQ(err.code(), Code::kNotFound) << err.message();
+  // A prefix with nothing below it opens (a writable mount may start empty) and is not there; the
+  // master refuses to mount it read-only (Namespace::Mount).
+  auto empty = Open("s3://granary-test/no-such-prefix", {}, nullptr, &err);
+  ASSERT_NE(empty, nullptr) << err.message();
+  EXPECT_EQ(empty->Stat("").status().code(), Code::kNotFound);
+  TempDir ns_dir;
+  auto ns = master::Namespace::Open(ns_dir.path(), 1 << 20, UfsAccess::Unrestricted());
+  ASSERT_TRUE(ns.ok());
+  std::map<std::string, std::string> opts{{"endpoint", endpoint_}, {"access_key_file", CredFile("ak", ak_)},
+                                          {"secret_key_file", CredFile("sk", sk_)}};
+  auto ro = (*ns)->Mount("/ro", "s3://granary-test/no-such-prefix", opts);
+  EXPECT_EQ(ro.status().code(), Code::kNotFound) << ro.status().message();
+  opts["write"] = "through";
+  EXPECT_TRUE((*ns)->Mount("/rw", "s3://granary-test/no-such-prefix", opts).ok());
   Status unknown;
   EXPECT_FALSE(Open("s3://granary-test/ds", {{"acces_key", "x"}}, nullptr, &unknown));
   EXPECT_NE(unknown.message().find("unknown s3 mount option 'acces_key'"), std::string::npos) << unknown.message();
@@ -296,6 +309,83 @@ TEST_F(S3Test, DatasetOnS3ReadsByteIdenticalThroughFuse) {
   EXPECT_EQ(local.Stop(SIGTERM), 0) << log;
   EXPECT_EQ(log.find(sk_), std::string::npos) << "the secret key leaked into the log";
   EXPECT_FALSE(IsMounted(dir / "mnt"));
+}
+
+// Writes through a mount of RGW (write=through, then write=back): a multipart upload, a small PUT,
+// directories as markers, a rename (copy + delete), removals, a replacement; the objects are whole
+// (read back with the S3 client itself) and no upload is left open.
+TEST_F(S3Test, WritesLandWholeAsObjects) {
+  for (const char* mode : {"through", "back"}) {
+    SCOPED_TRACE(mode);
+    TempDir dir;
+    mkdir((dir / "mnt").c_str(), 0755);
+    const std::string prefix = std::string("written-") + mode;
+    std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"},
+                                           {"AWS_ACCESS_KEY_ID", ak_},
+                                           {"AWS_SECRET_ACCESS_KEY", sk_},
+                                           {"AWS_ENDPOINT_URL", endpoint_}};
+    Process local({Bin("granary"), "local", "s3://granary-test/" + prefix, dir / "mnt", "--dir", dir / "state", "-o",
+                   std::string("write=") + mode},
+                  dir / "local.log", env);
+    ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+    ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+    auto ufs = Open("s3://granary-test/" + prefix);
+    ASSERT_NE(ufs, nullptr);
+    // The object `key` as the store has it (write=back: once uploaded); "" when absent.
+    auto object = [&](const std::string& key) -> std::string {
+      auto st = ufs->Stat(key);
+      if (!st.ok() || st->is_dir) return "";
+      std::string out(st->size, '\0');
+      auto n = ufs->Read(key, st->version, 0, out.size(), out.data());
+      return n.ok() ? out.substr(0, *n) : "";
+    };
+    auto settled = [&](const std::string& key, const std::string& want) {
+      return WaitFor([&] { return object(key) == want; }, std::chrono::seconds(60));
+    };
+
+    const std::string big = RandomBytes(40 << 20, 31);  // three parts of 16 MiB
+    {
+      std::ofstream f(dir / "mnt/ckpt.pt", std::ios::binary);
+      f.write(big.data(), static_cast<std::streamsize>(big.size()));
+      f.close();
+      ASSERT_TRUE(f.good());
+    }
+    EXPECT_TRUE(settled("ckpt.pt", big)) << local.Log();
+    WriteFile(dir / "mnt/small.txt", "small\n");
+    EXPECT_TRUE(settled("small.txt", "small\n"));
+    ASSERT_EQ(mkdir((dir / "mnt/out").c_str(), 0755), 0) << strerror(errno);
+    EXPECT_TRUE(ufs->Stat("out").ok() && ufs->Stat("out")->is_dir);
+    ASSERT_EQ(rename((dir / "mnt/small.txt").c_str(), (dir / "mnt/out/moved.txt").c_str()), 0) << strerror(errno);
+    EXPECT_EQ(object("out/moved.txt"), "small\n");
+    EXPECT_EQ(object("small.txt"), "");
+    EXPECT_EQ(ReadFile(dir / "mnt/out/moved.txt"), "small\n");
+    WriteFile(dir / "mnt/out/moved.txt", "replaced\n");  // O_TRUNC: a new whole object
+    EXPECT_TRUE(settled("out/moved.txt", "replaced\n"));
+    EXPECT_EQ(rmdir((dir / "mnt/out").c_str()), -1);
+    EXPECT_EQ(errno, ENOTEMPTY);
+    ASSERT_EQ(unlink((dir / "mnt/out/moved.txt").c_str()), 0) << strerror(errno);
+    EXPECT_EQ(object("out/moved.txt"), "");
+    ASSERT_EQ(rmdir((dir / "mnt/out").c_str()), 0) << strerror(errno);
+    EXPECT_EQ(ufs->Stat("out").status().code(), Code::kNotFound);
+    // A directory rename is refused with EOPNOTSUPP (object stores cannot rename one at once).
+    ASSERT_EQ(mkdir((dir / "mnt/d1").c_str(), 0755), 0);
+    EXPECT_EQ(rename((dir / "mnt/d1").c_str(), (dir / "mnt/d2").c_str()), -1);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    WriteFile(dir / "expected.pt", big);
+    EXPECT_EQ(Sha256File(dir / "mnt/ckpt.pt"), Sha256File(dir / "expected.pt")) << "read back through the mount";
+    std::string log = local.Log();
+    EXPECT_EQ(local.Stop(SIGTERM), 0) << log;
+    EXPECT_EQ(log.find(sk_), std::string::npos) << "the secret key leaked into the log";
+  }
+  // No multipart upload was left open.
+  WriteFile(dir_->path() + "/uploads.py",
+            "import boto3, sys\n"
+            "from botocore.config import Config\n"
+            "s3 = boto3.client('s3', endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2], "
+            "aws_secret_access_key=sys.argv[3], region_name='us-east-1', config=Config(s3={'addressing_style': 'path'}))\n"
+            "print(len(s3.list_multipart_uploads(Bucket='granary-test').get('Uploads', [])))\n");
+  RunResult uploads = RunCommand({"/usr/bin/python3", dir_->path() + "/uploads.py", endpoint_, ak_, sk_});
+  EXPECT_EQ(uploads.out, "0\n");
 }
 
 // Objects modified, deleted and added in RGW show through the mount after the sync interval, and a
