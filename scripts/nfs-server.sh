@@ -39,7 +39,7 @@ NFS_KRB5 { Active_krb5 = false; }
 NFSv4 { Graceless = true; RecoveryBackend = fs; RecoveryRoot = "$G/recov"; Only_Numeric_Owners = true; }
 EXPORT {
   Export_Id = 1; Path = "$G/export"; Pseudo = /export;
-  Access_Type = RO; Squash = No_Root_Squash; SecType = sys;
+  Access_Type = RW; Squash = No_Root_Squash; SecType = sys;
   Protocols = 4; Transports = TCP;
   Attr_Expiration_Time = 0;  # files change behind ganesha in tests: never serve cached attributes
   FSAL { Name = VFS; }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <random>
 #include <cstring>
 #include <optional>
 
@@ -42,6 +43,9 @@ Status NfsError(int rc, nfs_context* c, const std::string& what) {
   std::string detail = c ? nfs_get_error(c) : "";
   int err = -rc;
   if (err == ENOENT || err == ENOTDIR) return NotFoundError(what + " does not exist");
+  if (err == EEXIST || err == ENOTEMPTY || err == ENOSPC || err == EDQUOT || err == EISDIR || err == EROFS) {
+    return ErrnoError(err, what);
+  }
   if (err == EACCES || err == EPERM) return PermissionDeniedError(what + ": permission denied by the NFS server");
   return UnavailableError(what + ": " + (detail.empty() ? std::string(strerror(err)) : detail));
 }
@@ -338,7 +342,7 @@ Status NfsUfs::ReaddirPage(nfs_context* c, const std::vector<std::string>& path,
     for (const entry4* e = ok.reply.entries; e != nullptr; e = e->nextentry) {
       r->cursor->cookie = e->cookie;
       std::string name(e->name.utf8string_val, e->name.utf8string_len);
-      if (name == "." || name == "..") continue;
+      if (name == "." || name == ".." || IsWritingName(name)) continue;  // writers' temporary files too
       if (!IsValidName(name)) {
         spdlog::warn("skipping an entry of {} whose name cannot be a file name", *r->what);
         continue;
@@ -413,6 +417,159 @@ StatusOr<size_t> NfsUfs::Read(const std::string& path, const std::string& versio
   RETURN_IF_ERROR(st);
   if (changed) return VersionChangedError(uri_ + "/" + path + " changed in the under-storage since it was listed");
   return done;
+}
+
+// ---- writes ----
+
+// A new file written to a hidden temporary name on one context held for the writer's life, then
+// renamed over the target.
+class NfsWriter : public UfsWriter {
+ public:
+  NfsWriter(NfsUfs* fs, nfs_context* c, nfsfh* fh, std::string path, std::string temp)
+      : fs_(fs), c_(c), fh_(fh), path_(std::move(path)), temp_(std::move(temp)) {}
+  ~NfsWriter() override { Abort(); }
+
+  // Debian 12's libnfs (4.0) encodes an NFSv4 WRITE in a 4 KiB buffer: at most kWriteChunk bytes
+  // each. So the bytes go as many small WRITEs kept in flight together (kWritesInFlight), driven
+  // on this writer's context until all are answered.
+  static constexpr size_t kWriteChunk = 3584;
+  static constexpr int kWritesInFlight = 256;
+
+  Status Append(std::string_view data) override {
+    if (fh_ == nullptr) return FailedPreconditionError("write to " + path_ + " after it was committed or aborted");
+    struct Pending {
+      int outstanding = 0;
+      Status failed;
+    } p;
+    // Called from nfs_service (or from the context's end, with an error) while `p` lives: Append
+    // does not return before every WRITE it sent is answered or the context is gone.
+    auto cb = [](int err, nfs_context* c, void*, void* priv) {
+      auto* pending = static_cast<Pending*>(priv);
+      pending->outstanding--;
+      if (err < 0 && pending->failed.ok()) pending->failed = NfsError(err, c, "WRITE");
+    };
+    size_t sent = 0;
+    while ((sent < data.size() && p.failed.ok()) || p.outstanding > 0) {
+      while (sent < data.size() && p.outstanding < kWritesInFlight && p.failed.ok()) {
+        size_t n = std::min(kWriteChunk, data.size() - sent);
+        if (nfs_pwrite_async(c_, fh_, offset_ + sent, n, data.data() + sent, cb, &p) != 0) {
+          p.failed = UnavailableError(fs_->uri_ + "/" + path_ + ": cannot send an NFS WRITE: " + nfs_get_error(c_));
+          break;
+        }
+        p.outstanding++;
+        sent += n;
+      }
+      if (p.outstanding == 0) break;
+      pollfd pfd{nfs_get_fd(c_), static_cast<short>(nfs_which_events(c_)), 0};
+      int n = poll(&pfd, 1, 100);
+      if (n < 0 && errno != EINTR) return Fail(UnavailableError(fs_->uri_ + "/" + path_ + ": poll: " + strerror(errno)));
+      if (nfs_service(c_, n > 0 ? pfd.revents : 0) < 0) {
+        // The connection broke with writes outstanding: their callbacks may never come.
+        broken_ = true;
+        return Fail(UnavailableError(fs_->uri_ + "/" + path_ + ": NFS connection failed: " + nfs_get_error(c_)));
+      }
+    }
+    if (!p.failed.ok()) return Fail(Status(p.failed.code(), fs_->uri_ + "/" + path_ + ": " + p.failed.message()));
+    offset_ += data.size();
+    return Status::OK();
+  }
+
+  StatusOr<UfsEntry> Commit() override {
+    if (fh_ == nullptr) return FailedPreconditionError("commit of " + path_ + " after it was committed or aborted");
+    int rc = nfs_fsync(c_, fh_);
+    if (rc != 0) return Fail(NfsError(rc, c_, fs_->uri_ + "/" + path_));
+    nfs_close(c_, fh_);
+    fh_ = nullptr;
+    rc = nfs_rename(c_, Abs(temp_).c_str(), Abs(path_).c_str());
+    if (rc != 0) return Fail(NfsError(rc, c_, "rename into " + fs_->uri_ + "/" + path_));
+    auto e = fs_->StatOn(c_, path_);
+    fs_->Release(c_, !e.ok() && e.status().IsRetryable());
+    c_ = nullptr;
+    return e;
+  }
+
+  void Abort() override {
+    if (c_ == nullptr) return;
+    if (fh_ != nullptr) nfs_close(c_, fh_);
+    fh_ = nullptr;
+    nfs_unlink(c_, Abs(temp_).c_str());
+    fs_->Release(c_, broken_);
+    c_ = nullptr;
+  }
+
+ private:
+  Status Fail(Status st) {
+    broken_ = broken_ || st.IsRetryable();
+    Abort();
+    return st;
+  }
+  NfsUfs* const fs_;
+  nfs_context* c_;
+  nfsfh* fh_;
+  const std::string path_, temp_;
+  uint64_t offset_ = 0;
+  bool broken_ = false;
+};
+
+StatusOr<std::unique_ptr<UfsWriter>> NfsUfs::Create(const std::string& path, uint32_t mode) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  if (path.empty()) return InvalidArgumentError("cannot write the mount's root directory as a file");
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
+  size_t slash = path.rfind('/');
+  std::string temp = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
+                     std::string(kWritingPrefix) + suffix;
+  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  nfsfh* fh = nullptr;
+  // Not O_EXCL: an exclusive NFSv4 create sets the mode only afterwards, and the server then refuses
+  // the writes (the random name is what keeps writers apart).
+  int rc = nfs_create(c, Abs(temp).c_str(), O_WRONLY | O_CREAT | O_TRUNC, static_cast<int>(mode & 0777), &fh);
+  if (rc != 0) {
+    Status st = NfsError(rc, c, "create " + uri_ + "/" + path);
+    Release(c, st.IsRetryable());
+    return st;
+  }
+  return std::unique_ptr<UfsWriter>(new NfsWriter(this, c, fh, path, temp));
+}
+
+Status NfsUfs::Remove(const std::string& path) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  int rc = nfs_unlink(c, Abs(path).c_str());
+  Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "remove " + uri_ + "/" + path);
+  Release(c, st.IsRetryable());
+  return st;
+}
+
+Status NfsUfs::MakeDir(const std::string& path, uint32_t mode) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  int rc = nfs_mkdir2(c, Abs(path).c_str(), static_cast<int>(mode & 07777));
+  Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "make directory " + uri_ + "/" + path);
+  Release(c, st.IsRetryable());
+  return st;
+}
+
+Status NfsUfs::RemoveDir(const std::string& path) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  if (path.empty()) return InvalidArgumentError("cannot remove the mount's root directory");
+  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  int rc = nfs_rmdir(c, Abs(path).c_str());
+  Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "remove directory " + uri_ + "/" + path);
+  Release(c, st.IsRetryable());
+  return st;
+}
+
+Status NfsUfs::Rename(const std::string& from, const std::string& to) {
+  RETURN_IF_ERROR(CheckRelativePath(from));
+  RETURN_IF_ERROR(CheckRelativePath(to));
+  if (from.empty() || to.empty()) return InvalidArgumentError("cannot rename the mount's root directory");
+  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  int rc = nfs_rename(c, Abs(from).c_str(), Abs(to).c_str());
+  Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "rename " + uri_ + "/" + from + " to " + to);
+  Release(c, st.IsRetryable());
+  return st;
 }
 
 }  // namespace granary

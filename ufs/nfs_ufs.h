@@ -42,8 +42,16 @@ class NfsUfs : public UnderFileSystem {
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override;
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
+  // Writes, as LocalUfs makes them: a hidden temporary file beside the target (kWritingPrefix),
+  // fsynced (COMMIT), renamed over it.
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override;
+  Status Remove(const std::string& path) override;
+  Status MakeDir(const std::string& path, uint32_t mode) override;
+  Status RemoveDir(const std::string& path) override;
+  Status Rename(const std::string& from, const std::string& to) override;
 
  private:
+  friend class NfsWriter;
   // Where the next READDIR continues (RFC 7530 16.24: cookie 0 and a zero verifier to start).
   struct ReaddirCursor {
     uint64_t cookie = 0;

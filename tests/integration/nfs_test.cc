@@ -164,5 +164,39 @@ TEST_F(NfsTest, ListStreamsPagesOfABigDirectory) {
   EXPECT_TRUE((*ufs)->Stat("big").ok());
 }
 
+// Writes through a writable mount of a directory of the export (write=through, then back): the
+// files appear whole in the export (written to a hidden temporary name, then renamed), and mkdir,
+// rename, unlink and rmdir reach the server.
+TEST_F(NfsTest, WritesLandWholeInTheExport) {
+  for (const char* mode : {"through", "back"}) {
+    SCOPED_TRACE(mode);
+    const std::string sub = std::string("written-") + mode;
+    const std::string exp = *dir_ / ("nfs/export/" + sub);
+    fs::create_directories(exp);
+    const size_t q = uri_.find('?');
+    const std::string uri = q == std::string::npos ? uri_ + "/" + sub : uri_.substr(0, q) + "/" + sub + uri_.substr(q);
+    TempDir dir;
+    mkdir((dir / "mnt").c_str(), 0755);
+    Process local({Bin("granary"), "local", uri, dir / "mnt", "--dir", dir / "state", "-o", std::string("write=") + mode},
+                  dir / "local.log", {{"GRANARY_HOME", dir / "home"}});
+    ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+    ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+    const std::string big = RandomBytes(5'000'000, 9);
+    WriteFile(dir / "mnt/ckpt.pt", big);
+    EXPECT_TRUE(WaitFor([&] { return fs::exists(exp + "/ckpt.pt") && ReadFile(exp + "/ckpt.pt") == big; })) << local.Log();
+    ASSERT_EQ(mkdir((dir / "mnt/out").c_str(), 0755), 0) << strerror(errno);
+    EXPECT_TRUE(fs::is_directory(exp + "/out"));
+    ASSERT_EQ(rename((dir / "mnt/ckpt.pt").c_str(), (dir / "mnt/out/final.pt").c_str()), 0) << strerror(errno);
+    EXPECT_EQ(ReadFile(exp + "/out/final.pt"), big);
+    EXPECT_EQ(ReadFile(dir / "mnt/out/final.pt"), big);
+    EXPECT_EQ(rmdir((dir / "mnt/out").c_str()), -1);
+    EXPECT_EQ(errno, ENOTEMPTY);
+    ASSERT_EQ(unlink((dir / "mnt/out/final.pt").c_str()), 0) << strerror(errno);
+    ASSERT_EQ(rmdir((dir / "mnt/out").c_str()), 0) << strerror(errno);
+    EXPECT_TRUE(fs::is_empty(exp)) << "left in the export";
+    EXPECT_EQ(local.Stop(SIGTERM), 0) << local.Log();
+  }
+}
+
 }  // namespace
 }  // namespace granary::testing
