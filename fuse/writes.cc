@@ -92,6 +92,9 @@ Status WriteFiles::BeginLocked(File& f, bool copy) {
   f.fd = fd;
   f.session = resp->session();
   f.sealed = false;
+  f.contiguous = copy ? f.size : 0;
+  f.reported = 0;
+  f.stream_dropped = false;
   return Status::OK();
 }
 
@@ -120,7 +123,9 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
     }
     if (st.ok() && ftruncate(f->fd, 0) != 0) st = ErrnoError(errno, "empty a staging file");
     if (st.ok()) {
+      if (f->reported > 0) st = ProgressLocked(*f, 0, 0);  // emptied below what was streamed
       f->size = 0;
+      f->contiguous = 0;
       f->dirty = true;  // emptied: even with no write, close() makes the file empty in the store
     }
   }
@@ -169,7 +174,26 @@ Status WriteFiles::Write(uint64_t fh, const char* buf, size_t size, off_t off) {
   }
   f->size = std::max<uint64_t>(f->size, static_cast<uint64_t>(off) + size);
   f->dirty = true;
-  return Status::OK();
+  return ProgressLocked(*f, static_cast<uint64_t>(off), static_cast<uint64_t>(off) + size);
+}
+
+Status WriteFiles::ProgressLocked(File& f, uint64_t off, uint64_t end) {
+  if (static_cast<WriteMode>(f.target.target.write_mode()) != WriteMode::kThrough || f.stream_dropped) {
+    return Status::OK();
+  }
+  rpc::WriteCall c;
+  c.set_op(rpc::WriteCall::PROGRESS);
+  c.set_session(f.session);
+  if (off < f.reported) {  // behind what the worker may have uploaded: it drops that upload
+    f.stream_dropped = true;
+    c.set_size(0);
+    return Call(f.conn, c, nullptr).status();
+  }
+  if (off <= f.contiguous) f.contiguous = std::max(f.contiguous, end);
+  if (f.contiguous < kProgressSlack || f.contiguous - kProgressSlack < f.reported + kProgressStep) return Status::OK();
+  f.reported = f.contiguous - kProgressSlack;
+  c.set_size(f.reported);
+  return Call(f.conn, c, nullptr).status();
 }
 
 StatusOr<size_t> WriteFiles::Read(uint64_t fh, char* buf, size_t size, off_t off) {
@@ -199,7 +223,8 @@ Status WriteFiles::Truncate(uint64_t fh, uint64_t size) {
   if (ftruncate(f->fd, static_cast<off_t>(size)) != 0) return ErrnoError(errno, "truncate the staging file");
   f->size = size;
   f->dirty = true;
-  return Status::OK();
+  f->contiguous = std::min(f->contiguous, size);
+  return size < f->reported ? ProgressLocked(*f, size, size) : Status::OK();
 }
 
 Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
@@ -232,6 +257,8 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
   }
   f.dirty = false;
   if (static_cast<WriteMode>(f.target.target.write_mode()) == WriteMode::kBack) f.sealed = true;
+  f.reported = 0;  // the streamed upload was this commit's; more writes start another
+  f.stream_dropped = false;
   return Status::OK();
 }
 

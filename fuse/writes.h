@@ -12,7 +12,8 @@
 // end written (or what ftruncate set).
 //
 // close() (FLUSH) commits a File written since its last commit: the worker uploads it (through:
-// before answering) or seals it (back: the upload follows). fsync() commits and, for back, waits
+// before answering; meanwhile it has streamed the part written in order, as PROGRESS told it) or
+// seals it (back: the upload follows). fsync() commits and, for back, waits
 // for the upload. After a back-mode commit the worker owns the sealed staging file, so the next
 // write starts a new session from a copy of it. The last RELEASE of the inode's write handles
 // commits what was written since (its error can only be logged) and ends the session; a session
@@ -86,6 +87,12 @@ class WriteFiles {
     uint64_t size GUARDED_BY(mu) = 0;
     bool dirty GUARDED_BY(mu) = false;   // written (or emptied) since the last commit
     bool sealed GUARDED_BY(mu) = false;  // write=back: the worker took the staging file
+    // write=through: the bytes [0, contiguous) were all written, and [0, reported) were told to the
+    // worker as final (PROGRESS), which streams them to the store meanwhile. A write or truncate
+    // below `reported` drops that upload (a PROGRESS of 0): close() then uploads the whole file.
+    uint64_t contiguous GUARDED_BY(mu) = 0;
+    uint64_t reported GUARDED_BY(mu) = 0;
+    bool stream_dropped GUARDED_BY(mu) = false;
     int handles = 0;  // under WriteFiles::mu_
   };
   // A new session for `f` (the previous one, if any, ended); with `copy`, the first f.size bytes
@@ -93,6 +100,12 @@ class WriteFiles {
   Status BeginLocked(File& f, bool copy) REQUIRES(f.mu);
   void EndLocked(File& f) REQUIRES(f.mu);
   Status CommitLocked(File& f, bool wait_upload) REQUIRES(f.mu);
+  // write=through: tells the worker what is final now (or that the stream must be dropped).
+  Status ProgressLocked(File& f, uint64_t off, uint64_t end) REQUIRES(f.mu);
+  // Bytes kept back from the end of the contiguous prefix (a writer that seeks back a little, as
+  // a zip writer patching a header, stays streamed), and how far it moves before the next PROGRESS.
+  static constexpr uint64_t kProgressSlack = 8 << 20;
+  static constexpr uint64_t kProgressStep = 32 << 20;
   std::shared_ptr<File> Of(uint64_t fh);
 
   const std::string socket_;

@@ -179,11 +179,13 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       return Status::OK();
     }
     case rpc::WriteCall::ABORT: {
+      std::shared_ptr<Stream> dropped;  // its upload is aborted outside the lock
       MutexLock lock(&mu_);
       auto it = open_.find(call.session());
       if (it == open_.end() || it->second.conn != conn) return Status::OK();
       unlink(it->second.data_path.c_str());
       unlink((dir_ + "/" + std::to_string(call.session()) + ".json").c_str());
+      dropped = std::move(it->second.stream);
       open_.erase(it);
       return Status::OK();
     }
@@ -199,6 +201,22 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       }
       const std::string manifest = dir_ + "/" + std::to_string(call.session()) + ".json";
       if (static_cast<WriteMode>(s.target.write_mode) == WriteMode::kThrough) {
+        // The streamed upload is this commit's: a later one (more writes, then close) starts anew.
+        {
+          MutexLock lock(&mu_);
+          auto it = open_.find(call.session());
+          if (it != open_.end()) {
+            it->second.stream.reset();
+            it->second.no_stream = false;
+          }
+        }
+        if (s.stream && s.stream->writer) {
+          Status streamed = FinishStream(s, call.size(), resp);
+          if (streamed.ok()) return streamed;
+          spdlog::info("write=through: the streamed upload of {} failed ({}); uploading it whole", s.target.ufs_path,
+                       streamed.ToString());
+          s.stream.reset();  // aborts it
+        }
         return Upload(s.target, s.data_path, call.size(), resp);
       }
       // write=back: sealed on this disk, then acknowledged; the uploader owns it from here.
@@ -248,12 +266,63 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       done_.erase(d);
       return Status::OK();
     }
+    case rpc::WriteCall::PROGRESS: {
+      std::shared_ptr<Stream> stream;
+      Target target;
+      std::string data_path;
+      {
+        MutexLock lock(&mu_);
+        auto it = open_.find(call.session());
+        if (it == open_.end() || it->second.conn != conn) {
+          return FailedPreconditionError("write session " + std::to_string(call.session()) + " is not open");
+        }
+        Session& s = it->second;
+        if (static_cast<WriteMode>(s.target.write_mode) != WriteMode::kThrough || s.no_stream) return Status::OK();
+        if (s.stream) {
+          {
+            MutexLock sl(&s.stream->mu);
+            if (call.size() >= s.stream->target) {
+              s.stream->target = call.size();
+              s.stream->cv.notify_all();
+              return Status::OK();
+            }
+          }
+          // Behind what was sealed (a write there): the upload is dropped (aborted below, outside
+          // the lock) and COMMIT uploads the whole file.
+          spdlog::info("write=through: a write behind what was streamed of {}; the streamed upload is dropped and "
+                       "the file will be uploaded whole at close", s.target.ufs_path);
+          stream = std::move(s.stream);
+          s.no_stream = true;
+        } else if (call.size() == 0) {
+          return Status::OK();
+        } else {
+          target = s.target;
+          data_path = s.data_path;
+        }
+      }
+      if (stream) return Status::OK();
+      // The first PROGRESS: the upload begins.
+      ASSIGN_OR_RETURN(MountHandle m, mounts_->GetMount(target.mount_id));
+      auto fresh = std::make_shared<Stream>();
+      ASSIGN_OR_RETURN(fresh->writer, m.ufs->Create(target.ufs_path, target.mode));
+      {
+        MutexLock sl(&fresh->mu);
+        fresh->target = call.size();
+      }
+      fresh->thread = std::thread(StreamLoop, fresh.get(), data_path);
+      MutexLock lock(&mu_);
+      auto it = open_.find(call.session());
+      if (it == open_.end()) return Status::OK();  // ended meanwhile: `fresh` aborts
+      it->second.stream = std::move(fresh);
+      return Status::OK();
+    }
     default:
       return InvalidArgumentError("write session: unknown call " + std::to_string(call.op()));
   }
 }
 
 void WriteSessions::ConnectionClosed(uint64_t conn) {
+  std::vector<std::shared_ptr<Stream>> dropped;  // their uploads are aborted outside the lock
   MutexLock lock(&mu_);
   for (auto it = open_.begin(); it != open_.end();) {
     if (it->second.conn != conn) {
@@ -262,6 +331,7 @@ void WriteSessions::ConnectionClosed(uint64_t conn) {
     }
     unlink(it->second.data_path.c_str());
     unlink((dir_ + "/" + std::to_string(it->first) + ".json").c_str());
+    if (it->second.stream) dropped.push_back(std::move(it->second.stream));
     it = open_.erase(it);
   }
 }
@@ -297,6 +367,11 @@ Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint
     return st;
   }
   ASSIGN_OR_RETURN(UfsEntry e, (*w)->Commit());
+  return Committed(t, data_path, e, m.block_size, resp);
+}
+
+Status WriteSessions::Committed(const Target& t, const std::string& data_path, const UfsEntry& e,
+                                uint64_t mount_block_size, rpc::LocalResponse* resp) {
   rpc::CommitWriteRequest c;
   c.set_ino(t.ino);
   c.set_parent(t.parent);
@@ -312,7 +387,7 @@ Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint
     Keep k;
     k.mount_id = t.mount_id;
     k.size = e.size;
-    k.block_size = t.block_size != 0 ? t.block_size : m.block_size;
+    k.block_size = t.block_size != 0 ? t.block_size : mount_block_size;
     k.ufs_path = t.ufs_path;
     k.version = e.version;
     k.fd = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -331,6 +406,70 @@ Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint
     resp->set_committed_version(e.version);
   }
   return Status::OK();
+}
+
+WriteSessions::Stream::~Stream() {
+  {
+    MutexLock lock(&mu);
+    stop = true;
+  }
+  cv.notify_all();
+  if (thread.joinable()) thread.join();
+  if (writer) writer->Abort();
+}
+
+void WriteSessions::StreamLoop(Stream* st, std::string data_path) {
+  int f = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::string buf(4 << 20, '\0');
+  for (;;) {
+    uint64_t from, to;
+    {
+      MutexLock lock(&st->mu);
+      if (f < 0 && st->failed.ok()) st->failed = ErrnoError(errno, "open staging file " + data_path);
+      while (!st->stop && st->failed.ok() && st->streamed >= st->target) lock.Wait(&st->cv);
+      if (st->stop || !st->failed.ok()) break;
+      from = st->streamed;
+      to = std::min<uint64_t>(st->target, from + buf.size());
+    }
+    Status s;
+    ssize_t n = pread(f, buf.data(), to - from, static_cast<off_t>(from));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      s = n < 0 ? ErrnoError(errno, "read staging file " + data_path) : DataLossError("staging file " + data_path + " is short");
+    } else {
+      s = st->writer->Append(std::string_view(buf.data(), static_cast<size_t>(n)));
+    }
+    {
+      MutexLock lock(&st->mu);
+      if (!s.ok()) {
+        st->failed = s;
+      } else {
+        st->streamed += static_cast<uint64_t>(n);
+      }
+    }
+    st->cv.notify_all();
+  }
+  if (f >= 0) close(f);
+  st->cv.notify_all();
+}
+
+Status WriteSessions::FinishStream(const Session& s, uint64_t size, rpc::LocalResponse* resp) {
+  Stream* st = s.stream.get();
+  {
+    MutexLock lock(&st->mu);
+    st->target = size;
+    st->cv.notify_all();
+    if (st->streamed > size) return FailedPreconditionError("the file was cut below what was streamed");
+    while (st->failed.ok() && st->streamed < size) lock.Wait(&st->cv);
+    if (!st->failed.ok()) return st->failed;
+    st->stop = true;
+  }
+  st->cv.notify_all();
+  if (st->thread.joinable()) st->thread.join();
+  ASSIGN_OR_RETURN(MountHandle m, mounts_->GetMount(s.target.mount_id));
+  ASSIGN_OR_RETURN(UfsEntry e, st->writer->Commit());
+  st->writer.reset();
+  return Committed(s.target, s.data_path, e, m.block_size, resp);
 }
 
 void WriteSessions::UploadLoop() {

@@ -83,10 +83,24 @@ class WriteSessions {
     uint32_t mode = 0644, uid = 0, gid = 0, write_mode = 0;
     uint64_t block_size = 0;
   };
+  // write=through: the upload that follows the writer (PROGRESS), on a thread of its own.
+  struct Stream {
+    Mutex mu;
+    std::condition_variable cv;
+    std::unique_ptr<UfsWriter> writer;
+    uint64_t target GUARDED_BY(mu) = 0;    // bytes granary-fuse sealed
+    uint64_t streamed GUARDED_BY(mu) = 0;  // appended to the writer
+    Status failed GUARDED_BY(mu);
+    bool stop GUARDED_BY(mu) = false;
+    std::thread thread;
+    ~Stream();  // stops the thread; an uncommitted writer aborts
+  };
   struct Session {
     uint64_t conn = 0;
     Target target;
     std::string data_path;
+    std::shared_ptr<Stream> stream;  // write=through, after a PROGRESS
+    bool no_stream = false;          // the stream was dropped: COMMIT uploads the whole file
   };
   struct Sealed {
     uint64_t id = 0;
@@ -103,6 +117,13 @@ class WriteSessions {
   Status Upload(const Target& t, const std::string& data_path, uint64_t size, rpc::LocalResponse* resp);
   static std::string ManifestOf(const Target& t, bool sealed, uint64_t size);
   void UploadLoop();
+  // A stream's thread: appends [streamed, target) of the staging file to its writer.
+  static void StreamLoop(Stream* st, std::string data_path);
+  // COMMIT of a streamed file: the rest appended, the upload completed, the master told.
+  Status FinishStream(const Session& s, uint64_t size, rpc::LocalResponse* resp);
+  // After the store has the file `e`: the master is told, the blocks kept (through and back).
+  Status Committed(const Target& t, const std::string& data_path, const UfsEntry& e, uint64_t block_size,
+                   rpc::LocalResponse* resp);
   // Keeps committed files' blocks (KeepFn) off the caller's path: close() does not wait for it.
   void KeepLoop();
   struct Keep {

@@ -157,6 +157,40 @@ INSTANTIATE_TEST_SUITE_P(Modes, WriteCalls,
                            return std::string(info.param.write) + "_" + info.param.open;
                          });
 
+// write=through streams the part written in order while the writer goes on; a write behind what
+// was streamed (here: the first bytes, rewritten at the end, as a zip writer patches a header far
+// back) drops that upload and close() uploads the whole file: the store has exactly what was
+// written, either way.
+TEST(Writes, ThroughModeStreamsAndAWriteBehindItStillLandsWhole) {
+  TempDir dir;
+  fs::create_directories(dir / "src");
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=through"}).code, 0);
+  for (bool rewrite_head : {false, true}) {
+    SCOPED_TRACE(rewrite_head ? "head rewritten" : "in order");
+    std::string data = RandomBytes(96 << 20, rewrite_head ? 2 : 1);
+    const std::string path = c.mountpoint() + "/w/stream" + std::to_string(rewrite_head) + ".bin";
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    for (size_t off = 0; off < data.size(); off += 1 << 20) {
+      ASSERT_EQ(pwrite(fd, data.data() + off, 1 << 20, static_cast<off_t>(off)), 1 << 20);
+    }
+    if (rewrite_head) {
+      std::string head(4096, 'H');
+      ASSERT_EQ(pwrite(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+      data.replace(0, head.size(), head);
+    }
+    ASSERT_EQ(close(fd), 0) << strerror(errno);
+    WriteFile(dir / "expected.bin", data);
+    EXPECT_EQ(Sha256File(dir / ("src/stream" + std::to_string(rewrite_head) + ".bin")), Sha256File(dir / "expected.bin"));
+  }
+  EXPECT_NE(ReadFile(dir / "worker.log").find("dropped"), std::string::npos) << "the rewrite did not drop the stream";
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
 // A writer killed with its granary-fuse: the file was never acknowledged and the store keeps its
 // previous version (never a partial file); after the restart the file can be written again.
 TEST(Writes, GranaryFuseKilledMidWriteLeavesThePreviousVersionWhole) {
