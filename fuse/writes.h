@@ -93,6 +93,7 @@ class WriteFiles {
     uint64_t contiguous GUARDED_BY(mu) = 0;
     uint64_t reported GUARDED_BY(mu) = 0;
     bool stream_dropped GUARDED_BY(mu) = false;
+    uint64_t unsynced GUARDED_BY(mu) = 0;  // bytes written since the last writeback was started
     int handles = 0;  // under WriteFiles::mu_
   };
   // A new session for `f` (the previous one, if any, ended); with `copy`, the first f.size bytes
@@ -106,6 +107,8 @@ class WriteFiles {
   // a zip writer patching a header, stays streamed), and how far it moves before the next PROGRESS.
   static constexpr uint64_t kProgressSlack = 8 << 20;
   static constexpr uint64_t kProgressStep = 32 << 20;
+  // Staged bytes after which their writeback to disk is started (sync_file_range, not waited for).
+  static constexpr uint64_t kStartWriteback = 16 << 20;
   std::shared_ptr<File> Of(uint64_t fh);
 
   const std::string socket_;

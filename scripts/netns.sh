@@ -8,6 +8,7 @@
 #   scripts/netns.sh down          removes every namespace, link and qdisc it made
 #   scripts/netns.sh exec NS CMD   runs CMD inside namespace NS (and a mount namespace of its own)
 #
+# NETNS_CAP_UPLINK=1 caps each node's egress at RATE too (bench/checkpoint.sh: uploads).
 # NETNS_PREFIX (default grp) and NETNS_SUBNET (default 10.233.0) keep several sets apart; the
 # tests use their own. Processes that must mount into the caller's mount namespace join only the
 # network namespace: nsenter --net=/run/netns/NS CMD.
@@ -36,6 +37,12 @@ case "$cmd" in
     done
     # Everything the storage host sends to the nodes shares this one capped link.
     ip netns exec $PREFIX-storage tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kb latency 50ms
+    # NETNS_CAP_UPLINK=1: each node's own link to the others is capped at RATE too (uploads).
+    if [ "${NETNS_CAP_UPLINK:-0}" = 1 ]; then
+      for i in $(seq 1 "$N"); do
+        ip netns exec "$PREFIX-n$i" tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kb latency 50ms
+      done
+    fi
     echo "up: storage $SUBNET.1, nodes $SUBNET.2-$((N + 1)), storage egress $RATE"
     ;;
   down)

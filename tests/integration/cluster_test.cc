@@ -499,6 +499,46 @@ TEST_F(ClusterTest, StatsOfANodeAddUpToWhatItsReaderDid) {
   EXPECT_EQ(by_source, dataset_bytes_) << "every byte has one source";
 }
 
+// Writes from two nodes to one name (write=through, on RGW): both writers' bytes are staged on their
+// own nodes; each close replaces the object whole, and the last close wins. A reader on a third
+// node sees, at every moment, nothing, one writer's whole file or the other's — never a mix — and
+// after the last close it sees the last writer's bytes (close-to-open: nothing of a writable mount
+// is cached).
+TEST_F(ClusterTest, TwoNodesWriteOneNameAndTheLastCloseWinsWhole) {
+  RunResult m = Cli({"mount", "/out", "s3://cluster/out", "-o", "endpoint=" + endpoint_, "-o",
+                     "access_key_file=" + *dir_ / "ak", "-o", "secret_key_file=" + *dir_ / "sk", "-o", "write=through"});
+  ASSERT_EQ(m.code, 0) << m.out;
+  const std::string a = RandomBytes(3 << 20, 101), b = RandomBytes(3 << 20, 102);
+  auto path = [&](int n) { return *dir_ / ("node" + std::to_string(n) + "/mnt/out/ckpt.pt"); };
+  int fa = open(path(1).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fa, 0) << strerror(errno);
+  int fb = open(path(2).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fb, 0) << strerror(errno);
+  // What node 3 may see of the file at any moment.
+  auto seen_ok = [&](std::string* what) {
+    std::string got;
+    if (!ReadFileChecked(path(3), &got)) return *what = "a read error", false;
+    if (got.empty() || got == a || got == b) return true;
+    return *what = "a mix of " + std::to_string(got.size()) + " bytes", false;
+  };
+  std::string what;
+  for (size_t off = 0; off < a.size(); off += 1 << 20) {
+    ASSERT_EQ(pwrite(fa, a.data() + off, 1 << 20, static_cast<off_t>(off)), 1 << 20);
+    ASSERT_EQ(pwrite(fb, b.data() + off, 1 << 20, static_cast<off_t>(off)), 1 << 20);
+    EXPECT_TRUE(seen_ok(&what)) << "node 3 saw " << what << " while the file was written";
+  }
+  ASSERT_EQ(close(fa), 0) << strerror(errno);
+  std::string got;
+  ASSERT_TRUE(ReadFileChecked(path(3), &got));
+  EXPECT_TRUE(got == a) << "after the first close node 3 must see its bytes whole (" << got.size() << " bytes)";
+  ASSERT_EQ(close(fb), 0) << strerror(errno);
+  ASSERT_TRUE(ReadFileChecked(path(3), &got));
+  EXPECT_TRUE(got == b) << "the last close wins, whole (" << got.size() << " bytes)";
+  ASSERT_TRUE(ReadFileChecked(path(1), &got));
+  EXPECT_TRUE(got == b) << "the first writer's node sees the last version too";
+  ASSERT_EQ(Cli({"unmount", "/out"}).code, 0);
+}
+
 // `granary info` on a file partly cached across the workers (a mount without elastic copies, so
 // each block read lands on its home only) shows each cached block on exactly one worker, which
 // blocks are on this node, and agrees with the master's du.
