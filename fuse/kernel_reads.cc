@@ -24,7 +24,10 @@ StatusOr<KernelReads::Read> KernelReads::FileFor(uint64_t kino, uint64_t off, pi
     ASSIGN_OR_RETURN(rpc::FileInfo info, ask(kino));
     MutexLock lock(&mu_);
     Known* known = newest_.Find(kino);
-    if (known != nullptr && known->file->info.version() == info.version()) {
+    // The same version at the same path (a rename through a writable mount keeps the version of
+    // a local file but not its path).
+    if (known != nullptr && known->file->info.version() == info.version() &&
+        known->file->info.ufs_path() == info.ufs_path()) {
       known->confirmed = now;
       newest = known->file;
     } else {

@@ -24,6 +24,10 @@ void Forget(Fs* fs, uint64_t parent, const std::string& name, uint64_t ino) {
   if (ino != 0) {
     fs->attrs->Erase(ino);
     fs->files->Erase(ino);
+    // Its path (a rename) or its version (a commit) changed: the next open or read by inode asks
+    // the master instead of using the path and version remembered for it.
+    fs->pages.Forget(ino);
+    fs->kernel_reads->Unconfirm(fs->ToKernel(ino));
   }
 }
 
@@ -87,8 +91,8 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   Status st = BeginWrite(fs, req, kino, *t, mparent, name, mode, fi);
   if (!st.ok()) return ReplyError(req, st, "create");
   fuse_entry_param e = WrittenEntry(fs, t->file().attr(), 0);
-  if (fuse_reply_create(req, &e, fi) != 0) {  // interrupted: no RELEASE will come
-    if (auto w = fs->WritesIfAny()) w->Release(fi->fh).IgnoreError();
+  if (fuse_reply_create(req, &e, fi) != 0) {  // interrupted: no RELEASE will come, nothing to commit
+    if (auto w = fs->WritesIfAny()) w->Abort(fi->fh).IgnoreError();
   }
 }
 
@@ -125,8 +129,8 @@ void OpenForWrite(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   const std::string name = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
   Status st = BeginWrite(fs, req, ino, *t, t->file().attr().parent(), name, t->file().attr().mode(), fi);
   if (!st.ok()) return ReplyError(req, st, "open");
-  if (fuse_reply_open(req, fi) != 0) {
-    if (auto w = fs->WritesIfAny()) w->Release(fi->fh).IgnoreError();
+  if (fuse_reply_open(req, fi) != 0) {  // interrupted: nothing to commit
+    if (auto w = fs->WritesIfAny()) w->Abort(fi->fh).IgnoreError();
   }
 }
 
@@ -161,8 +165,7 @@ void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_up
   Status st = w != nullptr ? w->Commit(fh, wait_upload)
                            : InternalError("the file was opened for writing before granary-fuse restarted; it was "
                                            "not committed (write it again)");
-  fs->attrs->Erase(fs->ToMaster(ino));
-  fs->files->Erase(fs->ToMaster(ino));
+  Forget(fs, 0, "", fs->ToMaster(ino));
   if (!st.ok()) {
     // The writer learns the file is not safe (EIO; ENOSPC for a full disk); the cause is logged.
     if (ToErrno(st) != ENOSPC && ToErrno(st) != EIO) st = InternalError(st.message());

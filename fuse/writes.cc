@@ -16,13 +16,17 @@ namespace granary::fuse {
 namespace {
 
 // One call on a write session's connection; the descriptor that came back in *fd (BEGIN).
-StatusOr<rpc::LocalResponse> Call(int conn, const rpc::WriteCall& call, int* fd) {
+// *transport (optional) tells an error of the connection itself (the worker went away: its
+// session is gone) from the worker's answer.
+StatusOr<rpc::LocalResponse> Call(int conn, const rpc::WriteCall& call, int* fd, bool* transport = nullptr) {
   rpc::LocalRequest req;
   *req.mutable_write() = call;
+  if (transport != nullptr) *transport = true;
   RETURN_IF_ERROR(SendFrame(conn, req).WithContext("the worker's local socket"));
   rpc::LocalResponse resp;
   int got = -1;
   RETURN_IF_ERROR(RecvFrame(conn, &resp, &got).WithContext("the worker's local socket"));
+  if (transport != nullptr) *transport = false;
   if (fd != nullptr) {
     *fd = got;
   } else if (got >= 0) {
@@ -117,21 +121,27 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
   Status st;
   {
     MutexLock fl(&f->mu);
-    if (f->conn < 0 || f->sealed) {
+    if (f->conn < 0 || f->sealed || f->failed) {
       f->target = t;
       st = BeginLocked(*f, false);
     }
     if (st.ok() && ftruncate(f->fd, 0) != 0) st = ErrnoError(errno, "empty a staging file");
     if (st.ok()) {
-      if (f->reported > 0) st = ProgressLocked(*f, 0, 0);  // emptied below what was streamed
+      if (f->reported > 0 && !ProgressLocked(*f, 0, 0).ok()) f->stream_dropped = true;  // emptied below what was streamed
       f->size = 0;
+      f->size_seen = 0;
       f->contiguous = 0;
+      f->failed = false;  // a new version from empty
       f->dirty = true;  // emptied: even with no write, close() makes the file empty in the store
     }
   }
   MutexLock lock(&mu_);
   if (!st.ok()) {
-    if (--f->handles == 0) by_inode_.erase(kino);
+    if (--f->handles == 0) {
+      by_inode_.erase(kino);
+      MutexLock fl(&f->mu);  // lock order: mu_, then the File's
+      EndLocked(*f);
+    }
     return st;
   }
   uint64_t fh = kWriteHandleBit | next_++;
@@ -163,16 +173,21 @@ Status WriteFiles::Write(uint64_t fh, const char* buf, size_t size, off_t off) {
   auto f = Of(fh);
   if (!f) return FailedPreconditionError("write through an unknown write handle (granary-fuse restarted?)");
   MutexLock fl(&f->mu);
-  if (f->sealed) RETURN_IF_ERROR(BeginLocked(*f, true));  // write=back after a commit: a new version
-  if (f->fd < 0) return FailedPreconditionError("the file's write session ended");
+  if (f->failed) return f->failure;  // the same answer as the write that failed (ENOSPC stays ENOSPC)
+  if (f->sealed) {  // after a commit the worker owns that staging file: a new version starts
+    Status begun = BeginLocked(*f, true);
+    if (!begun.ok()) return Failed(*f, begun);
+  }
+  if (f->fd < 0) return Failed(*f, FailedPreconditionError("the file's write session ended"));
   size_t done = 0;
   while (done < size) {
     ssize_t n = pwrite(f->fd, buf + done, size - done, off + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoError(errno, "write the staging file");  // ENOSPC: the staging disk is full
+    if (n < 0) return Failed(*f, ErrnoError(errno, "write the staging file"));  // ENOSPC: the staging disk is full
     done += static_cast<size_t>(n);
   }
   f->size = std::max<uint64_t>(f->size, static_cast<uint64_t>(off) + size);
+  f->size_seen = f->size;
   f->dirty = true;
   // Start writing the staged bytes to disk as they come, so the fsync of a commit (the worker's,
   // before it acknowledges a write=back close) finds little left to do.
@@ -181,7 +196,17 @@ Status WriteFiles::Write(uint64_t fh, const char* buf, size_t size, off_t off) {
     sync_file_range(f->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     f->unsynced = 0;
   }
-  return ProgressLocked(*f, static_cast<uint64_t>(off), static_cast<uint64_t>(off) + size);
+  // The streamed upload is an optimisation: if telling the worker fails, the file is uploaded whole.
+  if (!ProgressLocked(*f, static_cast<uint64_t>(off), static_cast<uint64_t>(off) + size).ok()) f->stream_dropped = true;
+  return Status::OK();
+}
+
+Status WriteFiles::Failed(File& f, Status why) {
+  // A write the writer was told failed: committing what is staged would store a file it did not
+  // write. close() answers EIO and the file keeps its previous version.
+  f.failed = true;
+  f.failure = why;
+  return why;
 }
 
 Status WriteFiles::ProgressLocked(File& f, uint64_t off, uint64_t end) {
@@ -226,16 +251,28 @@ Status WriteFiles::Truncate(uint64_t fh, uint64_t size) {
   auto f = Of(fh);
   if (!f) return FailedPreconditionError("truncate through an unknown write handle");
   MutexLock fl(&f->mu);
-  if (f->sealed) RETURN_IF_ERROR(BeginLocked(*f, true));
-  if (ftruncate(f->fd, static_cast<off_t>(size)) != 0) return ErrnoError(errno, "truncate the staging file");
+  if (f->failed) return f->failure;
+  if (f->sealed) {
+    Status begun = BeginLocked(*f, true);
+    if (!begun.ok()) return Failed(*f, begun);
+  }
+  if (ftruncate(f->fd, static_cast<off_t>(size)) != 0) return Failed(*f, ErrnoError(errno, "truncate the staging file"));
   f->size = size;
+  f->size_seen = size;
   f->dirty = true;
   f->contiguous = std::min(f->contiguous, size);
-  return size < f->reported ? ProgressLocked(*f, size, size) : Status::OK();
+  if (size < f->reported && !ProgressLocked(*f, size, size).ok()) f->stream_dropped = true;
+  return Status::OK();
 }
 
 Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
+  if (f.failed) {
+    return InternalError("a write to this file failed earlier, so it was not committed (the file keeps its previous "
+                         "version; write it again)");
+  }
   if (!f.dirty && !wait_upload) return Status::OK();
+  const bool back_mode = static_cast<WriteMode>(f.target.target.write_mode()) == WriteMode::kBack;
+  if (!f.dirty && !back_mode) return Status::OK();  // through: committed already
   if (!f.dirty && f.sealed) {
     // fsync after close: the sealed version's upload is what it waits for; a new session from a
     // copy of it commits the same bytes again and waits.
@@ -249,21 +286,32 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
   c.set_session(f.session);
   c.set_size(f.size);
   c.set_wait_upload(wait_upload);
-  auto resp = Call(f.conn, c, nullptr);
-  if (!resp.ok()) {
-    // A broken connection lost the session (the worker restarted): the next write or commit
-    // starts a new one from the bytes staged here.
-    if (resp.status().code() == Code::kUnavailable && f.fd >= 0) {
-      Status again = BeginLocked(f, true);
-      if (again.ok()) {
-        c.set_session(f.session);
-        resp = Call(f.conn, c, nullptr);
-      }
+  bool transport = false;
+  auto resp = Call(f.conn, c, nullptr, &transport);
+  if (!resp.ok() && transport && f.fd >= 0) {
+    // The connection broke (the worker restarted) and took the session with it: a new one from
+    // the bytes staged here (this process's descriptor outlives the worker's session).
+    Status again = BeginLocked(f, true);
+    if (again.ok()) {
+      c.set_session(f.session);
+      resp = Call(f.conn, c, nullptr, &transport);
     }
-    if (!resp.ok()) return resp.status();
+  }
+  const bool back = static_cast<WriteMode>(f.target.target.write_mode()) == WriteMode::kBack;
+  if (!resp.ok()) {
+    // write=back's fsync that ran out of time: the file is sealed (the upload goes on), so this
+    // version is the worker's now.
+    if (back && !transport && resp.status().code() == Code::kDeadlineExceeded) {
+      f.dirty = false;
+      f.sealed = true;
+    }
+    return resp.status();
   }
   f.dirty = false;
-  if (static_cast<WriteMode>(f.target.target.write_mode()) == WriteMode::kBack) f.sealed = true;
+  // The committed staging file is not written again (write=back: the uploader owns it;
+  // write=through: the worker caches the committed version's blocks from it): more writes start a
+  // new session from a copy.
+  f.sealed = true;
   f.reported = 0;  // the streamed upload was this commit's; more writes start another
   f.stream_dropped = false;
   return Status::OK();
@@ -297,21 +345,36 @@ Status WriteFiles::Release(uint64_t fh) {
   }
   if (!last) return Status::OK();
   MutexLock fl(&f->mu);
-  Status st = CommitLocked(*f, false);
+  Status st = f->failed ? Status::OK() : CommitLocked(*f, false);
   EndLocked(*f);
   return st;
 }
 
 std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino) {
+  MutexLock lock(&mu_);  // not the File's lock: a commit holds it for as long as an upload takes
+  auto it = by_inode_.find(kino);
+  if (it == by_inode_.end()) return std::nullopt;
+  return it->second->size_seen.load();
+}
+
+Status WriteFiles::Abort(uint64_t fh) {
   std::shared_ptr<File> f;
+  bool last = false;
   {
     MutexLock lock(&mu_);
-    auto it = by_inode_.find(kino);
-    if (it == by_inode_.end()) return std::nullopt;
+    auto it = by_handle_.find(fh);
+    if (it == by_handle_.end()) return Status::OK();
     f = it->second;
+    uint64_t kino = inode_of_[fh];
+    by_handle_.erase(it);
+    inode_of_.erase(fh);
+    last = --f->handles == 0;
+    if (last) by_inode_.erase(kino);
   }
+  if (!last) return Status::OK();
   MutexLock fl(&f->mu);
-  return f->size;
+  EndLocked(*f);  // the worker drops the session: nothing is committed
+  return Status::OK();
 }
 
 size_t WriteFiles::open_files() {

@@ -18,7 +18,10 @@
 // write starts a new session from a copy of it. The last RELEASE of the inode's write handles
 // commits what was written since (its error can only be logged) and ends the session; a session
 // whose connection ends uncommitted (this process died) is dropped by the worker: the file was
-// never acknowledged, and the store keeps its previous version.
+// never acknowledged, and the store keeps its previous version. After any commit the worker owns
+// that staging file (it uploads or caches it), so more writes start a new session from a copy. A
+// write that failed (ENOSPC, a lost session) marks the File failed: it is never committed, and
+// close() answers EIO.
 //
 // Reads through a write handle (O_RDWR) read the staging file. Locks: WriteFiles::mu_ guards the
 // tables; File::mu serializes one file's writes and commits (a commit never sees a write half
@@ -27,6 +30,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -70,6 +74,9 @@ class WriteFiles {
   Status Commit(uint64_t fh, bool wait_upload);
   // RELEASE: the handle ends; the inode's last one commits what is uncommitted and ends the session.
   Status Release(uint64_t fh);
+  // A handle whose open was never acknowledged (the reply was interrupted): ends it committing
+  // nothing.
+  Status Abort(uint64_t fh);
 
   // The size of `kino` while it is written here (getattr answers it).
   std::optional<uint64_t> SizeOf(uint64_t kino);
@@ -85,6 +92,9 @@ class WriteFiles {
     uint64_t session GUARDED_BY(mu) = 0;
     int fd GUARDED_BY(mu) = -1;    // the staging file
     uint64_t size GUARDED_BY(mu) = 0;
+    std::atomic<uint64_t> size_seen{0};  // `size`, for getattr without waiting out a commit
+    bool failed GUARDED_BY(mu) = false;  // a write failed: never committed (close answers EIO)
+    Status failure GUARDED_BY(mu);       // that write's error, answered to every later write
     bool dirty GUARDED_BY(mu) = false;   // written (or emptied) since the last commit
     bool sealed GUARDED_BY(mu) = false;  // write=back: the worker took the staging file
     // write=through: the bytes [0, contiguous) were all written, and [0, reported) were told to the
@@ -101,6 +111,8 @@ class WriteFiles {
   Status BeginLocked(File& f, bool copy) REQUIRES(f.mu);
   void EndLocked(File& f) REQUIRES(f.mu);
   Status CommitLocked(File& f, bool wait_upload) REQUIRES(f.mu);
+  // Marks `f` failed (a write the writer was told failed) and returns `why`.
+  static Status Failed(File& f, Status why) REQUIRES(f.mu);
   // write=through: tells the worker what is final now (or that the stream must be dropped).
   Status ProgressLocked(File& f, uint64_t off, uint64_t end) REQUIRES(f.mu);
   // Bytes kept back from the end of the contiguous prefix (a writer that seeks back a little, as

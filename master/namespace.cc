@@ -58,6 +58,13 @@ int64_t NowNs() {
       .count();
 }
 
+// A file made by PrepareCreate whose first commit has not come (no version yet), made less than a
+// day ago: syncs leave it alone (the store has nothing of it yet).
+bool IsPendingWrite(const InodeRecord& r, int64_t now_ns) {
+  constexpr int64_t kPendingNs = 24LL * 3600 * 1'000'000'000;
+  return r.type() == rpc::REGULAR && r.version().empty() && now_ns - r.synced_ns() < kPendingNs;
+}
+
 // Splits "/a/b" into {"a", "b"}; fails on anything that is not a clean absolute path.
 StatusOr<std::vector<std::string>> SplitPath(const std::string& path) {
   if (path.empty() || path[0] != '/') return InvalidArgumentError("'" + path + "' is not an absolute path");
@@ -467,6 +474,10 @@ Status Namespace::FinishListingLocked(InodeRecord dir, uint64_t gen, bool sweep,
     }
     RETURN_IF_ERROR(FromRocks(it->status(), "list entries to sweep"));
     for (const auto& [key, ino] : stale) {
+      // A file being written (created empty, not committed yet) is not in the store until its
+      // commit: kept (for a day: a writer that died never commits).
+      auto rec = GetRecord(ino);
+      if (rec.ok() && IsPendingWrite(*rec, b->now)) continue;
       uint64_t files = 0, bytes = 0;
       RETURN_IF_ERROR(DeleteSubtreeLocked(ino, &b->uri, &b->reclaim, &files, &bytes));
       b->batch.Delete(key);
@@ -745,6 +756,7 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
 }
 
 Status Namespace::SyncFile(InodeRecord* r) {
+  if (IsPendingWrite(*r, NowNs())) return Status::OK();  // not in the store before its commit
   ASSIGN_OR_RETURN(auto ufs, UfsFor(r->mount_id()));
   auto e = ufs->Stat(r->ufs_path());
   if (!e.ok()) {
@@ -1294,8 +1306,35 @@ StatusOr<Namespace::WriteTarget> Namespace::PrepareWrite(uint64_t ino) {
   return t;
 }
 
-StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const std::string& name, const UfsEntry& e) {
-  if (e.is_dir) return InvalidArgumentError("commit of " + name + ": the under-storage has a directory there");
+StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const std::string& name,
+                                           const std::string& written_path, const UfsEntry& written) {
+  if (written.is_dir) return InvalidArgumentError("commit of " + name + ": the under-storage has a directory there");
+  UfsEntry e = written;
+  // The file by its inode: it may have been renamed (or removed) while its bytes were uploaded.
+  auto rec = GetRecord(ino);
+  if (rec.ok() && rec->type() == rpc::REGULAR) {
+    parent = rec->parent();
+    if (!written_path.empty() && rec->ufs_path() != written_path) {
+      // Renamed while the write was pending: the bytes landed at the old path; moved to the new.
+      ASSIGN_OR_RETURN(auto ufs, UfsFor(rec->mount_id()));
+      RETURN_IF_ERROR(ufs->Rename(written_path, rec->ufs_path()).WithContext("move a file renamed while written"));
+      auto moved = ufs->Stat(rec->ufs_path());
+      if (moved.ok() && !moved->is_dir) e = *moved;
+    }
+  } else if (rec.ok() || rec.status().IsNotFound()) {
+    if (!rec.ok() && !GetChild(parent, name).ok()) {
+      // Removed while it was written (unlink of an open file): what was uploaded goes too.
+      auto gone = GetRecord(parent);
+      if (gone.ok() && !written_path.empty()) {
+        auto ufs = UfsFor(gone->mount_id());
+        if (ufs.ok()) (*ufs)->Remove(written_path).IgnoreError();
+      }
+      spdlog::info("a file removed while it was written was committed: {} removed from the store again", written_path);
+      return rpc::Attr();
+    }
+  } else {
+    return rec.status();
+  }
   ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, "commit " + name));
   std::vector<FileKey> reclaim;
   rpc::Attr attr;
@@ -1305,40 +1344,29 @@ StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const 
     if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
     rpc::MountInfo m = mit->second;
     ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(parent));
+    auto current = GetRecord(ino);
     InodeRecord r;
-    auto child = GetChild(parent, name);
-    if (child.ok()) {
-      ASSIGN_OR_RETURN(r, GetRecord(*child));
-      if (r.type() != rpc::REGULAR) return InvalidArgumentError("commit of " + name + ": a directory took its name");
-      if (!r.version().empty()) reclaim.push_back(MakeFileKey(m.uri(), r.ufs_path(), r.version()));
-      m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), r.size()));
-    } else if (child.status().code() == Code::kNotFound) {
-      // Removed meanwhile (a sync that did not see the file yet): made again with its inode, which
-      // nothing else was given (inode numbers are never handed out twice).
-      r.set_ino(ino < next_ino_ ? ino : next_ino_++);
-      r.set_parent(parent);
-      r.set_name(name);
-      r.set_type(rpc::REGULAR);
-      r.set_mount_id(dir.mount_id());
-      r.set_ufs_path(JoinPath(dir.ufs_path(), name));
-      r.set_block_size(BlockSizeOf(m));
-      r.set_uid(e.uid);
-      r.set_gid(e.gid);
-      r.set_mode(e.mode);
-      m.set_known_files(m.known_files() + 1);
+    if (current.ok() && current->type() == rpc::REGULAR) {
+      r = *current;
     } else {
-      return child.status();
+      // Its record is gone but the name is taken (made again by another writer or a listing):
+      // that file is what the store now has at the path.
+      ASSIGN_OR_RETURN(uint64_t other, GetChild(parent, name));
+      ASSIGN_OR_RETURN(r, GetRecord(other));
+      if (r.type() != rpc::REGULAR) return InvalidArgumentError("commit of " + name + ": a directory took its name");
     }
+    if (!r.version().empty()) reclaim.push_back(MakeFileKey(m.uri(), r.ufs_path(), r.version()));
+    m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), r.size()));
     r.set_size(e.size);
     r.set_version(e.version);
     r.set_mtime_ns(e.mtime_ns);
     if (e.mode != 0) r.set_mode(e.mode);
+    r.set_uid(e.uid);  // as the store has it, so a later sync changes nothing
+    r.set_gid(e.gid);
     r.set_synced_ns(NowNs());
     m.set_known_bytes(m.known_bytes() + e.size);
     rocksdb::WriteBatch batch;
     batch.Put(InodeKey(r.ino()), r.SerializeAsString());
-    batch.Put(EntryKey(parent, name), Be64(r.ino()) + Be64(fresh.sync_gen()));
-    batch.Put(ChildKey(parent, r.ino()), "");
     RETURN_IF_ERROR(CommitChangeLocked(fresh, m, &batch).WithContext("commit " + name));
     attr = AttrOf(r);
   }
@@ -1392,6 +1420,14 @@ StatusOr<rpc::Attr> Namespace::MakeDir(uint64_t parent, const std::string& name,
   ASSIGN_OR_RETURN(auto ufs, UfsFor(dir.mount_id()));
   std::string path = JoinPath(dir.ufs_path(), name);
   RETURN_IF_ERROR(ufs->MakeDir(path, mode));
+  // The owner and mode as the store made them (the master's user; an object store's marker has
+  // none: the caller's), so a later sync changes nothing.
+  auto made = ufs->Stat(path);
+  if (made.ok() && made->is_dir) {
+    uid = made->uid;
+    gid = made->gid;
+    if (made->mode != 0555) mode = made->mode;  // 0555: an object store's stand-in, not a real mode
+  }
   MutexLock lock(&mu_);
   auto mit = mounts_.find(dir.mount_id());
   if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
@@ -1450,9 +1486,13 @@ Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_
   }
   const std::string new_path = JoinPath(to_dir.ufs_path(), new_name);
   ASSIGN_OR_RETURN(auto ufs, UfsFor(r.mount_id()));
-  RETURN_IF_ERROR(ufs->Rename(r.ufs_path(), new_path));
+  Status renamed = ufs->Rename(r.ufs_path(), new_path);
+  // A file whose first commit has not come yet is not in the store: only its name moves (its
+  // commit moves the bytes there, CommitWrite).
+  const bool pending = renamed.IsNotFound() && IsPendingWrite(r, NowNs());
+  if (!renamed.ok() && !pending) return renamed;
   std::optional<UfsEntry> moved;
-  if (r.type() == rpc::REGULAR) {
+  if (r.type() == rpc::REGULAR && !pending) {
     auto st = ufs->Stat(new_path);  // an object store's copy may carry another ETag
     if (st.ok()) moved = *st;
   }

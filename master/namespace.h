@@ -147,11 +147,14 @@ class Namespace {
                                       uint32_t gid);
   // An existing file to write whole again (an open with O_TRUNC).
   StatusOr<WriteTarget> PrepareWrite(uint64_t ino);
-  // The file `ino` (named `name` in `parent`) is now `e` in the under-storage: its record takes
-  // the new size, version and times (the old version's blocks are reclaimed). A record removed
-  // meanwhile (a sync that did not find the file yet) is made again with the same inode, unless
-  // another file took the name since.
-  StatusOr<rpc::Attr> CommitWrite(uint64_t ino, uint64_t parent, const std::string& name, const UfsEntry& e);
+  // The file `ino` (named `name` in `parent` when its write began) is now `e` in the under-storage:
+  // its record takes the new size, version and times (the old version's blocks are reclaimed).
+  // Syncs leave a created file alone until its first commit (for a day).
+  // `written_path` is where the bytes went (the file's path when its write began): a file renamed
+  // meanwhile is moved to its new path in the store; one removed meanwhile is removed from the
+  // store again (and an empty Attr returned).
+  StatusOr<rpc::Attr> CommitWrite(uint64_t ino, uint64_t parent, const std::string& name,
+                                  const std::string& written_path, const UfsEntry& e);
   // unlink (dir false) or rmdir (dir true) of `name` in `parent`, in the under-storage, then here.
   Status Remove(uint64_t parent, const std::string& name, bool dir);
   StatusOr<rpc::Attr> MakeDir(uint64_t parent, const std::string& name, uint32_t mode, uint32_t uid, uint32_t gid);

@@ -234,7 +234,7 @@ class MasterService final : public MetadataCallbacks {
     e.uid = req->uid();
     e.gid = req->gid();
     e.version = req->version();
-    return Reply(ns_->CommitWrite(req->ino(), req->parent(), req->name(), e), resp);
+    return Reply(ns_->CommitWrite(req->ino(), req->parent(), req->name(), req->ufs_path(), e), resp);
   }
   grpc::Status Remove(ServerContext* ctx, const rpc::RemoveRequest* req, rpc::RemoveResponse*) override {
     GRANARY_LEADER(L);

@@ -478,14 +478,18 @@ class NfsWriter : public UfsWriter {
     if (fh_ == nullptr) return FailedPreconditionError("commit of " + path_ + " after it was committed or aborted");
     int rc = nfs_fsync(c_, fh_);
     if (rc != 0) return Fail(NfsError(rc, c_, fs_->uri_ + "/" + path_));
+    // The entry of this writer's own file (size, mtime, inode: a rename keeps them), not of what a
+    // later stat of the path might find another writer put there.
+    nfs_stat_64 attr{};
+    rc = nfs_fstat64(c_, fh_, &attr);
+    if (rc != 0) return Fail(NfsError(rc, c_, fs_->uri_ + "/" + path_));
     nfs_close(c_, fh_);
     fh_ = nullptr;
     rc = nfs_rename(c_, Abs(temp_).c_str(), Abs(path_).c_str());
     if (rc != 0) return Fail(NfsError(rc, c_, "rename into " + fs_->uri_ + "/" + path_));
-    auto e = fs_->StatOn(c_, path_);
-    fs_->Release(c_, !e.ok() && e.status().IsRetryable());
+    fs_->Release(c_, false);
     c_ = nullptr;
-    return e;
+    return EntryOf(path_.substr(path_.rfind('/') + 1), attr);
   }
 
   void Abort() override {

@@ -654,6 +654,7 @@ class S3Writer : public UfsWriter {
       size_t k = std::min(data.size(), S3Ufs::kPartSize - buf_.size());
       buf_.append(data.data(), k);
       data.remove_prefix(k);
+      written_ += k;
       if (buf_.size() == S3Ufs::kPartSize) RETURN_IF_ERROR(SendPart());
     }
     return Status::OK();
@@ -661,10 +662,12 @@ class S3Writer : public UfsWriter {
 
   StatusOr<UfsEntry> Commit() override {
     if (done_) return FailedPreconditionError("commit of " + Where() + " after it was committed or aborted");
+    std::string etag;
     if (upload_id_.empty()) {  // smaller than a part: one PUT
       ASSIGN_OR_RETURN(HttpResponse r, fs_->Call("PUT", key_, {}, {{"Content-Type", "application/octet-stream"}},
                                                  nullptr, nullptr, 0, buf_));
       if (r.status != 200) return fs_->ErrorFor(r, "put " + Where());
+      etag = r.Header("etag");
     } else {
       if (!buf_.empty()) RETURN_IF_ERROR(SendPart());
       RETURN_IF_ERROR(WaitParts(0));
@@ -680,11 +683,27 @@ class S3Writer : public UfsWriter {
       if (r.status != 200 || r.body.find("<Error>") != std::string::npos) {
         return fs_->ErrorFor(r, "complete the upload of " + Where());
       }
+      tinyxml2::XMLDocument doc;
+      if (doc.Parse(r.body.data(), r.body.size()) == tinyxml2::XML_SUCCESS && doc.RootElement()) {
+        etag = XmlText(doc.RootElement(), "ETag");
+      }
     }
     done_ = true;
     upload_id_.clear();
     buf_.clear();
-    return fs_->Stat(path_);
+    // The entry of what this writer stored: its own ETag and byte count (a Stat could see another
+    // writer's object that replaced it since); the time from a Stat when it is still ours.
+    UfsEntry e;
+    e.name = path_.substr(path_.rfind('/') + 1);
+    e.size = written_;
+    e.mode = 0444;
+    e.version = etag;
+    auto st = fs_->Stat(path_);
+    if (st.ok() && !st->is_dir && (etag.empty() || st->version == etag)) return *st;
+    if (etag.empty() && !st.ok()) return st.status();
+    if (etag.empty()) return DataLossError("the store did not name the version it stored of " + Where());
+    e.mtime_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    return e;
   }
 
   void Abort() override {
@@ -720,8 +739,12 @@ class S3Writer : public UfsWriter {
   Status SendPart() {
     if (upload_id_.empty()) RETURN_IF_ERROR(Begin());
     RETURN_IF_ERROR(WaitParts(S3Ufs::kPartsInFlight - 1));
-    size_t number = etags_.size() + 1;
-    etags_.emplace_back();
+    size_t number;
+    {
+      std::lock_guard<std::mutex> l(mu_);  // the part threads write their slots under mu_
+      number = etags_.size() + 1;
+      etags_.emplace_back();
+    }
     auto part = std::make_shared<std::string>(std::move(buf_));
     buf_.clear();
     buf_.reserve(S3Ufs::kPartSize);
@@ -759,6 +782,7 @@ class S3Writer : public UfsWriter {
   std::mutex mu_;
   Status failed_;
   bool done_ = false;
+  uint64_t written_ = 0;  // bytes appended
 };
 
 StatusOr<std::unique_ptr<UfsWriter>> S3Ufs::Create(const std::string& path, uint32_t) {

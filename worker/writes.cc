@@ -108,6 +108,7 @@ Status WriteSessions::Recover() {
   while (dirent* de = readdir(d)) names.emplace_back(de->d_name);
   closedir(d);
   MutexLock lock(&mu_);
+  std::vector<Sealed> found;
   for (const std::string& name : names) {
     if (name.size() < 6 || name.substr(name.size() - 5) != ".json") continue;
     const std::string stem = name.substr(0, name.size() - 5);
@@ -137,6 +138,17 @@ Status WriteSessions::Recover() {
     s.size = j.value("size", uint64_t{0});
     s.data_path = dir_ + "/" + stem + ".sealed";
     s.manifest_path = manifest;
+    struct stat st;
+    if (::stat(s.data_path.c_str(), &st) != 0) {  // uploaded, then stopped before its manifest went
+      unlink(manifest.c_str());
+      continue;
+    }
+    found.push_back(std::move(s));
+  }
+  // In the order they were sealed; of several versions of one file, the last.
+  std::sort(found.begin(), found.end(), [](const Sealed& a, const Sealed& b) { return a.id < b.id; });
+  for (Sealed& s : found) {
+    DropOlderLocked(s);
     spdlog::info("write=back: uploading {} ({} bytes), staged before the last stop", s.target.ufs_path, s.size);
     queue_.push_back(std::move(s));
   }
@@ -247,6 +259,7 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       const uint64_t id = sealed.id;
       MutexLock lock(&mu_);
       open_.erase(call.session());
+      DropOlderLocked(sealed);
       queue_.push_back(std::move(sealed));
       cv_.notify_all();
       if (!call.wait_upload()) return Status::OK();
@@ -260,8 +273,10 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       auto d = done_.find(id);
       if (d == done_.end() || !d->second.ok()) {
         std::string why = d == done_.end() ? std::string("not done yet") : d->second.ToString();
-        return UnavailableError("fsync: the upload of " + s.target.ufs_path + " has not succeeded (" + why +
-                                "); it goes on retrying and its bytes stay staged on this node");
+        // DEADLINE_EXCEEDED (not UNAVAILABLE): granary-fuse must not take it for a lost session;
+        // the file is sealed and stays the uploader's.
+        return DeadlineExceededError("fsync: the upload of " + s.target.ufs_path + " has not succeeded (" + why +
+                                     "); it goes on retrying and its bytes stay staged on this node");
       }
       done_.erase(d);
       return Status::OK();
@@ -379,8 +394,9 @@ Status WriteSessions::Committed(const Target& t, const std::string& data_path, c
   c.set_size(e.size);
   c.set_mtime_ns(e.mtime_ns);
   c.set_mode(e.mode != 0 && e.mode != 0444 ? e.mode : t.mode);
-  c.set_uid(t.uid);
-  c.set_gid(t.gid);
+  c.set_ufs_path(t.ufs_path);  // where it was written (the name may have moved meanwhile)
+  c.set_uid(e.uid);  // the owner the store gave the file (the worker's user; object stores: root)
+  c.set_gid(e.gid);
   c.set_version(e.version);
   RETURN_IF_ERROR(commit_(c));
   if (keep_) {  // reading it back is warm; a failure to cache costs a cold read, not the write
@@ -472,6 +488,24 @@ Status WriteSessions::FinishStream(const Session& s, uint64_t size, rpc::LocalRe
   return Committed(s.target, s.data_path, e, m.block_size, resp);
 }
 
+void WriteSessions::DropOlderLocked(const Sealed& newer) {
+  // The last close wins: an older version of the same file still queued (a failed upload waiting
+  // for its retry) must not be uploaded after this one. (One being uploaded now finishes first:
+  // there is one uploader.)
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->id < newer.id && it->target.mount_id == newer.target.mount_id && it->target.ufs_path == newer.target.ufs_path) {
+      spdlog::info("write=back: {} was closed again before its upload; only the newer version is uploaded",
+                   it->target.ufs_path);
+      unlink(it->manifest_path.c_str());
+      unlink(it->data_path.c_str());
+      done_[it->id] = Status::OK();  // superseded: an fsync waiting for it has the newer version coming
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void WriteSessions::UploadLoop() {
   for (;;) {
     Sealed s;
@@ -499,8 +533,8 @@ void WriteSessions::UploadLoop() {
       uploading_ = false;
       uploading_bytes_ = 0;
       if (st.ok()) {
+        unlink(s.manifest_path.c_str());  // first: a manifest without its file would be queued forever
         unlink(s.data_path.c_str());
-        unlink(s.manifest_path.c_str());
         ++uploaded_;
         uploaded_bytes_ += s.size;
         done_[s.id] = Status::OK();

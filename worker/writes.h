@@ -117,6 +117,8 @@ class WriteSessions {
   Status Upload(const Target& t, const std::string& data_path, uint64_t size, rpc::LocalResponse* resp);
   static std::string ManifestOf(const Target& t, bool sealed, uint64_t size);
   void UploadLoop();
+  // Removes queued versions of `newer`'s file sealed before it (the last close wins).
+  void DropOlderLocked(const Sealed& newer) REQUIRES(mu_);
   // A stream's thread: appends [streamed, target) of the staging file to its writer.
   static void StreamLoop(Stream* st, std::string data_path);
   // COMMIT of a streamed file: the rest appended, the upload completed, the master told.

@@ -237,6 +237,68 @@ TEST(Writes, GranaryFuseKilledMidWriteLeavesThePreviousVersionWhole) {
   }
 }
 
+// The worker killed while a file is being written (both modes): granary-fuse keeps the bytes it
+// staged (its descriptor of the staging file outlives the worker's session), starts a new session
+// with the restarted worker at close, and the file lands whole.
+TEST(Writes, AWorkerKilledMidWriteLosesNothingOnceItIsBack) {
+  for (const char* mode : {"through", "back"}) {
+    SCOPED_TRACE(mode);
+    TempDir dir;
+    fs::create_directories(dir / "src");
+    LocalCluster c(dir);
+    std::string why;
+    ASSERT_TRUE(c.StartDaemons(&why)) << why;
+    ASSERT_TRUE(c.StartFuse(&why)) << why;
+    ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", std::string("write=") + mode}).code, 0);
+    const std::string data = RandomBytes(6 << 20, 8);
+    int fd = open((c.mountpoint() + "/w/ckpt.pt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    ASSERT_EQ(write(fd, data.data(), 3 << 20), 3 << 20);
+    c.KillWorker();
+    ASSERT_TRUE(c.RestartWorker(&why)) << why;
+    ASSERT_EQ(write(fd, data.data() + (3 << 20), 3 << 20), 3 << 20);
+    ASSERT_EQ(close(fd), 0) << strerror(errno) << "\n" << c.Logs();
+    EXPECT_TRUE(WaitFor([&] { return fs::exists(dir / "src/ckpt.pt") && ReadFile(dir / "src/ckpt.pt") == data; }))
+        << c.Logs();
+    EXPECT_TRUE(c.StopAll(&why)) << why;
+  }
+}
+
+// The checkpoint pattern (write a temporary name, close, rename it over the final one) while the
+// upload may still be pending (write=back), and a file removed while it is open for writing: the
+// store ends as the namespace says, whatever order the upload and the rename or unlink come in.
+TEST(Writes, RenameOrUnlinkWhileTheUploadIsPendingEndsAsTheNamespaceSays) {
+  TempDir dir;
+  fs::create_directories(dir / "src");
+  WriteFile(dir / "src/final.pt", "the previous checkpoint");
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=back"}).code, 0);
+  const std::string data = RandomBytes(64 << 20, 12);
+  ASSERT_EQ(WriteWhole(c.mountpoint() + "/w/tmp.pt", data), 0);
+  ASSERT_EQ(rename((c.mountpoint() + "/w/tmp.pt").c_str(), (c.mountpoint() + "/w/final.pt").c_str()), 0)
+      << strerror(errno);
+  EXPECT_TRUE(WaitFor([&] {
+    return !fs::exists(dir / "src/tmp.pt") && c.Metric("worker", "granary_worker_writeback_backlog_files") == 0 &&
+           ReadFile(dir / "src/final.pt") == data;
+  })) << c.Logs();
+  EXPECT_EQ(Sha256File(c.mountpoint() + "/w/final.pt"), Sha256File(dir / "src/final.pt"));
+  EXPECT_FALSE(fs::exists(c.mountpoint() + "/w/tmp.pt"));
+
+  // Removed while open for writing: the store does not get it back at the close.
+  int fd = open((c.mountpoint() + "/w/gone.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(write(fd, "bytes", 5), 5);
+  ASSERT_EQ(unlink((c.mountpoint() + "/w/gone.bin").c_str()), 0) << strerror(errno);
+  close(fd);
+  EXPECT_TRUE(WaitFor([&] { return c.Metric("worker", "granary_worker_writeback_backlog_files") == 0; }));
+  EXPECT_FALSE(fs::exists(dir / "src/gone.bin"));
+  EXPECT_FALSE(fs::exists(c.mountpoint() + "/w/gone.bin"));
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
 // write=back: a file whose upload fails stays staged (the report and /metrics show the backlog),
 // survives a kill -9 of the worker, and is uploaded whole once the store takes it.
 TEST(Writes, BackModeBacklogSurvivesAWorkerKillAndIsUploaded) {
@@ -316,7 +378,7 @@ TEST(Writes, AFullStagingDiskGivesTheWriterEnospc) {
     ASSERT_TRUE(c.StartDaemons(&why)) << why;
     ASSERT_TRUE(c.StartFuse(&why)) << why;
     ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=back"}).code, 0);
-    EXPECT_EQ(WriteWhole(c.mountpoint() + "/w/big.bin", RandomBytes(4 << 20, 5)), ENOSPC);
+    EXPECT_EQ(WriteWhole(c.mountpoint() + "/w/big.bin", RandomBytes(4 << 20, 5)), ENOSPC) << ReadFile(dir / "fuse.log");
     EXPECT_FALSE(fs::exists(dir / "src/big.bin"));
     // Room again: the next write goes through.
     EXPECT_EQ(WriteWhole(c.mountpoint() + "/w/small.bin", "fits"), 0);
