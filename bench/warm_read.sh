@@ -13,7 +13,8 @@
 # and, per mode, the page cache one pass over everything takes (from /proc/meminfo) against
 # ext4's, beside the bytes the tier holds: what each mode costs in memory.
 #
-# A mode written MODE-uring (kernel-uring, daemon-uring) runs that mode with `fuse.transport: uring`
+# A mode written MODE-nowrites (kernel-nowrites) runs it with `fuse.writes: false` (no OPEN in the
+# kernel mode). A mode written MODE-uring (kernel-uring, daemon-uring) runs that mode with `fuse.transport: uring`
 # (FUSE over io_uring; the fuse module's enable_uring is set to Y for the run and put back).
 #
 #   bench/warm_read.sh [--files N] [--large-mb N] [--threads T] [--ops N] [--modes "kernel passthrough daemon"]
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--files N] [--large-mb N] [--threads T] [--ops N] [--modes LIST] [--build DIR] [--work DIR] [--keep]" >&2; exit 2;;
   esac
 done
-for m in $MODES; do case "${m%-uring}" in kernel|passthrough|daemon) ;; *) echo "error: unknown mode $m" >&2; exit 2;; esac; done
+for m in $MODES; do b=${m%-nowrites}; case "${b%-uring}" in kernel|passthrough|daemon) ;; *) echo "error: unknown mode $m" >&2; exit 2;; esac; done
 URING_PARAM=/sys/module/fuse/parameters/enable_uring
 URING_WAS=$(cat "$URING_PARAM" 2>/dev/null || echo N)
 [ -w /proc/sys/vm/drop_caches ] || { echo "error: needs root (drop_caches)" >&2; exit 1; }
@@ -113,7 +114,9 @@ rows ext4 "$DATA/small" "$DATA/large/big.bin" "$DATA/small" "$DATA/large/big.bin
 QUOTA=$(( ($(du -sb "$DATA" | cut -f1)) * 2 ))
 for mode in $MODES; do
   transport=dev
-  if [ "$mode" != "${mode%-uring}" ]; then
+  writes=true  # MODE-nowrites: fuse.writes false (the kernel mode's open-free reads, no writes)
+  base=${mode%-nowrites}; [ "$base" != "$mode" ] && writes=false
+  if [ "$base" != "${base%-uring}" ]; then
     transport=uring
     echo Y > "$URING_PARAM" || { echo "error: cannot set $URING_PARAM (Linux >= 6.14)" >&2; exit 1; }
   fi
@@ -123,8 +126,9 @@ worker:
     levels:
       - {mediumtype: SSD, path: $WORK/tier-$mode, quota: $QUOTA}
 fuse:
-  open: ${mode%-uring}
+  open: ${base%-uring}
   transport: $transport
+  writes: $writes
 YAML
   start_local "$WORK/local-$mode.log" "file://$DATA" "$MNT" --dir "$WORK/state-$mode" --config "$WORK/granary.yaml"
   "$BIN/granary" load "/$(basename "$DATA")" >/dev/null  # every block into the tier

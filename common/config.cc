@@ -283,7 +283,9 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("fuse.writes", K::kBool, "true",
                   "Take writes to datasets mounted writable (mount option write=through or back). In the kernel "
                   "read mode this keeps opens coming to granary-fuse (answered at once, without the master), which "
-                  "writes need; false restores that mode's open-free reads and answers every write with EROFS.",
+                  "writes need (a compiled reader of warm small files loses about a third in that mode; Python "
+                  "loaders see no difference: docs/benchmarks.md); false restores the open-free reads and answers "
+                  "every write with EROFS.",
                   &Config::fuse, &FuseConfig::writes));
   t.push_back(Row("fuse.open", K::kOpenMode, "auto",
                   "How reads of cached files reach their bytes. kernel: opens are answered by the kernel itself "
