@@ -247,26 +247,26 @@ void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
   });
 }
 
+// A read-only open in the kernel mode. With fuse.writes, opens keep coming (a write needs its
+// OPEN): answered at once, reads served by inode, the page cache kept while the version is
+// unchanged (NoteVersion), no FLUSH. Without, ENOSYS: the kernel answers every later open itself (no
+// OPEN, no RELEASE), keeps the page cache across opens, and sends reads with no file handle (OpRead
+// serves them by inode).
+void ReplyKernelOpen(fuse_req_t req, Fs* fs, fuse_file_info* fi) {
+  fs->opens_kernel++;
+  if (!fs->cfg.fuse.writes) return ReplyUnsupported(req);
+  fi->fh = 0;
+  fi->keep_cache = 1;
+  fi->noflush = 1;
+  fuse_reply_open(req, fi);
+}
+
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, "open", FsOf(req)->lat_open, ino);
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(req, ino, fi);
   Fs* fs = FsOf(req);
   OpenMode mode = fs->mode;
-  if (mode == OpenMode::kKernel) {
-    fs->opens_kernel++;
-    if (fs->cfg.fuse.writes) {
-      // Opens keep coming (a write needs its OPEN): answered at once, reads served by inode as
-      // below, the page cache kept while the version is unchanged (NoteVersion), no FLUSH.
-      fi->fh = 0;
-      fi->keep_cache = 1;
-      fi->noflush = 1;
-      fuse_reply_open(req, fi);
-      return;
-    }
-    // The kernel answers every later open itself (no OPEN, no RELEASE), keeps the page cache
-    // across opens, and sends reads with no file handle (OpRead serves them by inode).
-    return ReplyUnsupported(req);
-  }
+  if (mode == OpenMode::kKernel) return ReplyKernelOpen(req, fs, fi);
   uint64_t master_ino = fs->ToMaster(ino);
   auto info = FileInfoOf(fs, master_ino);
   if (!info.ok()) return ReplyError(req, info.status(), "open");
@@ -294,15 +294,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (choice.direct_io) fi->direct_io = 1;  // another version of the inode is open in passthrough
     if (fs->mode == OpenMode::kKernel) {  // passthrough was refused just now: as in kernel mode
       if (choice.cached) fs->passthrough->End(ino, false, true);
-      fs->opens_kernel++;
-      if (fs->cfg.fuse.writes) {
-        fi->fh = 0;
-        fi->keep_cache = 1;
-        fi->noflush = 1;
-        fuse_reply_open(req, fi);
-        return;
-      }
-      return ReplyUnsupported(req);
+      return ReplyKernelOpen(req, fs, fi);
     }
     fs->passthrough_misses++;
   }

@@ -203,7 +203,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
       Status st = w->Truncate(fi->fh, size);
       if (!st.ok()) return ReplyError(req, st, "truncate");
       written = size;
-    } else if (!(written && *written == size) && !(a->size() == size && !written)) {
+    } else if (size != written.value_or(a->size())) {  // a truncate to the size it has changes nothing
       spdlog::warn("truncate of inode {} to {} bytes refused: Granary writes whole files; open the file with O_TRUNC "
                    "and write it again", mino, size);
       return ReplyErrno(req, EOPNOTSUPP);

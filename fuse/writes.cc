@@ -328,22 +328,22 @@ Status WriteFiles::Commit(uint64_t fh, bool wait_upload) {
   return CommitLocked(*f, wait_upload);
 }
 
+std::shared_ptr<WriteFiles::File> WriteFiles::DropHandle(uint64_t fh) {
+  MutexLock lock(&mu_);
+  auto it = by_handle_.find(fh);
+  if (it == by_handle_.end()) return nullptr;
+  std::shared_ptr<File> f = it->second;
+  const uint64_t kino = inode_of_[fh];
+  by_handle_.erase(it);
+  inode_of_.erase(fh);
+  if (--f->handles != 0) return nullptr;
+  by_inode_.erase(kino);
+  return f;
+}
+
 Status WriteFiles::Release(uint64_t fh) {
-  std::shared_ptr<File> f;
-  uint64_t kino = 0;
-  bool last = false;
-  {
-    MutexLock lock(&mu_);
-    auto it = by_handle_.find(fh);
-    if (it == by_handle_.end()) return Status::OK();
-    f = it->second;
-    kino = inode_of_[fh];
-    by_handle_.erase(it);
-    inode_of_.erase(fh);
-    last = --f->handles == 0;
-    if (last) by_inode_.erase(kino);
-  }
-  if (!last) return Status::OK();
+  std::shared_ptr<File> f = DropHandle(fh);
+  if (!f) return Status::OK();
   MutexLock fl(&f->mu);
   Status st = f->failed ? Status::OK() : CommitLocked(*f, false);
   EndLocked(*f);
@@ -358,20 +358,8 @@ std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino) {
 }
 
 Status WriteFiles::Abort(uint64_t fh) {
-  std::shared_ptr<File> f;
-  bool last = false;
-  {
-    MutexLock lock(&mu_);
-    auto it = by_handle_.find(fh);
-    if (it == by_handle_.end()) return Status::OK();
-    f = it->second;
-    uint64_t kino = inode_of_[fh];
-    by_handle_.erase(it);
-    inode_of_.erase(fh);
-    last = --f->handles == 0;
-    if (last) by_inode_.erase(kino);
-  }
-  if (!last) return Status::OK();
+  std::shared_ptr<File> f = DropHandle(fh);
+  if (!f) return Status::OK();
   MutexLock fl(&f->mu);
   EndLocked(*f);  // the worker drops the session: nothing is committed
   return Status::OK();

@@ -122,6 +122,8 @@ class WriteFiles {
   // Staged bytes after which their writeback to disk is started (sync_file_range, not waited for).
   static constexpr uint64_t kStartWriteback = 16 << 20;
   std::shared_ptr<File> Of(uint64_t fh);
+  // Forgets handle `fh`; the inode's File when it was its last handle (else null).
+  std::shared_ptr<File> DropHandle(uint64_t fh) EXCLUDES(mu_);
 
   const std::string socket_;
   Mutex mu_;
