@@ -57,21 +57,6 @@ std::string Percent(uint64_t part, uint64_t whole) {
   return buf;
 }
 
-// KEY=VALUE pairs. Secrets given inline would sit in the process arguments (visible in ps), so they
-// are refused: name a file holding them instead.
-StatusOr<std::map<std::string, std::string>> ParseMountOptions(const std::vector<std::string>& raw) {
-  std::map<std::string, std::string> out;
-  for (const auto& kv : raw) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      return InvalidArgumentError("--option '" + kv.substr(0, kv.find('=')) + "' must be KEY=VALUE");
-    }
-    out[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  RETURN_IF_ERROR(RefuseInlineSecrets(out));  // before the options go anywhere
-  return out;
-}
-
 std::string NormalizePath(std::string p) {
   if (p.empty() || p[0] != '/') p = "/" + p;
   while (p.size() > 1 && p.back() == '/') p.pop_back();

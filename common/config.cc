@@ -423,7 +423,7 @@ Status Walk(Config& c, const YAML::Node& node, const std::string& prefix, std::s
   for (auto it = node.begin(); it != node.end(); ++it) {
     std::string name = it->first.as<std::string>();
     std::string key = prefix.empty() ? name : prefix + "." + name;
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy: `it->second` lives in a temporary proxy
     if (v.IsMap()) {
       RETURN_IF_ERROR(Walk(c, v, key, origin));
     } else if (v.IsScalar()) {

@@ -289,4 +289,17 @@ Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map
   return Status::OK();
 }
 
+StatusOr<std::map<std::string, std::string>> ParseMountOptions(const std::vector<std::string>& raw) {
+  std::map<std::string, std::string> out;
+  for (const auto& kv : raw) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgumentError("--option '" + kv.substr(0, kv.find('=')) + "' must be KEY=VALUE");
+    }
+    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  RETURN_IF_ERROR(RefuseInlineSecrets(out));  // before the options go anywhere
+  return out;
+}
+
 }  // namespace granary

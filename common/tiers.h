@@ -105,4 +105,9 @@ Status RefuseInlineSecrets(const std::map<std::string, std::string>& options);
 Status SplitMountOptions(const std::map<std::string, std::string>& all, std::map<std::string, std::string>* ufs,
                          MountCacheOptions* cache);
 
+// KEY=VALUE pairs as given to `granary mount -o` (and `granary local -o`): the first '=' splits; a
+// later pair of the same key wins. INVALID_ARGUMENT for a pair without '=' or with an empty key,
+// and for inline secrets (RefuseInlineSecrets), before the options go anywhere.
+StatusOr<std::map<std::string, std::string>> ParseMountOptions(const std::vector<std::string>& raw);
+
 }  // namespace granary

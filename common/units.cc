@@ -60,7 +60,8 @@ StatusOr<uint64_t> ParseBytes(std::string_view text) {
   for (const auto& suf : kSuffixes) {
     if (suffix == suf.name) {
       double bytes = number * suf.mult;
-      if (bytes >= 1.8e19) return bad();
+      // llround() is undefined past int64 (found by tests/fuzz/config_fuzz.cc): 8 EiB at most.
+      if (!(bytes < 9.2e18)) return bad();
       return static_cast<uint64_t>(std::llround(bytes));
     }
   }
@@ -103,6 +104,11 @@ StatusOr<std::chrono::milliseconds> ParseDuration(std::string_view text) {
     ms = number * 3'600'000;
   } else {
     return InvalidArgumentError("'" + std::string(text) + "' is not a duration (e.g. 500ms, 3s, 5m, 1h)");
+  }
+  // "1322...2ms" wrapped to a negative duration (found by tests/fuzz/config_fuzz.cc); a duration
+  // is at most 1e15 ms (31,000 years) here, and never inf or NaN.
+  if (!(ms <= 1e15)) {
+    return InvalidArgumentError("'" + std::string(text) + "' is too long a duration (e.g. 500ms, 3s, 5m, 1h)");
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(ms)));
 }

@@ -1,7 +1,6 @@
 #include "ufs/s3_ufs.h"
 
 #include <spdlog/spdlog.h>
-#include <tinyxml2.h>
 
 #include <cstdlib>
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include "common/path.h"
 #include "common/tiers.h"
 #include "ufs/oss_sign.h"
+#include "ufs/s3_xml.h"
 #include "common/units.h"
 
 namespace granary {
@@ -50,21 +50,6 @@ std::map<std::string, std::string> ReadCredentialsFile(const std::string& path, 
     out[k] = Trimmed(v);
   }
   return out;
-}
-
-// tm from "2026-11-21T10:00:00.000Z" (listings) or "Sat, 21 Nov 2026 10:00:00 GMT" (HEAD).
-int64_t ParseTimeNs(const std::string& s) {
-  struct tm tm {};
-  if (strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr &&
-      strptime(s.c_str(), "%a, %d %b %Y %H:%M:%S", &tm) == nullptr) {
-    return 0;
-  }
-  return static_cast<int64_t>(timegm(&tm)) * 1'000'000'000;
-}
-
-std::string XmlText(const tinyxml2::XMLElement* parent, const char* name) {
-  const tinyxml2::XMLElement* e = parent ? parent->FirstChildElement(name) : nullptr;
-  return e && e->GetText() ? e->GetText() : "";
 }
 
 bool Retryable(long status) { return status == 429 || status >= 500; }
@@ -361,12 +346,7 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
 }
 
 Status S3Ufs::ErrorFor(const HttpResponse& r, const std::string& what) const {
-  std::string code, message;
-  tinyxml2::XMLDocument doc;
-  if (!r.body.empty() && doc.Parse(r.body.data(), r.body.size()) == tinyxml2::XML_SUCCESS) {
-    code = XmlText(doc.RootElement(), "Code");
-    message = XmlText(doc.RootElement(), "Message");
-  }
+  auto [code, message] = ParseS3Error(r.body);
   std::string detail = "HTTP " + std::to_string(r.status) + (code.empty() ? "" : " " + code) +
                        (message.empty() ? "" : ": " + message);
   if (r.status == 403) {
@@ -382,15 +362,36 @@ Status S3Ufs::ErrorFor(const HttpResponse& r, const std::string& what) const {
   return InternalError(what + ": unexpected " + detail);
 }
 
+StatusOr<S3ListPage> S3Ufs::ParsePage(const HttpResponse& r, const std::string& list_prefix,
+                                      const std::string& token) const {
+  const std::string where = "list s3://" + s_.bucket + "/" + list_prefix;
+  auto page = ParseS3ListPage(r.body);
+  if (!page.ok()) return InternalError(where + ": " + page.status().message());
+  if (page->skipped > 0) {
+    spdlog::warn("{}: skipped {} object(s) whose key or size the answer gave malformed", where, page->skipped);
+  }
+  // A store that names the token it was asked with would be followed forever.
+  if (page->truncated && page->next_token == token) {
+    return InternalError(where + ": the answer names the continuation token it was asked with; the listing would "
+                         "not end");
+  }
+  // Keys outside the prefix asked for are not ours to show (a misbehaving store or proxy).
+  auto outside = [&](const std::string& key) { return key.compare(0, list_prefix.size(), list_prefix) != 0; };
+  size_t before = page->objects.size() + page->prefixes.size();
+  std::erase_if(page->objects, [&](const S3ListedObject& o) { return outside(o.key); });
+  std::erase_if(page->prefixes, outside);
+  if (size_t dropped = before - page->objects.size() - page->prefixes.size(); dropped > 0) {
+    spdlog::warn("{}: skipped {} key(s) outside the prefix asked for", where, dropped);
+  }
+  return page;
+}
+
 StatusOr<bool> S3Ufs::HasChildren(const std::string& key_prefix) {
   ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", {{"list-type", "2"}, {"prefix", key_prefix}, {"max-keys", "1"}}, {}));
   if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + key_prefix);
-  tinyxml2::XMLDocument doc;
-  if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS) {
-    return InternalError("s3 list: the response is not XML");
-  }
-  return doc.RootElement()->FirstChildElement("Contents") != nullptr ||
-         doc.RootElement()->FirstChildElement("CommonPrefixes") != nullptr;
+  auto page = ParseS3ListPage(r.body);
+  if (!page.ok()) return InternalError("list s3://" + s_.bucket + "/" + key_prefix + ": " + page.status().message());
+  return !page->objects.empty() || !page->prefixes.empty() || page->skipped > 0;
 }
 
 StatusOr<UfsEntry> S3Ufs::Stat(const std::string& path) {
@@ -412,7 +413,7 @@ StatusOr<UfsEntry> S3Ufs::Stat(const std::string& path) {
       UfsEntry f;
       f.name = dir.name;
       f.size = std::strtoull(r.Header("content-length").c_str(), nullptr, 10);
-      f.mtime_ns = ParseTimeNs(r.Header("last-modified"));
+      f.mtime_ns = ParseS3TimeNs(r.Header("last-modified"));
       f.mode = 0444;
       f.version = r.Header("etag");
       return f;
@@ -443,32 +444,26 @@ Status S3Ufs::List(const std::string& dir, size_t page_size, const PageFn& on_pa
     if (!token.empty()) q.push_back({"continuation-token", token});
     ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", q, {}));
     if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + list_prefix);
-    tinyxml2::XMLDocument doc;
-    if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
-      return InternalError("list s3://" + s_.bucket + "/" + list_prefix + ": the response is not XML");
-    }
-    const tinyxml2::XMLElement* root = doc.RootElement();
+    ASSIGN_OR_RETURN(S3ListPage listed, ParsePage(r, list_prefix, token));
     // Merge files and common prefixes back into key order.
     std::vector<std::pair<std::string, UfsEntry>> items;
-    for (auto* c = root->FirstChildElement("Contents"); c; c = c->NextSiblingElement("Contents")) {
-      std::string key = XmlText(c, "Key");
+    for (S3ListedObject& o : listed.objects) {
       UfsEntry e;
-      e.name = key.substr(std::min(key.size(), list_prefix.size()));
-      e.size = std::strtoull(XmlText(c, "Size").c_str(), nullptr, 10);
-      e.mtime_ns = ParseTimeNs(XmlText(c, "LastModified"));
+      e.name = o.key.substr(list_prefix.size());
+      e.size = o.size;
+      e.mtime_ns = o.mtime_ns;
       e.mode = 0444;
-      e.version = XmlText(c, "ETag");
-      items.emplace_back(key, std::move(e));
+      e.version = std::move(o.etag);
+      items.emplace_back(std::move(o.key), std::move(e));
     }
-    for (auto* c = root->FirstChildElement("CommonPrefixes"); c; c = c->NextSiblingElement("CommonPrefixes")) {
-      std::string key = XmlText(c, "Prefix");
+    for (std::string& key : listed.prefixes) {
       UfsEntry e;
       e.is_dir = true;
       e.mode = 0555;
       e.mtime_ns = opened_ns_;
-      e.name = key.substr(std::min(key.size(), list_prefix.size()));
+      e.name = key.substr(list_prefix.size());
       if (!e.name.empty() && e.name.back() == '/') e.name.pop_back();
-      items.emplace_back(key, std::move(e));
+      items.emplace_back(std::move(key), std::move(e));
     }
     std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& [key, e] : items) {
@@ -492,7 +487,7 @@ Status S3Ufs::List(const std::string& dir, size_t page_size, const PageFn& on_pa
       }
     }
     RETURN_IF_ERROR(EmitFullPages(&page, page_size, on_page));
-    token = XmlText(root, "IsTruncated") == "true" ? XmlText(root, "NextContinuationToken") : "";
+    token = listed.next_token;
   } while (!token.empty());
   flush_pending_before("");
   RETURN_IF_ERROR(EmitFullPages(&page, page_size, on_page));
@@ -560,15 +555,10 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
     if (token.empty() && !after.empty()) q.push_back({"start-after", list_prefix + after});
     ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", q, {}));
     if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + list_prefix);
-    tinyxml2::XMLDocument doc;
-    if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
-      return InternalError("list s3://" + s_.bucket + "/" + list_prefix + ": the response is not XML");
-    }
-    const tinyxml2::XMLElement* root = doc.RootElement();
-    for (auto* c = root->FirstChildElement("Contents"); c; c = c->NextSiblingElement("Contents")) {
-      std::string key = XmlText(c, "Key");
+    ASSIGN_OR_RETURN(S3ListPage listed, ParsePage(r, list_prefix, token));
+    for (S3ListedObject& o : listed.objects) {
       UfsEntry e;
-      e.name = key.substr(std::min(key.size(), list_prefix.size()));
+      e.name = o.key.substr(list_prefix.size());
       if (e.name.empty()) continue;  // the "dir/" marker of the listed directory itself
       if (e.name.back() == '/') {    // a directory marker
         e.name.pop_back();
@@ -576,17 +566,17 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
         e.mode = 0555;
         e.mtime_ns = opened_ns_;
       } else {
-        e.size = std::strtoull(XmlText(c, "Size").c_str(), nullptr, 10);
-        e.mtime_ns = ParseTimeNs(XmlText(c, "LastModified"));
+        e.size = o.size;
+        e.mtime_ns = o.mtime_ns;
         e.mode = 0444;
-        e.version = XmlText(c, "ETag");
+        e.version = std::move(o.etag);
       }
       settle(e);
       if (!e.is_dir) held.push_back(e.name);
       page.push_back(std::move(e));
     }
     RETURN_IF_ERROR(emit_ready(false));
-    token = XmlText(root, "IsTruncated") == "true" ? XmlText(root, "NextContinuationToken") : "";
+    token = listed.next_token;
   } while (!token.empty());
   held.clear();  // nothing is left to hide them
   return emit_ready(true);
@@ -679,14 +669,13 @@ class S3Writer : public UfsWriter {
       xml += "</CompleteMultipartUpload>";
       ASSIGN_OR_RETURN(HttpResponse r, fs_->Call("POST", key_, {{"uploadId", upload_id_}},
                                                  {{"Content-Type", "application/xml"}}, nullptr, nullptr, 0, xml));
+      if (r.status != 200) return fs_->ErrorFor(r, "complete the upload of " + Where());
       // A 200 may still carry an error document (the completion failed after it began).
-      if (r.status != 200 || r.body.find("<Error>") != std::string::npos) {
-        return fs_->ErrorFor(r, "complete the upload of " + Where());
+      auto completed = ParseS3CompleteUpload(r.body);
+      if (!completed.ok()) {
+        return Status(completed.status().code(), "complete the upload of " + Where() + ": " + completed.status().message());
       }
-      tinyxml2::XMLDocument doc;
-      if (doc.Parse(r.body.data(), r.body.size()) == tinyxml2::XML_SUCCESS && doc.RootElement()) {
-        etag = XmlText(doc.RootElement(), "ETag");
-      }
+      etag = *completed;
     }
     done_ = true;
     upload_id_.clear();
@@ -726,12 +715,9 @@ class S3Writer : public UfsWriter {
     ASSIGN_OR_RETURN(HttpResponse r, fs_->Call("POST", key_, {{"uploads", ""}},
                                                {{"Content-Type", "application/octet-stream"}}));
     if (r.status != 200) return fs_->ErrorFor(r, "start an upload of " + Where());
-    tinyxml2::XMLDocument doc;
-    if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
-      return InternalError("start an upload of " + Where() + ": the response is not XML");
-    }
-    upload_id_ = XmlText(doc.RootElement(), "UploadId");
-    if (upload_id_.empty()) return InternalError("start an upload of " + Where() + ": no UploadId in the answer");
+    auto id = ParseS3UploadId(r.body);
+    if (!id.ok()) return InternalError("start an upload of " + Where() + ": " + id.status().message());
+    upload_id_ = std::move(*id);
     return Status::OK();
   }
 
@@ -816,13 +802,12 @@ Status S3Ufs::RemoveDir(const std::string& path) {
   std::string prefix = KeyOf(path) + "/";
   ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", {{"list-type", "2"}, {"prefix", prefix}, {"max-keys", "2"}}, {}));
   if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + prefix);
-  tinyxml2::XMLDocument doc;
-  if (doc.Parse(r.body.data(), r.body.size()) != tinyxml2::XML_SUCCESS || !doc.RootElement()) {
-    return InternalError("list s3://" + s_.bucket + "/" + prefix + ": the response is not XML");
+  auto listed = ParseS3ListPage(r.body);
+  if (!listed.ok()) return InternalError("list s3://" + s_.bucket + "/" + prefix + ": " + listed.status().message());
+  for (const S3ListedObject& o : listed->objects) {
+    if (o.key != prefix) return NotEmptyError("s3://" + s_.bucket + "/" + prefix + " is not empty");
   }
-  for (auto* c = doc.RootElement()->FirstChildElement("Contents"); c; c = c->NextSiblingElement("Contents")) {
-    if (XmlText(c, "Key") != prefix) return NotEmptyError("s3://" + s_.bucket + "/" + prefix + " is not empty");
-  }
+  if (listed->skipped > 0) return NotEmptyError("s3://" + s_.bucket + "/" + prefix + " is not empty");
   ASSIGN_OR_RETURN(HttpResponse d, Call("DELETE", prefix, {}, {}));
   if (d.status != 204 && d.status != 200) return ErrorFor(d, "delete s3://" + s_.bucket + "/" + prefix);
   return Status::OK();

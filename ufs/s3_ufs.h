@@ -31,6 +31,7 @@
 
 #include "common/thread_annotations.h"
 #include "ufs/http.h"
+#include "ufs/s3_xml.h"
 #include "ufs/sigv4.h"
 #include "ufs/ufs.h"
 
@@ -109,6 +110,9 @@ class S3Ufs : public UnderFileSystem {
                               const HeaderList& headers, const Check& check = nullptr, char* sink = nullptr,
                               size_t sink_capacity = 0, std::string_view body = {});
   Status ErrorFor(const HttpResponse& r, const std::string& what) const;
+  // One listing page of `r` (asked for `list_prefix` with continuation `token`): parsed
+  // (ufs/s3_xml.h), keys outside the prefix dropped, a token that would loop refused.
+  StatusOr<S3ListPage> ParsePage(const HttpResponse& r, const std::string& list_prefix, const std::string& token) const;
   StatusOr<bool> HasChildren(const std::string& key_prefix);
 
   std::string uri_;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 
 #include "common/fs.h"
 #include "common/tiers.h"
+#include "ufs/ufs.h"
 
 namespace granary::worker {
 namespace {
@@ -51,11 +53,66 @@ Status SyncDir(const std::string& dir) {
 
 }  // namespace
 
-std::string WriteSessions::ManifestOf(const Target& t, bool sealed, uint64_t size) {
+std::string EncodeWriteManifest(const WriteManifest& m) {
+  const WriteTarget& t = m.target;
   nlohmann::json j = {{"mount_id", t.mount_id}, {"ino", t.ino},     {"parent", t.parent}, {"ufs_path", t.ufs_path},
                       {"name", t.name},         {"mode", t.mode},   {"uid", t.uid},       {"gid", t.gid},
-                      {"write_mode", t.write_mode}, {"sealed", sealed}, {"size", size}, {"block_size", t.block_size}};
-  return j.dump();
+                      {"write_mode", t.write_mode}, {"sealed", m.sealed}, {"size", m.size}, {"block_size", t.block_size}};
+  // Paths arrive as protobuf strings (UTF-8, checked when the frame parses); `replace` only keeps
+  // dump() from ever throwing.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+StatusOr<WriteManifest> ParseWriteManifest(std::string_view text) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return DataLossError("the manifest is not a JSON object");
+  std::string bad;
+  // A field, when present, of the right type and range; absent: the default.
+  auto num = [&](const char* key, uint64_t max, auto* out) {
+    auto it = j.find(key);
+    if (it == j.end()) return;
+    if (!it->is_number_unsigned() || it->template get<uint64_t>() > max) {
+      if (bad.empty()) bad = key;
+      return;
+    }
+    *out = static_cast<std::remove_reference_t<decltype(*out)>>(it->template get<uint64_t>());
+  };
+  auto str = [&](const char* key, std::string* out) {
+    auto it = j.find(key);
+    if (it == j.end()) return;
+    if (!it->is_string()) {
+      if (bad.empty()) bad = key;
+      return;
+    }
+    *out = it->template get<std::string>();
+  };
+  WriteManifest m;
+  WriteTarget& t = m.target;
+  num("mount_id", UINT64_MAX, &t.mount_id);
+  num("ino", UINT64_MAX, &t.ino);
+  num("parent", UINT64_MAX, &t.parent);
+  str("ufs_path", &t.ufs_path);
+  str("name", &t.name);
+  num("mode", 07777, &t.mode);
+  num("uid", UINT32_MAX, &t.uid);
+  num("gid", UINT32_MAX, &t.gid);
+  num("write_mode", UINT32_MAX, &t.write_mode);
+  num("block_size", uint64_t{1} << 40, &t.block_size);
+  num("size", UINT64_MAX, &m.size);
+  if (auto it = j.find("sealed"); it != j.end()) {
+    if (it->is_boolean()) m.sealed = it->get<bool>();
+    else if (bad.empty()) bad = "sealed";
+  }
+  if (!bad.empty()) return DataLossError("the manifest's field '" + bad + "' has the wrong type or is out of range");
+  if (!m.sealed) return m;  // unsealed manifests are only ever deleted
+  if (t.ufs_path.empty() || !CheckRelativePath(t.ufs_path).ok()) {
+    return DataLossError("the manifest names no valid path below its mount");
+  }
+  if (!IsValidName(t.name)) return DataLossError("the manifest names no valid file name");
+  if (static_cast<WriteMode>(t.write_mode) != WriteMode::kBack && static_cast<WriteMode>(t.write_mode) != WriteMode::kThrough) {
+    return DataLossError("the manifest's write mode " + std::to_string(t.write_mode) + " is not through or back");
+  }
+  return m;
 }
 
 WriteSessions::WriteSessions(std::string dir, MountResolver* mounts, CommitFn commit, KeepFn keep)
@@ -112,30 +169,36 @@ Status WriteSessions::Recover() {
   for (const std::string& name : names) {
     if (name.size() < 6 || name.substr(name.size() - 5) != ".json") continue;
     const std::string stem = name.substr(0, name.size() - 5);
-    const uint64_t id = std::strtoull(stem.c_str(), nullptr, 10);
+    // Our names are decimal session numbers; anything else here is not ours to touch.
+    uint64_t id = 0;
+    auto [end, ec] = std::from_chars(stem.data(), stem.data() + stem.size(), id);
+    if (ec != std::errc() || end != stem.data() + stem.size() || id == UINT64_MAX) {
+      spdlog::warn("worker.staging_dir {}: ignoring {}, which is not a staging manifest", dir_, name);
+      continue;
+    }
     next_id_ = std::max(next_id_, id + 1);
     std::string manifest = dir_ + "/" + name;
     auto text = ReadFileToString(manifest);
-    auto j = nlohmann::json::parse(text.ok() ? *text : std::string(), nullptr, /*allow_exceptions=*/false);
-    const bool sealed = j.is_object() && j.value("sealed", false);
-    if (!sealed) {
+    auto parsed = text.ok() ? ParseWriteManifest(*text) : StatusOr<WriteManifest>(text.status());
+    struct stat sealed_st;
+    const bool has_sealed = ::stat((dir_ + "/" + stem + ".sealed").c_str(), &sealed_st) == 0;
+    if (!parsed.ok() && has_sealed) {
+      // The manifest was fsynced before its file was sealed: unreadable now means damage. Left in
+      // place for a person to look at, never uploaded as something it may not be.
+      spdlog::error("write=back: staging manifest {} is unreadable ({}); it and {}.sealed are left in place, "
+                    "not uploaded", manifest, parsed.status().ToString(), stem);
+      continue;
+    }
+    if (!parsed.ok() || !parsed->sealed) {
+      // Unsealed, or torn by a crash before its file was sealed: never acknowledged.
       unlink((dir_ + "/" + stem + ".data").c_str());
       unlink(manifest.c_str());
       continue;
     }
     Sealed s;
     s.id = id;
-    s.target.mount_id = j.value("mount_id", uint64_t{0});
-    s.target.ino = j.value("ino", uint64_t{0});
-    s.target.parent = j.value("parent", uint64_t{0});
-    s.target.ufs_path = j.value("ufs_path", std::string());
-    s.target.name = j.value("name", std::string());
-    s.target.mode = j.value("mode", 0644u);
-    s.target.uid = j.value("uid", 0u);
-    s.target.gid = j.value("gid", 0u);
-    s.target.write_mode = j.value("write_mode", 0u);
-    s.target.block_size = j.value("block_size", uint64_t{0});
-    s.size = j.value("size", uint64_t{0});
+    s.target = parsed->target;
+    s.size = parsed->size;
     s.data_path = dir_ + "/" + stem + ".sealed";
     s.manifest_path = manifest;
     struct stat st;
@@ -167,6 +230,9 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
         return InvalidArgumentError("write session: write mode " + std::to_string(call.write_mode()) + " is not through or back");
       }
       if (call.ufs_path().empty() || call.name().empty()) return InvalidArgumentError("write session: no path");
+      if (!CheckRelativePath(call.ufs_path()).ok() || !IsValidName(call.name())) {
+        return InvalidArgumentError("write session: the path or name is not a valid path below the mount");
+      }
       Session s;
       s.conn = conn;
       s.target = {call.mount_id(), call.ino(), call.parent(), call.ufs_path(), call.name(),

@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "common/status.h"
@@ -46,6 +47,28 @@
 #include "worker/interfaces.h"
 
 namespace granary::worker {
+
+// Where a written file goes: what BEGIN names and a manifest keeps.
+struct WriteTarget {
+  uint64_t mount_id = 0, ino = 0, parent = 0;
+  std::string ufs_path, name;
+  uint32_t mode = 0644, uid = 0, gid = 0, write_mode = 0;
+  uint64_t block_size = 0;
+};
+
+// A staging file's manifest (<n>.json in worker.staging_dir): its target, whether it is sealed
+// (write=back: acknowledged, the uploader's) and the committed size.
+struct WriteManifest {
+  WriteTarget target;
+  bool sealed = false;
+  uint64_t size = 0;
+};
+std::string EncodeWriteManifest(const WriteManifest& m);
+// Contract: any bytes (a manifest torn by a crash, or damaged on disk) give a WriteManifest or
+// DATA_LOSS naming what is wrong, never an exception or a crash. A sealed manifest must name a
+// valid relative path, a file name and a write mode (through or back); a field of the wrong type
+// or out of range is an error, not a default. Fuzzed (tests/fuzz/manifest_fuzz.cc).
+StatusOr<WriteManifest> ParseWriteManifest(std::string_view text);
 
 class WriteSessions {
  public:
@@ -77,12 +100,7 @@ class WriteSessions {
   const std::string& dir() const { return dir_; }
 
  private:
-  struct Target {
-    uint64_t mount_id = 0, ino = 0, parent = 0;
-    std::string ufs_path, name;
-    uint32_t mode = 0644, uid = 0, gid = 0, write_mode = 0;
-    uint64_t block_size = 0;
-  };
+  using Target = WriteTarget;
   // write=through: the upload that follows the writer (PROGRESS), on a thread of its own.
   struct Stream {
     Mutex mu;
@@ -115,7 +133,9 @@ class WriteSessions {
   Status Recover();
   // Uploads the first `size` bytes of `data_path` to `t` and tells the master.
   Status Upload(const Target& t, const std::string& data_path, uint64_t size, rpc::LocalResponse* resp);
-  static std::string ManifestOf(const Target& t, bool sealed, uint64_t size);
+  static std::string ManifestOf(const Target& t, bool sealed, uint64_t size) {
+    return EncodeWriteManifest({t, sealed, size});
+  }
   void UploadLoop();
   // Removes queued versions of `newer`'s file sealed before it (the last close wins).
   void DropOlderLocked(const Sealed& newer) REQUIRES(mu_);

@@ -32,6 +32,22 @@ TEST(Config, YamlSectionsOverrideDefaults) {
   EXPECT_FALSE(c.IsExplicit("worker.cache_dir"));
 }
 
+// Found by tests/fuzz/config_fuzz.cc under ASan: the walk kept a reference into a temporary of
+// yaml-cpp's iterator (stack-use-after-scope) for every nested section; it read freed stack by luck.
+// Under scripts/sanitize.sh this test fails on the old code.
+TEST(Config, NestedSectionsAndAFlowListOfLevels) {
+  Config c = Config::Defaults();
+  Status s = c.LoadYaml(
+      "master:\n  block_size: 4Mi\nworker:\n  cache_quota: 10Gi\n  tieredstore:\n    levels:\n"
+      "      - {mediumtype: SSD, path: /cache, quota: 1Gi}\nfuse:\n  open: kernel\n  writes: false\n",
+      "t.yaml");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(c.worker.tieredstore.levels.size(), 1u);
+  EXPECT_EQ(c.worker.tieredstore.levels[0].paths, std::vector<std::string>{"/cache"});
+  EXPECT_EQ(c.worker.tieredstore.levels[0].quota(), 1ull << 30);
+  EXPECT_FALSE(c.fuse.writes);
+}
+
 TEST(Config, ErrorsNameTheKey) {
   Config c = Config::Defaults();
   Status s = c.LoadYaml("worker:\n  cache_quota: 12Zi\n", "t.yaml");

@@ -1,3 +1,4 @@
+#include "common/tiers.h"
 #include "common/units.h"
 
 #include <gtest/gtest.h>
@@ -38,6 +39,20 @@ TEST(Units, Durations) {
   EXPECT_FALSE(ParseDuration("3 days").ok());
   EXPECT_EQ(FormatDuration(std::chrono::milliseconds(60000)), "1m");
   EXPECT_EQ(FormatDuration(std::chrono::milliseconds(1500)), "1500ms");
+}
+
+// Found by tests/fuzz/config_fuzz.cc: numbers past int64 went through llround() (undefined) and came
+// back negative: a sync interval of "1322...2ms" read as "never".
+TEST(Units, HugeNumbersAreRefusedNeverWrapped) {
+  EXPECT_FALSE(ParseDuration("1322222222222222222222222222222222222222222ms").ok());
+  EXPECT_FALSE(ParseDuration(std::string(400, '9') + "h").ok());  // inf
+  EXPECT_FALSE(ParseDuration("1000000000000000000s").ok());
+  EXPECT_EQ(ParseDuration("1000000000000s")->count(), 1'000'000'000'000'000LL);
+  EXPECT_FALSE(ParseBytes("9223372036854775808").ok());
+  EXPECT_FALSE(ParseBytes("16000Pi").ok());
+  EXPECT_FALSE(ParseBytes(std::string(400, '9')).ok());
+  EXPECT_EQ(*ParseBytes("8Pi"), 8ull << 50);
+  EXPECT_FALSE(ParseSyncInterval("1322222222222222222222222222222222222222222ms").ok());
 }
 
 TEST(Units, Bools) {

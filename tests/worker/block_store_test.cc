@@ -1,4 +1,5 @@
 #include "worker/block_store.h"
+#include "worker/store/block_file.h"
 
 #include <gtest/gtest.h>
 
@@ -16,6 +17,30 @@ namespace {
 // Block `index` of `file`, whose blocks are all `len` bytes long (it starts at index x len).
 BlockMeta Meta(const std::string& file, uint64_t index, uint64_t len) {
   return BlockMeta{BlockId{MakeFileKey("file:///d", file, "v1"), index}, 1, len, index * len};
+}
+
+// Found by tests/fuzz/key_path_fuzz.cc: "<key>-06.m" parsed as block 6's sidecar beside "<key>-6.m".
+// Only the names the store makes are its own.
+TEST(BlockFile, OnlyCanonicalNamesParse) {
+  const FileKey key = MakeFileKey("s3://b", "a/b", "v");
+  const std::string hex = FileKeyHex(key);
+  FileKey k{};
+  uint64_t index = 0;
+  bool sidecar = false;
+  ASSERT_TRUE(store::ParseName(hex + "-6.m", &k, &index, &sidecar));
+  EXPECT_TRUE(sidecar);
+  EXPECT_EQ(index, 6u);
+  EXPECT_EQ(k, key);
+  EXPECT_TRUE(store::ParseName(hex + "-0.m", &k, &index, &sidecar));
+  EXPECT_EQ(index, 0u);
+  EXPECT_FALSE(store::ParseName(hex + "-06.m", &k, &index, &sidecar));
+  EXPECT_FALSE(store::ParseName(hex + "-00.m", &k, &index, &sidecar));
+  EXPECT_FALSE(store::ParseName(hex + "-+6.m", &k, &index, &sidecar));
+  std::string upper = hex;
+  for (char& c : upper) c = static_cast<char>(std::toupper(c));
+  if (upper != hex) EXPECT_FALSE(store::ParseName(upper, &k, &index, &sidecar));
+  EXPECT_TRUE(store::ParseName(hex, &k, &index, &sidecar));
+  EXPECT_FALSE(sidecar);
 }
 
 TEST(BlockStore, PutReadAndReopen) {

@@ -90,6 +90,8 @@ bool ParseName(const std::string& name, FileKey* key, uint64_t* index, bool* sid
   if (name[32] != '-' || name.size() < 36 || name.compare(name.size() - 2, 2, ".m") != 0) return false;
   std::string digits = name.substr(33, name.size() - 35);
   if (digits.empty() || digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+  // Only the name SidecarPath makes: "-06.m" would be a second sidecar file of block 6.
+  if (digits.size() > 1 && digits[0] == '0') return false;
   *index = std::stoull(digits);
   *sidecar = true;
   return true;
