@@ -72,6 +72,7 @@ class Chaos:
         self.cli_results = {"ok": 0, "failed": 0}
         self.rng = random.Random(a.seed)
         self.events = open(os.path.join(self.work, "events.log"), "w")
+        self.ok = False
 
     # ---- processes ----
     def start(self, name, ns, argv, ready=None, timeout=90):
@@ -203,6 +204,9 @@ class Chaos:
         self.auth = ["--rpc.token_file", f"{w}/token"]
         for i in (1, 2, 3):
             self.maddr[i] = self.start_master(i, f"{ip_of(a.nodes + 1 + i)}:0")
+            # Restarts reuse the address the OS picked: everyone knows the masters by it.
+            argv = self.args[f"m{i}"][1]
+            argv[argv.index("--master.listen") + 1] = self.maddr[i]
         self.masters = ",".join(self.maddr[i] for i in (1, 2, 3))
         self.cli_yaml = f"{w}/cli.yaml"
         with open(self.cli_yaml, "w") as f:
@@ -271,7 +275,12 @@ class Chaos:
             if leader and synced == 2:
                 return
             time.sleep(0.5)
-        raise RuntimeError("no leader with both standbys in sync")
+        r = self.cli("report", "--json", timeout=30, check=False)
+        try:
+            master = json.dumps(json.loads(r.stdout)["master"])
+        except Exception:
+            master = (r.stdout + r.stderr)[-1000:]
+        raise RuntimeError(f"no leader with both standbys in sync within {timeout} s; the masters: {master}")
 
     def reader_stats(self):
         out = []
@@ -378,6 +387,10 @@ class Chaos:
                 json.dump(ctl, f)
             os.replace(self.control + ".tmp", self.control)
             self.note(kind, f"store {fault} on {rate:.0%} of requests for {secs:.1f} s")
+            # Something to fetch meanwhile: a class's blocks freed, so the readers' next reads of it
+            # (and their fetch-ahead) meet the fault.
+            target = "/ds/" + r.choice(sorted({k.split("/")[0] for k in self.digests}))
+            self.cli_background("cli_free", "free", target)
         elif kind == "enospc":
             if self.busy(f"fill {n}"):
                 return
@@ -532,14 +545,31 @@ class Chaos:
             print("   ", e)
         print(f"writes: {writes} files written, {self.write_check['acked']} acknowledged and read back whole; "
               f"{write_errors} writes failed with an error (allowed: never acknowledged)")
-        print(f"longest stall: {stall:.2f} s (one file's stat+open+read)")
-        print(f"store: {px.get('requests', 0)} requests, {px.get('bytes_down', 0) / max(1, self.dataset_bytes):.2f}x "
-              f"the dataset read from it ({self.dataset_bytes} bytes read cold once)")
+        worst = max(rs, key=lambda r: r.get("longest_stall_s", 0))
+        print(f"longest stall: {stall:.2f} s (one file's stat+open+read: {worst.get('longest_stall_file', '?')}, "
+              f"began {time.strftime('%H:%M:%S', time.localtime(worst.get('longest_stall_at', 0)))}; "
+              f"the faults before it: {self.faults_before(worst.get('longest_stall_at', 0))})")
+        ds_bytes = px.get("bytes_down_by_prefix", {}).get("ds", 0)
+        print(f"store: {px.get('requests', 0)} requests; the dataset's objects read {ds_bytes / max(1, self.dataset_bytes):.2f}x "
+              f"over (one cold read is {self.dataset_bytes} bytes; frees, flips and full disks cost refetches)")
         print("faults injected: " + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())))
         print("store faults applied (requests): " + ", ".join(f"{k} {v}" for k, v in store_faults.items()))
         print(f"reader errors {errors}, wrong bytes {wrong_files}, longest stall {stall:.2f} s, "
               f"faults {total_faults}, seed {self.a.seed}")
         return errors == 0 and wrong_files == 0
+
+    def faults_before(self, t):
+        """The faults injected in the 15 s before time t (from the events log)."""
+        out = []
+        try:
+            with open(os.path.join(self.work, "events.log")) as f:
+                for line in f:
+                    ts, kind, what = line.split(" ", 2)
+                    if t - 15 <= float(ts) <= t:
+                        out.append(f"{time.strftime('%H:%M:%S', time.localtime(float(ts)))} {what.strip()}")
+        except (OSError, ValueError):
+            pass
+        return "; ".join(out[-3:]) or "none"
 
     def cleanup(self):
         w = self.work
@@ -575,8 +605,16 @@ class Chaos:
         subprocess.run(["bash", f"{ROOT}/scripts/netns.sh", "down"], env=NETENV, capture_output=True)
         if self.a.keep_work:
             log(f"work dir kept: {w}")
-        else:
-            shutil.rmtree(w, ignore_errors=True)
+            return
+        if not self.ok:  # the logs stay for a post-mortem; the rest goes
+            logs = f"/tmp/granary-chaos-logs-{self.a.seed}"
+            shutil.rmtree(logs, ignore_errors=True)
+            os.makedirs(logs)
+            for f in os.listdir(w):
+                if f.endswith((".log", ".json")) or f == "events.log":
+                    shutil.copy(os.path.join(w, f), logs)
+            log(f"logs kept: {logs}")
+        shutil.rmtree(w, ignore_errors=True)
 
 
 def main():
@@ -599,10 +637,10 @@ def main():
         c.chaos()
         c.finish()
         ok = c.report()
+        c.ok = ok
     except Exception as e:
         log(f"error: {e}")
-        print(f"chaos: did not complete: {e} (seed {a.seed}; bench/chaos.sh --keep-work keeps the logs)")
-        a.keep_work = a.keep_work or os.environ.get("CHAOS_KEEP_ON_ERROR") == "1"
+        print(f"chaos: did not complete: {e} (seed {a.seed}; logs in /tmp/granary-chaos-logs-{a.seed})")
     finally:
         c.cleanup()
     return 0 if ok else 1

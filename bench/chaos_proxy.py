@@ -14,7 +14,8 @@ and, until `until`, each request meets the fault with probability `rate`:
     stall     the answer's body stops half-way for `stall_s` seconds, then goes on
     truncate  the answer's body stops half-way and the connection closes (short of Content-Length)
 
-Counts of what it did go to the stats file (JSON) every second and at the end.
+Counts of what it did go to the stats file (JSON) every second: requests, faults applied by kind,
+and the answers' body bytes (bytes_down), also by the key's first path segment below the bucket.
 
     chaos_proxy.py --listen HOST:PORT --to HOST:PORT --control F --stats F [--ready-file F] [--seed N]
 
@@ -59,6 +60,11 @@ class Control:
             return None
         kind = s.get("kind")
         return kind if kind in ("slowdown", "reset", "stall", "truncate") else None
+
+    def count_bytes(self, top, n):
+        self.counts["bytes_down"] += n
+        by = self.counts.setdefault("bytes_down_by_prefix", {})
+        by[top] = by.get(top, 0) + n
 
     def applied(self, kind):
         self.counts[kind] += 1
@@ -147,6 +153,9 @@ async def handle(creader, cwriter, upstream, control):
                 return
             request_line, h = headers_of(head)
             method = request_line.split(" ", 1)[0].upper()
+            # Path-style "/bucket/<top>/...": bytes are counted by <top> (the dataset, the writes).
+            parts = request_line.split(" ")[1].split("?", 1)[0].split("/") if " " in request_line else []
+            top = parts[2] if len(parts) > 3 else ""
             body_len = int(h.get("content-length", "0") or 0)
             fault = control.fault()
             if fault == "reset":
@@ -188,12 +197,12 @@ async def handle(creader, cwriter, upstream, control):
                 else:
                     fault = None
                 whole = await copy_exact(ureader, cwriter, n, fault, float(control.state.get("stall_s", 3)))
-                control.counts["bytes_down"] += n if whole else n // 2
+                control.count_bytes(top, n if whole else n // 2)
                 if not whole:
                     reset(cwriter)
                     return
             elif rh.get("transfer-encoding", "").lower() == "chunked":
-                control.counts["bytes_down"] += await copy_chunked(ureader, cwriter)
+                control.count_bytes(top, await copy_chunked(ureader, cwriter))
             else:  # until the server closes
                 while True:
                     data = await ureader.read(1 << 16)

@@ -3,7 +3,7 @@
 shuffled order, each read whole in one of three ways picked at random (read, pread in 64 KiB pieces
 from random offsets, mmap), a stat first, and every byte compared with the source's SHA-256.
 
-  chaos_reader.py --mount M --digests F --status F --stop F2 [--seed N]
+  chaos_reader.py --mount M --digests F --status F --stop F2 [--seed N] [--pace-ms 2]
 
 F (digests): JSON {relative path: sha256 hex}. Writes the status file (JSON) every half second and
 at the end: epochs, reads by way, errors (a call that failed), wrong (files whose bytes differ), the
@@ -48,6 +48,7 @@ def main():
     ap.add_argument("--status", required=True)
     ap.add_argument("--stop", required=True)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pace-ms", type=float, default=2.0, help="pause after each file (a loader's own work)")
     a = ap.parse_args()
     with open(a.digests) as f:
         digest = json.load(f)
@@ -87,7 +88,13 @@ def main():
                 note(f"{n}: {how}: {e}")
             st["reads"] += 1
             st["by_way"][how] += 1
-            st["longest_stall_s"] = max(st["longest_stall_s"], time.monotonic() - t)
+            took = time.monotonic() - t
+            if took > st["longest_stall_s"]:
+                st["longest_stall_s"] = took
+                st["longest_stall_at"] = time.time() - took
+                st["longest_stall_file"] = n
+            if a.pace_ms > 0:
+                time.sleep(a.pace_ms / 1000)
             if time.monotonic() - last > 0.5:
                 dump()
                 last = time.monotonic()
