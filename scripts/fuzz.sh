@@ -7,16 +7,20 @@
 #
 #   scripts/fuzz.sh [--seconds N] [TARGET...]     N per target (default 20); all targets by default
 #   scripts/fuzz.sh --replay TARGET FILE          runs one input (a found crash, a corpus file)
+#   scripts/fuzz.sh --merge [TARGET...]           adds what earlier runs found and that covers something
+#                                                 new to the checked-in corpus (-merge=1; files found-*)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 SECONDS_EACH=20
 REPLAY=()
+MERGE=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) SECONDS_EACH=$2; shift 2;;
     --replay) REPLAY=("$2" "$3"); shift 3;;
+    --merge) MERGE=1; shift;;
     -h|--help) sed -n '2,10p' "$0"; exit 0;;
     *) targets+=("$1"); shift;;
   esac
@@ -32,6 +36,16 @@ if [ ${#REPLAY[@]} -gt 0 ]; then
 fi
 if [ ${#targets[@]} -eq 0 ]; then
   for d in "$ROOT"/tests/fuzz/corpus/*/; do targets+=("$(basename "$d")"); done
+fi
+if [ "$MERGE" = 1 ]; then
+  for t in "${targets[@]}"; do
+    seeds=$ROOT/tests/fuzz/corpus/$t; new=$BUILD/merge/$t
+    rm -rf "$new"; mkdir -p "$new"
+    ASAN_OPTIONS=detect_leaks=0 "$BUILD/bin/$t" -merge=1 "$new" "$seeds" "$BUILD/corpus/$t" > "$BUILD/logs/$t.merge.log" 2>&1
+    for f in "$new"/*; do [ -e "$f" ] || continue; cp -n "$f" "$seeds/found-$(basename "$f")"; done
+    echo "fuzz merge $t: corpus now $(ls "$seeds" | wc -l) files"
+  done
+  exit 0
 fi
 failed=()
 for t in "${targets[@]}"; do

@@ -71,8 +71,10 @@ TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemor
   // granary-fuse forwards page by page.
   uint64_t master_rss = metrics::ResidentBytesOf(cluster_.master_pid());
   uint64_t fuse_growth = metrics::ResidentBytesOf(cluster_.fuse_pid()) - std::min(fuse_before, metrics::ResidentBytesOf(cluster_.fuse_pid()));
-  EXPECT_LT(master_rss, 400ull << 20) << "master RSS " << master_rss;
-  EXPECT_LT(fuse_growth, 64ull << 20) << "granary-fuse grew by " << fuse_growth;
+  if (!kSanitizerBuild) {
+    EXPECT_LT(master_rss, 400ull << 20) << "master RSS " << master_rss;
+    EXPECT_LT(fuse_growth, 64ull << 20) << "granary-fuse grew by " << fuse_growth;
+  }
   // A second listing (now from RocksDB only) gives the same entries.
   size_t again = 0;
   for (auto& e : fs::directory_iterator(Mnt("big"))) again += e.is_regular_file() ? 1 : 0;

@@ -13,6 +13,14 @@
 namespace granary::testing {
 
 // A fresh directory under $TMPDIR, removed (after unmounting anything below it) on destruction.
+// True in a build under a sanitizer (scripts/sanitize.sh): memory figures (RSS) are then the
+// sanitizer's (shadow memory, quarantine, redzones), so tests do not check bounds on them.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 class TempDir {
  public:
   TempDir();
