@@ -42,7 +42,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX, SUBNET = "gch", "10.235.0"
 NETENV = dict(os.environ, NETNS_PREFIX=PREFIX, NETNS_SUBNET=SUBNET)
-MODES = ["kernel", "daemon", "passthrough", "kernel"]
+MODES = ["kernel", "daemon", "passthrough", "kernel"]  # node n's fuse.open: MODES[(n - 1) % len]; --modes
 
 
 def log(msg):
@@ -534,7 +534,9 @@ class Chaos:
               ", ".join(f"{k} {sum(r.get('by_way', {}).get(k, 0) for r in rs)}" for k in ("read", "pread", "mmap")) +
               f"; {writes} file writes; {self.cli_results['ok'] + self.cli_results['failed']} CLI jobs, "
               f"{self.cli_results['failed']} refused or failed)")
-        print(f"epochs: {sum(r.get('epochs', 0) for r in rs)} over {len(rs)} readers of {len(self.digests)} files")
+        print(f"epochs: {sum(r.get('epochs', 0) for r in rs)} over {len(rs)} readers of {len(self.digests)} files; "
+              "files read by node (read mode): " +
+              ", ".join(f"{n + 1} ({MODES[n % len(MODES)]}) {r.get('reads', 0)}" for n, r in enumerate(rs)))
         print(f"reader errors: {errors}")
         for r in rs:
             for e in r.get("first_errors", [])[:3]:
@@ -626,7 +628,10 @@ def main():
     ap.add_argument("--cache-mb", type=int, default=256)
     ap.add_argument("--bin-dir", default=os.environ.get("BIN_DIR", f"{ROOT}/build/bin"))
     ap.add_argument("--keep-work", action="store_true")
+    ap.add_argument("--modes", default=" ".join(MODES),
+                    help="fuse.open of the nodes in turn (default: kernel daemon passthrough kernel)")
     a = ap.parse_args()
+    MODES[:] = a.modes.split()
     if a.seed is None:
         a.seed = random.SystemRandom().randrange(1, 1 << 31)
     c = Chaos(a)

@@ -5,6 +5,7 @@
 # docstring of bench/chaos.py.
 #
 #   bench/chaos.sh [--minutes M] [--seed N] [--nodes 4] [--files 400] [--keep-work]
+#                  [--modes "kernel daemon passthrough kernel"]   (the nodes' fuse.open, in turn)
 #
 # Prints operations, reader errors (must be 0), wrong bytes (0), the longest stall, store bytes as a
 # multiple of the dataset, faults by kind, the seed to replay; last line:

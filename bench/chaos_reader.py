@@ -82,7 +82,9 @@ def main():
                 st["bytes"] += len(data)
                 if hashlib.sha256(data).hexdigest() != digest[n]:
                     st["wrong"] += 1
-                    note(f"{n}: wrong bytes by {how} ({len(data)} read)")
+                    zeros = data.count(0)
+                    note(f"{n}: wrong bytes by {how} ({len(data)} read, {zeros} zero bytes, "
+                         f"first {data[:8].hex()})")
             except (OSError, ValueError) as e:
                 st["errors"] += 1
                 note(f"{n}: {how}: {e}")
