@@ -40,7 +40,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PREFIX, SUBNET = "gch", "10.235.0"
+# Namespaces and addresses of its own (CHAOS_NETNS_PREFIX/SUBNET: two runs side by side).
+PREFIX = os.environ.get("CHAOS_NETNS_PREFIX", "gch")
+SUBNET = os.environ.get("CHAOS_NETNS_SUBNET", "10.235.0")
 NETENV = dict(os.environ, NETNS_PREFIX=PREFIX, NETNS_SUBNET=SUBNET)
 MODES = ["kernel", "daemon", "passthrough", "kernel"]  # node n's fuse.open: MODES[(n - 1) % len]; --modes
 

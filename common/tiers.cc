@@ -81,7 +81,10 @@ StatusOr<std::vector<TierLevel>> ParseTierLevels(std::string_view yaml) {
     TierLevel l;
     std::string quota, quota_list, high, low;
     for (auto it = n.begin(); it != n.end(); ++it) {
-      std::string k = it->first.as<std::string>();
+      // A key that is itself a list or a map would throw from as<std::string>() (found by
+      // tests/fuzz/config_fuzz.cc: an uncaught exception, a daemon down on one config value).
+      if (!it->first.IsScalar()) return InvalidArgumentError(at + ": a field name must be a plain word");
+      std::string k = it->first.Scalar();
       if (!it->second.IsScalar()) return InvalidArgumentError(at + ": " + k + ": expected a single value");
       std::string v = it->second.Scalar();
       if (k == "mediumtype") {

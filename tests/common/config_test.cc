@@ -191,6 +191,19 @@ TEST(TieredStoreConfig, BadLevelsAreClearErrors) {
       << s.message();
 }
 
+// Found by tests/fuzz/config_fuzz.cc (in a CI run): a field name that is a map or a list threw out
+// of ParseTierLevels, taking a worker down on one --worker.tieredstore.levels value.
+TEST(TieredStoreConfig, AFieldNameThatIsNotAWordIsAnError) {
+  for (const char* yaml : {"[{mediumtype: MEM, path: /dev/g, quota: 1Gi}: x]", "[{[a, b]: 1}]",
+                           "[{{path: /a}: SSD}]"}) {
+    auto l = ParseTierLevels(yaml);
+    EXPECT_FALSE(l.ok()) << yaml;
+  }
+  auto named = ParseTierLevels("[{[a, b]: 1}]");
+  ASSERT_FALSE(named.ok());
+  EXPECT_NE(named.status().message().find("level 0"), std::string::npos) << named.status().ToString();
+}
+
 TEST(TieredStoreConfig, MountOptionWriteIsOffThroughOrBack) {
   std::map<std::string, std::string> ufs;
   MountCacheOptions cache;
