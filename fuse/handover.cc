@@ -215,8 +215,11 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
   m.set_fingerprint(fingerprint);
   Status st = SendHandover(*s, m);
   StatusOr<HandoverReceived> r = st.ok() ? ReceiveHandover(*s, timeout) : StatusOr<HandoverReceived>(st);
-  if (r.ok() && r->msg.kind() == rpc::HandoverMessage::STATE && r->msg.state().uring_payload() > 0) {
-    r->peer = *s;  // the predecessor serves its rings until ours are registered
+  if (r.ok() && r->msg.kind() == rpc::HandoverMessage::STATE &&
+      (r->msg.state().uring_payload() > 0 || r->msg.state().backings_size() > 0)) {
+    // The predecessor serves its rings until ours are registered (RINGS_READY), and holds its
+    // backing files' leases until we hold ours (LEASED).
+    r->peer = *s;
   } else {
     close(*s);
   }

@@ -292,6 +292,9 @@ Status FuseMountImpl::Init(const Config& cfg) {
                                                [this] { return Snapshot(false); },
                                                [io = io_.get()](int id) { io->CloseBacking(id); }, got.has_value());
   }
+  // Adopted backing files this process could not lease again are let go before any open can
+  // reuse one (the keeper link queues their closes until it has deposited: fuse/handover.h).
+  if (got) fs_->passthrough->LetGoUnleased();
   StartInvalidator();
   if (!got) RaiseReadaheadOf(mountpoint_);
   StartLoop();
@@ -315,6 +318,14 @@ Status FuseMountImpl::Init(const Config& cfg) {
     // CPU's queue, and only a commit on that queue fetches them, not a registration: one request
     // of our own on each CPU's queue makes that commit (bench/fuse_uring_adopt.sh found it).
     if (uring()) UringQueues::GetattrFromEachCpu(mountpoint_, 1, /*wait=*/true);
+  }
+  if (got && got->peer >= 0 && got->msg.state().uring_payload() == 0) {
+    // The predecessor holds its backing files' leases until we hold ours (ApplyState took them).
+    rpc::HandoverMessage leased;
+    leased.set_kind(rpc::HandoverMessage::LEASED);
+    (void)SendHandover(got->peer, leased);
+    close(got->peer);
+    got->peer = -1;
   }
   if (got && got->peer >= 0) {  // the predecessor holds its parked entries until we serve
     rpc::HandoverMessage ready;

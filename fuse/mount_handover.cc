@@ -75,8 +75,10 @@ void FuseMountImpl::ApplyState(const rpc::FuseConnectionState& st) {
     o.version = b.info().version();
     o.bytes = b.info().attr().size();
     o.passthrough = b.passthrough() < 0 ? kUnknownOpens : b.passthrough();
-    // Our own lease keeps the worker from evicting the data file under the kernel's reads (the
-    // kernel holds the file it opened either way, so bytes stay right without one).
+    // Our own lease keeps the worker off the data file under the kernel's reads: taken while the
+    // predecessor still holds its own (it waits for LEASED, or for RINGS_READY). Without one (the
+    // file was freed, evicted or moved meanwhile, or a crash left a gap) the entry is let go as
+    // soon as no file is open on it (LetGoUnleased, once the keeper link exists: fuse/mount.cc).
     auto lease = fs_->client->LeaseFile(b.info());
     if (lease.ok()) o.lease = std::move(*lease);
     fs_->passthrough->Adopt(b.kino(), std::move(o), b.idle());
@@ -190,6 +192,17 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
       spdlog::error("the successor did not register io_uring entries ({}); this process keeps serving the ring "
                     "until it is stopped",
                     ready.ok() ? ready->msg.text() : ready.status().message());
+    }
+  }
+  if (!ring && out.state().backings_size() > 0) {
+    // Our leases hold the backing files' blocks until the successor holds its own (ApplyState): a
+    // block let go in between could be evicted and its data file punched under the kernel's reads.
+    // A successor that says nothing (it died, or predates LEASED and closes the socket) is not waited for.
+    auto leased = ReceiveHandover(c, std::chrono::seconds(10));
+    if (leased.ok()) leased->CloseAll();
+    if (!leased.ok() || leased->msg.kind() != rpc::HandoverMessage::LEASED) {
+      spdlog::warn("the successor did not say it leased the {} backing files ({}); letting ours go",
+                   out.state().backings_size(), leased.ok() ? leased->msg.text() : leased.status().message());
     }
   }
   if (fs_->keeper) fs_->keeper->Stop();  // the successor deposits with the keeper; it keeps ours meanwhile

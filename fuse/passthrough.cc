@@ -140,7 +140,12 @@ void PassthroughOpens::End(uint64_t kino, bool passthrough, bool cached, const s
   InodeOpens& st = it->second;
   if (cached) --st.cached;
   if (passthrough && --st.passthrough == 0 && st.cached == 0) {
-    IdleLocked(kino, st);  // kept for a reopen (the next epoch, another loader worker)
+    if (st.lease) {
+      IdleLocked(kino, st);  // kept for a reopen (the next epoch, another loader worker)
+    } else {  // adopted without a lease (Adopt): nothing keeps the worker off its data file
+      host_->Drop(kino, st.backing_id);
+      opens_.erase(it);
+    }
   } else if (st.passthrough == 0 && st.cached == 0) {
     opens_.erase(it);
   }
@@ -157,6 +162,21 @@ void PassthroughOpens::Adopt(uint64_t kino, InodeOpens o, bool idle) {
   MutexLock lock(&mu);
   if (idle && o.passthrough == 0) IdleLocked(kino, o);
   opens_[kino] = std::move(o);
+}
+
+void PassthroughOpens::LetGoUnleased() {
+  Leases done;
+  MutexLock lock(&mu);
+  for (auto it = opens_.begin(); it != opens_.end();) {
+    InodeOpens& st = it->second;
+    if (st.lease || st.passthrough > 0 || st.cached > 0 || st.backing_id <= 0) {
+      ++it;
+      continue;
+    }
+    UnidleLocked(st);
+    host_->Drop(it->first, st.backing_id);
+    it = opens_.erase(it);
+  }
 }
 
 void PassthroughOpens::Clear() {

@@ -115,7 +115,12 @@ class PassthroughOpens {
   // The hand-over (fuse/mount_handover.cc). A successor adopts the predecessor's entries; a
   // predecessor that handed over, or a mount that ends, forgets them all (the backing ids are the
   // successor's, or gone with the connection).
+  // An adopted entry without a lease (InodeOpens::lease null: the successor could not lease the
+  // file again — freed, evicted or moved since) has nothing keeping the worker off its data file:
+  // LetGoUnleased drops those no file is open on (their backing ids closed), and one with open
+  // files serves them (and reopens beside them) and is dropped at its last close, never kept idle.
   void Adopt(uint64_t kino, InodeOpens o, bool idle) EXCLUDES(mu);
+  void LetGoUnleased() EXCLUDES(mu);
   void Clear() EXCLUDES(mu);
   // The entries, for a snapshot: call with `mu` held.
   const std::unordered_map<uint64_t, InodeOpens>& entries() const REQUIRES(mu) { return opens_; }

@@ -133,6 +133,18 @@ void BlockStore::DropFileLocked(const std::string& path) {
   unlink(path.c_str());  // under the lock: a writer about to use the path holds it first
 }
 
+void BlockStore::LetGoRangeLocked(const std::string& path, uint64_t offset, uint64_t len, bool doomed) {
+  auto users = file_users_.find(path);
+  const int others = users == file_users_.end() ? 0 : users->second - 1;
+  int others_doomed = 0;
+  if (auto d = file_doomed_.find(path); d != file_doomed_.end()) {
+    others_doomed = d->second - (doomed ? 1 : 0);
+    if (doomed && --d->second <= 0) file_doomed_.erase(d);
+  }
+  if (others > others_doomed) store::PunchData(path, offset, len);
+  DropFileLocked(path);
+}
+
 int BlockStore::FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const {
   const auto& dirs = tiers_[tier].dirs;
   for (size_t d = 0; d < dirs.size() && dirs.size() > 1; ++d) {
@@ -204,9 +216,7 @@ void BlockStore::RemoveLocked(const BlockId& id, Removal* r) {
   tiers_[e.tier].nblocks--;
   // Under the lock: a later Put of the same block may write the same sidecar and range.
   unlink(SidecarLocked(id, e.tier, e.dir).c_str());
-  std::string data = PathLocked(id, e.tier, e.dir);
-  store::PunchData(data, e.meta.offset, e.meta.length);
-  DropFileLocked(data);
+  LetGoRangeLocked(PathLocked(id, e.tier, e.dir), e.meta.offset, e.meta.length, e.doomed);
   r->removed.push_back(e.meta);
   AccountLocked(e.meta, -1);
   index_.erase(it);
@@ -589,6 +599,7 @@ size_t BlockStore::FreeIf(const std::function<bool(const BlockId&, const BlockMe
       if (e.readers > 0 || e.moving) {
         UnlistLocked(e);
         e.doomed = true;  // removed by the last reader, or by the move's commit
+        ++file_doomed_[PathLocked(id, e.tier, e.dir)];
       } else {
         now.push_back(id);
       }

@@ -18,8 +18,12 @@
 //
 // Crash safety: a block's bytes go into its range of the data file and its sidecar is then
 // renamed into place from <dir>/tmp: the sidecar is the commit record (tmp is emptied at start).
-// Removal unlinks the sidecar, then punches the range out (the data file goes with its last
-// block). Open() rebuilds the index from the sidecars (checksum, name, range within the data file)
+// Removal unlinks the sidecar, then punches the range out while other blocks stay in the data
+// file; a data file's last block (and blocks freed together with all the others left in it) is
+// never punched: the file is unlinked as it is. The kernel may hold a data file open as a FUSE
+// passthrough backing file beyond any lease — a granary-fuse successor between its predecessor's
+// end and its own re-lease, a worker restarted under a mount — and an unlinked file keeps its
+// bytes for whoever holds it, where a punched one would read as zeros. Open() rebuilds the index from the sidecars (checksum, name, range within the data file)
 // and drops what disagrees and data files without a sidecar; a background scrub then checks every
 // chunk checksum, and every read through the worker checks the chunks it touches. A mismatch
 // removes the block and returns DATA_LOSS: corrupt bytes are never served through the worker (the
@@ -319,6 +323,10 @@ class BlockStore {
   // is unlinked when its count drops to 0.
   void HoldFileLocked(const std::string& path) REQUIRES(mu_);
   void DropFileLocked(const std::string& path) REQUIRES(mu_);
+  // A block leaves the data file `path` (its range [offset, offset+len)): punched out only while
+  // blocks that are not doomed stay in the file, then the file's count dropped (the design note
+  // says why). `doomed`: the leaving block was freed while read (counted in file_doomed_).
+  void LetGoRangeLocked(const std::string& path, uint64_t offset, uint64_t len, bool doomed) REQUIRES(mu_);
   // Where a new block of `key` goes on level `tier`: the directory already holding the file's
   // blocks if it has room, else FitLocked's choice (-1: no room).
   int FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const REQUIRES(mu_);
@@ -361,6 +369,9 @@ class BlockStore {
   std::unordered_set<FileKey, FileKeyHash> pins_ GUARDED_BY(mu_);
   std::vector<BlockId> promote_queue_ GUARDED_BY(mu_);
   std::unordered_map<std::string, int> file_users_ GUARDED_BY(mu_);
+  // Doomed blocks by data file: they leave when their readers end, so a block leaving beside only
+  // doomed ones is the file's last and its range is not punched.
+  std::unordered_map<std::string, int> file_doomed_ GUARDED_BY(mu_);
   // Blocks a Put is writing. One Put per block at a time: a second one could write the block's
   // range while a removal of the first one's copy punches that same range out.
   std::unordered_set<BlockId, BlockIdHash> putting_ GUARDED_BY(mu_);

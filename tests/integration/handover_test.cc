@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -140,6 +141,13 @@ TEST_P(Handover, AReaderSeesNoErrorAcrossUpgradesAndCrashes) {
 
   ASSERT_TRUE(c.UpgradeFuse(&why)) << why;
   ASSERT_TRUE(reader.Progress()) << "after the upgrade: " << reader.Finish().dump();
+  // The predecessor kept its backing files' leases until the successor said it held its own.
+  const std::string log = ReadFile(dir / "fuse.log");
+  EXPECT_EQ(log.find("did not say it leased"), std::string::npos) << log;
+  if (mode == "passthrough") {
+    EXPECT_TRUE(std::regex_search(log, std::regex("handed \\S+ over \\(\\d+ open files, [1-9]\\d* backing files\\)")))
+        << "the upgrade handed no backing file over: " << log;
+  }
   ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << why;
   ASSERT_TRUE(reader.Progress()) << "after the crash: " << reader.Finish().dump();
   for (int i = 0; i < 10; ++i) {

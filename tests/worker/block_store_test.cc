@@ -287,6 +287,69 @@ TEST(BlockStore, AFilesBlocksShareADataFileAtTheirOffsets) {
   EXPECT_NE(access(path.c_str(), F_OK), 0);
 }
 
+// The kernel may hold a data file as a passthrough backing file with no lease left (a
+// granary-fuse successor before its re-lease, a worker restarted under a mount): a file whose
+// blocks all go is unlinked as it is, never punched, so whoever holds it reads its bytes, not
+// zeros. A block that leaves while others stay is punched out (its space comes back).
+TEST(BlockStore, ADataFileHeldPastItsLeaseKeepsItsBytesWhenItsBlocksGo) {
+  testing::TempDir dir;
+  auto store = std::move(BlockStore::Open(dir / "cache", 1 << 30).value());
+  auto read_all = [](int fd, size_t n) {
+    std::string got(n, '\0');
+    EXPECT_EQ(pread(fd, got.data(), n, 0), static_cast<ssize_t>(n));
+    return got;
+  };
+  // One block, evicted by a free with no reader left.
+  std::string small = testing::RandomBytes(110000, 7);
+  FileKey skey = MakeFileKey("file:///d", "small", "v1");
+  ASSERT_TRUE(store->Put(BlockMeta{BlockId{skey, 0}, 1, small.size(), 0}, small).ok());
+  auto lease = store->LeaseFile(skey, 1, small.size());
+  ASSERT_TRUE(lease.ok()) << lease.status().message();
+  int held = dup(lease->fd);  // as the kernel's backing file
+  lease->Reset();
+  EXPECT_EQ(store->Free({skey}), 1u);
+  EXPECT_FALSE(store->Contains(BlockId{skey, 0}));
+  EXPECT_EQ(read_all(held, small.size()), small) << "a data file's last block must not be punched";
+  close(held);
+
+  // Three blocks freed while leased: they leave one by one as the lease ends, none punched.
+  const uint64_t bs = 100000;
+  std::string big = testing::RandomBytes(250000, 8);
+  FileKey bkey = MakeFileKey("file:///d", "big", "v1");
+  auto put_big = [&] {
+    for (uint64_t i = 0; i < 3; ++i) {
+      uint64_t len = std::min<uint64_t>(bs, big.size() - i * bs);
+      ASSERT_TRUE(store->Put(BlockMeta{BlockId{bkey, i}, 1, len, i * bs}, std::string_view(big).substr(i * bs, len)).ok());
+    }
+  };
+  put_big();
+  lease = store->LeaseFile(bkey, 3, big.size());
+  ASSERT_TRUE(lease.ok()) << lease.status().message();
+  held = dup(lease->fd);
+  EXPECT_EQ(store->Free({bkey}), 3u);
+  lease->Reset();
+  EXPECT_EQ(store->Stats().blocks, 0u);
+  EXPECT_EQ(read_all(held, big.size()), big) << "blocks freed together must not punch each other's file";
+  close(held);
+
+  // One block of three goes (found corrupt): its range is punched, the others stay whole.
+  put_big();
+  std::string path = store->PathOf(BlockId{bkey, 0});
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(150000);  // in block 1
+    f.put(static_cast<char>(big[150000] ^ 0x01));
+  }
+  std::string out(10, '\0');
+  EXPECT_EQ(store->Read(BlockId{bkey, 1}, 0, out.size(), out.data()).status().code(), Code::kDataLoss);
+  EXPECT_FALSE(store->Contains(BlockId{bkey, 1}));
+  std::string now = testing::ReadFile(path);
+  ASSERT_EQ(now.size(), big.size());
+  EXPECT_EQ(now.substr(0, bs), big.substr(0, bs));
+  EXPECT_EQ(now.substr(bs, bs), std::string(bs, '\0')) << "a block leaving beside others gives its space back";
+  EXPECT_EQ(now.substr(2 * bs), big.substr(2 * bs));
+}
+
 // A read lease (fuse/read_leases.h) asks LeaseFile to verify: every chunk of every block is
 // checked first, and a flipped byte anywhere fails the lease and drops its block.
 TEST(BlockStore, AVerifiedFileLeaseChecksEveryChunk) {

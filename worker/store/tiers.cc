@@ -73,8 +73,7 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
         }
         moved = true;
         unlink(src_sidecar.c_str());
-        store::PunchData(src, offset, data_len);
-        DropFileLocked(src);
+        LetGoRangeLocked(src, offset, data_len, /*doomed=*/false);
       } else if (e.doomed && e.readers == 0) {
         RemoveLocked(id, &r);  // freed while moving
       }
