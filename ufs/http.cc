@@ -116,12 +116,18 @@ StatusOr<HttpResponse> CurlHttpClient::Send(const HttpRequest& req) {
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, opts_.low_speed_bytes_per_s);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(opts_.low_speed_time.count()));
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+  // curl's own words on a failure say which step failed ("Connection timed out after 5001
+  // milliseconds", "Operation too slow ..."), where curl_easy_strerror says only "Timeout was reached".
+  char detail[CURL_ERROR_SIZE] = {0};
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, detail);
   CURLcode rc = curl_easy_perform(c);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);
   curl_slist_free_all(hdrs);
   if (rc != CURLE_OK) {
     // The connection may be broken: drop this handle rather than reuse it.
     curl_easy_cleanup(c);
     std::string what = std::string(curl_easy_strerror(rc));
+    if (detail[0] != '\0' && what != detail) what += " (" + std::string(detail) + ")";
     if (rc == CURLE_OPERATION_TIMEDOUT) return DeadlineExceededError(what);
     return UnavailableError(what);
   }

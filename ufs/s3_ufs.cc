@@ -322,8 +322,8 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
       --in_flight_;
     }
     slots_cv_.notify_one();
-    if (!resp.ok()) {
-      last = resp.status();
+    if (!resp.ok()) {  // the transport's error, named with the request it ended
+      last = Status(resp.status().code(), method + " s3://" + s_.bucket + "/" + key + ": " + resp.status().message());
       spdlog::debug("s3 {} s3://{}/{}: attempt {} failed: {}", method, s_.bucket, key, attempt + 1, last.message());
       continue;
     }
@@ -342,7 +342,11 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
     }
     return resp;
   }
-  return Status(last.code(), last.message() + " (gave up after retries)");
+  return Status(last.code(), last.message() + " (gave up after retries, " +
+                                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    std::chrono::steady_clock::now() - (deadline - s_.retry_deadline))
+                                                    .count()) +
+                                 " ms)");
 }
 
 Status S3Ufs::ErrorFor(const HttpResponse& r, const std::string& what) const {
