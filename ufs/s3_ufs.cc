@@ -393,9 +393,10 @@ StatusOr<S3ListPage> S3Ufs::ParsePage(const HttpResponse& r, const std::string& 
 StatusOr<bool> S3Ufs::HasChildren(const std::string& key_prefix) {
   ASSIGN_OR_RETURN(HttpResponse r, Call("GET", "", {{"list-type", "2"}, {"prefix", key_prefix}, {"max-keys", "1"}}, {}));
   if (r.status != 200) return ErrorFor(r, "list s3://" + s_.bucket + "/" + key_prefix);
-  auto page = ParseS3ListPage(r.body);
-  if (!page.ok()) return InternalError("list s3://" + s_.bucket + "/" + key_prefix + ": " + page.status().message());
-  return !page->objects.empty() || !page->prefixes.empty() || page->skipped > 0;
+  // As a listing reads it: a key outside the prefix asked for is no child. (No token was sent, and
+  // a truncated answer always names one: ParseS3ListPage refuses it otherwise.)
+  ASSIGN_OR_RETURN(S3ListPage page, ParsePage(r, key_prefix, ""));
+  return !page.objects.empty() || !page.prefixes.empty() || page.skipped > 0;
 }
 
 StatusOr<UfsEntry> S3Ufs::Stat(const std::string& path) {

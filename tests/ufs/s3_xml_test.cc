@@ -111,5 +111,38 @@ TEST(S3Xml, AListingThatWouldNotEndFailsAndKeysOutsideThePrefixAreDropped) {
   for (const auto& n : names) EXPECT_EQ(n, "a");
 }
 
+
+// A store whose one-key answer names a key outside the prefix asked for: no child there, so no
+// directory (Stat probes a directory with such a listing).
+class StrayKeyStore : public HttpClient {
+ public:
+  StatusOr<HttpResponse> Send(const HttpRequest& req) override {
+    HttpResponse r;
+    if (req.method == "HEAD") {
+      r.status = 404;
+      return r;
+    }
+    r.status = 200;
+    r.body = "<ListBucketResult><IsTruncated>false</IsTruncated>"
+             "<Contents><Key>elsewhere/b</Key><Size>1</Size></Contents></ListBucketResult>";
+    return r;
+  }
+};
+
+TEST(S3Xml, AKeyOutsideThePrefixIsNoChild) {
+  S3Settings s;
+  s.bucket = "bkt";
+  s.prefix = "m";
+  s.endpoint = "http://127.0.0.1:1";
+  s.region = "us-east-1";
+  s.path_style = true;
+  s.creds.access_key = "AK";
+  s.creds.secret_key = "SK";
+  auto ufs = S3Ufs::Open("s3://bkt/m", s, std::make_shared<StrayKeyStore>());
+  ASSERT_TRUE(ufs.ok()) << ufs.status().ToString();
+  auto st = (*ufs)->Stat("dir");
+  EXPECT_EQ(st.status().code(), Code::kNotFound) << (st.ok() ? "a directory" : st.status().ToString());
+}
+
 }  // namespace
 }  // namespace granary
