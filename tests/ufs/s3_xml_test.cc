@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "ufs/s3_ufs.h"
+#include "tests/ufs/s3_test_settings.h"
 
 namespace granary {
 namespace {
@@ -89,14 +90,7 @@ class LoopingStore : public HttpClient {
 };
 
 TEST(S3Xml, AListingThatWouldNotEndFailsAndKeysOutsideThePrefixAreDropped) {
-  S3Settings s;
-  s.bucket = "bkt";
-  s.prefix = "m";
-  s.endpoint = "http://127.0.0.1:1";
-  s.region = "us-east-1";
-  s.path_style = true;
-  s.creds.access_key = "AK";
-  s.creds.secret_key = "SK";
+  S3Settings s = testing::FakeS3Settings("m");
   auto http = std::make_shared<LoopingStore>();
   auto ufs = S3Ufs::Open("s3://bkt/m", s, http);
   ASSERT_TRUE(ufs.ok()) << ufs.status().ToString();
@@ -130,14 +124,7 @@ class StrayKeyStore : public HttpClient {
 };
 
 TEST(S3Xml, AKeyOutsideThePrefixIsNoChild) {
-  S3Settings s;
-  s.bucket = "bkt";
-  s.prefix = "m";
-  s.endpoint = "http://127.0.0.1:1";
-  s.region = "us-east-1";
-  s.path_style = true;
-  s.creds.access_key = "AK";
-  s.creds.secret_key = "SK";
+  S3Settings s = testing::FakeS3Settings("m");
   auto ufs = S3Ufs::Open("s3://bkt/m", s, std::make_shared<StrayKeyStore>());
   ASSERT_TRUE(ufs.ok()) << ufs.status().ToString();
   auto st = (*ufs)->Stat("dir");

@@ -17,6 +17,7 @@
 #include "ufs/local_ufs.h"
 #include "ufs/s3_ufs.h"
 #include "tests/testutil/testutil.h"
+#include "tests/ufs/s3_test_settings.h"
 
 namespace granary {
 namespace {
@@ -200,14 +201,7 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenFakeBucket(const std::map<std::st
   std::map<std::string, int64_t> stored;
   for (const auto& [k, v] : objects) stored["mnt/" + k] = v;
   stored["other/outside"] = 1;
-  S3Settings s;
-  s.bucket = "bkt";
-  s.prefix = "mnt";
-  s.endpoint = "http://127.0.0.1:1";
-  s.region = "us-east-1";
-  s.path_style = true;
-  s.creds.access_key = "AK";
-  s.creds.secret_key = "SK";
+  S3Settings s = testing::FakeS3Settings("mnt");
   return S3Ufs::Open("s3://bkt/mnt", s, std::make_shared<FakeS3>(stored));
 }
 
