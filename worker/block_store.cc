@@ -130,6 +130,7 @@ void BlockStore::DropFileLocked(const std::string& path) {
   auto it = file_users_.find(path);
   if (it == file_users_.end() || --it->second > 0) return;
   file_users_.erase(it);
+  whole_leased_.erase(path);
   unlink(path.c_str());  // under the lock: a writer about to use the path holds it first
 }
 
@@ -141,8 +142,12 @@ void BlockStore::LetGoRangeLocked(const std::string& path, uint64_t offset, uint
     others_doomed = d->second - (doomed ? 1 : 0);
     if (doomed && --d->second <= 0) file_doomed_.erase(d);
   }
-  if (others > others_doomed) store::PunchData(path, offset, len);
+  if (others > others_doomed) PunchLocked(path, offset, len);
   DropFileLocked(path);
+}
+
+void BlockStore::PunchLocked(const std::string& path, uint64_t offset, uint64_t len) {
+  if (!whole_leased_.count(path)) store::PunchData(path, offset, len);
 }
 
 int BlockStore::FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const {
@@ -394,6 +399,7 @@ StatusOr<BlockLease> BlockStore::LeaseFile(const FileKey& key, uint64_t blocks, 
     ++leases_;
     lease.store_ = this;
     path = PathLocked(BlockId{key, 0}, tier, dir);
+    whole_leased_.insert(path);
   }
   lease.length = file_size;
   lease.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -491,7 +497,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   }
   auto abandon = [&]() NO_THREAD_SAFETY_ANALYSIS {  // called with mu_ held: the range written so far is nobody's
     tiers_[tier].dirs[dir].reserved -= file_bytes;
-    store::PunchData(path, meta.offset, meta.length);
+    PunchLocked(path, meta.offset, meta.length);
     DropFileLocked(path);
   };
   std::string tmp = TmpPath(tier, dir);

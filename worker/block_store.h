@@ -23,7 +23,9 @@
 // never punched: the file is unlinked as it is. The kernel may hold a data file open as a FUSE
 // passthrough backing file beyond any lease — a granary-fuse successor between its predecessor's
 // end and its own re-lease, a worker restarted under a mount — and an unlinked file keeps its
-// bytes for whoever holds it, where a punched one would read as zeros. Open() rebuilds the index from the sidecars (checksum, name, range within the data file)
+// bytes for whoever holds it, where a punched one would read as zeros. A data file once leased
+// whole (LeaseFile) is never punched at all while this process runs: a block of it that leaves
+// gives its space back only with the file's last block. Open() rebuilds the index from the sidecars (checksum, name, range within the data file)
 // and drops what disagrees and data files without a sidecar; a background scrub then checks every
 // chunk checksum, and every read through the worker checks the chunks it touches. A mismatch
 // removes the block and returns DATA_LOSS: corrupt bytes are never served through the worker (the
@@ -327,6 +329,8 @@ class BlockStore {
   // blocks that are not doomed stay in the file, then the file's count dropped (the design note
   // says why). `doomed`: the leaving block was freed while read (counted in file_doomed_).
   void LetGoRangeLocked(const std::string& path, uint64_t offset, uint64_t len, bool doomed) REQUIRES(mu_);
+  // Punches a range out of a data file, unless the file was ever leased whole (whole_leased_).
+  void PunchLocked(const std::string& path, uint64_t offset, uint64_t len) REQUIRES(mu_);
   // Where a new block of `key` goes on level `tier`: the directory already holding the file's
   // blocks if it has room, else FitLocked's choice (-1: no room).
   int FitFileLocked(int tier, const FileKey& key, uint64_t bytes, double fraction) const REQUIRES(mu_);
@@ -372,6 +376,9 @@ class BlockStore {
   // Doomed blocks by data file: they leave when their readers end, so a block leaving beside only
   // doomed ones is the file's last and its range is not punched.
   std::unordered_map<std::string, int> file_doomed_ GUARDED_BY(mu_);
+  // Data files handed out whole (LeaseFile) since start: the kernel may hold them as passthrough
+  // backing files past their leases (a granary-fuse crash's gap), so no range of them is punched.
+  std::unordered_set<std::string> whole_leased_ GUARDED_BY(mu_);
   // Blocks a Put is writing. One Put per block at a time: a second one could write the block's
   // range while a removal of the first one's copy punches that same range out.
   std::unordered_set<BlockId, BlockIdHash> putting_ GUARDED_BY(mu_);

@@ -80,7 +80,7 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
     }
     if (!moved) {  // aborted: a reader arrived, or it was freed or pinned meanwhile
       unlink(tmp.c_str());
-      store::PunchData(dst, offset, data_len);
+      PunchLocked(dst, offset, data_len);
       DropFileLocked(dst);
     }
   }
