@@ -25,10 +25,13 @@ class MasterConn {
   // Calls stub method `fn` with a prepared context. With several masters (standbys) the call
   // follows the leader and waits out an election, for up to rpc.master_wait; with one address, a
   // standby's answer still leads to the leader it names, and a master that does not answer is said
-  // within a second.
+  // within kSingleMasterWait: long enough for a loaded master's first HTTP/2 handshake (a second
+  // was not, under ThreadSanitizer's slowdown: "timed out before receiving SETTINGS frame"), short
+  // enough that a master that is not running is said at once to a person at a terminal.
+  static constexpr std::chrono::milliseconds kSingleMasterWait{5000};
   template <typename Req, typename Resp, typename Fn>
   Status Call(Fn fn, const Req& req, Resp* resp) {
-    auto wait = holder_->address_count() > 1 ? cfg_.rpc.master_wait : std::chrono::milliseconds(1000);
+    auto wait = holder_->address_count() > 1 ? cfg_.rpc.master_wait : kSingleMasterWait;
     grpc::Status s = CallWithFailover(*holder_, *sec_, cfg_.rpc.timeout, wait,
                                       [&](rpc::Master::Stub& stub, grpc::ClientContext& ctx) {
                                         return (stub.*fn)(&ctx, req, resp);

@@ -12,7 +12,7 @@ namespace {
 // Once tuned, a block-sized buffer comes from the heap (no mmap of fresh pages for each), and an
 // operator's own malloc tunables are left alone.
 TEST(Allocator, BlockBuffersComeFromTheHeapAndTunablesWin) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)  // testutil's kSanitizerBuild
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(GRANARY_SANITIZER_BUILD)  // testutil's kSanitizerBuild
   GTEST_SKIP() << "built with a sanitizer (scripts/sanitize.sh): its allocator replaces glibc's malloc, whose "
                   "thresholds this test checks";
 #endif

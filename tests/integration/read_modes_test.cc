@@ -184,11 +184,12 @@ TEST_P(DaemonServedModes, RepeatedReadsOfACachedFileComeFromAReadLease) {
   };
   EXPECT_EQ(random_reads(1), "");
   // The fourth far jump asked for the lease, after its reply; the READs that came while the worker
-  // checked the file's chunks went to it. Once granted, every READ is the lease's.
+  // checked the file's chunks went to it. Once granted, every READ is the lease's. (How many of the
+  // first 200 came after the grant depends on the machine's speed: a loaded one may verify the
+  // chunks after all of them, so only the second pass is counted.)
   ASSERT_TRUE(WaitFor([&] { return c.Metric("fuse", "granary_fuse_read_leases") == 1; }))
       << "no read lease after 200 random reads\n" << c.Logs();
   const double before = c.Metric("fuse", "granary_fuse_leased_reads_total");
-  EXPECT_GT(before, 0);
   EXPECT_EQ(random_reads(3), "");
   EXPECT_EQ(c.Metric("fuse", "granary_fuse_leased_reads_total") - before, 200)
       << "a READ of a leased file did not come from the lease (pieces: "

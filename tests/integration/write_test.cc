@@ -105,7 +105,7 @@ TEST_P(WriteCalls, EverySupportedCallLandsWholeInTheStore) {
   EXPECT_EQ(errno, EEXIST);
   ASSERT_EQ(rename((mnt + "/w/ckpt.pt").c_str(), (mnt + "/w/out/final.pt").c_str()), 0) << strerror(errno);
   EXPECT_FALSE(fs::exists(dir / "src/ckpt.pt"));
-  EXPECT_EQ(Sha256File(dir / "src/out/final.pt"), Sha256File(mnt + "/w/out/final.pt"));
+  EXPECT_EQ(Sha256File(dir / "src/out/final.pt"), Sha256File(mnt + "/w/out/final.pt")) << c.Logs();
   EXPECT_EQ(ReadFile(mnt + "/w/out/final.pt"), big);
   EXPECT_FALSE(fs::exists(mnt + "/w/ckpt.pt"));
   EXPECT_EQ(rmdir((mnt + "/w/out").c_str()), -1);

@@ -15,7 +15,9 @@ namespace granary::testing {
 // A fresh directory under $TMPDIR, removed (after unmounting anything below it) on destruction.
 // True in a build under a sanitizer (scripts/sanitize.sh): memory figures (RSS) are then the
 // sanitizer's (shadow memory, quarantine, redzones), so tests do not check bounds on them.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// (GRANARY_SANITIZER_BUILD comes from CMakeLists.txt: a TSan build hides __SANITIZE_THREAD__ from
+// the headers, so they agree with Debian's uninstrumented libraries.)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(GRANARY_SANITIZER_BUILD)
 inline constexpr bool kSanitizerBuild = true;
 #else
 inline constexpr bool kSanitizerBuild = false;
