@@ -376,8 +376,9 @@ class BlockStore {
   // Doomed blocks by data file: they leave when their readers end, so a block leaving beside only
   // doomed ones is the file's last and its range is not punched.
   std::unordered_map<std::string, int> file_doomed_ GUARDED_BY(mu_);
-  // Data files handed out whole (LeaseFile) since start: the kernel may hold them as passthrough
-  // backing files past their leases (a granary-fuse crash's gap), so no range of them is punched.
+  // Data files handed out whole (LeaseFile) since start, and those of several blocks found at start:
+  // the kernel may hold them as passthrough backing files past their leases (a granary-fuse crash's
+  // gap, a worker restart), so no range of them is punched.
   std::unordered_set<std::string> whole_leased_ GUARDED_BY(mu_);
   // Blocks a Put is writing. One Put per block at a time: a second one could write the block's
   // range while a removal of the first one's copy punches that same range out.

@@ -159,12 +159,17 @@ Status BlockStore::ScanDir(int tier, int dir) {
       }
       unlink(sidecar.c_str());
     }
-    // Data files no block was found in: debris of interrupted writes and removals.
+    // Data files no block was found in: debris of interrupted writes and removals. One that holds
+    // several blocks may be a passthrough backing file the kernel kept open across this worker's
+    // restart (no lease says so): none of its ranges is punched, as if it were leased whole.
     MutexLock lock(&mu_);
     for (const auto& data : data_files) {
-      if (!file_users_.count(data)) {
+      auto users = file_users_.find(data);
+      if (users == file_users_.end()) {
         unlink(data.c_str());
         ++debris;
+      } else if (users->second > 1) {
+        whole_leased_.insert(data);
       }
     }
   }
