@@ -30,6 +30,18 @@ constexpr uint64_t kMagic = 0x31474e4952524e47ULL;  // "GNRRING1"
 constexpr size_t kPage = 4096;
 constexpr size_t kStateOffset = 512;   // a slot's SlotState, after the kernel's 288-byte header
 constexpr size_t kPayloadOffset = kPage;
+// Where a fresh ring memory is mapped when it can be (an address a process rarely uses), then
+// kRingBase - kRingStep and so on, kRingTries addresses in all; else where the kernel chooses.
+#ifdef GRANARY_TSAN_BUILD
+// ThreadSanitizer keeps its shadow below 0x7e80'0000'0000 (gcc 12's layout) and kills a process
+// that maps there; its application range above that holds the libraries at its top end.
+constexpr uint64_t kRingBase = 0x7ee000000000ULL;
+constexpr uint64_t kRingStep = 1ULL << 37;
+#else
+constexpr uint64_t kRingBase = 0x6f0000000000ULL;
+constexpr uint64_t kRingStep = 1ULL << 40;
+#endif
+constexpr int kRingTries = 4;
 
 struct PoolHeader {
   uint64_t magic;
@@ -242,7 +254,8 @@ Status UringQueues::MapMemory(const Memory* adopt, size_t payload, int depth) {
       return ErrnoError(err, "sizing the io_uring entries' memory");
     }
     void* at = MAP_FAILED;
-    for (uint64_t base = kRingBase; at == MAP_FAILED && base > kRingBase - (4ULL << 40); base -= 1ULL << 40) {
+    for (int t = 0; at == MAP_FAILED && t < kRingTries; ++t) {
+      const uint64_t base = kRingBase - t * kRingStep;
       at = mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, mfd, 0);
       if (at != MAP_FAILED && reinterpret_cast<uint64_t>(at) != base) {
         munmap(at, bytes);

@@ -28,7 +28,7 @@
 // and the kernel cancels their idle entries. A reply the kernel refuses (its request aborted
 // meanwhile) is counted and its entry registered again.
 //
-// The entries' memory: one memfd (the "ring memory"), mapped at a fixed address (kRingBase, or
+// The entries' memory: one memfd (the "ring memory"), mapped at a fixed address (uring.cc: kRingBase, or
 // one the kernel chose when that is taken), holding a pool of 2 x queues x depth slots. A slot is
 // an entry's header buffer, a small state word of ours (SlotState: the generation of the process
 // that registered it, whether it holds a request not yet answered or an answer not yet committed,
@@ -136,8 +136,6 @@ class UringQueues {
   // `per_cpu` GETATTRs of `mountpoint` from threads on each CPU (each request goes to its CPU's
   // queue), one after the other when `wait`, else left running until answered.
   static void GetattrFromEachCpu(const std::string& mountpoint, int per_cpu, bool wait);
-  // Where a fresh ring memory is mapped when it can be (an address a process rarely uses).
-  static constexpr uint64_t kRingBase = 0x6f0000000000ULL;
 
   // The write hooks (fuse/session_io.cc). On a ring thread, a reply to the request it serves is
   // copied into the entry: true, with *n the bytes "written". Otherwise false: write it to /dev/fuse.
