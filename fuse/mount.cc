@@ -358,6 +358,9 @@ Status FuseMountImpl::Init(const Config& cfg) {
       }
     }
   }
+  // The metrics endpoint and trace socket first: once the responder runs, a successor's hand-over
+  // stops them on the responder's thread (StopMetrics), so they must exist by then.
+  StartMetrics();
   auto listener = ListenLocal(handover_path_);
   if (listener.ok()) {
     listen_fd_ = *listener;
@@ -369,7 +372,6 @@ Status FuseMountImpl::Init(const Config& cfg) {
   if (!got) {
     spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
   }
-  StartMetrics();
   return Status::OK();
 }
 

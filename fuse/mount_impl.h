@@ -46,7 +46,11 @@ class FuseMountImpl final : public FuseMount {
   void StartInvalidator();
   void StopInvalidator();
   std::string address() const override { return mountpoint_; }
-  std::string metrics_address() const override { return metrics_ ? metrics_->address() : ""; }
+  // Read by other threads (DaemonMain's ready file) while a hand-over may stop the endpoint.
+  std::string metrics_address() const override {
+    MutexLock lock(&metrics_mu_);
+    return metrics_address_;
+  }
 
   // fuse/mount_metrics.cc
   void StartMetrics();
@@ -84,7 +88,11 @@ class FuseMountImpl final : public FuseMount {
   std::atomic<bool> loop_done_{false};
   std::atomic<bool> stopping_{false};
   Mutex stop_mu_;
+  // The endpoint and the trace socket: set by Init (before the hand-over responder starts) and
+  // then only on the responder's thread (StopMetrics, and StartMetrics when a hand-over failed).
   std::unique_ptr<metrics::MetricsServer> metrics_;
+  mutable Mutex metrics_mu_;
+  std::string metrics_address_ GUARDED_BY(metrics_mu_);
   std::unique_ptr<StreamSocket> trace_;  // the access trace, for root and this user only
 };
 

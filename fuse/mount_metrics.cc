@@ -32,6 +32,10 @@ void FuseMountImpl::StartMetrics() {
   metrics_ = metrics::StartOrWarn(
       "fuse.metrics_listen", fs_->cfg.fuse.metrics_listen, [this](metrics::Exposition* e) { Render(e); },
       [this] { return Ready(); });
+  {
+    MutexLock lock(&metrics_mu_);
+    metrics_address_ = metrics_ ? metrics_->address() : "";
+  }
   char real[PATH_MAX];
   if (!trace_ && realpath(mountpoint_.c_str(), real) != nullptr) {
     // Named by pid too: a predecessor still serving its trace never removes its successor's socket.
@@ -71,6 +75,10 @@ void FuseMountImpl::RemoveDeadTraceSockets(const std::string& mountpoint) {
 }
 void FuseMountImpl::StopMetrics() {
   fs_->tracer->Close();  // trace streams end, so their threads can be joined
+  {
+    MutexLock lock(&metrics_mu_);
+    metrics_address_.clear();
+  }
   metrics_.reset();
   trace_.reset();
   fs_->tracer->Reopen();
