@@ -278,7 +278,8 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
   std::string q = CanonicalQuery(query);
   if (!q.empty()) url += "?" + q;
 
-  auto deadline = std::chrono::steady_clock::now() + s_.retry_deadline;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + s_.retry_deadline;
   Status last = Status::OK();
   for (int attempt = 0; attempt < s_.max_attempts; ++attempt) {
     if (attempt > 0) {
@@ -342,11 +343,8 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
     }
     return resp;
   }
-  return Status(last.code(), last.message() + " (gave up after retries, " +
-                                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                    std::chrono::steady_clock::now() - (deadline - s_.retry_deadline))
-                                                    .count()) +
-                                 " ms)");
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  return Status(last.code(), last.message() + " (gave up after retries, " + std::to_string(took.count()) + " ms)");
 }
 
 Status S3Ufs::ErrorFor(const HttpResponse& r, const std::string& what) const {
