@@ -37,9 +37,10 @@ trap 'rm -rf "$work"' EXIT
   { echo "absl-tsan: cannot fetch Abseil's source package ($version)" >&2; exit 1; }
 src=$(find "$work" -maxdepth 1 -mindepth 1 -type d -name 'abseil*' | head -1)
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON \
-  -DABSL_PROPAGATE_CXX_STD=ON -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
-  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build "$work/build" -j"$(nproc)" >/dev/null
+  -DABSL_PROPAGATE_CXX_STD=ON -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer -w" \
+  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >"$work/build.log" 2>&1 &&
+  cmake --build "$work/build" -j"$(nproc)" >>"$work/build.log" 2>&1 ||
+  { tail -40 "$work/build.log" >&2; echo "absl-tsan: the build failed" >&2; exit 1; }
 rm -rf "$dest" && mkdir -p "$dest"
 find "$work/build" -name 'libabsl_*.so*' -exec cp -a {} "$dest/" \;
 # Every library Debian's gRPC loads must come from here, or an uninstrumented one would be mixed in.
