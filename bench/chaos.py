@@ -112,6 +112,9 @@ class Chaos:
             p = self.procs.get(name)
             if p is not None and p.poll() is not None:
                 raise RuntimeError(f"{name} exited ({p.returncode}) before it was ready; see {self.work}/{name}.log")
+            # Faults end on time meanwhile: a restart on a node whose link is cut must not keep the
+            # link cut while it waits (its predecessor's hand-over drains requests that need it).
+            self.run_undo()
             time.sleep(0.05)
         raise RuntimeError(f"{name} was not ready in {timeout} s; see {self.work}/{name}.log")
 
@@ -317,16 +320,18 @@ class Chaos:
         self.undo.append((time.monotonic() + seconds, what, fn))
 
     def run_undo(self, all_now=False):
-        keep = []
-        for t, what, fn in self.undo:
-            if all_now or time.monotonic() >= t:
-                try:
-                    fn()
-                except Exception as e:  # an undo must not stop the run; the end checks the cluster
-                    log(f"undo {what} failed: {e}")
-            else:
-                keep.append((t, what, fn))
-        self.undo = keep
+        # Taken off the list before they run: an undo that restarts a process waits for it
+        # (wait_file), which runs the undos due meanwhile, and none may run twice.
+        now = time.monotonic()
+        due = [u for u in self.undo if all_now or now >= u[0]]
+        if not due:
+            return
+        self.undo = [u for u in self.undo if not any(u is d for d in due)]
+        for t, what, fn in due:
+            try:
+                fn()
+            except Exception as e:  # an undo must not stop the run; the end checks the cluster
+                log(f"undo {what} failed: {e}")
 
     def busy(self, key):
         return any(what == key for _, what, _ in self.undo)
