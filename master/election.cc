@@ -3,12 +3,25 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
+#include <optional>
 
 namespace granary::master {
 namespace {
 
 // A failed call to etcd is tried again after this long (bounded by the fence while leading).
 constexpr std::chrono::milliseconds kRetry{250};
+
+// "term/index" as Standing::ToString writes it; nullopt for anything else.
+std::optional<Standing> ParseStanding(const std::string& v) {
+  Standing s;
+  const char* end = v.data() + v.size();
+  auto [p, ec] = std::from_chars(v.data(), end, s.term);
+  if (ec != std::errc() || p == end || *p != '/') return std::nullopt;
+  auto [q, ec2] = std::from_chars(p + 1, end, s.index);
+  if (ec2 != std::errc() || q != end) return std::nullopt;
+  return s;
+}
 
 }  // namespace
 
@@ -64,6 +77,7 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     return now + kRetry;
   }
   if (held->has_value()) {  // someone leads (or a lease not yet expired still holds the key)
+    watch_since_ = {};  // the next free key is another election
     MutexLock lock(&mu_);
     leader_ = (*held)->value;
     return now + poll;
@@ -74,6 +88,7 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   }
   if (now < sit_out_until_) return std::min(sit_out_until_, now + poll);
   if (opts_.may_campaign && !opts_.may_campaign()) return now + kRetry;
+  if (opts_.standing && !StandsFirst(now)) return now + kRetry;
   // The lease's ttl runs from when etcd granted it, which is after this instant: the fence counts
   // from here.
   const Clock::time_point sent = now_();
@@ -105,6 +120,69 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   spdlog::info("leader election: {} leads (term {})", opts_.id, kv->create_revision);
   Notify(true, kv->create_revision);
   return sent + poll;
+}
+
+bool LeaderElection::StandsFirst(Clock::time_point now) {
+  const auto poll = std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;
+  // A gap in this master's reports (it could not campaign for a while) starts the watch again: the
+  // others' reports must be seen moving anew.
+  if (watch_since_ == Clock::time_point{} || now - last_report_ > poll) {
+    watch_since_ = now;
+    reports_.clear();
+    deferred_to_.clear();
+  }
+  const Standing mine = opts_.standing();
+  const std::string prefix = opts_.key + "/candidates/";
+  Status put = coord_->Put(prefix + opts_.id, mine.ToString());
+  if (!put.ok()) {
+    spdlog::warn("leader election: cannot report this master's journal position to etcd: {}", put.ToString());
+    return false;
+  }
+  last_report_ = now;
+  StatusOr<std::vector<EtcdKv>> all = coord_->List(prefix);
+  if (!all.ok()) {
+    spdlog::warn("leader election: cannot read the candidates' journal positions from etcd: {}", all.status().ToString());
+    return false;
+  }
+  std::string ahead;
+  Standing best = mine;
+  for (const EtcdKv& kv : *all) {
+    const std::string id = kv.key.substr(std::min(prefix.size(), kv.key.size()));
+    if (id == opts_.id) continue;
+    std::optional<Standing> st = ParseStanding(kv.value);
+    if (!st) continue;  // not a report (nothing of ours writes other values here)
+    auto [it, first] = reports_.try_emplace(id);
+    Report& r = it->second;
+    if (first) {
+      r.mod_revision = kv.mod_revision;
+      r.changed = now;
+    } else if (kv.mod_revision != r.mod_revision) {
+      r.mod_revision = kv.mod_revision;
+      r.changed = now;
+      r.moved = true;
+    }
+    r.standing = *st;
+    const bool live = r.moved && now - r.changed <= poll;
+    if (live && r.standing > best) {
+      best = r.standing;
+      ahead = id;
+    }
+  }
+  if (!ahead.empty()) {
+    if (now - watch_since_ >= 2 * std::chrono::duration_cast<Clock::duration>(opts_.ttl)) {
+      spdlog::warn("leader election: {} campaigns although {} is further along (journal at {}, this one's at {}): "
+                   "it has not taken the lead in two leases",
+                   opts_.id, ahead, best.ToString(), mine.ToString());
+      return true;
+    }
+    if (deferred_to_ != ahead) {
+      spdlog::info("leader election: {} leaves the lead to {}, whose journal is further along ({}, this one's at {})",
+                   opts_.id, ahead, best.ToString(), mine.ToString());
+      deferred_to_ = ahead;
+    }
+    return false;
+  }
+  return now - watch_since_ >= poll + 2 * kRetry;
 }
 
 LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point now) {

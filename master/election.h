@@ -19,15 +19,32 @@
 // IsLeader takes to land (a write must be checked against IsLeader and finish within the margin).
 // A leader whose keep-alive is answered "expired" steps down at once.
 //
+// Which master. A master that leads again must hold every write the last leader acknowledged, and
+// the copy that holds them is the one furthest along (master/journal.h: a write is acknowledged once
+// a standby has it). "In step with the leader" cannot be judged alone: a standby cut off from the
+// leader a few seconds before it died still holds every entry it last heard of. So the candidates
+// compare (ElectionOptions::standing, this master's journal position): while the key is free, each
+// master that may campaign writes its standing to <key>/candidates/<id> every round (kRetry), reads
+// everyone's, and campaigns only
+//   - once it has watched the reports for `settle` (a poll and two rounds: every live standby
+//     notices the free key within a poll and reports at its next round), and
+//   - when no live candidate stands further along (ties: both campaign; etcd's transaction picks
+//     one, and equal positions are the same copy).
+// A report is live while its mod_revision keeps changing (a candidate rewrites it every round); one
+// that stopped changing for a poll is a master gone. If a candidate further along keeps reporting
+// yet takes no key for two ttls, this master campaigns all the same (availability; logged).
+//
 // Step() does one round (campaign, keep-alive or read) and says when the next is due: tests drive it
 // on a fake clock with a fake Coordinator (tests/master/election_test.cc); Start() runs it on a
 // thread. Thread-safe.
 #pragma once
 
 #include <chrono>
+#include <compare>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -37,6 +54,13 @@
 
 namespace granary::master {
 
+// A candidate's standing: its journal position, compared term first (master/journal.h).
+struct Standing {
+  uint64_t term = 0, index = 0;
+  auto operator<=>(const Standing&) const = default;
+  std::string ToString() const { return std::to_string(term) + "/" + std::to_string(index); }
+};
+
 struct ElectionOptions {
   std::string key = "/granary/leader";  // the key campaigned for
   std::string id;                       // this master (its address): the key's value while it leads
@@ -45,6 +69,9 @@ struct ElectionOptions {
   // Asked before campaigning for a free key: false lets this round pass (a standby whose copy is
   // behind another's leaves the election to the one ahead; master/server.cc). Empty: always.
   std::function<bool()> may_campaign;
+  // This master's standing (see "Which master"), asked each round while the key is free and
+  // may_campaign allows. Empty: no candidates' comparison (the first to campaign leads).
+  std::function<Standing()> standing;
 };
 
 class LeaderElection {
@@ -84,6 +111,9 @@ class LeaderElection {
   Clock::time_point Campaign(Clock::time_point now) REQUIRES(step_mu_);
   Clock::time_point KeepLeading(Clock::time_point now) REQUIRES(step_mu_);
   void StepDown(Clock::time_point now, const std::string& why) REQUIRES(step_mu_);
+  // Reports this master's standing and reads the others' (see "Which master"): true when this
+  // master may campaign now.
+  bool StandsFirst(Clock::time_point now) REQUIRES(step_mu_);
   // Tells on_change_ of a change (outside every lock).
   void Notify(bool leading, int64_t term);
 
@@ -95,6 +125,18 @@ class LeaderElection {
   Mutex step_mu_;  // one round at a time
   int64_t lease_ GUARDED_BY(step_mu_) = 0;  // held while leading
   Clock::time_point sit_out_until_ GUARDED_BY(step_mu_){};  // no campaign before (Resign)
+  // The election under way (the key free), as this master watches it: since when, when it last
+  // reported, and the other candidates' reports (last mod_revision seen, when it last changed, whether it ever did).
+  struct Report {
+    int64_t mod_revision = 0;
+    Clock::time_point changed{};
+    bool moved = false;
+    Standing standing;
+  };
+  Clock::time_point watch_since_ GUARDED_BY(step_mu_){};  // zero: no election watched
+  Clock::time_point last_report_ GUARDED_BY(step_mu_){};
+  std::map<std::string, Report> reports_ GUARDED_BY(step_mu_);
+  std::string deferred_to_ GUARDED_BY(step_mu_);  // logged once per candidate ahead
 
   mutable Mutex mu_;
   bool leading_ GUARDED_BY(mu_) = false;

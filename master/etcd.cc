@@ -31,6 +31,7 @@ StatusOr<EtcdKv> KvOf(const json& j) {
   ASSIGN_OR_RETURN(kv.value, Base64Decode(j.value("value", std::string())));
   kv.create_revision = Int(j, "create_revision");
   kv.lease = Int(j, "lease");
+  kv.mod_revision = Int(j, "mod_revision");
   return kv;
 }
 
@@ -187,6 +188,32 @@ StatusOr<std::optional<EtcdKv>> EtcdClient::Get(const std::string& key) {
   if (!j.contains("kvs") || !j["kvs"].is_array() || j["kvs"].empty()) return std::optional<EtcdKv>();
   ASSIGN_OR_RETURN(EtcdKv kv, KvOf(j["kvs"][0]));
   return std::optional<EtcdKv>(std::move(kv));
+}
+
+Status EtcdClient::Put(const std::string& key, const std::string& value) {
+  ASSIGN_OR_RETURN(std::string body,
+                   Post("/v3/kv/put", json{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}.dump()));
+  return Parse(body, "a put").status();
+}
+
+StatusOr<std::vector<EtcdKv>> EtcdClient::List(const std::string& prefix) {
+  if (prefix.empty()) return InvalidArgumentError("etcd list: an empty prefix would read every key");
+  // range_end: the prefix with its last byte incremented (etcd's convention for "every key with
+  // this prefix"); a last byte of 0xff is dropped and the one before incremented.
+  std::string end = prefix;
+  while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
+  if (end.empty()) return InvalidArgumentError("etcd list: the prefix has no range end");
+  end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/range", json{{"key", Base64Encode(prefix)},
+                                                                {"range_end", Base64Encode(end)}}.dump()));
+  ASSIGN_OR_RETURN(json j, Parse(body, "a range read"));
+  std::vector<EtcdKv> out;
+  if (!j.contains("kvs") || !j["kvs"].is_array()) return out;
+  for (const json& k : j["kvs"]) {
+    ASSIGN_OR_RETURN(EtcdKv kv, KvOf(k));
+    out.push_back(std::move(kv));
+  }
+  return out;
 }
 
 }  // namespace granary::master

@@ -1,10 +1,11 @@
 // Etcd: what the masters' leader election needs of a consensus store, and a client for etcd v3.
 //
 // Design note. Granary runs no consensus protocol of its own (issue 32): the masters elect their
-// leader through etcd. They need five things of it, the `Coordinator` interface: a lease with a TTL
+// leader through etcd. They need these things of it, the `Coordinator` interface: a lease with a TTL
 // (Grant), kept alive (KeepAlive) or given up (Revoke); a key created only if it does not exist,
-// bound to a lease, in one transaction (CreateIfAbsent: the election); and a read of a key (Get:
-// who leads). Tests drive the election through a fake Coordinator on a fake clock
+// bound to a lease, in one transaction (CreateIfAbsent: the election); a read of a key (Get: who
+// leads); and, for choosing among candidates, a plain write (Put) and a read of every key under a
+// prefix (List) with each key's mod_revision (master/election.h, "Which master"). Tests drive the election through a fake Coordinator on a fake clock
 // (tests/master/election_test.cc); `EtcdClient` is the real one.
 //
 // EtcdClient speaks etcd's JSON gateway (/v3/kv/txn, /v3/kv/range, /v3/lease/grant,
@@ -30,10 +31,13 @@ namespace granary::master {
 
 // A key as etcd holds it. create_revision orders the key's creations cluster-wide: a leader key
 // created later has a larger one, so it numbers the leadership terms.
+// mod_revision is the revision of the key's last write: every Put of it, even of the same value,
+// gives a larger one.
 struct EtcdKv {
   std::string key, value;
   int64_t create_revision = 0;
   int64_t lease = 0;
+  int64_t mod_revision = 0;
 };
 
 class Coordinator {
@@ -50,6 +54,10 @@ class Coordinator {
   virtual StatusOr<EtcdKv> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease) = 0;
   // The key, or nullopt when it does not exist.
   virtual StatusOr<std::optional<EtcdKv>> Get(const std::string& key) = 0;
+  // Puts key = value (no lease: it stays until overwritten).
+  virtual Status Put(const std::string& key, const std::string& value) = 0;
+  // Every key that starts with `prefix`, in key order.
+  virtual StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) = 0;
 };
 
 class EtcdClient : public Coordinator {
@@ -64,6 +72,8 @@ class EtcdClient : public Coordinator {
   Status Revoke(int64_t lease) override;
   StatusOr<EtcdKv> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease) override;
   StatusOr<std::optional<EtcdKv>> Get(const std::string& key) override;
+  Status Put(const std::string& key, const std::string& value) override;
+  StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override;
 
  private:
   struct Endpoint {

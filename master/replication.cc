@@ -152,13 +152,6 @@ bool Follower::ServingReads() const {
   return !installing_ && std::chrono::steady_clock::now() - heard_ < kHeardRecently;
 }
 
-bool Follower::InStep() const {
-  uint64_t mine = ns_->journal().position().index;
-  MutexLock lock(&mu_);
-  return !installing_ && mine > 0 && ns_->journal().Whole() && heard_ != std::chrono::steady_clock::time_point{} &&
-         mine >= leader_index_;
-}
-
 bool Follower::HeardALeader() const {
   MutexLock lock(&mu_);
   return heard_ != std::chrono::steady_clock::time_point{};

@@ -52,9 +52,6 @@ class Follower {
   uint64_t lag() const;
   // True while a whole copy is here and the leader was heard from recently.
   bool ServingReads() const;
-  // True when this copy had every entry of the last leader's position it heard of (however long
-  // ago): a standby in step campaigns at once when the leader goes, others wait (master/server.cc).
-  bool InStep() const;
   // True once a leader's batch reached this follower since it started.
   bool HeardALeader() const;
   // True when this copy is whole (it was copied or followed once, and no snapshot is halfway).

@@ -442,6 +442,10 @@ class MasterServerImpl final : public MasterServer, public Roles {
       eo.ttl = std::chrono::duration_cast<std::chrono::seconds>(ttl_);
       eo.margin = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000), ttl_ / 4);
       eo.may_campaign = [this] { return MayCampaign(); };
+      eo.standing = [this] {
+        const LogPosition p = ns_->journal().position();
+        return Standing{p.term, p.index};
+      };
       election_ = std::make_unique<LeaderElection>(etcd_.get(), eo,
                                                    [this](bool leading, int64_t term) { RoleChanged(leading, term); });
       ns_->journal().SetFence([this]() -> Status {
@@ -761,7 +765,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
       leading_ = std::move(L);
       leader_term_ = term;
       since_ = std::chrono::system_clock::now();
-      not_in_step_since_ = {};
+      empty_since_ = {};
     }
     spdlog::info("granary-master {} leads (term {}) from journal position {}, ready in {} ms", advertise_, term,
                  ns_->journal().position().ToString(),
@@ -788,29 +792,23 @@ class MasterServerImpl final : public MasterServer, public Roles {
     L->Stop();
   }
 
-  // Who campaigns first when no master leads: the copy most likely to hold every acknowledged write.
-  // A standby in step with the last leader it heard campaigns at once; one behind waits two leases;
-  // one that heard no leader since it started waits one lease if its copy holds anything, three if
-  // it is empty (so turning a single master into three never elects an empty one over it). A copy
-  // left behind by whoever wins is replaced by the winner's (master/journal.h).
+  // Whether this master may stand in an election now. Which of those that stand leads is the
+  // election's choice: the copy furthest along (master/election.h, "Which master"). A partial copy
+  // never stands. An empty one that heard no leader since it started waits three leases first, so
+  // turning a single master into three never elects an empty copy while the old one starts.
   bool MayCampaign() {
     if (!ns_->journal().Whole()) return false;  // a partial copy never leads
     MutexLock lock(&role_mu_);
     auto now = std::chrono::steady_clock::now();
     // Asked only while the key is free: a gap since the last question means a leader held it
     // meanwhile, and this is another election.
-    if (now - last_campaign_question_ > std::chrono::seconds(2)) not_in_step_since_ = {};
+    if (now - last_campaign_question_ > std::chrono::seconds(2)) empty_since_ = {};
     last_campaign_question_ = now;
-    if (follower_->InStep()) {
-      not_in_step_since_ = {};
-      return true;
-    }
-    if (not_in_step_since_ == std::chrono::steady_clock::time_point{}) not_in_step_since_ = now;
-    std::chrono::milliseconds wait = 2 * ttl_;
-    if (!follower_->HeardALeader()) wait = ns_->journal().position().index > 0 ? ttl_ : 3 * ttl_;
-    if (now - not_in_step_since_ < wait) return false;
-    spdlog::info("campaigning for leader with the journal at {}: no master in step with a leader took over within {} ms",
-                 ns_->journal().position().ToString(), wait.count());
+    if (follower_->HeardALeader() || ns_->journal().position().index > 0) return true;
+    if (empty_since_ == std::chrono::steady_clock::time_point{}) empty_since_ = now;
+    if (now - empty_since_ < 3 * ttl_) return false;
+    spdlog::info("campaigning for leader with an empty namespace: no master with a copy took over within {} ms",
+                 (3 * ttl_).count());
     return true;
   }
 
@@ -861,7 +859,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
   std::shared_ptr<Leading> leading_ GUARDED_BY(role_mu_);
   uint64_t leader_term_ GUARDED_BY(role_mu_) = 0;
   std::chrono::system_clock::time_point since_ GUARDED_BY(role_mu_){};
-  std::chrono::steady_clock::time_point not_in_step_since_ GUARDED_BY(role_mu_){};
+  std::chrono::steady_clock::time_point empty_since_ GUARDED_BY(role_mu_){};
   std::chrono::steady_clock::time_point last_campaign_question_ GUARDED_BY(role_mu_){};
   bool role_pending_ GUARDED_BY(role_mu_) = false;
   bool role_want_ GUARDED_BY(role_mu_) = false;

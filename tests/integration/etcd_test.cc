@@ -101,6 +101,38 @@ TEST_F(EtcdTest, LeasesAndACreateIfAbsentOverTheGateway) {
   ASSERT_TRUE(c->Revoke(*theirs).ok());
 }
 
+// The candidates' reports (master/election.h, "Which master"): a plain Put, and a List of one
+// prefix only (its range end computed from the prefix, also past a 0xff byte), each key with a
+// mod_revision that every Put moves, even of the same value.
+TEST_F(EtcdTest, PutsAndAPrefixListOverTheGateway) {
+  auto c = Client();
+  ASSERT_NE(c, nullptr);
+  const std::string prefix = "/granary/test/candidates/";
+  ASSERT_TRUE(c->Put(prefix + "a:1", "4/1638").ok());
+  ASSERT_TRUE(c->Put(prefix + "b:1", "4/1628").ok());
+  ASSERT_TRUE(c->Put("/granary/test/candidates0", "not under the prefix").ok());
+  ASSERT_TRUE(c->Put("/granary/test/candidate", "nor this").ok());
+  auto all = c->List(prefix);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].key, prefix + "a:1");
+  EXPECT_EQ((*all)[0].value, "4/1638");
+  EXPECT_EQ((*all)[1].key, prefix + "b:1");
+  const int64_t before = (*all)[0].mod_revision;
+  EXPECT_GT(before, 0);
+  ASSERT_TRUE(c->Put(prefix + "a:1", "4/1638").ok());
+  all = c->List(prefix);
+  ASSERT_TRUE(all.ok() && all->size() == 2u);
+  EXPECT_GT((*all)[0].mod_revision, before) << "the same value put again moves the revision";
+  const std::string ff = std::string("/granary/test/\xff", 15);
+  ASSERT_TRUE(c->Put(ff + "x", "1/1").ok());
+  auto odd = c->List(ff);
+  ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+  ASSERT_EQ(odd->size(), 1u);
+  EXPECT_EQ((*odd)[0].key, ff + "x");
+  EXPECT_EQ(c->List("").status().code(), Code::kInvalidArgument);
+}
+
 TEST_F(EtcdTest, BadEndpointsGetClearErrors) {
   EXPECT_EQ(EtcdClient::Create({}, seconds(1)).status().code(), Code::kInvalidArgument);
   auto https = EtcdClient::Create({"https://127.0.0.1:2379"}, seconds(1));
@@ -139,6 +171,11 @@ class Cuttable : public Coordinator {
   StatusOr<std::optional<EtcdKv>> Get(const std::string& k) override {
     if (cut) return Cut();
     return real_->Get(k);
+  }
+  Status Put(const std::string& k, const std::string& v) override { return cut ? Cut() : real_->Put(k, v); }
+  StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override {
+    if (cut) return Cut();
+    return real_->List(prefix);
   }
 
  private:

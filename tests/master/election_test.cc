@@ -45,9 +45,11 @@ class FakeCoordinator : public Coordinator {
  public:
   explicit FakeCoordinator(FakeEtcd* etcd) : etcd_(etcd) {}
   bool cut = false;
+  bool refuse_leases = false;  // reaches etcd, but every Grant fails
 
   StatusOr<int64_t> Grant(seconds ttl) override {
     RETURN_IF_ERROR(Reach());
+    if (refuse_leases) return UnavailableError("no lease for this one");
     const int64_t id = etcd_->next_lease++;
     etcd_->leases[id] = {etcd_->now + ttl, ttl};
     return id;
@@ -70,9 +72,29 @@ class FakeCoordinator : public Coordinator {
     auto it = etcd_->keys.find(key);
     if (it != etcd_->keys.end()) return it->second;
     if (etcd_->leases.count(lease) == 0) return NotFoundError("no such lease");
-    EtcdKv kv{key, value, ++etcd_->revision, lease};
+    ++etcd_->revision;
+    EtcdKv kv{key, value, etcd_->revision, lease, etcd_->revision};
     etcd_->keys[key] = kv;
     return kv;
+  }
+  Status Put(const std::string& key, const std::string& value) override {
+    RETURN_IF_ERROR(Reach());
+    EtcdKv& kv = etcd_->keys[key];
+    ++etcd_->revision;
+    if (kv.create_revision == 0) kv.create_revision = etcd_->revision;
+    kv.key = key;
+    kv.value = value;
+    kv.lease = 0;
+    kv.mod_revision = etcd_->revision;
+    return Status::OK();
+  }
+  StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override {
+    RETURN_IF_ERROR(Reach());
+    std::vector<EtcdKv> out;
+    for (auto it = etcd_->keys.lower_bound(prefix); it != etcd_->keys.end() && it->first.starts_with(prefix); ++it) {
+      out.push_back(it->second);
+    }
+    return out;
   }
   StatusOr<std::optional<EtcdKv>> Get(const std::string& key) override {
     RETURN_IF_ERROR(Reach());
@@ -89,17 +111,20 @@ class FakeCoordinator : public Coordinator {
   FakeEtcd* etcd_;
 };
 
+// `ranked`: the candidates compare their standing (`standing`, set by the test) before campaigning.
 struct Master {
-  Master(FakeEtcd* etcd, const std::string& id, Clock::time_point* now)
-      : coord(etcd), election(&coord, Options(id), [this](bool l, int64_t t) { changes.push_back({l, t}); },
-                              [now] { return *now; }) {}
-  static ElectionOptions Options(const std::string& id) {
+  Master(FakeEtcd* etcd, const std::string& id, Clock::time_point* now, bool ranked)
+      : coord(etcd), election(&coord, Options(id, ranked ? &standing : nullptr),
+                              [this](bool l, int64_t t) { changes.push_back({l, t}); }, [now] { return *now; }) {}
+  static ElectionOptions Options(const std::string& id, const Standing* standing) {
     ElectionOptions o;
     o.id = id;
     o.ttl = seconds(5);
     o.margin = milliseconds(1000);
+    if (standing != nullptr) o.standing = [standing] { return *standing; };
     return o;
   }
+  Standing standing;
   FakeCoordinator coord;
   std::vector<std::pair<bool, int64_t>> changes;
   LeaderElection election;
@@ -108,9 +133,19 @@ struct Master {
 
 class ElectionTest : public ::testing::Test {
  protected:
-  Master* Add(const std::string& id) {
-    masters_.push_back(std::make_unique<Master>(&etcd_, id, &etcd_.now));
+  Master* Add(const std::string& id, bool ranked = false) {
+    masters_.push_back(std::make_unique<Master>(&etcd_, id, &etcd_.now, ranked));
     return masters_.back().get();
+  }
+  // kill -9: gone without resigning (its lease runs out in etcd).
+  void Kill(Master* m) {
+    m->coord.cut = true;  // its Stop() cannot revoke the lease
+    for (auto it = masters_.begin(); it != masters_.end(); ++it) {
+      if (it->get() == m) {
+        masters_.erase(it);
+        return;
+      }
+    }
   }
   // Advances the clock to `until` in steps of `tick`, running each master's rounds when due, and
   // checks at every instant that at most one master counts itself leader.
@@ -244,6 +279,128 @@ TEST_F(ElectionTest, RandomPartitionsNeverMakeTwoLeaders) {
     for (auto& m : masters_) m->coord.cut = false;
     RunUntil(etcd_.now + seconds(10));
     EXPECT_NE(Leader(), nullptr) << "seed " << seed;
+  }
+}
+
+// The chaos run's lost writes (seed 1520329050): standby b was cut off from the leader a few seconds
+// before the leader died, so it held every entry it had heard of yet lacked the last ones, which c
+// had acknowledged. Whichever standby asks first, c — the copy further along — leads.
+TEST_F(ElectionTest, TheCopyFurthestAlongLeadsWhicheverStandbyAsksFirst) {
+  for (int offset_ms = 0; offset_ms < 2000; offset_ms += 150) {
+    masters_.clear();
+    etcd_ = FakeEtcd{};
+    etcd_.now = start_;
+    Master* a = Add("a:1", true);
+    a->standing = {4, 1638};
+    RunUntil(etcd_.now + seconds(4));
+    ASSERT_EQ(Leader(), a);
+    Master* b = Add("b:1", true);
+    Master* c = Add("c:1", true);
+    b->standing = {4, 1628};
+    c->standing = {4, 1638};
+    // b's rounds run `offset_ms` ahead of c's.
+    c->next = etcd_.now + milliseconds(offset_ms);
+    RunUntil(etcd_.now + seconds(2));
+    Kill(a);
+    RunUntil(etcd_.now + seconds(15));
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(Leader(), c) << "offset " << offset_ms << " ms";
+    EXPECT_TRUE(b->changes.empty()) << "b led at offset " << offset_ms << " ms";
+  }
+}
+
+// A candidate further along that reported and then died (its reports stop moving) is not waited
+// for: the next copy leads, well before the two-lease fallback.
+TEST_F(ElectionTest, ACandidateThatStopsReportingIsNotWaitedFor) {
+  Master* a = Add("a:1", true);
+  a->standing = {2, 10};
+  RunUntil(etcd_.now + seconds(4));
+  ASSERT_EQ(Leader(), a);
+  Master* b = Add("b:1", true);
+  Master* c = Add("c:1", true);
+  b->standing = {2, 8};
+  c->standing = {2, 10};
+  c->coord.refuse_leases = true;  // c reports but cannot campaign: the others wait for it...
+  RunUntil(etcd_.now + seconds(1));
+  Kill(a);
+  Clock::time_point free_at{};
+  while (free_at == Clock::time_point{} && etcd_.now < start_ + seconds(60)) {
+    RunUntil(etcd_.now + milliseconds(50));
+    if (etcd_.keys.count("/granary/leader") == 0) free_at = etcd_.now;
+  }
+  ASSERT_NE(free_at, Clock::time_point{});
+  RunUntil(etcd_.now + seconds(2));
+  EXPECT_EQ(Leader(), nullptr) << "b led while c, further along, was still reporting";
+  Kill(c);  // ...until it dies: its report stops moving
+  Clock::time_point led{};
+  while (led == Clock::time_point{} && etcd_.now < free_at + seconds(30)) {
+    RunUntil(etcd_.now + milliseconds(50));
+    if (b->election.IsLeader()) led = etcd_.now;
+  }
+  ASSERT_NE(led, Clock::time_point{}) << "b never led";
+  EXPECT_LT(led - free_at, seconds(10)) << "b waited for the two-lease fallback";
+}
+
+// A candidate further along that goes on reporting but never takes the lead (here: etcd refuses it
+// leases) holds the election up for two leases at most; then the next copy leads.
+TEST_F(ElectionTest, ACandidateAheadThatNeverLeadsHoldsTheElectionUpForTwoLeasesAtMost) {
+  Master* a = Add("a:1", true);
+  a->standing = {2, 10};
+  RunUntil(etcd_.now + seconds(4));
+  ASSERT_EQ(Leader(), a);
+  Master* b = Add("b:1", true);
+  Master* c = Add("c:1", true);
+  b->standing = {2, 8};
+  c->standing = {2, 10};
+  c->coord.refuse_leases = true;
+  RunUntil(etcd_.now + seconds(1));
+  Kill(a);
+  RunUntil(etcd_.now + seconds(25));
+  EXPECT_EQ(Leader(), b);
+}
+
+// Random failovers of three ranked masters: every time the leader dies, the new leader is the
+// survivor furthest along, whatever the phases of their rounds; the dead master comes back behind.
+TEST_F(ElectionTest, RandomFailoversElectTheSurvivorFurthestAlong) {
+  for (int seed = 1; seed <= 20; ++seed) {
+    masters_.clear();
+    etcd_ = FakeEtcd{};
+    etcd_.now = start_;
+    std::mt19937 rng(seed);
+    for (const char* id : {"a:1", "b:1", "c:1"}) {
+      Master* m = Add(id, true);
+      m->next = etcd_.now + milliseconds(rng() % 2000);
+    }
+    uint64_t term = 1, index = 100;
+    for (int round = 0; round < 6; ++round) {
+      RunUntil(etcd_.now + seconds(12));
+      if (HasFatalFailure()) return;
+      Master* l = Leader();
+      ASSERT_NE(l, nullptr) << "seed " << seed << " round " << round;
+      // The leader writes; each standby has some prefix of what it wrote.
+      term = static_cast<uint64_t>(l->election.term());
+      index += 10 + rng() % 50;
+      l->standing = {term, index};
+      for (auto& m : masters_) {
+        if (m.get() != l) m->standing = {term, index - rng() % 12};
+      }
+      Standing best{};
+      for (auto& m : masters_) {
+        if (m.get() != l) best = std::max(best, m->standing);
+      }
+      const std::string dead = l->election.leader();
+      Kill(l);
+      RunUntil(etcd_.now + seconds(15));
+      if (HasFatalFailure()) return;
+      Master* next = Leader();
+      ASSERT_NE(next, nullptr) << "seed " << seed << " round " << round;
+      EXPECT_EQ(next->standing, best) << "seed " << seed << " round " << round << ": a copy behind leads";
+      // The dead one comes back with what it had (ahead of nobody: the new leader wrote since).
+      Master* back = Add(dead, true);
+      back->standing = {best.term, best.index - 1};
+      back->next = etcd_.now + milliseconds(rng() % 2000);
+      next->standing = {static_cast<uint64_t>(next->election.term()), best.index + 1};
+    }
   }
 }
 
