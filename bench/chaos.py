@@ -508,6 +508,7 @@ class Chaos:
                 names += 1
                 path = f"{w}/mnt{reader_node}/{mnt}/{name}"
                 data = None
+                failed, failed_at = None, 0.0
                 for _ in range(600):  # the kernel may hold a negative entry for a moment
                     try:
                         with open(path, "rb") as f:
@@ -515,9 +516,17 @@ class Chaos:
                         break
                     except FileNotFoundError:
                         time.sleep(0.1)
+                    except OSError as e:  # ESTALE: the namespace names a version the store does not hold
+                        if failed is not None and time.monotonic() - failed_at > 5:
+                            break
+                        if failed is None:
+                            failed_at = time.monotonic()
+                        failed = e
+                        time.sleep(0.1)
                 if data is None:
                     lost += 1
-                    first.append(f"{mnt}/{name}: acknowledged, not in the store")
+                    first.append(f"{mnt}/{name}: acknowledged, " +
+                                 (f"unreadable from node {reader_node}: {failed}" if failed else "not in the store"))
                 elif hashlib.sha256(data).hexdigest() not in [digest] + st.get("maybe", {}).get(name, []):
                     wrong_writes += 1
                     first.append(f"{mnt}/{name}: acknowledged, other bytes in the store")

@@ -11,6 +11,11 @@ namespace {
 
 // A failed call to etcd is tried again after this long (bounded by the fence while leading).
 constexpr std::chrono::milliseconds kRetry{250};
+// How often a standby reads the leader key (ttl/3 when that is shorter): how soon it notices that
+// the key is free.
+constexpr std::chrono::milliseconds kStandbyPoll{500};
+// A candidate's report that has not moved for this long (or ttl/3 if longer) is a master gone.
+constexpr std::chrono::milliseconds kReportLife{1000};
 
 // "term/index" as Standing::ToString writes it; nullopt for anything else.
 std::optional<Standing> ParseStanding(const std::string& v) {
@@ -70,7 +75,7 @@ LeaderElection::Clock::time_point LeaderElection::Step() {
 }
 
 LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now) {
-  const auto poll = std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;
+  const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
   StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
   if (!held.ok()) {
     spdlog::warn("leader election: cannot read {} from etcd: {}", opts_.key, held.status().ToString());
@@ -119,15 +124,17 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   }
   spdlog::info("leader election: {} leads (term {})", opts_.id, kv->create_revision);
   Notify(true, kv->create_revision);
-  return sent + poll;
+  return sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;  // the first keep-alive
 }
 
 bool LeaderElection::StandsFirst(Clock::time_point now) {
-  const auto poll = std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;
+  const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
+  const auto life = std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kReportLife);
   // A gap in this master's reports (it could not campaign for a while) starts the watch again: the
   // others' reports must be seen moving anew.
-  if (watch_since_ == Clock::time_point{} || now - last_report_ > poll) {
+  if (watch_since_ == Clock::time_point{} || now - last_report_ > life) {
     watch_since_ = now;
+    watch_revision_ = 0;
     reports_.clear();
     deferred_to_.clear();
   }
@@ -144,6 +151,11 @@ bool LeaderElection::StandsFirst(Clock::time_point now) {
     spdlog::warn("leader election: cannot read the candidates' journal positions from etcd: {}", all.status().ToString());
     return false;
   }
+  if (watch_revision_ == 0) {
+    for (const EtcdKv& kv : *all) {
+      if (kv.key == prefix + opts_.id) watch_revision_ = kv.mod_revision;
+    }
+  }
   std::string ahead;
   Standing best = mine;
   for (const EtcdKv& kv : *all) {
@@ -156,13 +168,15 @@ bool LeaderElection::StandsFirst(Clock::time_point now) {
     if (first) {
       r.mod_revision = kv.mod_revision;
       r.changed = now;
+      // Written after this master's first report, so after the key was free: this election's.
+      r.moved = watch_revision_ != 0 && kv.mod_revision > watch_revision_;
     } else if (kv.mod_revision != r.mod_revision) {
       r.mod_revision = kv.mod_revision;
       r.changed = now;
       r.moved = true;
     }
     r.standing = *st;
-    const bool live = r.moved && now - r.changed <= poll;
+    const bool live = r.moved && now - r.changed <= life;
     if (live && r.standing > best) {
       best = r.standing;
       ahead = id;

@@ -6,8 +6,8 @@
 // does not exist. The master whose transaction created the key leads; its *term* is the key's
 // create_revision, which grows with every new leader (a later creation has a later revision), so
 // whatever a leader stamps with its term can be told apart from an older leader's. A leader keeps
-// its lease alive every ttl/3; a standby reads the key every ttl/3 (who leads) and campaigns when it
-// is gone (the leader resigned, or its lease expired).
+// its lease alive every ttl/3; a standby reads the key every 500 ms (ttl/3 if shorter: who leads)
+// and campaigns when it is gone (the leader resigned, or its lease expired).
 //
 // Fencing. A leader cut off from etcd must stop acting as leader before anyone else can start. etcd
 // ends a lease no earlier than `ttl` after the keep-alive that last renewed it reached it, which is
@@ -26,12 +26,13 @@
 // compare (ElectionOptions::standing, this master's journal position): while the key is free, each
 // master that may campaign writes its standing to <key>/candidates/<id> every round (kRetry), reads
 // everyone's, and campaigns only
-//   - once it has watched the reports for `settle` (a poll and two rounds: every live standby
-//     notices the free key within a poll and reports at its next round), and
+//   - once it has watched the reports for a poll and two rounds (every live standby notices the
+//     free key within a poll and reports at once), and
 //   - when no live candidate stands further along (ties: both campaign; etcd's transaction picks
 //     one, and equal positions are the same copy).
-// A report is live while its mod_revision keeps changing (a candidate rewrites it every round); one
-// that stopped changing for a poll is a master gone. If a candidate further along keeps reporting
+// A report is live while its mod_revision keeps changing (a candidate rewrites it every round), or
+// when it was written after this master's own first report (so in this election); one that stopped
+// changing for max(1 s, ttl/3) is a master gone. If a candidate further along keeps reporting
 // yet takes no key for two ttls, this master campaigns all the same (availability; logged).
 //
 // Step() does one round (campaign, keep-alive or read) and says when the next is due: tests drive it
@@ -135,6 +136,7 @@ class LeaderElection {
   };
   Clock::time_point watch_since_ GUARDED_BY(step_mu_){};  // zero: no election watched
   Clock::time_point last_report_ GUARDED_BY(step_mu_){};
+  int64_t watch_revision_ GUARDED_BY(step_mu_) = 0;  // this master's first report's mod_revision
   std::map<std::string, Report> reports_ GUARDED_BY(step_mu_);
   std::string deferred_to_ GUARDED_BY(step_mu_);  // logged once per candidate ahead
 
