@@ -190,8 +190,9 @@ std::vector<Setting> MakeSettings() {
                   "election). Empty: master.listen, with 0.0.0.0 replaced by this host's name.",
                   &Config::master, &MasterConfig::advertise));
   t.push_back(Row("master.election_ttl", K::kDuration, "5s",
-                  "The leader's lease in etcd. A leader that cannot renew it stops leading before it ends; a "
-                  "standby takes over within about this long after the leader goes.",
+                  "The leader's lease in etcd. A leader that cannot renew it stops leading before it ends; the "
+                  "standby furthest along takes over about 1.5 s after the lease ends (within this long "
+                  "and 1.5 s of a kill).",
                   &Config::master, &MasterConfig::election_ttl));
   t.push_back(Row("master.replication_log", K::kBytes, "64Mi",
                   "With standby masters: the most recent namespace writes kept in memory, so a standby that "
