@@ -14,8 +14,13 @@ constexpr std::chrono::milliseconds kRetry{250};
 // How often a standby reads the leader key (ttl/3 when that is shorter): how soon it notices that
 // the key is free.
 constexpr std::chrono::milliseconds kStandbyPoll{500};
-// A candidate's report that has not moved for this long (or ttl/3 if longer) is a master gone.
-constexpr std::chrono::milliseconds kReportLife{1000};
+// A candidate's report that has not moved for this long (or ttl/3 if longer) is a master gone: a
+// live one rewrites it every round, and a round's three calls to etcd may each wait out a slow
+// endpoint (about 1 s) and still succeed.
+constexpr std::chrono::milliseconds kReportLife{3000};
+// How long a candidate watches the reports before it may campaign, beyond a poll: a live standby
+// notices the free key within a poll and reports at once, give or take a slow call to etcd.
+constexpr std::chrono::milliseconds kSettle{1000};
 
 // "term/index" as Standing::ToString writes it; nullopt for anything else.
 std::optional<Standing> ParseStanding(const std::string& v) {
@@ -78,11 +83,12 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
   StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
   if (!held.ok()) {
+    watching_ = false;  // a gap: whatever happened meanwhile, the reports are watched anew
     spdlog::warn("leader election: cannot read {} from etcd: {}", opts_.key, held.status().ToString());
     return now + kRetry;
   }
   if (held->has_value()) {  // someone leads (or a lease not yet expired still holds the key)
-    watch_since_ = {};  // the next free key is another election
+    watching_ = false;  // the next free key is another election
     MutexLock lock(&mu_);
     leader_ = (*held)->value;
     return now + poll;
@@ -91,8 +97,14 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     MutexLock lock(&mu_);
     leader_.clear();  // the key is gone: nobody leads
   }
-  if (now < sit_out_until_) return std::min(sit_out_until_, now + poll);
-  if (opts_.may_campaign && !opts_.may_campaign()) return now + kRetry;
+  if (now < sit_out_until_) {
+    watching_ = false;
+    return std::min(sit_out_until_, now + poll);
+  }
+  if (opts_.may_campaign && !opts_.may_campaign()) {
+    watching_ = false;
+    return now + kRetry;
+  }
   if (opts_.standing && !StandsFirst(now)) return now + kRetry;
   // The lease's ttl runs from when etcd granted it, which is after this instant: the fence counts
   // from here.
@@ -113,6 +125,22 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     leader_ = kv->value;
     return now + poll;
   }
+  if (opts_.standing && !passing_over_) {
+    // A candidate further along that reported after this one decided (it noticed the free key
+    // late): it leads instead. Checked before anything is written in this term.
+    StatusOr<std::vector<EtcdKv>> all = coord_->List(opts_.key + "/candidates/");
+    Standing best;
+    const std::string ahead = all.ok() ? AheadOf(*all, now_(), &best) : std::string();
+    if (!ahead.empty()) {
+      coord_->Revoke(*lease).IgnoreError();
+      sit_out_until_ = now_() + std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3,
+                                                          kReportLife);
+      spdlog::info("leader election: {} gives the lead it just took to {}, whose journal is further along ({}, this "
+                   "one's at {})",
+                   opts_.id, ahead, best.ToString(), opts_.standing().ToString());
+      return now_() + kRetry;
+    }
+  }
   lease_ = *lease;
   {
     MutexLock lock(&mu_);
@@ -127,38 +155,18 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   return sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;  // the first keep-alive
 }
 
-bool LeaderElection::StandsFirst(Clock::time_point now) {
-  const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
-  const auto life = std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kReportLife);
-  // A gap in this master's reports (it could not campaign for a while) starts the watch again: the
-  // others' reports must be seen moving anew.
-  if (watch_since_ == Clock::time_point{} || now - last_report_ > life) {
-    watch_since_ = now;
-    watch_revision_ = 0;
-    reports_.clear();
-    deferred_to_.clear();
-  }
-  const Standing mine = opts_.standing();
+std::string LeaderElection::AheadOf(const std::vector<EtcdKv>& all, Clock::time_point now, Standing* best) {
   const std::string prefix = opts_.key + "/candidates/";
-  Status put = coord_->Put(prefix + opts_.id, mine.ToString());
-  if (!put.ok()) {
-    spdlog::warn("leader election: cannot report this master's journal position to etcd: {}", put.ToString());
-    return false;
-  }
-  last_report_ = now;
-  StatusOr<std::vector<EtcdKv>> all = coord_->List(prefix);
-  if (!all.ok()) {
-    spdlog::warn("leader election: cannot read the candidates' journal positions from etcd: {}", all.status().ToString());
-    return false;
-  }
+  const auto life = std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kReportLife);
+  const Standing mine = opts_.standing();
+  *best = mine;
   if (watch_revision_ == 0) {
-    for (const EtcdKv& kv : *all) {
+    for (const EtcdKv& kv : all) {
       if (kv.key == prefix + opts_.id) watch_revision_ = kv.mod_revision;
     }
   }
   std::string ahead;
-  Standing best = mine;
-  for (const EtcdKv& kv : *all) {
+  for (const EtcdKv& kv : all) {
     const std::string id = kv.key.substr(std::min(prefix.size(), kv.key.size()));
     if (id == opts_.id) continue;
     std::optional<Standing> st = ParseStanding(kv.value);
@@ -177,13 +185,44 @@ bool LeaderElection::StandsFirst(Clock::time_point now) {
     }
     r.standing = *st;
     const bool live = r.moved && now - r.changed <= life;
-    if (live && r.standing > best) {
-      best = r.standing;
+    if (live && r.standing > *best) {
+      *best = r.standing;
       ahead = id;
     }
   }
+  return ahead;
+}
+
+bool LeaderElection::StandsFirst(Clock::time_point now) {
+  const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
+  // A round that did not report (etcd out of reach, not allowed to campaign, the key held) ends the
+  // watch: the others' reports must be seen moving anew.
+  if (!watching_) {
+    watch_since_ = now;
+    watch_revision_ = 0;
+    reports_.clear();
+    deferred_to_.clear();
+  }
+  const Standing mine = opts_.standing();
+  const std::string prefix = opts_.key + "/candidates/";
+  Status put = coord_->Put(prefix + opts_.id, mine.ToString());
+  if (!put.ok()) {
+    watching_ = false;
+    spdlog::warn("leader election: cannot report this master's journal position to etcd: {}", put.ToString());
+    return false;
+  }
+  watching_ = true;
+  StatusOr<std::vector<EtcdKv>> all = coord_->List(prefix);
+  if (!all.ok()) {
+    spdlog::warn("leader election: cannot read the candidates' journal positions from etcd: {}", all.status().ToString());
+    return false;
+  }
+  Standing best;
+  const std::string ahead = AheadOf(*all, now, &best);
+  passing_over_ = false;
   if (!ahead.empty()) {
     if (now - watch_since_ >= 2 * std::chrono::duration_cast<Clock::duration>(opts_.ttl)) {
+      passing_over_ = true;  // the check after winning must not give the key back to it
       spdlog::warn("leader election: {} campaigns although {} is further along (journal at {}, this one's at {}): "
                    "it has not taken the lead in two leases",
                    opts_.id, ahead, best.ToString(), mine.ToString());
@@ -196,7 +235,7 @@ bool LeaderElection::StandsFirst(Clock::time_point now) {
     }
     return false;
   }
-  return now - watch_since_ >= poll + 2 * kRetry;
+  return now - watch_since_ >= poll + kSettle;
 }
 
 LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point now) {

@@ -26,14 +26,17 @@
 // compare (ElectionOptions::standing, this master's journal position): while the key is free, each
 // master that may campaign writes its standing to <key>/candidates/<id> every round (kRetry), reads
 // everyone's, and campaigns only
-//   - once it has watched the reports for a poll and two rounds (every live standby notices the
-//     free key within a poll and reports at once), and
+//   - once it has watched the reports, round after round, for a poll and a second (every live
+//     standby notices the free key within a poll and reports at once, give or take a slow call), and
 //   - when no live candidate stands further along (ties: both campaign; etcd's transaction picks
 //     one, and equal positions are the same copy).
 // A report is live while its mod_revision keeps changing (a candidate rewrites it every round), or
 // when it was written after this master's own first report (so in this election); one that stopped
-// changing for max(1 s, ttl/3) is a master gone. If a candidate further along keeps reporting
-// yet takes no key for two ttls, this master campaigns all the same (availability; logged).
+// changing for max(3 s, ttl/3) is a master gone. A master that wins the key lists the reports once
+// more before it leads: a candidate further along that reported meanwhile (it noticed late) makes
+// it give the key back. If a candidate further along keeps reporting yet takes no key for two ttls,
+// this master campaigns all the same (availability; logged). What this rests on: a live candidate
+// reaches etcd within about a second; one cut off from etcd, or stalled longer, counts as gone.
 //
 // Step() does one round (campaign, keep-alive or read) and says when the next is due: tests drive it
 // on a fake clock with a fake Coordinator (tests/master/election_test.cc); Start() runs it on a
@@ -48,6 +51,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -115,6 +119,9 @@ class LeaderElection {
   // Reports this master's standing and reads the others' (see "Which master"): true when this
   // master may campaign now.
   bool StandsFirst(Clock::time_point now) REQUIRES(step_mu_);
+  // Notes the reports `all` (reports_) and returns the live candidate furthest ahead of this master,
+  // with its standing in *best ("" and this master's own when none is ahead).
+  std::string AheadOf(const std::vector<EtcdKv>& all, Clock::time_point now, Standing* best) REQUIRES(step_mu_);
   // Tells on_change_ of a change (outside every lock).
   void Notify(bool leading, int64_t term);
 
@@ -134,8 +141,9 @@ class LeaderElection {
     bool moved = false;
     Standing standing;
   };
-  Clock::time_point watch_since_ GUARDED_BY(step_mu_){};  // zero: no election watched
-  Clock::time_point last_report_ GUARDED_BY(step_mu_){};
+  bool watching_ GUARDED_BY(step_mu_) = false;  // the last round reported this master's standing
+  bool passing_over_ GUARDED_BY(step_mu_) = false;  // campaigning past a candidate ahead (two leases)
+  Clock::time_point watch_since_ GUARDED_BY(step_mu_){};
   int64_t watch_revision_ GUARDED_BY(step_mu_) = 0;  // this master's first report's mod_revision
   std::map<std::string, Report> reports_ GUARDED_BY(step_mu_);
   std::string deferred_to_ GUARDED_BY(step_mu_);  // logged once per candidate ahead

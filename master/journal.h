@@ -25,9 +25,9 @@
 // Semi-synchronous commits. While at least one follower is in sync, Commit returns only once one of
 // them has acknowledged the entry (Acked), or after `sync_timeout`, when the followers that did not
 // acknowledge drop out of sync (and join again when they catch up). So a write acknowledged to a
-// client is on a standby's disk unless every standby was behind or gone; a standby that is behind
-// campaigns only after a delay (master/server.cc), so one in sync wins the election. The bound is in
-// docs/semantics.md.
+// client is on a standby's disk unless every standby was behind or gone; the candidates compare
+// their positions before one campaigns (master/election.h, "Which master"), so the copy furthest
+// along wins the election. The bound is in docs/semantics.md.
 //
 // Thread-safe. Commit serialises writers (index order is write order).
 #pragma once

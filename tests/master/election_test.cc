@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace granary::master {
@@ -46,6 +48,7 @@ class FakeCoordinator : public Coordinator {
   explicit FakeCoordinator(FakeEtcd* etcd) : etcd_(etcd) {}
   bool cut = false;
   bool refuse_leases = false;  // reaches etcd, but every Grant fails
+  std::function<void()> before_create;  // runs (once) just before a CreateIfAbsent reaches etcd
 
   StatusOr<int64_t> Grant(seconds ttl) override {
     RETURN_IF_ERROR(Reach());
@@ -68,6 +71,7 @@ class FakeCoordinator : public Coordinator {
     return Status::OK();
   }
   StatusOr<EtcdKv> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease) override {
+    if (before_create) std::exchange(before_create, nullptr)();
     RETURN_IF_ERROR(Reach());
     auto it = etcd_->keys.find(key);
     if (it != etcd_->keys.end()) return it->second;
@@ -355,8 +359,40 @@ TEST_F(ElectionTest, ACandidateAheadThatNeverLeadsHoldsTheElectionUpForTwoLeases
   c->coord.refuse_leases = true;
   RunUntil(etcd_.now + seconds(1));
   Kill(a);
-  RunUntil(etcd_.now + seconds(25));
+  Clock::time_point free_at{};
+  while (free_at == Clock::time_point{} && etcd_.now < start_ + seconds(60)) {
+    RunUntil(etcd_.now + milliseconds(50));
+    if (etcd_.keys.count("/granary/leader") == 0) free_at = etcd_.now;
+  }
+  ASSERT_NE(free_at, Clock::time_point{});
+  RunUntil(free_at + seconds(9));  // two leases less a second
+  EXPECT_EQ(Leader(), nullptr) << "b led while c, further along, was reporting";
+  RunUntil(free_at + seconds(25));
   EXPECT_EQ(Leader(), b);
+}
+
+// A candidate further along that reports only after another has decided (it noticed the free key
+// late: slow calls to etcd): the other, having taken the key, sees the report before it leads and
+// gives the key back; the copy further along leads.
+TEST_F(ElectionTest, AWinnerThatSeesACandidateFurtherAlongGivesTheKeyBack) {
+  Master* a = Add("a:1", true);
+  a->standing = {2, 10};
+  RunUntil(etcd_.now + seconds(4));
+  ASSERT_EQ(Leader(), a);
+  Master* b = Add("b:1", true);
+  Master* c = Add("c:1", true);
+  b->standing = {2, 8};
+  c->standing = {2, 10};
+  RunUntil(etcd_.now + seconds(1));
+  c->coord.cut = true;  // c hears nothing of the election...
+  b->coord.before_create = [&] {  // ...until b has decided: c's first report lands just before b's key
+    c->coord.cut = false;
+    c->next = c->election.Step();
+  };
+  Kill(a);
+  RunUntil(etcd_.now + seconds(20));
+  EXPECT_TRUE(b->changes.empty()) << "b led although c, further along, had reported";
+  EXPECT_EQ(Leader(), c);
 }
 
 // Random failovers of three ranked masters: every time the leader dies, the new leader is the
