@@ -83,12 +83,13 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
   StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
   if (!held.ok()) {
-    watching_ = false;  // a gap: whatever happened meanwhile, the reports are watched anew
     spdlog::warn("leader election: cannot read {} from etcd: {}", opts_.key, held.status().ToString());
     return now + kRetry;
   }
   if (held->has_value()) {  // someone leads (or a lease not yet expired still holds the key)
     watching_ = false;  // the next free key is another election
+    election_since_ = {};
+    gave_back_ = false;
     MutexLock lock(&mu_);
     leader_ = (*held)->value;
     return now + poll;
@@ -97,6 +98,7 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     MutexLock lock(&mu_);
     leader_.clear();  // the key is gone: nobody leads
   }
+  if (election_since_ == Clock::time_point{}) election_since_ = now;
   if (now < sit_out_until_) {
     watching_ = false;
     return std::min(sit_out_until_, now + poll);
@@ -125,13 +127,16 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     leader_ = kv->value;
     return now + poll;
   }
-  if (opts_.standing && !passing_over_) {
+  if (opts_.standing && !passing_over_ && !gave_back_) {
     // A candidate further along that reported after this one decided (it noticed the free key
     // late): it leads instead. Checked before anything is written in this term.
     StatusOr<std::vector<EtcdKv>> all = coord_->List(opts_.key + "/candidates/");
     Standing best;
     const std::string ahead = all.ok() ? AheadOf(*all, now_(), &best) : std::string();
     if (!ahead.empty()) {
+      // Once per election: if the lead comes back to this master, it keeps it (a candidate that
+      // reports but does not lead must not make the key go round forever).
+      gave_back_ = true;
       coord_->Revoke(*lease).IgnoreError();
       sit_out_until_ = now_() + std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3,
                                                           kReportLife);
@@ -195,8 +200,9 @@ std::string LeaderElection::AheadOf(const std::vector<EtcdKv>& all, Clock::time_
 
 bool LeaderElection::StandsFirst(Clock::time_point now) {
   const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
-  // A round that did not report (etcd out of reach, not allowed to campaign, the key held) ends the
-  // watch: the others' reports must be seen moving anew.
+  // A round that could not stand (not allowed to campaign, sitting out) or found the key held ends
+  // the watch: the others' reports must be seen moving anew. A failed call to etcd does not: what
+  // was seen stays true, and a slow etcd must not restart every watch.
   if (!watching_) {
     watch_since_ = now;
     watch_revision_ = 0;
@@ -207,7 +213,6 @@ bool LeaderElection::StandsFirst(Clock::time_point now) {
   const std::string prefix = opts_.key + "/candidates/";
   Status put = coord_->Put(prefix + opts_.id, mine.ToString());
   if (!put.ok()) {
-    watching_ = false;
     spdlog::warn("leader election: cannot report this master's journal position to etcd: {}", put.ToString());
     return false;
   }
@@ -221,7 +226,7 @@ bool LeaderElection::StandsFirst(Clock::time_point now) {
   const std::string ahead = AheadOf(*all, now, &best);
   passing_over_ = false;
   if (!ahead.empty()) {
-    if (now - watch_since_ >= 2 * std::chrono::duration_cast<Clock::duration>(opts_.ttl)) {
+    if (now - election_since_ >= 2 * std::chrono::duration_cast<Clock::duration>(opts_.ttl)) {
       passing_over_ = true;  // the check after winning must not give the key back to it
       spdlog::warn("leader election: {} campaigns although {} is further along (journal at {}, this one's at {}): "
                    "it has not taken the lead in two leases",

@@ -34,8 +34,9 @@
 // when it was written after this master's own first report (so in this election); one that stopped
 // changing for max(3 s, ttl/3) is a master gone. A master that wins the key lists the reports once
 // more before it leads: a candidate further along that reported meanwhile (it noticed late) makes
-// it give the key back. If a candidate further along keeps reporting yet takes no key for two ttls,
-// this master campaigns all the same (availability; logged). What this rests on: a live candidate
+// it give the key back (once per election). If a candidate further along keeps reporting yet takes
+// no key for two ttls after the key went free, this master campaigns all the same (availability;
+// logged). What this rests on: a live candidate
 // reaches etcd within about a second; one cut off from etcd, or stalled longer, counts as gone.
 //
 // Step() does one round (campaign, keep-alive or read) and says when the next is due: tests drive it
@@ -141,7 +142,9 @@ class LeaderElection {
     bool moved = false;
     Standing standing;
   };
-  bool watching_ GUARDED_BY(step_mu_) = false;  // the last round reported this master's standing
+  bool watching_ GUARDED_BY(step_mu_) = false;  // watching the reports (see StandsFirst)
+  Clock::time_point election_since_ GUARDED_BY(step_mu_){};  // the key first seen free (zero: held)
+  bool gave_back_ GUARDED_BY(step_mu_) = false;  // this election, this master gave a won key back
   bool passing_over_ GUARDED_BY(step_mu_) = false;  // campaigning past a candidate ahead (two leases)
   Clock::time_point watch_since_ GUARDED_BY(step_mu_){};
   int64_t watch_revision_ GUARDED_BY(step_mu_) = 0;  // this master's first report's mod_revision
