@@ -79,8 +79,16 @@ LeaderElection::Clock::time_point LeaderElection::Step() {
   return leading ? KeepLeading(now) : Campaign(now);
 }
 
+LeaderElection::Clock::duration LeaderElection::Poll() const {
+  return std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
+}
+
+LeaderElection::Clock::duration LeaderElection::ReportLife() const {
+  return std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kReportLife);
+}
+
 LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now) {
-  const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
+  const Clock::duration poll = Poll();
   StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
   if (!held.ok()) {
     spdlog::warn("leader election: cannot read {} from etcd: {}", opts_.key, held.status().ToString());
@@ -138,8 +146,7 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
       // reports but does not lead must not make the key go round forever).
       gave_back_ = true;
       coord_->Revoke(*lease).IgnoreError();
-      sit_out_until_ = now_() + std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3,
-                                                          kReportLife);
+      sit_out_until_ = now_() + ReportLife();
       spdlog::info("leader election: {} gives the lead it just took to {}, whose journal is further along ({}, this "
                    "one's at {})",
                    opts_.id, ahead, best.ToString(), opts_.standing().ToString());
@@ -162,7 +169,7 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
 
 std::string LeaderElection::AheadOf(const std::vector<EtcdKv>& all, Clock::time_point now, Standing* best) {
   const std::string prefix = opts_.key + "/candidates/";
-  const auto life = std::max<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kReportLife);
+  const Clock::duration life = ReportLife();
   const Standing mine = opts_.standing();
   *best = mine;
   if (watch_revision_ == 0) {
@@ -199,7 +206,7 @@ std::string LeaderElection::AheadOf(const std::vector<EtcdKv>& all, Clock::time_
 }
 
 bool LeaderElection::StandsFirst(Clock::time_point now) {
-  const auto poll = std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3, kStandbyPoll);
+  const Clock::duration poll = Poll();
   // A round that could not stand (not allowed to campaign, sitting out) or found the key held ends
   // the watch: the others' reports must be seen moving anew. A failed call to etcd does not: what
   // was seen stays true, and a slow etcd must not restart every watch.

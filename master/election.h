@@ -113,6 +113,9 @@ class LeaderElection {
   Clock::time_point since() const;
 
  private:
+  // How often a standby reads the key; how long an unmoved report stays live (election.cc).
+  Clock::duration Poll() const;
+  Clock::duration ReportLife() const;
   // The rounds (Step): etcd is asked with mu_ released, so IsLeader never waits for it.
   Clock::time_point Campaign(Clock::time_point now) REQUIRES(step_mu_);
   Clock::time_point KeepLeading(Clock::time_point now) REQUIRES(step_mu_);

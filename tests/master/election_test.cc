@@ -168,6 +168,29 @@ class ElectionTest : public ::testing::Test {
       ASSERT_LE(leaders, 1) << "two leaders at once, " << (etcd_.now - start_) / milliseconds(1) << " ms in";
     }
   }
+  // Ranked masters: a leads at `lead`; b and c then join as standbys at `b_at` and `c_at`.
+  void ThreeRanked(Standing lead, Standing b_at, Standing c_at) {
+    a_ = Add("a:1", true);
+    a_->standing = lead;
+    RunUntil(etcd_.now + seconds(4));
+    ASSERT_EQ(Leader(), a_);
+    b_ = Add("b:1", true);
+    c_ = Add("c:1", true);
+    b_->standing = b_at;
+    c_->standing = c_at;
+  }
+  // Runs in 50 ms steps until `done()` or `limit`; when `done()` first held (zero: never).
+  Clock::time_point RunUntilTrue(const std::function<bool()>& done, Clock::time_point limit) {
+    while (etcd_.now < limit) {
+      RunUntil(etcd_.now + milliseconds(50));
+      if (done()) return etcd_.now;
+    }
+    return {};
+  }
+  // Runs until the leader key is gone from etcd (within a minute of the test's start).
+  Clock::time_point UntilTheKeyIsFree() {
+    return RunUntilTrue([&] { return etcd_.keys.count("/granary/leader") == 0; }, start_ + seconds(60));
+  }
   Master* Leader() {
     for (auto& m : masters_) {
       if (m->election.IsLeader()) return m.get();
@@ -178,6 +201,7 @@ class ElectionTest : public ::testing::Test {
   FakeEtcd etcd_;
   Clock::time_point start_ = etcd_.now;
   std::vector<std::unique_ptr<Master>> masters_;
+  Master *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;  // ThreeRanked's (a_ gone once killed)
 };
 
 TEST_F(ElectionTest, OneLeadsAndTheOthersKnowWho) {
@@ -297,14 +321,8 @@ TEST_F(ElectionTest, TheCopyFurthestAlongLeadsWhicheverStandbyAsksFirst) {
     masters_.clear();
     etcd_ = FakeEtcd{};
     etcd_.now = start_;
-    Master* a = Add("a:1", true);
-    a->standing = {4, 1638};
-    RunUntil(etcd_.now + seconds(4));
-    ASSERT_EQ(Leader(), a);
-    Master* b = Add("b:1", true);
-    Master* c = Add("c:1", true);
-    b->standing = {4, 1628};
-    c->standing = {4, 1638};
+    ASSERT_NO_FATAL_FAILURE(ThreeRanked({4, 1638}, {4, 1628}, {4, 1638}));
+    Master *a = a_, *b = b_, *c = c_;
     // b's rounds run `offset_ms` ahead of c's.
     c->next = etcd_.now + milliseconds(offset_ms);
     RunUntil(etcd_.now + seconds(2));
@@ -319,31 +337,17 @@ TEST_F(ElectionTest, TheCopyFurthestAlongLeadsWhicheverStandbyAsksFirst) {
 // A candidate further along that reported and then died (its reports stop moving) is not waited
 // for: the next copy leads, well before the two-lease fallback.
 TEST_F(ElectionTest, ACandidateThatStopsReportingIsNotWaitedFor) {
-  Master* a = Add("a:1", true);
-  a->standing = {2, 10};
-  RunUntil(etcd_.now + seconds(4));
-  ASSERT_EQ(Leader(), a);
-  Master* b = Add("b:1", true);
-  Master* c = Add("c:1", true);
-  b->standing = {2, 8};
-  c->standing = {2, 10};
+  ASSERT_NO_FATAL_FAILURE(ThreeRanked({2, 10}, {2, 8}, {2, 10}));
+  Master *a = a_, *b = b_, *c = c_;
   c->coord.refuse_leases = true;  // c reports but cannot campaign: the others wait for it...
   RunUntil(etcd_.now + seconds(1));
   Kill(a);
-  Clock::time_point free_at{};
-  while (free_at == Clock::time_point{} && etcd_.now < start_ + seconds(60)) {
-    RunUntil(etcd_.now + milliseconds(50));
-    if (etcd_.keys.count("/granary/leader") == 0) free_at = etcd_.now;
-  }
+  const Clock::time_point free_at = UntilTheKeyIsFree();
   ASSERT_NE(free_at, Clock::time_point{});
   RunUntil(etcd_.now + seconds(2));
   EXPECT_EQ(Leader(), nullptr) << "b led while c, further along, was still reporting";
   Kill(c);  // ...until it dies: its report stops moving
-  Clock::time_point led{};
-  while (led == Clock::time_point{} && etcd_.now < free_at + seconds(30)) {
-    RunUntil(etcd_.now + milliseconds(50));
-    if (b->election.IsLeader()) led = etcd_.now;
-  }
+  const Clock::time_point led = RunUntilTrue([&] { return b->election.IsLeader(); }, free_at + seconds(30));
   ASSERT_NE(led, Clock::time_point{}) << "b never led";
   EXPECT_LT(led - free_at, seconds(10)) << "b waited for the two-lease fallback";
 }
@@ -351,22 +355,12 @@ TEST_F(ElectionTest, ACandidateThatStopsReportingIsNotWaitedFor) {
 // A candidate further along that goes on reporting but never takes the lead (here: etcd refuses it
 // leases) holds the election up for two leases at most; then the next copy leads.
 TEST_F(ElectionTest, ACandidateAheadThatNeverLeadsHoldsTheElectionUpForTwoLeasesAtMost) {
-  Master* a = Add("a:1", true);
-  a->standing = {2, 10};
-  RunUntil(etcd_.now + seconds(4));
-  ASSERT_EQ(Leader(), a);
-  Master* b = Add("b:1", true);
-  Master* c = Add("c:1", true);
-  b->standing = {2, 8};
-  c->standing = {2, 10};
+  ASSERT_NO_FATAL_FAILURE(ThreeRanked({2, 10}, {2, 8}, {2, 10}));
+  Master *a = a_, *b = b_, *c = c_;
   c->coord.refuse_leases = true;
   RunUntil(etcd_.now + seconds(1));
   Kill(a);
-  Clock::time_point free_at{};
-  while (free_at == Clock::time_point{} && etcd_.now < start_ + seconds(60)) {
-    RunUntil(etcd_.now + milliseconds(50));
-    if (etcd_.keys.count("/granary/leader") == 0) free_at = etcd_.now;
-  }
+  const Clock::time_point free_at = UntilTheKeyIsFree();
   ASSERT_NE(free_at, Clock::time_point{});
   RunUntil(free_at + seconds(9));  // two leases less a second
   EXPECT_EQ(Leader(), nullptr) << "b led while c, further along, was reporting";
@@ -378,14 +372,8 @@ TEST_F(ElectionTest, ACandidateAheadThatNeverLeadsHoldsTheElectionUpForTwoLeases
 // late: slow calls to etcd): the other, having taken the key, sees the report before it leads and
 // gives the key back; the copy further along leads.
 TEST_F(ElectionTest, AWinnerThatSeesACandidateFurtherAlongGivesTheKeyBack) {
-  Master* a = Add("a:1", true);
-  a->standing = {2, 10};
-  RunUntil(etcd_.now + seconds(4));
-  ASSERT_EQ(Leader(), a);
-  Master* b = Add("b:1", true);
-  Master* c = Add("c:1", true);
-  b->standing = {2, 8};
-  c->standing = {2, 10};
+  ASSERT_NO_FATAL_FAILURE(ThreeRanked({2, 10}, {2, 8}, {2, 10}));
+  Master *a = a_, *b = b_, *c = c_;
   RunUntil(etcd_.now + seconds(1));
   c->coord.cut = true;  // c hears nothing of the election...
   b->coord.before_create = [&] {  // ...until b has decided: c's first report lands just before b's key
@@ -402,28 +390,14 @@ TEST_F(ElectionTest, AWinnerThatSeesACandidateFurtherAlongGivesTheKeyBack) {
 // seconds, with the copy furthest along (a failed call does not restart a candidate's watch, and
 // the fallback counts from when the key went free).
 TEST_F(ElectionTest, AFlakyEtcdDelaysTheElectionALittleAndStillElectsTheCopyFurthestAlong) {
-  Master* a = Add("a:1", true);
-  a->standing = {2, 10};
-  RunUntil(etcd_.now + seconds(4));
-  ASSERT_EQ(Leader(), a);
-  Master* b = Add("b:1", true);
-  Master* c = Add("c:1", true);
-  b->standing = {2, 8};
-  c->standing = {2, 10};
+  ASSERT_NO_FATAL_FAILURE(ThreeRanked({2, 10}, {2, 8}, {2, 10}));
+  Master *a = a_, *b = b_, *c = c_;
   b->coord.flaky = c->coord.flaky = true;
   RunUntil(etcd_.now + seconds(1));
   Kill(a);
-  Clock::time_point free_at{};
-  while (free_at == Clock::time_point{} && etcd_.now < start_ + seconds(60)) {
-    RunUntil(etcd_.now + milliseconds(50));
-    if (etcd_.keys.count("/granary/leader") == 0) free_at = etcd_.now;
-  }
+  const Clock::time_point free_at = UntilTheKeyIsFree();
   ASSERT_NE(free_at, Clock::time_point{});
-  Clock::time_point led{};
-  while (led == Clock::time_point{} && etcd_.now < free_at + seconds(60)) {
-    RunUntil(etcd_.now + milliseconds(50));
-    if (Leader() != nullptr) led = etcd_.now;
-  }
+  const Clock::time_point led = RunUntilTrue([&] { return Leader() != nullptr; }, free_at + seconds(60));
   ASSERT_NE(led, Clock::time_point{}) << "nobody led within a minute";
   EXPECT_EQ(Leader(), c);
   EXPECT_LT(led - free_at, seconds(8)) << "the election dragged on";
