@@ -154,6 +154,7 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     }
   }
   lease_ = *lease;
+  if (opts_.standing) tidy_at_ = now + ReportLife();
   {
     MutexLock lock(&mu_);
     leading_ = true;
@@ -263,8 +264,20 @@ LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point 
   const Clock::time_point sent = now;
   StatusOr<int64_t> ttl = coord_->KeepAlive(lease_);
   if (ttl.ok()) {
-    MutexLock lock(&mu_);
-    valid_until_ = sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) - opts_.margin;
+    {
+      MutexLock lock(&mu_);
+      valid_until_ = sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) - opts_.margin;
+    }
+    if (tidy_at_ != Clock::time_point{} && now >= tidy_at_) {
+      // The election's reports have done their work (every candidate has seen the key held); one
+      // call, just after a keep-alive, so the fence has all its time left. A failure: next round.
+      Status st = coord_->DeletePrefix(opts_.key + "/candidates/");
+      if (st.ok()) {
+        tidy_at_ = {};
+      } else {
+        spdlog::debug("leader election: cannot delete the candidates' reports yet: {}", st.ToString());
+      }
+    }
     return sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) / 3;
   }
   if (ttl.status().code() == Code::kNotFound) {
@@ -277,6 +290,7 @@ LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point 
 
 void LeaderElection::StepDown(Clock::time_point now, const std::string& why) {
   lease_ = 0;  // not kept alive any more; etcd ends it
+  tidy_at_ = {};  // another election may be under way: its reports are not this master's to delete
   {
     MutexLock lock(&mu_);
     if (!leading_) return;

@@ -34,9 +34,10 @@
 // when it was written after this master's own first report (so in this election); one that stopped
 // changing for max(3 s, ttl/3) is a master gone. A master that wins the key lists the reports once
 // more before it leads: a candidate further along that reported meanwhile (it noticed late) makes
-// it give the key back (once per election). If a candidate further along keeps reporting yet takes
-// no key for two ttls after the key went free, this master campaigns all the same (availability;
-// logged). What this rests on: a live candidate
+// it give the key back (once per election). Once it has led for max(3 s, ttl/3) (every candidate
+// has seen the key held by then), the leader deletes the election's reports in one call. If a
+// candidate further along keeps reporting yet takes no key for two ttls after the key went free,
+// this master campaigns all the same (availability; logged). What this rests on: a live candidate
 // reaches etcd within about a second; one cut off from etcd, or stalled longer, counts as gone.
 //
 // Step() does one round (campaign, keep-alive or read) and says when the next is due: tests drive it
@@ -83,7 +84,10 @@ struct ElectionOptions {
 class LeaderElection {
  public:
   using Clock = std::chrono::steady_clock;
-  // Called on every change of leadership of this master: leading (with its term) or not.
+  // Called on every change of leadership of this master: leading (with its term) or not. It runs on
+  // the thread that made the change, with the round's lock (step_mu_) held, so changes reach it one
+  // at a time and in order; it must return quickly and must not call Step, Resign or Stop (that
+  // would deadlock): master/server.cc only queues the change for its own thread.
   using OnChange = std::function<void(bool leading, int64_t term)>;
 
   // `coord` outlives this object. `now`: the clock (tests pass their own).
@@ -126,8 +130,8 @@ class LeaderElection {
   // Notes the reports `all` (reports_) and returns the live candidate furthest ahead of this master,
   // with its standing in *best ("" and this master's own when none is ahead).
   std::string AheadOf(const std::vector<EtcdKv>& all, Clock::time_point now, Standing* best) REQUIRES(step_mu_);
-  // Tells on_change_ of a change (outside every lock).
-  void Notify(bool leading, int64_t term);
+  // Tells on_change_ of a change (with step_mu_ held, outside mu_: see OnChange).
+  void Notify(bool leading, int64_t term) REQUIRES(step_mu_);
 
   Coordinator* const coord_;
   const ElectionOptions opts_;
@@ -153,6 +157,8 @@ class LeaderElection {
   int64_t watch_revision_ GUARDED_BY(step_mu_) = 0;  // this master's first report's mod_revision
   std::map<std::string, Report> reports_ GUARDED_BY(step_mu_);
   std::string deferred_to_ GUARDED_BY(step_mu_);  // logged once per candidate ahead
+  // While leading: when the leader deletes the election's reports (zero: done, or no reports).
+  Clock::time_point tidy_at_ GUARDED_BY(step_mu_){};
 
   mutable Mutex mu_;
   bool leading_ GUARDED_BY(mu_) = false;

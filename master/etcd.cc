@@ -196,14 +196,23 @@ Status EtcdClient::Put(const std::string& key, const std::string& value) {
   return Parse(body, "a put").status();
 }
 
-StatusOr<std::vector<EtcdKv>> EtcdClient::List(const std::string& prefix) {
-  if (prefix.empty()) return InvalidArgumentError("etcd list: an empty prefix would read every key");
-  // range_end: the prefix with its last byte incremented (etcd's convention for "every key with
-  // this prefix"); a last byte of 0xff is dropped and the one before incremented.
+namespace {
+
+// etcd's range end for "every key that starts with prefix": the prefix with its last byte
+// incremented (a last byte of 0xff is dropped and the one before incremented).
+StatusOr<std::string> PrefixEnd(const std::string& prefix, const char* what) {
+  if (prefix.empty()) return InvalidArgumentError(std::string("etcd ") + what + ": an empty prefix would take every key");
   std::string end = prefix;
   while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
-  if (end.empty()) return InvalidArgumentError("etcd list: the prefix has no range end");
+  if (end.empty()) return InvalidArgumentError(std::string("etcd ") + what + ": the prefix has no range end");
   end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+  return end;
+}
+
+}  // namespace
+
+StatusOr<std::vector<EtcdKv>> EtcdClient::List(const std::string& prefix) {
+  ASSIGN_OR_RETURN(std::string end, PrefixEnd(prefix, "list"));
   ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/range", json{{"key", Base64Encode(prefix)},
                                                                 {"range_end", Base64Encode(end)}}.dump()));
   ASSIGN_OR_RETURN(json j, Parse(body, "a range read"));
@@ -214,6 +223,13 @@ StatusOr<std::vector<EtcdKv>> EtcdClient::List(const std::string& prefix) {
     out.push_back(std::move(kv));
   }
   return out;
+}
+
+Status EtcdClient::DeletePrefix(const std::string& prefix) {
+  ASSIGN_OR_RETURN(std::string end, PrefixEnd(prefix, "delete"));
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/deleterange", json{{"key", Base64Encode(prefix)},
+                                                                     {"range_end", Base64Encode(end)}}.dump()));
+  return Parse(body, "a range delete").status();
 }
 
 }  // namespace granary::master

@@ -56,6 +56,8 @@ class Coordinator {
   virtual StatusOr<std::optional<EtcdKv>> Get(const std::string& key) = 0;
   // Puts key = value (no lease: it stays until overwritten).
   virtual Status Put(const std::string& key, const std::string& value) = 0;
+  // Removes every key that starts with `prefix` (OK when there is none).
+  virtual Status DeletePrefix(const std::string& prefix) = 0;
   // Every key that starts with `prefix`, in key order.
   virtual StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) = 0;
 };
@@ -73,6 +75,7 @@ class EtcdClient : public Coordinator {
   StatusOr<EtcdKv> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease) override;
   StatusOr<std::optional<EtcdKv>> Get(const std::string& key) override;
   Status Put(const std::string& key, const std::string& value) override;
+  Status DeletePrefix(const std::string& prefix) override;
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override;
 
  private:

@@ -104,7 +104,7 @@ TEST_F(EtcdTest, LeasesAndACreateIfAbsentOverTheGateway) {
 // The candidates' reports (master/election.h, "Which master"): a plain Put, and a List of one
 // prefix only (its range end computed from the prefix, also past a 0xff byte), each key with a
 // mod_revision that every Put moves, even of the same value.
-TEST_F(EtcdTest, PutsAndAPrefixListOverTheGateway) {
+TEST_F(EtcdTest, PutsDeletesAndAPrefixListOverTheGateway) {
   auto c = Client();
   ASSERT_NE(c, nullptr);
   const std::string prefix = "/granary/test/candidates/";
@@ -131,6 +131,18 @@ TEST_F(EtcdTest, PutsAndAPrefixListOverTheGateway) {
   ASSERT_EQ(odd->size(), 1u);
   EXPECT_EQ((*odd)[0].key, ff + "x");
   EXPECT_EQ(c->List("").status().code(), Code::kInvalidArgument);
+  // A prefix delete removes the keys under the prefix and no other; nothing left is no error.
+  ASSERT_TRUE(c->DeletePrefix(prefix).ok());
+  all = c->List(prefix);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_TRUE(all->empty());
+  EXPECT_TRUE(c->DeletePrefix(prefix).ok());
+  for (const char* k : {"/granary/test/candidates0", "/granary/test/candidate"}) {
+    auto other = c->Get(k);
+    ASSERT_TRUE(other.ok()) << other.status().ToString();
+    EXPECT_TRUE(other->has_value()) << "a delete of " << prefix << " took " << k;
+  }
+  EXPECT_EQ(c->DeletePrefix("").code(), Code::kInvalidArgument);
 }
 
 TEST_F(EtcdTest, BadEndpointsGetClearErrors) {
@@ -173,6 +185,7 @@ class Cuttable : public Coordinator {
     return real_->Get(k);
   }
   Status Put(const std::string& k, const std::string& v) override { return cut ? Cut() : real_->Put(k, v); }
+  Status DeletePrefix(const std::string& p) override { return cut ? Cut() : real_->DeletePrefix(p); }
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override {
     if (cut) return Cut();
     return real_->List(prefix);

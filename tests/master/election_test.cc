@@ -93,6 +93,14 @@ class FakeCoordinator : public Coordinator {
     kv.mod_revision = etcd_->revision;
     return Status::OK();
   }
+  Status DeletePrefix(const std::string& prefix) override {
+    RETURN_IF_ERROR(Reach());
+    ++etcd_->revision;
+    for (auto it = etcd_->keys.lower_bound(prefix); it != etcd_->keys.end() && it->first.starts_with(prefix);) {
+      it = etcd_->keys.erase(it);
+    }
+    return Status::OK();
+  }
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override {
     RETURN_IF_ERROR(Reach());
     std::vector<EtcdKv> out;
@@ -446,6 +454,41 @@ TEST_F(ElectionTest, RandomFailoversElectTheSurvivorFurthestAlong) {
       next->standing = {static_cast<uint64_t>(next->election.term()), best.index + 1};
     }
   }
+}
+
+// The reports are the election's alone: once the new leader has led for a report's life, none is
+// left in etcd (a master whose address changed would leave one forever), and the next election
+// still elects the copy furthest along from fresh reports.
+TEST_F(ElectionTest, TheLeaderDeletesTheElectionsReports) {
+  auto reports = [&] {
+    int n = 0;
+    for (const auto& [k, kv] : etcd_.keys) n += k.starts_with("/granary/leader/candidates/");
+    return n;
+  };
+  ASSERT_NO_FATAL_FAILURE(ThreeRanked({2, 10}, {2, 8}, {2, 10}));
+  Master *b = b_, *c = c_;
+  RunUntil(etcd_.now + seconds(1));
+  EXPECT_EQ(reports(), 0) << "a's report of its own election is still there after 5 s of its lead";
+  Kill(a_);
+  ASSERT_NE(RunUntilTrue([&] { return reports() == 2; }, etcd_.now + seconds(15)), Clock::time_point{})
+      << "b and c never reported";
+  const Clock::time_point led = RunUntilTrue([&] { return Leader() != nullptr; }, etcd_.now + seconds(15));
+  ASSERT_NE(led, Clock::time_point{});
+  ASSERT_EQ(Leader(), c);
+  EXPECT_EQ(reports(), 2) << "the reports went before the other candidates could see the key held";
+  RunUntil(led + seconds(3) + seconds(5) / 3 + milliseconds(100));  // a report's life and a keep-alive
+  EXPECT_EQ(reports(), 0);
+  RunUntil(etcd_.now + seconds(20));
+  EXPECT_EQ(reports(), 0) << "a standby reported while the key was held";
+  // The next election, from fresh reports: a new standby d is further along than b.
+  b->standing = {3, 20};
+  Master* d = Add("d:1", true);
+  d->standing = {3, 25};
+  RunUntil(etcd_.now + seconds(3));
+  Kill(c);
+  RunUntil(etcd_.now + seconds(15));
+  EXPECT_EQ(Leader(), d);
+  EXPECT_TRUE(b->changes.empty());
 }
 
 }  // namespace
