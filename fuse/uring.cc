@@ -21,6 +21,10 @@
 #include "fuse/session_io.h"
 #include "fuse/uring_cmd.h"
 
+#ifdef GRANARY_TSAN_BUILD
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace granary::fuse {
 
 namespace {
@@ -110,13 +114,35 @@ namespace {
 // The entry this thread serves (null: not a ring thread).
 thread_local void* t_entry = nullptr;
 
+// Released at each ring's end, acquired at each ring's start (InitRing, ExitRing).
+[[maybe_unused]] char ring_memory_token;
+
+
 }  // namespace
+
+// liburing maps and unmaps a ring's memory with raw system calls that ThreadSanitizer does not see:
+// a ring mapped where another thread's ring had been unmapped looked written by two threads at once
+// (a false report in PrepFuseUringCmd, 2026-11-27). The kernel orders the unmap before the map.
+int InitRing(io_uring* ring, unsigned flags) {
+  const int rc = io_uring_queue_init(2, ring, flags);
+#ifdef GRANARY_TSAN_BUILD
+  if (rc >= 0) __tsan_acquire(&ring_memory_token);
+#endif
+  return rc;
+}
+
+void ExitRing(io_uring* ring) {
+#ifdef GRANARY_TSAN_BUILD
+  __tsan_release(&ring_memory_token);
+#endif
+  io_uring_queue_exit(ring);
+}
 
 Status UringQueues::Probe() {
   io_uring ring;
-  int rc = io_uring_queue_init(2, &ring, IORING_SETUP_SQE128);
+  int rc = InitRing(&ring, IORING_SETUP_SQE128);
   if (rc < 0) return ErrnoError(-rc, "io_uring_queue_init (SQE128)");
-  io_uring_queue_exit(&ring);
+  ExitRing(&ring);
   return Status::OK();
 }
 
@@ -332,7 +358,7 @@ Status UringQueues::MapMemory(const Memory* adopt, size_t payload, int depth) {
 
 void UringQueues::DisableOnConnection() {
   io_uring ring;
-  if (io_uring_queue_init(2, &ring, IORING_SETUP_SQE128) < 0) return;
+  if (InitRing(&ring, IORING_SETUP_SQE128) < 0) return;
   static kabi::UringReqHeader header;
   static char payload[1];
   iovec iov[2] = {{&header, sizeof header}, {payload, sizeof payload}};
@@ -340,7 +366,7 @@ void UringQueues::DisableOnConnection() {
   PrepFuseUringCmd(&ring, fd_, nullptr, iov, kabi::kUringCmdRegister, static_cast<uint16_t>(QueueCount()), 0);
   io_uring_cqe* cqe = nullptr;
   if (io_uring_submit_and_wait(&ring, 1) >= 0 && io_uring_peek_cqe(&ring, &cqe) == 0) io_uring_cqe_seen(&ring, cqe);
-  io_uring_queue_exit(&ring);
+  ExitRing(&ring);
 }
 
 UringQueues::~UringQueues() {
@@ -463,8 +489,8 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
   io_uring ring;
   // One thread issues and reaps (SINGLE_ISSUER), and the kernel's work of handing it a request runs
   // when it waits (DEFER_TASKRUN), not as an interruption; plain SQE128 where those are refused.
-  int rc = io_uring_queue_init(2, &ring, IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
-  if (rc == -EINVAL) rc = io_uring_queue_init(2, &ring, IORING_SETUP_SQE128);
+  int rc = InitRing(&ring, IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+  if (rc == -EINVAL) rc = InitRing(&ring, IORING_SETUP_SQE128);
   if (rc < 0) {
     spdlog::warn("fuse.transport=uring: io_uring_queue_init: {}", std::strerror(-rc));
     failed->fetch_add(1);
@@ -589,7 +615,7 @@ void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>
     park_cv_.notify_all();
   }
   t_entry = nullptr;
-  io_uring_queue_exit(&ring);
+  ExitRing(&ring);
 }
 
 bool UringQueues::OnRingThread() { return t_entry != nullptr; }

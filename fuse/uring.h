@@ -82,6 +82,8 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
+struct io_uring;
+
 namespace granary::fuse {
 
 class UringQueues {
@@ -193,5 +195,12 @@ class UringQueues {
   bool parking_ GUARDED_BY(park_mu_) = false;
   int parked_ GUARDED_BY(park_mu_) = 0;
 };
+
+// Every io_uring ring of granary-fuse is set up (2 entries, `flags`; io_uring_queue_init's result)
+// and torn down through these. Under ThreadSanitizer they tell it what it cannot see: liburing maps
+// ring memory with raw system calls, and the kernel orders one ring's unmap before a later ring's
+// map at the same address (uring.cc).
+int InitRing(io_uring* ring, unsigned flags);
+void ExitRing(io_uring* ring);
 
 }  // namespace granary::fuse
