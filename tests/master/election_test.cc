@@ -95,10 +95,12 @@ class FakeCoordinator : public Coordinator {
   }
   Status DeletePrefix(const std::string& prefix) override {
     RETURN_IF_ERROR(Reach());
-    ++etcd_->revision;
+    bool any = false;  // etcd's revision moves only when something was deleted
     for (auto it = etcd_->keys.lower_bound(prefix); it != etcd_->keys.end() && it->first.starts_with(prefix);) {
       it = etcd_->keys.erase(it);
+      any = true;
     }
+    if (any) ++etcd_->revision;
     return Status::OK();
   }
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override {
