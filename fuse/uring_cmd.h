@@ -21,7 +21,9 @@ inline void PrepFuseUringCmd(io_uring* ring, int fuse_fd, void* user_data, const
   io_uring_sqe* sqe = io_uring_get_sqe(ring);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"
+#ifndef __clang__  // gcc's alone
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
   std::memset(sqe, 0, 128);  // an SQE128 slot: the struct's 64 bytes and the command area after them
 #pragma GCC diagnostic pop
   sqe->opcode = IORING_OP_URING_CMD;

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "master/etcd.h"
+#include "rpc/rpc.h"
 #include "tests/integration/harness.h"
 #include "tests/testutil/testutil.h"
 
@@ -262,6 +264,16 @@ TEST_F(FailoverTest, AStandbyLeftBehindNeverLeadsOverOneWithEveryAcknowledgedWri
     leader_ = next;
     if (HasFailure()) return;
   }
+  // The candidates' reports do not outlive their election: the leader deletes them once it has
+  // led for a report's life (3 s).
+  auto etcd = master::EtcdClient::Create(SplitAddressList(etcd_), seconds(2));
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  size_t left = 0;
+  EXPECT_TRUE(WaitFor([&] {
+    auto reports = (*etcd)->List("/granary/master/leader/candidates/");
+    left = reports.ok() ? reports->size() : 99;
+    return left == 0;
+  }, seconds(30))) << left << " candidates' reports left in etcd";
 }
 
 TEST_F(FailoverTest, WithEtcdGoneForThirtySecondsReadsGoOnAndTheClusterRecoversByItself) {
