@@ -310,7 +310,9 @@ Status BlockSource::KeepWritten(uint64_t mount_id, const std::string& ufs_path, 
     kept.elastic = route.elastic;
     kept.home = route.home;
     if (t.mount.policy) store_->SetMountPolicy(mount_id, *t.mount.policy);
-    RETURN_IF_ERROR(store_->Put(kept, data));
+    Status put = store_->Put(kept, data);
+    if (put.code() == Code::kAborted) continue;  // freed meanwhile: the free wins
+    RETURN_IF_ERROR(put);
     ClassifyAgainIfMissed(route.gen);
   }
   return Status::OK();
@@ -559,6 +561,9 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     }
   }
   if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
+  // A free of the block while its bytes are on their way wins (BlockStore::Put): the load counts
+  // the block fetched, and nothing is cached.
+  const uint64_t ticket = store_->FreeTicket();
   if (home) {
     // Ask the home the master's list names, not this worker's own view of the membership, which
     // may lag or still hold a peer marked down: the block is then fetched from the under-storage
@@ -571,7 +576,8 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
       counters_.peer_reads++;
       counters_.peer_bytes += data.size();
       if (t.mount.policy) store_->SetMountPolicy(req.mount_id, *t.mount.policy);
-      Status put = store_->Put(t.meta, data);
+      Status put = store_->Put(t.meta, data, ticket);
+      if (put.code() == Code::kAborted) return LoadOutcome::kFetched;
       if (put.ok()) {
         ClassifyAgainIfMissed(route.gen);
         reporter_->BlockAdded(t.meta);
@@ -590,7 +596,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     placement_->PeerFailed(*home);
   }
   ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
-  if (!store_->Contains(t.meta.id)) {
+  if (!store_->Contains(t.meta.id) && !store_->FreedSince(ticket, t.meta)) {
     return ResourceExhaustedError("fetched but not kept: the cache has no room it may use (raise the tier quotas, "
                                   "free other datasets, or check the cache policy)");
   }
@@ -685,6 +691,8 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
 
 BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
                                             Route route) {
+  // Taken before the bytes set out: a free of the block meanwhile keeps them out of the cache.
+  const uint64_t ticket = store_->FreeTicket();
   auto fb = std::make_shared<FetchedBlock>();
   fb->source = ReadSource::kUnderStorage;
   std::string* data = &fb->str;
@@ -742,7 +750,7 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   BlockMeta kept = meta;
   kept.elastic = route.elastic;
   kept.home = route.home;
-  Status st = route.keep ? store_->Put(kept, fb->bytes()) : FailedPreconditionError("not a holder of this block");
+  Status st = route.keep ? store_->Put(kept, fb->bytes(), ticket) : FailedPreconditionError("not a holder of this block");
   std::shared_ptr<const FetchedBlock> block(std::move(fb));
   if (st.ok()) {
     ClassifyAgainIfMissed(route.gen);

@@ -435,7 +435,7 @@ void BlockStore::Release(const BlockId& id) {
   Finish(r);
 }
 
-Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
+Status BlockStore::Put(const BlockMeta& meta, std::string_view data, uint64_t ticket) {
   if (data.size() != meta.length) return InvalidArgumentError("block length does not match its data");
   if (meta.id.index == 0 && meta.offset != 0) return InvalidArgumentError("block 0 must start at offset 0");
   if (meta.id.index > 0 && meta.offset == 0) return InvalidArgumentError("a block after the first needs its offset");
@@ -443,8 +443,12 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
   Removal r;
   int tier = -1, dir = -1;
   std::string path, sidecar;
+  // A free that covers the block after its bytes set out (or while they are written) wins.
+  auto freed = [&] { return AbortedError("freed while its bytes were on their way: not cached"); };
   {
     MutexLock lock(&mu_);
+    if (ticket == kNoTicket) ticket = frees_;
+    if (FreedSinceLocked(ticket, meta)) return freed();
     if (auto have = index_.find(meta.id); have != index_.end()) {
       Entry& e = have->second;
       // A shorter copy, cached for a request that claimed a smaller file, gives way to this one
@@ -524,6 +528,11 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data) {
     }
     return Status::OK();
   }
+  if (FreedSinceLocked(ticket, meta)) {
+    unlink(tmp.c_str());
+    abandon();
+    return freed();
+  }
   if (Status cs = store::CommitSidecar(tmp, sidecar); !cs.ok()) {
     unlink(tmp.c_str());
     abandon();
@@ -585,19 +594,51 @@ Status BlockStore::SetPins(const std::vector<FileKey>& keys) {
 }
 
 size_t BlockStore::Free(const std::vector<FileKey>& keys) {
-  std::unordered_set<FileKey, FileKeyHash> set(keys.begin(), keys.end());
-  return FreeIf([&](const BlockId& id, const BlockMeta&) { return set.count(id.key) > 0; });
+  auto set = std::make_shared<const std::unordered_set<FileKey, FileKeyHash>>(keys.begin(), keys.end());
+  return FreeIf([set](const BlockId& id, const BlockMeta&) { return set->count(id.key) > 0; });
 }
 
 size_t BlockStore::FreeMount(uint64_t mount_id) {
-  return FreeIf([&](const BlockId&, const BlockMeta& m) { return m.mount_id == mount_id; });
+  return FreeIf([mount_id](const BlockId&, const BlockMeta& m) { return m.mount_id == mount_id; });
 }
 
-size_t BlockStore::FreeIf(const std::function<bool(const BlockId&, const BlockMeta&)>& doomed) {
+namespace {
+// How long, and how many, frees are remembered for the Puts of bytes fetched before them.
+constexpr std::chrono::minutes kFreeMemory{10};
+constexpr size_t kRecentFrees = 256;
+}  // namespace
+
+uint64_t BlockStore::FreeTicket() const {
+  MutexLock lock(&mu_);
+  return frees_;
+}
+
+bool BlockStore::FreedSince(uint64_t ticket, const BlockMeta& meta) const {
+  MutexLock lock(&mu_);
+  return FreedSinceLocked(ticket, meta);
+}
+
+bool BlockStore::FreedSinceLocked(uint64_t ticket, const BlockMeta& meta) const {
+  if (ticket >= frees_) return false;
+  if (ticket < forgotten_frees_) return true;  // a free it would be checked against is forgotten
+  for (auto it = recent_frees_.rbegin(); it != recent_frees_.rend() && it->number > ticket; ++it) {
+    if (it->covers(meta.id, meta)) return true;
+  }
+  return false;
+}
+
+size_t BlockStore::FreeIf(Doomed doomed) {
   Removal r;
   size_t n = 0;
   {
     MutexLock lock(&mu_);
+    const auto at = std::chrono::steady_clock::now();
+    while (!recent_frees_.empty() &&
+           (recent_frees_.size() >= kRecentFrees || at - recent_frees_.front().at > kFreeMemory)) {
+      forgotten_frees_ = recent_frees_.front().number;
+      recent_frees_.pop_front();
+    }
+    recent_frees_.push_back(RecentFree{++frees_, at, doomed});
     std::vector<BlockId> now;
     for (auto& [id, e] : index_) {
       if (e.doomed || !doomed(id, e.meta)) continue;

@@ -53,6 +53,13 @@
 // Pinned blocks (Pin) are never evicted or moved. A block with a reader is never removed or moved
 // under it: Free() of such a block takes effect when its last reader finishes.
 //
+// Frees and fetches under way: a free must not be undone by bytes that were already on their way
+// (a reader's miss, a load batch's last block, a copy from a peer) when it ran. A caller takes a
+// ticket (FreeTicket) before it starts fetching a block's bytes and hands it to Put: a free since
+// then that covers the block makes the Put cache nothing (ABORTED). Every Put also checks the frees
+// that ran while it wrote. The frees of the last 10 minutes are remembered (at most 256); a ticket
+// older than every remembered free counts as freed.
+//
 // Thread-safety: all methods are thread-safe; `mu_` guards the index, the policy lists and the
 // byte counts. Block data I/O happens outside the lock; unlinks happen under it, so a removal can
 // never delete a newer file of the same block.
@@ -62,6 +69,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -202,8 +210,14 @@ class BlockStore {
   // Caches a whole block (OK when already cached, or while another Put of it is in progress).
   // RESOURCE_EXHAUSTED when nothing evictable is left to make room. `meta.elastic` puts an elastic
   // copy, which only takes free room or another elastic copy's; a replica Put of a block cached as
-  // an elastic copy makes it a replica.
-  Status Put(const BlockMeta& meta, std::string_view data);
+  // an elastic copy makes it a replica. ABORTED, nothing cached, when a Free or FreeMount that
+  // covers the block ran after `ticket` was taken (kNoTicket: after this Put began).
+  static constexpr uint64_t kNoTicket = ~uint64_t{0};
+  Status Put(const BlockMeta& meta, std::string_view data, uint64_t ticket = kNoTicket);
+  // Taken before fetching a block's bytes, for its Put (see "Frees and fetches under way").
+  uint64_t FreeTicket() const;
+  // Whether a free that covers `meta`'s block ran after `ticket` was taken.
+  bool FreedSince(uint64_t ticket, const BlockMeta& meta) const;
   // Whether a Put of `meta` would find room now (free room, or a block the rules let it evict):
   // a hint for callers deciding whether to fetch a whole block, not a reservation.
   bool CanAdmit(const BlockMeta& meta) const;
@@ -266,7 +280,9 @@ class BlockStore {
 
  private:
   // Removes every cached block `doomed` picks (called under mu_, once per block); returns how many.
-  size_t FreeIf(const std::function<bool(const BlockId&, const BlockMeta&)>& doomed) EXCLUDES(mu_);
+  // Remembered as a recent free, so Puts of bytes fetched before it cache nothing it covers.
+  using Doomed = std::function<bool(const BlockId&, const BlockMeta&)>;
+  size_t FreeIf(Doomed doomed) EXCLUDES(mu_);
   struct Dir {
     std::string path;
     uint64_t quota = 0;
@@ -349,6 +365,7 @@ class BlockStore {
   bool EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, bool for_elastic, Removal* r,
                       bool elastic_only = false) REQUIRES(mu_);
   void SetKindLocked(const BlockId& id, Entry& e, Kind kind) REQUIRES(mu_);
+  bool FreedSinceLocked(uint64_t ticket, const BlockMeta& meta) const REQUIRES(mu_);
   // Adds (sign +1) or takes away (-1) an indexed block's share of usage_.
   void AccountLocked(const BlockMeta& m, int sign) REQUIRES(mu_);
   // Moves a block one level (down: demotion; up: promotion) into `to_dir` if it still has room
@@ -383,6 +400,15 @@ class BlockStore {
   // Blocks a Put is writing. One Put per block at a time: a second one could write the block's
   // range while a removal of the first one's copy punches that same range out.
   std::unordered_set<BlockId, BlockIdHash> putting_ GUARDED_BY(mu_);
+  // Frees (Free, FreeMount) counted, and the recent ones, for Puts of bytes fetched meanwhile.
+  struct RecentFree {
+    uint64_t number;
+    std::chrono::steady_clock::time_point at;
+    Doomed covers;
+  };
+  uint64_t frees_ GUARDED_BY(mu_) = 0;
+  uint64_t forgotten_frees_ GUARDED_BY(mu_) = 0;  // every free up to this number is forgotten
+  std::deque<RecentFree> recent_frees_ GUARDED_BY(mu_);
   uint64_t seq_ GUARDED_BY(mu_) = 0;
   uint64_t corrupt_ GUARDED_BY(mu_) = 0, rejected_ = 0;
   std::atomic<uint64_t> scrubbed_{0};
