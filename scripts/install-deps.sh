@@ -18,6 +18,8 @@ if [ "${1:-}" != --build ]; then
     prometheus  # promtool checks the /metrics endpoints
     yamllint python3-yaml  # deploy/ checks
     libgtest-dev libgmock-dev libbenchmark-dev python3-botocore
+    python3-numpy python3-h5py  # tests/integration/readback_test.py's real writers (not python3-torch:
+                                # 161 packages, 600 MB installed; the test skips torch without it)
     iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
   )
   # kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl
