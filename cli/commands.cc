@@ -63,6 +63,38 @@ std::string NormalizePath(std::string p) {
   return p;
 }
 
+// A mount's write mode (mount option `write`: off, through or back), read the way the master reads
+// it (common/tiers.h SplitMountOptions; options it cannot read leave the mount read-only there too).
+WriteMode WriteModeOf(const google::protobuf::Map<std::string, std::string>& options) {
+  std::map<std::string, std::string> all(options.begin(), options.end()), ufs;
+  MountCacheOptions cache;
+  if (!SplitMountOptions(all, &ufs, &cache).ok()) return WriteMode::kOff;
+  return cache.write;
+}
+
+// The write mode of each of `mounts`, by mount id. ListMounts and GetReport leave every option out
+// of their answers (credential file paths among them), so each mount's come from GetMount; only its
+// write mode is kept. A mount removed in the meantime is left out.
+StatusOr<std::map<uint64_t, WriteMode>> WriteModes(MasterConn& m, const std::vector<uint64_t>& mounts) {
+  std::map<uint64_t, WriteMode> out;
+  for (uint64_t id : mounts) {
+    rpc::GetMountRequest req;
+    req.set_id(id);
+    rpc::MountInfo info;
+    Status st = m.Call(&rpc::Master::Stub::GetMount, req, &info);
+    if (st.IsNotFound()) continue;
+    RETURN_IF_ERROR(st);
+    out[id] = WriteModeOf(info.options());
+  }
+  return out;
+}
+
+// "off", "through", "back"; "-" for a mount WriteModes left out.
+std::string WriteModeText(const std::map<uint64_t, WriteMode>& modes, uint64_t id) {
+  auto it = modes.find(id);
+  return it == modes.end() ? "-" : WriteModeName(it->second);
+}
+
 int CmdMount(MasterConn& m, const std::string& path, const std::string& uri,
              const std::map<std::string, std::string>& options) {
   rpc::MountRequest req;
@@ -90,10 +122,16 @@ int CmdMounts(MasterConn& m) {
   rpc::ListMountsResponse resp;
   Status st = m.Call(&rpc::Master::Stub::ListMounts, rpc::ListMountsRequest(), &resp);
   if (!st.ok()) return Fail(st);
-  std::printf("%-24s %-48s %12s %12s\n", "PATH", "URI", "FILES SEEN", "BYTES SEEN");
+  std::vector<uint64_t> ids;
+  for (const auto& mi : resp.mounts()) ids.push_back(mi.id());
+  auto modes = WriteModes(m, ids);
+  if (!modes.ok()) return Fail(modes.status());
+  // WRITE: the mount option `write` (off: read-only; through, back: docs/semantics.md "Writes").
+  std::printf("%-24s %-48s %-7s %12s %12s\n", "PATH", "URI", "WRITE", "FILES SEEN", "BYTES SEEN");
   for (const auto& mi : resp.mounts()) {
-    std::printf("%-24s %-48s %12llu %12s\n", mi.path().c_str(), RedactUri(mi.uri()).c_str(),
-                static_cast<unsigned long long>(mi.known_files()), FormatBytes(mi.known_bytes()).c_str());
+    std::printf("%-24s %-48s %-7s %12llu %12s\n", mi.path().c_str(), RedactUri(mi.uri()).c_str(),
+                WriteModeText(*modes, mi.id()).c_str(), static_cast<unsigned long long>(mi.known_files()),
+                FormatBytes(mi.known_bytes()).c_str());
   }
   return 0;
 }
@@ -229,6 +267,39 @@ int CmdReport(MasterConn& m, bool json) {
     misses += w.stats().misses();
     ufs_bytes += w.stats().ufs_bytes();
   }
+  std::vector<uint64_t> ids;
+  for (const auto& mr : r.mounts()) ids.push_back(mr.mount().id());
+  auto modes = WriteModes(m, ids);
+  if (!modes.ok()) return Fail(modes.status());
+  std::vector<std::string> writable;  // "PATH (MODE)" of each writable mount
+  for (const auto& mr : r.mounts()) {
+    auto it = modes->find(mr.mount().id());
+    if (it != modes->end() && it->second != WriteMode::kOff) {
+      writable.push_back(mr.mount().path() + " (" + WriteModeName(it->second) + ")");
+    }
+  }
+  // Writes over the live workers (as of their last heartbeats): files being written now, uploaded
+  // since each worker started (write=through and write=back alike), the write=back backlog and the
+  // uploads that failed (each retried). A lost worker's backlog is counted apart: its staged files
+  // wait on its disk until it is back (docs/semantics.md, "Writes").
+  struct WriteTotals {
+    uint64_t sessions = 0, uploaded_files = 0, uploaded_bytes = 0, backlog_files = 0, backlog_bytes = 0,
+             failures = 0, lost_backlog_files = 0, lost_backlog_bytes = 0;
+  } wt;
+  for (const auto& w : r.workers()) {
+    const auto& s = w.stats();
+    if (!w.alive()) {
+      wt.lost_backlog_files += s.writeback_files();
+      wt.lost_backlog_bytes += s.writeback_bytes();
+      continue;
+    }
+    wt.sessions += s.write_sessions();
+    wt.uploaded_files += s.uploaded_files();
+    wt.uploaded_bytes += s.uploaded_bytes();
+    wt.backlog_files += s.writeback_files();
+    wt.backlog_bytes += s.writeback_bytes();
+    wt.failures += s.upload_failures();
+  }
   if (json) {
     nlohmann::json j;
     j["block_size"] = r.block_size();
@@ -251,6 +322,7 @@ int CmdReport(MasterConn& m, bool json) {
       auto [mh, mm] = MountAccess(r, mr.mount().id());
       j["mounts"].push_back({{"path", mr.mount().path()},
                              {"uri", RedactUri(mr.mount().uri())},
+                             {"write", WriteModeText(*modes, mr.mount().id())},
                              {"ufs_files_seen", mr.mount().known_files()},
                              {"ufs_bytes_seen", mr.mount().known_bytes()},
                              {"ufs_total_bytes", mr.mount().known_bytes()},
@@ -266,6 +338,15 @@ int CmdReport(MasterConn& m, bool json) {
     }
     j["cache"] = {{"capacity_bytes", capacity}, {"used_bytes", used}, {"hits", hits},
                   {"misses", misses}, {"ufs_bytes", ufs_bytes}};
+    j["writes"] = {{"writable_mounts", writable.size()},
+                   {"files_being_written", wt.sessions},
+                   {"uploaded_files", wt.uploaded_files},
+                   {"uploaded_bytes", wt.uploaded_bytes},
+                   {"writeback_files", wt.backlog_files},
+                   {"writeback_bytes", wt.backlog_bytes},
+                   {"upload_failures", wt.failures},
+                   {"lost_workers_writeback_files", wt.lost_backlog_files},
+                   {"lost_workers_writeback_bytes", wt.lost_backlog_bytes}};
     const rpc::MasterRole& role = r.master();
     nlohmann::json mj = {{"leader", role.id()},
                          {"ha", role.ha()},
@@ -285,6 +366,22 @@ int CmdReport(MasterConn& m, bool json) {
               FormatBytes(capacity).c_str(), FormatBytes(used).c_str(), static_cast<unsigned long long>(hits),
               static_cast<unsigned long long>(misses), Percent(hits, hits + misses).c_str(),
               FormatBytes(ufs_bytes).c_str());
+  if (writable.empty() && wt.sessions + wt.uploaded_files + wt.backlog_files + wt.failures + wt.lost_backlog_files == 0) {
+    std::printf("Writes: off (every mount is read-only; mount option write=through or write=back makes one writable)\n");
+  } else {
+    std::string which;
+    for (const auto& w : writable) which += (which.empty() ? "" : ", ") + w;
+    std::printf("Writes: %zu writable mount%s%s%s; %llu files being written, uploaded %llu files (%s), write-back "
+                "backlog %llu files (%s), %llu failed uploads (retried)\n",
+                writable.size(), writable.size() == 1 ? "" : "s", which.empty() ? "" : ": ", which.c_str(),
+                static_cast<unsigned long long>(wt.sessions), static_cast<unsigned long long>(wt.uploaded_files),
+                FormatBytes(wt.uploaded_bytes).c_str(), static_cast<unsigned long long>(wt.backlog_files),
+                FormatBytes(wt.backlog_bytes).c_str(), static_cast<unsigned long long>(wt.failures));
+    if (wt.lost_backlog_files > 0) {
+      std::printf("  %llu files (%s) staged on lost workers wait there to be uploaded when they are back\n",
+                  static_cast<unsigned long long>(wt.lost_backlog_files), FormatBytes(wt.lost_backlog_bytes).c_str());
+    }
+  }
   if (r.has_master() && !r.master().id().empty()) {
     const rpc::MasterRole& role = r.master();
     if (role.ha()) {
@@ -336,18 +433,20 @@ int CmdReport(MasterConn& m, bool json) {
                   static_cast<unsigned long long>(s.peer_failovers()));
     }
   }
-  std::printf("\nMounts:\n  %-20s %-32s %14s %10s %10s %10s %14s %9s %9s\n", "PATH", "URI", "UFS TOTAL SIZE", "CACHED",
-              "REPLICAS", "ELASTIC", "CACHE CAPACITY", "CACHED %", "HIT RATIO");
+  std::printf("\nMounts:\n  %-20s %-32s %-7s %14s %10s %10s %10s %14s %9s %9s\n", "PATH", "URI", "WRITE",
+              "UFS TOTAL SIZE", "CACHED", "REPLICAS", "ELASTIC", "CACHE CAPACITY", "CACHED %", "HIT RATIO");
   for (const auto& mr : r.mounts()) {
     auto [mh, mm] = MountAccess(r, mr.mount().id());
-    std::printf("  %-20s %-32s %14s %10s %10s %10s %14s %9s %9s\n", mr.mount().path().c_str(),
-                RedactUri(mr.mount().uri()).c_str(), FormatBytes(mr.mount().known_bytes()).c_str(),
+    std::printf("  %-20s %-32s %-7s %14s %10s %10s %10s %14s %9s %9s\n", mr.mount().path().c_str(),
+                RedactUri(mr.mount().uri()).c_str(), WriteModeText(*modes, mr.mount().id()).c_str(),
+                FormatBytes(mr.mount().known_bytes()).c_str(),
                 FormatBytes(mr.cached_bytes()).c_str(), FormatBytes(mr.replica_bytes()).c_str(),
                 FormatBytes(mr.elastic_bytes()).c_str(), FormatBytes(capacity).c_str(),
                 Percent(mr.cached_bytes(), mr.mount().known_bytes()).c_str(), Percent(mh, mh + mm).c_str());
   }
-  std::printf("  (CACHED counts each block once; REPLICAS every replica copy; ELASTIC the nodes' extra local copies,\n"
-              "   evicted first: mount option cache.elastic)\n");
+  std::printf("  (WRITE is the mount option write: off read-only, through or back writable; CACHED counts each block\n"
+              "   once; REPLICAS every replica copy; ELASTIC the nodes' extra local copies, evicted first: mount option\n"
+              "   cache.elastic)\n");
   std::printf("  (UFS TOTAL SIZE counts the files listed so far; `granary load --metadata-only PATH` lists them all)\n");
   return 0;
 }

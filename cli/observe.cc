@@ -250,7 +250,7 @@ struct Figures {
   double ufs_requests = 0, ufs_bytes = 0, ufs_errors = 0, ufs_retries = 0;
   double ahead_bytes = 0, ahead_inflight = 0, ahead_target = 0, range_reads = 0;  // fetch-ahead, range first
   // Writes: the write=back backlog now (gauges), and this interval's uploads and failed uploads.
-  double writeback_files = 0, writeback_bytes = 0, uploaded_bytes = 0, upload_failures = 0;
+  double writeback_files = 0, writeback_bytes = 0, uploaded_files = 0, uploaded_bytes = 0, upload_failures = 0;
   double worker_rss = 0, worker_limit = 0;
   std::vector<rpc::TierStats> tiers;
 };
@@ -299,6 +299,7 @@ Figures Compare(const Snapshot& a, const Snapshot& b) {
     f.ufs_requests += d(&rpc::WorkerStats::ufs_calls);
     f.writeback_files += static_cast<double>(w.writeback_files());
     f.writeback_bytes += static_cast<double>(w.writeback_bytes());
+    f.uploaded_files += d(&rpc::WorkerStats::uploaded_files);
     f.uploaded_bytes += d(&rpc::WorkerStats::uploaded_bytes);
     f.upload_failures += d(&rpc::WorkerStats::upload_failures);
     f.ufs_bytes += d(&rpc::WorkerStats::ufs_bytes);
@@ -469,6 +470,7 @@ json FiguresJson(const Figures& f) {
                 {"tiers", tiers}};
   j["writes"] = {{"writeback_files", f.writeback_files},
                  {"writeback_bytes", f.writeback_bytes},
+                 {"uploaded_files", f.uploaded_files},
                  {"uploaded_bytes", f.uploaded_bytes},
                  {"upload_failures", f.upload_failures}};
   j["ufs"] = {{"requests", f.ufs_requests}, {"bytes", f.ufs_bytes}, {"errors", f.ufs_errors}, {"retries", f.ufs_retries},
@@ -555,9 +557,12 @@ int CmdStats(const Config& cfg, MasterConn& master, const StatsOptions& opts) {
       std::printf("%s\n", FiguresJson(f).dump().c_str());
     } else if (tty) {
       std::printf("%s\n", Row(Cells(f)).c_str());
-      if (f.writeback_files > 0) {  // under its row: the table's columns are full at 80 characters
-        std::printf("  write-back backlog: %.0f files, %s waiting to upload%s\n", f.writeback_files,
-                    CompactBytes(f.writeback_bytes).c_str(), f.upload_failures > 0 ? " (uploads failing, retried)" : "");
+      // Writes, under the row (the table's columns are full at 80 characters): the files uploaded in
+      // this interval (write=through and write=back) and the write-back backlog now.
+      if (f.writeback_files > 0 || f.uploaded_files > 0) {
+        std::printf("  writes: %.0f uploaded (%s), backlog %.0f files (%s)%s\n", f.uploaded_files,
+                    CompactBytes(f.uploaded_bytes).c_str(), f.writeback_files, CompactBytes(f.writeback_bytes).c_str(),
+                    f.upload_failures > 0 ? ", uploads failing" : "");
       }
     } else {
       std::string line;

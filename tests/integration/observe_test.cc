@@ -1,7 +1,8 @@
 // What the cache is doing, seen through the CLI against real daemons and a real mount:
 // `granary trace` (only the traced process, nothing when no one listens), `granary profile` of a
 // saved trace, `granary stats` on `granary local` with no flags (counts that add up to what a
-// reader did, 80 columns in a terminal), and the Grafana dashboard against the names /metrics serves.
+// reader did, 80 columns in a terminal), the Grafana dashboard against the names /metrics serves, and
+// each mount's write mode and the writes in `granary mounts`, `report` and `stats`.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -240,6 +241,95 @@ TEST(Stats, CountsAddUpOnGranaryLocalAndFitEightyColumns) {
   EXPECT_NE(tty.out.find("fuse"), std::string::npos) << tty.out;
 
   EXPECT_EQ(local.Stop(SIGINT), 0) << local.Log();
+}
+
+// The columns of the line of `granary mounts` (or the report's Mounts table) naming mount `path`;
+// empty when no line does.
+std::vector<std::string> MountRow(const std::string& out, const std::string& path) {
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::vector<std::string> cols;
+    for (std::string w; words >> w;) cols.push_back(w);
+    if (!cols.empty() && cols[0] == path) return cols;
+  }
+  return {};
+}
+
+// Whether a mount is writable, and what was written: `granary mounts` and `granary report` (text
+// and --json) show each mount's write mode; the report's writes line and `granary stats` count the
+// files uploaded in both modes (write=through as its close() returns, write=back after) and the
+// write-back backlog.
+TEST(Report, ShowsEachMountsWriteModeAndCountsUploadsInBothModes) {
+  TempDir dir;
+  WriteFile(dir / "ro/a.txt", "read only");
+  fs::create_directories(dir / "through");
+  fs::create_directories(dir / "back");
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ro", "file://" + dir / "ro"}).code, 0);
+  RunResult text = c.Cli({"report"});
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("Writes: off (every mount is read-only"), std::string::npos) << text.out;
+
+  ASSERT_EQ(c.Cli({"mount", "/t", "file://" + dir / "through", "-o", "write=through"}).code, 0);
+  ASSERT_EQ(c.Cli({"mount", "/b", "file://" + dir / "back", "-o", "write=back"}).code, 0);
+  RunResult mounts = c.Cli({"mounts"});
+  ASSERT_EQ(mounts.code, 0) << mounts.out;
+  EXPECT_EQ(MountRow(mounts.out, "PATH").at(2), "WRITE") << mounts.out;
+  EXPECT_EQ(MountRow(mounts.out, "/ro").at(2), "off") << mounts.out;
+  EXPECT_EQ(MountRow(mounts.out, "/t").at(2), "through") << mounts.out;
+  EXPECT_EQ(MountRow(mounts.out, "/b").at(2), "back") << mounts.out;
+  json r = c.Report();
+  ASSERT_TRUE(r.is_object());
+  std::map<std::string, std::string> modes;
+  for (const auto& m : r["mounts"]) modes[m["path"]] = m.value("write", "(none)");
+  EXPECT_EQ(modes, (std::map<std::string, std::string>{{"/ro", "off"}, {"/t", "through"}, {"/b", "back"}}))
+      << r.dump(2);
+  ASSERT_TRUE(r.contains("writes")) << r.dump(2);
+  EXPECT_EQ(r["writes"]["writable_mounts"], 2);
+
+  // `granary stats` of this node over the writes, its lines summed.
+  Process stats({Bin("granary"), "--master", c.master_address(), "stats", c.mountpoint(), "--interval", "300ms",
+                 "--json"},
+                dir / "stats.log", {{"GRANARY_HOME", dir / "home"}});
+  ASSERT_TRUE(WaitFor([&] { return JsonLines(stats.Log()).size() >= 1 || !stats.Running(); })) << stats.Log();
+  const std::string a = RandomBytes(100000, 1), b = RandomBytes(50000, 2);
+  WriteFile(c.mountpoint() + "/t/a.bin", a);
+  WriteFile(c.mountpoint() + "/b/b.bin", b);
+  EXPECT_TRUE(WaitFor([&] { return fs::exists(dir / "back/b.bin") && ReadFile(dir / "back/b.bin") == b; }))
+      << c.Logs();
+  EXPECT_EQ(ReadFile(dir / "through/a.bin"), a);
+
+  // As of the worker's next heartbeat: two files uploaded, none waiting, none failed.
+  EXPECT_TRUE(WaitFor([&] {
+    r = c.Report();
+    return r.is_object() && r.contains("writes") && r["writes"].value("uploaded_files", 0) == 2 &&
+           r["writes"].value("writeback_files", 1) == 0;
+  })) << r.dump(2);
+  EXPECT_EQ(r["writes"].value("uploaded_bytes", 0), a.size() + b.size()) << r.dump(2);
+  EXPECT_EQ(r["writes"].value("upload_failures", 1), 0) << r.dump(2);
+  text = c.Cli({"report"});
+  EXPECT_NE(text.out.find("Writes: 2 writable mounts: /t (through), /b (back); 0 files being written, uploaded 2 "
+                          "files"),
+            std::string::npos)
+      << text.out;
+  EXPECT_EQ(MountRow(text.out, "/t").at(2), "through") << text.out;
+  EXPECT_EQ(MountRow(text.out, "/ro").at(2), "off") << text.out;
+
+  ASSERT_TRUE(WaitFor([&] {
+    double n = 0;
+    for (const auto& l : JsonLines(stats.Log())) n += l["writes"].value("uploaded_files", 0.0);
+    return n == 2 || !stats.Running();
+  })) << stats.Log();
+  stats.Stop(SIGINT);
+  double bytes = 0;
+  for (const auto& l : JsonLines(stats.Log())) bytes += l["writes"].value("uploaded_bytes", 0.0);
+  EXPECT_EQ(bytes, static_cast<double>(a.size() + b.size())) << stats.Log();
+  EXPECT_TRUE(c.StopAll(&why)) << why;
 }
 
 }  // namespace
