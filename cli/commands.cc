@@ -480,6 +480,8 @@ int CmdFluidFuse(const Config& base, const std::string& fluid_config, const std:
     j["master"] = cfg.master.address;
     j["target_path"] = plan->target_path;
     j["root"] = plan->root;
+    j["read_only"] = plan->read_only;
+    j["writable_mounts"] = plan->writable;
     j["mounts"] = nlohmann::json::array();
     for (const auto& m : plan->mounts) j["mounts"].push_back({{"path", m.path}, {"uri", m.uri}, {"options", m.options}});
     j["fuse_args"] = args;
@@ -498,6 +500,18 @@ int CmdFluidFuse(const Config& base, const std::string& fluid_config, const std:
         if (RedactUri(e.uri()) != RedactUri(m.uri)) {
           return Fail(FailedPreconditionError(m.path + " is already mounted from " + RedactUri(e.uri()) + ", not " +
                                               RedactUri(m.uri) + " (granary unmount " + m.path + " first)"));
+        }
+        // The Dataset's write option must be the mount's: a Dataset asking to write into a mount made
+        // read-only would get EROFS at its first write, and one asking for read-only would write.
+        auto modes = WriteModes(*conn, {e.id()});
+        if (!modes.ok()) return Fail(modes.status());
+        google::protobuf::Map<std::string, std::string> wanted(m.options.begin(), m.options.end());
+        const WriteMode want = WriteModeOf(wanted);
+        auto have_mode = modes->find(e.id());
+        if (have_mode != modes->end() && have_mode->second != want) {
+          return Fail(FailedPreconditionError(m.path + " is already mounted with write=" +
+                                              WriteModeName(have_mode->second) + ", the Dataset asks for write=" +
+                                              WriteModeName(want) + " (granary unmount " + m.path + " first)"));
         }
         have = true;
       }

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/tiers.h"
+
 namespace granary::cli {
 namespace {
 
@@ -123,12 +125,29 @@ StatusOr<FluidPlan> ParseFluidConfig(const std::string& json_text, const std::st
   if (!j.contains("runtimeOptions") || !j["runtimeOptions"].contains("root")) {
     plan.root = plan.mounts.size() == 1 ? plan.mounts[0].path : "/";
   }
+  // Which mounts take writes: the mount option `write` (docs/semantics.md, "Writes"), checked here
+  // so that a bad value is said before anything is mounted.
+  for (size_t i = 0; i < plan.mounts.size(); ++i) {
+    auto w = plan.mounts[i].options.find("write");
+    if (w == plan.mounts[i].options.end()) continue;
+    auto mode = ParseWriteMode(w->second);
+    if (!mode.ok()) {
+      return InvalidArgumentError("mounts[" + std::to_string(i) + "].options.write: " + mode.status().message());
+    }
+    if (*mode != WriteMode::kOff) plan.writable.push_back(plan.mounts[i].path);
+  }
   if (j.contains("accessModes") && j["accessModes"].is_array()) {
     for (const auto& a : j["accessModes"]) {
-      if (a == "ReadWriteMany" || a == "ReadWriteOnce") {
-        return InvalidArgumentError("accessModes " + a.get<std::string>() +
-                                    ": Granary serves datasets read-only (use ReadOnlyMany)");
+      if (!a.is_string()) return InvalidArgumentError("accessModes holds a value that is not a string");
+      const std::string mode = a.get<std::string>();
+      if (mode.rfind("ReadWrite", 0) != 0) continue;
+      if (plan.writable.empty()) {
+        return InvalidArgumentError("accessModes " + mode +
+                                    ": every mount of this Dataset is read-only; give the mounts to write to the "
+                                    "option write=through or write=back (mounts[].options.write), or use "
+                                    "ReadOnlyMany");
       }
+      plan.read_only = false;
     }
   }
   return plan;

@@ -17,6 +17,9 @@
 // credential names are an error that lists the known ones. runtimeOptions may set `master`,
 // `worker`, `block_size`-free Granary settings as `granary.<key>` (passed to granary-fuse as
 // --<key>), and `root` (the namespace path to show; default: the single mount, else /).
+// accessModes ReadWriteMany (or ReadWriteOnce) needs a writable mount (options.write: through or
+// back, docs/semantics.md "Writes"); a Dataset whose mounts are all read-only is refused, naming
+// the option.
 #pragma once
 
 #include <map>
@@ -39,7 +42,11 @@ struct FluidPlan {
   std::string master;                           // "" : the config's master.address
   std::string root = "/";                       // fuse.root
   std::map<std::string, std::string> settings;  // extra granary-fuse settings (key -> value)
+  // false when accessModes asks for writes (ReadWriteMany, ReadWriteOnce): allowed only when at
+  // least one mount is writable (mount option write=through or write=back); the others answer
+  // EROFS to writes as everywhere.
   bool read_only = true;
+  std::vector<std::string> writable;  // namespace paths of the mounts with write=through|back
 };
 
 inline constexpr const char* kFluidConfig = "/etc/fluid/config/config.json";

@@ -350,6 +350,34 @@ class FluidTest(unittest.TestCase):
         self.assertEqual(p["mounts"][0]["options"]["fs.oss.accessKeySecret"], "/etc/fluid/secrets/oss-cred/secret")
         self.assertEqual(p["root"], "/")
         self.assertEqual(p["fuse_args"][-2:], ["--fuse.max_threads", "32"])
+        self.assertTrue(p["read_only"])
+
+    def test_read_write_many_takes_a_writable_dataset_and_refuses_a_read_only_one(self):
+        r = self.plan(read(os.path.join(DEPLOY, "fluid", "examples", "config-checkpoints.json")))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        p = json.loads(r.stdout)
+        self.assertFalse(p["read_only"])
+        self.assertEqual(p["writable_mounts"], ["/checkpoints"], "only the mount with write= takes writes")
+        self.assertEqual(p["mounts"][0]["options"]["write"], "through")
+        self.assertNotIn("write", p["mounts"][1]["options"])
+        base = json.loads(read(os.path.join(DEPLOY, "fluid", "examples", "config-s3.json")))
+        for mode in ("through", "back"):
+            for access in ("ReadWriteMany", "ReadWriteOnce"):
+                m = {**base["mounts"][0], "options": {**base["mounts"][0]["options"], "write": mode}}
+                r = self.plan({**base, "mounts": [m], "accessModes": [access]})
+                self.assertEqual(r.returncode, 0, f"{mode} {access}: {r.stderr}")
+                self.assertEqual(json.loads(r.stdout)["writable_mounts"], ["/imagenet"])
+        # Read-only (no write option, or write=off): refused, naming the option to set.
+        for options in ({}, {"write": "off"}):
+            m = {**base["mounts"][0], "options": {**base["mounts"][0]["options"], **options}}
+            r = self.plan({**base, "mounts": [m], "accessModes": ["ReadWriteMany"]})
+            self.assertNotEqual(r.returncode, 0, options)
+            self.assertIn("read-only", r.stderr)
+            self.assertIn("write=through or write=back", r.stderr)
+        m = {**base["mounts"][0], "options": {"write": "sometimes"}}
+        r = self.plan({**base, "mounts": [m]})
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("mounts[0].options.write: 'sometimes' is not off, through or back", r.stderr)
 
     def test_bad_configs_get_clear_errors(self):
         base = json.loads(read(os.path.join(DEPLOY, "fluid", "examples", "config-s3.json")))
@@ -357,7 +385,7 @@ class FluidTest(unittest.TestCase):
             ("not json", "not a JSON object"),
             ({**base, "targetPath": ""}, "no targetPath"),
             ({**base, "mounts": []}, "no mounts"),
-            ({**base, "accessModes": ["ReadWriteMany"]}, "read-only"),
+            ({**base, "accessModes": ["ReadWriteMany"]}, "mounts[].options.write"),
             ({**base, "runtimeOptions": {"colour": "blue"}}, "not a Granary option"),
             ({**base, "mounts": [{**base["mounts"][0], "encryptOptions": [
                 {"name": "password", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}, "known:"),
@@ -374,10 +402,14 @@ class FluidTest(unittest.TestCase):
 
     def test_fluid_manifests(self):
         kinds = []
-        for name in ("thinruntimeprofile.yaml", "dataset.yaml", "dataload.yaml"):
+        for name in ("thinruntimeprofile.yaml", "dataset.yaml", "dataload.yaml", "checkpoints.yaml"):
             with open(os.path.join(DEPLOY, "fluid", name)) as f:
                 kinds += [d["kind"] for d in yaml.safe_load_all(f) if d]
         self.assertEqual(sorted(set(kinds)), ["DataLoad", "Dataset", "Job", "ThinRuntime", "ThinRuntimeProfile"])
+        with open(os.path.join(DEPLOY, "fluid", "checkpoints.yaml")) as f:
+            ds = next(d for d in yaml.safe_load_all(f) if d and d["kind"] == "Dataset")
+        self.assertEqual(ds["spec"]["accessModes"], ["ReadWriteMany"])
+        self.assertEqual([m.get("options", {}).get("write") for m in ds["spec"]["mounts"]], ["through", None])
 
 
 class ImageTest(unittest.TestCase):
@@ -592,6 +624,54 @@ ufs:
         with open(f"{target}/x.bin", "rb") as fh:
             self.assertEqual(fh.read(), self.payload, "the dataset is the root of Fluid's target path")
         self.assertIn("/ds2", self.cli("mounts").stdout)
+        fl.send_signal(signal.SIGTERM)
+        self.assertEqual(fl.wait(timeout=30), 0)
+        self.assertFalse(mounted(target))
+        for p in (w, m):
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=30), 0)
+
+    def test_a_fluid_read_write_many_dataset_takes_writes(self):
+        """Fluid's FUSE role for a Dataset with accessModes ReadWriteMany and write=through: a file
+        written at Fluid's targetPath is whole in the store when close() returns, `granary mounts`
+        shows the mount writable, and a Dataset asking for another write mode of the same mount is
+        refused instead of mounting it differently."""
+        d = self.dir
+        m = self.start("master", "--ready-file", f"{d}/master.addr", name="master")
+        self.master = self.ready(f"{d}/master.addr", m)
+        w = self.start("worker", "--master.address", self.master, "--ready-file", f"{d}/worker.addr", name="worker")
+        worker = self.ready(f"{d}/worker.addr", w)
+        os.makedirs(f"{d}/data/out")
+        target = f"{d}/runtime-mnt/thin/default/training/thin-fuse"
+        os.makedirs(target)
+        self.mounts.append(target)
+        os.makedirs(f"{d}/secrets")
+        fluid = {"mounts": [{"mountPoint": f"file://{d}/data/out", "name": "ckpt", "options": {"write": "through"}}],
+                 "targetPath": target, "runtimeOptions": {"master": self.master, "granary.fuse.worker": worker},
+                 "accessModes": ["ReadWriteMany"]}
+        with open(f"{d}/fluid.json", "w") as fh:
+            json.dump(fluid, fh)
+        fl = self.start("fluid-fuse", "--fluid-config", f"{d}/fluid.json", "--secrets-dir", f"{d}/secrets",
+                        name="fluid")
+        wait_for(lambda: mounted(target) or fl.poll() is not None, what="the Fluid mount")
+        self.assertTrue(mounted(target), read(f"{d}/fluid.log"))
+        ckpt = os.urandom(200_000)
+        with open(f"{target}/step-100.pt", "wb") as fh:
+            fh.write(ckpt)
+        with open(f"{d}/data/out/step-100.pt", "rb") as fh:
+            self.assertEqual(fh.read(), ckpt, "write=through: whole in the store once close() returned")
+        line = next((x for x in self.cli("mounts").stdout.splitlines() if x.startswith("/ckpt ")), "")
+        self.assertEqual(line.split()[2:3], ["through"], line)
+
+        # The same mount asked read-only by another Dataset: refused, the mount left as it is.
+        with open(f"{d}/fluid-ro.json", "w") as fh:
+            json.dump({**fluid, "mounts": [{**fluid["mounts"][0], "options": {}}], "accessModes": ["ReadOnlyMany"],
+                       "targetPath": f"{d}/elsewhere"}, fh)
+        r = run([ENTRYPOINT, "fluid-fuse", "--fluid-config", f"{d}/fluid-ro.json", "--secrets-dir", f"{d}/secrets"],
+                env=self.env)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("/ckpt is already mounted with write=through, the Dataset asks for write=off", r.stderr)
+
         fl.send_signal(signal.SIGTERM)
         self.assertEqual(fl.wait(timeout=30), 0)
         self.assertFalse(mounted(target))
