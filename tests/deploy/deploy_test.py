@@ -320,6 +320,25 @@ class ManifestTest(unittest.TestCase):
                 self.assertEqual(a["prometheus.io/path"], "/metrics")
 
 
+class DashboardTest(unittest.TestCase):
+    def test_writes_are_on_the_dashboard(self):
+        with open(os.path.join(DEPLOY, "grafana", "granary-dashboard.json")) as f:
+            d = json.load(f)
+        exprs = " ".join(t["expr"] for p in d["panels"] for t in p["targets"])
+        for name in ("granary_worker_uploaded_bytes_total", "granary_worker_writeback_backlog_files",
+                     "granary_worker_upload_failures_total", "granary_worker_write_sessions"):
+            self.assertIn(name, exprs)
+        ids = [p["id"] for p in d["panels"]]
+        self.assertEqual(len(ids), len(set(ids)), "panel ids are unique")
+        cells = set()
+        for p in d["panels"]:
+            g = p["gridPos"]
+            for y in range(g["y"], g["y"] + g["h"]):
+                for x in range(g["x"], g["x"] + g["w"]):
+                    self.assertNotIn((x, y), cells, f"panel {p['id']} overlaps another")
+                    cells.add((x, y))
+
+
 class FluidTest(unittest.TestCase):
     def plan(self, config, secrets="/etc/fluid/secrets"):
         with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
