@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <climits>
@@ -12,6 +13,7 @@
 
 #include <random>
 
+#include "common/fs.h"
 #include "common/path.h"
 
 namespace granary {
@@ -36,8 +38,6 @@ UfsEntry EntryOf(const std::string& name, const struct stat& st) {
   return e;
 }
 
-std::string Parent(const std::string& full) { return full.substr(0, full.rfind('/')); }
-
 Status SyncDir(const std::string& dir) {
   int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open directory " + dir);
@@ -47,11 +47,87 @@ Status SyncDir(const std::string& dir) {
   return rc == 0 ? Status::OK() : ErrnoError(err, "fsync directory " + dir);
 }
 
-// A new file written beside its target and renamed over it at Commit.
+// A descriptor closed when it goes.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  void reset() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+// Syncs the directory open (O_PATH) as `dir`.
+Status SyncDirFd(const Fd& dir, const std::string& name) {
+  // fsync needs a descriptor opened for reading; O_PATH ones are reopened through /proc.
+  std::string proc = "/proc/self/fd/" + std::to_string(dir.get());
+  int fd = open(proc.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open directory " + name);
+  int rc = fsync(fd);
+  int err = errno;
+  close(fd);
+  return rc == 0 ? Status::OK() : ErrnoError(err, "fsync directory " + name);
+}
+
+// While it lives, this thread's filesystem ids (and supplementary groups) are the caller's, so the
+// kernel checks the caller's permissions and makes new entries the caller's. Only when the daemon is
+// root and the caller is not (otherwise it acts as itself: a daemon of one user cannot act as
+// another, and a root caller is the daemon's own kind). Raw syscalls: glibc's setgroups would change
+// every thread of the process.
+class ActAs {
+ public:
+  explicit ActAs(const WriteCaller& as) {
+    if (as.uid == 0 || geteuid() != 0) return;
+    int n = static_cast<int>(syscall(SYS_getgroups, 0, nullptr));
+    if (n > 0) {
+      saved_groups_.resize(static_cast<size_t>(n));
+      n = static_cast<int>(syscall(SYS_getgroups, n, saved_groups_.data()));
+      saved_groups_.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    }
+    std::vector<gid_t> groups(as.groups.begin(), as.groups.end());
+    if (groups.size() > 65536) groups.resize(65536);
+    syscall(SYS_setgroups, groups.size(), groups.data());
+    syscall(SYS_setfsgid, as.gid);
+    syscall(SYS_setfsuid, as.uid);
+    active_ = true;
+  }
+  ~ActAs() {
+    if (!active_) return;
+    syscall(SYS_setfsuid, 0);
+    syscall(SYS_setfsgid, getegid());
+    syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data());
+  }
+  ActAs(const ActAs&) = delete;
+  ActAs& operator=(const ActAs&) = delete;
+
+ private:
+  bool active_ = false;
+  std::vector<gid_t> saved_groups_;
+};
+
+// A new file written beside its target and renamed over it at Commit, both in the directory `dir`
+// (found without following links when the writer was made), acting for the writer.
 class LocalWriter : public UfsWriter {
  public:
-  LocalWriter(std::string full, std::string temp, int fd, std::string name)
-      : full_(std::move(full)), temp_(std::move(temp)), fd_(fd), name_(std::move(name)) {}
+  LocalWriter(std::string full, Fd dir, std::string temp, int fd, std::string name, WriteCaller as)
+      : full_(std::move(full)), dir_(std::move(dir)), temp_(std::move(temp)), fd_(fd), name_(std::move(name)),
+        as_(std::move(as)) {}
   ~LocalWriter() override { Abort(); }
 
   Status Append(std::string_view data) override {
@@ -72,14 +148,20 @@ class LocalWriter : public UfsWriter {
     if (fsync(fd_) != 0) return ErrnoError(errno, "fsync " + full_);
     struct stat st;
     if (fstat(fd_, &st) != 0) return ErrnoError(errno, "stat " + full_);
-    if (rename(temp_.c_str(), full_.c_str()) != 0) {
-      Status s = ErrnoError(errno, "rename into " + full_);
+    int rc, err;
+    {
+      ActAs acting(as_);
+      rc = renameat(dir_.get(), temp_.c_str(), dir_.get(), name_.c_str());
+      err = errno;
+    }
+    if (rc != 0) {
+      Status s = ErrnoError(err, "rename into " + full_);
       Abort();
       return s;
     }
     close(fd_);
     fd_ = -1;
-    RETURN_IF_ERROR(SyncDir(Parent(full_)));
+    RETURN_IF_ERROR(SyncDirFd(dir_, full_.substr(0, full_.rfind('/'))));
     return EntryOf(name_, st);  // the stat of the file now at full_: rename keeps inode and mtime
   }
 
@@ -87,66 +169,185 @@ class LocalWriter : public UfsWriter {
     if (fd_ < 0) return;
     close(fd_);
     fd_ = -1;
-    unlink(temp_.c_str());
+    ActAs acting(as_);
+    unlinkat(dir_.get(), temp_.c_str(), 0);
   }
 
  private:
-  const std::string full_, temp_;
+  const std::string full_;
+  const Fd dir_;
+  const std::string temp_;
   int fd_;
   const std::string name_;
+  const WriteCaller as_;
 };
+
+// The directory that holds `path`'s last component, found by a walk from `root` that follows no
+// symbolic link (each component opened O_PATH | O_NOFOLLOW and checked to be a directory), and
+// that component. Acting for the caller (ActAs): the walk needs the caller's search permission.
+StatusOr<std::pair<Fd, std::string>> OpenParent(const std::string& root, const std::string& path) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  if (path.empty()) return InvalidArgumentError("the mount's root directory cannot be written as an entry");
+  Fd dir(open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) return ErrnoError(errno, "open the under-storage directory " + root);
+  size_t start = 0;
+  for (;;) {
+    size_t slash = path.find('/', start);
+    if (slash == std::string::npos) return std::make_pair(std::move(dir), path.substr(start));
+    const std::string part = path.substr(start, slash - start);
+    const std::string so_far = root + "/" + path.substr(0, slash);
+    Fd next(openat(dir.get(), part.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (next.get() < 0) return ErrnoError(errno, "open directory " + so_far);
+    struct stat st;
+    if (fstat(next.get(), &st) != 0) return ErrnoError(errno, "stat " + so_far);
+    if (S_ISLNK(st.st_mode)) {
+      return PermissionDeniedError(so_far + " is a symbolic link in the under-storage: writes through Granary never "
+                                   "follow links (replace the link by a directory to write below it)");
+    }
+    if (!S_ISDIR(st.st_mode)) return Status(Code::kFailedPrecondition, so_far + " is not a directory");
+    dir = std::move(next);
+    start = slash + 1;
+  }
+}
 
 }  // namespace
 
-StatusOr<std::unique_ptr<UfsWriter>> LocalUfs::Create(const std::string& path, uint32_t mode) {
+StatusOr<std::unique_ptr<UfsWriter>> LocalUfs::Create(const std::string& path, uint32_t mode, const WriteCaller& as) {
   ASSIGN_OR_RETURN(std::string full, FullPath(path));
   if (path.empty()) return InvalidArgumentError("cannot write the mount's root directory as a file");
+  ActAs acting(as);
+  ASSIGN_OR_RETURN(auto parent, OpenParent(root_, path));
   thread_local std::mt19937_64 rng(std::random_device{}());
   char suffix[17];
   std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
-  size_t slash = full.rfind('/');
-  std::string name = full.substr(slash + 1);
-  std::string temp = full.substr(0, slash + 1) + std::string(kWritingPrefix) + suffix;
-  int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode & 0777));
+  std::string temp = std::string(kWritingPrefix) + suffix;
+  int fd = openat(parent.first.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  static_cast<mode_t>(mode & 07777));
   if (fd < 0) return ErrnoError(errno, "create " + full);
-  if (fchmod(fd, static_cast<mode_t>(mode & 0777)) != 0) {  // not narrowed by the umask
+  if (fchmod(fd, static_cast<mode_t>(mode & 07777)) != 0) {  // not narrowed by the daemon's umask
     Status s = ErrnoError(errno, "chmod " + full);
     close(fd);
-    unlink(temp.c_str());
+    unlinkat(parent.first.get(), temp.c_str(), 0);
     return s;
   }
-  return std::unique_ptr<UfsWriter>(new LocalWriter(full, temp, fd, name));
+  return std::unique_ptr<UfsWriter>(
+      new LocalWriter(full, std::move(parent.first), temp, fd, parent.second, as));
 }
 
-Status LocalUfs::Remove(const std::string& path) {
+// Each call below acts for the caller (ActAs) while it resolves and changes names; the directory's
+// fsync after it is the daemon's own.
+Status LocalUfs::Remove(const std::string& path, const WriteCaller& as) {
   ASSIGN_OR_RETURN(std::string full, FullPath(path));
-  struct stat st;
-  if (lstat(full.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return InvalidArgumentError(full + " is a directory");
-  if (unlink(full.c_str()) != 0) return ErrnoError(errno, "remove " + full);
-  return SyncDir(Parent(full));
+  Fd dir;
+  {
+    ActAs acting(as);
+    ASSIGN_OR_RETURN(auto parent, OpenParent(root_, path));
+    struct stat st;
+    if (fstatat(parent.first.get(), parent.second.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+      return InvalidArgumentError(full + " is a directory");
+    }
+    if (unlinkat(parent.first.get(), parent.second.c_str(), 0) != 0) return ErrnoError(errno, "remove " + full);
+    dir = std::move(parent.first);
+  }
+  return SyncDirFd(dir, ParentDir(full));
 }
 
-Status LocalUfs::MakeDir(const std::string& path, uint32_t mode) {
+Status LocalUfs::MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as) {
   ASSIGN_OR_RETURN(std::string full, FullPath(path));
-  if (mkdir(full.c_str(), static_cast<mode_t>(mode & 07777)) != 0) return ErrnoError(errno, "make directory " + full);
-  chmod(full.c_str(), static_cast<mode_t>(mode & 07777));  // not narrowed by the umask; best effort
-  return SyncDir(Parent(full));
+  Fd dir;
+  {
+    ActAs acting(as);
+    ASSIGN_OR_RETURN(auto parent, OpenParent(root_, path));
+    const char* name = parent.second.c_str();
+    if (mkdirat(parent.first.get(), name, static_cast<mode_t>(mode & 07777)) != 0) {
+      return ErrnoError(errno, "make directory " + full);
+    }
+    // The mode asked for, not narrowed by the daemon's umask: on the directory just made, found
+    // again without following a link (it may have been swapped meanwhile).
+    Fd made(openat(parent.first.get(), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (made.get() >= 0) static_cast<void>(fchmod(made.get(), static_cast<mode_t>(mode & 07777)));
+    dir = std::move(parent.first);
+  }
+  return SyncDirFd(dir, ParentDir(full));
 }
 
-Status LocalUfs::RemoveDir(const std::string& path) {
+Status LocalUfs::RemoveDir(const std::string& path, const WriteCaller& as) {
   ASSIGN_OR_RETURN(std::string full, FullPath(path));
   if (path.empty()) return InvalidArgumentError("cannot remove the mount's root directory");
-  if (rmdir(full.c_str()) != 0) return ErrnoError(errno, "remove directory " + full);
-  return SyncDir(Parent(full));
+  Fd dir;
+  {
+    ActAs acting(as);
+    ASSIGN_OR_RETURN(auto parent, OpenParent(root_, path));
+    if (unlinkat(parent.first.get(), parent.second.c_str(), AT_REMOVEDIR) != 0) {
+      return ErrnoError(errno, "remove directory " + full);
+    }
+    dir = std::move(parent.first);
+  }
+  return SyncDirFd(dir, ParentDir(full));
 }
 
-Status LocalUfs::Rename(const std::string& from, const std::string& to) {
+Status LocalUfs::Rename(const std::string& from, const std::string& to, const WriteCaller& as) {
   ASSIGN_OR_RETURN(std::string a, FullPath(from));
   ASSIGN_OR_RETURN(std::string b, FullPath(to));
   if (from.empty() || to.empty()) return InvalidArgumentError("cannot rename the mount's root directory");
-  if (rename(a.c_str(), b.c_str()) != 0) return ErrnoError(errno, "rename " + a + " to " + b);
-  RETURN_IF_ERROR(SyncDir(Parent(b)));
-  return Parent(a) == Parent(b) ? Status::OK() : SyncDir(Parent(a));
+  Fd da, db;
+  {
+    ActAs acting(as);
+    ASSIGN_OR_RETURN(auto pa, OpenParent(root_, from));
+    ASSIGN_OR_RETURN(auto pb, OpenParent(root_, to));
+    if (renameat(pa.first.get(), pa.second.c_str(), pb.first.get(), pb.second.c_str()) != 0) {
+      return ErrnoError(errno, "rename " + a + " to " + b);
+    }
+    da = std::move(pa.first);
+    db = std::move(pb.first);
+  }
+  RETURN_IF_ERROR(SyncDirFd(db, ParentDir(b)));
+  return ParentDir(a) == ParentDir(b) ? Status::OK() : SyncDirFd(da, ParentDir(a));
+}
+
+Status LocalUfs::SetAttr(const std::string& path, const UfsAttrChange& change, const WriteCaller& as) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  ActAs acting(as);
+  Fd target;
+  if (path.empty()) {
+    target = Fd(open(root_.c_str(), O_PATH | O_CLOEXEC));
+  } else {
+    ASSIGN_OR_RETURN(auto parent, OpenParent(root_, path));
+    target = Fd(openat(parent.first.get(), parent.second.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  }
+  if (target.get() < 0) return ErrnoError(errno, "open " + full);
+  struct stat st;
+  if (fstat(target.get(), &st) != 0) return ErrnoError(errno, "stat " + full);
+  if (S_ISLNK(st.st_mode)) return PermissionDeniedError(full + " is a symbolic link: Granary changes no link");
+  // The calls below take a path; /proc/self/fd/N names the inode found above, not a path to walk.
+  const std::string self = "/proc/self/fd/" + std::to_string(target.get());
+  if (change.uid || change.gid) {
+    uid_t u = change.uid ? static_cast<uid_t>(*change.uid) : static_cast<uid_t>(-1);
+    gid_t g = change.gid ? static_cast<gid_t>(*change.gid) : static_cast<gid_t>(-1);
+    if (fchownat(target.get(), "", u, g, AT_EMPTY_PATH) != 0) return ErrnoError(errno, "chown " + full);
+  }
+  if (change.mode && chmod(self.c_str(), static_cast<mode_t>(*change.mode & 07777)) != 0) {
+    return ErrnoError(errno, "chmod " + full);
+  }
+  if (change.atime_ns || change.mtime_ns) {
+    auto ts = [](const std::optional<int64_t>& ns) {
+      timespec t{};
+      if (!ns) {
+        t.tv_nsec = UTIME_OMIT;
+      } else {
+        t.tv_sec = static_cast<time_t>(*ns / 1'000'000'000);
+        t.tv_nsec = static_cast<long>(*ns % 1'000'000'000);
+        if (t.tv_nsec < 0) {
+          t.tv_nsec += 1'000'000'000;
+          t.tv_sec -= 1;
+        }
+      }
+      return t;
+    };
+    timespec times[2] = {ts(change.atime_ns), ts(change.mtime_ns)};
+    if (utimensat(AT_FDCWD, self.c_str(), times, 0) != 0) return ErrnoError(errno, "set the times of " + full);
+  }
+  return Status::OK();
 }
 
 StatusOr<std::shared_ptr<UnderFileSystem>> LocalUfs::Open(const std::string& root,

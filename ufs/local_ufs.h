@@ -1,9 +1,18 @@
 // LocalUfs: a directory of this machine as under-storage (a local disk, or an NFS volume already
 // mounted into the pod). Versions are "<size>-<mtime ns>-<inode>", so an in-place rewrite or an
-// atomic replace both produce a new version. Symbolic links are followed; other special files are
-// skipped, as are writers' temporary files (kWritingPrefix). With `confine` (ufs.local_roots), a read whose file resolves outside every one of those
-// directories is PERMISSION_DENIED: a link a dataset's writer planted (x -> /etc/shadow) reads
-// nothing the roots do not hold. Thread-safe (no mutable state).
+// atomic replace both produce a new version. Reads follow symbolic links; other special files are
+// skipped, as are writers' temporary files (kWritingPrefix). With `confine` (ufs.local_roots), a
+// read whose file resolves outside every one of those directories is PERMISSION_DENIED: a link a
+// dataset's writer planted (x -> /etc/shadow) reads nothing the roots do not hold.
+//
+// Writes never follow a link: every write call walks from the root one component at a time
+// (O_PATH | O_NOFOLLOW, each checked to be a directory) and changes the last component through
+// that directory's descriptor (openat, renameat, unlinkat, mkdirat), so a directory swapped for a
+// link to /etc by a user who owns it leads nowhere (PERMISSION_DENIED naming the link). A write
+// call acts for its caller (WriteCaller): with the daemon root, the thread's filesystem ids and
+// groups are the caller's for the call, so the kernel checks the caller's own permissions and new
+// files and directories are the caller's, with the mode asked for. Thread-safe (no mutable state;
+// the ids are per thread and restored when the call ends).
 #pragma once
 
 #include <sys/stat.h>
@@ -30,13 +39,13 @@ class LocalUfs : public UnderFileSystem {
                         char* out) override;
   StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version) override;
   // Writes: a hidden temporary file beside the target (kWritingPrefix), fsynced, renamed over it,
-  // the directory fsynced. Owner: the writing process's (root: the caller's uid/gid are not known
-  // here). Directories are renamed with rename(2).
-  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override;
-  Status Remove(const std::string& path) override;
-  Status MakeDir(const std::string& path, uint32_t mode) override;
-  Status RemoveDir(const std::string& path) override;
-  Status Rename(const std::string& from, const std::string& to) override;
+  // the directory fsynced. Owner: the caller (see above). Directories are renamed with rename(2).
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode, const WriteCaller& as) override;
+  Status Remove(const std::string& path, const WriteCaller& as) override;
+  Status MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as) override;
+  Status RemoveDir(const std::string& path, const WriteCaller& as) override;
+  Status Rename(const std::string& from, const std::string& to, const WriteCaller& as) override;
+  Status SetAttr(const std::string& path, const UfsAttrChange& change, const WriteCaller& as) override;
 
  private:
   LocalUfs(std::string root, std::vector<std::string> confine)

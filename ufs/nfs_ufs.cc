@@ -515,7 +515,24 @@ class NfsWriter : public UfsWriter {
   bool broken_ = false;
 };
 
-StatusOr<std::unique_ptr<UfsWriter>> NfsUfs::Create(const std::string& path, uint32_t mode) {
+// No write through a symbolic link: every directory on the way to `path`'s last component is looked
+// at with LSTAT first (libnfs resolves paths itself and would follow one). PERMISSION_DENIED names a
+// link; a link swapped in between the look and the call is the server's to stop (docs/security.md).
+Status NfsUfs::CheckNoLinks(nfs_context* c, const std::string& path) {
+  for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+    const std::string dir = path.substr(0, slash);
+    nfs_stat_64 st{};
+    int rc = nfs_lstat64(c, Abs(dir).c_str(), &st);
+    if (rc != 0) return NfsError(rc, c, "look up " + uri_ + "/" + dir);
+    if ((st.nfs_mode & S_IFMT) == S_IFLNK) {
+      return PermissionDeniedError(uri_ + "/" + dir + " is a symbolic link: writes through Granary never follow links");
+    }
+    if ((st.nfs_mode & S_IFMT) != S_IFDIR) return Status(Code::kFailedPrecondition, uri_ + "/" + dir + " is not a directory");
+  }
+  return Status::OK();
+}
+
+StatusOr<std::unique_ptr<UfsWriter>> NfsUfs::Create(const std::string& path, uint32_t mode, const WriteCaller& as) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   if (path.empty()) return InvalidArgumentError("cannot write the mount's root directory as a file");
   thread_local std::mt19937_64 rng(std::random_device{}());
@@ -525,6 +542,10 @@ StatusOr<std::unique_ptr<UfsWriter>> NfsUfs::Create(const std::string& path, uin
   std::string temp = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
                      std::string(kWritingPrefix) + suffix;
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  if (Status links = CheckNoLinks(c, path); !links.ok()) {
+    Release(c, links.IsRetryable());
+    return links;
+  }
   nfsfh* fh = nullptr;
   // Not O_EXCL: an exclusive NFSv4 create sets the mode only afterwards, and the server then refuses
   // the writes (the random name is what keeps writers apart).
@@ -534,44 +555,105 @@ StatusOr<std::unique_ptr<UfsWriter>> NfsUfs::Create(const std::string& path, uin
     Release(c, st.IsRetryable());
     return st;
   }
+  // The writer's, where the server lets this client give files away (no root squashing); else the
+  // server's choice stays (docs/semantics.md).
+  if (as.uid != 0 || as.gid != 0) {
+    rc = nfs_fchown(c, fh, static_cast<int>(as.uid), static_cast<int>(as.gid));
+    if (rc != 0) spdlog::debug("NFS: the new file {} keeps the server's owner: {}", path, nfs_get_error(c));
+  }
   return std::unique_ptr<UfsWriter>(new NfsWriter(this, c, fh, path, temp));
 }
 
-Status NfsUfs::Remove(const std::string& path) {
+Status NfsUfs::Remove(const std::string& path, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
-  int rc = nfs_unlink(c, Abs(path).c_str());
+  Status links = CheckNoLinks(c, path);
+  int rc = links.ok() ? nfs_unlink(c, Abs(path).c_str()) : 0;
+  if (!links.ok()) {
+    Release(c, links.IsRetryable());
+    return links;
+  }
   Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "remove " + uri_ + "/" + path);
   Release(c, st.IsRetryable());
   return st;
 }
 
-Status NfsUfs::MakeDir(const std::string& path, uint32_t mode) {
+Status NfsUfs::MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
-  int rc = nfs_mkdir2(c, Abs(path).c_str(), static_cast<int>(mode & 07777));
-  Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "make directory " + uri_ + "/" + path);
+  Status st = CheckNoLinks(c, path);
+  if (st.ok()) {
+    int rc = nfs_mkdir2(c, Abs(path).c_str(), static_cast<int>(mode & 07777));
+    st = rc == 0 ? Status::OK() : NfsError(rc, c, "make directory " + uri_ + "/" + path);
+  }
+  if (st.ok() && (as.uid != 0 || as.gid != 0)) {
+    static_cast<void>(nfs_lchown(c, Abs(path).c_str(), static_cast<int>(as.uid), static_cast<int>(as.gid)));
+  }
   Release(c, st.IsRetryable());
   return st;
 }
 
-Status NfsUfs::RemoveDir(const std::string& path) {
+Status NfsUfs::RemoveDir(const std::string& path, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   if (path.empty()) return InvalidArgumentError("cannot remove the mount's root directory");
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
-  int rc = nfs_rmdir(c, Abs(path).c_str());
-  Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "remove directory " + uri_ + "/" + path);
+  Status st = CheckNoLinks(c, path);
+  if (st.ok()) {
+    int rc = nfs_rmdir(c, Abs(path).c_str());
+    st = rc == 0 ? Status::OK() : NfsError(rc, c, "remove directory " + uri_ + "/" + path);
+  }
   Release(c, st.IsRetryable());
   return st;
 }
 
-Status NfsUfs::Rename(const std::string& from, const std::string& to) {
+Status NfsUfs::Rename(const std::string& from, const std::string& to, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(from));
   RETURN_IF_ERROR(CheckRelativePath(to));
   if (from.empty() || to.empty()) return InvalidArgumentError("cannot rename the mount's root directory");
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
-  int rc = nfs_rename(c, Abs(from).c_str(), Abs(to).c_str());
-  Status st = rc == 0 ? Status::OK() : NfsError(rc, c, "rename " + uri_ + "/" + from + " to " + to);
+  Status st = CheckNoLinks(c, from);
+  if (st.ok()) st = CheckNoLinks(c, to);
+  if (st.ok()) {
+    int rc = nfs_rename(c, Abs(from).c_str(), Abs(to).c_str());
+    st = rc == 0 ? Status::OK() : NfsError(rc, c, "rename " + uri_ + "/" + from + " to " + to);
+  }
+  Release(c, st.IsRetryable());
+  return st;
+}
+
+Status NfsUfs::SetAttr(const std::string& path, const UfsAttrChange& change, const WriteCaller&) {
+  RETURN_IF_ERROR(CheckRelativePath(path));
+  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+  Status st = CheckNoLinks(c, path);
+  const std::string abs = Abs(path);
+  auto call = [&](int rc, const char* what) {
+    if (st.ok() && rc != 0) st = NfsError(rc, c, std::string(what) + " " + uri_ + "/" + path);
+  };
+  if (st.ok() && (change.uid || change.gid)) {
+    // The server's rule for an id left as it is: the current one, read first.
+    nfs_stat_64 cur{};
+    call(nfs_lstat64(c, abs.c_str(), &cur), "stat");
+    if (st.ok()) {
+      call(nfs_lchown(c, abs.c_str(), static_cast<int>(change.uid.value_or(static_cast<uint32_t>(cur.nfs_uid))),
+                      static_cast<int>(change.gid.value_or(static_cast<uint32_t>(cur.nfs_gid)))),
+           "chown");
+    }
+  }
+  if (st.ok() && change.mode) call(nfs_lchmod(c, abs.c_str(), static_cast<int>(*change.mode & 07777)), "chmod");
+  if (st.ok() && (change.atime_ns || change.mtime_ns)) {
+    nfs_stat_64 cur{};
+    call(nfs_lstat64(c, abs.c_str(), &cur), "stat");
+    auto tv = [](std::optional<int64_t> ns, uint64_t sec, uint64_t nsec) {
+      timeval t{};
+      int64_t v = ns ? *ns : static_cast<int64_t>(sec) * 1'000'000'000 + static_cast<int64_t>(nsec);
+      t.tv_sec = static_cast<time_t>(v / 1'000'000'000);
+      t.tv_usec = static_cast<suseconds_t>((v % 1'000'000'000) / 1000);
+      return t;
+    };
+    timeval times[2] = {tv(change.atime_ns, cur.nfs_atime, cur.nfs_atime_nsec),
+                        tv(change.mtime_ns, cur.nfs_mtime, cur.nfs_mtime_nsec)};
+    if (st.ok()) call(nfs_lutimes(c, abs.c_str(), times), "set the times of");
+  }
   Release(c, st.IsRetryable());
   return st;
 }

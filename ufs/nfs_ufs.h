@@ -44,11 +44,12 @@ class NfsUfs : public UnderFileSystem {
                         char* out) override;
   // Writes, as LocalUfs makes them: a hidden temporary file beside the target (kWritingPrefix),
   // fsynced (COMMIT), renamed over it.
-  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override;
-  Status Remove(const std::string& path) override;
-  Status MakeDir(const std::string& path, uint32_t mode) override;
-  Status RemoveDir(const std::string& path) override;
-  Status Rename(const std::string& from, const std::string& to) override;
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode, const WriteCaller& as) override;
+  Status Remove(const std::string& path, const WriteCaller& as) override;
+  Status MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as) override;
+  Status RemoveDir(const std::string& path, const WriteCaller& as) override;
+  Status Rename(const std::string& from, const std::string& to, const WriteCaller& as) override;
+  Status SetAttr(const std::string& path, const UfsAttrChange& change, const WriteCaller& as) override;
 
  private:
   friend class NfsWriter;
@@ -72,6 +73,8 @@ class NfsUfs : public UnderFileSystem {
   Status ReaddirPage(nfs_context* c, const std::vector<std::string>& path, const std::string& dir,
                      ReaddirCursor& cursor, std::vector<UfsEntry>& out);
   StatusOr<nfs_context*> Acquire();
+  // OK when no directory on the way to `path` is a symbolic link (NfsUfs's write calls).
+  Status CheckNoLinks(nfs_context* c, const std::string& path);
   // `broken`: the context saw a transport error; it is destroyed and reconnected on next use.
   void Release(nfs_context* c, bool broken);
 

@@ -774,13 +774,13 @@ class S3Writer : public UfsWriter {
   uint64_t written_ = 0;  // bytes appended
 };
 
-StatusOr<std::unique_ptr<UfsWriter>> S3Ufs::Create(const std::string& path, uint32_t) {
+StatusOr<std::unique_ptr<UfsWriter>> S3Ufs::Create(const std::string& path, uint32_t, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   if (path.empty()) return InvalidArgumentError("cannot write the mount's root directory as a file");
   return std::unique_ptr<UfsWriter>(new S3Writer(this, path));
 }
 
-Status S3Ufs::Remove(const std::string& path) {
+Status S3Ufs::Remove(const std::string& path, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   std::string key = KeyOf(path);
   ASSIGN_OR_RETURN(HttpResponse r, Call("DELETE", key, {}, {}));
@@ -788,7 +788,7 @@ Status S3Ufs::Remove(const std::string& path) {
   return Status::OK();
 }
 
-Status S3Ufs::MakeDir(const std::string& path, uint32_t) {
+Status S3Ufs::MakeDir(const std::string& path, uint32_t, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   std::string key = KeyOf(path);
   auto st = Stat(path);
@@ -799,7 +799,7 @@ Status S3Ufs::MakeDir(const std::string& path, uint32_t) {
   return Status::OK();
 }
 
-Status S3Ufs::RemoveDir(const std::string& path) {
+Status S3Ufs::RemoveDir(const std::string& path, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(path));
   if (path.empty()) return InvalidArgumentError("cannot remove the mount's root directory");
   std::string prefix = KeyOf(path) + "/";
@@ -816,7 +816,7 @@ Status S3Ufs::RemoveDir(const std::string& path) {
   return Status::OK();
 }
 
-Status S3Ufs::Rename(const std::string& from, const std::string& to) {
+Status S3Ufs::Rename(const std::string& from, const std::string& to, const WriteCaller&) {
   RETURN_IF_ERROR(CheckRelativePath(from));
   RETURN_IF_ERROR(CheckRelativePath(to));
   ASSIGN_OR_RETURN(UfsEntry e, Stat(from));
@@ -835,7 +835,7 @@ Status S3Ufs::Rename(const std::string& from, const std::string& to) {
   if (r.status != 200 || r.body.find("<Error>") != std::string::npos) {
     return ErrorFor(r, "copy s3://" + s_.bucket + "/" + src + " to " + dst);
   }
-  return Remove(from);
+  return Remove(from, WriteCaller());
 }
 
 }  // namespace granary

@@ -87,11 +87,11 @@ class S3Ufs : public UnderFileSystem {
   // by MakeDir, removed by RemoveDir when nothing else is below it. Rename of a file: a server-side
   // copy, then a delete of the source (up to 5 GiB; larger files and directories are
   // NotSupportedError: object stores cannot rename them at once).
-  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override;
-  Status Remove(const std::string& path) override;
-  Status MakeDir(const std::string& path, uint32_t mode) override;
-  Status RemoveDir(const std::string& path) override;
-  Status Rename(const std::string& from, const std::string& to) override;
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode, const WriteCaller& as) override;
+  Status Remove(const std::string& path, const WriteCaller& as) override;
+  Status MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as) override;
+  Status RemoveDir(const std::string& path, const WriteCaller& as) override;
+  Status Rename(const std::string& from, const std::string& to, const WriteCaller& as) override;
 
   static constexpr size_t kPartSize = 16 << 20;
   static constexpr int kPartsInFlight = 4;

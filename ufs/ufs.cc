@@ -240,20 +240,23 @@ class CountingUfs final : public UnderFileSystem {
   StatusOr<LocalFile> OpenLocal(const std::string& path, const std::string& version) override {
     return inner_->OpenLocal(path, version);
   }
-  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode) override {
-    return Counted(&c_->writes, [&] { return inner_->Create(path, mode); });
+  StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode, const WriteCaller& as) override {
+    return Counted(&c_->writes, [&] { return inner_->Create(path, mode, as); });
   }
-  Status Remove(const std::string& path) override {
-    return Counted(&c_->writes, [&] { return inner_->Remove(path); });
+  Status Remove(const std::string& path, const WriteCaller& as) override {
+    return Counted(&c_->writes, [&] { return inner_->Remove(path, as); });
   }
-  Status MakeDir(const std::string& path, uint32_t mode) override {
-    return Counted(&c_->writes, [&] { return inner_->MakeDir(path, mode); });
+  Status MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as) override {
+    return Counted(&c_->writes, [&] { return inner_->MakeDir(path, mode, as); });
   }
-  Status RemoveDir(const std::string& path) override {
-    return Counted(&c_->writes, [&] { return inner_->RemoveDir(path); });
+  Status RemoveDir(const std::string& path, const WriteCaller& as) override {
+    return Counted(&c_->writes, [&] { return inner_->RemoveDir(path, as); });
   }
-  Status Rename(const std::string& from, const std::string& to) override {
-    return Counted(&c_->writes, [&] { return inner_->Rename(from, to); });
+  Status Rename(const std::string& from, const std::string& to, const WriteCaller& as) override {
+    return Counted(&c_->writes, [&] { return inner_->Rename(from, to, as); });
+  }
+  Status SetAttr(const std::string& path, const UfsAttrChange& change, const WriteCaller& as) override {
+    return Counted(&c_->writes, [&] { return inner_->SetAttr(path, change, as); });
   }
 
  private:
@@ -300,20 +303,24 @@ std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs
 
 bool IsWritingName(std::string_view name) { return name.substr(0, kWritingPrefix.size()) == kWritingPrefix; }
 
-StatusOr<std::unique_ptr<UfsWriter>> UnderFileSystem::Create(const std::string& path, uint32_t) {
+StatusOr<std::unique_ptr<UfsWriter>> UnderFileSystem::Create(const std::string& path, uint32_t, const WriteCaller&) {
   return NotSupportedError("cannot write " + path + ": " + RedactUri(uri()) + " takes no writes");
 }
-Status UnderFileSystem::Remove(const std::string& path) {
+Status UnderFileSystem::Remove(const std::string& path, const WriteCaller&) {
   return NotSupportedError("cannot remove " + path + ": " + RedactUri(uri()) + " takes no writes");
 }
-Status UnderFileSystem::MakeDir(const std::string& path, uint32_t) {
+Status UnderFileSystem::MakeDir(const std::string& path, uint32_t, const WriteCaller&) {
   return NotSupportedError("cannot make directory " + path + ": " + RedactUri(uri()) + " takes no writes");
 }
-Status UnderFileSystem::RemoveDir(const std::string& path) {
+Status UnderFileSystem::RemoveDir(const std::string& path, const WriteCaller&) {
   return NotSupportedError("cannot remove directory " + path + ": " + RedactUri(uri()) + " takes no writes");
 }
-Status UnderFileSystem::Rename(const std::string& from, const std::string&) {
+Status UnderFileSystem::Rename(const std::string& from, const std::string&, const WriteCaller&) {
   return NotSupportedError("cannot rename " + from + ": " + RedactUri(uri()) + " takes no writes");
+}
+Status UnderFileSystem::SetAttr(const std::string& path, const UfsAttrChange&, const WriteCaller&) {
+  return NotSupportedError("cannot change the mode, owner or times of " + path + ": " + RedactUri(uri()) +
+                           " keeps none");
 }
 
 }  // namespace granary

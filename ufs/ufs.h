@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,23 @@ class UfsWriter {
   // version). After Commit or Abort the writer takes no more calls.
   virtual StatusOr<UfsEntry> Commit() = 0;
   virtual void Abort() = 0;
+};
+
+// Who a write call acts for: the ids of the process that asked through the mount (the FUSE
+// request's uid, gid and supplementary groups). Stores that keep owners make files and directories
+// as this user and let their own permission checks apply (local directories: the call runs with
+// these ids as the thread's filesystem ids when the daemon is root; NFS: the new entry is given
+// this owner); object stores keep no owner and ignore it. The default is the daemon itself.
+struct WriteCaller {
+  uint32_t uid = 0, gid = 0;
+  std::vector<uint32_t> groups;  // supplementary groups
+};
+
+// What a setattr changes (chmod, chown, utimes): each field that is set.
+struct UfsAttrChange {
+  std::optional<uint32_t> mode;  // permission bits (07777)
+  std::optional<uint32_t> uid, gid;
+  std::optional<int64_t> atime_ns, mtime_ns;
 };
 
 // Names of the temporary files writers make beside their targets; listings skip them.
@@ -107,20 +125,26 @@ class UnderFileSystem {
 
   // The write calls (mounts with write=through or back; docs/semantics.md, "Writes"). Where a
   // store cannot make one whole, it answers NotSupportedError (EOPNOTSUPP) saying so; the defaults
-  // do, for every call.
+  // do, for every call. Every name is resolved beneath the mount's root without following a
+  // symbolic link (a link on the way is refused, PERMISSION_DENIED naming it), and each call acts
+  // for `as` (WriteCaller). The default arguments are given here only: call through this class.
   //
   // A new file (or a whole new version of one) at `path`, with permission bits `mode` where the
   // store keeps them.
-  virtual StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode);
+  virtual StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode,
+                                                      const WriteCaller& as = {});
   // Removes the file `path` (NOT_FOUND when absent).
-  virtual Status Remove(const std::string& path);
+  virtual Status Remove(const std::string& path, const WriteCaller& as = {});
   // Makes the directory `path` (ALREADY_EXISTS when something is there).
-  virtual Status MakeDir(const std::string& path, uint32_t mode);
+  virtual Status MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as = {});
   // Removes the empty directory `path` (NotEmptyError when it has entries).
-  virtual Status RemoveDir(const std::string& path);
+  virtual Status RemoveDir(const std::string& path, const WriteCaller& as = {});
   // Renames the file or directory `from` to `to`, replacing a file at `to` (directories: where the
   // store can rename them at once).
-  virtual Status Rename(const std::string& from, const std::string& to);
+  virtual Status Rename(const std::string& from, const std::string& to, const WriteCaller& as = {});
+  // chmod, chown and utimes of `path` where the store keeps them (local, NFS); the default answers
+  // NotSupportedError.
+  virtual Status SetAttr(const std::string& path, const UfsAttrChange& change, const WriteCaller& as = {});
 };
 
 struct ParsedUri {

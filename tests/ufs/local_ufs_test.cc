@@ -122,6 +122,108 @@ TEST(LocalUfs, WritesAppearWholeAtCommit) {
   EXPECT_EQ((*ufs)->Create("../escape", 0644).status().code(), Code::kInvalidArgument);
 }
 
+// Issue 50, finding 1: a user who owns a directory inside a writable source swaps a subdirectory
+// for a link to a root-owned directory; no write call may then act there.
+TEST(LocalUfs, WritesNeverFollowALink) {
+  namespace fs = std::filesystem;
+  testing::TempDir dir;
+  fs::create_directories(dir / "src/mine");
+  fs::create_directories(dir / "outside");
+  testing::WriteFile(dir / "outside/victim", "root's");
+  testing::WriteFile(dir / "src/mine/a", "a");
+  fs::create_directory_symlink(dir / "outside", dir / "src/sub");  // src/sub -> outside
+  fs::create_directory_symlink(dir / "outside", dir / "src/mine/deeper");
+  auto ufs = LocalUfs::Open(dir / "src");
+  ASSERT_TRUE(ufs.ok());
+
+  auto created = (*ufs)->Create("sub/planted", 0644);
+  EXPECT_EQ(created.status().code(), Code::kPermissionDenied) << created.status().ToString();
+  EXPECT_NE(created.status().message().find("symbolic link"), std::string::npos) << created.status().ToString();
+  EXPECT_EQ((*ufs)->Create("mine/deeper/planted", 0644).status().code(), Code::kPermissionDenied);
+  EXPECT_EQ((*ufs)->Remove("sub/victim").code(), Code::kPermissionDenied);
+  EXPECT_EQ((*ufs)->MakeDir("sub/d", 07777).code(), Code::kPermissionDenied);
+  EXPECT_EQ((*ufs)->RemoveDir("sub/d").code(), Code::kPermissionDenied);
+  EXPECT_EQ((*ufs)->Rename("mine/a", "sub/victim").code(), Code::kPermissionDenied);
+  EXPECT_EQ((*ufs)->Rename("sub/victim", "mine/stolen").code(), Code::kPermissionDenied);
+  UfsAttrChange chmod;
+  chmod.mode = 04777;
+  EXPECT_EQ((*ufs)->SetAttr("sub/victim", chmod).code(), Code::kPermissionDenied);
+  EXPECT_EQ((*ufs)->SetAttr("sub", chmod).code(), Code::kPermissionDenied) << "a link itself is never changed";
+
+  EXPECT_EQ(testing::ReadFile(dir / "outside/victim"), "root's");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir / "outside"), fs::directory_iterator()), 1)
+      << "something was made outside the source";
+  struct stat st;
+  ASSERT_EQ(stat((dir / "outside/victim").c_str(), &st), 0);
+  EXPECT_NE(st.st_mode & 07777, 04777u);
+  EXPECT_TRUE(fs::exists(dir / "src/mine/a"));
+
+  // A link as the last component is a name like any other: removing it removes the link, not what
+  // it points to; renaming moves the link.
+  ASSERT_TRUE((*ufs)->Rename("sub", "moved").ok());
+  EXPECT_TRUE(fs::is_symlink(dir / "src/moved"));
+  ASSERT_TRUE((*ufs)->Remove("moved").ok());
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir / "src/moved")));
+  EXPECT_EQ(testing::ReadFile(dir / "outside/victim"), "root's");
+}
+
+// Issue 50, finding 7: written files and directories are the writer's, with the mode it asked
+// for, and the kernel checks the writer's own permissions (the daemon is root here).
+TEST(LocalUfs, WritesActForTheCaller) {
+  if (geteuid() != 0) GTEST_SKIP() << "acting for another user needs root";
+  namespace fs = std::filesystem;
+  testing::TempDir dir;
+  fs::create_directories(dir / "src/users");
+  fs::create_directories(dir / "src/roots");
+  ASSERT_EQ(chmod(dir.path().c_str(), 0755), 0);
+  ASSERT_EQ(chmod((dir / "src").c_str(), 0755), 0);
+  ASSERT_EQ(chown((dir / "src/users").c_str(), 65534, 65534), 0);
+  ASSERT_EQ(chmod((dir / "src/users").c_str(), 0755), 0);
+  ASSERT_EQ(chmod((dir / "src/roots").c_str(), 0755), 0);
+  testing::WriteFile(dir / "src/roots/secret", "root only");
+  ASSERT_EQ(chmod((dir / "src/roots/secret").c_str(), 0600), 0);
+  auto ufs = LocalUfs::Open(dir / "src");
+  ASSERT_TRUE(ufs.ok());
+  const WriteCaller nobody{65534, 65534, {}};
+
+  auto w = (*ufs)->Create("users/out.bin", 0640, nobody);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Append("x").ok());
+  auto e = (*w)->Commit();
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->uid, 65534u);
+  EXPECT_EQ(e->gid, 65534u);
+  EXPECT_EQ(e->mode, 0640u);
+  ASSERT_TRUE((*ufs)->MakeDir("users/d", 0750, nobody).ok());
+  struct stat st;
+  ASSERT_EQ(stat((dir / "src/users/d").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+
+  // Where the writer may not write, the store says so: nothing is made or removed as root.
+  auto denied = (*ufs)->Create("roots/planted", 0644, nobody);
+  ASSERT_TRUE(denied.ok() ? (*denied)->Commit().status().code() == Code::kPermissionDenied
+                          : denied.status().code() == Code::kPermissionDenied)
+      << denied.status().ToString();
+  EXPECT_FALSE(fs::exists(dir / "src/roots/planted"));
+  EXPECT_EQ((*ufs)->Remove("roots/secret", nobody).code(), Code::kPermissionDenied);
+  EXPECT_EQ((*ufs)->Rename("users/out.bin", "roots/secret", nobody).code(), Code::kPermissionDenied);
+  EXPECT_EQ(testing::ReadFile(dir / "src/roots/secret"), "root only");
+  UfsAttrChange give;
+  give.uid = 0;
+  EXPECT_EQ((*ufs)->SetAttr("users/out.bin", give, nobody).code(), Code::kPermissionDenied) << "chown needs root";
+  UfsAttrChange mode;
+  mode.mode = 0604;
+  mode.mtime_ns = int64_t{1'700'000'000} * 1'000'000'000 + 5;
+  ASSERT_TRUE((*ufs)->SetAttr("users/out.bin", mode, nobody).ok());
+  ASSERT_EQ(stat((dir / "src/users/out.bin").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0604u);
+  EXPECT_EQ(st.st_mtim.tv_sec, 1'700'000'000);
+  EXPECT_EQ(st.st_mtim.tv_nsec, 5);
+  // The thread acts as root again afterwards.
+  EXPECT_TRUE((*ufs)->Create("roots/mine", 0600).ok());
+}
+
 TEST(LocalUfs, DetectsChangedAndMissingFiles) {
   testing::TempDir dir;
   testing::WriteFile(dir / "f", "aaaa");
