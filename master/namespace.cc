@@ -1309,6 +1309,19 @@ StatusOr<Namespace::WriteTarget> Namespace::PrepareWrite(uint64_t ino) {
 StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const std::string& name,
                                            const std::string& written_path, const UfsEntry& written) {
   if (written.is_dir) return InvalidArgumentError("commit of " + name + ": the under-storage has a directory there");
+  // Attributes no store gives are a caller's mistake or worse, never recorded (a size of 2^64-1
+  // would make the file answer EIO to every stat).
+  if (written.size > kMaxFileSize) {
+    return InvalidArgumentError("commit of " + name + ": a size of " + std::to_string(written.size) +
+                                " bytes is beyond any store's (at most " + std::to_string(kMaxFileSize) + ")");
+  }
+  if (written.mode > 07777) return InvalidArgumentError("commit of " + name + ": mode " + std::to_string(written.mode) + " is not permission bits");
+  if (written.version.empty() || written.version.size() > 1024) {
+    return InvalidArgumentError("commit of " + name + ": the store's version must be 1 to 1024 bytes");
+  }
+  if (written.uid == UINT32_MAX || written.gid == UINT32_MAX) {
+    return InvalidArgumentError("commit of " + name + ": owner -1 is no owner");
+  }
   UfsEntry e = written;
   // The file by its inode: it may have been renamed (or removed) while its bytes were uploaded.
   auto rec = GetRecord(ino);
@@ -1336,6 +1349,24 @@ StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const 
     return rec.status();
   }
   ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, "commit " + name));
+  // A chmod, chown or utimes made while the store had no copy of the file (a write=back file
+  // closed, its upload not done): applied to the store now, as the daemon (the caller was checked
+  // when it asked).
+  UfsAttrChange pending_attrs;
+  if (rec.ok() && rec->type() == rpc::REGULAR && rec->set_while_pending() != 0) {
+    const uint32_t bits = rec->set_while_pending();
+    if (bits & 1) pending_attrs.mode = rec->mode();
+    if (bits & 2) pending_attrs.uid = rec->uid();
+    if (bits & 4) pending_attrs.gid = rec->gid();
+    if (bits & 8) pending_attrs.mtime_ns = rec->mtime_ns();
+    auto ufs = UfsFor(rec->mount_id());
+    Status applied = ufs.ok() ? (*ufs)->SetAttr(rec->ufs_path(), pending_attrs) : ufs.status();
+    if (!applied.ok()) {
+      spdlog::warn("commit of inode {}: the mode, owner or times set while it was written could not be kept: {}", ino,
+                   applied.ToString());
+      pending_attrs = {};
+    }
+  }
   std::vector<FileKey> reclaim;
   rpc::Attr attr;
   {
@@ -1363,6 +1394,11 @@ StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const 
     if (e.mode != 0) r.set_mode(e.mode);
     r.set_uid(e.uid);  // as the store has it, so a later sync changes nothing
     r.set_gid(e.gid);
+    if (pending_attrs.mode) r.set_mode(*pending_attrs.mode);
+    if (pending_attrs.uid) r.set_uid(*pending_attrs.uid);
+    if (pending_attrs.gid) r.set_gid(*pending_attrs.gid);
+    if (pending_attrs.mtime_ns) r.set_mtime_ns(*pending_attrs.mtime_ns);
+    r.set_set_while_pending(0);
     r.set_synced_ns(NowNs());
     m.set_known_bytes(m.known_bytes() + e.size);
     rocksdb::WriteBatch batch;
@@ -1374,7 +1410,8 @@ StatusOr<rpc::Attr> Namespace::CommitWrite(uint64_t ino, uint64_t parent, const 
   return attr;
 }
 
-Status Namespace::Remove(uint64_t parent, const std::string& name, bool dir_wanted) {
+Status Namespace::Remove(uint64_t parent, const std::string& name, bool dir_wanted, const WriteCaller& as,
+                         uint64_t pending_ino) {
   ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, (dir_wanted ? "rmdir " : "unlink ") + name));
   RETURN_IF_ERROR(EnsureListed(dir));
   ASSIGN_OR_RETURN(uint64_t ino, GetChild(parent, name));
@@ -1386,11 +1423,20 @@ Status Namespace::Remove(uint64_t parent, const std::string& name, bool dir_want
   if (r.ino() == r.mount_id() || (is_dir && r.ufs_path().empty())) {
     return InvalidArgumentError("cannot remove the root of a mounted dataset (use granary umount)");
   }
-  ASSIGN_OR_RETURN(auto ufs, UfsFor(r.mount_id()));
-  Status st = is_dir ? ufs->RemoveDir(r.ufs_path()) : ufs->Remove(r.ufs_path());
-  // A file written but not yet committed (or removed by someone else) is not in the store: the
-  // name goes all the same.
-  if (!st.ok() && st.code() != Code::kNotFound) return st;
+  const bool never_committed = !is_dir && r.version().empty();
+  if (pending_ino != 0 && (ino != pending_ino || !never_committed)) {
+    return NotFoundError("unlink " + name + ": no longer the file whose write failed");
+  }
+  if (pending_ino == 0) {
+    ASSIGN_OR_RETURN(auto ufs, UfsFor(r.mount_id()));
+    // A file written but never committed is not in the store (unless another writer put one
+    // there): only its name goes, whatever the store would say to a remove (a read-only source
+    // answers EROFS even for a name it does not have).
+    const bool in_store = !never_committed || !ufs->Stat(r.ufs_path()).status().IsNotFound();
+    Status st = !in_store ? Status::OK() : is_dir ? ufs->RemoveDir(r.ufs_path(), as) : ufs->Remove(r.ufs_path(), as);
+    // Removed by someone else meanwhile: the name goes all the same.
+    if (!st.ok() && st.code() != Code::kNotFound) return st;
+  }
   std::vector<FileKey> reclaim;
   {
     MutexLock lock(&mu_);
@@ -1411,17 +1457,18 @@ Status Namespace::Remove(uint64_t parent, const std::string& name, bool dir_want
   return Status::OK();
 }
 
-StatusOr<rpc::Attr> Namespace::MakeDir(uint64_t parent, const std::string& name, uint32_t mode, uint32_t uid,
-                                       uint32_t gid) {
+StatusOr<rpc::Attr> Namespace::MakeDir(uint64_t parent, const std::string& name, uint32_t mode,
+                                       const WriteCaller& as) {
+  uint32_t uid = as.uid, gid = as.gid;
   if (!IsValidName(name) || IsWritingName(name)) return InvalidArgumentError("'" + name + "' cannot be a directory name here");
   ASSIGN_OR_RETURN(InodeRecord dir, WritableDir(parent, "mkdir " + name));
   RETURN_IF_ERROR(EnsureListed(dir));
   if (GetChild(parent, name).ok()) return AlreadyExistsError("mkdir " + name + ": it exists");
   ASSIGN_OR_RETURN(auto ufs, UfsFor(dir.mount_id()));
   std::string path = JoinPath(dir.ufs_path(), name);
-  RETURN_IF_ERROR(ufs->MakeDir(path, mode));
-  // The owner and mode as the store made them (the master's user; an object store's marker has
-  // none: the caller's), so a later sync changes nothing.
+  RETURN_IF_ERROR(ufs->MakeDir(path, mode, as));
+  // The owner and mode as the store made them (the caller where the store keeps owners; an object
+  // store's marker has none: the caller's), so a later sync changes nothing.
   auto made = ufs->Stat(path);
   if (made.ok() && made->is_dir) {
     uid = made->uid;
@@ -1455,7 +1502,7 @@ StatusOr<rpc::Attr> Namespace::MakeDir(uint64_t parent, const std::string& name,
 }
 
 Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
-                         bool noreplace) {
+                         bool noreplace, const WriteCaller& as) {
   if (!IsValidName(new_name) || IsWritingName(new_name)) return InvalidArgumentError("'" + new_name + "' cannot be a name here");
   ASSIGN_OR_RETURN(InodeRecord from_dir, WritableDir(parent, "rename " + name));
   ASSIGN_OR_RETURN(InodeRecord to_dir, WritableDir(new_parent, "rename to " + new_name));
@@ -1486,7 +1533,7 @@ Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_
   }
   const std::string new_path = JoinPath(to_dir.ufs_path(), new_name);
   ASSIGN_OR_RETURN(auto ufs, UfsFor(r.mount_id()));
-  Status renamed = ufs->Rename(r.ufs_path(), new_path);
+  Status renamed = ufs->Rename(r.ufs_path(), new_path, as);
   // A file whose first commit has not come yet is not in the store: only its name moves (its
   // commit moves the bytes there, CommitWrite).
   const bool pending = renamed.IsNotFound() && IsPendingWrite(r, NowNs());
@@ -1555,6 +1602,55 @@ Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_
   }
   Reclaim(std::move(reclaim));
   return Status::OK();
+}
+
+StatusOr<rpc::Attr> Namespace::SetAttr(uint64_t ino, const UfsAttrChange& change, const WriteCaller& as) {
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
+  if (r.mount_id() == 0 || r.ino() == r.mount_id()) {
+    return ReadOnlyError("chmod/chown/utimes: " + std::string(r.mount_id() == 0 ? "outside every mounted dataset"
+                                                                                  : "the root of a mounted dataset keeps its mode"));
+  }
+  RETURN_IF_ERROR(WritableDir(r.parent(), "chmod/chown/utimes of " + r.name()).status());
+  if (change.mode && *change.mode > 07777) return InvalidArgumentError("chmod: " + std::to_string(*change.mode) + " is not permission bits");
+  if ((change.uid && *change.uid == UINT32_MAX) || (change.gid && *change.gid == UINT32_MAX)) {
+    return InvalidArgumentError("chown: owner -1 is no owner");
+  }
+  ASSIGN_OR_RETURN(auto ufs, UfsFor(r.mount_id()));
+  const bool pending = r.type() == rpc::REGULAR && r.version().empty();
+  std::optional<UfsEntry> now;
+  if (!pending) {
+    RETURN_IF_ERROR(ufs->SetAttr(r.ufs_path(), change, as));
+    auto st = ufs->Stat(r.ufs_path());
+    if (st.ok()) now = *st;
+  }
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(ino));  // a commit may have come meanwhile
+  uint32_t bits = 0;
+  if (change.mode) fresh.set_mode(*change.mode), bits |= 1;
+  if (change.uid) fresh.set_uid(*change.uid), bits |= 2;
+  if (change.gid) fresh.set_gid(*change.gid), bits |= 4;
+  if (change.mtime_ns) fresh.set_mtime_ns(*change.mtime_ns), bits |= 8;
+  if (now && fresh.version() == now->version) {
+    // The store's own answer wins where it rounds or refuses part of the change silently.
+    fresh.set_mode(now->mode);
+    fresh.set_uid(now->uid);
+    fresh.set_gid(now->gid);
+    if (!now->is_dir) fresh.set_mtime_ns(now->mtime_ns);
+  }
+  if (pending && fresh.version().empty()) fresh.set_set_while_pending(fresh.set_while_pending() | bits);
+  if (!now && !pending) {
+    // Changed in the store, which then could not be read back: recorded as asked.
+  } else if (now && !now->is_dir && fresh.version() != now->version && !fresh.version().empty()) {
+    // The store gave the file a new version (some stores count a chmod as a change): the record
+    // follows it, so reads do not fail on a version that no longer exists.
+    fresh.set_version(now->version);
+    fresh.set_size(now->size);
+    fresh.set_mtime_ns(now->mtime_ns);
+  }
+  rocksdb::WriteBatch batch;
+  batch.Put(InodeKey(ino), fresh.SerializeAsString());
+  RETURN_IF_ERROR(journal_.Commit(&batch).WithContext("chmod/chown/utimes"));
+  return AttrOf(fresh);
 }
 
 }  // namespace granary::master

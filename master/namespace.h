@@ -67,6 +67,9 @@
 namespace granary::master {
 
 constexpr uint64_t kRootIno = 1;
+// The largest file a commit may name (1 PiB): beyond any store's (S3: 5 TiB), and far from where an
+// off_t or a block count overflows.
+constexpr uint64_t kMaxFileSize = uint64_t{1} << 50;
 
 struct LoadStats {
   // What this call listed (a resumed load counts only what it listed after its checkpoint).
@@ -147,7 +150,9 @@ class Namespace {
                                       uint32_t gid);
   // An existing file to write whole again (an open with O_TRUNC).
   StatusOr<WriteTarget> PrepareWrite(uint64_t ino);
-  // The file `ino` (named `name` in `parent` when its write began) is now `e` in the under-storage:
+  // The file `ino` (named `name` in `parent` when its write began) is now `e` in the under-storage
+  // (INVALID_ARGUMENT for attributes no store gives: a size over kMaxFileSize, a mode beyond 07777,
+  // no version):
   // its record takes the new size, version and times (the old version's blocks are reclaimed).
   // Syncs leave a created file alone until its first commit (for a day).
   // `written_path` is where the bytes went (the file's path when its write began): a file renamed
@@ -155,12 +160,22 @@ class Namespace {
   // store again (and an empty Attr returned).
   StatusOr<rpc::Attr> CommitWrite(uint64_t ino, uint64_t parent, const std::string& name,
                                   const std::string& written_path, const UfsEntry& e);
-  // unlink (dir false) or rmdir (dir true) of `name` in `parent`, in the under-storage, then here.
-  Status Remove(uint64_t parent, const std::string& name, bool dir);
-  StatusOr<rpc::Attr> MakeDir(uint64_t parent, const std::string& name, uint32_t mode, uint32_t uid, uint32_t gid);
+  // unlink (dir false) or rmdir (dir true) of `name` in `parent`, in the under-storage (acting for
+  // `as`), then here. A file made by PrepareCreate that the store does not have yet goes by its
+  // name only. `pending_ino` nonzero: only that never-committed file's name goes, and the store is
+  // not touched (a write whose commit failed takes its entry back); NOT_FOUND when the name is
+  // another's or the file was committed meanwhile.
+  Status Remove(uint64_t parent, const std::string& name, bool dir, const WriteCaller& as = {},
+                uint64_t pending_ino = 0);
+  // The new directory is made acting for `as` (its owner where the store keeps owners).
+  StatusOr<rpc::Attr> MakeDir(uint64_t parent, const std::string& name, uint32_t mode, const WriteCaller& as);
   // rename(2) within one mount; `noreplace`: ALREADY_EXISTS when `new_name` exists.
   Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
-                bool noreplace);
+                bool noreplace, const WriteCaller& as = {});
+  // chmod, chown, utimes of `ino`: in the store, acting for `as`, where it keeps them (local, NFS;
+  // object stores: NotSupportedError), then in the record. A file not in the store yet (being
+  // written) keeps the change in its record, and its commit applies it (CommitWrite).
+  StatusOr<rpc::Attr> SetAttr(uint64_t ino, const UfsAttrChange& change, const WriteCaller& as);
   // The write mode of `mount_id` (kOff for 0 and unknown mounts).
   WriteMode WriteModeOf(uint64_t mount_id) const;
 

@@ -236,17 +236,33 @@ class MasterService final : public MetadataCallbacks {
     e.version = req->version();
     return Reply(ns_->CommitWrite(req->ino(), req->parent(), req->name(), req->ufs_path(), e), resp);
   }
+  // Who a write call acts for (granary-fuse sends the FUSE request's ids).
+  static WriteCaller CallerOf(const rpc::Caller& c) { return WriteCaller{c.uid(), c.gid(), {c.groups().begin(), c.groups().end()}}; }
   grpc::Status Remove(ServerContext* ctx, const rpc::RemoveRequest* req, rpc::RemoveResponse*) override {
     GRANARY_LEADER(L);
-    return ToGrpc(ns_->Remove(req->parent(), req->name(), req->directory()));
+    return ToGrpc(ns_->Remove(req->parent(), req->name(), req->directory(), CallerOf(req->caller()), req->pending_ino()));
   }
   grpc::Status MakeDir(ServerContext* ctx, const rpc::MakeDirRequest* req, rpc::AttrResponse* resp) override {
     GRANARY_LEADER(L);
-    return Reply(ns_->MakeDir(req->parent(), req->name(), req->mode(), req->uid(), req->gid()), resp);
+    WriteCaller as = CallerOf(req->caller());
+    as.uid = req->uid();
+    as.gid = req->gid();
+    return Reply(ns_->MakeDir(req->parent(), req->name(), req->mode(), as), resp);
   }
   grpc::Status Rename(ServerContext* ctx, const rpc::RenameRequest* req, rpc::RenameResponse*) override {
     GRANARY_LEADER(L);
-    return ToGrpc(ns_->Rename(req->parent(), req->name(), req->new_parent(), req->new_name(), req->noreplace()));
+    return ToGrpc(ns_->Rename(req->parent(), req->name(), req->new_parent(), req->new_name(), req->noreplace(),
+                              CallerOf(req->caller())));
+  }
+  grpc::Status SetAttr(ServerContext* ctx, const rpc::SetAttrRequest* req, rpc::AttrResponse* resp) override {
+    GRANARY_LEADER(L);
+    UfsAttrChange c;
+    if (req->has_mode()) c.mode = req->mode();
+    if (req->has_uid()) c.uid = req->uid();
+    if (req->has_gid()) c.gid = req->gid();
+    if (req->has_atime_ns()) c.atime_ns = req->atime_ns();
+    if (req->has_mtime_ns()) c.mtime_ns = req->mtime_ns();
+    return Reply(ns_->SetAttr(req->ino(), c, CallerOf(req->caller())), resp);
   }
   grpc::Status RegisterWorker(ServerContext* ctx, const rpc::RegisterWorkerRequest* req,
                               rpc::RegisterWorkerResponse* resp) override {

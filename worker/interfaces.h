@@ -43,6 +43,7 @@ struct MountHandle {
   uint32_t replicas = 1;              // the mount's cache.replicas
   bool elastic = true;                // the mount's cache.elastic: keep elastic copies of what this node reads
   uint64_t block_size = 0;            // the mount's block size (0: a mount made before it was kept)
+  WriteMode write = WriteMode::kOff;  // the mount's `write` option: whether writes may reach its store
 };
 
 struct PeerRef {

@@ -183,7 +183,7 @@ StatusOr<MountHandle> MasterLink::GetMount(uint64_t mount_id) {
   bool opened_now = false;
   ASSIGN_OR_RETURN(OpenedMount m, mounts_.Get(mount_id, &opened_now));
   if (opened_now && m.cache.policy) store_->SetMountPolicy(mount_id, *m.cache.policy);
-  return MountHandle{m.uri, m.ufs, m.cache.policy, m.cache.replicas, m.cache.elastic, m.block_size};
+  return MountHandle{m.uri, m.ufs, m.cache.policy, m.cache.replicas, m.cache.elastic, m.block_size, m.cache.write};
 }
 
 uint64_t MasterLink::worker_id() {

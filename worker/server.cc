@@ -443,6 +443,15 @@ class WorkerServerImpl final : public WorkerServer {
 
   void Shutdown() override {
     if (stopped_.exchange(true)) return;
+    if (writes_) {
+      // Nothing is lost, but someone stopping this process should know what is still waiting.
+      WriteSessions::Backlog b = writes_->backlog();
+      if (b.files > 0) {
+        spdlog::warn("stopping with {} file(s) ({} bytes) written with write=back not yet uploaded: they stay staged "
+                     "in {} and are uploaded when a worker with this worker.staging_dir starts again",
+                     b.files, b.bytes, writes_->dir());
+      }
+    }
     metrics_.reset();
     if (local_) local_->Stop();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

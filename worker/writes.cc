@@ -51,13 +51,27 @@ Status SyncDir(const std::string& dir) {
   return rc == 0 ? Status::OK() : ErrnoError(err, "fsync " + dir);
 }
 
+// The writer a target's store calls act for.
+WriteCaller CallerOf(const WriteTarget& t) { return WriteCaller{t.uid, t.gid, t.groups}; }
+
+// The mount of a write, only while it is mounted writable: a worker writes nothing into a store
+// its operator mounted read-only, whoever asks.
+StatusOr<MountHandle> WritableMount(MountResolver* mounts, uint64_t mount_id) {
+  ASSIGN_OR_RETURN(MountHandle m, mounts->GetMount(mount_id));
+  if (m.write == WriteMode::kOff) {
+    return ReadOnlyError("the dataset is mounted read-only (write=off): nothing is written to " + RedactUri(m.uri));
+  }
+  return m;
+}
+
 }  // namespace
 
 std::string EncodeWriteManifest(const WriteManifest& m) {
   const WriteTarget& t = m.target;
   nlohmann::json j = {{"mount_id", t.mount_id}, {"ino", t.ino},     {"parent", t.parent}, {"ufs_path", t.ufs_path},
                       {"name", t.name},         {"mode", t.mode},   {"uid", t.uid},       {"gid", t.gid},
-                      {"write_mode", t.write_mode}, {"sealed", m.sealed}, {"size", m.size}, {"block_size", t.block_size}};
+                      {"write_mode", t.write_mode}, {"sealed", m.sealed}, {"size", m.size}, {"block_size", t.block_size},
+                      {"groups", t.groups}};
   // Paths arrive as protobuf strings (UTF-8, checked when the frame parses); `replace` only keeps
   // dump() from ever throwing.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -99,6 +113,19 @@ StatusOr<WriteManifest> ParseWriteManifest(std::string_view text) {
   num("write_mode", UINT32_MAX, &t.write_mode);
   num("block_size", uint64_t{1} << 40, &t.block_size);
   num("size", UINT64_MAX, &m.size);
+  if (auto it = j.find("groups"); it != j.end()) {
+    if (!it->is_array() || it->size() > 65536) {
+      if (bad.empty()) bad = "groups";
+    } else {
+      for (const auto& g : *it) {
+        if (!g.is_number_unsigned() || g.get<uint64_t>() > UINT32_MAX) {
+          if (bad.empty()) bad = "groups";
+          break;
+        }
+        t.groups.push_back(static_cast<uint32_t>(g.get<uint64_t>()));
+      }
+    }
+  }
   if (auto it = j.find("sealed"); it != j.end()) {
     if (it->is_boolean()) m.sealed = it->get<bool>();
     else if (bad.empty()) bad = "sealed";
@@ -225,18 +252,18 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
   *fd = -1;
   switch (call.op()) {
     case rpc::WriteCall::BEGIN: {
-      auto mode = static_cast<WriteMode>(call.write_mode());
-      if (mode != WriteMode::kThrough && mode != WriteMode::kBack) {
-        return InvalidArgumentError("write session: write mode " + std::to_string(call.write_mode()) + " is not through or back");
-      }
       if (call.ufs_path().empty() || call.name().empty()) return InvalidArgumentError("write session: no path");
       if (!CheckRelativePath(call.ufs_path()).ok() || !IsValidName(call.name())) {
         return InvalidArgumentError("write session: the path or name is not a valid path below the mount");
       }
+      if (call.mode() > 07777) return InvalidArgumentError("write session: mode " + std::to_string(call.mode()) + " is not permission bits");
+      // The mount's write mode, not the caller's word.
+      ASSIGN_OR_RETURN(MountHandle mount, WritableMount(mounts_, call.mount_id()));
       Session s;
       s.conn = conn;
       s.target = {call.mount_id(), call.ino(), call.parent(), call.ufs_path(), call.name(),
-                  call.mode(),     call.uid(), call.gid(),    call.write_mode(), call.block_size()};
+                  call.mode(),     call.uid(), call.gid(),    static_cast<uint32_t>(mount.write), call.block_size(),
+                  {call.groups().begin(), call.groups().end()}};
       uint64_t id;
       {
         MutexLock lock(&mu_);
@@ -383,9 +410,9 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       }
       if (stream) return Status::OK();
       // The first PROGRESS: the upload begins.
-      ASSIGN_OR_RETURN(MountHandle m, mounts_->GetMount(target.mount_id));
+      ASSIGN_OR_RETURN(MountHandle m, WritableMount(mounts_, target.mount_id));
       auto fresh = std::make_shared<Stream>();
-      ASSIGN_OR_RETURN(fresh->writer, m.ufs->Create(target.ufs_path, target.mode));
+      ASSIGN_OR_RETURN(fresh->writer, m.ufs->Create(target.ufs_path, target.mode, CallerOf(target)));
       {
         MutexLock sl(&fresh->mu);
         fresh->target = call.size();
@@ -418,10 +445,10 @@ void WriteSessions::ConnectionClosed(uint64_t conn) {
 }
 
 Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint64_t size, rpc::LocalResponse* resp) {
-  ASSIGN_OR_RETURN(MountHandle m, mounts_->GetMount(t.mount_id));
+  ASSIGN_OR_RETURN(MountHandle m, WritableMount(mounts_, t.mount_id));
   int f = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f < 0) return ErrnoError(errno, "open staging file " + data_path);
-  auto w = m.ufs->Create(t.ufs_path, t.mode);
+  auto w = m.ufs->Create(t.ufs_path, t.mode, CallerOf(t));
   if (!w.ok()) {
     close(f);
     return w.status();
@@ -483,9 +510,12 @@ Status WriteSessions::Committed(const Target& t, const std::string& data_path, c
     if (k.fd >= 0) close(k.fd);  // too many waiting: this one is read cold
     cv_.notify_all();
   }
-  if (resp != nullptr) {
+  if (resp != nullptr) {  // write=through (write=back's uploads are counted by the uploader)
     resp->set_committed_size(e.size);
     resp->set_committed_version(e.version);
+    MutexLock lock(&mu_);
+    ++uploaded_;
+    uploaded_bytes_ += e.size;
   }
   return Status::OK();
 }

@@ -23,6 +23,12 @@
 // died: the file was never acknowledged). At start, sealed files are queued again (a kill -9 or a
 // reboot loses no acknowledged write); unsealed staging files are deleted.
 //
+// Who writes: the writer's uid, gid and groups (the FUSE request's) come with BEGIN, are kept in the
+// manifest, and every call to the store for the file acts for them (WriteCaller), also an upload
+// after a restart. The mount decides whether a file may be written at all: BEGIN and every upload
+// check the mount's own `write` option (a mount not writable is EROFS, whatever the caller says),
+// and the write mode is the mount's, not the caller's.
+//
 // Never a partial or mixed file in the store: the store's writer makes the whole file appear at
 // once, and two sessions for one path commit one after the other (last commit wins, whole).
 //
@@ -40,6 +46,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -54,6 +61,7 @@ struct WriteTarget {
   std::string ufs_path, name;
   uint32_t mode = 0644, uid = 0, gid = 0, write_mode = 0;
   uint64_t block_size = 0;
+  std::vector<uint32_t> groups;  // the writer's supplementary groups (uid, gid above): WriteCaller
 };
 
 // A staging file's manifest (<n>.json in worker.staging_dir): its target, whether it is sealed
@@ -93,7 +101,7 @@ class WriteSessions {
 
   struct Backlog {
     uint64_t files = 0, bytes = 0;  // sealed, not uploaded yet
-    uint64_t uploaded = 0, uploaded_bytes = 0, failures = 0;  // since start
+    uint64_t uploaded = 0, uploaded_bytes = 0, failures = 0;  // since start (through and back)
     uint64_t open_sessions = 0;
   };
   Backlog backlog() const;

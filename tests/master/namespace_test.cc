@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -125,6 +126,59 @@ TEST_F(NamespaceTest, MountErrors) {
   EXPECT_EQ(ns_->Mount("/d", dir_ / "src", {}).status().code(), Code::kAlreadyExists);
   EXPECT_EQ(ns_->Mount("/d/inner", dir_ / "src", {}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ns_->Mount("/x", "s3cret://bucket", {}).status().code(), Code::kUnimplemented);
+}
+
+// Issue 50, findings 4 and 6: a commit's attributes are checked; a name made for a write that never
+// committed goes by its name only, even where the store would refuse a remove.
+TEST_F(NamespaceTest, WritesCheckWhatTheyRecord) {
+  std::map<std::string, std::string> opts{{"write", "through"}};
+  auto m = ns_->Mount("/w", "file://" + dir_ / "src", opts);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto root = ns_->Resolve("/w");
+  ASSERT_TRUE(root.ok());
+  auto t = ns_->PrepareCreate(root->ino(), "new.bin", 0644, 0, 0);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const uint64_t ino = t->file.attr().ino();
+  UfsEntry e;
+  e.name = "new.bin";
+  e.size = ~uint64_t{0};
+  e.mode = 0644;
+  e.version = "v";
+  EXPECT_EQ(ns_->CommitWrite(ino, root->ino(), "new.bin", "new.bin", e).status().code(), Code::kInvalidArgument);
+  e.size = 3;
+  e.mode = 0xFFFFFFFF;
+  EXPECT_EQ(ns_->CommitWrite(ino, root->ino(), "new.bin", "new.bin", e).status().code(), Code::kInvalidArgument);
+  e.mode = 0644;
+  e.version = "";
+  EXPECT_EQ(ns_->CommitWrite(ino, root->ino(), "new.bin", "new.bin", e).status().code(), Code::kInvalidArgument);
+  auto a = ns_->GetAttr(ino);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->size(), 0u) << "a refused commit changed the record";
+
+  // The write failed: its entry goes without the store being asked (it has nothing there).
+  EXPECT_EQ(ns_->Remove(root->ino(), "top.txt", false, {}, ino).code(), Code::kNotFound) << "another file's name";
+  ASSERT_TRUE(ns_->Remove(root->ino(), "new.bin", false, {}, ino).ok());
+  EXPECT_EQ(ns_->Lookup(root->ino(), "new.bin").status().code(), Code::kNotFound);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "src/top.txt"));
+
+  // A pending file's chmod is kept in its record and applied by its commit.
+  auto t2 = ns_->PrepareCreate(root->ino(), "later.bin", 0644, 0, 0);
+  ASSERT_TRUE(t2.ok());
+  UfsAttrChange c;
+  c.mode = 0600;
+  auto changed = ns_->SetAttr(t2->file.attr().ino(), c, {});
+  ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  EXPECT_EQ(changed->mode() & 0777, 0600u);
+  testing::WriteFile(dir_ / "src/later.bin", "abc");
+  ASSERT_EQ(chmod((dir_ / "src/later.bin").c_str(), 0644), 0);
+  auto st = (*OpenUnderFileSystem("file://" + dir_ / "src", {}))->Stat("later.bin");
+  ASSERT_TRUE(st.ok());
+  auto committed = ns_->CommitWrite(t2->file.attr().ino(), root->ino(), "later.bin", "later.bin", *st);
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+  EXPECT_EQ(committed->mode() & 0777, 0600u);
+  struct stat sb;
+  ASSERT_EQ(stat((dir_ / "src/later.bin").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0600u) << "the chmod made while it was written did not reach the store";
 }
 
 TEST_F(NamespaceTest, UnmountRemovesSubtreeAndEmptyParents) {
