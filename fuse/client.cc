@@ -61,11 +61,7 @@ StatusOr<rpc::Attr> Client::MakeDir(const rpc::MakeDirRequest& req) {
   return resp.attr();
 }
 
-Status Client::Remove(uint64_t parent, const std::string& name, bool directory) {
-  rpc::RemoveRequest req;
-  req.set_parent(parent);
-  req.set_name(name);
-  req.set_directory(directory);
+Status Client::Remove(const rpc::RemoveRequest& req) {
   rpc::RemoveResponse resp;
   return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Remove(&ctx, req, &resp); }),
                   "the master");
@@ -75,6 +71,14 @@ Status Client::Rename(const rpc::RenameRequest& req) {
   rpc::RenameResponse resp;
   return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Rename(&ctx, req, &resp); }),
                   "the master");
+}
+
+StatusOr<rpc::Attr> Client::SetAttr(const rpc::SetAttrRequest& req) {
+  rpc::AttrResponse resp;
+  RETURN_IF_ERROR(FromGrpc(
+      CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.SetAttr(&ctx, req, &resp); }),
+      "the master"));
+  return resp.attr();
 }
 
 StatusOr<std::string> Client::LocalSocketPath() {

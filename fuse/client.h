@@ -96,8 +96,9 @@ class Client {
   StatusOr<rpc::WriteTarget> PrepareCreate(const rpc::PrepareCreateRequest& req);
   StatusOr<rpc::WriteTarget> PrepareWrite(uint64_t ino);
   StatusOr<rpc::Attr> MakeDir(const rpc::MakeDirRequest& req);
-  Status Remove(uint64_t parent, const std::string& name, bool directory);
+  Status Remove(const rpc::RemoveRequest& req);
   Status Rename(const rpc::RenameRequest& req);
+  StatusOr<rpc::Attr> SetAttr(const rpc::SetAttrRequest& req);
   // The path of the local worker's socket; UNAVAILABLE when it has none (writes need it).
   StatusOr<std::string> LocalSocketPath();
   // The master's report (workers, mounts with the files and bytes known of each).

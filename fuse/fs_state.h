@@ -126,7 +126,7 @@ struct Fs {
     if (writes) return writes.get();
     auto path = client->LocalSocketPath();
     if (!path.ok()) return path.status();
-    writes = std::make_unique<WriteFiles>(*path);
+    writes = std::make_unique<WriteFiles>(*path, [this] { return handles->Number(); });
     return writes.get();
   }
   // The write handles' table when writes began (null: none did).

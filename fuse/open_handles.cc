@@ -6,7 +6,12 @@
 namespace granary::fuse {
 
 OpenHandles::OpenHandles(uint64_t seed, std::function<uint64_t(uint64_t)> to_kernel)
-    : to_kernel_(std::move(to_kernel)), next_(((seed & 0x7fffff) + 1) << 40) {}
+    : to_kernel_(std::move(to_kernel)), next_(((seed & 0x3fffff) + 1) << 40) {}
+
+uint64_t OpenHandles::Number() {
+  MutexLock lock(&mu_);
+  return next_++;
+}
 
 uint64_t OpenHandles::Add(std::shared_ptr<OpenFile> of) {
   MutexLock lock(&mu_);

@@ -3,9 +3,11 @@
 // OpenFile (fuse/open_file.h). Kernel mode has none: its reads come by inode (fuse/kernel_reads.h).
 //
 // Rules (tests/fuse/open_handles_test.cc checks them, a model test among them):
-//   - Numbers carry an epoch: the first is ((seed & 0x7fffff) + 1) << 40, then one more per open.
+//   - Numbers carry an epoch: the first is ((seed & 0x3fffff) + 1) << 40, then one more per open.
 //     The kernel keeps sending a crashed predecessor's handles, and with another epoch they never
-//     name one of ours (2^23 epochs of 2^40 opens).
+//     name one of ours (2^22 epochs of 2^40 opens). Numbers stay below 2^62: bit 63 marks a write
+//     handle (fuse/writes.h), whose number is drawn from this same numbering (Number), so a read
+//     and a write handle, or a predecessor's and ours, never share one.
 //   - A handle is found (Find) or ended (Take) only together with the inode it was opened on; a
 //     number with another inode is not ours: null.
 //   - A number the kernel sends that this process never gave (a dead predecessor's) is rebuilt by
@@ -40,6 +42,8 @@ class OpenHandles {
 
   // A new handle for `of`.
   uint64_t Add(std::shared_ptr<OpenFile> of) EXCLUDES(mu_);
+  // A number of this numbering for a handle kept elsewhere (a write handle: WriteFiles).
+  uint64_t Number() EXCLUDES(mu_);
   // The handle `fh` when it was opened on kernel inode `kino`; else null.
   std::shared_ptr<OpenFile> Find(uint64_t fh, uint64_t kino) EXCLUDES(mu_);
   // The same, and the handle ends (RELEASE, or an open whose reply failed).

@@ -59,7 +59,7 @@ Tracer::PathFn TracePaths(Fs* fs);
 // An OPEN for writing (or with O_TRUNC): joins or starts the inode's write (fuse/writes.h).
 void OpenForWrite(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
 // READ, FLUSH/FSYNC and RELEASE of a write handle.
-void ReadWriteHandle(fuse_req_t req, uint64_t fh, size_t size, off_t off);
+void ReadWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, size_t size, off_t off);
 void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_upload);
 void ReleaseWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh);
 

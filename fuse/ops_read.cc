@@ -261,10 +261,29 @@ void ReplyKernelOpen(fuse_req_t req, Fs* fs, fuse_file_info* fi) {
   fuse_reply_open(req, fi);
 }
 
+// A read-only open of a file written on this node and not yet in the master as such (being written,
+// or closed with write=back and its upload under way: fuse/writes.h, "Read-your-writes") reads
+// the bytes written, in every read mode. True when answered so.
+bool OpenWrittenHere(fuse_req_t req, Fs* fs, fuse_ino_t ino, fuse_file_info* fi) {
+  WriteFiles* w = fs->WritesIfAny();
+  if (w == nullptr || !w->Has(ino)) return false;
+  auto a = fs->client->GetAttr(fs->ToMaster(ino));
+  if (!a.ok()) return false;  // the usual path says why
+  auto fh = w->OpenStaged(ino, a->version_hash());
+  if (!fh.ok()) return false;
+  fi->fh = *fh;
+  fi->keep_cache = 0;  // pages of an earlier version must not answer
+  fi->direct_io = 0;   // mmap works
+  fi->noflush = 1;     // a reader's close commits nothing
+  if (fuse_reply_open(req, fi) != 0) w->Abort(*fh, ino).IgnoreError();
+  return true;
+}
+
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(req, "open", FsOf(req)->lat_open, ino);
   if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(req, ino, fi);
   Fs* fs = FsOf(req);
+  if (OpenWrittenHere(req, fs, ino, fi)) return;
   OpenMode mode = fs->mode;
   if (mode == OpenMode::kKernel) return ReplyKernelOpen(req, fs, fi);
   uint64_t master_ino = fs->ToMaster(ino);
@@ -330,7 +349,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
     scope.record().size = size;
   }
   Fs* fs = FsOf(req);
-  if (IsWriteHandle(fi->fh)) return ReadWriteHandle(req, fi->fh, size, off);
+  if (IsWriteHandle(fi->fh)) return ReadWriteHandle(req, ino, fi->fh, size, off);
   std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->handles->Find(fi->fh, ino) : nullptr;
   if (!held) {
     // Kernel mode (no open), or a handle of a predecessor that died before handing it over:

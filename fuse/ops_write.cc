@@ -10,7 +10,12 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "fuse/ops.h"
 
@@ -38,6 +43,68 @@ bool WritesOff(fuse_req_t req, Fs* fs) {
   return true;
 }
 
+// Who asks: the request's uid, gid and supplementary groups (libfuse reads the groups from
+// /proc/<pid>/task/<tid>/status; a process in a pid namespace this one cannot see gives its gid only).
+rpc::Caller CallerOf(fuse_req_t req) {
+  rpc::Caller c;
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  if (ctx == nullptr) return c;
+  c.set_uid(ctx->uid);
+  c.set_gid(ctx->gid);
+  gid_t groups[64];
+  int n = fuse_req_getgroups(req, 64, groups);
+  if (n > 64) {
+    std::vector<gid_t> more(static_cast<size_t>(n));
+    n = fuse_req_getgroups(req, n, more.data());
+    for (int i = 0; i >= 0 && i < n && i < static_cast<int>(more.size()); ++i) c.add_groups(more[static_cast<size_t>(i)]);
+  } else {
+    for (int i = 0; i < n; ++i) c.add_groups(groups[i]);
+  }
+  return c;
+}
+
+// Whether the thread `pid` that sent a FLUSH is ending because a signal killed it (kill -9, a
+// crash): the kernel flushes a dying process's open files too, and a file its writer never closed
+// is not a file it finished. /proc/<pid>/stat: the flags (field 9) carry PF_EXITING once the thread
+// exits, and its exit code (field 52) the signal that ended it. A normal exit (exit(0) without
+// close) is no kill: that file commits. Unknown (another pid namespace: pid 0): no kill.
+bool KilledBySignal(pid_t pid) {
+  if (pid <= 0) return false;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  char buf[2048];
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (p == nullptr) return false;
+  // Fields from 3 (state) on, space separated.
+  std::vector<unsigned long long> fields;
+  for (const char* q = p + 2; *q != '\0';) {
+    char* end = nullptr;
+    if (fields.empty()) {  // the state letter
+      fields.push_back(0);
+      q += 1;
+    } else {
+      unsigned long long v = std::strtoull(q, &end, 10);
+      if (end == q) {  // a negative number: not a field we read
+        v = 0;
+        while (*q != ' ' && *q != '\0') ++q;
+      } else {
+        q = end;
+      }
+      fields.push_back(v);
+    }
+    while (*q == ' ') ++q;
+  }
+  constexpr unsigned long long kPfExiting = 0x4;
+  if (fields.size() < 50) return false;  // field 52 is the 50th from field 3
+  const unsigned long long flags = fields[6], exit_code = fields[49];
+  return (flags & kPfExiting) != 0 && (exit_code & 0x7f) != 0;
+}
+
 // The entry of a file being written: the master's attributes with the size written so far.
 fuse_entry_param WrittenEntry(Fs* fs, const rpc::Attr& a, uint64_t size) {
   fuse_entry_param e = ToEntry(fs, a);
@@ -55,9 +122,10 @@ Status BeginWrite(Fs* fs, fuse_req_t req, fuse_ino_t kino, const rpc::WriteTarge
   target.parent = parent;
   target.name = name;
   target.mode = mode & 07777;
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  target.uid = ctx ? ctx->uid : 0;
-  target.gid = ctx ? ctx->gid : 0;
+  const rpc::Caller caller = CallerOf(req);
+  target.uid = caller.uid();
+  target.gid = caller.gid();
+  target.groups.assign(caller.groups().begin(), caller.groups().end());
   ASSIGN_OR_RETURN(uint64_t fh, writes->Open(kino, target));
   fi->fh = fh;
   fi->keep_cache = 0;
@@ -92,7 +160,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   if (!st.ok()) return ReplyError(req, st, "create");
   fuse_entry_param e = WrittenEntry(fs, t->file().attr(), 0);
   if (fuse_reply_create(req, &e, fi) != 0) {  // interrupted: no RELEASE will come, nothing to commit
-    if (auto w = fs->WritesIfAny()) w->Abort(fi->fh).IgnoreError();
+    if (auto w = fs->WritesIfAny()) w->Abort(fi->fh, kino).IgnoreError();
   }
 }
 
@@ -130,30 +198,34 @@ void OpenForWrite(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Status st = BeginWrite(fs, req, ino, *t, t->file().attr().parent(), name, t->file().attr().mode(), fi);
   if (!st.ok()) return ReplyError(req, st, "open");
   if (fuse_reply_open(req, fi) != 0) {  // interrupted: nothing to commit
-    if (auto w = fs->WritesIfAny()) w->Abort(fi->fh).IgnoreError();
+    if (auto w = fs->WritesIfAny()) w->Abort(fi->fh, ino).IgnoreError();
   }
 }
 
 void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
   OpScope scope(req, "write", FsOf(req)->lat_write, ino);
+  if (scope.tracing()) {
+    scope.record().offset = static_cast<uint64_t>(off);
+    scope.record().size = size;
+  }
   Fs* fs = FsOf(req);
   WriteFiles* w = fs->WritesIfAny();
-  if (!IsWriteHandle(fi->fh) || w == nullptr || !w->Known(fi->fh)) {
-    return ReplyError(req, FailedPreconditionError("write through a handle granary-fuse did not open for writing "
-                                                   "(it was restarted since the open)"), "write");
+  if (!IsWriteHandle(fi->fh) || w == nullptr || !w->Known(fi->fh, ino)) {
+    return ReplyError(req, FailedPreconditionError("write through a handle granary-fuse did not open for writing on "
+                                                   "this file (it was restarted since the open)"), "write");
   }
-  Status st = w->Write(fi->fh, buf, size, off);
+  Status st = w->Write(fi->fh, ino, buf, size, off);
   if (!st.ok()) return ReplyError(req, st, "write");
   fs->written_bytes += size;
   fuse_reply_write(req, size);
 }
 
-void ReadWriteHandle(fuse_req_t req, uint64_t fh, size_t size, off_t off) {
+void ReadWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, size_t size, off_t off) {
   Fs* fs = FsOf(req);
   WriteFiles* w = fs->WritesIfAny();
   if (w == nullptr) return ReplyErrno(req, EBADF);
   std::string buf(size, '\0');
-  auto n = w->Read(fh, buf.data(), size, off);
+  auto n = w->Read(fh, ino, buf.data(), size, off);
   if (!n.ok()) return ReplyError(req, n.status(), "read");
   fuse_reply_buf(req, buf.data(), *n);
 }
@@ -162,7 +234,17 @@ void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_up
   OpScope scope(req, wait_upload ? "fsync" : "flush", wait_upload ? FsOf(req)->lat_fsync : FsOf(req)->lat_flush, ino);
   Fs* fs = FsOf(req);
   WriteFiles* w = fs->WritesIfAny();
-  Status st = w != nullptr ? w->Commit(fh, wait_upload)
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  if (!wait_upload && w != nullptr && ctx != nullptr && KilledBySignal(ctx->pid)) {
+    // Its writer was killed with the file open: what it wrote is not a file it finished. Nothing is
+    // committed (by any handle of the file); the store keeps the previous version.
+    if (w->Discard(fh, ino).ok()) {
+      spdlog::warn("inode {}: its writer (pid {}) was killed before closing it; what it wrote is not committed and "
+                   "the file keeps its previous version", fs->ToMaster(ino), ctx->pid);
+    }
+    return ReplyErrno(req, EIO);
+  }
+  Status st = w != nullptr ? w->Commit(fh, ino, wait_upload)
                            : InternalError("the file was opened for writing before granary-fuse restarted; it was "
                                            "not committed (write it again)");
   Forget(fs, 0, "", fs->ToMaster(ino));
@@ -180,27 +262,42 @@ void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_up
 void ReleaseWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh) {
   Fs* fs = FsOf(req);
   if (WriteFiles* w = fs->WritesIfAny()) {
-    Status st = w->Release(fh);
-    if (!st.ok()) {
+    WriteFiles::Released r = w->Release(fh, ino);
+    if (!r.status.ok()) {
       spdlog::error("the last close of inode {} could not commit what was written after its last flush: {}",
-                    fs->ToMaster(ino), st.ToString());
+                    fs->ToMaster(ino), r.status.ToString());
+    }
+    if (r.abandoned.has_value()) {
+      // Made for this write and never committed (the commit failed, or the writer was killed): its
+      // empty entry goes, so no 0-byte file is left listed that the store never had.
+      rpc::RemoveRequest rm;
+      rm.set_parent(r.abandoned->parent);
+      rm.set_name(r.abandoned->name);
+      rm.set_pending_ino(r.abandoned->ino);
+      Status gone = fs->client->Remove(rm);
+      Forget(fs, rm.parent(), rm.name(), rm.pending_ino());
+      if (!gone.ok() && !gone.IsNotFound()) {
+        spdlog::warn("the entry of inode {}, whose write was never committed, stays listed: {}", rm.pending_ino(),
+                     gone.ToString());
+      }
     }
   }
   fuse_reply_err(req, 0);
 }
 
 void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  OpScope scope(req, "setattr", nullptr, ino);
   Fs* fs = FsOf(req);
   const uint64_t mino = fs->ToMaster(ino);
   auto a = fs->client->GetAttr(mino);
   if (!a.ok()) return ReplyError(req, a.status(), "setattr");
   if (!a->writable()) return ReplyErrno(req, EROFS);
   WriteFiles* w = fs->WritesIfAny();
-  std::optional<uint64_t> written = w != nullptr ? w->SizeOf(ino) : std::nullopt;
+  std::optional<uint64_t> written = w != nullptr ? w->SizeOf(ino, a->version_hash()) : std::nullopt;
   if (to_set & FUSE_SET_ATTR_SIZE) {
     const uint64_t size = static_cast<uint64_t>(attr->st_size);
-    if (fi != nullptr && IsWriteHandle(fi->fh) && w != nullptr && w->Known(fi->fh)) {
-      Status st = w->Truncate(fi->fh, size);
+    if (fi != nullptr && IsWriteHandle(fi->fh) && w != nullptr && w->Known(fi->fh, ino)) {
+      Status st = w->Truncate(fi->fh, ino, size);
       if (!st.ok()) return ReplyError(req, st, "truncate");
       written = size;
     } else if (size != written.value_or(a->size())) {  // a truncate to the size it has changes nothing
@@ -209,9 +306,40 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
       return ReplyErrno(req, EOPNOTSUPP);
     }
   }
-  // Permission bits, owners and times are not kept by the stores Granary writes to: accepted
-  // (tools such as cp -p and shutil.copy set them after writing) and left as they are.
-  struct stat st = ToStat(fs, *a);
+  // chmod, chown and utimes go to the store where it keeps them (the kernel has checked that the
+  // caller may: default_permissions). A store that keeps none (object stores: EOPNOTSUPP) accepts
+  // them and keeps nothing, as docs/semantics.md says: tools set them after every copy (cp -p,
+  // shutil.copy, tar), and failing those would fail the copy.
+  rpc::SetAttrRequest sa;
+  sa.set_ino(mino);
+  *sa.mutable_caller() = CallerOf(req);
+  if (to_set & FUSE_SET_ATTR_MODE) sa.set_mode(attr->st_mode & 07777);
+  if (to_set & FUSE_SET_ATTR_UID) sa.set_uid(attr->st_uid);
+  if (to_set & FUSE_SET_ATTR_GID) sa.set_gid(attr->st_gid);
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  if (to_set & FUSE_SET_ATTR_MTIME) {
+    sa.set_mtime_ns((to_set & FUSE_SET_ATTR_MTIME_NOW)
+                        ? now
+                        : static_cast<int64_t>(attr->st_mtim.tv_sec) * 1'000'000'000 + attr->st_mtim.tv_nsec);
+  }
+  if (to_set & FUSE_SET_ATTR_ATIME) {
+    sa.set_atime_ns((to_set & FUSE_SET_ATTR_ATIME_NOW)
+                        ? now
+                        : static_cast<int64_t>(attr->st_atim.tv_sec) * 1'000'000'000 + attr->st_atim.tv_nsec);
+  }
+  rpc::Attr result = *a;
+  if (sa.has_mode() || sa.has_uid() || sa.has_gid() || sa.has_mtime_ns() || sa.has_atime_ns()) {
+    if (WritesOff(req, fs)) return;
+    auto changed = fs->client->SetAttr(sa);
+    Forget(fs, 0, "", mino);
+    if (!changed.ok()) {
+      if (ToErrno(changed.status()) != EOPNOTSUPP) return ReplyError(req, changed.status(), "setattr");
+    } else {
+      result = *changed;
+    }
+  }
+  struct stat st = ToStat(fs, result);
   if (written) {
     st.st_size = static_cast<off_t>(*written);
     st.st_blocks = static_cast<blkcnt_t>((*written + 511) / 512);
@@ -220,29 +348,39 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
 }
 
 void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  OpScope scope(req, "mkdir", nullptr, parent);
+  if (scope.tracing()) scope.record().name = name;
   Fs* fs = FsOf(req);
   if (WritesOff(req, fs)) return;
   rpc::MakeDirRequest m;
   m.set_parent(fs->ToMaster(parent));
   m.set_name(name);
   m.set_mode(mode & 07777);
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  m.set_uid(ctx ? ctx->uid : 0);
-  m.set_gid(ctx ? ctx->gid : 0);
+  *m.mutable_caller() = CallerOf(req);
+  m.set_uid(m.caller().uid());
+  m.set_gid(m.caller().gid());
   auto a = fs->client->MakeDir(m);
   Forget(fs, m.parent(), name, 0);
   if (!a.ok()) return ReplyError(req, a.status(), "mkdir");
+  if (scope.tracing()) scope.record().child = a->ino();
   fuse_entry_param e = ToEntry(fs, *a);
   fuse_reply_entry(req, &e);
 }
 
 namespace {
 void RemoveCommon(fuse_req_t req, fuse_ino_t parent, const char* name, bool dir) {
+  OpScope scope(req, dir ? "rmdir" : "unlink", nullptr, parent);
+  if (scope.tracing()) scope.record().name = name;
   Fs* fs = FsOf(req);
   if (WritesOff(req, fs)) return;
   const uint64_t mparent = fs->ToMaster(parent);
   auto child = fs->client->Lookup(mparent, name);
-  Status st = fs->client->Remove(mparent, name, dir);
+  rpc::RemoveRequest rm;
+  rm.set_parent(mparent);
+  rm.set_name(name);
+  rm.set_directory(dir);
+  *rm.mutable_caller() = CallerOf(req);
+  Status st = fs->client->Remove(rm);
   Forget(fs, mparent, name, child.ok() ? child->ino() : 0);
   if (!st.ok()) return ReplyError(req, st, dir ? "rmdir" : "unlink");
   fuse_reply_err(req, 0);
@@ -254,7 +392,13 @@ void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) { RemoveCommon
 
 void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
               unsigned flags) {
+  OpScope scope(req, "rename", nullptr, parent);
   Fs* fs = FsOf(req);
+  if (scope.tracing()) {
+    scope.record().name = name;
+    scope.record().to_parent = fs->ToMaster(new_parent);
+    scope.record().to_name = new_name;
+  }
   if (WritesOff(req, fs)) return;
   if (flags & RENAME_EXCHANGE) {
     spdlog::warn("rename with RENAME_EXCHANGE refused: no under-storage swaps two names at once");
@@ -266,6 +410,7 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   r.set_new_parent(fs->ToMaster(new_parent));
   r.set_new_name(new_name);
   r.set_noreplace((flags & RENAME_NOREPLACE) != 0);
+  *r.mutable_caller() = CallerOf(req);
   auto moved = fs->client->Lookup(r.parent(), name);
   auto replaced = fs->client->Lookup(r.new_parent(), new_name);
   Status st = fs->client->Rename(r);

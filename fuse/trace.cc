@@ -71,15 +71,16 @@ std::string Join(const std::string& dir, const std::string& name) {
 
 }  // namespace
 
-std::string TraceLine(const TraceRecord& r, const std::string& path) {
+std::string TraceLine(const TraceRecord& r, const std::string& path, const std::string& to) {
   nlohmann::json j;
   j["time"] = IsoTime(r.time_ns);
   j["pid"] = r.pid;
   j["uid"] = r.uid;
   j["op"] = r.op;
   j["path"] = path;
+  if (!to.empty()) j["to"] = to;
   j["ino"] = r.ino;
-  if (std::strcmp(r.op, "read") == 0) {
+  if (std::strcmp(r.op, "read") == 0 || std::strcmp(r.op, "write") == 0) {
     j["offset"] = r.offset;
     j["size"] = r.size;
   }
@@ -165,14 +166,16 @@ void Tracer::Serve(const std::map<std::string, std::string>& params, StreamSink*
     for (const TraceRecord& r : batch) {
       if (!f.Wants(r)) continue;
       std::string path;
-      if (std::strcmp(r.op, "lookup") == 0) {
+      if (!r.name.empty()) {  // an operation on a name in directory r.ino
         path = Join(paths.Get(r.ino), r.name);
         if (r.child != 0) paths.Put(r.child, path);
       } else {
         path = paths.Get(r.ino);
       }
-      if (!f.WantsPath(path)) continue;
-      out += TraceLine(r, path);
+      std::string to;
+      if (!r.to_name.empty()) to = Join(paths.Get(r.to_parent), r.to_name);
+      if (!f.WantsPath(path) && (to.empty() || !f.WantsPath(to))) continue;
+      out += TraceLine(r, path, to);
       out += '\n';
     }
     batch.clear();

@@ -38,7 +38,9 @@ struct TraceRecord {
   uint32_t pid = 0, uid = 0;
   const char* op = "";  // a static string: lookup, getattr, open, read, ...
   uint64_t ino = 0;     // master inode (lookup: the parent)
-  std::string name;     // lookup: the child's name
+  std::string name;     // lookup, create, mkdir, unlink, rmdir, rename: the child's name in `ino`
+  uint64_t to_parent = 0;  // rename: the new directory (master inode) and name
+  std::string to_name;
   uint64_t child = 0;   // lookup: the child's master inode (0: not found)
   uint64_t offset = 0, size = 0;
   int err = 0;          // 0: success
@@ -81,6 +83,6 @@ class Tracer {
 };
 
 // One record as the JSON line described above (without the newline).
-std::string TraceLine(const TraceRecord& r, const std::string& path);
+std::string TraceLine(const TraceRecord& r, const std::string& path, const std::string& to = "");
 
 }  // namespace granary::fuse

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "common/hash.h"
 #include "rpc/local_wire.h"
 #include "common/tiers.h"
 #include "rpc/wire.h"
@@ -65,6 +66,7 @@ Status WriteFiles::BeginLocked(File& f, bool copy) {
   c.set_gid(f.target.gid);
   c.set_write_mode(f.target.target.write_mode());
   c.set_block_size(file.block_size());
+  for (uint32_t g : f.target.groups) c.add_groups(g);
   int fd = -1;
   auto resp = Call(conn, c, &fd);
   if (!resp.ok()) {
@@ -116,6 +118,7 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
     auto it = by_inode_.find(kino);
     f = it != by_inode_.end() ? it->second : std::make_shared<File>();
     f->handles++;
+    f->staged = false;  // a new version begins: the staged one's file is replaced below
     by_inode_[kino] = f;
   }
   Status st;
@@ -144,7 +147,7 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
     }
     return st;
   }
-  uint64_t fh = kWriteHandleBit | next_++;
+  uint64_t fh = NewHandle();
   by_handle_[fh] = f;
   inode_of_[fh] = kino;
   return fh;
@@ -153,24 +156,27 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
 StatusOr<uint64_t> WriteFiles::Join(uint64_t kino) {
   MutexLock lock(&mu_);
   auto it = by_inode_.find(kino);
-  if (it == by_inode_.end()) return NotFoundError("not being written here");
+  if (it == by_inode_.end() || it->second->staged) return NotFoundError("not being written here");
   it->second->handles++;
-  uint64_t fh = kWriteHandleBit | next_++;
+  uint64_t fh = NewHandle();
   by_handle_[fh] = it->second;
   inode_of_[fh] = kino;
   return fh;
 }
 
-std::shared_ptr<WriteFiles::File> WriteFiles::Of(uint64_t fh) {
+std::shared_ptr<WriteFiles::File> WriteFiles::Of(uint64_t fh, uint64_t kino) {
   MutexLock lock(&mu_);
   auto it = by_handle_.find(fh);
-  return it == by_handle_.end() ? nullptr : it->second;
+  if (it == by_handle_.end()) return nullptr;
+  auto ino = inode_of_.find(fh);
+  if (ino == inode_of_.end() || ino->second != kino) return nullptr;  // another inode's handle: not ours
+  return it->second;
 }
 
-bool WriteFiles::Known(uint64_t fh) { return Of(fh) != nullptr; }
+bool WriteFiles::Known(uint64_t fh, uint64_t kino) { return Of(fh, kino) != nullptr; }
 
-Status WriteFiles::Write(uint64_t fh, const char* buf, size_t size, off_t off) {
-  auto f = Of(fh);
+Status WriteFiles::Write(uint64_t fh, uint64_t kino, const char* buf, size_t size, off_t off) {
+  auto f = Of(fh, kino);
   if (!f) return FailedPreconditionError("write through an unknown write handle (granary-fuse restarted?)");
   MutexLock fl(&f->mu);
   if (f->failed) return f->failure;  // the same answer as the write that failed (ENOSPC stays ENOSPC)
@@ -228,8 +234,8 @@ Status WriteFiles::ProgressLocked(File& f, uint64_t off, uint64_t end) {
   return Call(f.conn, c, nullptr).status();
 }
 
-StatusOr<size_t> WriteFiles::Read(uint64_t fh, char* buf, size_t size, off_t off) {
-  auto f = Of(fh);
+StatusOr<size_t> WriteFiles::Read(uint64_t fh, uint64_t kino, char* buf, size_t size, off_t off) {
+  auto f = Of(fh, kino);
   if (!f) return FailedPreconditionError("read through an unknown write handle");
   MutexLock fl(&f->mu);
   if (f->fd < 0) return FailedPreconditionError("the file's write session ended");
@@ -247,8 +253,8 @@ StatusOr<size_t> WriteFiles::Read(uint64_t fh, char* buf, size_t size, off_t off
   return size;
 }
 
-Status WriteFiles::Truncate(uint64_t fh, uint64_t size) {
-  auto f = Of(fh);
+Status WriteFiles::Truncate(uint64_t fh, uint64_t kino, uint64_t size) {
+  auto f = Of(fh, kino);
   if (!f) return FailedPreconditionError("truncate through an unknown write handle");
   MutexLock fl(&f->mu);
   if (f->failed) return f->failure;
@@ -308,6 +314,7 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
     return resp.status();
   }
   f.dirty = false;
+  f.committed_once = true;
   // The committed staging file is not written again (write=back: the uploader owns it;
   // write=through: the worker caches the committed version's blocks from it): more writes start a
   // new session from a copy.
@@ -317,8 +324,12 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
   return Status::OK();
 }
 
-Status WriteFiles::Commit(uint64_t fh, bool wait_upload) {
-  auto f = Of(fh);
+Status WriteFiles::Commit(uint64_t fh, uint64_t kino, bool wait_upload) {
+  {
+    MutexLock lock(&mu_);
+    if (read_only_.count(fh) != 0) return Status::OK();  // a reader's: nothing of its to commit
+  }
+  auto f = Of(fh, kino);
   if (!f) {
     // Opened by a granary-fuse that was restarted since: what it wrote was dropped with it.
     return InternalError("the file was opened for writing before granary-fuse restarted; what was written through "
@@ -328,12 +339,12 @@ Status WriteFiles::Commit(uint64_t fh, bool wait_upload) {
   return CommitLocked(*f, wait_upload);
 }
 
-std::shared_ptr<WriteFiles::File> WriteFiles::DropHandle(uint64_t fh) {
+std::shared_ptr<WriteFiles::File> WriteFiles::DropHandle(uint64_t fh, uint64_t kino) {
   MutexLock lock(&mu_);
   auto it = by_handle_.find(fh);
   if (it == by_handle_.end()) return nullptr;
+  if (inode_of_[fh] != kino) return nullptr;  // another inode's handle: not ours to end
   std::shared_ptr<File> f = it->second;
-  const uint64_t kino = inode_of_[fh];
   by_handle_.erase(it);
   inode_of_.erase(fh);
   if (--f->handles != 0) return nullptr;
@@ -341,33 +352,160 @@ std::shared_ptr<WriteFiles::File> WriteFiles::DropHandle(uint64_t fh) {
   return f;
 }
 
-Status WriteFiles::Release(uint64_t fh) {
-  std::shared_ptr<File> f = DropHandle(fh);
-  if (!f) return Status::OK();
-  MutexLock fl(&f->mu);
-  Status st = f->failed ? Status::OK() : CommitLocked(*f, false);
-  EndLocked(*f);
-  return st;
+WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
+  Released r;
+  {
+    MutexLock lock(&mu_);
+    read_only_.erase(fh);
+  }
+  std::shared_ptr<File> f = DropHandle(fh, kino);
+  if (!f) return r;
+  bool stage = false;
+  uint64_t base_hash = 0;
+  {
+    MutexLock fl(&f->mu);
+    r.status = f->failed ? Status::OK() : CommitLocked(*f, false);
+    if ((f->failed || !r.status.ok()) && f->target.target.created() && !f->committed_once) {
+      r.abandoned = Abandoned{f->target.target.file().attr().ino(), f->target.parent, f->target.name};
+    }
+    const bool back = static_cast<WriteMode>(f->target.target.write_mode()) == WriteMode::kBack;
+    if (r.status.ok() && !f->failed && back && f->sealed && f->committed_once && f->fd >= 0) {
+      // Staged: the session's connection goes (the sealed file is the uploader's), the descriptor
+      // stays for this node's reads until the master has the upload.
+      if (f->conn >= 0) close(f->conn);
+      f->conn = -1;
+      f->session = 0;
+      const std::string& v = f->target.target.file().version();
+      base_hash = Checksum64(v.data(), v.size());
+      stage = true;
+    } else {
+      EndLocked(*f);
+    }
+  }
+  if (!stage) return r;
+  std::vector<std::shared_ptr<File>> dropped;
+  {
+    MutexLock lock(&mu_);
+    if (by_inode_.count(kino) == 0) {  // no new open of the inode came meanwhile
+      f->staged = true;
+      f->base_hash = base_hash;
+      by_inode_[kino] = f;
+      staged_order_.push_back(kino);
+      f = nullptr;
+      size_t staged = 0;
+      for (const auto& [k, file] : by_inode_) staged += file->staged && file->handles == 0 ? 1 : 0;
+      while (staged > kMaxStaged && !staged_order_.empty()) {
+        const uint64_t oldest = staged_order_.front();
+        staged_order_.pop_front();
+        if (auto gone = UnstageLocked(oldest)) {
+          dropped.push_back(std::move(gone));
+          --staged;
+        }
+      }
+    }
+  }
+  if (f) dropped.push_back(std::move(f));  // another File took the inode: this one's bytes are not its
+  for (auto& d : dropped) {
+    MutexLock fl(&d->mu);
+    EndLocked(*d);
+  }
+  return r;
 }
 
-std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino) {
-  MutexLock lock(&mu_);  // not the File's lock: a commit holds it for as long as an upload takes
+std::shared_ptr<WriteFiles::File> WriteFiles::UnstageLocked(uint64_t kino) {
   auto it = by_inode_.find(kino);
-  if (it == by_inode_.end()) return std::nullopt;
-  return it->second->size_seen.load();
+  if (it == by_inode_.end() || !it->second->staged || it->second->handles != 0) return nullptr;
+  std::shared_ptr<File> f = std::move(it->second);
+  by_inode_.erase(it);
+  return f;
 }
 
-Status WriteFiles::Abort(uint64_t fh) {
-  std::shared_ptr<File> f = DropHandle(fh);
+bool WriteFiles::CurrentLocked(uint64_t kino, const std::shared_ptr<File>& f, uint64_t master_version_hash,
+                               std::shared_ptr<File>* dropped) {
+  if (!f->staged || f->handles > 0 || f->base_hash == master_version_hash) return true;
+  *dropped = UnstageLocked(kino);  // the master has moved on: its version is the file now
+  return false;
+}
+
+bool WriteFiles::Has(uint64_t kino) {
+  MutexLock lock(&mu_);
+  return by_inode_.count(kino) != 0;
+}
+
+StatusOr<uint64_t> WriteFiles::OpenStaged(uint64_t kino, uint64_t master_version_hash) {
+  std::shared_ptr<File> dropped;
+  StatusOr<uint64_t> out = NotFoundError("not written or staged here");
+  {
+    MutexLock lock(&mu_);
+    auto it = by_inode_.find(kino);
+    if (it != by_inode_.end()) {
+      std::shared_ptr<File> f = it->second;
+      if (CurrentLocked(kino, f, master_version_hash, &dropped)) {
+        f->handles++;
+        const uint64_t fh = NewHandle();
+        by_handle_[fh] = f;
+        inode_of_[fh] = kino;
+        read_only_.insert(fh);
+        out = fh;
+      }
+    }
+  }
+  if (dropped) {
+    MutexLock fl(&dropped->mu);
+    EndLocked(*dropped);
+  }
+  return out;
+}
+
+std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino, uint64_t master_version_hash) {
+  std::shared_ptr<File> dropped;
+  std::optional<uint64_t> out;
+  {
+    MutexLock lock(&mu_);  // not the File's lock: a commit holds it for as long as an upload takes
+    auto it = by_inode_.find(kino);
+    if (it == by_inode_.end()) return std::nullopt;
+    if (CurrentLocked(kino, it->second, master_version_hash, &dropped)) out = it->second->size_seen.load();
+  }
+  if (dropped) {
+    MutexLock fl(&dropped->mu);
+    EndLocked(*dropped);
+  }
+  return out;
+}
+
+Status WriteFiles::Abort(uint64_t fh, uint64_t kino) {
+  bool reader;
+  {
+    MutexLock lock(&mu_);
+    reader = read_only_.count(fh) != 0;
+  }
+  if (reader) return Release(fh, kino).status;  // a reader's handle: the staged File stays
+  std::shared_ptr<File> f = DropHandle(fh, kino);
   if (!f) return Status::OK();
   MutexLock fl(&f->mu);
   EndLocked(*f);  // the worker drops the session: nothing is committed
   return Status::OK();
 }
 
+Status WriteFiles::Discard(uint64_t fh, uint64_t kino) {
+  {
+    MutexLock lock(&mu_);
+    if (read_only_.count(fh) != 0) return Status::OK();  // a reader killed: the writer's file stands
+  }
+  std::shared_ptr<File> f = Of(fh, kino);
+  if (!f) return FailedPreconditionError("discard through an unknown write handle");
+  MutexLock fl(&f->mu);
+  // Never committed, by this handle or another of the inode: what a killed writer wrote is not a
+  // file it finished. Its RELEASE ends the session and the store keeps the previous version.
+  if (!f->failed) Failed(*f, AbortedError("the writer was killed before it closed the file; nothing was committed"));
+  return Status::OK();
+}
+
 size_t WriteFiles::open_files() {
   MutexLock lock(&mu_);
-  return by_inode_.size();
+  size_t n = 0;
+  for (const auto& [kino, f] : by_inode_) n += f->staged && f->handles == 0 ? 0 : 1;
+  return n;
 }
 
 }  // namespace granary::fuse

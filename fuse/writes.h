@@ -23,6 +23,22 @@
 // write that failed (ENOSPC, a lost session) marks the File failed: it is never committed, and
 // close() answers EIO.
 //
+// Read-your-writes (write=back): after a back-mode commit the worker uploads in the background, and
+// until the master has the new version every open and stat on this node would see the previous
+// one. So the File stays here after its last RELEASE, "staged": it keeps the sealed staging file
+// open (this process's own descriptor: a worker restart or the upload's unlink does not take it),
+// answers the size (SizeOf) and serves read-only opens of the inode (OpenStaged: a handle that reads
+// the staging file). It is dropped once the master's version of the file is no longer the one the
+// write started from (the upload committed, or another node's commit came after it), when a new
+// write of the inode begins, and past kMaxStaged staged files (the oldest first: its readers then
+// see the master's version until the upload ends).
+//
+// Handles: a write handle's number is kWriteHandleBit with a number of the mount's one numbering
+// (OpenHandles::Number: a random epoch, carried across a hand-over), and a handle is found only
+// together with the kernel inode it was opened on. A handle of a predecessor process (the kernel
+// keeps sending those after a restart) or one sent with another inode names no File here: the call
+// fails (EIO), it never writes or reads another writer's file.
+//
 // Reads through a write handle (O_RDWR) read the staging file. Locks: WriteFiles::mu_ guards the
 // tables; File::mu serializes one file's writes and commits (a commit never sees a write half
 // done). Thread-safe.
@@ -32,11 +48,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <deque>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -55,9 +75,24 @@ class WriteFiles {
     uint64_t parent = 0;  // master inodes
     std::string name;
     uint32_t mode = 0644, uid = 0, gid = 0;
+    std::vector<uint32_t> groups;  // the writer's supplementary groups
+  };
+  // What a RELEASE did: the commit's status (an error can only be logged) and, when the inode's last
+  // handle ended a file whose name was made for this write (WriteTarget.created) and never
+  // committed (its commit failed, or its writer was killed), that name, for the caller to take
+  // back (Client::Remove with pending_ino).
+  struct Abandoned {
+    uint64_t ino = 0, parent = 0;  // master inodes
+    std::string name;
+  };
+  struct Released {
+    Status status;
+    std::optional<Abandoned> abandoned;
   };
 
-  explicit WriteFiles(std::string socket_path) : socket_(std::move(socket_path)) {}
+  // `number` gives each new handle its number (OpenHandles::Number; below 2^62).
+  WriteFiles(std::string socket_path, std::function<uint64_t()> number)
+      : socket_(std::move(socket_path)), number_(std::move(number)) {}
   ~WriteFiles();
 
   // Opens kernel inode `kino` for writing from empty (CREATE, O_TRUNC): a new session, or the
@@ -67,21 +102,36 @@ class WriteFiles {
   // NOT_FOUND when `kino` is not being written here.
   StatusOr<uint64_t> Join(uint64_t kino);
 
-  Status Write(uint64_t fh, const char* buf, size_t size, off_t off);
-  StatusOr<size_t> Read(uint64_t fh, char* buf, size_t size, off_t off);
-  Status Truncate(uint64_t fh, uint64_t size);
+  // Every call names the handle and the kernel inode the kernel sent with it; a pair that was not
+  // opened here is FAILED_PRECONDITION.
+  Status Write(uint64_t fh, uint64_t kino, const char* buf, size_t size, off_t off);
+  StatusOr<size_t> Read(uint64_t fh, uint64_t kino, char* buf, size_t size, off_t off);
+  Status Truncate(uint64_t fh, uint64_t kino, uint64_t size);
   // FLUSH (wait_upload false) and FSYNC (true): commits what was written since the last commit.
-  Status Commit(uint64_t fh, bool wait_upload);
+  Status Commit(uint64_t fh, uint64_t kino, bool wait_upload);
   // RELEASE: the handle ends; the inode's last one commits what is uncommitted and ends the session.
-  Status Release(uint64_t fh);
+  Released Release(uint64_t fh, uint64_t kino);
   // A handle whose open was never acknowledged (the reply was interrupted): ends it committing
   // nothing.
-  Status Abort(uint64_t fh);
+  Status Abort(uint64_t fh, uint64_t kino);
+  // The writer of this handle was killed (its FLUSH came from a process ended by a signal): the
+  // File is never committed (by any handle of the inode); the RELEASEs end it, and the store keeps
+  // the previous version.
+  Status Discard(uint64_t fh, uint64_t kino);
 
-  // The size of `kino` while it is written here (getattr answers it).
-  std::optional<uint64_t> SizeOf(uint64_t kino);
-  // The File of a handle's inode is being written here (write handles of this process).
-  bool Known(uint64_t fh);
+  // The size of `kino` while it is written here, or staged (write=back: closed, its upload not in
+  // the master yet): getattr and lookup answer it. `master_version_hash` is the master's
+  // Attr.version_hash of the file now: a staged File whose write began from another version is
+  // dropped (the master has the upload, or a newer commit) and nullopt returned.
+  std::optional<uint64_t> SizeOf(uint64_t kino, uint64_t master_version_hash);
+  // A read-only handle on `kino` while it is written here or staged (the same check): reads read the
+  // staging file. NOT_FOUND when there is none.
+  StatusOr<uint64_t> OpenStaged(uint64_t kino, uint64_t master_version_hash);
+  // Whether `kino` has a File here (being written or staged): a cheap test before asking the master.
+  bool Has(uint64_t kino);
+  static constexpr size_t kMaxStaged = 1024;
+  // The handle was opened here on kernel inode `kino`.
+  bool Known(uint64_t fh, uint64_t kino);
   size_t open_files();
 
  private:
@@ -97,6 +147,11 @@ class WriteFiles {
     Status failure GUARDED_BY(mu);       // that write's error, answered to every later write
     bool dirty GUARDED_BY(mu) = false;   // written (or emptied) since the last commit
     bool sealed GUARDED_BY(mu) = false;  // write=back: the worker took the staging file
+    bool committed_once GUARDED_BY(mu) = false;  // some commit of this File succeeded
+    // write=back: no handle left, the sealed staging file kept for reads until the master's version
+    // is no longer `base_hash` (Checksum64 of the version the write began from). Under WriteFiles::mu_.
+    bool staged = false;
+    uint64_t base_hash = 0;
     // write=through: the bytes [0, contiguous) were all written, and [0, reported) were told to the
     // worker as final (PROGRESS), which streams them to the store meanwhile. A write or truncate
     // below `reported` drops that upload (a PROGRESS of 0): close() then uploads the whole file.
@@ -121,16 +176,27 @@ class WriteFiles {
   static constexpr uint64_t kProgressStep = 32 << 20;
   // Staged bytes after which their writeback to disk is started (sync_file_range, not waited for).
   static constexpr uint64_t kStartWriteback = 16 << 20;
-  std::shared_ptr<File> Of(uint64_t fh);
-  // Forgets handle `fh`; the inode's File when it was its last handle (else null).
-  std::shared_ptr<File> DropHandle(uint64_t fh) EXCLUDES(mu_);
+  // The File of handle `fh` when it was opened on `kino`; else null.
+  std::shared_ptr<File> Of(uint64_t fh, uint64_t kino);
+  // Forgets handle `fh` (opened on `kino`); the inode's File when it was its last handle (else null).
+  std::shared_ptr<File> DropHandle(uint64_t fh, uint64_t kino) EXCLUDES(mu_);
+  uint64_t NewHandle() { return kWriteHandleBit | number_(); }
 
   const std::string socket_;
+  const std::function<uint64_t()> number_;
   Mutex mu_;
-  uint64_t next_ GUARDED_BY(mu_) = 1;
   std::unordered_map<uint64_t, std::shared_ptr<File>> by_handle_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<File>> by_inode_ GUARDED_BY(mu_);  // kernel inode
   std::unordered_map<uint64_t, uint64_t> inode_of_ GUARDED_BY(mu_);               // handle -> kernel inode
+  std::unordered_set<uint64_t> read_only_ GUARDED_BY(mu_);  // OpenStaged's handles: no commit, ever
+  std::deque<uint64_t> staged_order_ GUARDED_BY(mu_);       // staged kernel inodes, oldest first
+  // Drops the staged File of `kino` when it is staged only (no handle). Its descriptor is closed
+  // by the caller outside the lock (returned).
+  std::shared_ptr<File> UnstageLocked(uint64_t kino) REQUIRES(mu_);
+  // Whether the File `f` of `kino` may answer for a master at `master_version_hash`; drops a stale
+  // staged one (returned in *dropped).
+  bool CurrentLocked(uint64_t kino, const std::shared_ptr<File>& f, uint64_t master_version_hash,
+                     std::shared_ptr<File>* dropped) REQUIRES(mu_);
 };
 
 }  // namespace granary::fuse
