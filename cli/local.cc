@@ -1,6 +1,8 @@
 #include "cli/local.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
@@ -102,6 +104,29 @@ StatusOr<std::string> EnsureMounted(const Config& cfg, const std::string& name, 
   return path;
 }
 
+// A fresh token for this run's daemons, in `dir` (0700, this user's): <dir>/token, 0600. Only this
+// user can read it, so only this user's CLI reaches the loopback master and worker: `granary local`
+// run as root does not make every local user root through them (docs/security.md).
+StatusOr<std::string> MakeInstanceToken(const std::string& dir) {
+  unsigned char raw[32];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(errno, "getrandom for the instance token");
+    got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char c : raw) {
+    token += kHex[c >> 4];
+    token += kHex[c & 15];
+  }
+  const std::string path = dir + "/token";
+  RETURN_IF_ERROR(WriteFileAtomic(path, token + "\n"));
+  return path;
+}
+
 }  // namespace
 
 int RunLocal(const LocalOptions& opts, Config cfg) {
@@ -138,6 +163,24 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   }
   Status st = MakeDirs(dir, 0700);
   if (!st.ok()) return fail(st.WithContext("--dir"));
+  // It holds the instance token and the namespace: this user's alone, even when it existed wider.
+  {
+    struct stat ds;
+    if (stat(dir.c_str(), &ds) == 0 && ds.st_uid == geteuid() && (ds.st_mode & 077) != 0 && chmod(dir.c_str(), 0700) != 0) {
+      return fail(ErrnoError(errno, "--dir: chmod 0700 " + dir));
+    }
+    if (stat(dir.c_str(), &ds) == 0 && (ds.st_uid != geteuid() || (ds.st_mode & 022) != 0)) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(ds.st_mode & 07777));
+      return fail(PermissionDeniedError("--dir " + dir + " is not this user's alone (owner uid " + std::to_string(ds.st_uid) +
+                                        ", mode " + mode + "); give it to this user with mode 0700, or choose another --dir"));
+    }
+  }
+  if (!cfg.IsExplicit("rpc.token_file")) {
+    auto token = MakeInstanceToken(dir);
+    if (!token.ok()) return fail(token.status().WithContext("--dir"));
+    SetDefault(&cfg, "rpc.token_file", *token);
+  }
 
   SetDefault(&cfg, "master.listen", "127.0.0.1:0");
   SetDefault(&cfg, "worker.listen", "127.0.0.1:0");
