@@ -35,7 +35,7 @@ fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a) {
   e.attr = ToStat(fs, a);
   if (a.writable() && a.type() != rpc::DIRECTORY) {
     if (WriteFiles* w = fs->WritesIfAny()) {
-      if (auto size = w->SizeOf(e.ino, a.version_hash())) {  // written or staged here: that size
+      if (auto size = w->SizeOf(e.ino)) {  // written or staged here: that size
         e.attr.st_size = static_cast<off_t>(*size);
         e.attr.st_blocks = static_cast<blkcnt_t>((*size + 511) / 512);
       }

@@ -198,7 +198,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   struct stat st = ToStat(fs, *a);
   if (a->writable() && a->type() != rpc::DIRECTORY) {
     if (WriteFiles* w = fs->WritesIfAny()) {
-      if (auto size = w->SizeOf(ino, a->version_hash())) {  // being written here: the size written so far
+      if (auto size = w->SizeOf(ino)) {  // being written here: the size written so far
         st.st_size = static_cast<off_t>(*size);
         st.st_blocks = static_cast<blkcnt_t>((*size + 511) / 512);
       }

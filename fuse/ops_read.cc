@@ -267,9 +267,7 @@ void ReplyKernelOpen(fuse_req_t req, Fs* fs, fuse_file_info* fi) {
 bool OpenWrittenHere(fuse_req_t req, Fs* fs, fuse_ino_t ino, fuse_file_info* fi) {
   WriteFiles* w = fs->WritesIfAny();
   if (w == nullptr || !w->Has(ino)) return false;
-  auto a = fs->client->GetAttr(fs->ToMaster(ino));
-  if (!a.ok()) return false;  // the usual path says why
-  auto fh = w->OpenStaged(ino, a->version_hash());
+  auto fh = w->OpenStaged(ino);
   if (!fh.ok()) return false;
   fi->fh = *fh;
   fi->keep_cache = 0;  // pages of an earlier version must not answer

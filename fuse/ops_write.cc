@@ -293,7 +293,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
   if (!a.ok()) return ReplyError(req, a.status(), "setattr");
   if (!a->writable()) return ReplyErrno(req, EROFS);
   WriteFiles* w = fs->WritesIfAny();
-  std::optional<uint64_t> written = w != nullptr ? w->SizeOf(ino, a->version_hash()) : std::nullopt;
+  std::optional<uint64_t> written = w != nullptr ? w->SizeOf(ino) : std::nullopt;
   if (to_set & FUSE_SET_ATTR_SIZE) {
     const uint64_t size = static_cast<uint64_t>(attr->st_size);
     if (fi != nullptr && IsWriteHandle(fi->fh) && w != nullptr && w->Known(fi->fh, ino)) {

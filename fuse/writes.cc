@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "common/hash.h"
 #include "rpc/local_wire.h"
 #include "common/tiers.h"
 #include "rpc/wire.h"
@@ -44,6 +43,10 @@ StatusOr<rpc::LocalResponse> Call(int conn, const rpc::WriteCall& call, int* fd,
 }  // namespace
 
 WriteFiles::~WriteFiles() {
+  {
+    MutexLock q(&query_mu_);
+    if (query_conn_ >= 0) close(query_conn_);
+  }
   MutexLock lock(&mu_);
   for (auto& [kino, f] : by_inode_) {
     MutexLock fl(&f->mu);
@@ -315,6 +318,7 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
   }
   f.dirty = false;
   f.committed_once = true;
+  if (back) f.last_sealed = resp->sealed();
   // The committed staging file is not written again (write=back: the uploader owns it;
   // write=through: the worker caches the committed version's blocks from it): more writes start a
   // new session from a copy.
@@ -361,7 +365,7 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
   std::shared_ptr<File> f = DropHandle(fh, kino);
   if (!f) return r;
   bool stage = false;
-  uint64_t base_hash = 0;
+  uint64_t sealed_id = 0;
   {
     MutexLock fl(&f->mu);
     r.status = f->failed ? Status::OK() : CommitLocked(*f, false);
@@ -375,8 +379,7 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
       if (f->conn >= 0) close(f->conn);
       f->conn = -1;
       f->session = 0;
-      const std::string& v = f->target.target.file().version();
-      base_hash = Checksum64(v.data(), v.size());
+      sealed_id = f->last_sealed;
       stage = true;
     } else {
       EndLocked(*f);
@@ -388,7 +391,7 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
     MutexLock lock(&mu_);
     if (by_inode_.count(kino) == 0) {  // no new open of the inode came meanwhile
       f->staged = true;
-      f->base_hash = base_hash;
+      f->sealed_id = sealed_id;
       by_inode_[kino] = f;
       staged_order_.push_back(kino);
       f = nullptr;
@@ -420,11 +423,51 @@ std::shared_ptr<WriteFiles::File> WriteFiles::UnstageLocked(uint64_t kino) {
   return f;
 }
 
-bool WriteFiles::CurrentLocked(uint64_t kino, const std::shared_ptr<File>& f, uint64_t master_version_hash,
-                               std::shared_ptr<File>* dropped) {
-  if (!f->staged || f->handles > 0 || f->base_hash == master_version_hash) return true;
-  *dropped = UnstageLocked(kino);  // the master has moved on: its version is the file now
-  return false;
+bool WriteFiles::UploadPending(uint64_t id) {
+  rpc::WriteCall c;
+  c.set_op(rpc::WriteCall::UPLOADED);
+  c.set_session(id);
+  MutexLock lock(&query_mu_);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (query_conn_ < 0) {
+      auto conn = ConnectUnix(socket_);
+      if (!conn.ok()) return true;
+      query_conn_ = *conn;
+    }
+    bool transport = false;
+    auto resp = Call(query_conn_, c, nullptr, &transport);
+    if (resp.ok()) return resp->upload_pending();
+    close(query_conn_);  // a worker restarted since, or an answer we cannot read: ask anew once
+    query_conn_ = -1;
+    if (!transport) return true;
+  }
+  return true;
+}
+
+std::shared_ptr<WriteFiles::File> WriteFiles::Current(uint64_t kino) {
+  uint64_t sealed_id = 0;
+  std::shared_ptr<File> f;
+  {
+    MutexLock lock(&mu_);
+    auto it = by_inode_.find(kino);
+    if (it == by_inode_.end()) return nullptr;
+    f = it->second;
+    if (!f->staged || f->handles > 0) return f;
+    sealed_id = f->sealed_id;
+  }
+  if (UploadPending(sealed_id)) return f;
+  std::shared_ptr<File> dropped;
+  {
+    MutexLock lock(&mu_);
+    auto it = by_inode_.find(kino);
+    if (it != by_inode_.end() && it->second == f) dropped = UnstageLocked(kino);  // the master has it now
+    if (it != by_inode_.end() && it->second == f && !dropped) return f;  // opened meanwhile: it answers
+  }
+  if (dropped) {
+    MutexLock fl(&dropped->mu);
+    EndLocked(*dropped);
+  }
+  return nullptr;
 }
 
 bool WriteFiles::Has(uint64_t kino) {
@@ -432,45 +475,25 @@ bool WriteFiles::Has(uint64_t kino) {
   return by_inode_.count(kino) != 0;
 }
 
-StatusOr<uint64_t> WriteFiles::OpenStaged(uint64_t kino, uint64_t master_version_hash) {
-  std::shared_ptr<File> dropped;
-  StatusOr<uint64_t> out = NotFoundError("not written or staged here");
-  {
-    MutexLock lock(&mu_);
-    auto it = by_inode_.find(kino);
-    if (it != by_inode_.end()) {
-      std::shared_ptr<File> f = it->second;
-      if (CurrentLocked(kino, f, master_version_hash, &dropped)) {
-        f->handles++;
-        const uint64_t fh = NewHandle();
-        by_handle_[fh] = f;
-        inode_of_[fh] = kino;
-        read_only_.insert(fh);
-        out = fh;
-      }
-    }
-  }
-  if (dropped) {
-    MutexLock fl(&dropped->mu);
-    EndLocked(*dropped);
-  }
-  return out;
+StatusOr<uint64_t> WriteFiles::OpenStaged(uint64_t kino) {
+  std::shared_ptr<File> f = Current(kino);
+  if (!f) return NotFoundError("not written or staged here");
+  MutexLock lock(&mu_);
+  auto it = by_inode_.find(kino);
+  if (it == by_inode_.end() || it->second != f) return NotFoundError("not written or staged here");
+  f->handles++;
+  const uint64_t fh = NewHandle();
+  by_handle_[fh] = f;
+  inode_of_[fh] = kino;
+  read_only_.insert(fh);
+  return fh;
 }
 
-std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino, uint64_t master_version_hash) {
-  std::shared_ptr<File> dropped;
-  std::optional<uint64_t> out;
-  {
-    MutexLock lock(&mu_);  // not the File's lock: a commit holds it for as long as an upload takes
-    auto it = by_inode_.find(kino);
-    if (it == by_inode_.end()) return std::nullopt;
-    if (CurrentLocked(kino, it->second, master_version_hash, &dropped)) out = it->second->size_seen.load();
-  }
-  if (dropped) {
-    MutexLock fl(&dropped->mu);
-    EndLocked(*dropped);
-  }
-  return out;
+std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino) {
+  // Not the File's lock: a commit holds it for as long as an upload takes.
+  std::shared_ptr<File> f = Current(kino);
+  if (!f) return std::nullopt;
+  return f->size_seen.load();
 }
 
 Status WriteFiles::Abort(uint64_t fh, uint64_t kino) {

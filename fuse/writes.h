@@ -28,8 +28,9 @@
 // one. So the File stays here after its last RELEASE, "staged": it keeps the sealed staging file
 // open (this process's own descriptor: a worker restart or the upload's unlink does not take it),
 // answers the size (SizeOf) and serves read-only opens of the inode (OpenStaged: a handle that reads
-// the staging file). It is dropped once the master's version of the file is no longer the one the
-// write started from (the upload committed, or another node's commit came after it), when a new
+// the staging file). Each time it is asked, it asks the worker whether that sealed version is still
+// waiting (WriteCall UPLOADED, on a connection of its own); once the worker says it is uploaded —
+// the master has it then — the File goes and the master's answer stands. It also goes when a new
 // write of the inode begins, and past kMaxStaged staged files (the oldest first: its readers then
 // see the master's version until the upload ends).
 //
@@ -120,13 +121,11 @@ class WriteFiles {
   Status Discard(uint64_t fh, uint64_t kino);
 
   // The size of `kino` while it is written here, or staged (write=back: closed, its upload not in
-  // the master yet): getattr and lookup answer it. `master_version_hash` is the master's
-  // Attr.version_hash of the file now: a staged File whose write began from another version is
-  // dropped (the master has the upload, or a newer commit) and nullopt returned.
-  std::optional<uint64_t> SizeOf(uint64_t kino, uint64_t master_version_hash);
-  // A read-only handle on `kino` while it is written here or staged (the same check): reads read the
-  // staging file. NOT_FOUND when there is none.
-  StatusOr<uint64_t> OpenStaged(uint64_t kino, uint64_t master_version_hash);
+  // the master yet): getattr and lookup answer it. nullopt: neither (the master's answer stands).
+  std::optional<uint64_t> SizeOf(uint64_t kino);
+  // A read-only handle on `kino` while it is written here or staged: reads read the staging file.
+  // NOT_FOUND when there is none.
+  StatusOr<uint64_t> OpenStaged(uint64_t kino);
   // Whether `kino` has a File here (being written or staged): a cheap test before asking the master.
   bool Has(uint64_t kino);
   static constexpr size_t kMaxStaged = 1024;
@@ -148,10 +147,11 @@ class WriteFiles {
     bool dirty GUARDED_BY(mu) = false;   // written (or emptied) since the last commit
     bool sealed GUARDED_BY(mu) = false;  // write=back: the worker took the staging file
     bool committed_once GUARDED_BY(mu) = false;  // some commit of this File succeeded
-    // write=back: no handle left, the sealed staging file kept for reads until the master's version
-    // is no longer `base_hash` (Checksum64 of the version the write began from). Under WriteFiles::mu_.
+    uint64_t last_sealed GUARDED_BY(mu) = 0;     // write=back: the worker's number of the last sealed version
+    // write=back: no handle left, the sealed staging file kept for reads until the worker says the
+    // sealed version `sealed_id` is uploaded. Under WriteFiles::mu_.
     bool staged = false;
-    uint64_t base_hash = 0;
+    uint64_t sealed_id = 0;
     // write=through: the bytes [0, contiguous) were all written, and [0, reported) were told to the
     // worker as final (PROGRESS), which streams them to the store meanwhile. A write or truncate
     // below `reported` drops that upload (a PROGRESS of 0): close() then uploads the whole file.
@@ -193,10 +193,15 @@ class WriteFiles {
   // Drops the staged File of `kino` when it is staged only (no handle). Its descriptor is closed
   // by the caller outside the lock (returned).
   std::shared_ptr<File> UnstageLocked(uint64_t kino) REQUIRES(mu_);
-  // Whether the File `f` of `kino` may answer for a master at `master_version_hash`; drops a stale
-  // staged one (returned in *dropped).
-  bool CurrentLocked(uint64_t kino, const std::shared_ptr<File>& f, uint64_t master_version_hash,
-                     std::shared_ptr<File>* dropped) REQUIRES(mu_);
+  // The File of `kino` when it still answers for the inode: being written here, or staged with its
+  // upload still waiting (asked of the worker, outside mu_); a staged one whose upload is done is
+  // dropped. Null: the master's answer stands.
+  std::shared_ptr<File> Current(uint64_t kino) EXCLUDES(mu_);
+  // Whether the worker still waits to upload sealed version `id` (an error counts as waiting: the
+  // staged bytes are what this node wrote last).
+  bool UploadPending(uint64_t id) EXCLUDES(query_mu_);
+  Mutex query_mu_;
+  int query_conn_ GUARDED_BY(query_mu_) = -1;  // UPLOADED calls, on a connection of their own
 };
 
 }  // namespace granary::fuse

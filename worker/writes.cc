@@ -349,6 +349,7 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       unlink(manifest.c_str());
       RETURN_IF_ERROR(SyncDir(dir_));
       resp->set_committed_size(call.size());
+      resp->set_sealed(sealed.id);
       const uint64_t id = sealed.id;
       MutexLock lock(&mu_);
       open_.erase(call.session());
@@ -422,6 +423,13 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       auto it = open_.find(call.session());
       if (it == open_.end()) return Status::OK();  // ended meanwhile: `fresh` aborts
       it->second.stream = std::move(fresh);
+      return Status::OK();
+    }
+    case rpc::WriteCall::UPLOADED: {
+      MutexLock lock(&mu_);
+      bool pending = uploading_ && uploading_id_ == call.session();
+      for (const Sealed& q : queue_) pending = pending || q.id == call.session();
+      resp->set_upload_pending(pending);
       return Status::OK();
     }
     default:
@@ -621,6 +629,7 @@ void WriteSessions::UploadLoop() {
         lock.WaitUntil(&cv_, soonest);
       }
       uploading_ = true;
+      uploading_id_ = s.id;
       uploading_bytes_ = s.size;
     }
     Status st = Upload(s.target, s.data_path, s.size, nullptr);

@@ -18,7 +18,8 @@
 //                  the staged bytes until the store takes them. With wait_upload (fsync) the
 //                  answer waits for that upload; one that keeps failing answers its last error
 //                  after kSyncWait (the upload goes on trying).
-// A sealed file belongs to the uploader: granary-fuse starts a new session for writes after a
+// UPLOADED tells granary-fuse whether a sealed version still waits (it serves that version's reads
+// on its node until then: fuse/writes.h, "Read-your-writes"). A sealed file belongs to the uploader: granary-fuse starts a new session for writes after a
 // back-mode commit. Sessions a connection did not seal are dropped when it closes (granary-fuse
 // died: the file was never acknowledged). At start, sealed files are queued again (a kill -9 or a
 // reboot loses no acknowledged write); unsealed staging files are deleted.
@@ -175,6 +176,7 @@ class WriteSessions {
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
   uint64_t uploading_bytes_ GUARDED_BY(mu_) = 0;
   bool uploading_ GUARDED_BY(mu_) = false;
+  uint64_t uploading_id_ GUARDED_BY(mu_) = 0;  // the sealed version being uploaded (uploading_)
   bool stop_ GUARDED_BY(mu_) = false;
   uint64_t uploaded_ GUARDED_BY(mu_) = 0, uploaded_bytes_ GUARDED_BY(mu_) = 0, failures_ GUARDED_BY(mu_) = 0;
   std::thread uploader_;
