@@ -147,6 +147,11 @@ void HandoverReceived::CloseAll() {
     if (*f >= 0) close(*f);
     *f = -1;
   }
+  for (WriteFile& w : write_files) {
+    if (w.fd >= 0) close(w.fd);
+    if (w.conn >= 0) close(w.conn);
+  }
+  write_files.clear();
 }
 
 StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds timeout) {
@@ -215,6 +220,20 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
   m.set_fingerprint(fingerprint);
   Status st = SendHandover(*s, m);
   StatusOr<HandoverReceived> r = st.ok() ? ReceiveHandover(*s, timeout) : StatusOr<HandoverReceived>(st);
+  if (r.ok() && r->msg.kind() == rpc::HandoverMessage::STATE) {
+    // The files open for writing come next, each with its staging file and session.
+    for (uint32_t i = 0; i < r->msg.state().write_files(); ++i) {
+      auto w = ReceiveHandover(*s, std::chrono::seconds(10));
+      if (!w.ok() || w->msg.kind() != rpc::HandoverMessage::WRITE_FILE || w->fd < 0) {
+        spdlog::error("the predecessor's files open for writing did not all come ({} of {}): {}; their writers get EIO",
+                      i, r->msg.state().write_files(), w.ok() ? "an unexpected message" : w.status().message());
+        if (w.ok()) w->CloseAll();
+        break;
+      }
+      r->write_files.push_back({w->msg.write_file(), w->fd, w->ring_fd});
+      w->fd = w->ring_fd = -1;
+    }
+  }
   if (r.ok() && r->msg.kind() == rpc::HandoverMessage::STATE &&
       (r->msg.state().uring_payload() > 0 || r->msg.state().backings_size() > 0)) {
     // The predecessor serves its rings until ours are registered (RINGS_READY), and holds its

@@ -14,7 +14,10 @@
 //             goes on serving), stops reading /dev/fuse, lets the requests it has read be answered
 //             (SessionIo::Drain), and sends STATE: the descriptor, the kernel's INIT request, the
 //             read mode, the open file handles and the passthrough backing ids (which belong to the
-//             connection). It then exits without unmounting. No request is lost.
+//             connection); then a WRITE_FILE message for each file open for writing (its staging
+//             file and its write session's connection to the worker attached: the session lives
+//             on, and its writers go on writing into their own file, fuse/writes.h). It then exits
+//             without unmounting. No request is lost, and no write.
 //   crash     A keeper holds a duplicate of the descriptor and the connection's state (DEPOSIT,
 //             then BACKING_PUT / BACKING_DROP as backing ids change, HANDLE_PUT / HANDLE_DROP as
 //             passthrough mode's daemon-served opens come and go). When the serving process dies
@@ -58,6 +61,8 @@
 namespace granary::fuse {
 
 // Bumped when FuseConnectionState changes meaning; a successor of another format is refused.
+// (STATE followed by WRITE_FILE messages is format 1 still: a successor that predates them ignores
+// state.write_files and the messages, and those writers get EIO, as before them.)
 inline constexpr uint32_t kHandoverFormat = 1;
 
 // The settings a successor must share with the process it takes over from: the mount, what it
@@ -80,6 +85,13 @@ struct HandoverReceived {
   // A hand-over of a connection served through io_uring: the socket to the predecessor, kept open
   // for RINGS_READY (fuse/uring.h), owned by the receiver (-1: none).
   int peer = -1;
+  // A hand-over's files open for writing (WRITE_FILE messages after STATE): each with its staging
+  // file and its write session's connection (-1: none), owned by the receiver.
+  struct WriteFile {
+    rpc::FuseWriteFile file;
+    int fd = -1, conn = -1;
+  };
+  std::vector<WriteFile> write_files;
   void CloseAll();  // closes what it owns
 };
 

@@ -174,6 +174,11 @@ Status FuseMountImpl::Init(const Config& cfg) {
         if (*f >= 0) close(*f);
         *f = -1;
       }
+      for (HandoverReceived::WriteFile& w : (*got)->write_files) {  // those not taken over
+        if (w.fd >= 0) close(w.fd);
+        if (w.conn >= 0) close(w.conn);
+      }
+      (*got)->write_files.clear();
     }
   } close_extras{&got};
   if (got && got->msg.state().format() != kHandoverFormat) {
@@ -278,6 +283,19 @@ Status FuseMountImpl::Init(const Config& cfg) {
   if (got) {
     io_->SetNegotiated(got->msg.state().passthrough_negotiated());
     ApplyState(got->msg.state());
+    if (!got->write_files.empty()) {  // the predecessor's files open for writing go on here
+      auto writes = fs_->Writes();
+      if (!writes.ok()) {
+        spdlog::error("the {} file(s) open for writing that came with the hand-over cannot go on ({}); their writers "
+                      "get EIO", got->write_files.size(), writes.status().message());
+      } else {
+        for (HandoverReceived::WriteFile& w : got->write_files) {
+          (*writes)->Restore(w.file, w.fd, w.conn);
+          w.fd = w.conn = -1;
+        }
+        spdlog::info("took over {} file(s) open for writing", got->write_files.size());
+      }
+    }
     io_->SetUring(got->msg.state().uring_payload());
   } else if (cfg.fuse.transport == "uring") {
     if (Status probe = UringQueues::Probe(); probe.ok()) {

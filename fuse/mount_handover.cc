@@ -153,6 +153,10 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   rpc::HandoverMessage out;
   out.set_kind(rpc::HandoverMessage::STATE);
   *out.mutable_state() = Snapshot(true);
+  // Files open for writing go on in the successor: their staging files and sessions go along.
+  std::vector<WriteFiles::Exported> writing;
+  if (WriteFiles* w = fs_->WritesIfAny()) writing = w->Export();
+  out.mutable_state()->set_write_files(static_cast<uint32_t>(writing.size()));
   close(listen_fd_);  // the successor listens on the same path
   listen_fd_ = -1;
   Status st = SendHandover(c, out, io_->fd(), ring ? ring->memory().fd : -1);
@@ -170,6 +174,18 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
     return;
   }
   handed_over_ = true;
+  for (size_t i = 0; i < writing.size(); ++i) {
+    rpc::HandoverMessage wf;
+    wf.set_kind(rpc::HandoverMessage::WRITE_FILE);
+    *wf.mutable_write_file() = writing[i].file;
+    Status sent = SendHandover(c, wf, writing[i].fd, writing[i].conn);
+    if (!sent.ok()) {
+      spdlog::error("handing over the files open for writing failed after {} of {} ({}); the writers of the others "
+                    "get EIO and their files keep their previous versions", i, writing.size(), sent.message());
+      break;
+    }
+  }
+  if (!writing.empty()) spdlog::info("handed over {} file(s) open for writing", writing.size());
   bool rings_kept = false;
   if (ring) {
     // Our parked entries hold their requests until the successor has adopted them and registered

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <map>
 
 #include "rpc/local_wire.h"
 #include "common/tiers.h"
@@ -522,6 +523,95 @@ Status WriteFiles::Discard(uint64_t fh, uint64_t kino) {
   // file it finished. Its RELEASE ends the session and the store keeps the previous version.
   if (!f->failed) Failed(*f, AbortedError("the writer was killed before it closed the file; nothing was committed"));
   return Status::OK();
+}
+
+std::vector<WriteFiles::Exported> WriteFiles::Export() {
+  MutexLock lock(&mu_);
+  std::map<const File*, Exported> by_file;
+  for (const auto& [kino, f] : by_inode_) {
+    MutexLock fl(&f->mu);  // lock order: mu_, then the File's
+    Exported& e = by_file[f.get()];
+    rpc::FuseWriteFile& w = e.file;
+    w.set_kino(kino);
+    *w.mutable_target() = f->target.target;
+    w.set_parent(f->target.parent);
+    w.set_name(f->target.name);
+    w.set_mode(f->target.mode);
+    w.set_uid(f->target.uid);
+    w.set_gid(f->target.gid);
+    for (uint32_t g : f->target.groups) w.add_groups(g);
+    w.set_session(f->session);
+    w.set_size(f->size);
+    w.set_failed(f->failed);
+    w.set_failure_code(static_cast<int32_t>(f->failure.code()));
+    w.set_failure(f->failure.message());
+    w.set_dirty(f->dirty);
+    w.set_sealed(f->sealed);
+    w.set_committed_once(f->committed_once);
+    w.set_last_sealed(f->last_sealed);
+    w.set_contiguous(f->contiguous);
+    w.set_reported(f->reported);
+    w.set_stream_dropped(f->stream_dropped);
+    w.set_staged(f->staged);
+    w.set_sealed_id(f->sealed_id);
+    w.set_has_conn(f->conn >= 0);
+    e.fd = f->fd;
+    e.conn = f->conn;
+  }
+  for (const auto& [fh, f] : by_handle_) {
+    auto it = by_file.find(f.get());
+    if (it == by_file.end()) continue;
+    it->second.file.add_handles(fh);
+    if (read_only_.count(fh) != 0) it->second.file.add_read_only(fh);
+  }
+  std::vector<Exported> out;
+  for (auto& [p, e] : by_file) {
+    if (e.fd >= 0) out.push_back(std::move(e));  // a File without its staging file has nothing to go on with
+  }
+  return out;
+}
+
+void WriteFiles::Restore(const rpc::FuseWriteFile& w, int fd, int conn) {
+  auto f = std::make_shared<File>();
+  {
+    MutexLock fl(&f->mu);
+    f->target.target = w.target();
+    f->target.parent = w.parent();
+    f->target.name = w.name();
+    f->target.mode = w.mode();
+    f->target.uid = w.uid();
+    f->target.gid = w.gid();
+    f->target.groups.assign(w.groups().begin(), w.groups().end());
+    f->fd = fd;
+    f->conn = conn;
+    f->session = conn >= 0 ? w.session() : 0;
+    f->size = w.size();
+    f->size_seen = w.size();
+    f->failed = w.failed();
+    if (w.failed()) f->failure = Status(static_cast<Code>(w.failure_code()), w.failure());
+    f->dirty = w.dirty();
+    f->sealed = w.sealed();
+    f->committed_once = w.committed_once();
+    f->last_sealed = w.last_sealed();
+    f->contiguous = w.contiguous();
+    f->reported = w.reported();
+    f->stream_dropped = w.stream_dropped();
+    if (conn < 0 && !w.staged() && !w.sealed() && !w.failed()) {
+      // Its session's connection did not come: what it wrote cannot be committed any more.
+      Failed(*f, UnavailableError("the write session was lost in a hand-over; the file keeps its previous version"));
+    }
+  }
+  MutexLock lock(&mu_);
+  f->staged = w.staged();
+  f->sealed_id = w.sealed_id();
+  f->handles = w.handles_size();
+  for (uint64_t fh : w.handles()) {
+    by_handle_[fh] = f;
+    inode_of_[fh] = w.kino();
+  }
+  for (uint64_t fh : w.read_only()) read_only_.insert(fh);
+  if (f->staged && f->handles == 0) staged_order_.push_back(w.kino());
+  by_inode_[w.kino()] = f;
 }
 
 size_t WriteFiles::open_files() {

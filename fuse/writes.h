@@ -126,6 +126,17 @@ class WriteFiles {
   // A read-only handle on `kino` while it is written here or staged: reads read the staging file.
   // NOT_FOUND when there is none.
   StatusOr<uint64_t> OpenStaged(uint64_t kino);
+  // Hand-over (fuse/handover.h): every File with its handles, staging file and session connection,
+  // for a successor to go on with (Restore). The descriptors stay this object's (the successor gets
+  // its own over SCM_RIGHTS); this process serves no request after it.
+  struct Exported {
+    rpc::FuseWriteFile file;
+    int fd = -1, conn = -1;
+  };
+  std::vector<Exported> Export() EXCLUDES(mu_);
+  // A predecessor's File, its descriptors now this object's. Its handles keep their numbers (the
+  // mount's numbering goes on from the predecessor's: OpenHandles::ContinueFrom).
+  void Restore(const rpc::FuseWriteFile& file, int fd, int conn) EXCLUDES(mu_);
   // Whether `kino` has a File here (being written or staged): a cheap test before asking the master.
   bool Has(uint64_t kino);
   static constexpr size_t kMaxStaged = 1024;

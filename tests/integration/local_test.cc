@@ -67,6 +67,61 @@ TEST(GranaryLocal, ServesReadsReportsAndStops) {
   EXPECT_NE(after.code, 0);
 }
 
+// Issue 50, finding 2: `granary local` run as root answered any local user's Remove, Rename, MakeDir
+// and Mount (with write=through) on its loopback master, and acted as root. Its daemons now answer
+// only the holder of a fresh per-instance token, readable by its own user alone.
+TEST(GranaryLocal, AnswersOnlyItsOwnUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: another user is played by setpriv";
+  if (access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "no setpriv (util-linux)";
+  TempDir dir;
+  ASSERT_EQ(chmod(dir.path().c_str(), 0755), 0);
+  WriteFile(dir / "src/a.bin", "root's data");
+  WriteFile(dir / "secret/root-only", "root only");
+  mkdir((dir / "mnt").c_str(), 0755);
+  std::map<std::string, std::string> env{{"GRANARY_HOME", dir / "home"}};
+  Process local({Bin("granary"), "local", "file://" + dir / "src", dir / "mnt", "--dir", dir / "state", "-o",
+                 "write=through"},
+                dir / "local.log", env);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt") || !local.Running(); })) << local.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt")) << local.Log();
+  // Where its master listens (the discovery file tells its own user; another finds the port anyway).
+  std::string master;
+  {
+    std::string yaml = ReadFile(dir / "home/local.yaml");
+    size_t at = yaml.find("address: \"");
+    ASSERT_NE(at, std::string::npos) << yaml;
+    master = yaml.substr(at + 10, yaml.find('"', at + 10) - at - 10);
+  }
+  struct stat st;
+  ASSERT_EQ(stat((dir / "state").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((dir / "state/token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // Its own user, through the discovery file: everything as before.
+  RunResult own = RunCommand({Bin("granary"), "mounts"}, env);
+  EXPECT_EQ(own.code, 0) << own.out;
+  // Another user: refused, whatever it asks.
+  auto as_nobody = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{"/usr/bin/setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                  Bin("granary"), "--master", master};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv, {{"GRANARY_HOME", dir / "nobody-home"}});
+  };
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"mounts"},
+           {"mount", "/evil", "file://" + dir / "secret", "-o", "write=through"},
+           {"free", "/src"},
+           {"ls", "/"}}) {
+    RunResult r = as_nobody(args);
+    EXPECT_NE(r.code, 0) << args[0] << " by another user: " << r.out;
+    EXPECT_NE(r.out.find("token"), std::string::npos) << args[0] << ": " << r.out;
+  }
+  RunResult mounts = RunCommand({Bin("granary"), "mounts"}, env);
+  EXPECT_EQ(mounts.out.find("/evil"), std::string::npos) << mounts.out;
+  EXPECT_EQ(ReadFile(dir / "secret/root-only"), "root only");
+  EXPECT_EQ(local.Stop(SIGINT), 0) << local.Log();
+}
+
 // Two datasets that share a folder name, served one after the other from one state directory:
 // each just works (a distinct name, or the old name when its source is gone), a --name taken by
 // another source stays an error, and a second `granary local` on a busy state directory is told so.

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "tests/integration/harness.h"
@@ -385,6 +386,215 @@ TEST(Writes, AFullStagingDiskGivesTheWriterEnospc) {
     EXPECT_TRUE(WaitFor([&] { return ReadFile(dir / "src/small.bin") == "fits"; }));
     EXPECT_TRUE(c.StopAll(&why)) << why;
   }
+}
+
+// ---- Issue 50: writes as an attacker on the node and as a careless user would make them ----
+
+// A Python writer run as `uid` (gid the same): opens argv[1] ('w+b'), writes argv[2], says
+// "started" in argv[3], waits for argv[4] to exist, writes argv[5], reads the whole file back
+// through the same open (O_RDWR) and prints it with the outcome of close().
+constexpr char kUserWriter[] =
+    "import os, sys, time\n"
+    "uid = int(sys.argv[6]); os.setgroups([]); os.setgid(uid); os.setuid(uid)\n"
+    "try:\n"
+    "    f = open(sys.argv[1], 'w+b')\n"
+    "    f.write(sys.argv[2].encode()); f.flush()\n"
+    "    open(sys.argv[3], 'w').write('started')\n"
+    "    while not os.path.exists(sys.argv[4]): time.sleep(0.01)\n"
+    "    f.write(sys.argv[5].encode()); f.flush()\n"
+    "    f.seek(0); back = f.read()\n"
+    "    f.close()\n"
+    "    print('closed', back.decode(errors='replace'))\n"
+    "except OSError as e:\n"
+    "    print('error', e.errno, e)\n";
+
+// A directory below `dir` owned by `uid`, mode 0700 (its parents traversable by everyone).
+void OwnedDir(const std::string& path, uid_t uid) {
+  fs::create_directories(path);
+  ASSERT_EQ(chown(path.c_str(), uid, uid), 0);
+  ASSERT_EQ(chmod(path.c_str(), 0700), 0);
+}
+
+// Finding 3: write handles restarted at 1 after a hand-over and were looked up by number only:
+// writer A (uid 65534), open across the upgrade, wrote into writer B's (uid 1001) staging file.
+// Now A's file goes on in the successor and nobody's handle names another's file.
+TEST(WritesAsAnotherUser, WritersOpenAcrossAnUpgradeKeepWritingTheirOwnFiles) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: the writers are played by setuid";
+  for (const char* mode : {"through", "back"}) {
+    SCOPED_TRACE(mode);
+    TempDir dir;
+    ASSERT_EQ(chmod(dir.path().c_str(), 0755), 0);
+    fs::create_directories(dir / "src");
+    ASSERT_EQ(chmod((dir / "src").c_str(), 0755), 0);
+    OwnedDir(dir / "src/a", 65534);
+    OwnedDir(dir / "src/b", 1001);
+    WriteFile(dir / "writer.py", kUserWriter);
+    fs::create_directories(dir / "sig");  // where the writers say they started
+    ASSERT_EQ(chmod((dir / "sig").c_str(), 01777), 0);
+    LocalCluster c(dir);
+    std::string why;
+    ASSERT_TRUE(c.StartDaemons(&why)) << why;
+    ASSERT_TRUE(c.StartFuse(&why)) << why;
+    ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", std::string("write=") + mode}).code, 0);
+    const std::string w = c.mountpoint() + "/w";
+    Process a({"/usr/bin/python3", dir / "writer.py", w + "/a/fa.bin", "A-first;", dir / "sig/a.started", dir / "sig/go",
+               "A-second", "65534"},
+              dir / "a.log");
+    ASSERT_TRUE(WaitFor([&] { return fs::exists(dir / "sig/a.started") || !a.Running(); })) << a.Log();
+    ASSERT_TRUE(c.UpgradeFuse(&why)) << why;
+    Process b({"/usr/bin/python3", dir / "writer.py", w + "/b/fb.bin", "B-private;", dir / "sig/b.started", dir / "sig/go",
+               "B-second", "1001"},
+              dir / "b.log");
+    ASSERT_TRUE(WaitFor([&] { return fs::exists(dir / "sig/b.started") || !b.Running(); })) << b.Log();
+    WriteFile(dir / "sig/go", "");
+    EXPECT_EQ(a.Wait(), 0) << a.Log();
+    EXPECT_EQ(b.Wait(), 0) << b.Log();
+    EXPECT_NE(a.Log().find("closed A-first;A-second"), std::string::npos) << a.Log() << c.Logs();
+    EXPECT_NE(b.Log().find("closed B-private;B-second"), std::string::npos) << b.Log();
+    EXPECT_TRUE(WaitFor([&] { return ReadFile(dir / "src/a/fa.bin") == "A-first;A-second"; })) << c.Logs();
+    EXPECT_TRUE(WaitFor([&] { return ReadFile(dir / "src/b/fb.bin") == "B-private;B-second"; })) << c.Logs();
+    struct stat st;
+    ASSERT_EQ(stat((dir / "src/a/fa.bin").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 65534u) << "the file is its writer's";
+    ASSERT_EQ(stat((dir / "src/b/fb.bin").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 1001u);
+    EXPECT_TRUE(c.StopAll(&why)) << why;
+  }
+}
+
+// Findings 1 and 7 through the mount: a user's files and directories are the user's, with the modes
+// asked and chmod/utime kept; a directory the user swaps for a link to a root-owned one leads nowhere.
+TEST(WritesAsAnotherUser, OwnersModesAndNoLinkFollowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: the writer is played by setuid";
+  TempDir dir;
+  ASSERT_EQ(chmod(dir.path().c_str(), 0755), 0);
+  fs::create_directories(dir / "src");
+  ASSERT_EQ(chmod((dir / "src").c_str(), 0755), 0);
+  OwnedDir(dir / "src/home", 65534);
+  OwnedDir(dir / "src/home/sub", 65534);
+  fs::create_directories(dir / "outside");
+  WriteFile(dir / "outside/victim", "root's");
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=through"}).code, 0);
+  const std::string home = c.mountpoint() + "/w/home";
+  ASSERT_TRUE(fs::is_directory(home + "/sub"));  // listed as a directory
+  // The user swaps sub for a link to a root-owned directory (in the store, behind the mount).
+  fs::remove(dir / "src/home/sub");
+  fs::create_directory_symlink(dir / "outside", dir / "src/home/sub");
+  ASSERT_EQ(lchown((dir / "src/home/sub").c_str(), 65534, 65534), 0);
+  WriteFile(dir / "user.py",
+            "import os, sys\n"
+            "os.setgroups([]); os.setgid(65534); os.setuid(65534); os.umask(0o022)\n"
+            "h = sys.argv[1]\n"
+            "fd = os.open(h + '/mine.bin', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640); os.write(fd, b'mine'); os.close(fd)\n"
+            "os.mkdir(h + '/d', 0o750)\n"
+            "fd = os.open(h + '/d/ro.bin', os.O_WRONLY | os.O_CREAT, 0o666); os.write(fd, b'x'); os.close(fd)\n"
+            "os.chmod(h + '/d/ro.bin', 0o600)\n"
+            "os.utime(h + '/d/ro.bin', ns=(1700000000000000005, 1700000000000000005))\n"
+            "for what, call in [('create', lambda: open(h + '/sub/planted', 'wb').close()),\n"
+            "                   ('unlink', lambda: os.unlink(h + '/sub/victim')),\n"
+            "                   ('mkdir', lambda: os.mkdir(h + '/sub/d', 0o777)),\n"
+            "                   ('rename', lambda: os.rename(h + '/mine.bin', h + '/sub/victim'))]:\n"
+            "    try:\n"
+            "        call(); print(what, 'DONE')\n"
+            "    except OSError as e:\n"
+            "        print(what, 'refused', e.errno)\n");
+  RunResult r = RunCommand({"/usr/bin/python3", dir / "user.py", home});
+  ASSERT_EQ(r.code, 0) << r.out << c.Logs();
+  EXPECT_EQ(r.out.find("DONE"), std::string::npos) << "a write went through a link:\n" << r.out;
+  EXPECT_EQ(ReadFile(dir / "outside/victim"), "root's");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir / "outside"), fs::directory_iterator()), 1)
+      << "something was made outside the source";
+  struct stat st;
+  ASSERT_EQ(stat((dir / "src/home/mine.bin").c_str(), &st), 0) << r.out;
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  ASSERT_EQ(stat((dir / "src/home/d").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  ASSERT_EQ(stat((dir / "src/home/d/ro.bin").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_EQ(st.st_mode & 07777, 0600u) << "chmod was not kept";
+  EXPECT_EQ(st.st_mtim.tv_sec, 1'700'000'000) << "utime was not kept";
+  // And the mount shows what the store has.
+  ASSERT_EQ(stat((home + "/d/ro.bin").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
+// Finding 8: a writer killed mid-write replaced the previous file with its partial bytes. FUSE sends
+// a FLUSH for a killed process too; granary-fuse tells it by the process's exit and commits nothing.
+TEST(Writes, AWriterKilledMidWriteLeavesThePreviousVersionAndNoNewName) {
+  for (const char* mode : {"through", "back"}) {
+    SCOPED_TRACE(mode);
+    TempDir dir;
+    fs::create_directories(dir / "src");
+    WriteFile(dir / "src/ckpt.pt", "version one");
+    LocalCluster c(dir);
+    std::string why;
+    ASSERT_TRUE(c.StartDaemons(&why)) << why;
+    ASSERT_TRUE(c.StartFuse(&why)) << why;
+    ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", std::string("write=") + mode}).code, 0);
+    WriteFile(dir / "killed.py",
+              "import os, sys, time\n"
+              "f = open(sys.argv[1], 'wb')\n"
+              "f.write(os.urandom(3 << 20)); f.flush()\n"
+              "open(sys.argv[2], 'w').write('started')\n"
+              "time.sleep(600)\n");
+    for (const char* name : {"ckpt.pt", "fresh.bin"}) {
+      SCOPED_TRACE(name);
+      const std::string started = dir / (std::string(name) + ".started");
+      Process writer({"/usr/bin/python3", dir / "killed.py", c.mountpoint() + "/w/" + name, started},
+                     dir / (std::string(name) + ".log"));
+      ASSERT_TRUE(WaitFor([&] { return fs::exists(started) || !writer.Running(); })) << writer.Log();
+      writer.Stop(SIGKILL);
+      // Nothing was committed: the session ends (no backlog, no upload), the store keeps what it had.
+      EXPECT_TRUE(WaitFor([&] { return c.Metric("worker", "granary_worker_write_sessions") == 0; })) << c.Logs();
+      EXPECT_EQ(c.Metric("worker", "granary_worker_writeback_backlog_files"), 0);
+      EXPECT_EQ(ReadFile(dir / "src/ckpt.pt"), "version one");
+      EXPECT_FALSE(fs::exists(dir / "src/fresh.bin"));
+      EXPECT_EQ(ReadFile(c.mountpoint() + "/w/ckpt.pt"), "version one");
+      EXPECT_TRUE(WaitFor([&] { return !fs::exists(c.mountpoint() + "/w/fresh.bin"); }))
+          << "the killed writer's new name is still listed";
+    }
+    // A writer that ends normally without close() commits (exit closes its files).
+    WriteFile(dir / "exits.py", "import os, sys\nf = open(sys.argv[1], 'wb'); f.write(b'no close'); f.flush(); os._exit(0)\n");
+    ASSERT_EQ(RunCommand({"/usr/bin/python3", dir / "exits.py", c.mountpoint() + "/w/exits.bin"}).code, 0);
+    EXPECT_TRUE(WaitFor([&] { return ReadFile(dir / "src/exits.bin") == "no close"; }, std::chrono::seconds(30)));
+    EXPECT_TRUE(c.StopAll(&why)) << why;
+  }
+}
+
+// Finding 6: a commit that failed (a read-only source) left a 0-byte entry listed, which rm then
+// refused with EROFS. The name is taken back; the writer's close() says EIO.
+TEST(Writes, AFailedCommitLeavesNoEntry) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a read-only bind mount";
+  TempDir dir;
+  fs::create_directories(dir / "src");
+  WriteFile(dir / "src/kept.txt", "kept");
+  ASSERT_EQ(mount((dir / "src").c_str(), (dir / "src").c_str(), nullptr, MS_BIND, nullptr), 0) << strerror(errno);
+  struct Unbind {
+    std::string path;
+    ~Unbind() { umount2(path.c_str(), MNT_DETACH); }
+  } unbind{dir / "src"};
+  ASSERT_EQ(mount(nullptr, (dir / "src").c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0)
+      << strerror(errno);
+  LocalCluster c(dir);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=through"}).code, 0);
+  EXPECT_EQ(WriteWhole(c.mountpoint() + "/w/new.bin", "bytes"), EIO);
+  EXPECT_TRUE(WaitFor([&] { return !fs::exists(c.mountpoint() + "/w/new.bin"); })) << "a 0-byte entry stayed listed";
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(c.mountpoint() + "/w")) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, std::set<std::string>{"kept.txt"});
+  EXPECT_EQ(ReadFile(c.mountpoint() + "/w/kept.txt"), "kept");
+  EXPECT_TRUE(c.StopAll(&why)) << why;
 }
 
 }  // namespace
