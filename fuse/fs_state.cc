@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace granary::fuse::internal {
@@ -26,6 +27,15 @@ struct stat ToStat(const Fs* fs, const rpc::Attr& a) {
   return st;
 }
 
+double WritableAttrTimeout(const Fs* fs, const rpc::Attr& a) {
+  const double configured = Seconds(fs->cfg.fuse.attr_timeout);
+  if (!a.writable()) return configured;
+  // A file's size and version must be asked for at every stat (close-to-open). A directory's own
+  // attributes (its owner and mode, which the kernel checks at every create in it) may be a second
+  // old: its entries are never cached, so a file another node made is still seen at once.
+  return a.type() == rpc::DIRECTORY ? std::min(configured, 1.0) : 0;
+}
+
 fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a) {
   if (a.type() != rpc::DIRECTORY) fs->NoteVersion(fs->ToKernel(a.ino()), a.version_hash());
   if (a.type() == rpc::DIRECTORY && a.writable()) fs->NoteWritableDir(a.ino());
@@ -41,7 +51,7 @@ fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a) {
       }
     }
   }
-  e.attr_timeout = a.writable() ? 0 : Seconds(fs->cfg.fuse.attr_timeout);  // close-to-open (file_cache.h)
+  e.attr_timeout = WritableAttrTimeout(fs, a);  // close-to-open (file_cache.h)
   e.entry_timeout = a.writable() ? 0 : Seconds(fs->cfg.fuse.entry_timeout);
   return e;
 }

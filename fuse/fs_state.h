@@ -360,6 +360,9 @@ std::unique_ptr<BackingHost> MakeBackingHost(Fs* fs);
 
 // A master Attr as the kernel sees it (fuse.root's inode shown as the kernel's root, 1).
 struct stat ToStat(const Fs* fs, const rpc::Attr& a);
+// The kernel's attribute timeout for `a`: fuse.attr_timeout, or below a writable mount 0 for files
+// (close-to-open) and at most 1 s for directories.
+double WritableAttrTimeout(const Fs* fs, const rpc::Attr& a);
 // A lookup's answer, with the kernel's timeouts; notes a file's version (Fs::NoteVersion).
 fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a);
 // The file's open information: from the FileCache, else from the master.

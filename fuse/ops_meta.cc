@@ -190,6 +190,16 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
     fuse_reply_attr(req, &st, std::max(0.0, Seconds(fs->cfg.fuse.attr_timeout) - Seconds(age)));
     return;
   }
+  // A file being written here (or staged, write=back) is this node's own: its attributes are the
+  // master's answer to the write's open with the size written, without asking again (a writer's
+  // fstat and the kernel's checks around each close would cost a master round trip each).
+  if (WriteFiles* w = fs->WritesIfAny(); w != nullptr && w->Has(ino)) {
+    if (auto own = w->AttrOf(ino)) {
+      struct stat st = ToStat(fs, *own);
+      fuse_reply_attr(req, &st, 0);
+      return;
+    }
+  }
   auto a = fs->client->GetAttr(mino);
   if (!a.ok()) return ReplyError(req, a.status(), "getattr");
   fs->attrs->Put(mino, *a);
@@ -204,7 +214,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
       }
     }
   }
-  fuse_reply_attr(req, &st, a->writable() ? 0 : Seconds(fs->cfg.fuse.attr_timeout));
+  fuse_reply_attr(req, &st, WritableAttrTimeout(fs, *a));
 }
 
 // The kernel may cache a directory's listing (cache_readdir); it keeps the cached listing across

@@ -337,6 +337,7 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
       if (ToErrno(changed.status()) != EOPNOTSUPP) return ReplyError(req, changed.status(), "setattr");
     } else {
       result = *changed;
+      if (w != nullptr) w->NoteAttr(ino, result);
     }
   }
   struct stat st = ToStat(fs, result);

@@ -123,6 +123,7 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
     f = it != by_inode_.end() ? it->second : std::make_shared<File>();
     f->handles++;
     f->staged = false;  // a new version begins: the staged one's file is replaced below
+    f->attr = t.target.file().attr();
     by_inode_[kino] = f;
   }
   Status st;
@@ -490,6 +491,25 @@ StatusOr<uint64_t> WriteFiles::OpenStaged(uint64_t kino) {
   return fh;
 }
 
+std::optional<rpc::Attr> WriteFiles::AttrOf(uint64_t kino) {
+  std::shared_ptr<File> f = Current(kino);
+  if (!f) return std::nullopt;
+  rpc::Attr a;
+  {
+    MutexLock lock(&mu_);  // not the File's lock: a commit holds it for as long as an upload takes
+    a = f->attr;
+  }
+  const uint64_t size = f->size_seen.load();
+  a.set_size(size);
+  return a;
+}
+
+void WriteFiles::NoteAttr(uint64_t kino, const rpc::Attr& a) {
+  MutexLock lock(&mu_);
+  auto it = by_inode_.find(kino);
+  if (it != by_inode_.end()) it->second->attr = a;
+}
+
 std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino) {
   // Not the File's lock: a commit holds it for as long as an upload takes.
   std::shared_ptr<File> f = Current(kino);
@@ -604,6 +624,7 @@ void WriteFiles::Restore(const rpc::FuseWriteFile& w, int fd, int conn) {
   MutexLock lock(&mu_);
   f->staged = w.staged();
   f->sealed_id = w.sealed_id();
+  f->attr = w.target().file().attr();
   f->handles = w.handles_size();
   for (uint64_t fh : w.handles()) {
     by_handle_[fh] = f;

@@ -123,6 +123,11 @@ class WriteFiles {
   // The size of `kino` while it is written here, or staged (write=back: closed, its upload not in
   // the master yet): getattr and lookup answer it. nullopt: neither (the master's answer stands).
   std::optional<uint64_t> SizeOf(uint64_t kino);
+  // The attributes of `kino` while it is written here or staged: the master's answer when the write
+  // began (or a later setattr's: NoteAttr) with the size written. nullopt: neither.
+  std::optional<rpc::Attr> AttrOf(uint64_t kino);
+  // A setattr's answer for `kino`, kept while it is written here or staged.
+  void NoteAttr(uint64_t kino, const rpc::Attr& a);
   // A read-only handle on `kino` while it is written here or staged: reads read the staging file.
   // NOT_FOUND when there is none.
   StatusOr<uint64_t> OpenStaged(uint64_t kino);
@@ -163,6 +168,7 @@ class WriteFiles {
     // sealed version `sealed_id` is uploaded. Under WriteFiles::mu_.
     bool staged = false;
     uint64_t sealed_id = 0;
+    rpc::Attr attr;  // the master's, when the write began or at a later setattr (AttrOf); under mu_
     // write=through: the bytes [0, contiguous) were all written, and [0, reported) were told to the
     // worker as final (PROGRESS), which streams them to the store meanwhile. A write or truncate
     // below `reported` drops that upload (a PROGRESS of 0): close() then uploads the whole file.

@@ -21,8 +21,8 @@
 namespace granary::worker {
 namespace {
 
-// Writes `text` to `path` (0600) and fsyncs it.
-Status WriteDurably(const std::string& path, const std::string& text) {
+// Writes `text` to `path` (0600), and with `sync` fsyncs it.
+Status WriteManifestFile(const std::string& path, const std::string& text, bool sync) {
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError(errno, "write " + path);
   size_t done = 0;
@@ -36,6 +36,16 @@ Status WriteDurably(const std::string& path, const std::string& text) {
     }
     done += static_cast<size_t>(n);
   }
+  int rc = sync ? fsync(fd) : 0;
+  int err = errno;
+  close(fd);
+  return rc == 0 ? Status::OK() : ErrnoError(err, "fsync " + path);
+}
+
+// fsync of the file at `path`; a file gone meanwhile (uploaded and removed) needs none.
+Status SyncFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? Status::OK() : ErrnoError(errno, "open " + path);
   int rc = fsync(fd);
   int err = errno;
   close(fd);
@@ -153,6 +163,7 @@ StatusOr<std::unique_ptr<WriteSessions>> WriteSessions::Open(const std::string& 
   RETURN_IF_ERROR(w->Recover());
   w->uploader_ = std::thread([p = w.get()] { p->UploadLoop(); });
   w->keeper_ = std::thread([p = w.get()] { p->KeepLoop(); });
+  w->syncer_ = std::thread([p = w.get()] { p->SyncLoop(); });
   return w;
 }
 
@@ -164,8 +175,35 @@ WriteSessions::~WriteSessions() {
   cv_.notify_all();
   if (uploader_.joinable()) uploader_.join();
   if (keeper_.joinable()) keeper_.join();
+  if (syncer_.joinable()) syncer_.join();
   MutexLock lock(&mu_);
   for (Keep& k : keeps_) close(k.fd);
+}
+
+void WriteSessions::SyncLoop() {
+  for (;;) {
+    std::vector<Unsynced> batch;
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && unsynced_.empty()) lock.Wait(&cv_);
+      if (stop_) return;
+      // Sealed files gather for a moment: one pass makes many durable, and most are uploaded
+      // (and gone) before it.
+      const auto due = unsynced_.front().sealed_at + kSyncDelay;
+      while (!stop_ && std::chrono::steady_clock::now() < due) lock.WaitUntil(&cv_, due);
+      if (stop_) return;
+      batch.assign(unsynced_.begin(), unsynced_.end());
+      unsynced_.clear();
+    }
+    Status st;
+    for (const Unsynced& u : batch) {
+      Status a = SyncFile(u.data_path);
+      Status b = SyncFile(u.manifest_path);
+      if (st.ok()) st = !a.ok() ? a : b;
+    }
+    if (st.ok()) st = SyncDir(dir_);
+    if (!st.ok()) spdlog::warn("write=back: making staged files durable failed: {}", st.ToString());
+  }
 }
 
 void WriteSessions::KeepLoop() {
@@ -270,7 +308,9 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
         id = next_id_++;
       }
       s.data_path = dir_ + "/" + std::to_string(id) + ".data";
-      RETURN_IF_ERROR(WriteDurably(dir_ + "/" + std::to_string(id) + ".json", ManifestOf(s.target, false, 0)));
+      // Unsealed manifests are only ever deleted after a crash: no fsync for them.
+      RETURN_IF_ERROR(WriteManifestFile(dir_ + "/" + std::to_string(id) + ".json", ManifestOf(s.target, false, 0),
+                                        /*sync=*/false));
       int f = open(s.data_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
       if (f < 0) {
         Status e = ErrnoError(errno, "create a staging file in worker.staging_dir " + dir_);
@@ -324,13 +364,8 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
         }
         return Upload(s.target, s.data_path, call.size(), resp);
       }
-      // write=back: sealed on this disk, then acknowledged; the uploader owns it from here.
-      int f = open(s.data_path.c_str(), O_RDWR | O_CLOEXEC);
-      if (f < 0) return ErrnoError(errno, "open staging file " + s.data_path);
-      int rc = fsync(f);
-      int err = errno;
-      close(f);
-      if (rc != 0) return ErrnoError(err, "fsync staging file " + s.data_path);
+      // write=back: sealed on this node, then acknowledged; the uploader owns it from here. No fsync
+      // on the writer's path: the syncer makes it durable within kSyncDelay (or the upload, sooner).
       Sealed sealed;
       sealed.target = s.target;
       sealed.size = call.size();
@@ -340,20 +375,20 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       }
       sealed.data_path = dir_ + "/" + std::to_string(sealed.id) + ".sealed";
       sealed.manifest_path = dir_ + "/" + std::to_string(sealed.id) + ".json";
-      RETURN_IF_ERROR(WriteDurably(sealed.manifest_path, ManifestOf(s.target, true, call.size())));
+      RETURN_IF_ERROR(WriteManifestFile(sealed.manifest_path, ManifestOf(s.target, true, call.size()), /*sync=*/false));
       if (rename(s.data_path.c_str(), sealed.data_path.c_str()) != 0) {
         Status e = ErrnoError(errno, "seal staging file " + s.data_path);
         unlink(sealed.manifest_path.c_str());
         return e;
       }
       unlink(manifest.c_str());
-      RETURN_IF_ERROR(SyncDir(dir_));
       resp->set_committed_size(call.size());
       resp->set_sealed(sealed.id);
       const uint64_t id = sealed.id;
       MutexLock lock(&mu_);
       open_.erase(call.session());
       DropOlderLocked(sealed);
+      unsynced_.push_back({sealed.data_path, sealed.manifest_path, std::chrono::steady_clock::now()});
       queue_.push_back(std::move(sealed));
       cv_.notify_all();
       if (!call.wait_upload()) return Status::OK();
@@ -643,6 +678,15 @@ void WriteSessions::UploadLoop() {
         ++uploaded_;
         uploaded_bytes_ += s.size;
         done_[s.id] = Status::OK();
+      } else if (st.code() == Code::kDataLoss) {
+        // The staged bytes are not what was acknowledged (the node lost power before the syncer's
+        // pass, or the disk damaged them): uploading them would store a file nobody wrote.
+        ++failures_;
+        spdlog::error("write=back: {} cannot be uploaded, its staged bytes are damaged or gone ({}); the store keeps "
+                      "its previous version", s.target.ufs_path, st.ToString());
+        unlink(s.manifest_path.c_str());
+        unlink(s.data_path.c_str());
+        done_[s.id] = st;
       } else {
         ++failures_;
         ++s.attempts;

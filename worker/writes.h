@@ -13,7 +13,11 @@
 //                  only then answers: close() and fsync() return once the file is whole in the
 //                  store and the namespace.
 //   write=back     the staging file is sealed (renamed <n>.sealed with its manifest marked
-//                  sealed, both fsynced) and the answer goes at once; the uploader thread uploads
+//                  sealed) and the answer goes at once, with no fsync on the writer's path: a kill
+//                  of any process loses nothing (the bytes are in the page cache), and the syncer
+//                  thread fsyncs what was sealed within kSyncDelay, one pass for many files (a
+//                  power loss in that moment can lose them, as a local disk's unsynced files; the
+//                  writer's fsync() waits for the upload instead). The uploader thread uploads
 //                  it in the background, retrying with backoff (1 s doubling to 1 min) and keeping
 //                  the staged bytes until the store takes them. With wait_upload (fsync) the
 //                  answer waits for that upload; one that keeps failing answers its last error
@@ -88,6 +92,8 @@ class WriteSessions {
   using KeepFn = std::function<Status(uint64_t, const std::string&, const std::string&, uint64_t, uint64_t, int)>;
   // How long fsync on a write=back file waits for its upload before answering the last error.
   static constexpr std::chrono::seconds kSyncWait{60};
+  // How long a sealed file waits for the syncer's pass (files sealed meanwhile share it).
+  static constexpr std::chrono::milliseconds kSyncDelay{500};
 
   // Opens (creating) `dir`, deletes unsealed staging files and queues the sealed ones.
   static StatusOr<std::unique_ptr<WriteSessions>> Open(const std::string& dir, MountResolver* mounts, CommitFn commit,
@@ -146,6 +152,12 @@ class WriteSessions {
     return EncodeWriteManifest({t, sealed, size});
   }
   void UploadLoop();
+  // The syncer: fsyncs sealed files (and their manifests, then the directory) kSyncDelay after.
+  void SyncLoop();
+  struct Unsynced {
+    std::string data_path, manifest_path;
+    std::chrono::steady_clock::time_point sealed_at;
+  };
   // Removes queued versions of `newer`'s file sealed before it (the last close wins).
   void DropOlderLocked(const Sealed& newer) REQUIRES(mu_);
   // A stream's thread: appends [streamed, target) of the staging file to its writer.
@@ -182,6 +194,8 @@ class WriteSessions {
   std::thread uploader_;
   std::deque<Keep> keeps_ GUARDED_BY(mu_);
   std::thread keeper_;
+  std::deque<Unsynced> unsynced_ GUARDED_BY(mu_);
+  std::thread syncer_;
 };
 
 }  // namespace granary::worker
