@@ -594,7 +594,9 @@ std::string PlainTraceLine(const json& r) {
                   static_cast<unsigned long long>(r.value("size", 0ULL)));
     out += buf;
   }
-  return out + " " + r.value("path", "");
+  out += " " + r.value("path", "");
+  if (r.contains("to")) out += " -> " + r.value("to", "");  // rename
+  return out;
 }
 
 // Streams the trace of the mount at `path` to `on_record` (false: stop). Ends at Ctrl-C too.

@@ -390,6 +390,14 @@ TEST(Writes, AFullStagingDiskGivesTheWriterEnospc) {
 
 // ---- Issue 50: writes as an attacker on the node and as a careless user would make them ----
 
+// Starts `c` and mounts `dir`/src at /w with write=`mode`; false, saying why, when it could not.
+bool ServeWritable(LocalCluster& c, const TempDir& dir, const std::string& mode, std::string* why) {
+  if (!c.StartDaemons(why) || !c.StartFuse(why)) return false;
+  RunResult m = c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=" + mode});
+  if (m.code != 0) *why = "granary mount: " + m.out;
+  return m.code == 0;
+}
+
 // A Python writer run as `uid` (gid the same): opens argv[1] ('w+b'), writes argv[2], says
 // "started" in argv[3], waits for argv[4] to exist, writes argv[5], reads the whole file back
 // through the same open (O_RDWR) and prints it with the outcome of close().
@@ -433,9 +441,7 @@ TEST(WritesAsAnotherUser, WritersOpenAcrossAnUpgradeKeepWritingTheirOwnFiles) {
     ASSERT_EQ(chmod((dir / "sig").c_str(), 01777), 0);
     LocalCluster c(dir);
     std::string why;
-    ASSERT_TRUE(c.StartDaemons(&why)) << why;
-    ASSERT_TRUE(c.StartFuse(&why)) << why;
-    ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", std::string("write=") + mode}).code, 0);
+    ASSERT_TRUE(ServeWritable(c, dir, mode, &why)) << why;
     const std::string w = c.mountpoint() + "/w";
     Process a({"/usr/bin/python3", dir / "writer.py", w + "/a/fa.bin", "A-first;", dir / "sig/a.started", dir / "sig/go",
                "A-second", "65534"},
@@ -476,9 +482,7 @@ TEST(WritesAsAnotherUser, OwnersModesAndNoLinkFollowed) {
   WriteFile(dir / "outside/victim", "root's");
   LocalCluster c(dir);
   std::string why;
-  ASSERT_TRUE(c.StartDaemons(&why)) << why;
-  ASSERT_TRUE(c.StartFuse(&why)) << why;
-  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=through"}).code, 0);
+  ASSERT_TRUE(ServeWritable(c, dir, "through", &why)) << why;
   const std::string home = c.mountpoint() + "/w/home";
   ASSERT_TRUE(fs::is_directory(home + "/sub"));  // listed as a directory
   // The user swaps sub for a link to a root-owned directory (in the store, behind the mount).
@@ -536,9 +540,7 @@ TEST(Writes, AWriterKilledMidWriteLeavesThePreviousVersionAndNoNewName) {
     WriteFile(dir / "src/ckpt.pt", "version one");
     LocalCluster c(dir);
     std::string why;
-    ASSERT_TRUE(c.StartDaemons(&why)) << why;
-    ASSERT_TRUE(c.StartFuse(&why)) << why;
-    ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", std::string("write=") + mode}).code, 0);
+    ASSERT_TRUE(ServeWritable(c, dir, mode, &why)) << why;
     WriteFile(dir / "killed.py",
               "import os, sys, time\n"
               "f = open(sys.argv[1], 'wb')\n"
@@ -585,9 +587,7 @@ TEST(Writes, AFailedCommitLeavesNoEntry) {
       << strerror(errno);
   LocalCluster c(dir);
   std::string why;
-  ASSERT_TRUE(c.StartDaemons(&why)) << why;
-  ASSERT_TRUE(c.StartFuse(&why)) << why;
-  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=through"}).code, 0);
+  ASSERT_TRUE(ServeWritable(c, dir, "through", &why)) << why;
   EXPECT_EQ(WriteWhole(c.mountpoint() + "/w/new.bin", "bytes"), EIO);
   EXPECT_TRUE(WaitFor([&] { return !fs::exists(c.mountpoint() + "/w/new.bin"); })) << "a 0-byte entry stayed listed";
   std::set<std::string> names;

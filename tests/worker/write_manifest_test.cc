@@ -4,9 +4,13 @@
 // "18446744073709551615.json" for a session whose successor number wraps to 0.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "tests/testutil/testutil.h"
 #include "common/tiers.h"
+#include "ufs/ufs.h"
 #include "worker/writes.h"
 
 namespace granary::worker {
@@ -63,6 +67,76 @@ TEST(WriteManifest, RecoveryKeepsDamagedSealedFilesAndIgnoresStrangers) {
   EXPECT_NE(stat((d + "/6.data").c_str(), &st), 0);
   EXPECT_EQ(stat((d + "/abc.json").c_str(), &st), 0);
   EXPECT_EQ((*w)->backlog().files, 0u);  // nothing queued for upload
+}
+
+// A mount of a given write mode over a local directory.
+class OneMount : public MountResolver {
+ public:
+  OneMount(std::string root, WriteMode mode) : root_(std::move(root)), mode_(mode) {}
+  StatusOr<MountHandle> GetMount(uint64_t) override {
+    ASSIGN_OR_RETURN(auto ufs, OpenUnderFileSystem(root_, {}));
+    MountHandle m;
+    m.uri = "file://" + root_;
+    m.ufs = ufs;
+    m.write = mode_;
+    return m;
+  }
+
+ private:
+  const std::string root_;
+  const WriteMode mode_;
+};
+
+// Issue 50, finding 4: the worker committed a write into a read-only mount when asked. The mount's
+// own write option decides, and its mode is the mount's, not the caller's.
+TEST(WriteSessions, OnlyAWritableMountIsWrittenInItsOwnMode) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir / "src");
+  rpc::WriteCall begin;
+  begin.set_op(rpc::WriteCall::BEGIN);
+  begin.set_mount_id(1);
+  begin.set_ufs_path("x.bin");
+  begin.set_name("x.bin");
+  begin.set_mode(0644);
+  begin.set_write_mode(static_cast<uint32_t>(WriteMode::kBack));
+  int commits = 0;
+  auto commit = [&](const rpc::CommitWriteRequest&) {
+    ++commits;
+    return Status::OK();
+  };
+  {
+    OneMount ro(dir / "src", WriteMode::kOff);
+    auto w = WriteSessions::Open(dir / "staging-ro", &ro, commit);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    rpc::LocalResponse resp;
+    int fd = -1;
+    Status st = (*w)->Handle(1, begin, &resp, &fd);
+    EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.ToString();
+    EXPECT_EQ(st.reason(), Reason::kReadOnly) << st.ToString();
+    EXPECT_LT(fd, 0);
+  }
+  {
+    // The caller says back; the mount says through: close() commits to the store before it answers.
+    OneMount through(dir / "src", WriteMode::kThrough);
+    auto w = WriteSessions::Open(dir / "staging-through", &through, commit);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    rpc::LocalResponse resp;
+    int fd = -1;
+    ASSERT_TRUE((*w)->Handle(1, begin, &resp, &fd).ok());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, "abc", 3), 3);
+    close(fd);
+    rpc::WriteCall c;
+    c.set_op(rpc::WriteCall::COMMIT);
+    c.set_session(resp.session());
+    c.set_size(3);
+    rpc::LocalResponse done;
+    int none = -1;
+    ASSERT_TRUE((*w)->Handle(1, c, &done, &none).ok());
+    EXPECT_EQ(testing::ReadFile(dir / "src/x.bin"), "abc") << "not in the store when the commit answered";
+    EXPECT_EQ(commits, 1);
+    EXPECT_EQ(done.committed_version().empty(), false);
+  }
 }
 
 }  // namespace
