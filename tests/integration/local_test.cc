@@ -87,7 +87,12 @@ TEST(GranaryLocal, AnswersOnlyItsOwnUser) {
   // Where its master listens (the discovery file tells its own user; another finds the port anyway).
   std::string master;
   {
-    std::string yaml = ReadFile(dir / "home/local.yaml");
+    // Written right after the mount is up: waited for, not assumed.
+    std::string yaml;
+    ASSERT_TRUE(WaitFor([&] {
+      yaml = ReadFile(dir / "home/local.yaml");
+      return yaml.find("token_file") != std::string::npos;
+    })) << yaml << local.Log();
     size_t at = yaml.find("address: \"");
     ASSERT_NE(at, std::string::npos) << yaml;
     master = yaml.substr(at + 10, yaml.find('"', at + 10) - at - 10);
