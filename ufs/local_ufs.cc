@@ -38,15 +38,6 @@ UfsEntry EntryOf(const std::string& name, const struct stat& st) {
   return e;
 }
 
-Status SyncDir(const std::string& dir) {
-  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open directory " + dir);
-  int rc = fsync(fd);
-  int err = errno;
-  close(fd);
-  return rc == 0 ? Status::OK() : ErrnoError(err, "fsync directory " + dir);
-}
-
 // A descriptor closed when it goes.
 class Fd {
  public:
