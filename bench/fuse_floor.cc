@@ -9,6 +9,19 @@
 //       that file's size and every READ of it is one pread of FILE: the floor of a FUSE server
 //       that reads a local under-storage itself, nothing cached (bench/cold_random.sh --floor).
 //
+//   granary-fuse-floor serve MOUNTPOINT --writes DIR [--single]
+//       The floor of a writable FUSE filesystem (bench/writes.sh's "fuse floor" row): a minimal
+//       low-level libfuse server whose tree starts empty and lives in memory behind one mutex. It
+//       answers LOOKUP, GETATTR, MKDIR, CREATE, WRITE, SETATTR, FLUSH, RELEASE, and OPEN, READ,
+//       OPENDIR, READDIR, UNLINK and RMDIR, enough to read the tree back and remove it (no RENAME,
+//       links or xattrs: ENOSYS). Each created file is backed by a new local file in DIR (0600,
+//       named by its inode), every WRITE one pwrite of it, closed at RELEASE; owner, mode, times and
+//       size are kept in memory (a size change also truncates the backing file). It caches as
+//       granary-fuse caches a writable mount: no entry is cached, found or not (entry_timeout 0),
+//       a file's attributes not at all (close-to-open), a directory's for 1 s; files are opened
+//       for writing with direct_io, no writeback cache. Mounted with default_permissions and
+//       allow_other, as granary-fuse is. Runs until unmounted or SIGTERM; prints "READY" once mounted.
+//
 //   granary-fuse-floor probe --file PATH --op OP [--threads T] [--seconds S]
 //       T threads each issue one kind of request in a loop for S seconds, each on its own file
 //       descriptor, and print one JSON line: ops, ops/s and the latency (mean, p50, p99 in µs)
@@ -18,13 +31,15 @@
 //         read4k    a 4 KiB pread at a random aligned offset, O_DIRECT: a READ the page cache cannot answer
 //         read128k  the same with 128 KiB
 //
-// bench/fuse_floor.sh runs both against this server and granary-fuse and prints the ratios.
+// bench/fuse_floor.sh runs both against this server and granary-fuse and prints the ratios;
+// bench/writes.sh times its small-file writers against the --writes server.
 #define FUSE_USE_VERSION 312
 #include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -34,9 +49,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -140,7 +158,326 @@ void Readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   fuse_reply_buf(req, buf.data(), used);
 }
 
-int Serve(const std::string& mountpoint, bool single) {
+// --writes: the in-memory tree of the writable server. Inodes are never reused (no FORGET handler:
+// a node lives as long as the server).
+namespace wr {
+
+struct Node {
+  struct stat st {};
+  std::map<std::string, fuse_ino_t> kids;  // a directory's entries
+};
+
+std::mutex mu;
+std::unordered_map<fuse_ino_t, Node> nodes;  // guarded by mu
+fuse_ino_t next_ino = FUSE_ROOT_ID + 1;      // guarded by mu
+std::string dir;                             // the backing files' folder
+
+constexpr double kDirAttrTimeout = 1.0;  // granary-fuse's for a writable directory (files: 0)
+
+std::string BackingPath(fuse_ino_t ino) { return dir + "/" + std::to_string(ino); }
+
+timespec Now() {
+  timespec t{};
+  clock_gettime(CLOCK_REALTIME, &t);
+  return t;
+}
+
+double AttrTimeout(const struct stat& st) { return S_ISDIR(st.st_mode) ? kDirAttrTimeout : 0; }
+
+fuse_entry_param Entry(fuse_ino_t ino, const struct stat& st) {
+  fuse_entry_param e{};
+  e.ino = ino;
+  e.generation = 1;
+  e.attr = st;
+  e.attr_timeout = AttrTimeout(st);
+  e.entry_timeout = 0;  // a writable network filesystem: another node may make or remove the name
+  return e;
+}
+
+// The node, or null; mu held.
+Node* Find(fuse_ino_t ino) {
+  auto it = nodes.find(ino);
+  return it == nodes.end() ? nullptr : &it->second;
+}
+
+// A new node named `name` in directory `parent`, owned by the caller; mu held. 0 and *err set when
+// the parent is gone or not a directory, or the name is taken.
+fuse_ino_t Make(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, int* err) {
+  Node* p = Find(parent);
+  *err = p == nullptr ? ENOENT : !S_ISDIR(p->st.st_mode) ? ENOTDIR : p->kids.count(name) != 0 ? EEXIST : 0;
+  if (*err != 0) return 0;
+  const fuse_ino_t ino = next_ino++;
+  Node n;
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  n.st.st_ino = ino;
+  n.st.st_mode = mode;
+  n.st.st_nlink = S_ISDIR(mode) ? 2 : 1;
+  n.st.st_uid = ctx->uid;
+  n.st.st_gid = ctx->gid;
+  n.st.st_blksize = 4096;
+  n.st.st_atim = n.st.st_mtim = n.st.st_ctim = Now();
+  nodes.emplace(ino, std::move(n));
+  p->kids.emplace(name, ino);
+  p->st.st_mtim = p->st.st_ctim = Now();
+  if (S_ISDIR(mode)) p->st.st_nlink++;
+  return ino;
+}
+
+void Init(void*, fuse_conn_info* conn) {
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  // as granary-fuse: every write reaches the server
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  std::lock_guard<std::mutex> g(mu);
+  Node* p = Find(parent);
+  if (p == nullptr) return (void)fuse_reply_err(req, ENOENT);
+  auto it = p->kids.find(name);
+  if (it == p->kids.end()) {
+    fuse_entry_param e{};  // ino 0: a negative entry, and entry_timeout 0: not remembered
+    fuse_reply_entry(req, &e);
+    return;
+  }
+  fuse_entry_param e = Entry(it->second, nodes.at(it->second).st);
+  fuse_reply_entry(req, &e);
+}
+
+void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  std::lock_guard<std::mutex> g(mu);
+  Node* n = Find(ino);
+  if (n == nullptr) return (void)fuse_reply_err(req, ENOENT);
+  fuse_reply_attr(req, &n->st, AttrTimeout(n->st));
+}
+
+void Mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  std::lock_guard<std::mutex> g(mu);
+  int err = 0;
+  const fuse_ino_t ino = Make(req, parent, name, S_IFDIR | (mode & 07777), &err);
+  if (ino == 0) return (void)fuse_reply_err(req, err);
+  fuse_entry_param e = Entry(ino, nodes.at(ino).st);
+  fuse_reply_entry(req, &e);
+}
+
+// A name that exists is EEXIST even without O_EXCL: the kernel sends CREATE only after a LOOKUP
+// found nothing, so that is a race with another creator, which a benchmark's writer never runs.
+void Create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  fuse_ino_t ino;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    int err = 0;
+    ino = Make(req, parent, name, S_IFREG | (mode & 07777), &err);
+    if (ino == 0) return (void)fuse_reply_err(req, err);
+  }
+  // The node is visible before its backing file exists; an OPEN of it meanwhile finds no file
+  // (ENOENT), which no writer here can race into.
+  const int fd = open(BackingPath(ino).c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  std::lock_guard<std::mutex> g(mu);
+  if (fd < 0) {
+    const int err = errno;
+    nodes.erase(ino);
+    if (Node* p = Find(parent)) p->kids.erase(name);
+    return (void)fuse_reply_err(req, err);
+  }
+  fi->fh = static_cast<uint64_t>(fd);
+  fi->direct_io = 1;  // as granary-fuse's writes: from the writer's buffer into the request
+  fi->keep_cache = 0;
+  fuse_entry_param e = Entry(ino, nodes.at(ino).st);
+  if (fuse_reply_create(req, &e, fi) != 0) close(fd);  // the creator is gone: no RELEASE follows
+}
+
+void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    Node* n = Find(ino);
+    if (n == nullptr) return (void)fuse_reply_err(req, ENOENT);
+    if (S_ISDIR(n->st.st_mode)) return (void)fuse_reply_err(req, EISDIR);
+  }
+  const int acc = fi->flags & O_ACCMODE;
+  const int fd = open(BackingPath(ino).c_str(), acc | (fi->flags & O_TRUNC) | O_CLOEXEC);
+  if (fd < 0) return (void)fuse_reply_err(req, errno);
+  if (fi->flags & O_TRUNC) {  // atomic_o_trunc (not asked for: the kernel sends a SETATTR instead)
+    std::lock_guard<std::mutex> g(mu);
+    if (Node* n = Find(ino)) n->st.st_size = n->st.st_blocks = 0;
+  }
+  fi->fh = static_cast<uint64_t>(fd);
+  fi->direct_io = acc != O_RDONLY;
+  fi->keep_cache = 0;
+  if (fuse_reply_open(req, fi) != 0) close(fd);
+}
+
+void Read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  thread_local std::vector<char> buf;
+  buf.resize(std::max(buf.size(), size));
+  const ssize_t n = pread(static_cast<int>(fi->fh), buf.data(), size, off);
+  if (n < 0) return (void)fuse_reply_err(req, errno);
+  fuse_reply_buf(req, buf.data(), static_cast<size_t>(n));
+}
+
+void Write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  const ssize_t n = pwrite(static_cast<int>(fi->fh), buf, size, off);
+  if (n < 0) return (void)fuse_reply_err(req, errno);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (Node* node = Find(ino)) {
+      const off_t end = off + n;
+      if (end > node->st.st_size) {
+        node->st.st_size = end;
+        node->st.st_blocks = (end + 511) / 512;
+      }
+      node->st.st_mtim = node->st.st_ctim = Now();
+    }
+  }
+  fuse_reply_write(req, static_cast<size_t>(n));
+}
+
+void Setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  if (to_set & FUSE_SET_ATTR_SIZE) {  // the bytes first, outside the lock
+    bool file = false;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      Node* n = Find(ino);
+      if (n == nullptr) return (void)fuse_reply_err(req, ENOENT);
+      file = S_ISREG(n->st.st_mode);
+    }
+    if (!file) return (void)fuse_reply_err(req, EISDIR);
+    const int rc = fi != nullptr ? ftruncate(static_cast<int>(fi->fh), attr->st_size)
+                                 : truncate(BackingPath(ino).c_str(), attr->st_size);
+    if (rc != 0) return (void)fuse_reply_err(req, errno);
+  }
+  std::lock_guard<std::mutex> g(mu);
+  Node* n = Find(ino);
+  if (n == nullptr) return (void)fuse_reply_err(req, ENOENT);
+  struct stat& st = n->st;
+  const timespec now = Now();
+  if (to_set & FUSE_SET_ATTR_MODE) st.st_mode = (st.st_mode & S_IFMT) | (attr->st_mode & 07777);
+  if (to_set & FUSE_SET_ATTR_UID) st.st_uid = attr->st_uid;
+  if (to_set & FUSE_SET_ATTR_GID) st.st_gid = attr->st_gid;
+  if (to_set & FUSE_SET_ATTR_SIZE) {
+    st.st_size = attr->st_size;
+    st.st_blocks = (attr->st_size + 511) / 512;
+    st.st_mtim = now;
+  }
+  if (to_set & FUSE_SET_ATTR_ATIME) st.st_atim = attr->st_atim;
+  if (to_set & FUSE_SET_ATTR_ATIME_NOW) st.st_atim = now;
+  if (to_set & FUSE_SET_ATTR_MTIME) st.st_mtim = attr->st_mtim;
+  if (to_set & FUSE_SET_ATTR_MTIME_NOW) st.st_mtim = now;
+  st.st_ctim = (to_set & FUSE_SET_ATTR_CTIME) ? attr->st_ctim : now;
+  fuse_reply_attr(req, &st, AttrTimeout(st));
+}
+
+void Flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void Release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  close(static_cast<int>(fi->fh));
+  fuse_reply_err(req, 0);
+}
+
+// A directory's listing, taken at OPENDIR (READDIR's offsets index it).
+struct Listing {
+  std::vector<std::pair<std::string, struct stat>> entries;
+};
+
+void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto* l = new Listing;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    Node* n = Find(ino);
+    if (n == nullptr || !S_ISDIR(n->st.st_mode)) {
+      delete l;
+      return (void)fuse_reply_err(req, n == nullptr ? ENOENT : ENOTDIR);
+    }
+    struct stat dot {};
+    dot.st_ino = ino;
+    dot.st_mode = S_IFDIR;
+    l->entries.emplace_back(".", dot);
+    l->entries.emplace_back("..", dot);  // the kernel fills in ".."'s inode itself
+    for (const auto& [name, kid] : n->kids) l->entries.emplace_back(name, nodes.at(kid).st);
+  }
+  fi->fh = reinterpret_cast<uint64_t>(l);
+  if (fuse_reply_open(req, fi) != 0) delete l;
+}
+
+void Readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  const auto* l = reinterpret_cast<const Listing*>(fi->fh);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < l->entries.size(); ++i) {
+    const auto& [name, st] = l->entries[i];
+    const size_t n = fuse_add_direntry(req, buf.data() + used, size - used, name.c_str(), &st, static_cast<off_t>(i + 1));
+    if (n > size - used) break;
+    used += n;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<Listing*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+// Removes `name` from `parent` if it is a directory (dir) or not; mu held. 0, or an errno.
+int Remove(fuse_ino_t parent, const char* name, bool dir) {
+  Node* p = Find(parent);
+  if (p == nullptr) return ENOENT;
+  auto it = p->kids.find(name);
+  if (it == p->kids.end()) return ENOENT;
+  Node& n = nodes.at(it->second);
+  if (dir && !S_ISDIR(n.st.st_mode)) return ENOTDIR;
+  if (!dir && S_ISDIR(n.st.st_mode)) return EISDIR;
+  if (dir && !n.kids.empty()) return ENOTEMPTY;
+  // The node stays (an open file keeps its backing descriptor and attributes); only its name goes.
+  if (!dir) unlink(BackingPath(it->second).c_str());
+  n.st.st_nlink = 0;
+  n.st.st_ctim = Now();
+  p->kids.erase(it);
+  if (dir) p->st.st_nlink--;
+  p->st.st_mtim = p->st.st_ctim = Now();
+  return 0;
+}
+
+void Unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  std::lock_guard<std::mutex> g(mu);
+  fuse_reply_err(req, Remove(parent, name, false));
+}
+
+void Rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  std::lock_guard<std::mutex> g(mu);
+  fuse_reply_err(req, Remove(parent, name, true));
+}
+
+fuse_lowlevel_ops Ops() {
+  Node root;
+  root.st.st_ino = FUSE_ROOT_ID;
+  root.st.st_mode = S_IFDIR | 0755;
+  root.st.st_nlink = 2;
+  root.st.st_uid = getuid();
+  root.st.st_gid = getgid();
+  root.st.st_blksize = 4096;
+  root.st.st_atim = root.st.st_mtim = root.st.st_ctim = Now();
+  nodes.emplace(FUSE_ROOT_ID, std::move(root));
+  fuse_lowlevel_ops ops{};
+  ops.init = Init;
+  ops.lookup = Lookup;
+  ops.getattr = Getattr;
+  ops.setattr = Setattr;
+  ops.mkdir = Mkdir;
+  ops.unlink = Unlink;
+  ops.rmdir = Rmdir;
+  ops.create = Create;
+  ops.open = Open;
+  ops.read = Read;
+  ops.write = Write;
+  ops.flush = Flush;
+  ops.release = Release;
+  ops.opendir = Opendir;
+  ops.readdir = Readdir;
+  ops.releasedir = Releasedir;
+  return ops;
+}
+
+}  // namespace wr
+
+// The read-only server's tree: `small` and `big`.
+fuse_lowlevel_ops ReadOps() {
   pattern.resize(2 << 20);
   std::mt19937_64 rng(42);
   for (size_t i = 0; i < pattern.size() / 2; i += 8) {
@@ -155,7 +492,12 @@ int Serve(const std::string& mountpoint, bool single) {
   ops.open = Open;
   ops.read = Read;
   ops.readdir = Readdir;
-  const char* argv[] = {"granary-fuse-floor", "-o", "default_permissions,fsname=floor"};
+  return ops;
+}
+
+// Mounts `ops` with mount options `opts` and serves until unmounted or a signal.
+int Serve(const std::string& mountpoint, bool single, const fuse_lowlevel_ops& ops, const char* opts) {
+  const char* argv[] = {"granary-fuse-floor", "-o", opts};
   fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, nullptr);
   if (se == nullptr) return 1;
@@ -272,12 +614,21 @@ int main(int argc, char** argv) {
   serve->add_option("--file-mb", file_mb, "size of `big` in MiB");
   std::string backing;
   serve->add_option("--backing", backing, "serve `big` by a pread of this file per READ");
+  std::string writes;
+  serve->add_option("--writes", writes, "serve a writable tree in memory, each file backed by a new file in this folder")
+      ->check(CLI::ExistingDirectory)
+      ->excludes("--backing")
+      ->excludes("--file-mb");
   auto* probe = app.add_subcommand("probe", "measure round trips");
   probe->add_option("--file", file)->required();
   probe->add_option("--op", op)->required();
   probe->add_option("--threads", threads)->check(CLI::Range(1, 256));
   probe->add_option("--seconds", seconds)->check(CLI::Range(0.1, 600.0));
   CLI11_PARSE(app, argc, argv);
+  if (serve->parsed() && !writes.empty()) {
+    wr::dir = writes;
+    return Serve(mountpoint, single, wr::Ops(), "default_permissions,allow_other,fsname=floor-writes");
+  }
   if (serve->parsed()) {
     big_size = file_mb << 20;
     if (!backing.empty()) {
@@ -289,7 +640,7 @@ int main(int argc, char** argv) {
       }
       big_size = static_cast<size_t>(st.st_size);
     }
-    return Serve(mountpoint, single);
+    return Serve(mountpoint, single, ReadOps(), "default_permissions,fsname=floor");
   }
   return Probe(file, op, threads, seconds);
 }

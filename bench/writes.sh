@@ -12,10 +12,19 @@
 #   copytree         shutil.copytree of the extracted folder
 # to local disk (the page cache: none of them fsyncs), to local disk with an fsync per file before
 # its close (tarfile and copytree; the baseline for write=through, whose close() returns once the
-# file is durable in the store), through write=through, and through write=back: timed from the
-# writer's start to its end (for write=back, the same process then polls the store until the last
-# file is there, timed from the writer's end: "then uploaded"). Each timing is the median of RUNS
-# runs, every run into a new folder after a `sync`.
+# file is durable in the store), into the FUSE floor, through write=through, and through write=back:
+# timed from the writer's start to its end (for write=back, the same process then polls the store
+# until the last file is there, timed from the writer's end: "then uploaded"). Each timing is the
+# median of RUNS runs, every run into a new folder after a `sync`.
+#
+# The FUSE floor: `granary-fuse-floor serve MNT --writes DIR` (bench/fuse_floor.cc), a minimal
+# low-level libfuse server that keeps the tree in memory and pwrites each created file into a new
+# local file in DIR (under WORK), mounted and cached as granary-fuse mounts a writable folder
+# (default_permissions, allow_other, no entry cached, found or not, direct_io writes, no writeback
+# cache). Every file written through any FUSE filesystem costs a request round trip to its server
+# per LOOKUP, CREATE, WRITE, SETATTR, FLUSH and RELEASE, however little the server does: that, not
+# local disk, is the floor for Granary's small files on this kernel, and `back / floor` is how far
+# write=back is above it (what Granary itself adds: the master's round trips, the staging, the commit).
 #
 # The checkpoint: SIZE_MB MiB of the bytes bench/checkpoint_io.py writes (what torch.save of a state
 # dict writes: incompressible, 1 MiB sequential writes, then close), timed as bench/checkpoint.sh
@@ -34,7 +43,9 @@
 # >= 0.9x direct (bench/checkpoint.sh's). Every file written is read back and compared, from the
 # store and through the mount; the exit code is 1 when a byte is wrong (a missed target is reported,
 # not an error). Last line: `back small <a>x local, through small <b>x local+fsync, through ckpt
-# <c>x direct, back ckpt close <d>x local, back ckpt upload <e>x direct` (small: tar x's ratios).
+# <c>x direct, back ckpt close <d>x local, back ckpt upload <e>x direct, fuse floor small <f>x local,
+# back small <g>x floor` (small: tar x's ratios; each is the named baseline's time over the
+# measured one's: below 1 is slower than that baseline).
 # Everything it starts is stopped and unmounted on exit, also on failure or Ctrl-C; no fixed port.
 set -euo pipefail
 FILES=500; RUNS=3; SIZE_MB=2048; BUILD=""; WORK=""; KEEP=0; OURS=0
@@ -42,20 +53,41 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --files) FILES=$2; shift 2;; --runs) RUNS=$2; shift 2;; --size-mb) SIZE_MB=$2; shift 2;;
     --build) BUILD=$2; shift 2;; --work) WORK=$2; shift 2;; --keep) KEEP=1; shift;;
-    *) sed -n '2,38p' "$0" >&2; exit 2;;
+    *) sed -n '2,49p' "$0" >&2; exit 2;;
   esac
 done
 source "$(dirname "$0")/lib.sh"  # start_local, stop_local
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BUILD:-$ROOT/build}/bin
-[ -x "$BIN/granary" ] || { echo "error: $BIN/granary not found; build first (scripts/build.sh)" >&2; exit 1; }
+for b in granary granary-fuse-floor; do
+  [ -x "$BIN/$b" ] || { echo "error: $BIN/$b not found; build first (scripts/build.sh)" >&2; exit 1; }
+done
 PY=/usr/bin/python3
 IO="$ROOT/bench/writes_io.py"
 [ -n "$WORK" ] || { WORK=$(mktemp -d /var/tmp/granary-writes-XXXXXX); OURS=1; }
 mkdir -p "$WORK"
 export GRANARY_HOME=$WORK/home
-MNT=""
-cleanup() { set +e; stop_local; [ "$KEEP" = 1 ] || [ "$OURS" = 0 ] || rm -rf "$WORK"; }
+MNT=""; FLOOR_PID=""; FLOOR_MNT=$WORK/mnt-floor
+# The FUSE floor's server: started, waited for until mounted; stopped (SIGTERM, then SIGKILL) and
+# its mount removed if it is still there.
+start_floor() {
+  mkdir -p "$FLOOR_MNT" "$WORK/floor-files"
+  "$BIN/granary-fuse-floor" serve "$FLOOR_MNT" --writes "$WORK/floor-files" > "$WORK/floor.log" 2>&1 &
+  FLOOR_PID=$!
+  for _ in $(seq 200); do grep -q " $FLOOR_MNT " /proc/mounts && break; kill -0 "$FLOOR_PID" 2>/dev/null || break; sleep 0.05; done
+  grep -q " $FLOOR_MNT " /proc/mounts || { echo "error: granary-fuse-floor did not mount:" >&2; cat "$WORK/floor.log" >&2; exit 1; }
+}
+stop_floor() {
+  if [ -n "$FLOOR_PID" ] && kill -0 "$FLOOR_PID" 2>/dev/null; then
+    kill -TERM "$FLOOR_PID" 2>/dev/null || true
+    for _ in $(seq 200); do kill -0 "$FLOOR_PID" 2>/dev/null || break; sleep 0.05; done
+    kill -9 "$FLOOR_PID" 2>/dev/null || true
+    wait "$FLOOR_PID" 2>/dev/null || true
+  fi
+  FLOOR_PID=""
+  if grep -q " $FLOOR_MNT " /proc/mounts 2>/dev/null; then fusermount3 -u -z "$FLOOR_MNT" 2>/dev/null || umount -l "$FLOOR_MNT" 2>/dev/null || true; fi
+}
+cleanup() { set +e; stop_floor; stop_local; [ "$KEEP" = 1 ] || [ "$OURS" = 0 ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -106,6 +138,21 @@ for w in tar tarfile copytree; do
   done
 done
 rm -rf "$WORK/local"
+
+# The FUSE floor: the same writers into the minimal writable server; every byte read back through it.
+start_floor
+for w in tar tarfile copytree; do
+  s=()
+  for r in $(seq "$RUNS"); do
+    d="$FLOOR_MNT/$w-$r"
+    s+=("$(write_small "$w" "$d" "" | field seconds)")
+    check "$DATA" "$d" "$w-$r read through the FUSE floor"
+  done
+  T[$w,floor]=$(median "${s[@]}")
+  echo "  $w, fuse floor: ${s[*]} s" >&2
+done
+stop_floor
+rm -rf "$WORK/floor-files" "$FLOOR_MNT"
 
 # The checkpoint on local disk, then copied into a store folder directly.
 mkdir -p "$WORK/ckpt" "$WORK/direct"
@@ -170,18 +217,21 @@ for line in sys.argv[12].split("\n"):
     t[(w, target)] = num(v)
 met = lambda r, goal: f"{r:.2f}x {'met' if r >= goal else 'MISSED'}"
 print(f"| {files} files of 1-40 KiB ({small_bytes / 1e6:.1f} MB), median of {runs}, on {fs} | local | local+fsync "
-      "| write=through | write=back | back: then uploaded | through / local+fsync (>= 0.5) | back / local (>= 0.5) |")
-print("|---|---:|---:|---:|---:|---:|---|---|")
+      "| FUSE floor | write=through | write=back | back: then uploaded | through / local+fsync (>= 0.5) "
+      "| back / local (>= 0.5) | floor / local | back / floor |")
+print("|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|")
 names = {"tar": "`tar x` (GNU tar)", "tarfile": "`tarfile.extractall`", "copytree": "`shutil.copytree`"}
 for w in ("tar", "tarfile", "copytree"):
     fsync_base = t.get((w, "local+fsync"), t[("tarfile", "local+fsync")])
     lf = f"{t[(w, 'local+fsync')]:.3f} s" if (w, "local+fsync") in t else "(tarfile's)"
-    print(f"| {names[w]} | {t[(w, 'local')]:.3f} s | {lf} | {t[(w, 'through')]:.3f} s | {t[(w, 'back')]:.3f} s "
-          f"| +{t[(w, 'back-upload')]:.3f} s | {met(fsync_base / t[(w, 'through')], 0.5)} "
-          f"| {met(t[(w, 'local')] / t[(w, 'back')], 0.5)} |")
+    print(f"| {names[w]} | {t[(w, 'local')]:.3f} s | {lf} | {t[(w, 'floor')]:.3f} s | {t[(w, 'through')]:.3f} s "
+          f"| {t[(w, 'back')]:.3f} s | +{t[(w, 'back-upload')]:.3f} s | {met(fsync_base / t[(w, 'through')], 0.5)} "
+          f"| {met(t[(w, 'local')] / t[(w, 'back')], 0.5)} | {t[(w, 'local')] / t[(w, 'floor')]:.2f}x "
+          f"| {t[(w, 'floor')] / t[(w, 'back')]:.2f}x |")
 per_file = lambda s: f"{s / files * 1000:.2f} ms a file"
-print(f"(tar x per file: local {per_file(t[('tar', 'local')])}, through {per_file(t[('tar', 'through')])}, "
-      f"back {per_file(t[('tar', 'back')])}; tarfile with an fsync per file locally: {per_file(t[('tarfile', 'local+fsync')])})")
+print(f"(tar x per file: local {per_file(t[('tar', 'local')])}, FUSE floor {per_file(t[('tar', 'floor')])}, "
+      f"through {per_file(t[('tar', 'through')])}, back {per_file(t[('tar', 'back')])}; "
+      f"tarfile with an fsync per file locally: {per_file(t[('tarfile', 'local+fsync')])})")
 print()
 mbs = lambda s: mb * 1.048576 / s
 print(f"| {mb} MiB checkpoint | seconds | MB/s | ratio | target |")
@@ -195,6 +245,8 @@ print(f"wrong: {bad}")
 print(f"back small {t[('tar', 'local')] / t[('tar', 'back')]:.2f}x local, "
       f"through small {t[('tarfile', 'local+fsync')] / t[('tar', 'through')]:.2f}x local+fsync, "
       f"through ckpt {c_direct / c_through:.2f}x direct, back ckpt close {c_local / c_back:.2f}x local, "
-      f"back ckpt upload {c_direct / c_upload:.2f}x direct")
+      f"back ckpt upload {c_direct / c_upload:.2f}x direct, "
+      f"fuse floor small {t[('tar', 'local')] / t[('tar', 'floor')]:.2f}x local, "
+      f"back small {t[('tar', 'floor')] / t[('tar', 'back')]:.2f}x floor")
 sys.exit(1 if bad else 0)
 PY
