@@ -26,8 +26,14 @@
 
 namespace granary::fuse {
 
-// What a TtlCache may keep: nothing below a writable mount (rpc::Attr::writable).
-inline bool Cacheable(const rpc::Attr& a) { return !a.writable(); }
+// What a TtlCache may keep: below a writable mount (rpc::Attr::writable) nothing but directories,
+// which their users take for at most kWritableDirAge (FreshEnough): a file's attributes are asked
+// for at every stat and open (close-to-open).
+inline bool Cacheable(const rpc::Attr& a) { return !a.writable() || a.type() == rpc::DIRECTORY; }
+inline constexpr std::chrono::milliseconds kWritableDirAge{1000};
+inline bool FreshEnough(const rpc::Attr& a, std::chrono::milliseconds age) {
+  return !a.writable() || age < kWritableDirAge;
+}
 inline bool Cacheable(const rpc::FileInfo& f) { return !f.attr().writable(); }
 template <typename V>
 bool Cacheable(const V&) {
@@ -56,7 +62,7 @@ class TtlCache {
   }
 
   void Put(const K& key, const V& value) {
-    if (!Cacheable(value)) return;  // below a writable mount: always asked again (close-to-open)
+    if (!Cacheable(value)) return;  // a file below a writable mount: always asked again (close-to-open)
     MutexLock lock(&mu_);
     entries_.Put(key, Entry{value, clock_()});
   }

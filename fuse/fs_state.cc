@@ -32,7 +32,8 @@ double WritableAttrTimeout(const Fs* fs, const rpc::Attr& a) {
   if (!a.writable()) return configured;
   // A file's size and version must be asked for at every stat (close-to-open). A directory's own
   // attributes (its owner and mode, which the kernel checks at every create in it) may be a second
-  // old: its entries are never cached, so a file another node made is still seen at once.
+  // old; its files' names are asked for at every lookup (but in a directory this node made within
+  // the second: fuse/known_dirs.h).
   return a.type() == rpc::DIRECTORY ? std::min(configured, 1.0) : 0;
 }
 
@@ -52,7 +53,13 @@ fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a) {
     }
   }
   e.attr_timeout = WritableAttrTimeout(fs, a);  // close-to-open (file_cache.h)
-  e.entry_timeout = a.writable() ? 0 : Seconds(fs->cfg.fuse.entry_timeout);
+  // Below a writable mount a file's name is asked for at every open (close-to-open: another node may
+  // have put a new file there); a directory's may be a second old, as its attributes (a directory
+  // another node renamed away is seen gone within that second), or every path walk through it would
+  // cost a master round trip.
+  e.entry_timeout = !a.writable() ? Seconds(fs->cfg.fuse.entry_timeout)
+                    : a.type() == rpc::DIRECTORY ? std::min(Seconds(fs->cfg.fuse.entry_timeout), 1.0)
+                                                 : 0;
   return e;
 }
 

@@ -84,6 +84,7 @@
 #include "fuse/daemon_pages.h"
 #include "fuse/handover.h"
 #include "fuse/kernel_reads.h"
+#include "fuse/known_dirs.h"
 #include "fuse/open_file.h"
 #include "fuse/open_handles.h"
 #include "fuse/passthrough.h"
@@ -151,6 +152,9 @@ struct Fs {
   };
   // Directories below writable mounts seen lately (master inodes): a name missing from one is not
   // remembered by the kernel (another node may create it). Cleared when it grows past kInodeStates.
+  // Directories this node made lately, with the names it put in them: a lookup of another name
+  // there is answered "no such entry" without the master (fuse/known_dirs.h).
+  KnownDirs known_dirs;
   Mutex writable_dirs_mu;
   std::unordered_set<uint64_t> writable_dirs GUARDED_BY(writable_dirs_mu);
   void NoteWritableDir(uint64_t master_ino) {

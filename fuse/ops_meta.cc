@@ -147,11 +147,19 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   // kernel's own caching would be.
   std::string key = EntryKey(fs->ToMaster(parent), name);
   std::chrono::milliseconds age{};
-  if (auto cached = fs->entries->Get(key, &age)) {
+  if (auto cached = fs->entries->Get(key, &age); cached && FreshEnough(*cached, age)) {
     fuse_entry_param e = ToEntry(fs, *cached);
     if (scope.tracing()) scope.record().child = cached->ino();
     e.attr_timeout = std::max(0.0, e.attr_timeout - Seconds(age));
     e.entry_timeout = std::max(0.0, e.entry_timeout - Seconds(age));
+    fuse_reply_entry(req, &e);
+    return;
+  }
+  if (fs->known_dirs.Missing(fs->ToMaster(parent), name)) {
+    // A directory this node made within the second, and a name it did not put there (the writer
+    // making a new file): no master round trip (fuse/known_dirs.h).
+    fuse_entry_param e{};
+    if (scope.tracing()) scope.record().err = ENOENT;
     fuse_reply_entry(req, &e);
     return;
   }
@@ -185,9 +193,9 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   // with the kernel's timeout shortened by their age: never staler than the kernel's own caching.
   const uint64_t mino = fs->ToMaster(ino);
   std::chrono::milliseconds age{};
-  if (auto cached = fs->attrs->Get(mino, &age)) {
+  if (auto cached = fs->attrs->Get(mino, &age); cached && FreshEnough(*cached, age)) {
     struct stat st = ToStat(fs, *cached);
-    fuse_reply_attr(req, &st, std::max(0.0, Seconds(fs->cfg.fuse.attr_timeout) - Seconds(age)));
+    fuse_reply_attr(req, &st, std::max(0.0, WritableAttrTimeout(fs, *cached) - Seconds(age)));
     return;
   }
   // A file being written here (or staged, write=back) is this node's own: its attributes are the

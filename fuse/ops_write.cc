@@ -23,9 +23,11 @@ namespace granary::fuse::internal {
 namespace {
 
 // What granary-fuse remembers of `name` in `parent` and of inode `ino` (master inodes; 0: none).
-void Forget(Fs* fs, uint64_t parent, const std::string& name, uint64_t ino) {
+// With `parent_changed` false the parent's attributes are kept (a new file: the directory's mtime
+// may then be up to a second old here, as its attributes may be; its link count did not change).
+void Forget(Fs* fs, uint64_t parent, const std::string& name, uint64_t ino, bool parent_changed = true) {
   fs->entries->Erase(EntryKey(parent, name.c_str()));
-  fs->attrs->Erase(parent);
+  if (parent_changed) fs->attrs->Erase(parent);
   if (ino != 0) {
     fs->attrs->Erase(ino);
     fs->files->Erase(ino);
@@ -151,10 +153,11 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, 
   const fuse_ctx* ctx = fuse_req_ctx(req);
   pc.set_uid(ctx ? ctx->uid : 0);
   pc.set_gid(ctx ? ctx->gid : 0);
+  fs->known_dirs.Added(mparent, name);  // before the master has it: never answered missing after
   auto t = fs->client->PrepareCreate(pc);
   if (!t.ok()) return ReplyError(req, t.status(), "create");
   if (!t->created() && (fi->flags & O_EXCL)) return ReplyErrno(req, EEXIST);
-  Forget(fs, mparent, name, t->file().attr().ino());
+  Forget(fs, mparent, name, t->file().attr().ino(), /*parent_changed=*/false);
   const fuse_ino_t kino = fs->ToKernel(t->file().attr().ino());
   Status st = BeginWrite(fs, req, kino, *t, mparent, name, mode, fi);
   if (!st.ok()) return ReplyError(req, st, "create");
@@ -285,34 +288,11 @@ void ReleaseWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh) {
   fuse_reply_err(req, 0);
 }
 
-void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
-  OpScope scope(req, "setattr", nullptr, ino);
-  Fs* fs = FsOf(req);
-  const uint64_t mino = fs->ToMaster(ino);
-  auto a = fs->client->GetAttr(mino);
-  if (!a.ok()) return ReplyError(req, a.status(), "setattr");
-  if (!a->writable()) return ReplyErrno(req, EROFS);
-  WriteFiles* w = fs->WritesIfAny();
-  std::optional<uint64_t> written = w != nullptr ? w->SizeOf(ino) : std::nullopt;
-  if (to_set & FUSE_SET_ATTR_SIZE) {
-    const uint64_t size = static_cast<uint64_t>(attr->st_size);
-    if (fi != nullptr && IsWriteHandle(fi->fh) && w != nullptr && w->Known(fi->fh, ino)) {
-      Status st = w->Truncate(fi->fh, ino, size);
-      if (!st.ok()) return ReplyError(req, st, "truncate");
-      written = size;
-    } else if (size != written.value_or(a->size())) {  // a truncate to the size it has changes nothing
-      spdlog::warn("truncate of inode {} to {} bytes refused: Granary writes whole files; open the file with O_TRUNC "
-                   "and write it again", mino, size);
-      return ReplyErrno(req, EOPNOTSUPP);
-    }
-  }
-  // chmod, chown and utimes go to the store where it keeps them (the kernel has checked that the
-  // caller may: default_permissions). A store that keeps none (object stores: EOPNOTSUPP) accepts
-  // them and keeps nothing, as docs/semantics.md says: tools set them after every copy (cp -p,
-  // shutil.copy, tar), and failing those would fail the copy.
+namespace {
+
+// A setattr's chmod, chown and utimes as the master and the worker take them.
+rpc::SetAttrRequest ChangeOf(const struct stat* attr, int to_set) {
   rpc::SetAttrRequest sa;
-  sa.set_ino(mino);
-  *sa.mutable_caller() = CallerOf(req);
   if (to_set & FUSE_SET_ATTR_MODE) sa.set_mode(attr->st_mode & 07777);
   if (to_set & FUSE_SET_ATTR_UID) sa.set_uid(attr->st_uid);
   if (to_set & FUSE_SET_ATTR_GID) sa.set_gid(attr->st_gid);
@@ -328,9 +308,66 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
                         ? now
                         : static_cast<int64_t>(attr->st_atim.tv_sec) * 1'000'000'000 + attr->st_atim.tv_nsec);
   }
+  return sa;
+}
+
+}  // namespace
+
+void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  OpScope scope(req, "setattr", nullptr, ino);
+  Fs* fs = FsOf(req);
+  const uint64_t mino = fs->ToMaster(ino);
+  rpc::SetAttrRequest sa = ChangeOf(attr, to_set);
+  sa.set_ino(mino);
+  WriteFiles* w = fs->WritesIfAny();
+  const bool own_handle = fi != nullptr && IsWriteHandle(fi->fh) && w != nullptr && w->Known(fi->fh, ino);
+  if (w != nullptr && w->Has(ino) && (!(to_set & FUSE_SET_ATTR_SIZE) || own_handle)) {
+    // A file being written here, not committed yet (tar, cp -p and shutil set mode, owner and times
+    // on each file before closing it): kept for its commit and answered here. The kernel has
+    // checked that the caller may (default_permissions, against the attributes answered here).
+    rpc::AttrChange change;
+    if (sa.has_mode()) change.set_mode(sa.mode());
+    if (sa.has_uid()) change.set_uid(sa.uid());
+    if (sa.has_gid()) change.set_gid(sa.gid());
+    if (sa.has_atime_ns()) change.set_atime_ns(sa.atime_ns());
+    if (sa.has_mtime_ns()) change.set_mtime_ns(sa.mtime_ns());
+    if (auto local = w->SetAttrWhileWriting(ino, change)) {
+      uint64_t size = local->size();
+      if (to_set & FUSE_SET_ATTR_SIZE) {
+        size = static_cast<uint64_t>(attr->st_size);
+        Status st = w->Truncate(fi->fh, ino, size);
+        if (!st.ok()) return ReplyError(req, st, "truncate");
+      }
+      struct stat st = ToStat(fs, *local);
+      st.st_size = static_cast<off_t>(size);
+      st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+      return (void)fuse_reply_attr(req, &st, 0);
+    }
+  }
+  auto a = fs->client->GetAttr(mino);
+  if (!a.ok()) return ReplyError(req, a.status(), "setattr");
+  if (!a->writable()) return ReplyErrno(req, EROFS);
+  std::optional<uint64_t> written = w != nullptr ? w->SizeOf(ino) : std::nullopt;
+  if (to_set & FUSE_SET_ATTR_SIZE) {
+    const uint64_t size = static_cast<uint64_t>(attr->st_size);
+    if (own_handle) {
+      Status st = w->Truncate(fi->fh, ino, size);
+      if (!st.ok()) return ReplyError(req, st, "truncate");
+      written = size;
+    } else if (size != written.value_or(a->size())) {  // a truncate to the size it has changes nothing
+      spdlog::warn("truncate of inode {} to {} bytes refused: Granary writes whole files; open the file with O_TRUNC "
+                   "and write it again", mino, size);
+      return ReplyErrno(req, EOPNOTSUPP);
+    }
+  }
+  // chmod, chown and utimes go to the store where it keeps them (the kernel has checked that the
+  // caller may: default_permissions). A store that keeps none (object stores: EOPNOTSUPP) accepts
+  // them and keeps nothing, as docs/semantics.md says: tools set them after every copy (cp -p,
+  // shutil.copy, tar), and failing those would fail the copy.
   rpc::Attr result = *a;
   if (sa.has_mode() || sa.has_uid() || sa.has_gid() || sa.has_mtime_ns() || sa.has_atime_ns()) {
     if (WritesOff(req, fs)) return;
+    *sa.mutable_caller() = CallerOf(req);  // its groups cost a read of /proc: only when asked for
     auto changed = fs->client->SetAttr(sa);
     Forget(fs, 0, "", mino);
     if (!changed.ok()) {
@@ -360,9 +397,11 @@ void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   *m.mutable_caller() = CallerOf(req);
   m.set_uid(m.caller().uid());
   m.set_gid(m.caller().gid());
+  fs->known_dirs.Added(m.parent(), name);  // before the master has it: never answered missing after
   auto a = fs->client->MakeDir(m);
   Forget(fs, m.parent(), name, 0);
   if (!a.ok()) return ReplyError(req, a.status(), "mkdir");
+  fs->known_dirs.Made(a->ino());
   if (scope.tracing()) scope.record().child = a->ino();
   fuse_entry_param e = ToEntry(fs, *a);
   fuse_reply_entry(req, &e);
@@ -414,6 +453,8 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   *r.mutable_caller() = CallerOf(req);
   auto moved = fs->client->Lookup(r.parent(), name);
   auto replaced = fs->client->Lookup(r.new_parent(), new_name);
+  fs->known_dirs.Added(r.new_parent(), new_name);  // before the master has it
+  if (moved.ok() && moved->type() == rpc::DIRECTORY) fs->known_dirs.Forget(moved->ino());
   Status st = fs->client->Rename(r);
   Forget(fs, r.parent(), name, moved.ok() ? moved->ino() : 0);
   Forget(fs, r.new_parent(), new_name, replaced.ok() ? replaced->ino() : 0);

@@ -45,6 +45,14 @@ StatusOr<rpc::LocalResponse> Call(int conn, const rpc::WriteCall& call, int* fd,
 
 WriteFiles::~WriteFiles() {
   {
+    MutexLock s(&spare_mu_);
+    for (const Spare& sp : spares_) {
+      close(sp.fd);
+      close(sp.conn);  // the worker drops the spare session and its staging file
+    }
+    spares_.clear();
+  }
+  {
     MutexLock q(&query_mu_);
     if (query_conn_ >= 0) close(query_conn_);
   }
@@ -56,9 +64,7 @@ WriteFiles::~WriteFiles() {
 }
 
 Status WriteFiles::BeginLocked(File& f, bool copy) {
-  ASSIGN_OR_RETURN(int conn, ConnectUnix(socket_));
   rpc::WriteCall c;
-  c.set_op(rpc::WriteCall::BEGIN);
   const rpc::FileInfo& file = f.target.target.file();
   c.set_mount_id(file.mount_id());
   c.set_ufs_path(file.ufs_path());
@@ -71,15 +77,38 @@ Status WriteFiles::BeginLocked(File& f, bool copy) {
   c.set_write_mode(f.target.target.write_mode());
   c.set_block_size(file.block_size());
   for (uint32_t g : f.target.groups) c.add_groups(g);
-  int fd = -1;
-  auto resp = Call(conn, c, &fd);
-  if (!resp.ok()) {
-    close(conn);
-    return resp.status();
+  int conn = -1, fd = -1;
+  uint64_t session = 0;
+  // A spare session, aimed at this file: its staging file was made before the open came.
+  while (auto spare = TakeSpare()) {
+    c.set_op(rpc::WriteCall::AIM);
+    c.set_session(spare->session);
+    bool transport = false;
+    auto aimed = Call(spare->conn, c, nullptr, &transport);
+    if (aimed.ok()) {
+      conn = spare->conn;
+      fd = spare->fd;
+      session = spare->session;
+      break;
+    }
+    close(spare->conn);
+    close(spare->fd);
+    if (!transport) return aimed.status();  // the worker's answer (a read-only mount): as BEGIN's
   }
-  if (fd < 0) {
-    close(conn);
-    return InternalError("the worker began a write session without a staging file");
+  if (conn < 0) {
+    ASSIGN_OR_RETURN(conn, ConnectUnix(socket_));
+    c.set_op(rpc::WriteCall::BEGIN);
+    c.clear_session();
+    auto resp = Call(conn, c, &fd);
+    if (!resp.ok()) {
+      close(conn);
+      return resp.status();
+    }
+    if (fd < 0) {
+      close(conn);
+      return InternalError("the worker began a write session without a staging file");
+    }
+    session = resp->session();
   }
   if (copy && f.fd >= 0 && f.size > 0) {
     loff_t in = 0, out = 0;
@@ -100,12 +129,46 @@ Status WriteFiles::BeginLocked(File& f, bool copy) {
   EndLocked(f);
   f.conn = conn;
   f.fd = fd;
-  f.session = resp->session();
+  f.session = session;
   f.sealed = false;
   f.contiguous = copy ? f.size : 0;
   f.reported = 0;
   f.stream_dropped = false;
   return Status::OK();
+}
+
+std::optional<WriteFiles::Spare> WriteFiles::TakeSpare() {
+  MutexLock lock(&spare_mu_);
+  if (spares_.empty()) return std::nullopt;
+  Spare s = spares_.front();
+  spares_.pop_front();
+  return s;
+}
+
+void WriteFiles::Refill(int conn) {
+  {
+    MutexLock lock(&spare_mu_);
+    if (spares_.size() >= kSpares) {
+      if (conn >= 0) close(conn);
+      return;
+    }
+  }
+  if (conn < 0) {
+    auto c = ConnectUnix(socket_);
+    if (!c.ok()) return;  // the next open begins its own session (and says why, if it cannot)
+    conn = *c;
+  }
+  rpc::WriteCall c;
+  c.set_op(rpc::WriteCall::BEGIN);
+  int fd = -1;
+  auto resp = Call(conn, c, &fd);
+  if (!resp.ok() || fd < 0) {
+    if (fd >= 0) close(fd);
+    close(conn);
+    return;
+  }
+  MutexLock lock(&spare_mu_);
+  spares_.push_back(Spare{conn, fd, resp->session()});
 }
 
 void WriteFiles::EndLocked(File& f) {
@@ -200,6 +263,7 @@ Status WriteFiles::Write(uint64_t fh, uint64_t kino, const char* buf, size_t siz
   f->size = std::max<uint64_t>(f->size, static_cast<uint64_t>(off) + size);
   f->size_seen = f->size;
   f->dirty = true;
+  f->attrs.clear_mtime_ns();  // a write after utimes makes the mtime the write's (the store's at commit)
   // Start writing the staged bytes to disk as they come, so the fsync of a commit (the worker's,
   // before it acknowledges a write=back close) finds little left to do.
   f->unsynced += size;
@@ -297,6 +361,7 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
   c.set_session(f.session);
   c.set_size(f.size);
   c.set_wait_upload(wait_upload);
+  if (f.attrs.ByteSizeLong() > 0) *c.mutable_attrs() = f.attrs;
   bool transport = false;
   auto resp = Call(f.conn, c, nullptr, &transport);
   if (!resp.ok() && transport && f.fd >= 0) {
@@ -320,6 +385,7 @@ Status WriteFiles::CommitLocked(File& f, bool wait_upload) {
   }
   f.dirty = false;
   f.committed_once = true;
+  f.attrs.Clear();  // the store has them with this version
   if (back) f.last_sealed = resp->sealed();
   // The committed staging file is not written again (write=back: the uploader owns it;
   // write=through: the worker caches the committed version's blocks from it): more writes start a
@@ -368,6 +434,7 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
   if (!f) return r;
   bool stage = false;
   uint64_t sealed_id = 0;
+  int idle = -1;  // the sealed session's connection, free for a spare
   {
     MutexLock fl(&f->mu);
     r.status = f->failed ? Status::OK() : CommitLocked(*f, false);
@@ -378,7 +445,7 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
     if (r.status.ok() && !f->failed && back && f->sealed && f->committed_once && f->fd >= 0) {
       // Staged: the session's connection goes (the sealed file is the uploader's), the descriptor
       // stays for this node's reads until the master has the upload.
-      if (f->conn >= 0) close(f->conn);
+      idle = f->conn;  // the worker ended its session at the seal
       f->conn = -1;
       f->session = 0;
       sealed_id = f->last_sealed;
@@ -387,7 +454,10 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
       EndLocked(*f);
     }
   }
-  if (!stage) return r;
+  if (!stage) {
+    Refill(-1);
+    return r;
+  }
   std::vector<std::shared_ptr<File>> dropped;
   {
     MutexLock lock(&mu_);
@@ -397,15 +467,12 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
       by_inode_[kino] = f;
       staged_order_.push_back(kino);
       f = nullptr;
-      size_t staged = 0;
-      for (const auto& [k, file] : by_inode_) staged += file->staged && file->handles == 0 ? 1 : 0;
-      while (staged > kMaxStaged && !staged_order_.empty()) {
+      // Every staged inode is in staged_order_ (an inode staged again is in it twice: its older
+      // place counts): at most kMaxStaged stay staged, the oldest go first.
+      while (staged_order_.size() > kMaxStaged) {
         const uint64_t oldest = staged_order_.front();
         staged_order_.pop_front();
-        if (auto gone = UnstageLocked(oldest)) {
-          dropped.push_back(std::move(gone));
-          --staged;
-        }
+        if (auto gone = UnstageLocked(oldest)) dropped.push_back(std::move(gone));
       }
     }
   }
@@ -414,6 +481,9 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
     MutexLock fl(&d->mu);
     EndLocked(*d);
   }
+  // A spare session for the next open, once the staged File answers for the inode again (this
+  // RELEASE is on no writer's path: the kernel sends it after close() returned).
+  Refill(idle);
   return r;
 }
 
@@ -504,6 +574,25 @@ std::optional<rpc::Attr> WriteFiles::AttrOf(uint64_t kino) {
   return a;
 }
 
+std::optional<rpc::Attr> WriteFiles::SetAttrWhileWriting(uint64_t kino, const rpc::AttrChange& change) {
+  MutexLock lock(&mu_);
+  auto it = by_inode_.find(kino);
+  if (it == by_inode_.end() || it->second->staged || it->second->handles == 0) return std::nullopt;
+  File& f = *it->second;
+  MutexLock fl(&f.mu);  // lock order: mu_, then the File's
+  if (f.failed || f.sealed || f.fd < 0) return std::nullopt;  // committed (or failing): the master's
+  rpc::Attr& a = f.attr;
+  if (change.has_mode()) f.attrs.set_mode(change.mode()), a.set_mode(change.mode());
+  if (change.has_uid()) f.attrs.set_uid(change.uid()), a.set_uid(change.uid());
+  if (change.has_gid()) f.attrs.set_gid(change.gid()), a.set_gid(change.gid());
+  if (change.has_atime_ns()) f.attrs.set_atime_ns(change.atime_ns());
+  if (change.has_mtime_ns()) f.attrs.set_mtime_ns(change.mtime_ns()), a.set_mtime_ns(change.mtime_ns());
+  f.dirty = true;  // the commit carries them, even with no byte written since the last
+  rpc::Attr out = a;
+  out.set_size(f.size);
+  return out;
+}
+
 void WriteFiles::NoteAttr(uint64_t kino, const rpc::Attr& a) {
   MutexLock lock(&mu_);
   auto it = by_inode_.find(kino);
@@ -568,6 +657,7 @@ std::vector<WriteFiles::Exported> WriteFiles::Export() {
     w.set_dirty(f->dirty);
     w.set_sealed(f->sealed);
     w.set_committed_once(f->committed_once);
+    if (f->attrs.ByteSizeLong() > 0) *w.mutable_attrs() = f->attrs;
     w.set_last_sealed(f->last_sealed);
     w.set_contiguous(f->contiguous);
     w.set_reported(f->reported);
@@ -612,6 +702,7 @@ void WriteFiles::Restore(const rpc::FuseWriteFile& w, int fd, int conn) {
     f->dirty = w.dirty();
     f->sealed = w.sealed();
     f->committed_once = w.committed_once();
+    f->attrs = w.attrs();
     f->last_sealed = w.last_sealed();
     f->contiguous = w.contiguous();
     f->reported = w.reported();

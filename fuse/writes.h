@@ -11,6 +11,9 @@
 // into with pwrite: any order, any offset, at local-disk speed). The file's size is the largest
 // end written (or what ftruncate set).
 //
+// A session's staging file is usually made before its open comes: each RELEASE tops up a few spare
+// sessions (BEGIN without a path), and an open aims one at its file (AIM) instead of making one.
+//
 // close() (FLUSH) commits a File written since its last commit: the worker uploads it (through:
 // before answering; meanwhile it has streamed the part written in order, as PROGRESS told it) or
 // seals it (back: the upload follows). fsync() commits and, for back, waits
@@ -128,6 +131,12 @@ class WriteFiles {
   std::optional<rpc::Attr> AttrOf(uint64_t kino);
   // A setattr's answer for `kino`, kept while it is written here or staged.
   void NoteAttr(uint64_t kino, const rpc::Attr& a);
+  // chmod, chown or utimes of `kino` while a write of it is open here and not committed yet: kept
+  // for the commit (the worker gives them to the store with the file, before it appears at its
+  // path) and answered at once, with no master round trip (tar and cp -p set them on every file
+  // before closing it). The file's attributes as they are now; nullopt when the inode has no such
+  // write (committed, staged, failed, or not written here): the master is asked.
+  std::optional<rpc::Attr> SetAttrWhileWriting(uint64_t kino, const rpc::AttrChange& change);
   // A read-only handle on `kino` while it is written here or staged: reads read the staging file.
   // NOT_FOUND when there is none.
   StatusOr<uint64_t> OpenStaged(uint64_t kino);
@@ -176,6 +185,7 @@ class WriteFiles {
     uint64_t reported GUARDED_BY(mu) = 0;
     bool stream_dropped GUARDED_BY(mu) = false;
     uint64_t unsynced GUARDED_BY(mu) = 0;  // bytes written since the last writeback was started
+    rpc::AttrChange attrs GUARDED_BY(mu);  // chmod/chown/utimes for the next commit (SetAttrWhileWriting)
     int handles = 0;  // under WriteFiles::mu_
   };
   // A new session for `f` (the previous one, if any, ended); with `copy`, the first f.size bytes
@@ -198,6 +208,23 @@ class WriteFiles {
   // Forgets handle `fh` (opened on `kino`); the inode's File when it was its last handle (else null).
   std::shared_ptr<File> DropHandle(uint64_t fh, uint64_t kino) EXCLUDES(mu_);
   uint64_t NewHandle() { return kWriteHandleBit | number_(); }
+
+  // Spare sessions (WriteCall BEGIN without a path): a staging file the worker made ahead of the
+  // open that takes it (AIM gives it its target), so a new file's open makes no file on its way.
+  // Refilled up to kSpares by each RELEASE (after close() returned), over the released session's
+  // connection when the worker ended that session (a write=back seal), else a new one. A spare
+  // whose connection broke (the worker restarted) is dropped when taken; the worker drops the
+  // spares of a connection that closes.
+  struct Spare {
+    int conn = -1, fd = -1;
+    uint64_t session = 0;
+  };
+  static constexpr size_t kSpares = 4;
+  std::optional<Spare> TakeSpare() EXCLUDES(spare_mu_);
+  // `conn`: a connection with no session on it (taken over, closed when not needed), or -1.
+  void Refill(int conn) EXCLUDES(spare_mu_);
+  Mutex spare_mu_;
+  std::deque<Spare> spares_ GUARDED_BY(spare_mu_);
 
   const std::string socket_;
   const std::function<uint64_t()> number_;

@@ -114,6 +114,22 @@ class ActAs {
 
 // A new file written beside its target and renamed over it at Commit, both in the directory `dir`
 // (found without following links when the writer was made), acting for the writer.
+// A utimensat time: nanoseconds since the epoch, or UTIME_OMIT when not set.
+timespec TimespecOf(const std::optional<int64_t>& ns) {
+  timespec t{};
+  if (!ns) {
+    t.tv_nsec = UTIME_OMIT;
+    return t;
+  }
+  t.tv_sec = static_cast<time_t>(*ns / 1'000'000'000);
+  t.tv_nsec = static_cast<long>(*ns % 1'000'000'000);
+  if (t.tv_nsec < 0) {
+    t.tv_nsec += 1'000'000'000;
+    t.tv_sec -= 1;
+  }
+  return t;
+}
+
 class LocalWriter : public UfsWriter {
  public:
   LocalWriter(std::string full, Fd dir, std::string temp, int fd, std::string name, WriteCaller as)
@@ -162,6 +178,26 @@ class LocalWriter : public UfsWriter {
     fd_ = -1;
     ActAs acting(as_);
     unlinkat(dir_.get(), temp_.c_str(), 0);
+  }
+
+  // On the temporary file, as the writer: the kernel's own checks (chown to another owner needs
+  // the writer to be root) decide what it may set, as for a chmod/chown/utimes of its own file.
+  Status SetAttrs(const UfsAttrChange& change) override {
+    if (fd_ < 0) return FailedPreconditionError("setattr of " + full_ + " after it was committed or aborted");
+    ActAs acting(as_);
+    if (change.uid || change.gid) {
+      uid_t u = change.uid ? static_cast<uid_t>(*change.uid) : static_cast<uid_t>(-1);
+      gid_t g = change.gid ? static_cast<gid_t>(*change.gid) : static_cast<gid_t>(-1);
+      if (fchown(fd_, u, g) != 0) return ErrnoError(errno, "chown " + full_);
+    }
+    if (change.mode && fchmod(fd_, static_cast<mode_t>(*change.mode & 07777)) != 0) {
+      return ErrnoError(errno, "chmod " + full_);
+    }
+    if (change.atime_ns || change.mtime_ns) {
+      timespec times[2] = {TimespecOf(change.atime_ns), TimespecOf(change.mtime_ns)};
+      if (futimens(fd_, times) != 0) return ErrnoError(errno, "set the times of " + full_);
+    }
+    return Status::OK();
   }
 
  private:
@@ -321,21 +357,7 @@ Status LocalUfs::SetAttr(const std::string& path, const UfsAttrChange& change, c
     return ErrnoError(errno, "chmod " + full);
   }
   if (change.atime_ns || change.mtime_ns) {
-    auto ts = [](const std::optional<int64_t>& ns) {
-      timespec t{};
-      if (!ns) {
-        t.tv_nsec = UTIME_OMIT;
-      } else {
-        t.tv_sec = static_cast<time_t>(*ns / 1'000'000'000);
-        t.tv_nsec = static_cast<long>(*ns % 1'000'000'000);
-        if (t.tv_nsec < 0) {
-          t.tv_nsec += 1'000'000'000;
-          t.tv_sec -= 1;
-        }
-      }
-      return t;
-    };
-    timespec times[2] = {ts(change.atime_ns), ts(change.mtime_ns)};
+    timespec times[2] = {TimespecOf(change.atime_ns), TimespecOf(change.mtime_ns)};
     if (utimensat(AT_FDCWD, self.c_str(), times, 0) != 0) return ErrnoError(errno, "set the times of " + full);
   }
   return Status::OK();

@@ -492,6 +492,43 @@ class NfsWriter : public UfsWriter {
     return EntryOf(path_.substr(path_.rfind('/') + 1), attr);
   }
 
+  // On the temporary file (SETATTR: the server checks what this client's credentials may set).
+  Status SetAttrs(const UfsAttrChange& change) override {
+    if (fh_ == nullptr) return FailedPreconditionError("setattr of " + path_ + " after it was committed or aborted");
+    int rc = 0;
+    if (change.uid || change.gid) {
+      rc = nfs_fchown(c_, fh_, change.uid ? static_cast<int>(*change.uid) : -1,
+                      change.gid ? static_cast<int>(*change.gid) : -1);
+      if (rc != 0) return NfsError(rc, c_, "chown " + fs_->uri_ + "/" + path_);
+    }
+    if (change.mode) {
+      rc = nfs_fchmod(c_, fh_, static_cast<int>(*change.mode & 07777));
+      if (rc != 0) return NfsError(rc, c_, "chmod " + fs_->uri_ + "/" + path_);
+    }
+    if (change.atime_ns || change.mtime_ns) {
+      // libnfs sets both times (microseconds): one not asked for keeps what the file has.
+      nfs_stat_64 attr{};
+      rc = nfs_fstat64(c_, fh_, &attr);
+      if (rc != 0) return NfsError(rc, c_, "stat " + fs_->uri_ + "/" + path_);
+      auto tv = [](std::optional<int64_t> ns, uint64_t sec, uint64_t nsec) {
+        const int64_t v = ns ? *ns : static_cast<int64_t>(sec * 1'000'000'000 + nsec);
+        timeval t{};
+        t.tv_sec = static_cast<time_t>(v / 1'000'000'000);
+        t.tv_usec = static_cast<suseconds_t>((v % 1'000'000'000) / 1000);
+        if (t.tv_usec < 0) {
+          t.tv_usec += 1'000'000;
+          t.tv_sec -= 1;
+        }
+        return t;
+      };
+      timeval times[2] = {tv(change.atime_ns, attr.nfs_atime, attr.nfs_atime_nsec),
+                          tv(change.mtime_ns, attr.nfs_mtime, attr.nfs_mtime_nsec)};
+      rc = nfs_utimes(c_, Abs(temp_).c_str(), times);
+      if (rc != 0) return NfsError(rc, c_, "set the times of " + fs_->uri_ + "/" + path_);
+    }
+    return Status::OK();
+  }
+
   void Abort() override {
     if (c_ == nullptr) return;
     if (fh_ != nullptr) nfs_close(c_, fh_);

@@ -301,6 +301,8 @@ std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs
   return std::make_shared<CountingUfs>(std::move(ufs), counters);
 }
 
+Status UfsWriter::SetAttrs(const UfsAttrChange&) { return Status::OK(); }
+
 bool IsWritingName(std::string_view name) { return name.substr(0, kWritingPrefix.size()) == kWritingPrefix; }
 
 StatusOr<std::unique_ptr<UfsWriter>> UnderFileSystem::Create(const std::string& path, uint32_t, const WriteCaller&) {

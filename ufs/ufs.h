@@ -50,6 +50,13 @@ struct LocalFile {
 // file at the path: local and NFS stores write a hidden temporary file beside it (named with
 // kWritingPrefix, skipped by listings) and rename it; object stores upload parts of a multipart
 // upload and complete it. Not thread-safe (one writer, one thread at a time).
+// What a setattr changes (chmod, chown, utimes): each field that is set.
+struct UfsAttrChange {
+  std::optional<uint32_t> mode;  // permission bits (07777)
+  std::optional<uint32_t> uid, gid;
+  std::optional<int64_t> atime_ns, mtime_ns;
+};
+
 class UfsWriter {
  public:
   virtual ~UfsWriter() = default;
@@ -58,6 +65,11 @@ class UfsWriter {
   // version). After Commit or Abort the writer takes no more calls.
   virtual StatusOr<UfsEntry> Commit() = 0;
   virtual void Abort() = 0;
+  // The mode, owner and times the file has when Commit puts it at its path (a chmod, chown or
+  // utimes its writer made while writing). Called after the last Append, before Commit. Stores
+  // that keep attributes apply them as the writer (an error names what was refused: the file can
+  // still be committed without them); object stores keep none and return OK.
+  virtual Status SetAttrs(const UfsAttrChange& change);
 };
 
 // Who a write call acts for: the ids of the process that asked through the mount (the FUSE
@@ -68,13 +80,6 @@ class UfsWriter {
 struct WriteCaller {
   uint32_t uid = 0, gid = 0;
   std::vector<uint32_t> groups;  // supplementary groups
-};
-
-// What a setattr changes (chmod, chown, utimes): each field that is set.
-struct UfsAttrChange {
-  std::optional<uint32_t> mode;  // permission bits (07777)
-  std::optional<uint32_t> uid, gid;
-  std::optional<int64_t> atime_ns, mtime_ns;
 };
 
 // Names of the temporary files writers make beside their targets; listings skip them.

@@ -74,7 +74,29 @@ StatusOr<MountHandle> WritableMount(MountResolver* mounts, uint64_t mount_id) {
   return m;
 }
 
+// The chmod, chown and utimes made while writing, given to the store before the commit. One it
+// refuses (a chown the store does not allow) is logged: the bytes are committed without it, as the
+// writer's close was told they would be.
+void ApplyAttrs(const WriteTarget& t, UfsWriter* w) {
+  const UfsAttrChange& a = t.attrs;
+  if (!a.mode && !a.uid && !a.gid && !a.atime_ns && !a.mtime_ns) return;
+  Status st = w->SetAttrs(a);
+  if (!st.ok()) {
+    spdlog::warn("{}: the mode, owner or times set while it was written were not kept: {}", t.ufs_path, st.ToString());
+  }
+}
+
 }  // namespace
+
+UfsAttrChange AttrChangeOf(const rpc::AttrChange& a) {
+  UfsAttrChange c;
+  if (a.has_mode()) c.mode = a.mode();
+  if (a.has_uid()) c.uid = a.uid();
+  if (a.has_gid()) c.gid = a.gid();
+  if (a.has_atime_ns()) c.atime_ns = a.atime_ns();
+  if (a.has_mtime_ns()) c.mtime_ns = a.mtime_ns();
+  return c;
+}
 
 std::string EncodeWriteManifest(const WriteManifest& m) {
   const WriteTarget& t = m.target;
@@ -82,6 +104,12 @@ std::string EncodeWriteManifest(const WriteManifest& m) {
                       {"name", t.name},         {"mode", t.mode},   {"uid", t.uid},       {"gid", t.gid},
                       {"write_mode", t.write_mode}, {"sealed", m.sealed}, {"size", m.size}, {"block_size", t.block_size},
                       {"groups", t.groups}};
+  const UfsAttrChange& a = t.attrs;
+  if (a.mode) j["set_mode"] = *a.mode;
+  if (a.uid) j["set_uid"] = *a.uid;
+  if (a.gid) j["set_gid"] = *a.gid;
+  if (a.atime_ns) j["set_atime_ns"] = *a.atime_ns;
+  if (a.mtime_ns) j["set_mtime_ns"] = *a.mtime_ns;
   // Paths arrive as protobuf strings (UTF-8, checked when the frame parses); `replace` only keeps
   // dump() from ever throwing.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -123,6 +151,27 @@ StatusOr<WriteManifest> ParseWriteManifest(std::string_view text) {
   num("write_mode", UINT32_MAX, &t.write_mode);
   num("block_size", uint64_t{1} << 40, &t.block_size);
   num("size", UINT64_MAX, &m.size);
+  // The attributes set while writing: each optional, in range when present.
+  auto opt32 = [&](const char* key, uint64_t max, std::optional<uint32_t>* out) {
+    if (!j.contains(key)) return;
+    uint32_t v = 0;
+    num(key, max, &v);
+    *out = v;
+  };
+  auto time = [&](const char* key, std::optional<int64_t>* out) {
+    auto it = j.find(key);
+    if (it == j.end()) return;
+    if (!it->is_number_integer()) {
+      if (bad.empty()) bad = key;
+      return;
+    }
+    *out = it->template get<int64_t>();
+  };
+  opt32("set_mode", 07777, &t.attrs.mode);
+  opt32("set_uid", UINT32_MAX - 1, &t.attrs.uid);
+  opt32("set_gid", UINT32_MAX - 1, &t.attrs.gid);
+  time("set_atime_ns", &t.attrs.atime_ns);
+  time("set_mtime_ns", &t.attrs.mtime_ns);
   if (auto it = j.find("groups"); it != j.end()) {
     if (!it->is_array() || it->size() > 65536) {
       if (bad.empty()) bad = "groups";
@@ -290,37 +339,39 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
   *fd = -1;
   switch (call.op()) {
     case rpc::WriteCall::BEGIN: {
-      if (call.ufs_path().empty() || call.name().empty()) return InvalidArgumentError("write session: no path");
-      if (!CheckRelativePath(call.ufs_path()).ok() || !IsValidName(call.name())) {
-        return InvalidArgumentError("write session: the path or name is not a valid path below the mount");
-      }
-      if (call.mode() > 07777) return InvalidArgumentError("write session: mode " + std::to_string(call.mode()) + " is not permission bits");
-      // The mount's write mode, not the caller's word.
-      ASSIGN_OR_RETURN(MountHandle mount, WritableMount(mounts_, call.mount_id()));
+      // Without a path: a spare, aimed later (AIM). No manifest for an unsealed session: its
+      // staging file is only ever deleted after a crash (Recover deletes every .data file).
+      const bool spare = call.ufs_path().empty() && call.name().empty();
       Session s;
       s.conn = conn;
-      s.target = {call.mount_id(), call.ino(), call.parent(), call.ufs_path(), call.name(),
-                  call.mode(),     call.uid(), call.gid(),    static_cast<uint32_t>(mount.write), call.block_size(),
-                  {call.groups().begin(), call.groups().end()}};
+      if (!spare) {
+        ASSIGN_OR_RETURN(s.target, TargetOf(call));
+        s.aimed = true;
+      }
       uint64_t id;
       {
         MutexLock lock(&mu_);
         id = next_id_++;
       }
       s.data_path = dir_ + "/" + std::to_string(id) + ".data";
-      // Unsealed manifests are only ever deleted after a crash: no fsync for them.
-      RETURN_IF_ERROR(WriteManifestFile(dir_ + "/" + std::to_string(id) + ".json", ManifestOf(s.target, false, 0),
-                                        /*sync=*/false));
       int f = open(s.data_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (f < 0) {
-        Status e = ErrnoError(errno, "create a staging file in worker.staging_dir " + dir_);
-        unlink((dir_ + "/" + std::to_string(id) + ".json").c_str());
-        return e;
-      }
+      if (f < 0) return ErrnoError(errno, "create a staging file in worker.staging_dir " + dir_);
       *fd = f;
       resp->set_session(id);
       MutexLock lock(&mu_);
       open_[id] = std::move(s);
+      return Status::OK();
+    }
+    case rpc::WriteCall::AIM: {
+      ASSIGN_OR_RETURN(Target t, TargetOf(call));
+      MutexLock lock(&mu_);
+      auto it = open_.find(call.session());
+      if (it == open_.end() || it->second.conn != conn) {
+        return FailedPreconditionError("write session " + std::to_string(call.session()) + " is not open");
+      }
+      if (it->second.aimed) return FailedPreconditionError("write session " + std::to_string(call.session()) + " has its target");
+      it->second.target = std::move(t);
+      it->second.aimed = true;
       return Status::OK();
     }
     case rpc::WriteCall::ABORT: {
@@ -329,7 +380,6 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       auto it = open_.find(call.session());
       if (it == open_.end() || it->second.conn != conn) return Status::OK();
       unlink(it->second.data_path.c_str());
-      unlink((dir_ + "/" + std::to_string(call.session()) + ".json").c_str());
       dropped = std::move(it->second.stream);
       open_.erase(it);
       return Status::OK();
@@ -339,12 +389,20 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       {
         MutexLock lock(&mu_);
         auto it = open_.find(call.session());
-        if (it == open_.end() || it->second.conn != conn) {
+        if (it == open_.end() || it->second.conn != conn || !it->second.aimed) {
           return FailedPreconditionError("write session " + std::to_string(call.session()) + " is not open");
         }
         s = it->second;
       }
-      const std::string manifest = dir_ + "/" + std::to_string(call.session()) + ".json";
+      if (call.has_attrs()) {
+        const rpc::AttrChange& a = call.attrs();
+        if ((a.has_mode() && a.mode() > 07777) || (a.has_uid() && a.uid() == UINT32_MAX) ||
+            (a.has_gid() && a.gid() == UINT32_MAX)) {
+          return InvalidArgumentError("write session: the mode or owner set while writing is out of range");
+        }
+        s.target.attrs = AttrChangeOf(a);
+        if (a.has_mode()) s.target.mode = a.mode();  // the file is made with it
+      }
       if (static_cast<WriteMode>(s.target.write_mode) == WriteMode::kThrough) {
         // The streamed upload is this commit's: a later one (more writes, then close) starts anew.
         {
@@ -381,7 +439,6 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
         unlink(sealed.manifest_path.c_str());
         return e;
       }
-      unlink(manifest.c_str());
       resp->set_committed_size(call.size());
       resp->set_sealed(sealed.id);
       const uint64_t id = sealed.id;
@@ -421,6 +478,7 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
           return FailedPreconditionError("write session " + std::to_string(call.session()) + " is not open");
         }
         Session& s = it->second;
+        if (!s.aimed) return FailedPreconditionError("write session " + std::to_string(call.session()) + " has no target");
         if (static_cast<WriteMode>(s.target.write_mode) != WriteMode::kThrough || s.no_stream) return Status::OK();
         if (s.stream) {
           {
@@ -472,6 +530,19 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
   }
 }
 
+StatusOr<WriteSessions::Target> WriteSessions::TargetOf(const rpc::WriteCall& call) {
+  if (call.ufs_path().empty() || call.name().empty()) return InvalidArgumentError("write session: no path");
+  if (!CheckRelativePath(call.ufs_path()).ok() || !IsValidName(call.name())) {
+    return InvalidArgumentError("write session: the path or name is not a valid path below the mount");
+  }
+  if (call.mode() > 07777) return InvalidArgumentError("write session: mode " + std::to_string(call.mode()) + " is not permission bits");
+  // The mount's write mode, not the caller's word.
+  ASSIGN_OR_RETURN(MountHandle mount, WritableMount(mounts_, call.mount_id()));
+  return Target{call.mount_id(), call.ino(), call.parent(), call.ufs_path(), call.name(),
+                call.mode(),     call.uid(), call.gid(),    static_cast<uint32_t>(mount.write), call.block_size(),
+                {call.groups().begin(), call.groups().end()}, {}};
+}
+
 void WriteSessions::ConnectionClosed(uint64_t conn) {
   std::vector<std::shared_ptr<Stream>> dropped;  // their uploads are aborted outside the lock
   MutexLock lock(&mu_);
@@ -481,7 +552,6 @@ void WriteSessions::ConnectionClosed(uint64_t conn) {
       continue;
     }
     unlink(it->second.data_path.c_str());
-    unlink((dir_ + "/" + std::to_string(it->first) + ".json").c_str());
     if (it->second.stream) dropped.push_back(std::move(it->second.stream));
     it = open_.erase(it);
   }
@@ -517,6 +587,7 @@ Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint
     (*w)->Abort();
     return st;
   }
+  ApplyAttrs(t, w->get());
   ASSIGN_OR_RETURN(UfsEntry e, (*w)->Commit());
   return Committed(t, data_path, e, m.block_size, resp);
 }
@@ -622,6 +693,7 @@ Status WriteSessions::FinishStream(const Session& s, uint64_t size, rpc::LocalRe
   st->cv.notify_all();
   if (st->thread.joinable()) st->thread.join();
   ASSIGN_OR_RETURN(MountHandle m, mounts_->GetMount(s.target.mount_id));
+  ApplyAttrs(s.target, st->writer.get());
   ASSIGN_OR_RETURN(UfsEntry e, st->writer->Commit());
   st->writer.reset();
   return Committed(s.target, s.data_path, e, m.block_size, resp);
@@ -717,7 +789,7 @@ WriteSessions::Backlog WriteSessions::backlog() const {
   b.uploaded = uploaded_;
   b.uploaded_bytes = uploaded_bytes_;
   b.failures = failures_;
-  b.open_sessions = open_.size();
+  for (const auto& [id, session] : open_) b.open_sessions += session.aimed ? 1 : 0;  // spares write nothing yet
   return b;
 }
 

@@ -67,7 +67,12 @@ struct WriteTarget {
   uint32_t mode = 0644, uid = 0, gid = 0, write_mode = 0;
   uint64_t block_size = 0;
   std::vector<uint32_t> groups;  // the writer's supplementary groups (uid, gid above): WriteCaller
+  // A chmod, chown or utimes the writer made while writing (COMMIT's attrs): the store gets them
+  // with the file (UfsWriter::SetAttrs), before it appears at its path.
+  UfsAttrChange attrs;
 };
+// COMMIT's attrs as the store takes them.
+UfsAttrChange AttrChangeOf(const rpc::AttrChange& a);
 
 // A staging file's manifest (<n>.json in worker.staging_dir): its target, whether it is sealed
 // (write=back: acknowledged, the uploader's) and the committed size.
@@ -109,7 +114,7 @@ class WriteSessions {
   struct Backlog {
     uint64_t files = 0, bytes = 0;  // sealed, not uploaded yet
     uint64_t uploaded = 0, uploaded_bytes = 0, failures = 0;  // since start (through and back)
-    uint64_t open_sessions = 0;
+    uint64_t open_sessions = 0;  // with a target (spares, made ahead of any write, are not counted)
   };
   Backlog backlog() const;
   const std::string& dir() const { return dir_; }
@@ -134,7 +139,10 @@ class WriteSessions {
     std::string data_path;
     std::shared_ptr<Stream> stream;  // write=through, after a PROGRESS
     bool no_stream = false;          // the stream was dropped: COMMIT uploads the whole file
+    bool aimed = false;              // has its target (a spare has none until AIM)
   };
+  // BEGIN's and AIM's target, checked: a valid path and name below a writable mount.
+  StatusOr<Target> TargetOf(const rpc::WriteCall& call);
   struct Sealed {
     uint64_t id = 0;
     Target target;
