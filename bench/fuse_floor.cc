@@ -17,8 +17,8 @@
 //       links or xattrs: ENOSYS). Each created file is backed by a new local file in DIR (0600,
 //       named by its inode), every WRITE one pwrite of it, closed at RELEASE; owner, mode, times and
 //       size are kept in memory (a size change also truncates the backing file). It caches as
-//       granary-fuse caches a writable mount: no entry is cached, found or not (entry_timeout 0),
-//       a file's attributes not at all (close-to-open), a directory's for 1 s; files are opened
+//       granary-fuse caches a writable mount: a file's name and attributes are not cached, found
+//       or not (entry_timeout 0: close-to-open), a directory's name and attributes for 1 s; files are opened
 //       for writing with direct_io, no writeback cache. Mounted with default_permissions and
 //       allow_other, as granary-fuse is. Runs until unmounted or SIGTERM; prints "READY" once mounted.
 //
@@ -190,7 +190,9 @@ fuse_entry_param Entry(fuse_ino_t ino, const struct stat& st) {
   e.generation = 1;
   e.attr = st;
   e.attr_timeout = AttrTimeout(st);
-  e.entry_timeout = 0;  // a writable network filesystem: another node may make or remove the name
+  // A writable network filesystem: another node may make or remove a file's name (asked again at
+  // every lookup); a directory's name may be a second old, as granary-fuse keeps it.
+  e.entry_timeout = S_ISDIR(st.st_mode) ? kDirAttrTimeout : 0;
   return e;
 }
 
