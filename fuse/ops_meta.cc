@@ -163,6 +163,15 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     fuse_reply_entry(req, &e);
     return;
   }
+  if (WriteFiles* w = fs->WritesIfAny()) {
+    // A file this node is writing, or wrote and has not uploaded yet, answers for itself.
+    if (auto own = w->LookupWritten(fs->ToMaster(parent), name)) {
+      fuse_entry_param e = ToEntry(fs, *own);
+      if (scope.tracing()) scope.record().child = own->ino();
+      fuse_reply_entry(req, &e);
+      return;
+    }
+  }
   auto a = fs->client->Lookup(fs->ToMaster(parent), name);
   if (a.ok()) fs->entries->Put(key, *a);
   if (a.ok()) fs->attrs->Put(a->ino(), *a);

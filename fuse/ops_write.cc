@@ -423,6 +423,7 @@ void RemoveCommon(fuse_req_t req, fuse_ino_t parent, const char* name, bool dir)
   Status st = fs->client->Remove(rm);
   Forget(fs, mparent, name, child.ok() ? child->ino() : 0);
   if (!st.ok()) return ReplyError(req, st, dir ? "rmdir" : "unlink");
+  if (WriteFiles* w = fs->WritesIfAny()) w->Unlinked(mparent, name);
   fuse_reply_err(req, 0);
 }
 }  // namespace
@@ -459,6 +460,7 @@ void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   Forget(fs, r.parent(), name, moved.ok() ? moved->ino() : 0);
   Forget(fs, r.new_parent(), new_name, replaced.ok() ? replaced->ino() : 0);
   if (!st.ok()) return ReplyError(req, st, "rename");
+  if (WriteFiles* w = fs->WritesIfAny()) w->Renamed(r.parent(), name, r.new_parent(), new_name);
   fuse_reply_err(req, 0);
 }
 

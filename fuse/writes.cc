@@ -187,6 +187,8 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
     f->handles++;
     f->staged = false;  // a new version begins: the staged one's file is replaced below
     f->attr = t.target.file().attr();
+    f->name_parent = t.parent;
+    f->name_now = t.name;
     by_inode_[kino] = f;
   }
   Status st;
@@ -495,25 +497,31 @@ std::shared_ptr<WriteFiles::File> WriteFiles::UnstageLocked(uint64_t kino) {
   return f;
 }
 
-bool WriteFiles::UploadPending(uint64_t id) {
-  rpc::WriteCall c;
-  c.set_op(rpc::WriteCall::UPLOADED);
-  c.set_session(id);
+StatusOr<rpc::LocalResponse> WriteFiles::Query(const rpc::WriteCall& c) {
   MutexLock lock(&query_mu_);
+  Status last = UnavailableError("the worker's local socket");
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (query_conn_ < 0) {
       auto conn = ConnectUnix(socket_);
-      if (!conn.ok()) return true;
+      if (!conn.ok()) return conn.status();
       query_conn_ = *conn;
     }
     bool transport = false;
     auto resp = Call(query_conn_, c, nullptr, &transport);
-    if (resp.ok()) return resp->upload_pending();
+    if (resp.ok() || !transport) return resp;
+    last = resp.status();
     close(query_conn_);  // a worker restarted since, or an answer we cannot read: ask anew once
     query_conn_ = -1;
-    if (!transport) return true;
   }
-  return true;
+  return last;
+}
+
+bool WriteFiles::UploadPending(uint64_t id) {
+  rpc::WriteCall c;
+  c.set_op(rpc::WriteCall::UPLOADED);
+  c.set_session(id);
+  auto resp = Query(c);
+  return !resp.ok() || resp->upload_pending();  // an error counts as waiting
 }
 
 std::shared_ptr<WriteFiles::File> WriteFiles::Current(uint64_t kino) {
@@ -540,6 +548,44 @@ std::shared_ptr<WriteFiles::File> WriteFiles::Current(uint64_t kino) {
     EndLocked(*dropped);
   }
   return nullptr;
+}
+
+std::optional<rpc::Attr> WriteFiles::LookupWritten(uint64_t parent, const std::string& name) {
+  uint64_t kino = 0;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [k, f] : by_inode_) {
+      if (f->name_parent == parent && f->name_now == name) {
+        kino = k;
+        break;
+      }
+    }
+  }
+  if (kino == 0) return std::nullopt;
+  std::shared_ptr<File> f = Current(kino);  // a staged one whose upload ended: the master's answer
+  if (!f) return std::nullopt;
+  MutexLock lock(&mu_);
+  if (f->name_parent != parent || f->name_now != name) return std::nullopt;  // renamed meanwhile
+  rpc::Attr a = f->attr;
+  a.set_size(f->size_seen.load());
+  return a;
+}
+
+void WriteFiles::Renamed(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name) {
+  MutexLock lock(&mu_);
+  for (auto& [k, f] : by_inode_) {
+    if (f->name_parent == new_parent && f->name_now == new_name) f->name_parent = 0, f->name_now.clear();  // replaced
+  }
+  for (auto& [k, f] : by_inode_) {
+    if (f->name_parent == parent && f->name_now == name) f->name_parent = new_parent, f->name_now = new_name;
+  }
+}
+
+void WriteFiles::Unlinked(uint64_t parent, const std::string& name) {
+  MutexLock lock(&mu_);
+  for (auto& [k, f] : by_inode_) {
+    if (f->name_parent == parent && f->name_now == name) f->name_parent = 0, f->name_now.clear();
+  }
 }
 
 bool WriteFiles::Has(uint64_t kino) {
@@ -575,6 +621,36 @@ std::optional<rpc::Attr> WriteFiles::AttrOf(uint64_t kino) {
 }
 
 std::optional<rpc::Attr> WriteFiles::SetAttrWhileWriting(uint64_t kino, const rpc::AttrChange& change) {
+  {
+    std::shared_ptr<File> staged;
+    uint64_t sealed_id = 0;
+    {
+      MutexLock lock(&mu_);
+      auto it = by_inode_.find(kino);
+      if (it == by_inode_.end()) return std::nullopt;
+      if (it->second->staged && it->second->handles == 0) {
+        staged = it->second;
+        sealed_id = staged->sealed_id;
+      }
+    }
+    if (staged) {
+      // Closed, its upload not begun: the worker gives the change to the store with the upload.
+      rpc::WriteCall c;
+      c.set_op(rpc::WriteCall::SEALED_ATTRS);
+      c.set_session(sealed_id);
+      *c.mutable_attrs() = change;
+      if (!Query(c).ok()) return std::nullopt;  // uploading or uploaded: the master's
+      MutexLock lock(&mu_);
+      rpc::Attr& a = staged->attr;
+      if (change.has_mode()) a.set_mode(change.mode());
+      if (change.has_uid()) a.set_uid(change.uid());
+      if (change.has_gid()) a.set_gid(change.gid());
+      if (change.has_mtime_ns()) a.set_mtime_ns(change.mtime_ns());
+      rpc::Attr out = a;
+      out.set_size(staged->size_seen.load());
+      return out;
+    }
+  }
   MutexLock lock(&mu_);
   auto it = by_inode_.find(kino);
   if (it == by_inode_.end() || it->second->staged || it->second->handles == 0) return std::nullopt;

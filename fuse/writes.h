@@ -134,8 +134,10 @@ class WriteFiles {
   // chmod, chown or utimes of `kino` while a write of it is open here and not committed yet: kept
   // for the commit (the worker gives them to the store with the file, before it appears at its
   // path) and answered at once, with no master round trip (tar and cp -p set them on every file
-  // before closing it). The file's attributes as they are now; nullopt when the inode has no such
-  // write (committed, staged, failed, or not written here): the master is asked.
+  // before closing it). Of a staged file (write=back, closed) whose upload has not begun: given to
+  // the worker for that upload (WriteCall.SEALED_ATTRS: Python's tarfile and shutil.copystat set
+  // them by path after the close). The file's attributes as they are now; nullopt when the inode
+  // has neither (committed, uploading, failed, or not written here): the master is asked.
   std::optional<rpc::Attr> SetAttrWhileWriting(uint64_t kino, const rpc::AttrChange& change);
   // A read-only handle on `kino` while it is written here or staged: reads read the staging file.
   // NOT_FOUND when there is none.
@@ -151,6 +153,13 @@ class WriteFiles {
   // A predecessor's File, its descriptors now this object's. Its handles keep their numbers (the
   // mount's numbering goes on from the predecessor's: OpenHandles::ContinueFrom).
   void Restore(const rpc::FuseWriteFile& file, int fd, int conn) EXCLUDES(mu_);
+  // The file being written or staged here under `name` in `parent` (master inodes), by the name it
+  // has on this node (its open's, then this node's renames: Renamed, Unlinked): its attributes with
+  // the size written, for a lookup answered without the master (a writer's chmod or utime by path
+  // after close, as Python's tarfile does). nullopt: none (or its upload ended: the master's).
+  std::optional<rpc::Attr> LookupWritten(uint64_t parent, const std::string& name);
+  void Renamed(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name);
+  void Unlinked(uint64_t parent, const std::string& name);
   // Whether `kino` has a File here (being written or staged): a cheap test before asking the master.
   bool Has(uint64_t kino);
   static constexpr size_t kMaxStaged = 1024;
@@ -178,6 +187,8 @@ class WriteFiles {
     bool staged = false;
     uint64_t sealed_id = 0;
     rpc::Attr attr;  // the master's, when the write began or at a later setattr (AttrOf); under mu_
+    uint64_t name_parent = 0;  // its name on this node (LookupWritten; 0: none); under mu_
+    std::string name_now;
     // write=through: the bytes [0, contiguous) were all written, and [0, reported) were told to the
     // worker as final (PROGRESS), which streams them to the store meanwhile. A write or truncate
     // below `reported` drops that upload (a PROGRESS of 0): close() then uploads the whole file.
@@ -244,6 +255,9 @@ class WriteFiles {
   // Whether the worker still waits to upload sealed version `id` (an error counts as waiting: the
   // staged bytes are what this node wrote last).
   bool UploadPending(uint64_t id) EXCLUDES(query_mu_);
+  // One call on the query connection (UPLOADED, SEALED_ATTRS), made again once on a new connection
+  // when the old one broke.
+  StatusOr<rpc::LocalResponse> Query(const rpc::WriteCall& c) EXCLUDES(query_mu_);
   Mutex query_mu_;
   int query_conn_ GUARDED_BY(query_mu_) = -1;  // UPLOADED calls, on a connection of their own
 };

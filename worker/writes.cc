@@ -446,6 +446,10 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       open_.erase(call.session());
       DropOlderLocked(sealed);
       unsynced_.push_back({sealed.data_path, sealed.manifest_path, std::chrono::steady_clock::now()});
+      // A close is often followed by chmod, chown and utimes of the file by path (Python's tarfile,
+      // shutil.copy2) or by another version of it: the upload waits a moment for them
+      // (SEALED_ATTRS, DropOlderLocked); an fsync's does not.
+      if (!call.wait_upload()) sealed.not_before = std::chrono::steady_clock::now() + kSettle;
       queue_.push_back(std::move(sealed));
       cv_.notify_all();
       if (!call.wait_upload()) return Status::OK();
@@ -517,6 +521,28 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
       if (it == open_.end()) return Status::OK();  // ended meanwhile: `fresh` aborts
       it->second.stream = std::move(fresh);
       return Status::OK();
+    }
+    case rpc::WriteCall::SEALED_ATTRS: {
+      const rpc::AttrChange& a = call.attrs();
+      if ((a.has_mode() && a.mode() > 07777) || (a.has_uid() && a.uid() == UINT32_MAX) ||
+          (a.has_gid() && a.gid() == UINT32_MAX)) {
+        return InvalidArgumentError("write session: the mode or owner set is out of range");
+      }
+      MutexLock lock(&mu_);
+      auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Sealed& q) { return q.id == call.session(); });
+      if (it == queue_.end()) {
+        return FailedPreconditionError("sealed version " + std::to_string(call.session()) + " is uploading or uploaded");
+      }
+      const UfsAttrChange change = AttrChangeOf(a);
+      UfsAttrChange& kept = it->target.attrs;
+      if (change.mode) kept.mode = change.mode, it->target.mode = *change.mode;
+      if (change.uid) kept.uid = change.uid;
+      if (change.gid) kept.gid = change.gid;
+      if (change.atime_ns) kept.atime_ns = change.atime_ns;
+      if (change.mtime_ns) kept.mtime_ns = change.mtime_ns;
+      // The manifest says so too (for an upload after a restart). Its fsync is the syncer's: a crash
+      // before it loses the change, never the file.
+      return WriteManifestFile(it->manifest_path, ManifestOf(it->target, true, it->size), /*sync=*/false);
     }
     case rpc::WriteCall::UPLOADED: {
       MutexLock lock(&mu_);

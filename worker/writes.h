@@ -99,6 +99,8 @@ class WriteSessions {
   static constexpr std::chrono::seconds kSyncWait{60};
   // How long a sealed file waits for the syncer's pass (files sealed meanwhile share it).
   static constexpr std::chrono::milliseconds kSyncDelay{500};
+  // How long a write=back file closed without fsync waits before its upload may begin.
+  static constexpr std::chrono::milliseconds kSettle{100};
 
   // Opens (creating) `dir`, deletes unsealed staging files and queues the sealed ones.
   static StatusOr<std::unique_ptr<WriteSessions>> Open(const std::string& dir, MountResolver* mounts, CommitFn commit,

@@ -626,6 +626,9 @@ TEST(Writes, AttributesSetBeforeCloseReachTheStoreWithTheFile) {
               "st = os.fstat(fd)\n"
               "print('open', oct(st.st_mode & 0o7777), st.st_uid, st.st_gid, st.st_mtime_ns)\n"
               "os.close(fd)\n"
+              "g = p + '.after'  # as Python's tarfile and shutil.copy2 do: by path, after the close\n"
+              "with open(g, 'wb') as f: f.write(b'after bytes')\n"
+              "os.chmod(g, 0o600); os.utime(g, ns=(1400000000000000000, 1400000000000000000))\n"
               "if len(sys.argv) > 2:\n"
               "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
               "    fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
@@ -647,6 +650,12 @@ TEST(Writes, AttributesSetBeforeCloseReachTheStoreWithTheFile) {
     EXPECT_EQ(st.st_uid, 1234u);
     EXPECT_EQ(st.st_gid, 4321u);
     EXPECT_EQ(static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec, 1500000000123456789LL);
+    ASSERT_TRUE(WaitFor([&] { return ReadFile(dir / "src/f.bin.after") == "after bytes"; })) << c.Logs();
+    EXPECT_TRUE(WaitFor([&] {
+      struct stat a {};
+      return stat((dir / "src/f.bin.after").c_str(), &a) == 0 && (a.st_mode & 07777) == 0600u &&
+             a.st_mtim.tv_sec == 1'400'000'000;
+    })) << "chmod and utime after the close were not kept\n" << c.Logs();
     ASSERT_TRUE(WaitFor([&] { return ReadFile(dir / "src/user/u.bin") == "user bytes"; })) << c.Logs();
     ASSERT_EQ(stat((dir / "src/user/u.bin").c_str(), &st), 0);
     EXPECT_EQ(st.st_uid, 65534u);
