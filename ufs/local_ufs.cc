@@ -261,6 +261,85 @@ StatusOr<std::unique_ptr<UfsWriter>> LocalUfs::Create(const std::string& path, u
       new LocalWriter(full, std::move(parent.first), temp, fd, parent.second, as));
 }
 
+bool LocalUfs::CanAdopt(uint64_t dev) const {
+  struct stat st;
+  return ::stat(root_.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_dev) == dev;
+}
+
+StatusOr<UfsEntry> LocalUfs::Adopt(const std::string& path, int fd, uint64_t size, uint32_t mode,
+                                   const UfsAttrChange& attrs, const WriteCaller& as) {
+  ASSIGN_OR_RETURN(std::string full, FullPath(path));
+  if (path.empty()) return InvalidArgumentError("cannot write the mount's root directory as a file");
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ErrnoError(errno, "stat the staging file of " + full);
+  if (!CanAdopt(static_cast<uint64_t>(st.st_dev)) || static_cast<uint64_t>(st.st_size) != size || st.st_nlink != 1) {
+    return UnimplementedError("the staging file of " + full + " cannot be linked in");
+  }
+  std::pair<Fd, std::string> parent;
+  {
+    ActAs acting(as);
+    ASSIGN_OR_RETURN(parent, OpenParent(root_, path));
+  }
+  struct stat dir;
+  if (fstat(parent.first.get(), &dir) != 0) return ErrnoError(errno, "stat the directory of " + full);
+  // The writer's file, as Create would make it: its owner, the directory's group below a setgid
+  // one (a daemon that is not root acts as itself, as ActAs does: the file stays its own).
+  if (geteuid() == 0 && as.uid != 0) {
+    const gid_t group = (dir.st_mode & S_ISGID) ? dir.st_gid : static_cast<gid_t>(as.gid);
+    if (fchown(fd, static_cast<uid_t>(as.uid), group) != 0) return ErrnoError(errno, "chown the staging file of " + full);
+  } else if ((dir.st_mode & S_ISGID) && fchown(fd, static_cast<uid_t>(-1), dir.st_gid) != 0) {
+    return UnimplementedError("the staging file of " + full + " cannot take its directory's group: copied instead");
+  }
+  if (fchmod(fd, static_cast<mode_t>(mode & 07777)) != 0) return ErrnoError(errno, "chmod the staging file of " + full);
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
+  const std::string temp = std::string(kWritingPrefix) + suffix;
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  {
+    ActAs acting(as);
+    if (linkat(AT_FDCWD, self.c_str(), parent.first.get(), temp.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+      return ErrnoError(errno, "create " + full);
+    }
+  }
+  auto undo = [&](Status s) {
+    ActAs acting(as);
+    unlinkat(parent.first.get(), temp.c_str(), 0);
+    return s;
+  };
+  if (attrs.mode || attrs.uid || attrs.gid || attrs.atime_ns || attrs.mtime_ns) {
+    ActAs acting(as);
+    Status set;
+    if (attrs.uid || attrs.gid) {
+      if (fchown(fd, attrs.uid ? static_cast<uid_t>(*attrs.uid) : static_cast<uid_t>(-1),
+                 attrs.gid ? static_cast<gid_t>(*attrs.gid) : static_cast<gid_t>(-1)) != 0) {
+        set = ErrnoError(errno, "chown " + full);
+      }
+    }
+    if (attrs.mode && fchmod(fd, static_cast<mode_t>(*attrs.mode & 07777)) != 0) set = ErrnoError(errno, "chmod " + full);
+    if (attrs.atime_ns || attrs.mtime_ns) {
+      timespec times[2] = {TimespecOf(attrs.atime_ns), TimespecOf(attrs.mtime_ns)};
+      if (futimens(fd, times) != 0) set = ErrnoError(errno, "set the times of " + full);
+    }
+    if (!set.ok()) spdlog::warn("{}: the mode, owner or times set while it was written were not kept: {}", full, set.ToString());
+  }
+  if (fsync(fd) != 0) return undo(ErrnoError(errno, "fsync " + full));
+  if (fstat(fd, &st) != 0) return undo(ErrnoError(errno, "stat " + full));
+  {
+    ActAs acting(as);
+    if (renameat(parent.first.get(), temp.c_str(), parent.first.get(), parent.second.c_str()) != 0) {
+      Status s = ErrnoError(errno, "rename into " + full);
+      unlinkat(parent.first.get(), temp.c_str(), 0);
+      return s;
+    }
+    // The same file was already there (a staged upload made again after a restart): rename then
+    // does nothing and leaves the temporary name.
+    unlinkat(parent.first.get(), temp.c_str(), 0);
+  }
+  RETURN_IF_ERROR(SyncDirFd(parent.first, ParentDir(full)));
+  return EntryOf(parent.second, st);
+}
+
 // Each call below acts for the caller (ActAs) while it resolves and changes names; the directory's
 // fsync after it is the daemon's own.
 Status LocalUfs::Remove(const std::string& path, const WriteCaller& as) {

@@ -41,6 +41,13 @@ class LocalUfs : public UnderFileSystem {
   // Writes: a hidden temporary file beside the target (kWritingPrefix), fsynced, renamed over it,
   // the directory fsynced. Owner: the caller (see above). Directories are renamed with rename(2).
   StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode, const WriteCaller& as) override;
+  // On the root's filesystem: the staging file is given to the writer (owner, and the directory's
+  // group below a setgid directory), then hard-linked in as the writer (its permission to write
+  // the directory is the kernel's to check; protected_hardlinks holds: the writer owns the file),
+  // then renamed into place as Create's writer does.
+  bool CanAdopt(uint64_t dev) const override;
+  StatusOr<UfsEntry> Adopt(const std::string& path, int fd, uint64_t size, uint32_t mode, const UfsAttrChange& attrs,
+                           const WriteCaller& as) override;
   Status Remove(const std::string& path, const WriteCaller& as) override;
   Status MakeDir(const std::string& path, uint32_t mode, const WriteCaller& as) override;
   Status RemoveDir(const std::string& path, const WriteCaller& as) override;

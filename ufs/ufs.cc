@@ -303,6 +303,13 @@ std::shared_ptr<UnderFileSystem> CountedUfs(std::shared_ptr<UnderFileSystem> ufs
 
 Status UfsWriter::SetAttrs(const UfsAttrChange&) { return Status::OK(); }
 
+bool UnderFileSystem::CanAdopt(uint64_t) const { return false; }
+
+StatusOr<UfsEntry> UnderFileSystem::Adopt(const std::string&, int, uint64_t, uint32_t, const UfsAttrChange&,
+                                          const WriteCaller&) {
+  return UnimplementedError("this store takes no file whole");
+}
+
 bool IsWritingName(std::string_view name) { return name.substr(0, kWritingPrefix.size()) == kWritingPrefix; }
 
 StatusOr<std::unique_ptr<UfsWriter>> UnderFileSystem::Create(const std::string& path, uint32_t, const WriteCaller&) {

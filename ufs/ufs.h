@@ -138,6 +138,16 @@ class UnderFileSystem {
   // store keeps them.
   virtual StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode,
                                                       const WriteCaller& as = {});
+  // Whether a file on filesystem `dev` (a staging file of this machine) can be taken whole by
+  // Adopt, with no copy of its bytes. Default: no.
+  virtual bool CanAdopt(uint64_t dev) const;
+  // Create's whole job for a file complete in `fd` (its first `size` bytes are the file, and
+  // nothing writes `fd` again): the store takes that file itself — a local directory on the same
+  // filesystem links it in, one copy of the bytes fewer — given to `as`, with `mode` and `attrs`,
+  // durable and at `path` when this returns. UNIMPLEMENTED when it cannot (another filesystem, a
+  // file longer than `size`, an object store): the caller writes a copy through Create.
+  virtual StatusOr<UfsEntry> Adopt(const std::string& path, int fd, uint64_t size, uint32_t mode,
+                                   const UfsAttrChange& attrs, const WriteCaller& as = {});
   // Removes the file `path` (NOT_FOUND when absent).
   virtual Status Remove(const std::string& path, const WriteCaller& as = {});
   // Makes the directory `path` (ALREADY_EXISTS when something is there).

@@ -507,8 +507,16 @@ Status WriteSessions::Handle(uint64_t conn, const rpc::WriteCall& call, rpc::Loc
         }
       }
       if (stream) return Status::OK();
-      // The first PROGRESS: the upload begins.
+      // The first PROGRESS: the upload begins — unless the store takes the staging file whole at
+      // COMMIT (Adopt), which a stream would only slow down.
       ASSIGN_OR_RETURN(MountHandle m, WritableMount(mounts_, target.mount_id));
+      struct stat staged;
+      if (::stat(data_path.c_str(), &staged) == 0 && m.ufs->CanAdopt(static_cast<uint64_t>(staged.st_dev))) {
+        MutexLock lock(&mu_);
+        auto it = open_.find(call.session());
+        if (it != open_.end()) it->second.no_stream = true;
+        return Status::OK();
+      }
       auto fresh = std::make_shared<Stream>();
       ASSIGN_OR_RETURN(fresh->writer, m.ufs->Create(target.ufs_path, target.mode, CallerOf(target)));
       {
@@ -587,6 +595,14 @@ Status WriteSessions::Upload(const Target& t, const std::string& data_path, uint
   ASSIGN_OR_RETURN(MountHandle m, WritableMount(mounts_, t.mount_id));
   int f = open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f < 0) return ErrnoError(errno, "open staging file " + data_path);
+  // A store on the staging file's filesystem takes that file itself: no second copy of the bytes.
+  // (Nothing writes a committed staging file again: more writes start a new session from a copy.)
+  auto adopted = m.ufs->Adopt(t.ufs_path, f, size, t.mode, t.attrs, CallerOf(t));
+  if (adopted.ok() || adopted.status().code() != Code::kUnimplemented) {
+    close(f);
+    if (!adopted.ok()) return adopted.status();
+    return Committed(t, data_path, *adopted, m.block_size, resp);
+  }
   auto w = m.ufs->Create(t.ufs_path, t.mode, CallerOf(t));
   if (!w.ok()) {
     close(f);
