@@ -706,7 +706,7 @@ Status WriteFiles::Discard(uint64_t fh, uint64_t kino) {
   MutexLock fl(&f->mu);
   // Never committed, by this handle or another of the inode: what a killed writer wrote is not a
   // file it finished. Its RELEASE ends the session and the store keeps the previous version.
-  if (!f->failed) Failed(*f, AbortedError("the writer was killed before it closed the file; nothing was committed"));
+  if (!f->failed) Failed(*f, AbortedError("the writer was killed before it closed the file; nothing was committed")).IgnoreError();
   return Status::OK();
 }
 
@@ -785,7 +785,7 @@ void WriteFiles::Restore(const rpc::FuseWriteFile& w, int fd, int conn) {
     f->stream_dropped = w.stream_dropped();
     if (conn < 0 && !w.staged() && !w.sealed() && !w.failed()) {
       // Its session's connection did not come: what it wrote cannot be committed any more.
-      Failed(*f, UnavailableError("the write session was lost in a hand-over; the file keeps its previous version"));
+      Failed(*f, UnavailableError("the write session was lost in a hand-over; the file keeps its previous version")).IgnoreError();
     }
   }
   MutexLock lock(&mu_);
