@@ -566,6 +566,10 @@ std::optional<rpc::Attr> WriteFiles::LookupWritten(uint64_t parent, const std::s
   if (!f) return std::nullopt;
   MutexLock lock(&mu_);
   if (f->name_parent != parent || f->name_now != name) return std::nullopt;  // renamed meanwhile
+  MutexLock fl(&f->mu);  // lock order: mu_, then the File's
+  // Committed and not staged (write=through after its close, before the RELEASE): the master has
+  // the new version; this File's attributes are the open's, without it.
+  if (f->sealed && !f->staged) return std::nullopt;
   rpc::Attr a = f->attr;
   a.set_size(f->size_seen.load());
   return a;
