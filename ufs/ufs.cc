@@ -243,6 +243,11 @@ class CountingUfs final : public UnderFileSystem {
   StatusOr<std::unique_ptr<UfsWriter>> Create(const std::string& path, uint32_t mode, const WriteCaller& as) override {
     return Counted(&c_->writes, [&] { return inner_->Create(path, mode, as); });
   }
+  bool CanAdopt(uint64_t dev) const override { return inner_->CanAdopt(dev); }
+  StatusOr<UfsEntry> Adopt(const std::string& path, int fd, uint64_t size, uint32_t mode, const UfsAttrChange& attrs,
+                           const WriteCaller& as) override {
+    return Counted(&c_->writes, [&] { return inner_->Adopt(path, fd, size, mode, attrs, as); });
+  }
   Status Remove(const std::string& path, const WriteCaller& as) override {
     return Counted(&c_->writes, [&] { return inner_->Remove(path, as); });
   }
