@@ -62,9 +62,14 @@ StatusOr<std::optional<MountEndpoints>> FindMount(const Config& cfg, const std::
     return NotFoundError("no such directory on this machine: " + (p.empty() ? std::string("(none)") : p) +
                          " (give a path inside a granary mount, e.g. /data)");
   }
+  // Only from this user's private runtime directory (RuntimeDir refuses one another user made):
+  // the file names the worker and master that get this user's token.
+  ASSIGN_OR_RETURN(std::string run_dir, RuntimeDir());
   std::string dir = real;
   for (;;) {
-    auto text = ReadFileToString(MountEndpointsFile(dir));
+    auto file = MountEndpointsFile(dir);
+    if (!file.ok()) return file.status();
+    auto text = ReadFileToString(*file);
     if (text.ok()) {
       json j = json::parse(*text, nullptr, false);
       if (j.is_object() && ProcessAlive(j.value("pid", 0))) {
@@ -85,7 +90,7 @@ StatusOr<std::optional<MountEndpoints>> FindMount(const Config& cfg, const std::
   }
   if (!required) return std::optional<MountEndpoints>();
   return NotFoundError(std::string(real) + " is not in a granary mount served on this machine (no granary-fuse named "
-                       "it in " + RuntimeDir() + "; is granary-fuse or `granary local` running?)");
+                       "it in " + run_dir + "; is granary-fuse or `granary local` running?)");
 }
 
 std::unique_ptr<httplib::Client> HttpTo(const std::string& address) {

@@ -73,31 +73,51 @@ bool IsDirectory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-namespace {
+Status MakePrivateDir(const std::string& dir) {
+  RETURN_IF_ERROR(MakeDirs(dir, 0700));
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0) return ErrnoError(errno, "stat " + dir);
+  if (!S_ISDIR(st.st_mode)) {
+    return PermissionDeniedError(dir + " is a link or not a directory: refusing it as a private runtime directory "
+                                 "(remove it, or set GRANARY_RUN_DIR to a directory of your own)");
+  }
+  if (st.st_uid != geteuid()) {
+    return PermissionDeniedError(dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+                                 std::to_string(geteuid()) + "): another user made it, so nothing in it can be "
+                                 "trusted. Remove it (as root), or set GRANARY_RUN_DIR to a directory of your own");
+  }
+  // Ours: only ours. (Nobody else can swap it meanwhile: it is ours, in a directory they cannot
+  // rename in — /tmp is sticky.)
+  if ((st.st_mode & 077) != 0 && chmod(dir.c_str(), 0700) != 0) return ErrnoError(errno, "chmod 0700 " + dir);
+  return Status::OK();
+}
 
-bool WritableDir(const std::string& dir) { return MakeDirs(dir, 0700).ok() && access(dir.c_str(), W_OK) == 0; }
-
-}  // namespace
-
-std::string RuntimeDir() {
-  if (const char* d = std::getenv("GRANARY_RUN_DIR"); d && *d) return d;
-  if (WritableDir("/run/granary")) return "/run/granary";
+StatusOr<std::string> RuntimeDir() {
+  if (const char* d = std::getenv("GRANARY_RUN_DIR"); d && *d) {
+    RETURN_IF_ERROR(MakePrivateDir(d).WithContext("GRANARY_RUN_DIR"));
+    return std::string(d);
+  }
+  // Root's (or, in a container, whoever may write /run): made 0700 here when missing.
+  if (access("/run", W_OK) == 0 && MakePrivateDir("/run/granary").ok()) return std::string("/run/granary");
   const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-  if (xdg != nullptr && *xdg == '/' && WritableDir(std::string(xdg) + "/granary")) return std::string(xdg) + "/granary";
-  std::string tmp = "/tmp/granary-" + std::to_string(getuid());
-  // Best effort: whoever writes a file there reports a directory it cannot have.
-  static_cast<void>(MakeDirs(tmp, 0700));
+  if (xdg != nullptr && *xdg == '/') {
+    std::string mine = std::string(xdg) + "/granary";
+    if (MakePrivateDir(mine).ok()) return mine;  // else: not this user's (a stale variable), /tmp then
+  }
+  std::string tmp = "/tmp/granary-" + std::to_string(geteuid());
+  RETURN_IF_ERROR(MakePrivateDir(tmp));
   return tmp;
 }
 
-std::string MountRunFile(const std::string& mountpoint, const std::string& suffix) {
+StatusOr<std::string> MountRunFile(const std::string& mountpoint, const std::string& suffix) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(Checksum64(mountpoint.data(), mountpoint.size())));
-  return RuntimeDir() + "/fuse-" + hex + suffix;
+  ASSIGN_OR_RETURN(std::string dir, RuntimeDir());
+  return dir + "/fuse-" + hex + suffix;
 }
 
-std::string MountEndpointsFile(const std::string& mountpoint) { return MountRunFile(mountpoint, ".json"); }
+StatusOr<std::string> MountEndpointsFile(const std::string& mountpoint) { return MountRunFile(mountpoint, ".json"); }
 
 std::string ParentDir(const std::string& path) {
   auto slash = path.rfind('/');

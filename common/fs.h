@@ -18,13 +18,19 @@ std::string ParentDir(const std::string& path);
 
 // Where daemons leave small files for each other and the CLI on this machine (hand-over sockets,
 // mount endpoints): $GRANARY_RUN_DIR, else /run/granary where writable (root), else
-// $XDG_RUNTIME_DIR/granary, else /tmp/granary-<uid>. Created 0700 when missing.
-std::string RuntimeDir();
+// $XDG_RUNTIME_DIR/granary, else /tmp/granary-<uid>. Private or refused: created 0700 when missing;
+// an existing one is used only when it is a directory (not a link) owned by this process's user,
+// its group and other permission bits then removed. One another user made (a squat in /tmp, which
+// anyone may write) is skipped when it is /run's or $XDG_RUNTIME_DIR's and refused otherwise:
+// PERMISSION_DENIED naming it and its owner, since whatever it holds could be theirs.
+StatusOr<std::string> RuntimeDir();
 // RuntimeDir()/fuse-<16 hex digits of the path's hash><suffix>: a file about the mount at `mountpoint`.
-std::string MountRunFile(const std::string& mountpoint, const std::string& suffix);
+StatusOr<std::string> MountRunFile(const std::string& mountpoint, const std::string& suffix);
 // The file in which the granary-fuse serving `mountpoint` (an absolute, canonical path) names its
 // endpoints (JSON: mountpoint, root, pid, metrics, worker, master), for `granary stats`, `trace`,
 // `profile` and `info`.
-std::string MountEndpointsFile(const std::string& mountpoint);
+StatusOr<std::string> MountEndpointsFile(const std::string& mountpoint);
+// Makes `dir` (its parents as MakeDirs does) and checks it as RuntimeDir checks its own.
+Status MakePrivateDir(const std::string& dir);
 
 }  // namespace granary

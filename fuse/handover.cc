@@ -86,14 +86,17 @@ std::string Fingerprint(const Config& cfg) {
          ";allow_other=" + (cfg.fuse.allow_other ? "1" : "0");
 }
 
-std::string HandoverSocketPath(const Config& cfg) {
+StatusOr<std::string> HandoverSocketPath(const Config& cfg) {
   if (!cfg.fuse.handover_socket.empty()) return cfg.fuse.handover_socket;
   return MountRunFile(cfg.fuse.mountpoint, ".sock");
 }
 
-std::string KeeperSocketPath(const Config& cfg) {
-  if (cfg.fuse.keeper == "off") return "";
-  if (cfg.fuse.keeper == "spawn") return HandoverSocketPath(cfg) + ".keeper";
+StatusOr<std::string> KeeperSocketPath(const Config& cfg) {
+  if (cfg.fuse.keeper == "off") return std::string();
+  if (cfg.fuse.keeper == "spawn") {
+    ASSIGN_OR_RETURN(std::string handover, HandoverSocketPath(cfg));
+    return handover + ".keeper";
+  }
   return cfg.fuse.keeper;
 }
 
@@ -189,6 +192,14 @@ StatusOr<int> ConnectLocal(const std::string& path) {
     close(s);
     if (err == ENOENT || err == ECONNREFUSED) return UnavailableError("nobody listens on " + path);
     return ErrnoError(err, "connect " + path);
+  }
+  // What answers gets a FUSE connection or hands one over: only a process of this user (or root).
+  uint32_t uid;
+  if (!PeerIsRootOrSelf(s, &uid)) {
+    close(s);
+    return PermissionDeniedError("the process listening on " + path + " runs as uid " + std::to_string(uid) +
+                                 ", neither root nor this user (uid " + std::to_string(geteuid()) +
+                                 "): refusing to hand a FUSE connection to it or take one from it");
   }
   return s;
 }

@@ -70,9 +70,9 @@ inline constexpr uint32_t kHandoverFormat = 1;
 std::string Fingerprint(const Config& cfg);
 
 // fuse.handover_socket, or its default for `mountpoint`.
-std::string HandoverSocketPath(const Config& cfg);
+StatusOr<std::string> HandoverSocketPath(const Config& cfg);
 // The keeper's socket: fuse.keeper when it is a path, <handover socket>.keeper for `spawn`, "" off.
-std::string KeeperSocketPath(const Config& cfg);
+StatusOr<std::string> KeeperSocketPath(const Config& cfg);
 // INVALID_ARGUMENT unless fuse.keeper is spawn, off or an absolute path.
 Status CheckKeeperSetting(const Config& cfg);
 

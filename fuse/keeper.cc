@@ -20,6 +20,7 @@
 
 #include "common/bad_request.h"
 #include "common/fs.h"
+#include "common/net.h"
 #include "fuse/handover.h"
 
 extern char** environ;
@@ -279,6 +280,12 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
     clients.swap(still);
     if (fds[0].revents & POLLIN) {
       int c = accept4(*listener, nullptr, nullptr, SOCK_CLOEXEC);
+      uint32_t uid;
+      if (c >= 0 && !PeerIsRootOrSelf(c, &uid)) {  // it would hand over or deposit a FUSE connection
+        std::fprintf(stderr, "granary-fuse keeper: refusing a process of uid %u on %s\n", uid, path.c_str());
+        close(c);
+        c = -1;
+      }
       if (c >= 0) clients.push_back(c);
     }
   }

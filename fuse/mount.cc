@@ -148,8 +148,8 @@ void Unmount(const std::string& mp) {
 Status FuseMountImpl::Init(const Config& cfg) {
   mountpoint_ = cfg.fuse.mountpoint;
   RETURN_IF_ERROR(CheckKeeperSetting(cfg));
-  handover_path_ = HandoverSocketPath(cfg);
-  keeper_path_ = KeeperSocketPath(cfg);
+  ASSIGN_OR_RETURN(handover_path_, HandoverSocketPath(cfg));
+  ASSIGN_OR_RETURN(keeper_path_, KeeperSocketPath(cfg));
   // A running granary-fuse hands its connection over (an upgrade); else a keeper holds the
   // connection of one that died (a crash). Asked before anything touches the mount point: a
   // connection nobody serves would stall our own stat() of it.

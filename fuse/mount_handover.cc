@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "common/net.h"
 #include "common/shutdown.h"
 #include "fuse/client.h"
 #include "fuse/fs_state.h"
@@ -103,6 +104,12 @@ void FuseMountImpl::RespondLoop() {
     if (poll(&p, 1, 500) <= 0) continue;
     int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
+    uint32_t uid;
+    if (!PeerIsRootOrSelf(c, &uid)) {  // a TAKEOVER gets this mount's FUSE connection
+      spdlog::warn("hand-over socket {}: refusing a process of uid {}", handover_path_, uid);
+      close(c);
+      continue;
+    }
     auto m = ReceiveHandover(c, std::chrono::seconds(5));
     if (m.ok() && m->msg.kind() == rpc::HandoverMessage::TAKEOVER) HandOver(c, m->msg);
     if (m.ok()) m->CloseAll();

@@ -40,9 +40,11 @@ void FuseMountImpl::StartMetrics() {
   if (!trace_ && realpath(mountpoint_.c_str(), real) != nullptr) {
     // Named by pid too: a predecessor still serving its trace never removes its successor's socket.
     RemoveDeadTraceSockets(real);
-    auto t = StreamSocket::Start(MountRunFile(real, "-" + std::to_string(getpid()) + ".trace.sock"),
-                                 [this](const std::map<std::string, std::string>& params,
-                                        StreamSink* sink) { fs_->tracer->Serve(params, sink); });
+    auto path = MountRunFile(real, "-" + std::to_string(getpid()) + ".trace.sock");
+    auto t = path.ok() ? StreamSocket::Start(*path,
+                                             [this](const std::map<std::string, std::string>& params,
+                                                    StreamSink* sink) { fs_->tracer->Serve(params, sink); })
+                       : StatusOr<std::unique_ptr<StreamSocket>>(path.status());
     if (t.ok()) {
       trace_ = std::move(t).value();
     } else {
@@ -53,7 +55,9 @@ void FuseMountImpl::StartMetrics() {
 }
 // Trace sockets of this mount point left by processes that died without stopping (kill -9).
 void FuseMountImpl::RemoveDeadTraceSockets(const std::string& mountpoint) {
-  const std::string prefix = MountRunFile(mountpoint, "-");
+  auto named = MountRunFile(mountpoint, "-");
+  if (!named.ok()) return;
+  const std::string prefix = *named;
   const std::string dir = prefix.substr(0, prefix.rfind('/'));
   const std::string stem = prefix.substr(prefix.rfind('/') + 1);
   const std::string suffix = ".trace.sock";
@@ -88,7 +92,12 @@ void FuseMountImpl::StopMetrics() {
 void FuseMountImpl::WriteEndpoints() {
   char real[PATH_MAX];
   if (realpath(mountpoint_.c_str(), real) == nullptr) return;
-  endpoints_file_ = MountEndpointsFile(real);
+  auto file = MountEndpointsFile(real);
+  if (!file.ok()) {
+    spdlog::warn("granary stats will not find this mount: {}", file.status().message());
+    return;
+  }
+  endpoints_file_ = *file;
   std::string metrics = metrics_ ? metrics_->address() : "";
   if (metrics.rfind("0.0.0.0:", 0) == 0) metrics = "127.0.0.1:" + metrics.substr(8);
   std::string worker = fs_->cfg.fuse.worker;

@@ -347,14 +347,21 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
   auto a = fs->client->GetAttr(mino);
   if (!a.ok()) return ReplyError(req, a.status(), "setattr");
   if (!a->writable()) return ReplyErrno(req, EROFS);
-  std::optional<uint64_t> written = w != nullptr ? w->SizeOf(ino) : std::nullopt;
+  // The size written so far by this node's writer of the file, when there is one.
+  bool have_written = false;
+  uint64_t written = 0;
+  if (std::optional<uint64_t> n = w != nullptr ? w->SizeOf(ino) : std::nullopt; n.has_value()) {
+    have_written = true;
+    written = *n;
+  }
   if (to_set & FUSE_SET_ATTR_SIZE) {
     const uint64_t size = static_cast<uint64_t>(attr->st_size);
     if (own_handle) {
       Status st = w->Truncate(fi->fh, ino, size);
       if (!st.ok()) return ReplyError(req, st, "truncate");
       written = size;
-    } else if (size != written.value_or(a->size())) {  // a truncate to the size it has changes nothing
+      have_written = true;
+    } else if (size != (have_written ? written : a->size())) {  // a truncate to the size it has changes nothing
       spdlog::warn("truncate of inode {} to {} bytes refused: Granary writes whole files; open the file with O_TRUNC "
                    "and write it again", mino, size);
       return ReplyErrno(req, EOPNOTSUPP);
@@ -378,9 +385,9 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
     }
   }
   struct stat st = ToStat(fs, result);
-  if (written) {
-    st.st_size = static_cast<off_t>(*written);
-    st.st_blocks = static_cast<blkcnt_t>((*written + 511) / 512);
+  if (have_written) {
+    st.st_size = static_cast<off_t>(written);
+    st.st_blocks = static_cast<blkcnt_t>((written + 511) / 512);
   }
   fuse_reply_attr(req, &st, 0);
 }

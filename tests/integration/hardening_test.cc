@@ -227,7 +227,7 @@ TEST_F(Hardened, TheAccessTraceIsForRootOnly) {
   }
   char real[PATH_MAX];
   ASSERT_NE(realpath(c_.mountpoint().c_str(), real), nullptr);
-  auto endpoints = nlohmann::json::parse(ReadFile(MountEndpointsFile(real)), nullptr, false);
+  auto endpoints = nlohmann::json::parse(ReadFile(MountEndpointsFile(real).value()), nullptr, false);
   ASSERT_TRUE(endpoints.is_object());
   const std::string sock = endpoints.value("trace", "");
   ASSERT_FALSE(sock.empty()) << endpoints.dump();

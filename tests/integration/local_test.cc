@@ -1,11 +1,16 @@
 // `granary local`: every daemon in one process, the CLI finding it without flags, Ctrl-C stopping it.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/hash.h"
 #include "tests/integration/harness.h"
 
 namespace granary::testing {
@@ -125,6 +130,66 @@ TEST(GranaryLocal, AnswersOnlyItsOwnUser) {
   EXPECT_EQ(mounts.out.find("/evil"), std::string::npos) << mounts.out;
   EXPECT_EQ(ReadFile(dir / "secret/root-only"), "root only");
   EXPECT_EQ(local.Stop(SIGINT), 0) << local.Log();
+}
+
+// Issue 51, finding 2: another user squatted /tmp/granary-<uid> (0777) and planted a mount's
+// endpoints file naming his own "worker"; `granary stats` sent it the user's token. The runtime
+// directory is now trusted only when it is the user's own: the CLI refuses, names the squatter,
+// and connects to nothing the planted file names.
+TEST(GranaryLocal, ASquattedRuntimeDirectoryIsRefusedNotTrusted) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: two other users are played by chown and setpriv";
+  if (access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "no setpriv (util-linux)";
+  constexpr int kVictim = 54321;  // a uid no account of a test machine uses
+  const std::string squat = "/tmp/granary-" + std::to_string(kVictim);
+  std::filesystem::remove_all(squat);  // left by an earlier run of this test only
+  TempDir dir;
+  ASSERT_EQ(chmod(dir.path().c_str(), 0755), 0);
+  mkdir((dir / "data").c_str(), 0755);
+  mkdir((dir / "home").c_str(), 0700);
+  ASSERT_EQ(chown((dir / "home").c_str(), kVictim, kVictim), 0);
+  // The victim's token, which must reach nobody.
+  WriteFile(dir / "home/token", "victims-secret-token\n");
+  ASSERT_EQ(chown((dir / "home/token").c_str(), kVictim, kVictim), 0);
+  ASSERT_EQ(chmod((dir / "home/token").c_str(), 0600), 0);
+  WriteFile(dir / "home/granary.yaml", "rpc:\n  token_file: " + dir / "home/token" + "\n");
+  ASSERT_EQ(chown((dir / "home/granary.yaml").c_str(), kVictim, kVictim), 0);
+  // The attacker's listener: whatever connects is what the planted file lured.
+  int lure = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ASSERT_GE(lure, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lure, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(lure, 8), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(getsockname(lure, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string lure_at = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  // The squat: made by nobody, open to all, with an endpoints file for the victim's data folder.
+  ASSERT_EQ(mkdir(squat.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(squat.c_str(), 0777), 0);
+  ASSERT_EQ(chown(squat.c_str(), 65534, 65534), 0);
+  const std::string mp = dir / "data";
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(Checksum64(mp.data(), mp.size())));
+  const std::string planted = squat + "/fuse-" + hex + ".json";
+  WriteFile(planted, nlohmann::json({{"mountpoint", mp}, {"root", "/"}, {"pid", getpid()}, {"metrics", lure_at},
+                                     {"worker", lure_at}, {"master", lure_at}, {"trace", ""}})
+                         .dump());
+  ASSERT_EQ(chown(planted.c_str(), 65534, 65534), 0);
+  const std::string v = std::to_string(kVictim);
+  RunResult r = RunCommand({"/usr/bin/setpriv", "--reuid", v, "--regid", v, "--clear-groups", Bin("granary"), "stats",
+                            mp, "--count", "1"},
+                           {{"GRANARY_HOME", dir / "home"}, {"XDG_RUNTIME_DIR", ""}, {"GRANARY_RUN_DIR", ""}});
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(squat), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("uid 65534"), std::string::npos) << r.out;
+  pollfd p{lure, POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 0) << "the CLI connected to the address the planted file named";
+  close(lure);
+  struct stat st {};
+  ASSERT_EQ(lstat(squat.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u) << "the squatter's directory was taken over rather than refused";
+  std::filesystem::remove_all(squat);
 }
 
 // Two datasets that share a folder name, served one after the other from one state directory:
