@@ -163,7 +163,11 @@ class Chaos:
         # etcd (3 members) for the masters' election, on the storage host.
         r = self.run(["ip", "netns", "exec", storage, "env", f"ETCD_HOST={ip_of(1)}", "bash",
                       f"{ROOT}/scripts/etcd.sh", "start", f"{w}/etcd", "3"], timeout=120)
-        self.etcd = r.stdout.strip().splitlines()[-1].split()[-1]
+        lines = r.stdout.strip().splitlines()
+        self.etcd = next(l.split()[1] for l in lines if l.startswith("READY "))
+        tls = next(l.split(None, 1)[1] for l in lines if l.startswith("TLS "))
+        self.etcd_tls = ["--master.etcd_tls_ca", f"{tls}/ca.pem", "--master.etcd_tls_cert", f"{tls}/client.pem",
+                         "--master.etcd_tls_key", f"{tls}/client-key.pem"]
         # RGW, then our proxy in front of it.
         r = self.run(["ip", "netns", "exec", storage, "env", f"S3_BIND={ip_of(1)}", "bash",
                       f"{ROOT}/scripts/s3-server.sh", "start", f"{w}/rgw"], timeout=240)
@@ -259,7 +263,7 @@ class Chaos:
         w = self.work
         return self.start(f"m{i}", f"{PREFIX}-n{self.a.nodes + i}", [
             f"{self.bin}/granary-master", "--master.listen", listen, "--master.data_dir", f"{w}/m{i}",
-            "--master.etcd_endpoints", self.etcd, "--master.election_ttl", "5s", "--master.metrics_listen", "off",
+            "--master.etcd_endpoints", self.etcd, *self.etcd_tls, "--master.election_ttl", "5s", "--master.metrics_listen", "off",
             "--master.block_size", "1Mi", "--ufs.secrets_dir", w, *self.auth, "--ready-file", f"{w}/m{i}.addr"],
             ready=f"{w}/m{i}.addr")
 

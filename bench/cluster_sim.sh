@@ -86,11 +86,14 @@ fi
 : > "$WORK/results.jsonl"
 if [ "$STANDBYS" = 1 ]; then
   bash "$ROOT/scripts/etcd.sh" install
-  read -r _ ETCD < <(bash "$ROOT/scripts/etcd.sh" start "$WORK/etcd" 1 | tail -1)
+  ETCD_OUT=$(bash "$ROOT/scripts/etcd.sh" start "$WORK/etcd" 1)
+  ETCD=$(echo "$ETCD_OUT" | sed -n 's/^READY //p'); ETCD_TLS_DIR=$(echo "$ETCD_OUT" | sed -n 's/^TLS //p')
   addrs=()
   for i in 1 2 3; do
     rm -rf "$WORK/ha$i"; rm -f "$WORK/ha$i.addr"
     "$BIN/granary-master" --master.listen 127.0.0.1:0 --master.data_dir "$WORK/ha$i" --master.etcd_endpoints "$ETCD" \
+      --master.etcd_tls_ca "$ETCD_TLS_DIR/ca.pem" --master.etcd_tls_cert "$ETCD_TLS_DIR/client.pem" \
+      --master.etcd_tls_key "$ETCD_TLS_DIR/client-key.pem" \
       --master.election_ttl 2s --master.metrics_listen off --ufs.local_roots "$WORK/src" --ready-file "$WORK/ha$i.addr" \
       >> "$WORK/ha$i.log" 2>&1 &
     HA_PIDS+=($!)

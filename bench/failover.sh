@@ -54,7 +54,11 @@ wait_file() {  # FILE [SECONDS]
 }
 
 bash "$NET" up $((NODES + 3)) 1gbit >&2
-read -r _ ETCD < <(ip netns exec gfo-storage env ETCD_HOST="$NETNS_SUBNET.1" bash "$ROOT/scripts/etcd.sh" start "$WORK/etcd" 3 | tail -1)
+ETCD_OUT=$(ip netns exec gfo-storage env ETCD_HOST="$NETNS_SUBNET.1" bash "$ROOT/scripts/etcd.sh" start "$WORK/etcd" 3)
+ETCD=$(echo "$ETCD_OUT" | sed -n 's/^READY //p'); ETCD_TLS_DIR=$(echo "$ETCD_OUT" | sed -n 's/^TLS //p')
+# etcd over TLS with client certificates (issue 51): the masters present scripts/etcd.sh's client certificate.
+ETCD_TLS=(--master.etcd_tls_ca "$ETCD_TLS_DIR/ca.pem" --master.etcd_tls_cert "$ETCD_TLS_DIR/client.pem"
+          --master.etcd_tls_key "$ETCD_TLS_DIR/client-key.pem")
 python3 "$ROOT/bench/gen_dataset.py" --out "$WORK/src" --files "$FILES" --seed 7 >&2
 DATASET_BYTES=$(du -sb "$WORK/src" | cut -f1)
 # Every daemon serves on its namespace's network: with a shared token (rpc.token_file), as in a cluster.
@@ -65,7 +69,7 @@ printf 'rpc:\n  master_wait: 3s\n  token_file: %s\n' "$WORK/token" > "$WORK/cli.
 start_master() {  # I LISTEN
   local i=$1; rm -f "$WORK/m$i.addr"
   nsenter --net="/run/netns/$(mns "$i")" "$BIN/granary-master" --master.listen "$2" --master.data_dir "$WORK/m$i" \
-    --master.etcd_endpoints "$ETCD" --master.election_ttl "$TTL" --master.metrics_listen off \
+    --master.etcd_endpoints "$ETCD" "${ETCD_TLS[@]}" --master.election_ttl "$TTL" --master.metrics_listen off \
     --ufs.local_roots "$WORK/src" "${AUTH[@]}" --ready-file "$WORK/m$i.addr" >> "$WORK/m$i.log" 2>&1 &
   MPID[$i]=$!
   wait_file "$WORK/m$i.addr"

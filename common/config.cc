@@ -177,7 +177,7 @@ std::vector<Setting> MakeSettings() {
                   "however many files are mounted; a larger cache makes cold metadata faster.",
                   &Config::master, &MasterConfig::rocksdb_cache));
   t.push_back(Row("master.etcd_endpoints", K::kString, "",
-                  "etcd client URLs (http://host:2379, comma-separated) through which several granary-masters "
+                  "etcd client URLs (https://host:2379, comma-separated) through which several granary-masters "
                   "elect one leader; the others are standbys that keep a copy of the namespace and take over "
                   "within about master.election_ttl when the leader goes. Empty: one master, no election.",
                   &Config::master, &MasterConfig::etcd_endpoints));
@@ -185,6 +185,19 @@ std::vector<Setting> MakeSettings() {
                   "Prefix of the keys the masters keep in etcd (the leader key is <prefix>/master/leader): one "
                   "per Granary cluster sharing an etcd.",
                   &Config::master, &MasterConfig::etcd_prefix));
+  t.push_back(Row("master.etcd_tls_ca", K::kString, "",
+                  "PEM file of the roots that verify etcd's certificate (empty: the system's roots).",
+                  &Config::master, &MasterConfig::etcd_tls_ca));
+  t.push_back(Row("master.etcd_tls_cert", K::kString, "",
+                  "PEM file of the masters' client certificate for etcd (etcd's --client-cert-auth: only its "
+                  "holders may name a leader). Set with master.etcd_tls_key.",
+                  &Config::master, &MasterConfig::etcd_tls_cert));
+  t.push_back(Row("master.etcd_tls_key", K::kString, "", "PEM file of that certificate's private key.",
+                  &Config::master, &MasterConfig::etcd_tls_key));
+  t.push_back(Row("master.etcd_allow_plaintext", K::kBool, "false",
+                  "Accept http:// etcd endpoints. Whoever can write to etcd decides which master the standbys "
+                  "follow, so plain HTTP is refused unless this says it is meant (a loud warning then).",
+                  &Config::master, &MasterConfig::etcd_allow_plaintext));
   t.push_back(Row("master.advertise", K::kAddress, "",
                   "The address other masters and clients dial for this master (what it stands for in the "
                   "election). Empty: master.listen, with 0.0.0.0 replaced by this host's name.",

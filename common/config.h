@@ -46,6 +46,8 @@ struct MasterConfig {
   // (empty: one master, no election); the leader key's prefix; the lease; entries kept for standbys.
   std::string etcd_endpoints;
   std::string etcd_prefix;
+  std::string etcd_tls_ca, etcd_tls_cert, etcd_tls_key;  // PEM files: etcd over TLS with a client certificate
+  bool etcd_allow_plaintext = false;                      // accept http:// endpoints (loudly)
   std::string advertise;  // the address other masters and clients dial for this one; empty: derived
   std::chrono::milliseconds election_ttl{};
   uint64_t replication_log = 0;

@@ -1,9 +1,14 @@
 #include "master/etcd.h"
 
-#include <httplib.h>
 #include <openssl/evp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
+
+#include "ufs/http.h"
 
 namespace granary::master {
 namespace {
@@ -70,63 +75,86 @@ StatusOr<std::string> Base64Decode(const std::string& in) {
 }
 
 StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const std::vector<std::string>& endpoints,
-                                                         std::chrono::milliseconds timeout) {
+                                                         std::chrono::milliseconds timeout, const EtcdTls& tls) {
   if (endpoints.empty()) return InvalidArgumentError("no etcd endpoint given (master.etcd_endpoints)");
-  std::vector<Endpoint> parsed;
+  if (tls.cert.empty() != tls.key.empty()) {
+    return InvalidArgumentError("master.etcd_tls_cert and master.etcd_tls_key must be set together");
+  }
+  std::vector<std::string> parsed;
   for (const std::string& e : endpoints) {
-    const std::string scheme = "http://";
-    if (e.rfind(scheme, 0) != 0) {
-      return InvalidArgumentError("etcd endpoint '" + e + "' is not http://HOST:PORT (https is not supported yet)");
+    const bool https = e.rfind("https://", 0) == 0, http = e.rfind("http://", 0) == 0;
+    if (!https && !http) return InvalidArgumentError("etcd endpoint '" + e + "' is not https://HOST:PORT");
+    if (http && !tls.allow_plaintext) {
+      return InvalidArgumentError(
+          "etcd endpoint '" + e + "' is plain HTTP: whoever reaches it could name the leader the standby masters "
+          "follow and send their token to. Serve etcd over TLS with client certificates and give "
+          "master.etcd_tls_ca, master.etcd_tls_cert and master.etcd_tls_key (docs/deploy.md; scripts/etcd.sh does it "
+          "for tests), or set master.etcd_allow_plaintext: true to accept plain HTTP on purpose");
     }
-    std::string rest = e.substr(scheme.size());
+    std::string rest = e.substr(https ? 8 : 7);
     while (!rest.empty() && rest.back() == '/') rest.pop_back();
     const size_t colon = rest.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == rest.size()) {
-      return InvalidArgumentError("etcd endpoint '" + e + "' has no port (http://HOST:PORT)");
+    if (colon == std::string::npos || colon == 0 || colon + 1 == rest.size() ||
+        rest.find('/') != std::string::npos) {
+      return InvalidArgumentError("etcd endpoint '" + e + "' is not " + (https ? "https" : "http") + "://HOST:PORT");
     }
-    Endpoint ep;
-    ep.host = rest.substr(0, colon);
     try {
       size_t used = 0;
-      ep.port = std::stoi(rest.substr(colon + 1), &used);
-      if (used != rest.size() - colon - 1 || ep.port <= 0 || ep.port > 65535) throw std::out_of_range("port");
+      const int port = std::stoi(rest.substr(colon + 1), &used);
+      if (used != rest.size() - colon - 1 || port <= 0 || port > 65535) throw std::out_of_range("port");
     } catch (...) {
       return InvalidArgumentError("etcd endpoint '" + e + "' has no valid port (1-65535)");
     }
-    parsed.push_back(std::move(ep));
+    parsed.push_back((https ? "https://" : "http://") + rest);
   }
-  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(parsed), timeout));
+  for (const auto& [file, key] : {std::pair{tls.ca, "master.etcd_tls_ca"}, std::pair{tls.cert, "master.etcd_tls_cert"},
+                                  std::pair{tls.key, "master.etcd_tls_key"}}) {
+    if (!file.empty() && access(file.c_str(), R_OK) != 0) {
+      return InvalidArgumentError(std::string(key) + ": cannot read " + file + " (" + std::strerror(errno) + ")");
+    }
+  }
+  CurlOptions o;
+  o.connect_timeout = timeout;
+  o.request_timeout = timeout;
+  o.ca_file = tls.ca;
+  o.cert_file = tls.cert;
+  o.key_file = tls.key;
+  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(parsed), std::make_unique<CurlHttpClient>(o)));
 }
+
+EtcdClient::EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<HttpClient> http)
+    : endpoints_(std::move(endpoints)), http_(std::move(http)) {}
+
+EtcdClient::~EtcdClient() = default;
 
 StatusOr<std::string> EtcdClient::Post(const std::string& path, const std::string& body) {
   std::string last = "no endpoint";
   const size_t first = preferred_.load();
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     const size_t at = (first + i) % endpoints_.size();
-    const Endpoint& ep = endpoints_[at];
-    httplib::Client cli(ep.host, ep.port);
-    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(timeout_);
-    const auto usecs = std::chrono::duration_cast<std::chrono::microseconds>(timeout_ - secs);
-    cli.set_connection_timeout(secs.count(), usecs.count());
-    cli.set_read_timeout(secs.count(), usecs.count());
-    cli.set_write_timeout(secs.count(), usecs.count());
-    auto res = cli.Post(path, body, "application/json");
-    if (!res) {
-      last = ep.host + ":" + std::to_string(ep.port) + ": " + httplib::to_string(res.error());
+    HttpRequest req;
+    req.method = "POST";
+    req.url = endpoints_[at] + path;
+    req.headers = {{"Content-Type", "application/json"}};
+    req.body = body.data();
+    req.body_size = body.size();
+    auto res = http_->Send(req);
+    if (!res.ok()) {  // curl's words in full: which step failed, and why
+      last = endpoints_[at] + ": " + res.status().message();
       continue;
     }
     if (res->status >= 500) {  // a member without quorum, or shutting down: another may answer
-      last = ep.host + ":" + std::to_string(ep.port) + ": HTTP " + std::to_string(res->status);
+      last = endpoints_[at] + ": HTTP " + std::to_string(res->status);
       continue;
     }
     preferred_ = at;
     if (res->status != 200) {
-      return InternalError("etcd answered " + path + " with HTTP " + std::to_string(res->status) + ": " +
-                           res->body.substr(0, 200));
+      return InternalError("etcd at " + endpoints_[at] + " answered " + path + " with HTTP " +
+                           std::to_string(res->status) + ": " + res->body.substr(0, 200));
     }
-    return res->body;
+    return std::move(res->body);
   }
-  return UnavailableError("no etcd endpoint answered " + path + " (last: " + last + ")");
+  return UnavailableError("etcd: no endpoint answered " + path + " (last: " + last + ")");
 }
 
 StatusOr<int64_t> EtcdClient::Grant(std::chrono::seconds ttl) {

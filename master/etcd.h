@@ -10,8 +10,10 @@
 //
 // EtcdClient speaks etcd's JSON gateway (/v3/kv/txn, /v3/kv/range, /v3/lease/grant,
 // /v3/lease/keepalive, /v3/lease/revoke; keys and values base64, 64-bit integers as strings) over
-// HTTP with cpp-httplib: no gRPC stubs of etcd's protos to vendor, the same wire etcdctl's
-// --debug shows. Each call starts at the endpoint that last answered and tries the others in turn,
+// HTTPS with libcurl (ufs/http.h's client): no gRPC stubs of etcd's protos to vendor, the same wire
+// etcdctl's --debug shows. TLS with a client certificate is the default (etcd's --client-cert-auth:
+// only a holder of the masters' certificate may name a leader); plain HTTP only when the operator
+// says so (master.etcd_allow_plaintext), since whoever can write to etcd decides who leads. Each call starts at the endpoint that last answered and tries the others in turn,
 // so a member down costs one timeout once, not on every call. Errors: UNAVAILABLE when no endpoint
 // answered (retry later), INTERNAL for an answer that is not what etcd sends (named in the message).
 // Thread-safe (each call opens its own connection).
@@ -27,7 +29,20 @@
 
 #include "common/status.h"
 
+namespace granary {
+class HttpClient;
+}
+
 namespace granary::master {
+
+// How the masters reach etcd: PEM files (master.etcd_tls_ca, _cert, _key) and whether plain
+// http:// endpoints are accepted at all (master.etcd_allow_plaintext).
+struct EtcdTls {
+  std::string ca;    // roots that verify etcd's certificate (empty: the system's)
+  std::string cert;  // the masters' client certificate, for etcd's --client-cert-auth
+  std::string key;   // its private key
+  bool allow_plaintext = false;
+};
 
 // A key as etcd holds it. create_revision orders the key's creations cluster-wide: a leader key
 // created later has a larger one, so it numbers the leadership terms.
@@ -64,10 +79,11 @@ class Coordinator {
 
 class EtcdClient : public Coordinator {
  public:
-  // `endpoints`: "http://host:port" each (https is refused for now: INVALID_ARGUMENT). `timeout`
-  // bounds each request to one endpoint.
+  // `endpoints`: "https://host:port" each ("http://" only with tls.allow_plaintext; otherwise
+  // INVALID_ARGUMENT saying how to set TLS up). `timeout` bounds each request to one endpoint.
   static StatusOr<std::unique_ptr<EtcdClient>> Create(const std::vector<std::string>& endpoints,
-                                                      std::chrono::milliseconds timeout);
+                                                      std::chrono::milliseconds timeout, const EtcdTls& tls);
+  ~EtcdClient() override;
 
   StatusOr<int64_t> Grant(std::chrono::seconds ttl) override;
   StatusOr<int64_t> KeepAlive(int64_t lease) override;
@@ -79,17 +95,12 @@ class EtcdClient : public Coordinator {
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override;
 
  private:
-  struct Endpoint {
-    std::string host;
-    int port = 0;
-  };
-  EtcdClient(std::vector<Endpoint> endpoints, std::chrono::milliseconds timeout)
-      : endpoints_(std::move(endpoints)), timeout_(timeout) {}
+  EtcdClient(std::vector<std::string> endpoints, std::unique_ptr<HttpClient> http);
   // POSTs `body` (JSON) to `path` of the first endpoint that answers; the answer's body.
   StatusOr<std::string> Post(const std::string& path, const std::string& body);
 
-  const std::vector<Endpoint> endpoints_;
-  const std::chrono::milliseconds timeout_;
+  const std::vector<std::string> endpoints_;  // "https://host:port", no trailing slash
+  const std::unique_ptr<HttpClient> http_;
   std::atomic<size_t> preferred_{0};  // the endpoint that answered last
 };
 

@@ -2,6 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
+#include <cctype>
+
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -23,18 +29,96 @@ rpc::JournalPosition ToProto(const LogPosition& p) {
 }
 LogPosition FromProto(const rpc::JournalPosition& p) { return {p.term(), p.index()}; }
 
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMaxIdBytes = 256;
+
+std::string ProofMessage(const std::string& id, const std::string& nonce) {
+  std::string m = "granary-master-proof";
+  m.push_back('\0');
+  m += id;
+  m.push_back('\0');
+  m += nonce;
+  return m;
+}
+
+// A standby's id: the host:port it stands for, nothing else (it goes into logs and GetRole).
+bool ValidId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxIdBytes) return false;
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == ':' || c == '-' || c == '_' || c == '[' ||
+          c == ']')) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+grpc::Status ProveMaster(const RpcSecurity& sec, const std::string& self, const rpc::MasterChallenge& req,
+                         rpc::MasterProof* resp) {
+  if (req.nonce().size() != kNonceBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the challenge must be 32 bytes");
+  }
+  if (!sec.has_token()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no rpc.token_file: nothing to prove");
+  resp->set_id(self);
+  resp->set_mac(sec.Mac(ProofMessage(self, req.nonce())));
+  return grpc::Status::OK;
+}
+
+Status VerifyMaster(const RpcSecurity& sec, rpc::Master::StubInterface* stub, const std::string& address) {
+  if (!sec.has_token()) return Status::OK();
+  rpc::MasterChallenge c;
+  std::string nonce(kNonceBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
+    return InternalError("no random bytes for the leader's challenge");
+  }
+  c.set_nonce(nonce);
+  rpc::MasterProof p;
+  grpc::ClientContext ctx;  // no token: the other side proves, this one gives nothing away
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status st = stub->ProveMaster(&ctx, c, &p);
+  if (!st.ok()) {
+    if (ServerUnreachable(st)) return FromGrpc(st, "the leader at " + address);
+    return PermissionDeniedError("the process at " + address + " (named leader in etcd) did not prove it is a master "
+                                 "of this cluster (" + st.error_message().substr(0, 200) +
+                                 "): not following it and not sending it the token; a forged leader record in etcd?");
+  }
+  const std::string want = sec.Mac(ProofMessage(address, nonce));
+  if (p.id() != address || p.mac().size() != want.size() ||
+      CRYPTO_memcmp(p.mac().data(), want.data(), want.size()) != 0) {
+    return PermissionDeniedError("the process at " + address + " (named leader in etcd) failed the proof that it holds "
+                                 "this cluster's token for that address: not following it and not sending it the "
+                                 "token; a forged leader record in etcd?");
+  }
+  return Status::OK();
+}
 
 grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool()>& leading, grpc::ServerContext* ctx,
                           grpc::ServerReaderWriter<rpc::ReplicaBatch, rpc::ReplicaAck>* stream) {
   rpc::ReplicaAck hello;
   if (!stream->Read(&hello)) return grpc::Status(grpc::StatusCode::CANCELLED, "the standby went before saying where it stands");
-  const std::string id = hello.id().empty() ? ctx->peer() : hello.id();
+  if (!ValidId(hello.id())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a standby's id is its host:port (at most 256 characters of letters, digits, . : - _ [ ])");
+  }
+  const std::string id = hello.id();
   Journal& journal = ns->journal();
   LogPosition at = FromProto(hello.applied());
+  // The last position this stream has sent (or the standby's own to begin with): an
+  // acknowledgement beyond it is a lie that would count the standby in step.
+  std::atomic<uint64_t> sent{at.index};
+  std::atomic<bool> lied{false};
   std::thread acks([&] {
     rpc::ReplicaAck a;
-    while (stream->Read(&a)) journal.Acked(id, a.applied().index());
+    while (stream->Read(&a)) {
+      if (a.applied().index() > sent.load()) {
+        lied = true;
+        ctx->TryCancel();
+        break;
+      }
+      journal.Acked(id, a.applied().index());
+    }
   });
   spdlog::info("standby master {} follows this leader from entry {} (this leader at {})", id, at.ToString(),
                journal.position().ToString());
@@ -88,6 +172,7 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
       rpc::ReplicaBatch end;
       end.set_snapshot_end(true);
       stamp(&end, &snap);
+      sent = std::max(sent.load(), snap.index);
       if (!stream->Write(end)) break;
       at = snap;
       continue;
@@ -102,6 +187,7 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
       }
       at = entries.back().pos;
       stamp(&b, &at);
+      sent = std::max(sent.load(), at.index);
     } else if (journal.WaitBeyond(at.index, kIdleBeat)) {
       continue;  // new entries: read them
     } else {
@@ -113,6 +199,10 @@ grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool
   ctx->TryCancel();  // ends the acknowledgements' Read
   acks.join();
   journal.Forget(id);
+  if (lied) {
+    spdlog::warn("standby master {} acknowledged entries this leader never sent it: its stream was ended", id);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "an acknowledgement beyond what was sent");
+  }
   spdlog::info("standby master {} stopped following this leader", id);
   return result;
 }
@@ -190,6 +280,22 @@ void Follower::Run() {
 
 Status Follower::FollowOnce(const std::string& leader) {
   auto stub = rpc::Master::NewStub(sec_->MakeChannel(leader));
+  // The token goes only to a master that proved it holds it, for the address dialled.
+  Status proof = VerifyMaster(*sec_, stub.get(), leader);
+  if (!proof.ok()) {
+    bool first = false;
+    {
+      MutexLock lock(&mu_);
+      first = refused_ != leader;
+      refused_ = leader;
+    }
+    if (first && proof.code() == Code::kPermissionDenied) spdlog::error("{}", proof.message());
+    return proof;
+  }
+  {
+    MutexLock lock(&mu_);
+    refused_.clear();
+  }
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, std::chrono::milliseconds(0));
   {

@@ -10,6 +10,19 @@
 // leader's semi-synchronous commits wait for. When idle, the leader sends an empty batch every
 // 250 ms, so a standby always knows how far behind it is.
 //
+// The leader's proof. The election's record in etcd is only an address: before a standby sends the
+// cluster's token there or takes a single entry from it, the master at that address proves it holds
+// the token (ProveMaster): the standby sends 32 fresh random bytes, the master answers with the
+// address it stands for and HMAC-SHA256(token, "granary-master-proof" 0 address 0 nonce). A forged
+// record (anyone who could write to etcd) names a process that has no token, or one that relays
+// the challenge to a real master, whose proof then names that master's own address, not the one
+// dialled: either way the standby refuses to follow it and says so. Without a token (a single
+// host's masters on loopback) there is nothing to prove, and nothing the masters keep from its
+// other users (docs/security.md).
+//
+// Bounded: a standby's id (its address) is at most 256 characters of a host:port, and an
+// acknowledgement beyond what the leader has sent ends the stream.
+//
 // A standby answers namespace reads only while its copy is whole (not halfway through a snapshot)
 // and has heard from the leader within the last few seconds (ServingReads); otherwise the reads go
 // to the leader. Either way it never writes except through ApplyEntry.
@@ -37,6 +50,14 @@ namespace granary::master {
 // cancelled, or `leading()` turns false (then UNAVAILABLE). `term`: the leader's term.
 grpc::Status ServeStandby(Namespace* ns, uint64_t term, const std::function<bool()>& leading,
                           grpc::ServerContext* ctx, grpc::ServerReaderWriter<rpc::ReplicaBatch, rpc::ReplicaAck>* stream);
+
+// A master's answer to ProveMaster: `self` is the address it stands for. INVALID_ARGUMENT for a
+// nonce that is not 32 bytes; FAILED_PRECONDITION without a token.
+grpc::Status ProveMaster(const RpcSecurity& sec, const std::string& self, const rpc::MasterChallenge& req,
+                         rpc::MasterProof* resp);
+// Asks the master at `address` for its proof and checks it: OK when it holds the token and stands
+// for `address`; PERMISSION_DENIED naming what failed otherwise (UNAVAILABLE when unreachable).
+Status VerifyMaster(const RpcSecurity& sec, rpc::Master::StubInterface* stub, const std::string& address);
 
 // The standby's side: a thread that follows the leader the election names.
 class Follower {
@@ -78,6 +99,7 @@ class Follower {
   bool installing_ GUARDED_BY(mu_) = false;
   uint64_t generation_ GUARDED_BY(mu_) = 0;
   uint64_t leader_index_ GUARDED_BY(mu_) = 0;
+  std::string refused_ GUARDED_BY(mu_);  // the leader address whose proof failed last (logged once)
   std::chrono::steady_clock::time_point heard_ GUARDED_BY(mu_){};
   std::thread thread_;
 };

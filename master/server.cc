@@ -359,6 +359,10 @@ class MasterService final : public MetadataCallbacks {
     GRANARY_LEADER(L);
     return ServeStandby(ns_, L->term, [this] { return roles_->IsLeader(); }, ctx, stream);
   }
+  // No token asked: this master proves it holds it (master/replication.h, "The leader's proof").
+  grpc::Status ProveMaster(ServerContext*, const rpc::MasterChallenge* req, rpc::MasterProof* resp) override {
+    return master::ProveMaster(*sec_, roles_->Role().id(), *req, resp);
+  }
   grpc::Status GetRole(ServerContext* ctx, const rpc::GetRoleRequest*, rpc::MasterRole* resp) override {
     GRANARY_AUTH();
     *resp = roles_->Role();
@@ -417,8 +421,15 @@ class MasterServerImpl final : public MasterServer, public Roles {
     workers_ = WorkerCalls{std::make_shared<StubPool<rpc::Worker>>(sec_), cfg.rpc.timeout};
     std::unique_ptr<EtcdClient> etcd;
     if (ha_) {
-      auto created = EtcdClient::Create(SplitAddressList(cfg.master.etcd_endpoints), std::chrono::milliseconds(1000));
+      EtcdTls tls{cfg.master.etcd_tls_ca, cfg.master.etcd_tls_cert, cfg.master.etcd_tls_key,
+                  cfg.master.etcd_allow_plaintext};
+      auto created = EtcdClient::Create(SplitAddressList(cfg.master.etcd_endpoints), std::chrono::milliseconds(1000), tls);
       if (!created.ok()) return created.status().WithContext("master.etcd_endpoints");
+      if (cfg.master.etcd_endpoints.find("http://") != std::string::npos) {
+        spdlog::warn("ETCD OVER PLAIN HTTP (master.etcd_allow_plaintext): whoever reaches {} can name the leader the "
+                     "standby masters follow; serve etcd over TLS with client certificates (docs/deploy.md)",
+                     cfg.master.etcd_endpoints);
+      }
       etcd = std::move(created).value();
       ns_->journal().Configure(cfg.master.replication_log,
                                std::max<std::chrono::milliseconds>(std::chrono::milliseconds(500), ttl_ / 4));

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
@@ -167,6 +169,17 @@ std::shared_ptr<grpc::Channel> RpcSecurity::MakeChannel(const std::string& addre
 void RpcSecurity::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
   if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
   if (timeout.count() > 0) ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+}
+
+std::string RpcSecurity::Mac(const std::string& message) const {
+  if (token_.empty()) return "";
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), token_.data(), static_cast<int>(token_.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len) == nullptr) {
+    return "";
+  }
+  return std::string(reinterpret_cast<char*>(out), len);
 }
 
 grpc::Status RpcSecurity::CheckToken(const grpc::ServerContextBase* ctx) const {

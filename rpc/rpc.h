@@ -65,6 +65,10 @@ class RpcSecurity {
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   // UNAUTHENTICATED unless the call carries the token (always OK when no token is configured).
   grpc::Status CheckToken(const grpc::ServerContextBase* ctx) const;
+  bool has_token() const { return !token_.empty(); }
+  // HMAC-SHA256 of `message` keyed by the token: a proof that the sender holds it, which does not
+  // give the token away ("" when there is no token).
+  std::string Mac(const std::string& message) const;
 
  private:
   std::string token_;

@@ -116,6 +116,9 @@ StatusOr<HttpResponse> CurlHttpClient::Send(const HttpRequest& req) {
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, opts_.low_speed_bytes_per_s);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(opts_.low_speed_time.count()));
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+  if (!opts_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, opts_.ca_file.c_str());
+  if (!opts_.cert_file.empty()) curl_easy_setopt(c, CURLOPT_SSLCERT, opts_.cert_file.c_str());
+  if (!opts_.key_file.empty()) curl_easy_setopt(c, CURLOPT_SSLKEY, opts_.key_file.c_str());
   // curl's own words on a failure say which step failed ("Connection timed out after 5001
   // milliseconds", "Operation too slow ..."), where curl_easy_strerror says only "Timeout was reached".
   char detail[CURL_ERROR_SIZE] = {0};

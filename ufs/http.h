@@ -55,6 +55,10 @@ struct CurlOptions {
   std::chrono::milliseconds request_timeout{60000};
   long low_speed_bytes_per_s = 1024;  // below this for low_speed_time, the transfer is abandoned
   std::chrono::seconds low_speed_time{10};
+  // TLS beyond the system's roots (each a PEM file's path; empty: not used): the roots that
+  // verify the server (ca_file), and a client certificate and its key for servers that ask for one
+  // (etcd with --client-cert-auth). The server's certificate is always verified, its name too.
+  std::string ca_file, cert_file, key_file;
 };
 
 class CurlHttpClient : public HttpClient {

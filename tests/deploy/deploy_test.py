@@ -101,7 +101,15 @@ class ManifestTest(unittest.TestCase):
         etcd_svc = find(docs, "Service", "granary-etcd")
         self.assertEqual(etcd["spec"]["replicas"], 3)
         self.assertEqual(etcd["spec"]["serviceName"], etcd_svc["metadata"]["name"])
-        self.assertEqual(endpoints, [f"http://granary-etcd-{i}.granary-etcd:2379" for i in range(3)])
+        self.assertEqual(endpoints, [f"https://granary-etcd-{i}.granary-etcd:2379" for i in range(3)])
+        tls = {k: args[args.index(f"--master.etcd_tls_{k}") + 1] for k in ("ca", "cert", "key")}
+        # The masters' client certificate: the Secret granary-etcd-client, read-only, its three keys named.
+        spec = sts["spec"]["template"]["spec"]
+        volume = next(v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "granary-etcd-client")
+        mount = next(m for m in c["volumeMounts"] if m["name"] == volume["name"])
+        self.assertTrue(mount.get("readOnly"), mount)
+        self.assertEqual(tls, {k: os.path.join(mount["mountPath"], f)
+                               for k, f in (("ca", "ca.crt"), ("cert", "tls.crt"), ("key", "tls.key"))})
         self.assertEqual(args[args.index("--master.advertise") + 1], "$(POD_NAME).granary-master:19998")
         self.assertIn("POD_NAME", [e["name"] for e in c["env"]])
         masters = ",".join(f"granary-master-{i}.granary-master:19998" for i in range(3))
@@ -112,7 +120,8 @@ class ManifestTest(unittest.TestCase):
             self.assertEqual(a[a.index("--master.address") + 1], masters, name)
         # The flags are settings the daemons accept, with these values (the same parser reads a file).
         values = {"etcd_endpoints": ",".join(endpoints), "address": masters,
-                  "advertise": "granary-master-1.granary-master:19998"}
+                  "advertise": "granary-master-1.granary-master:19998",
+                  "etcd_tls_ca": tls["ca"], "etcd_tls_cert": tls["cert"], "etcd_tls_key": tls["key"]}
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
             yaml.safe_dump({"master": values}, f)
             f.flush()
@@ -121,6 +130,70 @@ class ManifestTest(unittest.TestCase):
                 self.assertEqual(r.returncode, 0, key + ": " + r.stdout + r.stderr)
                 self.assertEqual(r.stdout.strip(), value)
         self.assertEqual(find(docs, "PodDisruptionBudget", "granary-master")["spec"]["maxUnavailable"], 1)
+
+    def test_standby_masters_etcd_is_tls_with_client_certificates(self):
+        """overlays/ha: etcd serves clients and peers over https only to holders of a certificate from
+        its CA (the Secret granary-etcd-tls), and a NetworkPolicy lets only the masters reach it."""
+        docs = render("overlays/ha")
+        etcd = find(docs, "StatefulSet", "granary-etcd")
+        spec = etcd["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        flags = {}
+        for a in c["command"][1:]:
+            k, _, v = a.partition("=")
+            flags[k] = v
+        for f in ("--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls",
+                  "--initial-advertise-peer-urls"):
+            self.assertTrue(flags[f].startswith("https://"), f"{f}={flags[f]}")
+        for member in flags["--initial-cluster"].split(","):
+            self.assertTrue(member.split("=", 1)[1].startswith("https://"), member)
+        self.assertIn("--client-cert-auth", flags)
+        self.assertIn("--peer-client-cert-auth", flags)
+        self.assertEqual(flags.get("--client-cert-auth"), "")  # a bare switch: not =false
+        self.assertEqual(flags.get("--peer-client-cert-auth"), "")
+        volume = next(v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "granary-etcd-tls")
+        mount = next(m for m in c["volumeMounts"] if m["name"] == volume["name"])
+        self.assertTrue(mount.get("readOnly"), mount)
+        files = {"--trusted-ca-file": "ca.crt", "--cert-file": "server.crt", "--key-file": "server.key",
+                 "--peer-trusted-ca-file": "ca.crt", "--peer-cert-file": "peer.crt", "--peer-key-file": "peer.key"}
+        for f, name in files.items():
+            self.assertEqual(flags.get(f), os.path.join(mount["mountPath"], name), f)
+        # The probe cannot show a client certificate: it reads the plain-HTTP metrics listener, not 2379.
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        probe_port = c["readinessProbe"]["httpGet"]["port"]
+        probe_port = ports.get(probe_port, probe_port)
+        self.assertNotIn(probe_port, (2379, 2380))
+        self.assertTrue(flags["--listen-metrics-urls"].endswith(f":{probe_port}"), flags["--listen-metrics-urls"])
+
+        def selects(selector, labels):
+            return bool(selector) and all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+        def pod_labels(kind, name):
+            return find(docs, kind, name)["spec"]["template"]["metadata"]["labels"]
+
+        etcd_labels = pod_labels("StatefulSet", "granary-etcd")
+        master_labels = pod_labels("StatefulSet", "granary-master")
+        others = [pod_labels("DaemonSet", "granary-worker"), pod_labels("DaemonSet", "granary-fuse")]
+        policies = [d for d in docs if d["kind"] == "NetworkPolicy" and selects(d["spec"]["podSelector"], etcd_labels)]
+        self.assertEqual(len(policies), 1, "one NetworkPolicy selects the etcd pods")
+        policy = policies[0]
+        # One namespace for the three (a podSelector picks pods of the policy's own namespace only).
+        master_namespace = find(docs, "StatefulSet", "granary-master")["metadata"].get("namespace")
+        self.assertEqual(policy["metadata"].get("namespace"), etcd["metadata"].get("namespace"))
+        self.assertEqual(policy["metadata"].get("namespace"), master_namespace)
+        self.assertIn("Ingress", policy["spec"]["policyTypes"])
+        allowed = {}  # port -> the selectors of the pods let in
+        for rule in policy["spec"]["ingress"]:
+            self.assertTrue(rule.get("from") and rule.get("ports"), f"rule {rule} opens a port to everyone")
+            for peer in rule["from"]:
+                self.assertEqual(set(peer), {"podSelector"}, f"{peer}: only pods of this namespace")
+                for p in rule["ports"]:
+                    allowed.setdefault(p["port"], []).append(peer["podSelector"])
+        self.assertEqual(set(allowed), {2379, 2380})
+        self.assertTrue(all(selects(s, master_labels) for s in allowed[2379]), allowed[2379])
+        self.assertFalse(any(selects(s, etcd_labels) or selects(s, o) for s in allowed[2379] for o in others))
+        self.assertTrue(all(selects(s, etcd_labels) for s in allowed[2380]), allowed[2380])
+        self.assertFalse(any(selects(s, master_labels) or selects(s, o) for s in allowed[2380] for o in others))
 
     def check_probes(self, container, metrics_listen):
         port = int(metrics_listen.rsplit(":", 1)[1])

@@ -29,7 +29,7 @@ std::string ClosedEndpoint() {
                                               "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
                                               "print(s.getsockname()[1])"});
   std::string port = r.out.substr(0, r.out.find('\n'));
-  return "http://127.0.0.1:" + port;
+  return "https://127.0.0.1:" + port;
 }
 
 class EtcdTest : public ::testing::Test {
@@ -43,6 +43,13 @@ class EtcdTest : public ::testing::Test {
       std::string list = r.out.substr(at + 6);
       list = list.substr(0, list.find('\n'));
       endpoints_ = Split(list);
+      // scripts/etcd.sh serves TLS with client certificates, and says where they are.
+      const size_t tls = r.out.rfind("TLS ");
+      if (tls != std::string::npos) {
+        std::string d = r.out.substr(tls + 4);
+        d = d.substr(0, d.find('\n'));
+        tls_ = {d + "/ca.pem", d + "/client.pem", d + "/client-key.pem", false};
+      }
     } else {
       log_ = r.out;
     }
@@ -53,7 +60,7 @@ class EtcdTest : public ::testing::Test {
   }
   void SetUp() override { ASSERT_EQ(endpoints_.size(), 3u) << "etcd did not start:\n" << log_; }
   std::unique_ptr<EtcdClient> Client(std::vector<std::string> endpoints = {}) {
-    auto c = EtcdClient::Create(endpoints.empty() ? endpoints_ : endpoints, seconds(2));
+    auto c = EtcdClient::Create(endpoints.empty() ? endpoints_ : endpoints, seconds(2), tls_);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -61,7 +68,9 @@ class EtcdTest : public ::testing::Test {
   static testing::TempDir* dir_;
   static std::vector<std::string> endpoints_;
   static std::string log_;
+  static EtcdTls tls_;
 };
+EtcdTls EtcdTest::tls_;
 testing::TempDir* EtcdTest::dir_ = nullptr;
 std::vector<std::string> EtcdTest::endpoints_;
 std::string EtcdTest::log_;
@@ -146,18 +155,33 @@ TEST_F(EtcdTest, PutsDeletesAndAPrefixListOverTheGateway) {
 }
 
 TEST_F(EtcdTest, BadEndpointsGetClearErrors) {
-  EXPECT_EQ(EtcdClient::Create({}, seconds(1)).status().code(), Code::kInvalidArgument);
-  auto https = EtcdClient::Create({"https://127.0.0.1:2379"}, seconds(1));
-  EXPECT_EQ(https.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(https.status().message().find("https"), std::string::npos);
-  EXPECT_EQ(EtcdClient::Create({"http://127.0.0.1"}, seconds(1)).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(EtcdClient::Create({"http://127.0.0.1:99999"}, seconds(1)).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create({}, seconds(1), tls_).status().code(), Code::kInvalidArgument);
+  // Plain HTTP only when asked for (issue 51): the refusal says how to set TLS up, or opt out.
+  auto plain = EtcdClient::Create({"http://127.0.0.1:2379"}, seconds(1), tls_);
+  EXPECT_EQ(plain.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(plain.status().message().find("master.etcd_allow_plaintext"), std::string::npos) << plain.status().message();
+  EXPECT_NE(plain.status().message().find("master.etcd_tls_cert"), std::string::npos) << plain.status().message();
+  EXPECT_TRUE(EtcdClient::Create({"http://127.0.0.1:2379"}, seconds(1), EtcdTls{"", "", "", true}).ok());
+  EXPECT_EQ(EtcdClient::Create({"https://127.0.0.1"}, seconds(1), tls_).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create({"https://127.0.0.1:99999"}, seconds(1), tls_).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create(endpoints_, seconds(1), EtcdTls{tls_.ca, tls_.cert, "", false}).status().code(),
+            Code::kInvalidArgument)
+      << "a certificate without its key";
+  auto unreadable = EtcdClient::Create(endpoints_, seconds(1), EtcdTls{tls_.ca + ".missing", tls_.cert, tls_.key, false});
+  EXPECT_EQ(unreadable.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(unreadable.status().message().find("master.etcd_tls_ca"), std::string::npos) << unreadable.status().message();
+  // No client certificate: etcd (--client-cert-auth) answers nothing, and the error says where.
+  auto anonymous = EtcdClient::Create(endpoints_, seconds(2), EtcdTls{tls_.ca, "", "", false});
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status().ToString();
+  auto refused = (*anonymous)->Grant(seconds(5));
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("https://127.0.0.1:"), std::string::npos) << refused.status().message();
   const std::string closed = ClosedEndpoint();
   auto down = Client({closed});
   ASSERT_NE(down, nullptr);
   auto g = down->Grant(seconds(5));
   EXPECT_EQ(g.status().code(), Code::kUnavailable);
-  EXPECT_NE(g.status().message().find(closed.substr(7)), std::string::npos) << g.status().message();
+  EXPECT_NE(g.status().message().find(closed.substr(8)), std::string::npos) << g.status().message();
   // A dead endpoint first in the list: the next one answers.
   std::vector<std::string> list = {closed};
   list.insert(list.end(), endpoints_.begin(), endpoints_.end());

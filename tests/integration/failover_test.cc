@@ -4,7 +4,9 @@
 // a standby takes over with the same namespace (the kernel's inode numbers keep working), the reader
 // sees no error and no wrong byte, the killed master comes back as a standby and catches up. A
 // standby left behind (frozen while the leader wrote) never leads over one that has every
-// acknowledged write.
+// acknowledged write. etcd serves TLS with client certificates (issue 51), and a leader record
+// forged in it gets neither the token nor a follower.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -38,6 +40,10 @@ class FailoverTest : public ::testing::Test {
     ASSERT_TRUE(r.code == 0 && at != std::string::npos) << "etcd did not start:\n" << r.out;
     etcd_ = r.out.substr(at + 6);
     etcd_ = etcd_.substr(0, etcd_.find('\n'));
+    const size_t tls = r.out.rfind("TLS ");
+    ASSERT_NE(tls, std::string::npos) << "scripts/etcd.sh did not say where its certificates are:\n" << r.out;
+    tls_ = r.out.substr(tls + 4);
+    tls_ = tls_.substr(0, tls_.find('\n'));
     for (int i = 0; i < kFiles; ++i) {
       std::string name = "src/d" + std::to_string(i % 4) + "/f" + std::to_string(i);
       files_[name.substr(4)] = RandomBytes(20000 + 997 * i, i);
@@ -62,12 +68,14 @@ class FailoverTest : public ::testing::Test {
   bool StartMaster(int i, const std::string& listen, std::string* why) {
     std::string n = std::to_string(i);
     unlink((dir_ / ("m" + n + ".addr")).c_str());
-    masters_[i] = std::make_unique<Process>(
-        std::vector<std::string>{Bin("granary-master"), "--master.listen", listen, "--master.data_dir",
+    std::vector<std::string> argv{Bin("granary-master"), "--master.listen", listen, "--master.data_dir",
                                  dir_ / ("m" + n), "--master.block_size", "64Ki", "--master.etcd_endpoints", etcd_,
+                                 "--master.etcd_tls_ca", tls_ + "/ca.pem", "--master.etcd_tls_cert",
+                                 tls_ + "/client.pem", "--master.etcd_tls_key", tls_ + "/client-key.pem",
                                  "--master.election_ttl", "2s", "--master.metrics_listen", "off",
-                                 "--ufs.local_roots", dir_.path(), "--ready-file", dir_ / ("m" + n + ".addr")},
-        dir_ / ("m" + n + ".log"));
+                                 "--ufs.local_roots", dir_.path(), "--ready-file", dir_ / ("m" + n + ".addr")};
+    if (!token_file_.empty()) argv.insert(argv.end(), {"--rpc.token_file", token_file_});
+    masters_[i] = std::make_unique<Process>(argv, dir_ / ("m" + n + ".log"));
     addr_[i] = WaitForReadyFile(dir_ / ("m" + n + ".addr"), masters_[i].get());
     if (addr_[i].empty()) *why = "master " + n + " did not start:\n" + masters_[i]->Log();
     return !addr_[i].empty();
@@ -75,7 +83,8 @@ class FailoverTest : public ::testing::Test {
   // `granary report --json`'s master section, asked of the cluster ({} when no master answers).
   nlohmann::json Master() {
     // Answered at once when no master leads (a CLI command otherwise waits out rpc.master_wait).
-    WriteFile(dir_ / "cli.yaml", "rpc:\n  master_wait: 2s\n");
+    WriteFile(dir_ / "cli.yaml",
+              "rpc:\n  master_wait: 2s\n" + (token_file_.empty() ? "" : "  token_file: " + token_file_ + "\n"));
     RunResult r = RunCommand({Bin("granary"), "--config", dir_ / "cli.yaml", "--master", list_, "report", "--json"},
                              {{"GRANARY_HOME", dir_ / "home"}}, seconds(60));
     auto j = nlohmann::json::parse(r.out, nullptr, false);
@@ -171,6 +180,9 @@ class FailoverTest : public ::testing::Test {
     EXPECT_TRUE(ReadFileChecked(cluster_->mountpoint() + new_mount + "/f1", &got));
     EXPECT_EQ(got, files_["d1/f1"]);
   }
+  master::EtcdTls EtcdTls() const {
+    return {tls_ + "/ca.pem", tls_ + "/client.pem", tls_ + "/client-key.pem", false};
+  }
   std::vector<pid_t> EtcdPids() {
     std::vector<pid_t> out;
     for (int i = 0; i < 3; ++i) {
@@ -190,12 +202,136 @@ class FailoverTest : public ::testing::Test {
 
   TempDir dir_;
   std::string etcd_;
+  std::string tls_;         // scripts/etcd.sh's certificates (ca.pem, client.pem, client-key.pem)
+  std::string token_file_;  // the masters' rpc.token_file ("" none)
   std::map<std::string, std::string> files_;
   std::unique_ptr<Process> masters_[3];
   std::string addr_[3];
   std::string list_;
   std::unique_ptr<LocalCluster> cluster_;
 };
+
+// A process posing as the leader: it serves the Master service on loopback, relays every
+// ProveMaster challenge to the real leader (the best a forger without the token can do) and records
+// whether any call brought it the token.
+class ForgedLeader final : public rpc::Master::Service {
+ public:
+  explicit ForgedLeader(const std::string& real) : real_(rpc::Master::NewStub(grpc::CreateChannel(real, grpc::InsecureChannelCredentials()))) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+  }
+  ~ForgedLeader() override { server_->Shutdown(std::chrono::system_clock::now()); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  grpc::Status ProveMaster(grpc::ServerContext* ctx, const rpc::MasterChallenge* req, rpc::MasterProof* resp) override {
+    Note(ctx);
+    ++challenges;
+    grpc::ClientContext relay;
+    relay.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    return real_->ProveMaster(&relay, *req, resp);
+  }
+  grpc::Status Replicate(grpc::ServerContext* ctx,
+                         grpc::ServerReaderWriter<rpc::ReplicaBatch, rpc::ReplicaAck>*) override {
+    Note(ctx);
+    ++replicates;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "forged");
+  }
+  grpc::Status GetRole(grpc::ServerContext* ctx, const rpc::GetRoleRequest*, rpc::MasterRole*) override {
+    Note(ctx);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "forged");
+  }
+  std::atomic<int> challenges{0}, replicates{0}, tokens{0};
+
+ private:
+  void Note(grpc::ServerContext* ctx) {
+    if (ctx->client_metadata().count("authorization") > 0) ++tokens;
+  }
+  std::unique_ptr<rpc::Master::Stub> real_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Issue 51, finding 1: a leader record forged in etcd named a local user's port, and both standbys
+// followed it, sending it the cluster's token. Now a standby asks the named address to prove it
+// holds the token (for that address) first: the forger, even relaying the challenge to the real
+// leader, gets no token, no Replicate, and both standbys say why; once the record is gone a real
+// master leads again.
+TEST_F(FailoverTest, AForgedLeaderRecordGetsNeitherTheTokenNorAFollower) {
+  token_file_ = dir_ / "token";
+  WriteFile(token_file_, "the-clusters-token-0123456789\n");
+  ASSERT_EQ(chmod(token_file_.c_str(), 0600), 0);
+  for (int i = 0; i < 3; ++i) {  // the masters again, now with a token
+    masters_[i].reset();
+    std::string why;
+    ASSERT_TRUE(StartMaster(i, addr_[i], &why)) << why;
+  }
+  const int leader = WaitForLeader(2);
+  ASSERT_GE(leader, 0) << masters_[0]->Log();
+  ForgedLeader forger(addr_[leader]);
+  auto etcd = master::EtcdClient::Create(SplitAddressList(etcd_), seconds(2), EtcdTls());
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  // The attack of the finding (here with the masters' own certificate: what etcd without TLS allowed
+  // anyone): the leader's lease revoked, so it steps down, and the key left naming the forger.
+  auto held = (*etcd)->Get("/granary/master/leader");
+  ASSERT_TRUE(held.ok() && held->has_value()) << held.status().ToString();
+  ASSERT_TRUE((*etcd)->Revoke((*held)->lease).ok());
+  ASSERT_TRUE((*etcd)->Put("/granary/master/leader", forger.address()).ok());
+  std::vector<int> standbys;
+  for (int i = 0; i < 3; ++i) {
+    if (i != leader) standbys.push_back(i);
+  }
+  EXPECT_TRUE(WaitFor([&] {
+    for (int i : standbys) {
+      if (masters_[i]->Log().find("a forged leader record in etcd?") == std::string::npos) return false;
+    }
+    return true;
+  }, seconds(60))) << "the standbys did not refuse the forged leader:\n" << masters_[standbys[0]]->Log();
+  EXPECT_GE(forger.challenges.load(), 2);
+  EXPECT_EQ(forger.tokens.load(), 0) << "a master sent the forged leader the cluster's token";
+  EXPECT_EQ(forger.replicates.load(), 0) << "a standby opened a Replicate stream to the forged leader";
+  // The record gone, a real master leads again with both standbys in sync.
+  ASSERT_TRUE((*etcd)->DeletePrefix("/granary/master/leader").ok());
+  const int next = WaitForLeader(2);
+  ASSERT_GE(next, 0) << masters_[0]->Log() << masters_[1]->Log() << masters_[2]->Log();
+  EXPECT_EQ(forger.tokens.load(), 0);
+
+  // Finding 3: replication trusts no standby's word. With the token (a holder of it, not a
+  // standby): a 1 MiB id is refused, and an acknowledgement of entries never sent ends the stream.
+  auto stub = rpc::Master::NewStub(grpc::CreateChannel(addr_[next], grpc::InsecureChannelCredentials()));
+  auto stream_with = [&](const std::string& id, uint64_t ack) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer the-clusters-token-0123456789");
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));
+    auto s = stub->Replicate(&ctx);
+    rpc::ReplicaAck hello;
+    hello.set_id(id);
+    s->Write(hello);
+    rpc::ReplicaBatch b;
+    if (s->Read(&b)) {
+      rpc::ReplicaAck lie;
+      lie.set_id(id);
+      lie.mutable_applied()->set_term(b.leader_position().term());
+      lie.mutable_applied()->set_index(ack);
+      s->Write(lie);
+      while (s->Read(&b)) {
+      }
+    }
+    return s->Finish();
+  };
+  grpc::Status long_id = stream_with(std::string(1 << 20, 'x'), 0);
+  EXPECT_EQ(long_id.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << long_id.error_message();
+  EXPECT_EQ(masters_[next]->Log().find(std::string(300, 'x')), std::string::npos) << "the long id reached the log";
+  grpc::Status lie = stream_with("127.0.0.1:1", UINT64_MAX);
+  EXPECT_NE(lie.error_code(), grpc::StatusCode::OK);
+  EXPECT_TRUE(WaitFor([&] {
+    return masters_[next]->Log().find("acknowledged entries this leader never sent it") != std::string::npos;
+  }, seconds(30))) << masters_[next]->Log();
+  nlohmann::json m = Master();
+  for (const auto& s : m.value("standbys", nlohmann::json::array())) {
+    EXPECT_FALSE(s.value("id", "") == "127.0.0.1:1" && s.value("in_sync", false)) << m.dump();
+  }
+}
 
 TEST_F(FailoverTest, AStandbyTakesOverWithTheSameNamespaceAndNoReaderNotices) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
@@ -266,7 +402,7 @@ TEST_F(FailoverTest, AStandbyLeftBehindNeverLeadsOverOneWithEveryAcknowledgedWri
   }
   // The candidates' reports do not outlive their election: the leader deletes them once it has
   // led for a report's life (3 s).
-  auto etcd = master::EtcdClient::Create(SplitAddressList(etcd_), seconds(2));
+  auto etcd = master::EtcdClient::Create(SplitAddressList(etcd_), seconds(2), EtcdTls());
   ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
   size_t left = 0;
   EXPECT_TRUE(WaitFor([&] {

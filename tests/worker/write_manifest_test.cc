@@ -20,7 +20,7 @@ namespace {
 
 TEST(WriteManifest, RoundTripAndRefusals) {
   WriteManifest m;
-  m.target = {3, 9, 1, "dir/ckpt.pt", "ckpt.pt", 0640, 1000, 1000, static_cast<uint32_t>(WriteMode::kBack), 4u << 20, {}};
+  m.target = {3, 9, 1, "dir/ckpt.pt", "ckpt.pt", 0640, 1000, 1000, static_cast<uint32_t>(WriteMode::kBack), 4u << 20, {}, {}};
   m.sealed = true;
   m.size = 12345;
   auto back = ParseWriteManifest(EncodeWriteManifest(m));
@@ -53,7 +53,9 @@ TEST(WriteManifest, RoundTripAndRefusals) {
                           "{\"sealed\":tr", ""}) {
     auto r = ParseWriteManifest(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_EQ(r.status().code(), Code::kDataLoss) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), Code::kDataLoss) << bad;
+    }
   }
 }
 
