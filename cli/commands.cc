@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <set>
 #include <google/protobuf/message.h>
 #include <nlohmann/json.hpp>
 
@@ -271,6 +272,26 @@ int CmdReport(MasterConn& m, bool json) {
   for (const auto& mr : r.mounts()) ids.push_back(mr.mount().id());
   auto modes = WriteModes(m, ids);
   if (!modes.ok()) return Fail(modes.status());
+  // Every master this CLI was given that the leader does not count among its standbys, asked
+  // itself (issue 51: a dead master was left out of the report).
+  struct OtherMaster {
+    std::string address, state, detail;
+  };
+  std::vector<OtherMaster> others;
+  if (r.has_master() && r.master().ha()) {
+    std::set<std::string> known{r.master().id()};
+    for (const auto& sb : r.master().standbys()) known.insert(sb.id());
+    for (const std::string& a : m.addresses()) {
+      if (known.count(a) > 0) continue;
+      auto role = m.RoleOf(a, std::chrono::seconds(2));
+      if (!role.ok()) {
+        others.push_back({a, "unreachable", role.status().message()});
+      } else if (known.count(role->id()) == 0) {
+        others.push_back({a, role->leader() ? "leads too?" : "standby, not following the leader",
+                          role->leader_id().empty() ? "it knows no leader" : "it names " + role->leader_id()});
+      }
+    }
+  }
   std::vector<std::string> writable;  // "PATH (MODE)" of each writable mount
   for (const auto& mr : r.mounts()) {
     auto it = modes->find(mr.mount().id());
@@ -358,6 +379,8 @@ int CmdReport(MasterConn& m, bool json) {
       mj["standbys"].push_back(
           {{"id", sb.id()}, {"in_sync", sb.in_sync()}, {"acked_index", sb.acked_index()}, {"lag", sb.lag()}});
     }
+    mj["others"] = nlohmann::json::array();
+    for (const auto& o : others) mj["others"].push_back({{"address", o.address}, {"state", o.state}, {"detail", o.detail}});
     j["master"] = std::move(mj);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -394,6 +417,9 @@ int CmdReport(MasterConn& m, bool json) {
       for (const auto& sb : role.standbys()) {
         std::printf("  standby %-24s %-12s %llu entries behind\n", sb.id().c_str(), sb.in_sync() ? "in sync" : "catching up",
                     static_cast<unsigned long long>(sb.lag()));
+      }
+      for (const auto& o : others) {
+        std::printf("  master  %-24s %s (%s)\n", o.address.c_str(), o.state.c_str(), o.detail.c_str());
       }
     } else {
       std::printf("Master: %s (single master, no standbys)\n", role.id().c_str());

@@ -43,6 +43,18 @@ class MasterConn {
     }
     return FromGrpc(s, "the master");
   }
+  // The master addresses this CLI was given (--master, master.address).
+  std::vector<std::string> addresses() const { return SplitAddressList(cfg_.master.address); }
+  // One master's own word on its role, asked of it alone (no following, no waiting out an election).
+  StatusOr<rpc::MasterRole> RoleOf(const std::string& address, std::chrono::milliseconds timeout) const {
+    auto stub = rpc::Master::NewStub(sec_->MakeChannel(address));
+    grpc::ClientContext ctx;
+    sec_->Prepare(&ctx, timeout);
+    rpc::MasterRole r;
+    grpc::Status s = stub->GetRole(&ctx, rpc::GetRoleRequest(), &r);
+    if (!s.ok()) return FromGrpc(s, "the master at " + address);
+    return r;
+  }
 
  private:
   Config cfg_;

@@ -59,6 +59,49 @@ std::string LeaderElection::leader() const {
   return leader_;
 }
 
+std::string LeaderElection::etcd_error() const {
+  MutexLock lock(&mu_);
+  return etcd_error_;
+}
+
+LeaderElection::Clock::duration LeaderElection::etcd_failing_for() const {
+  MutexLock lock(&mu_);
+  return etcd_error_.empty() ? Clock::duration::zero() : now_() - etcd_failing_since_;
+}
+
+void LeaderElection::EtcdFailed(const std::string& what, const Status& st) {
+  const Clock::time_point now = now_();
+  const std::string words = what + ": " + st.message();
+  {
+    MutexLock lock(&mu_);
+    if (etcd_error_.empty()) etcd_failing_since_ = now;
+    etcd_error_ = words;
+  }
+  // The same step failing the same way is said again only every 30 s (curl's words carry timings).
+  const std::string key = what + "/" + std::to_string(static_cast<int>(st.code()));
+  if (key != etcd_warned_what_ || now - etcd_warned_ >= std::chrono::seconds(30)) {
+    etcd_warned_ = now;
+    etcd_warned_what_ = key;
+    spdlog::warn("leader election: {}", words);
+  } else {
+    spdlog::debug("leader election: {}", words);
+  }
+}
+
+void LeaderElection::EtcdAnswered() {
+  Clock::duration failed;
+  {
+    MutexLock lock(&mu_);
+    if (etcd_error_.empty()) return;
+    failed = now_() - etcd_failing_since_;
+    etcd_error_.clear();
+  }
+  etcd_warned_ = {};
+  etcd_warned_what_.clear();
+  spdlog::info("leader election: etcd answers again (after {:.1f} s without)",
+               std::chrono::duration<double>(failed).count());
+}
+
 LeaderElection::Clock::time_point LeaderElection::since() const {
   MutexLock lock(&mu_);
   return since_;
@@ -91,9 +134,10 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   const Clock::duration poll = Poll();
   StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
   if (!held.ok()) {
-    spdlog::warn("leader election: cannot read {} from etcd: {}", opts_.key, held.status().ToString());
+    EtcdFailed("cannot read " + opts_.key + " from etcd", held.status());
     return now + kRetry;
   }
+  EtcdAnswered();
   if (held->has_value()) {  // someone leads (or a lease not yet expired still holds the key)
     watching_ = false;  // the next free key is another election
     election_since_ = {};
@@ -121,14 +165,14 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
   const Clock::time_point sent = now_();
   StatusOr<int64_t> lease = coord_->Grant(opts_.ttl);
   if (!lease.ok()) {
-    spdlog::warn("leader election: cannot get a lease from etcd: {}", lease.status().ToString());
+    EtcdFailed("cannot get a lease from etcd", lease.status());
     return now + kRetry;
   }
   StatusOr<EtcdKv> kv = coord_->CreateIfAbsent(opts_.key, opts_.id, *lease);
   if (!kv.ok() || kv->lease != *lease) {
     coord_->Revoke(*lease).IgnoreError();  // unused; it would expire by itself anyway
     if (!kv.ok()) {
-      spdlog::warn("leader election: campaign for {} failed: {}", opts_.key, kv.status().ToString());
+      EtcdFailed("campaign for " + opts_.key + " failed", kv.status());
       return now + kRetry;
     }
     MutexLock lock(&mu_);
@@ -221,13 +265,13 @@ bool LeaderElection::StandsFirst(Clock::time_point now) {
   const std::string prefix = opts_.key + "/candidates/";
   Status put = coord_->Put(prefix + opts_.id, mine.ToString());
   if (!put.ok()) {
-    spdlog::warn("leader election: cannot report this master's journal position to etcd: {}", put.ToString());
+    EtcdFailed("cannot report this master's journal position to etcd", put);
     return false;
   }
   watching_ = true;
   StatusOr<std::vector<EtcdKv>> all = coord_->List(prefix);
   if (!all.ok()) {
-    spdlog::warn("leader election: cannot read the candidates' journal positions from etcd: {}", all.status().ToString());
+    EtcdFailed("cannot read the candidates' journal positions from etcd", all.status());
     return false;
   }
   Standing best;
@@ -263,6 +307,7 @@ LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point 
   }
   const Clock::time_point sent = now;
   StatusOr<int64_t> ttl = coord_->KeepAlive(lease_);
+  if (ttl.ok() || ttl.status().code() == Code::kNotFound) EtcdAnswered();
   if (ttl.ok()) {
     {
       MutexLock lock(&mu_);
@@ -284,7 +329,7 @@ LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point 
     StepDown(now_(), "its lease expired in etcd");
     return now_();
   }
-  spdlog::warn("leader election: cannot keep the lease alive: {}", ttl.status().ToString());
+  EtcdFailed("cannot keep the lease alive", ttl.status());
   return std::min(now_() + kRetry, valid_until);
 }
 

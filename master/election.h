@@ -115,6 +115,10 @@ class LeaderElection {
   std::string leader() const;
   // When this master last became leader or a standby (for `granary report`).
   Clock::time_point since() const;
+  // While etcd does not answer this master: the last error (in full, endpoint and cause) and since
+  // when it has failed; "" once a call succeeds again.
+  std::string etcd_error() const;
+  Clock::duration etcd_failing_for() const;
 
  private:
   // How often a standby reads the key; how long an unmoved report stays live (election.cc).
@@ -130,6 +134,11 @@ class LeaderElection {
   // Notes the reports `all` (reports_) and returns the live candidate furthest ahead of this master,
   // with its standing in *best ("" and this master's own when none is ahead).
   std::string AheadOf(const std::vector<EtcdKv>& all, Clock::time_point now, Standing* best) REQUIRES(step_mu_);
+  // A failed call to etcd: noted (etcd_error) and logged as a warning when its words change, or
+  // every 30 s while they do not (debug meanwhile: a dead etcd is asked four times a second).
+  void EtcdFailed(const std::string& what, const Status& st) REQUIRES(step_mu_);
+  // A call to etcd answered: a failure noted before is over (said once).
+  void EtcdAnswered() REQUIRES(step_mu_);
   // Tells on_change_ of a change (with step_mu_ held, outside mu_: see OnChange).
   void Notify(bool leading, int64_t term) REQUIRES(step_mu_);
 
@@ -166,6 +175,10 @@ class LeaderElection {
   Clock::time_point valid_until_ GUARDED_BY(mu_){};  // fence: leadership is void from here
   std::string leader_ GUARDED_BY(mu_);
   Clock::time_point since_ GUARDED_BY(mu_){};
+  std::string etcd_error_ GUARDED_BY(mu_);
+  Clock::time_point etcd_failing_since_ GUARDED_BY(mu_){};
+  Clock::time_point etcd_warned_ GUARDED_BY(step_mu_){};
+  std::string etcd_warned_what_ GUARDED_BY(step_mu_);  // what failed when last warned (not curl's timings)
 
   Mutex thread_mu_;
   std::condition_variable wake_;

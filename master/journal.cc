@@ -160,6 +160,13 @@ void Journal::KeepLocked(JournalEntry e) {
   }
 }
 
+namespace {
+// The entry the calling thread committed last and has not waited for (one journal per thread at a
+// time: a master's; 0: none owed).
+thread_local const Journal* t_owed_journal = nullptr;
+thread_local uint64_t t_owed_index = 0;
+}  // namespace
+
 Status Journal::Commit(rocksdb::WriteBatch* batch, bool sync) {
   LogPosition pos;
   bool wait = false;
@@ -176,7 +183,18 @@ Status Journal::Commit(rocksdb::WriteBatch* batch, bool sync) {
     changed_.notify_all();
     for (const auto& [id, f] : followers_) wait |= f.in_sync;
   }
-  if (!wait) return Status::OK();
+  if (wait) {
+    t_owed_index = std::max(t_owed_journal == this ? t_owed_index : 0, pos.index);
+    t_owed_journal = this;
+  }
+  return Status::OK();
+}
+
+Status Journal::WaitReplicated() {
+  if (t_owed_journal != this || t_owed_index == 0) return Status::OK();
+  const uint64_t index = t_owed_index;
+  t_owed_journal = nullptr;
+  t_owed_index = 0;
   // Semi-synchronous: one follower in sync has it, or none is in sync any more.
   MutexLock lock(&mu_);
   auto deadline = std::chrono::steady_clock::now() + sync_timeout_;
@@ -184,17 +202,17 @@ Status Journal::Commit(rocksdb::WriteBatch* batch, bool sync) {
     bool any_in_sync = false;
     for (const auto& [id, f] : followers_) {
       if (!f.in_sync) continue;
-      if (f.acked >= pos.index) return Status::OK();
+      if (f.acked >= index) return Status::OK();
       any_in_sync = true;
     }
     if (!any_in_sync) return Status::OK();
     if (!lock.WaitUntil(&changed_, deadline)) {
       for (auto& [id, f] : followers_) {
-        if (!f.in_sync || f.acked >= pos.index) continue;
+        if (!f.in_sync || f.acked >= index) continue;
         f.in_sync = false;
         spdlog::warn("standby master {} did not acknowledge entry {} within {} ms: writes no longer wait for it "
                      "until it catches up",
-                     id, pos.index, sync_timeout_.count());
+                     id, index, sync_timeout_.count());
       }
       if (fence_) return fence_();  // a leader that lost its lease meanwhile cannot vouch for the write
       return Status::OK();

@@ -22,9 +22,14 @@
 // further behind, or a master that restarted, copies a snapshot. A standby keeps the entries it
 // applies too, so once it leads, the other standbys follow it without a snapshot.
 //
-// Semi-synchronous commits. While at least one follower is in sync, Commit returns only once one of
-// them has acknowledged the entry (Acked), or after `sync_timeout`, when the followers that did not
-// acknowledge drop out of sync (and join again when they catch up). So a write acknowledged to a
+// Semi-synchronous commits. While at least one follower is in sync, a write is acknowledged to its
+// client only once one of them has acknowledged the entry (Acked), or after `sync_timeout`, when
+// the followers that did not acknowledge drop out of sync (and join again when they catch up).
+// Group commit: Commit only appends (under the caller's locks, the namespace's among them) and
+// notes the entry as owed by the calling thread; WaitReplicated, called once those locks are
+// released (MasterService, before every answer), waits for the follower. So calls that do not
+// depend on a write never queue behind its acknowledgement, and writers waiting at once are
+// acknowledged together. So a write acknowledged to a
 // client is on a standby's disk unless every standby was behind or gone; the candidates compare
 // their positions before one campaigns (master/election.h, "Which master"), so the copy furthest
 // along wins the election. The bound is in docs/semantics.md.
@@ -108,9 +113,15 @@ class Journal {
   // False while a snapshot is being installed, or one was left halfway (see kJournalInstallingKey).
   bool Whole() const;
 
-  // Writes `batch` as the next entry; waits for a follower in sync (see the design note).
-  // `sync`: fsync the write-ahead log.
+  // Writes `batch` as the next entry, in this master's database when it returns; `sync`: fsync the
+  // write-ahead log. It does not wait for a follower: the calling thread owes a WaitReplicated()
+  // before it acknowledges the write to anyone (see the design note).
   Status Commit(rocksdb::WriteBatch* batch, bool sync = false);
+  // Waits until a follower in sync has acknowledged the last entry this thread committed, or none
+  // is in sync, or sync_timeout passes (the followers that did not acknowledge then drop out of
+  // sync). OK at once when this thread owes nothing. Non-OK when the fence fails meanwhile: this
+  // master lost its lease and cannot vouch for the write. Call it holding no lock of the caller's.
+  Status WaitReplicated();
   // A standby: applies the leader's entry, which must be the one after position(). Returns which
   // key prefixes it touched (first bytes of its keys) in *prefixes when not null.
   Status Apply(const JournalEntry& e, std::string* prefixes = nullptr);

@@ -6,6 +6,7 @@
 #include <openssl/rand.h>
 
 #include <cctype>
+#include <cstdlib>
 
 #include <atomic>
 #include <optional>
@@ -213,6 +214,11 @@ Follower::Follower(Namespace* ns, std::shared_ptr<RpcSecurity> sec, std::string 
 
 Follower::~Follower() { Stop(); }
 
+uint64_t Follower::term() const {
+  MutexLock lock(&mu_);
+  return max_term_;
+}
+
 void Follower::Start() {
   MutexLock lock(&mu_);
   stop_ = false;
@@ -348,6 +354,13 @@ Status Follower::FollowOnce(const std::string& leader) {
       }
       if (!st.ok()) break;
       if (b.snapshot_begin() || b.keys_size() > 0) continue;  // acknowledged once whole
+      // Fault injection for benches only (bench/cluster_sim.sh --ack-delay-ms): a standby slow to
+      // acknowledge, as one on a loaded or distant node is.
+      static const long ack_delay_ms = [] {
+        const char* d = std::getenv("GRANARY_FAULT_STANDBY_ACK_DELAY_MS");
+        return d != nullptr ? std::strtol(d, nullptr, 10) : 0L;
+      }();
+      if (ack_delay_ms > 0 && !b.entries().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(ack_delay_ms));
       *ack.mutable_applied() = ToProto(journal.position());
       if (!stream->Write(ack)) break;
     }

@@ -71,6 +71,8 @@ class Follower {
 
   // Entries behind the leader's position as last heard; 0 when in step or unknown.
   uint64_t lag() const;
+  // The largest leader's term this follower has had a batch from (0: none yet).
+  uint64_t term() const;
   // True while a whole copy is here and the leader was heard from recently.
   bool ServingReads() const;
   // True once a leader's batch reached this follower since it started.

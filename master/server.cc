@@ -92,7 +92,31 @@ class MasterService final : public MetadataCallbacks {
                 std::function<void(const rpc::MountInfo&)> unmounted)
       : ns_(ns), roles_(roles), sec_(std::move(sec)), unmounted_(std::move(unmounted)) {}
 
+// Every call, before its answer leaves: the entries it committed are on a standby in sync
+// (Journal::WaitReplicated, master/journal.h "Group commit"), waited for here, after the namespace
+// lock is released. A leader that lost its lease meanwhile cannot vouch for them: the call is
+// cancelled (the client sees CANCELLED) rather than acknowledged.
+class ReplicatedBeforeAnswer {
+ public:
+  ReplicatedBeforeAnswer(Journal* journal, grpc::ServerContext* ctx) : journal_(journal), ctx_(ctx) {}
+  ~ReplicatedBeforeAnswer() {
+    Status st = journal_->WaitReplicated();
+    if (!st.ok()) {
+      spdlog::warn("a call's write may not be on any standby ({}): the call is cancelled, not acknowledged",
+                   st.message());
+      ctx_->TryCancel();
+    }
+  }
+  ReplicatedBeforeAnswer(const ReplicatedBeforeAnswer&) = delete;
+  ReplicatedBeforeAnswer& operator=(const ReplicatedBeforeAnswer&) = delete;
+
+ private:
+  Journal* const journal_;
+  grpc::ServerContext* const ctx_;
+};
+
 #define GRANARY_AUTH()                                   \
+  ReplicatedBeforeAnswer _replicated(&ns_->journal(), ctx); \
   do {                                                   \
     grpc::Status _auth = sec_->CheckToken(ctx);          \
     if (!_auth.ok()) return _auth;                       \
@@ -492,8 +516,17 @@ class MasterServerImpl final : public MasterServer, public Roles {
     spdlog::info("granary-master listening on {} (data in {})", address_, cfg.master.data_dir);
     WarnIfServingWithoutToken(cfg.master.listen, cfg.rpc);
     metrics_ = metrics::StartOrWarn("master.metrics_listen", cfg.master.metrics_listen,
-                                    [this](metrics::Exposition* e) { Render(e); }, [] { return Status::OK(); });
+                                    [this](metrics::Exposition* e) { Render(e); }, [this] { return Ready(); });
     return Status::OK();
+  }
+
+  // /readyz: a single master is ready once serving; with standbys, while this master leads or
+  // knows the leader (issue 51: a master with no leader known said "ready").
+  Status Ready() {
+    if (!ha_ || IsLeader()) return Status::OK();
+    const std::string leader = election_->leader();
+    if (!leader.empty() && leader != advertise_) return Status::OK();
+    return UnavailableError(NoLeaderWhy());
   }
 
   std::string address() const override { return address_; }
@@ -512,14 +545,25 @@ class MasterServerImpl final : public MasterServer, public Roles {
     if (follower_->ServingReads()) return true;
     // No master leads (etcd out of reach, or an election under way): every master answers reads
     // from its copy, which is as fresh as any — nothing can be written without a leader.
-    return follower_->Whole() && election_->leader().empty();
+    // So is etcd out of reach for longer than a lease: no leader can still be writing (its fence
+    // ends its leadership within the ttl), though the key last read may still name one.
+    return follower_->Whole() && (election_->leader().empty() || election_->etcd_failing_for() > ttl_);
+  }
+  // Why no master leads, as far as this one can tell: etcd out of reach (named, with its error),
+  // or an election under way.
+  std::string NoLeaderWhy() const {
+    const std::string etcd = election_ ? election_->etcd_error() : "";
+    if (!etcd.empty()) {
+      return "no granary-master leads right now: this master cannot reach etcd (" +
+             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(election_->etcd_failing_for()).count()) +
+             " s; " + etcd + "), and no master can be elected without it; check master.etcd_endpoints and etcd";
+    }
+    return "no granary-master leads right now (an election is under way); try again in a few seconds";
   }
   grpc::Status NotLeader() override {
     std::string leader = election_ ? election_->leader() : "";
     if (leader.empty() || leader == advertise_) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "no granary-master leads right now (an election is under way); try again in a few seconds",
-                          kLeaderHint);
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, NoLeaderWhy(), kLeaderHint);
     }
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "granary-master " + advertise_ + " is a standby; the leader is " + leader,
@@ -535,7 +579,8 @@ class MasterServerImpl final : public MasterServer, public Roles {
     {
       MutexLock lock(&role_mu_);
       r.set_since_unix_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(since_.time_since_epoch()).count());
-      r.set_term(L ? L->term : leader_term_);
+      // A standby: the term of the leader it follows (issue 51: standbys exported 0).
+      r.set_term(L ? L->term : (follower_ && follower_->term() > 0 ? follower_->term() : leader_term_));
     }
     LogPosition pos = ns_->journal().position();
     r.mutable_position()->set_term(pos.term);

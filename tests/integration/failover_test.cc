@@ -345,6 +345,13 @@ TEST_F(FailoverTest, AStandbyTakesOverWithTheSameNamespaceAndNoReaderNotices) {
     ASSERT_NE(next, leader_);
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
     std::printf("failover %d: %s -> %s in %.1f s\n", round, addr_[leader_].c_str(), addr_[next].c_str(), took);
+    // Issue 51, finding 4: the report lists every master it was given, the dead one too.
+    RunResult report = RunCommand({Bin("granary"), "--config", dir_ / "cli.yaml", "--master", list_, "report"},
+                                  {{"GRANARY_HOME", dir_ / "home"}}, seconds(60));
+    const size_t line = report.out.find("master  " + addr_[leader_]);
+    ASSERT_NE(line, std::string::npos) << report.out;
+    EXPECT_NE(report.out.substr(line, report.out.find('\n', line) - line).find("unreachable"), std::string::npos)
+        << report.out;
     // The killed master comes back on its address and data as a standby, and catches up.
     std::string why;
     ASSERT_TRUE(StartMaster(leader_, addr_[leader_], &why)) << why;
@@ -423,6 +430,12 @@ TEST_F(FailoverTest, WithEtcdGoneForThirtySecondsReadsGoOnAndTheClusterRecoversB
   auto frozen_at = std::chrono::steady_clock::now();
   for (pid_t p : etcd) kill(p, SIGSTOP);
   ASSERT_TRUE(WaitFor([&] { return Master().empty(); }, seconds(30))) << "the leader went on leading without etcd";
+  // Issue 51, finding 4: what waits is named: a write is refused with etcd and its error named.
+  RunResult refused = RunCommand({Bin("granary"), "--config", dir_ / "cli.yaml", "--master", list_, "mount", "/during",
+                                  "file://" + dir_ / "src/d1"},
+                                 {{"GRANARY_HOME", dir_ / "home"}}, seconds(60));
+  EXPECT_NE(refused.code, 0) << refused.out;
+  EXPECT_NE(refused.out.find("cannot reach etcd"), std::string::npos) << refused.out;
   uint64_t errors_before = errors_;
   ASSERT_TRUE(ReaderGoesOn()) << "reads stopped with etcd";
   std::this_thread::sleep_until(frozen_at + seconds(30));  // the outage's length, not a wait for a condition

@@ -211,16 +211,24 @@ TEST_F(JournalTest, CommitsWaitForAFollowerInSync) {
   std::atomic<bool> done{false};
   std::thread writer([&] {
     EXPECT_TRUE(a_->PutPin("/p", {}).ok());
+    EXPECT_TRUE(j.WaitReplicated().ok());
     done = true;
   });
   ASSERT_TRUE(j.WaitBeyond(start, std::chrono::seconds(30))) << "the entry is written before the wait";
-  EXPECT_FALSE(done) << "the commit waits for the follower's acknowledgement";
-  j.Acked("b", start + 1);
+  // Group commit (issue 51, finding 5): the wait holds no namespace lock, so another call goes on
+  // meanwhile (it waited behind the first's acknowledgement for up to the sync timeout before).
+  // (Had it queued, it would have returned only when the first's wait timed out: `done` below.)
+  EXPECT_TRUE(a_->PutPin("/other", {}).ok());
+  EXPECT_TRUE(a_->Resolve("/").ok());
+  EXPECT_FALSE(done) << "the write's acknowledgement waits for the follower's, and nothing else did";
+  j.Acked("b", start + 2);
   writer.join();
   EXPECT_TRUE(done);
+  EXPECT_TRUE(j.WaitReplicated().ok()) << "this thread's entry, acknowledged already";
   // A follower that does not answer within the sync timeout drops out of sync, and the write returns.
   j.Configure(64 << 20, std::chrono::milliseconds(200));
   ASSERT_TRUE(a_->PutPin("/q", {}).ok());
+  EXPECT_TRUE(j.WaitReplicated().ok());
   ASSERT_EQ(j.Followers().size(), 1u);
   EXPECT_FALSE(j.Followers()[0].in_sync);
   EXPECT_TRUE(a_->PutPin("/r", {}).ok()) << "no follower in sync: no wait";
