@@ -313,6 +313,16 @@ LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point 
       MutexLock lock(&mu_);
       valid_until_ = sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) - opts_.margin;
     }
+    // The key must still be this lease's: one overwritten or deleted under a live lease (by hand, or
+    // by whoever can write to etcd) names another leader to the standbys, and two masters must never
+    // both count themselves leader. (A failed read changes nothing: the fence covers etcd's loss.)
+    StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
+    if (held.ok() && (!held->has_value() || (*held)->lease != lease_ || (*held)->value != opts_.id)) {
+      const std::string other = held->has_value() ? (*held)->value : std::string("nobody");
+      StepDown(now_(), "the leader key in etcd no longer holds this master's lease (it names " +
+                           other.substr(0, 256) + ")");
+      return now_() + kRetry;
+    }
     if (tidy_at_ != Clock::time_point{} && now >= tidy_at_) {
       // The election's reports have done their work (every candidate has seen the key held); one
       // call, just after a keep-alive, so the fence has all its time left. A failure: next round.

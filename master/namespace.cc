@@ -1021,13 +1021,14 @@ StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino, bool* ufs_needed) {
   return AttrOf(r);
 }
 
-StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path) {
+StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path, bool* ufs_needed) {
   ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitPath(path));
   uint64_t ino = kRootIno;
   std::string walked;
   for (const auto& p : parts) {
     walked += "/" + p;
-    auto a = Lookup(ino, p);
+    auto a = Lookup(ino, p, ufs_needed);
+    if (ufs_needed != nullptr && *ufs_needed) return a.status();
     if (!a.ok()) {
       if (a.status().IsNotFound()) return NotFoundError(walked + " does not exist");
       if (a.status().code() == Code::kInvalidArgument) return NotFoundError(walked + " is not a directory");
@@ -1035,7 +1036,7 @@ StatusOr<rpc::Attr> Namespace::Resolve(const std::string& path) {
     }
     ino = a->ino();
   }
-  return GetAttr(ino);
+  return GetAttr(ino, ufs_needed);
 }
 
 StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino, bool* ufs_needed) {

@@ -128,7 +128,9 @@ class Namespace {
   // inline and hand such calls to a pool).
   StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, bool* ufs_needed = nullptr);
   StatusOr<rpc::Attr> GetAttr(uint64_t ino, bool* ufs_needed = nullptr);
-  StatusOr<rpc::Attr> Resolve(const std::string& path);
+  // `ufs_needed` as for Lookup: set (and the call made nothing) when a directory on the way must
+  // be listed or synced first — a standby answers only what needs no under-storage.
+  StatusOr<rpc::Attr> Resolve(const std::string& path, bool* ufs_needed = nullptr);
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino, bool* ufs_needed = nullptr);
   // Children of `ino` after cookie `after`, at most `limit` of them (appended to `out`).
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool* ufs_needed = nullptr);

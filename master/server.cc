@@ -207,9 +207,17 @@ class ReplicatedBeforeAnswer {
                                     rpc::AttrResponse* resp) override {
     return Serve(ctx, [this, req, resp](bool* ufs, Leading*) { return Reply(ns_->GetAttr(req->ino(), ufs), resp); });
   }
+  // A standby answers what its copy holds (issue 51: `granary ls` and `stat` failed during an etcd
+  // outage, this call being the leader's only); a path that needs a listing goes to the leader.
   grpc::Status ResolvePath(ServerContext* ctx, const rpc::ResolvePathRequest* req, rpc::AttrResponse* resp) override {
-    GRANARY_LEADER(L);
-    return Reply(ns_->Resolve(req->path()), resp);
+    GRANARY_AUTH();
+    if (roles_->leading()) return Reply(ns_->Resolve(req->path()), resp);
+    if (!roles_->ServesReads()) return roles_->NotLeader();
+    const uint64_t copy = roles_->CopyGeneration();
+    bool ufs_needed = false;
+    auto a = ns_->Resolve(req->path(), &ufs_needed);
+    if (ufs_needed || roles_->CopyGeneration() != copy || !roles_->ServesReads()) return roles_->NotLeader();
+    return Reply(a, resp);
   }
   grpc::ServerUnaryReactor* GetFile(grpc::CallbackServerContext* ctx, const rpc::GetFileRequest* req,
                                     rpc::FileInfo* resp) override {
@@ -565,9 +573,12 @@ class MasterServerImpl final : public MasterServer, public Roles {
     if (leader.empty() || leader == advertise_) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, NoLeaderWhy(), kLeaderHint);
     }
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "granary-master " + advertise_ + " is a standby; the leader is " + leader,
-                        std::string(kLeaderHint) + leader);
+    std::string msg = "granary-master " + advertise_ + " is a standby; the leader is " + leader;
+    const std::string etcd = election_ ? election_->etcd_error() : "";
+    if (!etcd.empty()) {  // what it last read, which may be stale: say so, and why
+      msg += " as etcd last said; this master cannot reach etcd (" + etcd + ")";
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, msg, std::string(kLeaderHint) + leader);
   }
   rpc::MasterRole Role() override {
     rpc::MasterRole r;

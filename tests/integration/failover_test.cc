@@ -436,6 +436,13 @@ TEST_F(FailoverTest, WithEtcdGoneForThirtySecondsReadsGoOnAndTheClusterRecoversB
                                  {{"GRANARY_HOME", dir_ / "home"}}, seconds(60));
   EXPECT_NE(refused.code, 0) << refused.out;
   EXPECT_NE(refused.out.find("cannot reach etcd"), std::string::npos) << refused.out;
+  // ... and what is already listed is answered, as docs/semantics.md says (it failed after 5-30 s).
+  for (int i = 0; i < 3; ++i) {
+    RunResult ls = RunCommand({Bin("granary"), "--config", dir_ / "cli.yaml", "--master", list_, "ls", "/data"},
+                              {{"GRANARY_HOME", dir_ / "home"}}, seconds(60));
+    EXPECT_EQ(ls.code, 0) << "granary ls during the etcd outage: " << ls.out;
+    EXPECT_NE(ls.out.find("d1"), std::string::npos) << ls.out;
+  }
   uint64_t errors_before = errors_;
   ASSERT_TRUE(ReaderGoesOn()) << "reads stopped with etcd";
   std::this_thread::sleep_until(frozen_at + seconds(30));  // the outage's length, not a wait for a condition

@@ -461,6 +461,26 @@ TEST_F(ElectionTest, RandomFailoversElectTheSurvivorFurthestAlong) {
 // The reports are the election's alone: once the new leader has led for a report's life, none is
 // left in etcd (a master whose address changed would leave one forever), and the next election
 // still elects the copy furthest along from fresh reports.
+// Issue 51: a leader key overwritten under the leader's live lease (whoever can write to etcd) made
+// the standbys follow the address it named while the leader went on leading. The leader now checks
+// its key at each keep-alive and steps down when it no longer holds its lease; once the foreign key
+// is gone, a master leads again.
+TEST_F(ElectionTest, ALeaderWhoseKeyIsOverwrittenStepsDown) {
+  Master* a = Add("a:1");
+  Add("b:1");
+  RunUntil(etcd_.now + seconds(3));
+  ASSERT_EQ(Leader(), a);
+  FakeCoordinator attacker(&etcd_);
+  ASSERT_TRUE(attacker.Put("/granary/leader", "evil:1").ok());
+  RunUntil(etcd_.now + seconds(5));
+  EXPECT_EQ(Leader(), nullptr) << "the leader kept leading under a key that names another";
+  ASSERT_GE(a->changes.size(), 2u);
+  EXPECT_FALSE(a->changes.back().first);
+  ASSERT_TRUE(attacker.DeletePrefix("/granary/leader").ok());
+  RunUntil(etcd_.now + seconds(20));
+  EXPECT_NE(Leader(), nullptr) << "no master leads once the foreign key is gone";
+}
+
 TEST_F(ElectionTest, TheLeaderDeletesTheElectionsReports) {
   auto reports = [&] {
     int n = 0;
