@@ -67,9 +67,7 @@ StatusOr<std::optional<MountEndpoints>> FindMount(const Config& cfg, const std::
   ASSIGN_OR_RETURN(std::string run_dir, RuntimeDir());
   std::string dir = real;
   for (;;) {
-    auto file = MountEndpointsFile(dir);
-    if (!file.ok()) return file.status();
-    auto text = ReadFileToString(*file);
+    auto text = ReadFileToString(run_dir + "/" + MountRunFileName(dir, ".json"));
     if (text.ok()) {
       json j = json::parse(*text, nullptr, false);
       if (j.is_object() && ProcessAlive(j.value("pid", 0))) {

@@ -109,12 +109,16 @@ StatusOr<std::string> RuntimeDir() {
   return tmp;
 }
 
-StatusOr<std::string> MountRunFile(const std::string& mountpoint, const std::string& suffix) {
+std::string MountRunFileName(const std::string& mountpoint, const std::string& suffix) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(Checksum64(mountpoint.data(), mountpoint.size())));
+  return std::string("fuse-") + hex + suffix;
+}
+
+StatusOr<std::string> MountRunFile(const std::string& mountpoint, const std::string& suffix) {
   ASSIGN_OR_RETURN(std::string dir, RuntimeDir());
-  return dir + "/fuse-" + hex + suffix;
+  return dir + "/" + MountRunFileName(mountpoint, suffix);
 }
 
 StatusOr<std::string> MountEndpointsFile(const std::string& mountpoint) { return MountRunFile(mountpoint, ".json"); }

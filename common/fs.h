@@ -24,7 +24,9 @@ std::string ParentDir(const std::string& path);
 // anyone may write) is skipped when it is /run's or $XDG_RUNTIME_DIR's and refused otherwise:
 // PERMISSION_DENIED naming it and its owner, since whatever it holds could be theirs.
 StatusOr<std::string> RuntimeDir();
-// RuntimeDir()/fuse-<16 hex digits of the path's hash><suffix>: a file about the mount at `mountpoint`.
+// fuse-<16 hex digits of the path's hash><suffix>: the name of a file about the mount at `mountpoint`.
+std::string MountRunFileName(const std::string& mountpoint, const std::string& suffix);
+// RuntimeDir()/MountRunFileName(mountpoint, suffix).
 StatusOr<std::string> MountRunFile(const std::string& mountpoint, const std::string& suffix);
 // The file in which the granary-fuse serving `mountpoint` (an absolute, canonical path) names its
 // endpoints (JSON: mountpoint, root, pid, metrics, worker, master), for `granary stats`, `trace`,

@@ -189,11 +189,15 @@ class ReplicatedBeforeAnswer {
       reactor->Finish(roles_->NotLeader());
       return reactor;
     }
-    slow_.Post([reactor, ctx, fn, leading]() mutable {
+    slow_.Post([this, reactor, ctx, fn, leading]() mutable {
       // A call cancelled while it waited (its caller gone, or the server shutting down past its
       // deadline) is not made.
       if (ctx->IsCancelled()) return reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-      reactor->Finish(fn(nullptr, leading.get()));
+      grpc::Status st = fn(nullptr, leading.get());
+      // What the listing or sync wrote is on a standby before the answer names its inodes (as
+      // ReplicatedBeforeAnswer does for the other calls).
+      Status replicated = ns_->journal().WaitReplicated();
+      reactor->Finish(replicated.ok() ? st : ToGrpc(replicated));
     });
     return reactor;
   }

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "common/hash.h"
+#include "common/fs.h"
 #include "tests/integration/harness.h"
 
 namespace granary::testing {
@@ -169,9 +169,7 @@ TEST(GranaryLocal, ASquattedRuntimeDirectoryIsRefusedNotTrusted) {
   ASSERT_EQ(chmod(squat.c_str(), 0777), 0);
   ASSERT_EQ(chown(squat.c_str(), 65534, 65534), 0);
   const std::string mp = dir / "data";
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(Checksum64(mp.data(), mp.size())));
-  const std::string planted = squat + "/fuse-" + hex + ".json";
+  const std::string planted = squat + "/" + MountRunFileName(mp, ".json");
   WriteFile(planted, nlohmann::json({{"mountpoint", mp}, {"root", "/"}, {"pid", getpid()}, {"metrics", lure_at},
                                      {"worker", lure_at}, {"master", lure_at}, {"trace", ""}})
                          .dump());
