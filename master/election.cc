@@ -138,6 +138,35 @@ LeaderElection::Clock::time_point LeaderElection::Campaign(Clock::time_point now
     return now + kRetry;
   }
   EtcdAnswered();
+  if (held->has_value() && (*held)->lease == 0) {
+    // No master's: a master's key always carries its lease (so that etcd ends it with the master).
+    // One without would stop every election for good; whoever wrote it can write to etcd, which
+    // only the masters should (docs/security.md). It is removed (unless it changed meanwhile) once
+    // it has stood a whole lease: a leader whose key it overwrote has by then seen that and stepped
+    // down, or its fence has run out (removed at once, another master could lead beside it).
+    if ((*held)->mod_revision != leaseless_revision_) {
+      leaseless_revision_ = (*held)->mod_revision;
+      leaseless_since_ = now;
+      spdlog::warn("leader election: {} holds '{}' with no lease: no master wrote it; it is removed if it is "
+                   "still there in {} ms",
+                   opts_.key, (*held)->value.substr(0, 256), opts_.ttl.count() * 1000);
+    }
+    {
+      MutexLock lock(&mu_);
+      leader_.clear();
+    }
+    if (now - leaseless_since_ < std::chrono::duration_cast<Clock::duration>(opts_.ttl)) {
+      return std::min(leaseless_since_ + std::chrono::duration_cast<Clock::duration>(opts_.ttl), now + poll);
+    }
+    Status st = coord_->DeleteIfUnchanged(opts_.key, (*held)->mod_revision);
+    if (!st.ok()) {
+      EtcdFailed("cannot remove the lease-less " + opts_.key, st);
+    } else {
+      spdlog::warn("leader election: {} removed the lease-less '{}' from {}", opts_.id, (*held)->value.substr(0, 256),
+                   opts_.key);
+    }
+    return now + kRetry;
+  }
   if (held->has_value()) {  // someone leads (or a lease not yet expired still holds the key)
     watching_ = false;  // the next free key is another election
     election_since_ = {};

@@ -17,7 +17,10 @@
 // another master can create the key only once etcd has ended the lease, which is later. `margin`
 // covers the two clocks' rates differing over one ttl and the time an action checked against
 // IsLeader takes to land (a write must be checked against IsLeader and finish within the margin).
-// A leader whose keep-alive is answered "expired" steps down at once.
+// A leader whose keep-alive is answered "expired" steps down at once. A leader whose key no longer
+// holds its lease (overwritten in etcd) steps down at its next keep-alive. A key without a lease is
+// no master's: the masters remove it once it has stood a whole ttl (removed sooner, a leader it
+// displaced could still count itself leader beside the next one).
 //
 // Which master. A master that leads again must hold every write the last leader acknowledged, and
 // the copy that holds them is the one furthest along (master/journal.h: a write is acknowledged once
@@ -150,6 +153,9 @@ class LeaderElection {
   Mutex step_mu_;  // one round at a time
   int64_t lease_ GUARDED_BY(step_mu_) = 0;  // held while leading
   Clock::time_point sit_out_until_ GUARDED_BY(step_mu_){};  // no campaign before (Resign)
+  // A lease-less leader key (no master's) seen since when, by its revision (see Campaign).
+  int64_t leaseless_revision_ GUARDED_BY(step_mu_) = 0;
+  Clock::time_point leaseless_since_ GUARDED_BY(step_mu_){};
   // The election under way (the key free), as this master watches it: since when, when it last
   // reported, and the other candidates' reports (last mod_revision seen, when it last changed, whether it ever did).
   struct Report {

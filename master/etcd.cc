@@ -260,4 +260,15 @@ Status EtcdClient::DeletePrefix(const std::string& prefix) {
   return Parse(body, "a range delete").status();
 }
 
+Status EtcdClient::DeleteIfUnchanged(const std::string& key, int64_t mod_revision) {
+  const std::string k = Base64Encode(key);
+  json txn = {
+      {"compare", json::array({{{"key", k}, {"result", "EQUAL"}, {"target", "MOD"},
+                                {"mod_revision", std::to_string(mod_revision)}}})},
+      {"success", json::array({{{"requestDeleteRange", {{"key", k}}}}})},
+  };
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/txn", txn.dump()));
+  return Parse(body, "a transaction").status();
+}
+
 }  // namespace granary::master

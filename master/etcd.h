@@ -73,6 +73,9 @@ class Coordinator {
   virtual Status Put(const std::string& key, const std::string& value) = 0;
   // Removes every key that starts with `prefix` (OK when there is none).
   virtual Status DeletePrefix(const std::string& prefix) = 0;
+  // In one transaction: removes `key` if it was last changed at `mod_revision` (OK either way: a
+  // key changed since is left alone).
+  virtual Status DeleteIfUnchanged(const std::string& key, int64_t mod_revision) = 0;
   // Every key that starts with `prefix`, in key order.
   virtual StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) = 0;
 };
@@ -92,6 +95,7 @@ class EtcdClient : public Coordinator {
   StatusOr<std::optional<EtcdKv>> Get(const std::string& key) override;
   Status Put(const std::string& key, const std::string& value) override;
   Status DeletePrefix(const std::string& prefix) override;
+  Status DeleteIfUnchanged(const std::string& key, int64_t mod_revision) override;
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override;
 
  private:

@@ -29,6 +29,7 @@ std::string EntryKey(uint64_t parent, const std::string& name) { return "E" + Be
 std::string ChildKey(uint64_t parent, uint64_t child) { return "C" + Be64(parent) + Be64(child); }
 std::string MountKey(uint64_t id) { return "M" + Be64(id); }
 std::string CursorKey(uint64_t mount_id, uint64_t ino) { return "L" + Be64(mount_id) + Be64(ino); }
+std::string RenameKey(uint64_t ino) { return "R" + Be64(ino); }
 const char kNextIno[] = "S/next_ino";
 const char kNextMount[] = "S/next_mount";
 
@@ -225,6 +226,14 @@ Status Namespace::LoadStateLocked() {
       open_mounts_.Erase(id);
     }
   }
+  std::vector<PendingRename> renames;
+  std::unique_ptr<rocksdb::Iterator> rit(db_->NewIterator({}));
+  for (rit->Seek("R"); rit->Valid() && rit->key().starts_with("R"); rit->Next()) {
+    if (rit->key().size() != 9 || rit->value().size() < 8) return DataLossError("corrupt rename record in RocksDB");
+    renames.push_back({GetBe64(rit->key().data() + 1), GetBe64(rit->value().data()), rit->value().ToString().substr(8)});
+  }
+  RETURN_IF_ERROR(FromRocks(rit->status(), "read rename records"));
+  SetPendingRenames(std::move(renames));
   next_ino_ = next_ino;
   next_mount_ = next_mount;
   mounts_ = std::move(mounts);
@@ -255,10 +264,42 @@ Status Namespace::SkipAhead(uint64_t inodes, uint64_t mounts) {
 }
 
 Status Namespace::ApplyEntry(const JournalEntry& e) {
+  // A directory rename's first entry (an R key put): its correction must be in force before the
+  // moved directory's new path is visible, or a read in between would see children at old paths.
+  struct RenamePuts : rocksdb::WriteBatch::Handler {
+    std::vector<PendingRename> put;
+    rocksdb::Status PutCF(uint32_t, const rocksdb::Slice& key, const rocksdb::Slice& value) override {
+      if (key.size() == 9 && key[0] == 'R' && value.size() >= 8) {
+        put.push_back({GetBe64(key.data() + 1), GetBe64(value.data()), value.ToString().substr(8)});
+      }
+      return rocksdb::Status::OK();
+    }
+  } puts;
+  if (rocksdb::WriteBatch(e.data).Iterate(&puts).ok() && !puts.put.empty()) {
+    std::vector<PendingRename> now = PendingRenames();
+    for (auto& p : puts.put) now.push_back(std::move(p));
+    SetPendingRenames(std::move(now));
+  }
   std::string touched;
   RETURN_IF_ERROR(journal_.Apply(e, &touched));
-  if (touched.find_first_of("MS*") == std::string::npos) return Status::OK();
+  if (touched.find_first_of("MSR*") == std::string::npos) return Status::OK();
   return ReloadState();
+}
+
+std::vector<Namespace::PendingRename> Namespace::PendingRenames() const {
+  MutexLock lock(&pending_mu_);
+  return pending_renames_;
+}
+
+void Namespace::SetPendingRenames(std::vector<PendingRename> p) {
+  MutexLock lock(&pending_mu_);
+  renames_pending_.store(!p.empty(), std::memory_order_release);
+  pending_renames_ = std::move(p);
+}
+
+void Namespace::SetRenameBatchHookForTest(std::function<Status()> hook, size_t batch) {
+  rename_hook_ = std::move(hook);
+  rename_batch_ = std::max<size_t>(batch, 1);
 }
 
 Status Namespace::InstallSnapshotEnd() {
@@ -267,6 +308,36 @@ Status Namespace::InstallSnapshotEnd() {
 }
 
 StatusOr<InodeRecord> Namespace::GetRecord(uint64_t ino) const {
+  ASSIGN_OR_RETURN(InodeRecord r, GetStoredRecord(ino));
+  if (renames_pending_.load(std::memory_order_acquire)) RETURN_IF_ERROR(FixMovedPath(&r));
+  return r;
+}
+
+Status Namespace::FixMovedPath(InodeRecord* r) const {
+  for (const PendingRename& p : PendingRenames()) {
+    const std::string& path = r->ufs_path();
+    if (r->ino() == p.ino || r->mount_id() != p.mount_id || path.size() <= p.old_path.size() ||
+        path.compare(0, p.old_path.size(), p.old_path) != 0 || path[p.old_path.size()] != '/') {
+      continue;
+    }
+    // Below the moved directory, or a new entry made at its old name since? Up the parents.
+    uint64_t at = r->parent();
+    for (int depth = 0; depth < 100000 && at != 0 && at != kRootIno && at != p.mount_id; ++depth) {
+      if (at == p.ino) {
+        auto top = GetStoredRecord(p.ino);
+        if (!top.ok()) return top.status().IsNotFound() ? Status::OK() : top.status();
+        r->set_ufs_path(top->ufs_path() + path.substr(p.old_path.size()));
+        return Status::OK();
+      }
+      auto up = GetStoredRecord(at);
+      if (!up.ok()) return up.status().IsNotFound() ? Status::OK() : up.status();
+      at = up->parent();
+    }
+  }
+  return Status::OK();
+}
+
+StatusOr<InodeRecord> Namespace::GetStoredRecord(uint64_t ino) const {
   std::string v;
   rocksdb::Status s = db_->Get({}, InodeKey(ino), &v);
   if (s.IsNotFound()) return NotFoundError("no inode " + std::to_string(ino));
@@ -1504,6 +1575,28 @@ StatusOr<rpc::Attr> Namespace::MakeDir(uint64_t parent, const std::string& name,
 
 Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
                          bool noreplace, const WriteCaller& as) {
+  // A directory's rename holds rename_mu_ until its contents are written out (one at a time; one a
+  // crash left halfway is finished first).
+  ASSIGN_OR_RETURN(InodeRecord from_dir, WritableDir(parent, "rename " + name));
+  RETURN_IF_ERROR(EnsureListed(from_dir));
+  auto ino = GetChild(parent, name);
+  auto rec = ino.ok() ? GetRecord(*ino) : StatusOr<InodeRecord>(ino.status());
+  uint64_t moved = 0;
+  if (rec.ok() && rec->type() == rpc::DIRECTORY) {
+    MutexLock one_rename(&rename_mu_);
+    RETURN_IF_ERROR(FinishRenamesLocked());
+    RETURN_IF_ERROR(RenameEntry(parent, name, new_parent, new_name, noreplace, as, &moved));
+    return moved == 0 ? Status::OK() : FinishRename(moved).WithContext("rename " + name + " (its contents)");
+  }
+  RETURN_IF_ERROR(RenameEntry(parent, name, new_parent, new_name, noreplace, as, &moved));
+  if (moved == 0) return Status::OK();
+  MutexLock one_rename(&rename_mu_);  // a directory after all (made meanwhile under that name)
+  return FinishRename(moved).WithContext("rename " + name + " (its contents)");
+}
+
+Status Namespace::RenameEntry(uint64_t parent, const std::string& name, uint64_t new_parent,
+                              const std::string& new_name, bool noreplace, const WriteCaller& as, uint64_t* moved_dir) {
+  *moved_dir = 0;
   if (!IsValidName(new_name) || IsWritingName(new_name)) return InvalidArgumentError("'" + new_name + "' cannot be a name here");
   ASSIGN_OR_RETURN(InodeRecord from_dir, WritableDir(parent, "rename " + name));
   ASSIGN_OR_RETURN(InodeRecord to_dir, WritableDir(new_parent, "rename to " + new_name));
@@ -1559,34 +1652,28 @@ Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_
     }
     rocksdb::WriteBatch batch;
     if (target.ok() && *target != ino) batch.Delete(ChildKey(new_parent, *target));
-    // The moved entry and, for a directory, the paths of everything below it (their blocks were
-    // cached under the old paths: reclaimed).
-    std::vector<std::pair<uint64_t, std::string>> stack{{ino, new_path}};
-    while (!stack.empty()) {
-      auto [cur, path] = stack.back();
-      stack.pop_back();
-      ASSIGN_OR_RETURN(InodeRecord c, GetRecord(cur));
-      if (c.type() == rpc::REGULAR && !c.version().empty()) reclaim.push_back(MakeFileKey(m.uri(), c.ufs_path(), c.version()));
-      c.set_ufs_path(path);
-      if (cur == ino) {
-        c.set_parent(new_parent);
-        c.set_name(new_name);
-        if (moved) {
-          m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), c.size()) + moved->size);
-          c.set_size(moved->size);
-          c.set_version(moved->version);
-          c.set_mtime_ns(moved->mtime_ns);
-        }
-      }
-      batch.Put(InodeKey(cur), c.SerializeAsString());
-      std::string prefix = "C" + Be64(cur);
-      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
-      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-        uint64_t child = GetBe64(it->key().data() + 9);
-        ASSIGN_OR_RETURN(InodeRecord cr, GetRecord(child));
-        stack.emplace_back(child, JoinPath(path, cr.name()));
-      }
-      RETURN_IF_ERROR(FromRocks(it->status(), "list a directory to rename"));
+    // The moved entry itself here; for a directory, the paths of everything below it follow in
+    // batches (FinishRename; their blocks were cached under the old paths: reclaimed there).
+    ASSIGN_OR_RETURN(InodeRecord c, GetRecord(ino));
+    if (c.type() == rpc::REGULAR && !c.version().empty()) reclaim.push_back(MakeFileKey(m.uri(), c.ufs_path(), c.version()));
+    const std::string old_path = c.ufs_path();
+    c.set_ufs_path(new_path);
+    c.set_parent(new_parent);
+    c.set_name(new_name);
+    if (moved) {
+      m.set_known_bytes(m.known_bytes() - std::min(m.known_bytes(), c.size()) + moved->size);
+      c.set_size(moved->size);
+      c.set_version(moved->version);
+      c.set_mtime_ns(moved->mtime_ns);
+    }
+    batch.Put(InodeKey(ino), c.SerializeAsString());
+    const bool subtree = c.type() == rpc::DIRECTORY && old_path != new_path;
+    if (subtree) {
+      // In force before the new path is visible (GetRecord corrects the children's paths).
+      batch.Put(RenameKey(ino), Be64(c.mount_id()) + old_path);
+      std::vector<PendingRename> now = PendingRenames();
+      now.push_back({ino, c.mount_id(), old_path});
+      SetPendingRenames(std::move(now));
     }
     batch.Delete(EntryKey(parent, name));
     batch.Delete(ChildKey(parent, ino));
@@ -1599,9 +1686,89 @@ Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_
       from_fresh.set_mtime_ns(NowNs());
       batch.Put(InodeKey(parent), from_fresh.SerializeAsString());
     }
-    RETURN_IF_ERROR(CommitChangeLocked(to_fresh, m, &batch).WithContext("rename " + name));
+    Status committed = CommitChangeLocked(to_fresh, m, &batch).WithContext("rename " + name);
+    if (!committed.ok()) {
+      if (subtree) {
+        std::vector<PendingRename> now = PendingRenames();
+        std::erase_if(now, [&](const PendingRename& p) { return p.ino == ino; });
+        SetPendingRenames(std::move(now));
+      }
+      return committed;
+    }
+    if (subtree) *moved_dir = ino;
   }
   Reclaim(std::move(reclaim));
+  return Status::OK();
+}
+
+Status Namespace::FinishRenames() {
+  if (!renames_pending_.load(std::memory_order_acquire)) return Status::OK();
+  MutexLock one_rename(&rename_mu_);
+  return FinishRenamesLocked();
+}
+
+Status Namespace::FinishRenamesLocked() {
+  for (const PendingRename& p : PendingRenames()) {
+    spdlog::info("finishing the rename of directory {} (from '{}') left halfway", p.ino, p.old_path);
+    RETURN_IF_ERROR(FinishRename(p.ino));
+  }
+  return Status::OK();
+}
+
+Status Namespace::FinishRename(uint64_t ino) {
+  // Depth first from the moved directory; each record's true path comes from GetRecord (the R
+  // key's correction), so the order does not matter and a repeat changes nothing.
+  std::vector<uint64_t> stack{ino};
+  bool first = true;
+  while (!stack.empty() || first) {
+    std::vector<FileKey> reclaim;
+    {
+      MutexLock lock(&mu_);
+      auto m = [&]() -> StatusOr<std::string> {
+        auto top = GetStoredRecord(ino);
+        if (!top.ok()) return top.status();
+        auto mit = mounts_.find(top->mount_id());
+        if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
+        return mit->second.uri();
+      }();
+      rocksdb::WriteBatch batch;
+      size_t done = 0;
+      while (!stack.empty() && done < rename_batch_ && m.ok()) {
+        uint64_t cur = stack.back();
+        stack.pop_back();
+        ++done;
+        auto stored = GetStoredRecord(cur);
+        if (stored.status().IsNotFound()) continue;  // removed meanwhile
+        RETURN_IF_ERROR(stored.status());
+        InodeRecord fixed = *stored;
+        RETURN_IF_ERROR(FixMovedPath(&fixed));
+        if (fixed.ufs_path() != stored->ufs_path()) {
+          if (fixed.type() == rpc::REGULAR && !fixed.version().empty()) {
+            reclaim.push_back(MakeFileKey(*m, stored->ufs_path(), stored->version()));
+          }
+          batch.Put(InodeKey(cur), fixed.SerializeAsString());
+        }
+        if (fixed.type() != rpc::DIRECTORY) continue;
+        std::string prefix = "C" + Be64(cur);
+        std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+        for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+          stack.push_back(GetBe64(it->key().data() + 9));
+        }
+        RETURN_IF_ERROR(FromRocks(it->status(), "list a directory to rename"));
+      }
+      first = false;
+      const bool last = stack.empty() || !m.ok();
+      if (last) batch.Delete(RenameKey(ino));
+      if (batch.Count() > 0) RETURN_IF_ERROR(journal_.Commit(&batch).WithContext("rename a directory's contents"));
+      if (last) {
+        std::vector<PendingRename> now = PendingRenames();
+        std::erase_if(now, [&](const PendingRename& p) { return p.ino == ino; });
+        SetPendingRenames(std::move(now));
+      }
+    }
+    Reclaim(std::move(reclaim));
+    if (!stack.empty() && rename_hook_) RETURN_IF_ERROR(rename_hook_());
+  }
   return Status::OK();
 }
 

@@ -27,12 +27,27 @@
 //   J ...                       -> load jobs (layout in master/jobs.h)
 //   L be64(mount) be64(ino)     -> LoadCursorRecord  where an unfinished LoadTree of ino stands
 //   W/members                   -> MembersRecord    the live workers (for a standby taking over)
+//   R be64(ino)                 -> be64(mount) old path: a directory rename whose subtree is still
+//                                  being rewritten (see "Directory renames")
 //   Z/pos                       -> be64(term) be64(index): the journal's position (master/journal.h)
 // Every write goes through the journal (Commit), so standby masters can apply the same entries
 // (ApplyEntry) and hold the same inodes; a standby only reads (the metadata calls with
 // `ufs_needed`, which never write) and applies.
 // Readdir cookies are child inode numbers: children discovered together get consecutive numbers,
 // and a cookie stays valid however the directory grows.
+//
+// Directory renames. Every record keeps its full path in the under-storage (ufs_path), so moving
+// a directory changes the path of everything below it. A rename does not rewrite that subtree in
+// one batch under `mu_` (a million files would stall every call for seconds and make one huge
+// journal entry): its first batch moves the directory itself and records `R ino -> old path`; then
+// the subtree is rewritten in batches of kRenameBatch records, `mu_` released between them; the
+// last batch deletes the R key. Meanwhile GetRecord corrects on the fly the path of any record
+// below the moved directory that still carries the old prefix (FixMovedPath: the old prefix and
+// a walk up the parents to the moved directory, so a new directory made at the old name is left
+// alone), on the leader and on a standby alike (ApplyEntry learns of an R key before applying the
+// entry that writes it). Directory renames are serialised (`rename_mu_`), and a rename left
+// halfway by a crash or a failover is finished by the next leader (FinishRenames) or by the next
+// directory rename, whichever comes first; the rewrite is idempotent.
 //
 // Concurrency: reads go straight to RocksDB. Listing a directory takes that directory's stripe
 // lock (so two lookups do not both list it) and then `mu_` only to allocate inodes and write one
@@ -228,6 +243,14 @@ class Namespace {
   Status InstallSnapshotEnd();
   // Reads the counters and mounts again from the database (a standby about to lead).
   Status ReloadState();
+  // A leader: finishes directory renames a previous leader (or this master before a crash) left
+  // halfway (see "Directory renames"). Cheap when there is none.
+  Status FinishRenames();
+  // Directory renames whose subtree is still being written out (0 almost always).
+  size_t renames_in_progress() const { return PendingRenames().size(); }
+  // Tests: called between the batches of a directory rename (no lock of the namespace's held);
+  // a non-OK answer stops the rename there, as a crash would (the rest is left for FinishRenames).
+  void SetRenameBatchHookForTest(std::function<Status()> hook, size_t batch);
   // A new leader: moves the inode and mount counters `inodes` and `mounts` ahead (a journal entry),
   // so numbers the previous leader handed out in writes this copy never got are not handed out
   // again for other files (a kernel holding one gets ESTALE, never another file's bytes).
@@ -279,7 +302,24 @@ class Namespace {
   void Reclaim(std::vector<FileKey> keys);
   Status Init();
   Status LoadStateLocked() REQUIRES(mu_);
+  // The record as stored, and as it is: its path corrected while a directory rename above it is
+  // still being written out (FixMovedPath).
+  StatusOr<InodeRecord> GetStoredRecord(uint64_t ino) const;
   StatusOr<InodeRecord> GetRecord(uint64_t ino) const;
+  struct PendingRename {
+    uint64_t ino = 0;
+    uint64_t mount_id = 0;
+    std::string old_path;
+  };
+  std::vector<PendingRename> PendingRenames() const EXCLUDES(pending_mu_);
+  Status FixMovedPath(InodeRecord* r) const;
+  // Rewrites the subtree of the renamed directory `ino` in bounded batches (needs rename_mu_, not mu_).
+  Status FinishRename(uint64_t ino) REQUIRES(rename_mu_) EXCLUDES(mu_);
+  Status FinishRenamesLocked() REQUIRES(rename_mu_) EXCLUDES(mu_);
+  // Rename's move of the entry itself (in the store, then one batch); a directory's subtree is
+  // left to FinishRename: its inode in *moved_dir (0 for a file).
+  Status RenameEntry(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
+                     bool noreplace, const WriteCaller& as, uint64_t* moved_dir);
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
   Status EnsureListed(const InodeRecord& dir, bool* ufs_needed = nullptr);
   // The answer to a call made with `ufs_needed` that would have to wait for the under-storage.
@@ -300,6 +340,8 @@ class Namespace {
   const int64_t default_sync_ms_;
   ReclaimFn on_reclaim_;
 
+  // Serialises directory renames, held across all the batches of one (taken before mu_).
+  mutable Mutex rename_mu_ ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;                     // guards the fields below and all writes
   uint64_t next_ino_ GUARDED_BY(mu_) = 2;
   uint64_t next_mount_ GUARDED_BY(mu_) = 1;
@@ -315,6 +357,15 @@ class Namespace {
   MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }, access_, &ufs_counters_};
 
   std::array<std::mutex, 64> list_locks_;  // stripe by directory inode
+
+  // The R keys (directory renames being written out), mirrored for GetRecord; `renames_pending_`
+  // spares every read the lock while there is none. A leaf lock.
+  mutable Mutex pending_mu_ ACQUIRED_AFTER(mu_);
+  std::vector<PendingRename> pending_renames_ GUARDED_BY(pending_mu_);
+  std::atomic<bool> renames_pending_{false};
+  void SetPendingRenames(std::vector<PendingRename> p) EXCLUDES(pending_mu_);
+  std::function<Status()> rename_hook_;  // tests (set before use)
+  size_t rename_batch_ = 1024;           // records per batch of a directory rename
 };
 
 }  // namespace granary::master

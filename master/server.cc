@@ -474,8 +474,12 @@ class MasterServerImpl final : public MasterServer, public Roles {
       auto L = std::make_shared<Leading>(ns_.get(), worker_timeout_, workers_, 0);
       L->ahead.Start();
       RETURN_IF_ERROR(L->jobs.Start());
-      MutexLock lock(&role_mu_);
-      leading_ = std::move(L);
+      {
+        MutexLock lock(&role_mu_);
+        leading_ = std::move(L);
+      }
+      // A directory rename a crash left halfway (Namespace, "Directory renames").
+      RETURN_IF_ERROR(ns_->FinishRenames().WithContext("finish a directory rename left halfway"));
     }
     service_ = std::make_unique<MasterService>(ns_.get(), this, sec_, [this](const rpc::MountInfo& m) { Unmounted(m); });
     grpc::ServerBuilder builder;
@@ -857,6 +861,11 @@ class MasterServerImpl final : public MasterServer, public Roles {
     spdlog::info("granary-master {} leads (term {}) from journal position {}, ready in {} ms", advertise_, term,
                  ns_->journal().position().ToString(),
                  std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count());
+    // A directory rename the previous leader left halfway (Namespace, "Directory renames").
+    if (Status fin = ns_->FinishRenames(); !fin.ok()) {
+      spdlog::error("finishing a directory rename left halfway: {} (the next directory rename tries again)",
+                    fin.message());
+    }
   }
 
   void Demote() {

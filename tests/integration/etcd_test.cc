@@ -210,6 +210,9 @@ class Cuttable : public Coordinator {
   }
   Status Put(const std::string& k, const std::string& v) override { return cut ? Cut() : real_->Put(k, v); }
   Status DeletePrefix(const std::string& p) override { return cut ? Cut() : real_->DeletePrefix(p); }
+  Status DeleteIfUnchanged(const std::string& k, int64_t rev) override {
+    return cut ? Cut() : real_->DeleteIfUnchanged(k, rev);
+  }
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override {
     if (cut) return Cut();
     return real_->List(prefix);

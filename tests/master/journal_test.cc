@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <future>
 #include <map>
 #include <set>
 #include <thread>
@@ -301,6 +303,102 @@ TEST_F(JournalTest, ANewLeaderHandsOutNoNumberThePreviousOneMayHaveUsed) {
   ASSERT_TRUE(other.ok());
   EXPECT_GT(other->ino(), lost->ino() + (1u << 23)) << "a number A gave out is not given to another file";
   EXPECT_EQ(b_->GetAttr(lost->ino()).status().code(), Code::kNotFound);
+}
+
+// Issue 51, finding 5: a directory rename rewrites its subtree's paths in bounded batches with the
+// namespace lock released between them; meanwhile every read (on the leader and on a standby)
+// sees the new paths, a write goes through, and a new directory made at the old name keeps its
+// own; a crash halfway leaves a rename the next leader finishes.
+TEST_F(JournalTest, ADirectoryRenameIsWrittenOutInBatchesThatReadsStandbysAndACrashFollow) {
+  for (int i = 0; i < 30; ++i) {
+    testing::WriteFile(dir_ / ("src/big/s" + std::to_string(i % 4) + "/deep/f" + std::to_string(i)), std::to_string(i));
+  }
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  std::map<std::string, std::string> opts{{"write", "through"}, {"metadata.sync_interval", "never"}};
+  ASSERT_TRUE(a_->Mount("/w", "file://" + dir_ / "src", opts).ok());
+  std::map<uint64_t, std::string> files;  // ino -> path below big/
+  ASSERT_TRUE(a_->ForEachFile("/w/big", [&](const std::string&, const rpc::FileInfo& f) {
+                  files[f.attr().ino()] = f.ufs_path().substr(4);
+                  return Status::OK();
+                }).ok());
+  ASSERT_EQ(files.size(), 30u);
+  auto root = a_->Resolve("/w");
+  ASSERT_TRUE(root.ok());
+  Pump(a_.get(), b_.get());
+
+  // Every file's path as `ns` answers it (a standby's way: never the under-storage).
+  auto paths_are = [&](Namespace* ns, const std::string& top) {
+    for (const auto& [ino, rest] : files) {
+      bool ufs = false;
+      auto f = ns->GetFile(ino, &ufs);
+      if (!f.ok()) return ::testing::AssertionFailure() << "file " << ino << ": " << f.status().ToString();
+      if (f->ufs_path() != top + "/" + rest) {
+        return ::testing::AssertionFailure() << "file " << ino << " at " << f->ufs_path() << ", not " << top << "/" << rest;
+      }
+    }
+    return ::testing::AssertionSuccess();
+  };
+  int batches = 0;
+  a_->SetRenameBatchHookForTest(
+      [&]() -> Status {
+        if (++batches == 1) {
+          EXPECT_TRUE(paths_are(a_.get(), "moved")) << "the leader, halfway";
+          Pump(a_.get(), b_.get());
+          EXPECT_TRUE(paths_are(b_.get(), "moved")) << "a standby, halfway";
+          EXPECT_EQ(b_->renames_in_progress(), 1u);
+          // Another write goes through meanwhile (it would wait for the whole rename if the lock
+          // were held across it; 60 s: a deadlock, not a timing).
+          auto made = std::async(std::launch::async, [&] { return a_->MakeDir(root->ino(), "meanwhile", 0755, {}); });
+          if (made.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+            ADD_FAILURE() << "a write waited for the rename's batches";
+            _exit(1);  // the rename holds what the write needs: nothing to unwind
+          }
+          EXPECT_TRUE(made.get().ok());
+          // A new directory at the old name is another directory: its files keep their own paths.
+          auto again = a_->MakeDir(root->ino(), "big", 0755, {});
+          EXPECT_TRUE(again.ok()) << again.status().ToString();
+          if (again.ok()) {
+            auto t = a_->PrepareCreate(again->ino(), "x", 0644, 0, 0);
+            EXPECT_TRUE(t.ok() && t->file.ufs_path() == "big/x") << (t.ok() ? t->file.ufs_path() : t.status().ToString());
+          }
+          return Status::OK();
+        }
+        return UnavailableError("the master died here");  // the second pause: a crash
+      },
+      4);
+  Status renamed = a_->Rename(root->ino(), "big", root->ino(), "moved", false);
+  EXPECT_EQ(renamed.code(), Code::kUnavailable) << renamed.ToString();
+  EXPECT_EQ(batches, 2);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "src/moved/s0/deep/f0"));
+
+  // The leader restarts halfway: its copy still answers the new paths, and it finishes the rename.
+  a_->SetRenameBatchHookForTest(nullptr, 1024);
+  a_.reset();
+  a_ = Open("a");
+  EXPECT_EQ(a_->renames_in_progress(), 1u);
+  EXPECT_TRUE(paths_are(a_.get(), "moved")) << "the leader after a restart";
+  ASSERT_TRUE(a_->journal().BeginTerm(6).ok());
+  ASSERT_TRUE(a_->FinishRenames().ok());
+  EXPECT_EQ(a_->renames_in_progress(), 0u);
+  EXPECT_TRUE(paths_are(a_.get(), "moved")) << "the leader once written out";
+  auto x = a_->Resolve("/w/big/x");
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  auto xf = a_->GetFile(x->ino());
+  ASSERT_TRUE(xf.ok());
+  EXPECT_EQ(xf->ufs_path(), "big/x") << "the new directory at the old name was moved too";
+  Pump(a_.get(), b_.get());
+  EXPECT_EQ(b_->renames_in_progress(), 0u);
+  EXPECT_TRUE(paths_are(b_.get(), "moved")) << "a standby once written out";
+  EXPECT_EQ(Contents(b_.get()), Contents(a_.get()));
+
+  // A directory renamed back goes the same way without a pause.
+  auto big = a_->Resolve("/w/big");
+  ASSERT_TRUE(big.ok());
+  ASSERT_TRUE(a_->Remove(big->ino(), "x", false, {}, x->ino()).ok());
+  ASSERT_TRUE(a_->Remove(root->ino(), "big", true).ok());
+  ASSERT_TRUE(a_->Rename(root->ino(), "moved", root->ino(), "big", false).ok());
+  EXPECT_TRUE(paths_are(a_.get(), "big"));
+  EXPECT_EQ(a_->renames_in_progress(), 0u);
 }
 
 }  // namespace
