@@ -537,11 +537,14 @@ class MasterServerImpl final : public MasterServer, public Roles {
   }
 
   // /readyz: a single master is ready once serving; with standbys, while this master leads or
-  // knows the leader (issue 51: a master with no leader known said "ready").
+  // knows the leader (issue 51: a master with no leader known said "ready"). A leader last read
+  // from etcd more than a lease ago is known no more (its fence has ended its lead since). Not
+  // ready, a master still answers reads from its copy: the HA overlay publishes the masters'
+  // names whether ready or not (publishNotReadyAddresses), so clients keep reaching them.
   Status Ready() {
     if (!ha_ || IsLeader()) return Status::OK();
     const std::string leader = election_->leader();
-    if (!leader.empty() && leader != advertise_) return Status::OK();
+    if (!leader.empty() && leader != advertise_ && election_->etcd_failing_for() <= ttl_) return Status::OK();
     return UnavailableError(NoLeaderWhy());
   }
 

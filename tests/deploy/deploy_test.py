@@ -130,6 +130,10 @@ class ManifestTest(unittest.TestCase):
                 self.assertEqual(r.returncode, 0, key + ": " + r.stdout + r.stderr)
                 self.assertEqual(r.stdout.strip(), value)
         self.assertEqual(find(docs, "PodDisruptionBudget", "granary-master")["spec"]["maxUnavailable"], 1)
+        # A master knowing no leader is not ready (/readyz) yet answers reads: its name must resolve.
+        svc = find(docs, "Service", "granary-master")
+        self.assertTrue(svc["spec"].get("publishNotReadyAddresses"), svc)
+        self.assertEqual(svc["spec"]["clusterIP"], "None")
 
     def test_standby_masters_etcd_is_tls_with_client_certificates(self):
         """overlays/ha: etcd serves clients and peers over https only to holders of a certificate from

@@ -72,12 +72,14 @@ class FailoverTest : public ::testing::Test {
                                  dir_ / ("m" + n), "--master.block_size", "64Ki", "--master.etcd_endpoints", etcd_,
                                  "--master.etcd_tls_ca", tls_ + "/ca.pem", "--master.etcd_tls_cert",
                                  tls_ + "/client.pem", "--master.etcd_tls_key", tls_ + "/client-key.pem",
-                                 "--master.election_ttl", "2s", "--master.metrics_listen", "off",
+                                 "--master.election_ttl", "2s", "--master.metrics_listen", "127.0.0.1:0",
                                  "--ufs.local_roots", dir_.path(), "--ready-file", dir_ / ("m" + n + ".addr")};
     if (!token_file_.empty()) argv.insert(argv.end(), {"--rpc.token_file", token_file_});
     masters_[i] = std::make_unique<Process>(argv, dir_ / ("m" + n + ".log"));
     addr_[i] = WaitForReadyFile(dir_ / ("m" + n + ".addr"), masters_[i].get());
     if (addr_[i].empty()) *why = "master " + n + " did not start:\n" + masters_[i]->Log();
+    metrics_[i] = ReadFile(dir_ / ("m" + n + ".addr.metrics"));
+    while (!metrics_[i].empty() && metrics_[i].back() == '\n') metrics_[i].pop_back();
     return !addr_[i].empty();
   }
   // `granary report --json`'s master section, asked of the cluster ({} when no master answers).
@@ -207,6 +209,7 @@ class FailoverTest : public ::testing::Test {
   std::map<std::string, std::string> files_;
   std::unique_ptr<Process> masters_[3];
   std::string addr_[3];
+  std::string metrics_[3];  // each master's /metrics and probes
   std::string list_;
   std::unique_ptr<LocalCluster> cluster_;
 };
@@ -443,6 +446,14 @@ TEST_F(FailoverTest, WithEtcdGoneForThirtySecondsReadsGoOnAndTheClusterRecoversB
     EXPECT_EQ(ls.code, 0) << "granary ls during the etcd outage: " << ls.out;
     EXPECT_NE(ls.out.find("d1"), std::string::npos) << ls.out;
   }
+  // /readyz says no leader is known, and why (it answered 200 with etcd dead): once etcd has
+  // failed for longer than a lease, no master can know a leader.
+  for (int i = 0; i < 3; ++i) {
+    std::pair<int, std::string> probe;
+    EXPECT_TRUE(WaitFor([&] { return (probe = HttpGet(metrics_[i], "/readyz")).first == 503; }, seconds(30)))
+        << "master " << i << "'s /readyz during the etcd outage: " << probe.first << " " << probe.second;
+    EXPECT_NE(probe.second.find("etcd"), std::string::npos) << probe.second;
+  }
   uint64_t errors_before = errors_;
   ASSERT_TRUE(ReaderGoesOn()) << "reads stopped with etcd";
   std::this_thread::sleep_until(frozen_at + seconds(30));  // the outage's length, not a wait for a condition
@@ -450,6 +461,10 @@ TEST_F(FailoverTest, WithEtcdGoneForThirtySecondsReadsGoOnAndTheClusterRecoversB
   for (pid_t p : etcd) kill(p, SIGCONT);
   int leader = WaitForLeader(2);
   ASSERT_GE(leader, 0) << "no leader after etcd came back:\n" << masters_[0]->Log();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(WaitFor([&] { return HttpGet(metrics_[i], "/readyz").first == 200; }, seconds(30)))
+        << "master " << i << " not ready once a leader is known again";
+  }
   ASSERT_TRUE(ReaderGoesOn());
   StopReader();
   EXPECT_EQ(errors_, 0u) << first_error_ << " (" << errors_before << " before etcd stopped)";

@@ -12,6 +12,17 @@
 #include <sstream>
 
 namespace granary::testing {
+
+std::pair<int, std::string> HttpGet(const std::string& address, const std::string& path) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return {-1, ""};
+  httplib::Client cli(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  cli.set_connection_timeout(5);
+  cli.set_read_timeout(10);
+  auto res = cli.Get(path.c_str());
+  if (!res) return {-1, ""};
+  return {res->status, res->body};
+}
 namespace {
 
 std::vector<std::string> With(std::vector<std::string> argv, const std::vector<std::string>& extra) {

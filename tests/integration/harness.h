@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,9 @@
 #include "tests/testutil/testutil.h"
 
 namespace granary::testing {
+
+// GET http://address/path: (status, body); status -1 when nothing answered.
+std::pair<int, std::string> HttpGet(const std::string& address, const std::string& path);
 
 struct ClusterOptions {
   std::string block_size = "64Ki";

@@ -330,17 +330,6 @@ TEST_F(LoadTest, ProgressBarInATerminal) {
   EXPECT_NE(plain.out.find("succeeded"), std::string::npos) << plain.out;
 }
 
-// GET http://address/path: (status, body); status -1 when nothing answered.
-std::pair<int, std::string> HttpGet(const std::string& address, const std::string& path) {
-  size_t colon = address.rfind(':');
-  httplib::Client cli(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
-  cli.set_connection_timeout(5);
-  cli.set_read_timeout(10);
-  auto res = cli.Get(path.c_str());
-  if (!res) return {-1, ""};
-  return {res->status, res->body};
-}
-
 // /metrics of master, worker and FUSE pass promtool, carry the names dashboards use, and the
 // probes answer; a FUSE client whose master is gone is not ready.
 TEST_F(LoadTest, MetricsPassPromtoolAndProbesAnswer) {
