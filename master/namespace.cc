@@ -1724,13 +1724,11 @@ Status Namespace::FinishRename(uint64_t ino) {
     std::vector<FileKey> reclaim;
     {
       MutexLock lock(&mu_);
-      auto m = [&]() -> StatusOr<std::string> {
-        auto top = GetStoredRecord(ino);
-        if (!top.ok()) return top.status();
-        auto mit = mounts_.find(top->mount_id());
-        if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
-        return mit->second.uri();
-      }();
+      // The mount's URI (the old FileKeys); gone with the directory or the mount: nothing to do.
+      StatusOr<std::string> m = NotFoundError("the directory or its dataset is gone");
+      if (auto top = GetStoredRecord(ino); top.ok()) {
+        if (auto mit = mounts_.find(top->mount_id()); mit != mounts_.end()) m = mit->second.uri();
+      }
       rocksdb::WriteBatch batch;
       size_t done = 0;
       while (!stack.empty() && done < rename_batch_ && m.ok()) {
