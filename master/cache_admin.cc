@@ -64,6 +64,7 @@ Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::ve
                      uint64_t* blocks, uint32_t* told) {
   rpc::FreeBlocksRequest fb;
   for (const auto& k : keys) fb.add_file_keys(FileKeyBytes(k));
+  fb.set_stamp(cluster.NextFreeStamp());
   return SendFree(cluster, workers, fb, blocks, told);
 }
 
@@ -71,6 +72,7 @@ Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t
                           uint32_t* told) {
   rpc::FreeBlocksRequest fb;
   fb.add_mount_ids(mount_id);
+  fb.set_stamp(cluster.NextFreeStamp());
   return SendFree(cluster, workers, fb, blocks, told);
 }
 

@@ -44,6 +44,9 @@ bool Selected(const rpc::LoadJobSpec& spec, const std::string& path) {
 
 // One batch of files, in walk order, and what the workers said about it.
 struct JobManager::Batch {
+  explicit Batch(uint64_t stamp) : free_stamp(stamp) {}
+  // The free stamp before any of its files was read (Cluster::FreeStamp): a free since covers them.
+  const uint64_t free_stamp;
   uint64_t end = 0;  // walk index just past its last file
   uint64_t bytes = 0;  // the size of its files
   std::vector<rpc::LoadFile> files;
@@ -212,6 +215,23 @@ StatusOr<rpc::LoadJob> JobManager::Cancel(uint64_t id) {
   cv_.notify_all();
   RETURN_IF_ERROR(Persist(id));
   return Get(id);
+}
+
+size_t JobManager::CancelWithin(const std::string& path) {
+  std::vector<uint64_t> ids;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, j] : jobs_) {
+      if (Finished(j.state())) continue;
+      if (std::any_of(j.spec().paths().begin(), j.spec().paths().end(),
+                      [&](const std::string& p) { return PathWithin(p, path); })) {
+        ids.push_back(id);
+      }
+    }
+  }
+  size_t n = 0;
+  for (uint64_t id : ids) n += Cancel(id).ok();
+  return n;
 }
 
 JobManager::Totals JobManager::GetTotals() {
@@ -418,7 +438,7 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
                           }));
     return true;
   };
-  auto batch = std::make_unique<Batch>();
+  auto batch = std::make_unique<Batch>(cluster_->FreeStamp());
   uint64_t batch_bytes = 0, index = 0;
   for (const auto& p : spec.paths()) {
     if (!stop_why.empty()) break;
@@ -439,7 +459,7 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
       batch->end = index;
       if (batch->files.size() >= batch_files || batch_bytes >= batch_limit) {
         if (!launch(std::move(batch), batch_bytes)) return CancelledError(stop_why);
-        batch = std::make_unique<Batch>();
+        batch = std::make_unique<Batch>(cluster_->FreeStamp());
         batch_bytes = 0;
       }
       return Status::OK();
@@ -486,6 +506,7 @@ void JobManager::RunBatch(uint64_t id, const rpc::LoadJobSpec& spec, Batch* b) {
     req.set_replicas(spec.replicas());
     req.set_parallel(spec.parallel() ? spec.parallel() : (spec.fetch_ahead() ? 0 : kDefaultParallel));
     req.set_fetch_ahead(spec.fetch_ahead());
+    req.set_free_stamp(b->free_stamp);
     req.set_bandwidth(spec.bandwidth() / workers.size());
     if (spec.bandwidth() > 0 && req.bandwidth() == 0) req.set_bandwidth(1);
     for (const auto& [wid, addr] : workers) {

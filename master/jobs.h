@@ -109,6 +109,9 @@ class JobManager {
   std::vector<rpc::LoadJob> List();  // newest first
   // Cancels a pending or running job; a finished one is returned unchanged (FAILED_PRECONDITION).
   StatusOr<rpc::LoadJob> Cancel(uint64_t id);
+  // Cancels every unfinished job (loads and fetch-aheads) with a path at or below `path`: a
+  // dataset unmounted there (its batches in flight are cancelled too). How many were.
+  size_t CancelWithin(const std::string& path);
 
   // For /metrics: jobs by state, and the totals of every job's counters.
   struct Totals {

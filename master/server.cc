@@ -914,6 +914,13 @@ class MasterServerImpl final : public MasterServer, public Roles {
   // An unmounted dataset: its blocks are freed on the workers in the background, unless another
   // mount serves the same URI (blocks are named by URI, path and version, so they are its too).
   void Unmounted(const rpc::MountInfo& gone) {
+    // Its load and fetch-ahead jobs stop first: no batch of it is sent from now on (and one already
+    // on its way caches nothing: its free stamp is older than the free below, docs/semantics.md).
+    if (std::shared_ptr<Leading> L = leading()) {
+      if (size_t n = L->jobs.CancelWithin(gone.path()); n > 0) {
+        spdlog::info("unmounted {}: {} of its load or fetch-ahead jobs cancelled", gone.path(), n);
+      }
+    }
     for (const auto& m : ns_->ListMounts()) {
       if (m.uri() == gone.uri()) {
         spdlog::info("unmounted {}; its cached blocks stay: {} serves the same under-storage", gone.path(), m.path());

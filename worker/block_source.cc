@@ -424,6 +424,7 @@ size_t BlockSource::ClassifyNow() {
 bool BlockSource::Prefetch(const BlockRequest& req) { return Enqueue(Queued{req, std::nullopt}); }
 
 bool BlockSource::Enqueue(Queued q) {
+  if (q.ticket == BlockStore::kNoTicket) q.ticket = store_->FreeTicket();
   MutexLock lock(&prefetch_mu_);
   const bool fill = q.fill.has_value();
   std::deque<Queued>& queue = fill ? fill_queue_ : prefetch_queue_;
@@ -451,13 +452,13 @@ void BlockSource::PrefetchLoop(bool fills) {
       queue.pop_front();
     }
     const BlockRequest& req = q.req;
-    Status st = Warm(q.req, q.fill);
+    Status st = Warm(q.req, q.fill, q.ticket);
     if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's prefetch queue", st);
     if (!st.ok()) spdlog::debug("prefetch of {} block {}: {}", req.ufs_path, req.index, st.message());
   }
 }
 
-Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id) {
+Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id, uint64_t ticket) {
   // A random reader's fill holds a fetch-ahead's pacer slot while it fetches: it waits while
   // demand misses fill the store's share, so the readers' own ranges go first. Whatever ends it,
   // its block leaves fills_.
@@ -482,6 +483,7 @@ Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id
   if (t.len == 0 || store_->Contains(t.meta.id)) return Status::OK();
   PeerRef home;
   Route route = RouteFor(req, t, &home);
+  route.ticket = ticket;
   // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
   if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
   if (fill.self != nullptr) {
@@ -500,7 +502,7 @@ Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id
 
 StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t replicas, RateLimiter* pace,
                                                      const std::vector<PeerRef>& members, uint64_t self_id,
-                                                     const AheadOptions* ahead) {
+                                                     const AheadOptions* ahead, uint64_t free_stamp) {
   req.offset = 0;
   req.length = req.block_size;
   req.from_peer = false;
@@ -562,8 +564,10 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   }
   if (pace != nullptr && !pace->Acquire(t.meta.length)) return CancelledError("the load job was cancelled");
   // A free of the block while its bytes are on their way wins (BlockStore::Put): the load counts
-  // the block fetched, and nothing is cached.
-  const uint64_t ticket = store_->FreeTicket();
+  // the block fetched, and nothing is cached. So does a free the master stamped after the batch's
+  // files were read, even one that came here before the batch (BlockStore::FreeTicketAt).
+  const uint64_t ticket = store_->FreeTicketAt(free_stamp);
+  route.ticket = ticket;
   if (home) {
     // Ask the home the master's list names, not this worker's own view of the membership, which
     // may lag or still hold a peer marked down: the block is then fetched from the under-storage
@@ -597,8 +601,17 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
   }
   ASSIGN_OR_RETURN(auto block, Fetch(req, t.mount, t.meta, route));
   if (!store_->Contains(t.meta.id) && !store_->FreedSince(ticket, t.meta)) {
-    return ResourceExhaustedError("fetched but not kept: the cache has no room it may use (raise the tier quotas, "
-                                  "free other datasets, or check the cache policy)");
+    // The bytes came from another fetch of the block (joined in flight, or kept aside uncached)
+    // whose Put found no room or was refused by a free older than this load (issue 54: a load
+    // right after a free failed so): this load's own Put decides.
+    Status put = store_->Put(t.meta, block->bytes(), ticket);
+    if (put.ok()) {
+      ClassifyAgainIfMissed(route.gen);
+      reporter_->BlockAdded(t.meta);
+    } else if (put.code() != Code::kAborted && !store_->Contains(t.meta.id)) {
+      return ResourceExhaustedError("fetched but not kept (" + put.message() + "): raise the tier quotas, free "
+                                    "other datasets, or check the cache policy");
+    }
   }
   (ahead ? counters_.ahead_blocks : counters_.loaded_blocks)++;
   (ahead ? counters_.ahead_bytes : counters_.loaded_bytes) += block->bytes().size();
@@ -691,8 +704,9 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
 
 BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
                                             Route route) {
-  // Taken before the bytes set out: a free of the block meanwhile keeps them out of the cache.
-  const uint64_t ticket = store_->FreeTicket();
+  // Taken before the bytes set out: a free of the block meanwhile keeps them out of the cache (a
+  // load batch's, older, was taken for it: BlockStore::FreeTicketAt).
+  const uint64_t ticket = std::min(route.ticket, store_->FreeTicket());
   auto fb = std::make_shared<FetchedBlock>();
   fb->source = ReadSource::kUnderStorage;
   std::string* data = &fb->str;

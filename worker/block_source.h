@@ -170,6 +170,10 @@ class BlockSource {
   // the pacer (FetchPacer::AcquireAhead: as many in flight as the measured bandwidth and latency
   // need, at most `ahead->cap`, demand misses first; CANCELLED when `ahead->stop` says so); and it
   // is counted as fetch-ahead, not as a load.
+  //
+  // `free_stamp`: the master's stamp of the batch (LoadBlocksRequest.free_stamp): a free stamped
+  // later that covers the block, here before or after the batch, makes the fetch cache nothing
+  // (kFetched; BlockStore::FreeTicketAt). 0: only frees from this call on count.
   enum class LoadOutcome { kNotMine, kCached, kFetched, kNoRoom };
   struct AheadOptions {
     uint32_t cap = FetchPacer::kMaxCap;
@@ -177,7 +181,7 @@ class BlockSource {
   };
   StatusOr<LoadOutcome> Load(BlockRequest req, uint32_t replicas, RateLimiter* pace = nullptr,
                              const std::vector<PeerRef>& members = {}, uint64_t self_id = 0,
-                             const AheadOptions* ahead = nullptr);
+                             const AheadOptions* ahead = nullptr, uint64_t free_stamp = 0);
 
   // Whether req's block is cached here (a cheap look: its key and the store's index).
   bool IsCached(const BlockRequest& req);
@@ -250,6 +254,9 @@ class BlockSource {
     bool home = true;      // kept by the block's home (first in the master's membership ranking)
     uint64_t gen = 0;      // classify_gen_ when the kind was decided
     bool ahead = false;    // a fetch-ahead's (holds a pacer slot; not a demand miss)
+    // A load batch's free ticket (BlockStore::FreeTicketAt), for the Put; kNoTicket: one taken
+    // when the fetch starts.
+    uint64_t ticket = BlockStore::kNoTicket;
     // This worker became the block's home when the membership changed: the previous home is asked
     // for its cached copy before the under-storage (Placement::PreviousHome).
     std::optional<PeerRef> previous;
@@ -273,9 +280,13 @@ class BlockSource {
   struct Queued {
     BlockRequest req;
     std::optional<BlockId> fill;
+    // Taken when the hint was queued: a free after it keeps the block out, however long the hint
+    // waited (issue 56: a reader's readahead landed after a free of what it read).
+    uint64_t ticket = BlockStore::kNoTicket;
   };
   bool Enqueue(Queued q);
-  Status Warm(BlockRequest req, const std::optional<BlockId>& fill = std::nullopt);
+  Status Warm(BlockRequest req, const std::optional<BlockId>& fill = std::nullopt,
+              uint64_t ticket = BlockStore::kNoTicket);
   // Whether a reader of a range of `id` waits for the whole block rather than reading its range:
   // the block was just fetched (buffered), or a fetch of it that a reader waits on is in flight. A
   // random reader's fill (fills_) is not waited for: the reader's own range costs one round trip,

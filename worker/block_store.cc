@@ -593,13 +593,13 @@ Status BlockStore::SetPins(const std::vector<FileKey>& keys) {
   return SavePins();
 }
 
-size_t BlockStore::Free(const std::vector<FileKey>& keys) {
+size_t BlockStore::Free(const std::vector<FileKey>& keys, uint64_t stamp) {
   auto set = std::make_shared<const std::unordered_set<FileKey, FileKeyHash>>(keys.begin(), keys.end());
-  return FreeIf([set](const BlockId& id, const BlockMeta&) { return set->count(id.key) > 0; });
+  return FreeIf([set](const BlockId& id, const BlockMeta&) { return set->count(id.key) > 0; }, stamp);
 }
 
-size_t BlockStore::FreeMount(uint64_t mount_id) {
-  return FreeIf([mount_id](const BlockId&, const BlockMeta& m) { return m.mount_id == mount_id; });
+size_t BlockStore::FreeMount(uint64_t mount_id, uint64_t stamp) {
+  return FreeIf([mount_id](const BlockId&, const BlockMeta& m) { return m.mount_id == mount_id; }, stamp);
 }
 
 namespace {
@@ -610,6 +610,17 @@ constexpr size_t kRecentFrees = 256;
 
 uint64_t BlockStore::FreeTicket() const {
   MutexLock lock(&mu_);
+  return frees_;
+}
+
+uint64_t BlockStore::FreeTicketAt(uint64_t stamp) const {
+  MutexLock lock(&mu_);
+  if (stamp == 0) return frees_;
+  // A free forgotten since may have been stamped later: every Put of the batch counts as freed.
+  if (forgotten_stamp_ > stamp) return forgotten_frees_ > 0 ? forgotten_frees_ - 1 : 0;
+  for (const RecentFree& f : recent_frees_) {
+    if (f.stamp > stamp) return f.number - 1;
+  }
   return frees_;
 }
 
@@ -627,7 +638,7 @@ bool BlockStore::FreedSinceLocked(uint64_t ticket, const BlockMeta& meta) const 
   return false;
 }
 
-size_t BlockStore::FreeIf(Doomed doomed) {
+size_t BlockStore::FreeIf(Doomed doomed, uint64_t stamp) {
   Removal r;
   size_t n = 0;
   {
@@ -636,9 +647,10 @@ size_t BlockStore::FreeIf(Doomed doomed) {
     while (!recent_frees_.empty() &&
            (recent_frees_.size() >= kRecentFrees || at - recent_frees_.front().at > kFreeMemory)) {
       forgotten_frees_ = recent_frees_.front().number;
+      forgotten_stamp_ = std::max(forgotten_stamp_, recent_frees_.front().stamp);
       recent_frees_.pop_front();
     }
-    recent_frees_.push_back(RecentFree{++frees_, at, doomed});
+    recent_frees_.push_back(RecentFree{++frees_, at, doomed, stamp});
     std::vector<BlockId> now;
     for (auto& [id, e] : index_) {
       if (e.doomed || !doomed(id, e.meta)) continue;

@@ -60,6 +60,13 @@
 // that ran while it wrote. The frees of the last 10 minutes are remembered (at most 256); a ticket
 // older than every remembered free counts as freed.
 //
+// Across the cluster a free reaches the workers one by one, and a load batch may reach a worker
+// after the free did (sent before, or formed before and sent after): its ticket, taken when it
+// arrives, would not see the free. So the master stamps both (Cluster::NextFreeStamp): a free
+// carries its stamp, a batch the stamp current when its files were read, and the batch's ticket is
+// FreeTicketAt(its stamp) — the ticket as it was before the first free remembered here with a
+// later stamp. Whichever arrives first, a batch older than a free caches nothing that free covers.
+//
 // Thread-safety: all methods are thread-safe; `mu_` guards the index, the policy lists and the
 // byte counts. Block data I/O happens outside the lock; unlinks happen under it, so a removal can
 // never delete a newer file of the same block.
@@ -216,6 +223,9 @@ class BlockStore {
   Status Put(const BlockMeta& meta, std::string_view data, uint64_t ticket = kNoTicket);
   // Taken before fetching a block's bytes, for its Put (see "Frees and fetches under way").
   uint64_t FreeTicket() const;
+  // The ticket of bytes fetched for a load batch stamped `stamp` by the master: as FreeTicket, but
+  // from before the first free stamped later (see "Frees and fetches under way"). 0: FreeTicket().
+  uint64_t FreeTicketAt(uint64_t stamp) const;
   // Whether a free that covers `meta`'s block ran after `ticket` was taken.
   bool FreedSince(uint64_t ticket, const BlockMeta& meta) const;
   // Whether a Put of `meta` would find room now (free room, or a block the rules let it evict):
@@ -248,9 +258,10 @@ class BlockStore {
   Status SetPins(const std::vector<FileKey>& keys);
   // Removes every cached block of these files (pinned ones too); returns how many. Blocks with a
   // reader go when their last reader is done.
-  size_t Free(const std::vector<FileKey>& keys);
+  // `stamp`: the master's free stamp (0: a free of this worker's own).
+  size_t Free(const std::vector<FileKey>& keys, uint64_t stamp = 0);
   // The same for every cached block of a mount (an unmounted dataset).
-  size_t FreeMount(uint64_t mount_id);
+  size_t FreeMount(uint64_t mount_id, uint64_t stamp = 0);
 
   // One reserver pass: queued promotions, then levels above their high watermark brought down to
   // low (bottom level first). The background thread calls it; tests may too.
@@ -282,7 +293,7 @@ class BlockStore {
   // Removes every cached block `doomed` picks (called under mu_, once per block); returns how many.
   // Remembered as a recent free, so Puts of bytes fetched before it cache nothing it covers.
   using Doomed = std::function<bool(const BlockId&, const BlockMeta&)>;
-  size_t FreeIf(Doomed doomed) EXCLUDES(mu_);
+  size_t FreeIf(Doomed doomed, uint64_t stamp = 0) EXCLUDES(mu_);
   struct Dir {
     std::string path;
     uint64_t quota = 0;
@@ -405,9 +416,11 @@ class BlockStore {
     uint64_t number;
     std::chrono::steady_clock::time_point at;
     Doomed covers;
+    uint64_t stamp = 0;  // the master's (0: none)
   };
   uint64_t frees_ GUARDED_BY(mu_) = 0;
   uint64_t forgotten_frees_ GUARDED_BY(mu_) = 0;  // every free up to this number is forgotten
+  uint64_t forgotten_stamp_ GUARDED_BY(mu_) = 0;  // the largest stamp among the forgotten frees
   std::deque<RecentFree> recent_frees_ GUARDED_BY(mu_);
   uint64_t seq_ GUARDED_BY(mu_) = 0;
   uint64_t corrupt_ GUARDED_BY(mu_) = 0, rejected_ = 0;

@@ -74,10 +74,10 @@ class WorkerService final : public rpc::Worker::Service {
       NoteBadRequest("worker's FreeBlocks", bad);
       return ToGrpc(bad);
     }
-    uint64_t blocks = keys->empty() ? 0 : store_->Free(*keys);
+    uint64_t blocks = keys->empty() ? 0 : store_->Free(*keys, req->stamp());
     for (uint64_t id : req->mount_ids()) {
       forget_mount_(id);  // reads of it ask the master again, and hear it is gone
-      size_t n = store_->FreeMount(id);
+      size_t n = store_->FreeMount(id, req->stamp());
       if (n > 0) spdlog::info("freed {} cached blocks of unmounted mount {}", n, id);
       blocks += n;
     }
@@ -191,7 +191,8 @@ class WorkerService final : public rpc::Worker::Service {
           no_room++;
           continue;
         }
-        auto outcome = source_->Load(br, req->replicas(), pace.get(), members, req->worker_id(), ahead_opts);
+        auto outcome =
+            source_->Load(br, req->replicas(), pace.get(), members, req->worker_id(), ahead_opts, req->free_stamp());
         if (outcome.ok() && *outcome == BlockSource::LoadOutcome::kNoRoom) {
           full = true;
           no_room++;

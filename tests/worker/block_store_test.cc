@@ -7,8 +7,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
+#include <random>
 #include <thread>
+#include <vector>
 
 #include "tests/testutil/testutil.h"
 
@@ -39,7 +43,9 @@ TEST(BlockFile, OnlyCanonicalNamesParse) {
   EXPECT_FALSE(store::ParseName(hex + "-+6.m", &k, &index, &sidecar));
   std::string upper = hex;
   for (char& c : upper) c = static_cast<char>(std::toupper(c));
-  if (upper != hex) EXPECT_FALSE(store::ParseName(upper, &k, &index, &sidecar));
+  if (upper != hex) {
+    EXPECT_FALSE(store::ParseName(upper, &k, &index, &sidecar));
+  }
   EXPECT_TRUE(store::ParseName(hex, &k, &index, &sidecar));
   EXPECT_FALSE(sidecar);
 }
@@ -82,6 +88,129 @@ TEST(BlockStore, AFreeWinsOverBytesThatWereOnTheirWay) {
   EXPECT_EQ(store->Put(b, data, ticket).code(), Code::kAborted);
   EXPECT_TRUE(store->Put(b, data).ok()) << "no ticket: only the frees during the Put count";
   EXPECT_TRUE(store->Contains(b.id));
+}
+
+// Issue 56: a free is final across the cluster. A model of the master and three workers: frees
+// and unmounts (stamped by the master, reaching the workers one by one, in any order), load and
+// fetch-ahead batches (stamped when their files were read, reaching each worker late, their bytes
+// landing later still) and demand reads, interleaved at random. Whatever the order, at the end
+// every cached block was fetched by something that began after the last free covering it: a batch
+// stamped after it, or a read that started on its worker after the free got there.
+TEST(BlockStore, NoFreeIsUndoneByAnyBatchOrReadThatBeganBeforeIt) {
+  testing::TempDir dir;
+  constexpr int kWorkers = 3, kFiles = 6, kMounts = 2;
+  std::vector<std::unique_ptr<BlockStore>> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    auto opened = BlockStore::Open(dir / ("w" + std::to_string(w)), 1 << 30);
+    ASSERT_TRUE(opened.ok());
+    workers.push_back(std::move(opened).value());
+  }
+  const std::string data(4096, 'x');
+  auto meta = [&](uint64_t mount, int file) {
+    BlockMeta m = Meta("m" + std::to_string(mount) + "/f" + std::to_string(file), 0, data.size());
+    m.mount_id = mount;
+    return m;
+  };
+  std::mt19937_64 rng(56);
+  uint64_t stamp = 1000;                    // the master's free stamp
+  std::vector<uint64_t> mount_of(kMounts);  // each dataset's current mount id (a remount: a new one)
+  for (int m = 0; m < kMounts; ++m) mount_of[m] = m + 1;
+  uint64_t next_mount = kMounts + 1;
+  // The latest stamp of a free that covered each block (by mount id and file), as the master sent it.
+  std::map<std::pair<uint64_t, int>, uint64_t> freed_at;
+  // What each worker has applied: the stamp of its latest free covering the block.
+  std::vector<std::map<std::pair<uint64_t, int>, uint64_t>> applied(kWorkers);
+  // Who cached each block on each worker: the begin stamp of the fetch that did.
+  std::vector<std::map<std::pair<uint64_t, int>, uint64_t>> cached_by(kWorkers);
+  struct Event {
+    uint64_t at;
+    std::function<void()> run;
+  };
+  std::vector<Event> events;  // kept sorted by `at` as they are added
+  uint64_t now = 0;
+  auto later = [&](uint64_t delay, std::function<void()> fn) { events.push_back({now + delay, std::move(fn)}); };
+  auto put = [&](int w, uint64_t mount, int file, uint64_t ticket, uint64_t began) {
+    Status st = workers[w]->Put(meta(mount, file), data, ticket);
+    if (st.ok()) cached_by[w][{mount, file}] = began;
+    if (st.ok() || st.code() == Code::kAborted) return;
+    ADD_FAILURE() << st.ToString();
+  };
+  for (int step = 0; step < 3000; ++step) {
+    now = step;
+    // Due events first, in the order they fell due.
+    std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.at < b.at; });
+    while (!events.empty() && events.front().at <= now) {
+      auto fn = std::move(events.front().run);
+      events.erase(events.begin());
+      fn();
+    }
+    const int m = static_cast<int>(rng() % kMounts), file = static_cast<int>(rng() % kFiles);
+    const uint64_t mount = mount_of[m];
+    switch (rng() % 5) {
+      case 0: {  // granary free of one file: stamped, sent to every worker in turn
+        const uint64_t s = ++stamp;
+        freed_at[{mount, file}] = s;
+        for (int w = 0; w < kWorkers; ++w) {
+          later(rng() % 40, [&, w, s, mount, file] {
+            workers[w]->Free({meta(mount, file).id.key}, s);
+            auto& a = applied[w][{mount, file}];
+            a = std::max(a, s);
+          });
+        }
+        break;
+      }
+      case 1: {  // an unmount (its jobs cancelled; in-flight batches keep going) and a remount
+        if (rng() % 8 != 0) break;
+        const uint64_t s = ++stamp;
+        for (int f = 0; f < kFiles; ++f) freed_at[{mount, f}] = s;
+        mount_of[m] = next_mount++;
+        for (int w = 0; w < kWorkers; ++w) {
+          later(rng() % 40, [&, w, s, mount] {
+            workers[w]->FreeMount(mount, s);
+            for (int f = 0; f < kFiles; ++f) applied[w][{mount, f}] = std::max(applied[w][{mount, f}], s);
+          });
+        }
+        break;
+      }
+      case 2:
+      case 3: {  // a load or fetch-ahead batch: stamped now, arriving late, its bytes later still
+        const uint64_t s = stamp;
+        for (int w = 0; w < kWorkers; ++w) {
+          later(rng() % 40, [&, w, s, mount, file] {
+            const uint64_t ticket = workers[w]->FreeTicketAt(s);
+            later(rng() % 40, [&, w, s, mount, file, ticket] { put(w, mount, file, ticket, s); });
+          });
+        }
+        break;
+      }
+      default: {  // a reader's miss on one worker: begins when its worker has applied what it has
+        const int w = static_cast<int>(rng() % kWorkers);
+        if (mount != mount_of[m]) break;
+        const uint64_t ticket = workers[w]->FreeTicket();
+        const uint64_t began = applied[w].count({mount, file}) ? applied[w][{mount, file}] : 0;
+        later(rng() % 40, [&, w, mount, file, ticket, began] { put(w, mount, file, ticket, began); });
+      }
+    }
+  }
+  now = ~uint64_t{0} / 2;
+  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.at < b.at; });
+  while (!events.empty()) {
+    auto fn = std::move(events.front().run);
+    events.erase(events.begin());
+    fn();
+  }
+  int checked = 0;
+  for (int w = 0; w < kWorkers; ++w) {
+    for (const auto& [block, s] : freed_at) {
+      if (!workers[w]->Contains(meta(block.first, block.second).id)) continue;
+      ++checked;
+      ASSERT_TRUE(cached_by[w].count(block));
+      EXPECT_GE(cached_by[w][block], s) << "worker " << w << " keeps block " << block.first << "/" << block.second
+                                        << " freed at stamp " << s << ", fetched by something that began at "
+                                        << cached_by[w][block];
+    }
+  }
+  EXPECT_GT(checked, 0) << "the model never re-cached a freed block: it checks nothing";
 }
 
 TEST(BlockStore, PutReadAndReopen) {
