@@ -60,19 +60,19 @@ Status SendFree(Cluster& cluster, const WorkerCalls& workers, const rpc::FreeBlo
 }  // namespace
 
 // Frees the cached blocks of these file versions on every live worker.
-Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys,
+Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys, uint64_t stamp,
                      uint64_t* blocks, uint32_t* told) {
   rpc::FreeBlocksRequest fb;
   for (const auto& k : keys) fb.add_file_keys(FileKeyBytes(k));
-  fb.set_stamp(cluster.NextFreeStamp());
+  fb.set_stamp(stamp);
   return SendFree(cluster, workers, fb, blocks, told);
 }
 
-Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t mount_id, uint64_t* blocks,
-                          uint32_t* told) {
+Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t mount_id, uint64_t stamp,
+                          uint64_t* blocks, uint32_t* told) {
   rpc::FreeBlocksRequest fb;
   fb.add_mount_ids(mount_id);
-  fb.set_stamp(cluster.NextFreeStamp());
+  fb.set_stamp(stamp);
   return SendFree(cluster, workers, fb, blocks, told);
 }
 
@@ -142,7 +142,8 @@ Status CacheAdmin::Free(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
   resp->set_files(keys.size());
   uint64_t blocks = 0;
   uint32_t told = 0;
-  Status st = FreeOnWorkers(*cluster_, workers_, keys, &blocks, &told);
+  ASSIGN_OR_RETURN(uint64_t stamp, ns_->NextFreeStamp());
+  Status st = FreeOnWorkers(*cluster_, workers_, keys, stamp, &blocks, &told);
   resp->set_blocks(blocks);
   resp->set_workers(told);
   return st;

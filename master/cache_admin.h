@@ -41,15 +41,16 @@ struct WorkerCalls {
 Status ForEachWorker(Cluster& cluster, const WorkerCalls& workers,
                      const std::function<Status(rpc::Worker::Stub&, grpc::ClientContext&)>& call, uint32_t* told);
 
-// Frees the cached blocks of these file versions on every live worker.
-Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys,
+// Frees the cached blocks of these file versions on every live worker. `stamp`: the free's stamp
+// (Namespace::NextFreeStamp): load batches read before it cache none of these blocks.
+Status FreeOnWorkers(Cluster& cluster, const WorkerCalls& workers, const std::vector<FileKey>& keys, uint64_t stamp,
                      uint64_t* blocks, uint32_t* told);
 
 // Frees every cached block of an unmounted mount on every live worker. A worker that misses it
 // (down, unreachable) frees them when it registers again: it asks the master for the mounts its
 // blocks belong to.
-Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t mount_id, uint64_t* blocks,
-                          uint32_t* told);
+Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t mount_id, uint64_t stamp,
+                          uint64_t* blocks, uint32_t* told);
 
 class CacheAdmin {
  public:

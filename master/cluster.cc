@@ -13,21 +13,12 @@ int64_t WallNs() {
 }  // namespace
 
 Cluster::Cluster(std::chrono::milliseconds worker_timeout, Clock clock)
-    : timeout_(worker_timeout), clock_(std::move(clock)), free_stamp_(static_cast<uint64_t>(WallNs())) {
+    : timeout_(worker_timeout), clock_(std::move(clock)) {
   // Epochs of a restarted master never repeat those its workers saw from the previous one.
   MutexLock lock(&mu_);
   epoch_ = static_cast<uint64_t>(WallNs());
 }
 
-uint64_t Cluster::NextFreeStamp() {
-  const uint64_t wall = static_cast<uint64_t>(WallNs());
-  uint64_t cur = free_stamp_.load();
-  uint64_t next;
-  do {
-    next = std::max(cur + 1, wall);
-  } while (!free_stamp_.compare_exchange_weak(cur, next));
-  return next;
-}
 
 uint64_t Cluster::RegisterWorker(const rpc::RegisterWorkerRequest& req) {
   MutexLock lock(&mu_);

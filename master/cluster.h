@@ -63,12 +63,7 @@ class Cluster {
   // changes), and a new leader taking them back (alive, as if each had just sent a heartbeat; one
   // that does not heartbeat within worker_timeout is expired as usual). Restore starts a new epoch.
   MembersRecord Record(uint64_t* epoch = nullptr);
-  // Free stamps (docs/semantics.md, "Free"): every free or unmount the leader sends the workers
-  // takes a new one, larger than any before (and than a previous leader's: they start from the
-  // wall clock); every load batch carries the one current when its files were read. A worker
-  // caches nothing of a batch that a free stamped later covers, whenever either arrives.
-  uint64_t NextFreeStamp();
-  uint64_t FreeStamp() const { return free_stamp_.load(); }
+
   void Restore(const MembersRecord& r);
 
  private:
@@ -85,7 +80,6 @@ class Cluster {
   Mutex mu_;
   uint64_t next_worker_ GUARDED_BY(mu_) = 1;
   uint64_t epoch_ GUARDED_BY(mu_) = 1;
-  std::atomic<uint64_t> free_stamp_;
   std::unordered_map<uint64_t, Worker> workers_ GUARDED_BY(mu_);
 };
 

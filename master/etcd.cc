@@ -218,9 +218,12 @@ StatusOr<std::optional<EtcdKv>> EtcdClient::Get(const std::string& key) {
   return std::optional<EtcdKv>(std::move(kv));
 }
 
-Status EtcdClient::Put(const std::string& key, const std::string& value) {
-  ASSIGN_OR_RETURN(std::string body,
-                   Post("/v3/kv/put", json{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}.dump()));
+Status EtcdClient::Put(const std::string& key, const std::string& value) { return PutLeased(key, value, 0); }
+
+Status EtcdClient::PutLeased(const std::string& key, const std::string& value, int64_t lease) {
+  json put = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/put", put.dump()));
   return Parse(body, "a put").status();
 }
 

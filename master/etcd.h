@@ -96,6 +96,8 @@ class EtcdClient : public Coordinator {
   Status Put(const std::string& key, const std::string& value) override;
   Status DeletePrefix(const std::string& prefix) override;
   Status DeleteIfUnchanged(const std::string& key, int64_t mod_revision) override;
+  // Puts key = value bound to `lease` (0: none), whoever holds the key (tests: a forged record).
+  Status PutLeased(const std::string& key, const std::string& value, int64_t lease);
   StatusOr<std::vector<EtcdKv>> List(const std::string& prefix) override;
 
  private:

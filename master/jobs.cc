@@ -45,7 +45,7 @@ bool Selected(const rpc::LoadJobSpec& spec, const std::string& path) {
 // One batch of files, in walk order, and what the workers said about it.
 struct JobManager::Batch {
   explicit Batch(uint64_t stamp) : free_stamp(stamp) {}
-  // The free stamp before any of its files was read (Cluster::FreeStamp): a free since covers them.
+  // The free stamp before any of its files was read (Namespace::FreeStamp): a free since covers them.
   const uint64_t free_stamp;
   uint64_t end = 0;  // walk index just past its last file
   uint64_t bytes = 0;  // the size of its files
@@ -438,7 +438,7 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
                           }));
     return true;
   };
-  auto batch = std::make_unique<Batch>(cluster_->FreeStamp());
+  auto batch = std::make_unique<Batch>(ns_->FreeStamp());
   uint64_t batch_bytes = 0, index = 0;
   for (const auto& p : spec.paths()) {
     if (!stop_why.empty()) break;
@@ -459,7 +459,7 @@ Status JobManager::Load(uint64_t id, const rpc::LoadJobSpec& spec) {
       batch->end = index;
       if (batch->files.size() >= batch_files || batch_bytes >= batch_limit) {
         if (!launch(std::move(batch), batch_bytes)) return CancelledError(stop_why);
-        batch = std::make_unique<Batch>(cluster_->FreeStamp());
+        batch = std::make_unique<Batch>(ns_->FreeStamp());
         batch_bytes = 0;
       }
       return Status::OK();

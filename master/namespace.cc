@@ -32,6 +32,8 @@ std::string CursorKey(uint64_t mount_id, uint64_t ino) { return "L" + Be64(mount
 std::string RenameKey(uint64_t ino) { return "R" + Be64(ino); }
 const char kNextIno[] = "S/next_ino";
 const char kNextMount[] = "S/next_mount";
+const char kFreeStamps[] = "S/free_stamps";
+constexpr uint64_t kFreeStampBlock = 1 << 20;  // reserved at once
 
 // Data directories this process has open: RocksDB's own lock cannot tell us apart from another
 // process, and a second Namespace on one directory must fail with the same clear error.
@@ -201,9 +203,10 @@ Status Namespace::LoadStateLocked() {
     *out = GetBe64(v.data());
     return Status::OK();
   };
-  uint64_t next_ino = 2, next_mount = 1;
+  uint64_t next_ino = 2, next_mount = 1, free_stamps = 0;
   RETURN_IF_ERROR(counter(kNextIno, &next_ino));
   RETURN_IF_ERROR(counter(kNextMount, &next_mount));
+  RETURN_IF_ERROR(counter(kFreeStamps, &free_stamps));
   std::map<uint64_t, rpc::MountInfo> mounts;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
   for (it->Seek("M"); it->Valid() && it->key().starts_with("M"); it->Next()) {
@@ -236,6 +239,10 @@ Status Namespace::LoadStateLocked() {
   SetPendingRenames(std::move(renames));
   next_ino_ = next_ino;
   next_mount_ = next_mount;
+  // Stamps up to the reservation may have been handed out (by this master before a restart, or by
+  // the leader this copy followed): the next ones start above it.
+  free_stamps_reserved_ = free_stamps;
+  free_stamp_.store(free_stamps);
   mounts_ = std::move(mounts);
   MutexLock sync_lock(&sync_mu_);
   sync_ms_.clear();
@@ -284,6 +291,24 @@ Status Namespace::ApplyEntry(const JournalEntry& e) {
   RETURN_IF_ERROR(journal_.Apply(e, &touched));
   if (touched.find_first_of("MSR*") == std::string::npos) return Status::OK();
   return ReloadState();
+}
+
+StatusOr<uint64_t> Namespace::NextFreeStamp() {
+  uint64_t stamp;
+  {
+    MutexLock lock(&mu_);
+    stamp = free_stamp_.load() + 1;
+    if (stamp > free_stamps_reserved_) {
+      rocksdb::WriteBatch batch;
+      batch.Put(kFreeStamps, Be64(stamp + kFreeStampBlock));
+      RETURN_IF_ERROR(journal_.Commit(&batch).WithContext("reserve free stamps"));
+      free_stamps_reserved_ = stamp + kFreeStampBlock;
+    }
+    free_stamp_.store(stamp);
+  }
+  // On a standby before the stamp is used: a new leader then starts above it.
+  RETURN_IF_ERROR(journal_.WaitReplicated());
+  return stamp;
 }
 
 std::vector<Namespace::PendingRename> Namespace::PendingRenames() const {
@@ -1579,23 +1604,53 @@ Status Namespace::Rename(uint64_t parent, const std::string& name, uint64_t new_
   // crash left halfway is finished first).
   ASSIGN_OR_RETURN(InodeRecord from_dir, WritableDir(parent, "rename " + name));
   RETURN_IF_ERROR(EnsureListed(from_dir));
-  auto ino = GetChild(parent, name);
-  auto rec = ino.ok() ? GetRecord(*ino) : StatusOr<InodeRecord>(ino.status());
-  uint64_t moved = 0;
-  if (rec.ok() && rec->type() == rpc::DIRECTORY) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto ino = GetChild(parent, name);
+    auto rec = ino.ok() ? GetRecord(*ino) : StatusOr<InodeRecord>(ino.status());
+    uint64_t moved = 0;
+    if (!rec.ok() || rec->type() != rpc::DIRECTORY) {
+      Status st = RenameEntry(parent, name, new_parent, new_name, noreplace, as, /*dir_allowed=*/false, &moved);
+      if (st.code() == Code::kAborted) continue;  // a directory now: once more, as one
+      return st;
+    }
     MutexLock one_rename(&rename_mu_);
     RETURN_IF_ERROR(FinishRenamesLocked());
-    RETURN_IF_ERROR(RenameEntry(parent, name, new_parent, new_name, noreplace, as, &moved));
-    return moved == 0 ? Status::OK() : FinishRename(moved).WithContext("rename " + name + " (its contents)");
+    // The blocks below it were cached under the old paths: their keys, read before anything moves
+    // (a writer may rewrite a record with its new path before the batches reach it).
+    std::vector<FileKey> old_keys;
+    if (auto m = GetMount(rec->mount_id()); m.ok()) {
+      std::vector<uint64_t> stack{*ino};
+      while (!stack.empty()) {
+        uint64_t cur = stack.back();
+        stack.pop_back();
+        auto c = GetRecord(cur);
+        if (!c.ok()) continue;
+        if (c->type() == rpc::REGULAR && !c->version().empty()) {
+          old_keys.push_back(MakeFileKey(m->uri(), c->ufs_path(), c->version()));
+        }
+        const std::string prefix = "C" + Be64(cur);
+        std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
+        for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+          stack.push_back(GetBe64(it->key().data() + 9));
+        }
+      }
+    }
+    RETURN_IF_ERROR(RenameEntry(parent, name, new_parent, new_name, noreplace, as, /*dir_allowed=*/true, &moved));
+    if (moved == 0) return Status::OK();
+    Reclaim(std::move(old_keys));
+    // The rename has happened (in the store and the namespace); what is left of writing it out is
+    // the next leader's or the next directory rename's if this fails (the reads are right meanwhile).
+    if (Status fin = FinishRename(moved); !fin.ok()) {
+      spdlog::warn("rename {}: the paths below it are rewritten later ({})", name, fin.message());
+    }
+    return Status::OK();
   }
-  RETURN_IF_ERROR(RenameEntry(parent, name, new_parent, new_name, noreplace, as, &moved));
-  if (moved == 0) return Status::OK();
-  MutexLock one_rename(&rename_mu_);  // a directory after all (made meanwhile under that name)
-  return FinishRename(moved).WithContext("rename " + name + " (its contents)");
+  return AbortedError("rename " + name + ": it keeps changing between a file and a directory; try again");
 }
 
 Status Namespace::RenameEntry(uint64_t parent, const std::string& name, uint64_t new_parent,
-                              const std::string& new_name, bool noreplace, const WriteCaller& as, uint64_t* moved_dir) {
+                              const std::string& new_name, bool noreplace, const WriteCaller& as, bool dir_allowed,
+                              uint64_t* moved_dir) {
   *moved_dir = 0;
   if (!IsValidName(new_name) || IsWritingName(new_name)) return InvalidArgumentError("'" + new_name + "' cannot be a name here");
   ASSIGN_OR_RETURN(InodeRecord from_dir, WritableDir(parent, "rename " + name));
@@ -1607,6 +1662,7 @@ Status Namespace::RenameEntry(uint64_t parent, const std::string& name, uint64_t
   RETURN_IF_ERROR(EnsureListed(to_dir));
   ASSIGN_OR_RETURN(uint64_t ino, GetChild(parent, name));
   ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
+  if (r.type() == rpc::DIRECTORY && !dir_allowed) return AbortedError("rename " + name + ": a directory now");
   if (r.type() == rpc::DIRECTORY) {
     // Not into itself or below it.
     for (uint64_t at = new_parent; at != kRootIno && at != 0;) {

@@ -23,6 +23,7 @@
 //   C be64(parent) be64(child)  -> ""               readdir order; the child inode is the cookie
 //   M be64(mount id)            -> MountRecord       (proto/meta.proto; master/records.h converts)
 //   S next_ino / S next_mount   -> be64             allocators
+//   S/free_stamps               -> be64             free stamps reserved up to here (NextFreeStamp)
 //   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned
 //   J ...                       -> load jobs (layout in master/jobs.h)
 //   L be64(mount) be64(ino)     -> LoadCursorRecord  where an unfinished LoadTree of ino stands
@@ -246,6 +247,14 @@ class Namespace {
   // A leader: finishes directory renames a previous leader (or this master before a crash) left
   // halfway (see "Directory renames"). Cheap when there is none.
   Status FinishRenames();
+  // Free stamps (docs/semantics.md, "A free is final across the cluster"): every free or unmount
+  // the leader sends the workers takes a new one, larger than any handed out before by this master
+  // or any earlier leader (they are reserved in blocks through the journal, and a master starts
+  // above the last reservation it holds); every load batch carries the one current when its files
+  // were read (FreeStamp). A worker caches nothing of a batch that a free stamped later covers.
+  // NextFreeStamp: non-OK when a reservation cannot be written (no longer leading).
+  StatusOr<uint64_t> NextFreeStamp();
+  uint64_t FreeStamp() const { return free_stamp_.load(); }
   // Directory renames whose subtree is still being written out (0 almost always).
   size_t renames_in_progress() const { return PendingRenames().size(); }
   // Tests: called between the batches of a directory rename (no lock of the namespace's held);
@@ -317,9 +326,10 @@ class Namespace {
   Status FinishRename(uint64_t ino) REQUIRES(rename_mu_) EXCLUDES(mu_);
   Status FinishRenamesLocked() REQUIRES(rename_mu_) EXCLUDES(mu_);
   // Rename's move of the entry itself (in the store, then one batch); a directory's subtree is
-  // left to FinishRename: its inode in *moved_dir (0 for a file).
+  // left to FinishRename: its inode in *moved_dir (0 for a file). ABORTED for a directory unless
+  // `dir_allowed` (the caller holds rename_mu_).
   Status RenameEntry(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
-                     bool noreplace, const WriteCaller& as, uint64_t* moved_dir);
+                     bool noreplace, const WriteCaller& as, bool dir_allowed, uint64_t* moved_dir);
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
   Status EnsureListed(const InodeRecord& dir, bool* ufs_needed = nullptr);
   // The answer to a call made with `ufs_needed` that would have to wait for the under-storage.
@@ -342,9 +352,11 @@ class Namespace {
 
   // Serialises directory renames, held across all the batches of one (taken before mu_).
   mutable Mutex rename_mu_ ACQUIRED_BEFORE(mu_);
+  std::atomic<uint64_t> free_stamp_{0};  // the last free stamp handed out (or the reserved limit at start)
   mutable Mutex mu_;                     // guards the fields below and all writes
   uint64_t next_ino_ GUARDED_BY(mu_) = 2;
   uint64_t next_mount_ GUARDED_BY(mu_) = 1;
+  uint64_t free_stamps_reserved_ GUARDED_BY(mu_) = 0;  // S/free_stamps
   std::map<uint64_t, rpc::MountInfo> mounts_ GUARDED_BY(mu_);
   // Each mount's metadata.sync_interval, parsed once (SplitMountOptions); nullopt: the default.
   // Read on every metadata call (SyncDue), so under a lock of its own, taken after mu_.

@@ -306,6 +306,7 @@ class ReplicatedBeforeAnswer {
     resp->set_worker_id(L->cluster.RegisterWorker(*req));
     roles_->MembersChanged();
     resp->set_members_epoch(L->cluster.Members(0, resp->mutable_workers()));
+    resp->set_free_stamp(ns_->FreeStamp());
     auto pins = ns_->Pins();
     if (!pins.ok()) return ToGrpc(pins.status());
     std::set<FileKey> pinned;
@@ -479,7 +480,10 @@ class MasterServerImpl final : public MasterServer, public Roles {
         leading_ = std::move(L);
       }
       // A directory rename a crash left halfway (Namespace, "Directory renames").
-      RETURN_IF_ERROR(ns_->FinishRenames().WithContext("finish a directory rename left halfway"));
+      if (Status fin = ns_->FinishRenames(); !fin.ok()) {
+        spdlog::error("finishing a directory rename left halfway: {} (the next directory rename tries again)",
+                      fin.message());
+      }
     }
     service_ = std::make_unique<MasterService>(ns_.get(), this, sec_, [this](const rpc::MountInfo& m) { Unmounted(m); });
     grpc::ServerBuilder builder;
@@ -781,7 +785,8 @@ class MasterServerImpl final : public MasterServer, public Roles {
       for (uint64_t id : mounts) {
         uint64_t blocks = 0;
         uint32_t told = 0;
-        Status st = FreeMountOnWorkers(L->cluster, workers_, id, &blocks, &told);
+        StatusOr<uint64_t> stamp = ns_->NextFreeStamp();
+        Status st = stamp.ok() ? FreeMountOnWorkers(L->cluster, workers_, id, *stamp, &blocks, &told) : stamp.status();
         if (!st.ok()) {
           spdlog::warn("freeing the blocks of unmounted mount {}: {} (a worker that missed it frees them when it "
                        "registers again)",
@@ -792,7 +797,8 @@ class MasterServerImpl final : public MasterServer, public Roles {
       if (keys.empty()) continue;
       uint64_t blocks = 0;
       uint32_t told = 0;
-      Status st = FreeOnWorkers(L->cluster, workers_, keys, &blocks, &told);
+      StatusOr<uint64_t> stamp = ns_->NextFreeStamp();
+      Status st = stamp.ok() ? FreeOnWorkers(L->cluster, workers_, keys, *stamp, &blocks, &told) : stamp.status();
       if (!st.ok()) spdlog::warn("reclaiming the blocks of {} replaced file versions: {}", keys.size(), st.message());
       spdlog::info("reclaimed {} cached blocks of {} replaced or deleted file versions", blocks, keys.size());
     }

@@ -140,6 +140,8 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   CountAccess(req.mount_id, false);
   if (req.from_peer) counters_.peer_served++;
   Route route = RouteFor(req, t, nullptr);
+  // A load batch's copy asked of this home: the batch's stamp counts here too.
+  if (req.free_stamp != 0) route.ticket = store_->FreeTicketAt(req.free_stamp);
   if (route.ask_peers && !route.keep) {
     // Not a holder: only this range, streamed from the holders.
     BlockRequest range = req;
@@ -484,8 +486,12 @@ Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id
   PeerRef home;
   Route route = RouteFor(req, t, &home);
   route.ticket = ticket;
-  // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
-  if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
+  // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped);
+  // not when a free here came after the hint (the home may have had it already).
+  if (route.ask_peers && !route.keep) {
+    if (ticket != BlockStore::kNoTicket && store_->FreedSince(ticket, t.meta)) return Status::OK();
+    return placement_->PrefetchOnPeer(home, req);
+  }
   if (fill.self != nullptr) {
     fill.slot = pacer_.AcquireAhead(FetchPacer::kMaxCap, [this] {
       MutexLock lock(&prefetch_mu_);
@@ -575,6 +581,7 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     std::string data;
     BlockRequest whole = req;
     whole.length = t.meta.length;  // the block's real length (the file's last block is shorter)
+    whole.free_stamp = free_stamp;
     Status st = placement_->ReadFromPeer(*home, whole, &data);
     if (st.ok() && data.size() == t.meta.length) {
       counters_.peer_reads++;

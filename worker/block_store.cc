@@ -613,6 +613,21 @@ uint64_t BlockStore::FreeTicket() const {
   return frees_;
 }
 
+void BlockStore::SetFreeFloor(uint64_t stamp) {
+  MutexLock lock(&mu_);
+  if (floor_set_) return;
+  floor_set_ = true;
+  if (stamp == 0) return;
+  // As if a free stamped `stamp` had been forgotten before any this process remembers.
+  forgotten_stamp_ = std::max(forgotten_stamp_, stamp);
+  if (forgotten_frees_ == 0) {
+    // Tickets count from 1 from now on, so that "before the forgotten free" (0) exists.
+    for (RecentFree& f : recent_frees_) ++f.number;
+    ++frees_;
+    forgotten_frees_ = 1;
+  }
+}
+
 uint64_t BlockStore::FreeTicketAt(uint64_t stamp) const {
   MutexLock lock(&mu_);
   if (stamp == 0) return frees_;

@@ -226,6 +226,10 @@ class BlockStore {
   // The ticket of bytes fetched for a load batch stamped `stamp` by the master: as FreeTicket, but
   // from before the first free stamped later (see "Frees and fetches under way"). 0: FreeTicket().
   uint64_t FreeTicketAt(uint64_t stamp) const;
+  // The master's free stamp at this process's first registration: a batch stamped before it may
+  // predate frees this process never heard of (it was not running), so it caches nothing here.
+  // Only the first call counts.
+  void SetFreeFloor(uint64_t stamp);
   // Whether a free that covers `meta`'s block ran after `ticket` was taken.
   bool FreedSince(uint64_t ticket, const BlockMeta& meta) const;
   // Whether a Put of `meta` would find room now (free room, or a block the rules let it evict):
@@ -421,6 +425,7 @@ class BlockStore {
   uint64_t frees_ GUARDED_BY(mu_) = 0;
   uint64_t forgotten_frees_ GUARDED_BY(mu_) = 0;  // every free up to this number is forgotten
   uint64_t forgotten_stamp_ GUARDED_BY(mu_) = 0;  // the largest stamp among the forgotten frees
+  bool floor_set_ GUARDED_BY(mu_) = false;
   std::deque<RecentFree> recent_frees_ GUARDED_BY(mu_);
   uint64_t seq_ GUARDED_BY(mu_) = 0;
   uint64_t corrupt_ GUARDED_BY(mu_) = 0, rejected_ = 0;

@@ -61,6 +61,8 @@ Status MasterLink::Register() {
     FileKey f;
     if (FileKeyFromBytes(k, &f)) pins.push_back(f);
   }
+  // Frees sent before this process ran are unknown to it: older load batches cache nothing here.
+  store_->SetFreeFloor(resp.free_stamp());
   Status ps = store_->SetPins(pins);
   if (!ps.ok()) spdlog::warn("cannot record pins: {}", ps.message());
   // Mounts of cached blocks: learn their cache policy before the reserver needs it.

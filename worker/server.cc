@@ -92,6 +92,7 @@ class WorkerService final : public rpc::Worker::Service {
                     req->index(),      req->offset(),   req->length(),  req->from_peer(),
                     req->from_peer() && req->cached_only()};
     br.random = req->random();
+    br.free_stamp = req->free_stamp();
     std::string data;
     bool hit = false;
     ReadSource source = ReadSource::kCache;

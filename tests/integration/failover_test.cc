@@ -275,11 +275,15 @@ TEST_F(FailoverTest, AForgedLeaderRecordGetsNeitherTheTokenNorAFollower) {
   auto etcd = master::EtcdClient::Create(SplitAddressList(etcd_), seconds(2), EtcdTls());
   ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
   // The attack of the finding (here with the masters' own certificate: what etcd without TLS allowed
-  // anyone): the leader's lease revoked, so it steps down, and the key left naming the forger.
+  // anyone): the leader's lease revoked, so it steps down, and the key left naming the forger —
+  // under a live lease of the forger's own (a key with none is no master's: the masters remove it,
+  // checked below).
   auto held = (*etcd)->Get("/granary/master/leader");
   ASSERT_TRUE(held.ok() && held->has_value()) << held.status().ToString();
+  auto forged_lease = (*etcd)->Grant(seconds(300));
+  ASSERT_TRUE(forged_lease.ok()) << forged_lease.status().ToString();
   ASSERT_TRUE((*etcd)->Revoke((*held)->lease).ok());
-  ASSERT_TRUE((*etcd)->Put("/granary/master/leader", forger.address()).ok());
+  ASSERT_TRUE((*etcd)->PutLeased("/granary/master/leader", forger.address(), *forged_lease).ok());
   std::vector<int> standbys;
   for (int i = 0; i < 3; ++i) {
     if (i != leader) standbys.push_back(i);
@@ -293,11 +297,26 @@ TEST_F(FailoverTest, AForgedLeaderRecordGetsNeitherTheTokenNorAFollower) {
   EXPECT_GE(forger.challenges.load(), 2);
   EXPECT_EQ(forger.tokens.load(), 0) << "a master sent the forged leader the cluster's token";
   EXPECT_EQ(forger.replicates.load(), 0) << "a standby opened a Replicate stream to the forged leader";
-  // The record gone, a real master leads again with both standbys in sync.
-  ASSERT_TRUE((*etcd)->DeletePrefix("/granary/master/leader").ok());
-  const int next = WaitForLeader(2);
+  // The forger's lease ended, a real master leads again with both standbys in sync.
+  ASSERT_TRUE((*etcd)->Revoke(*forged_lease).ok());
+  int next = WaitForLeader(2);
   ASSERT_GE(next, 0) << masters_[0]->Log() << masters_[1]->Log() << masters_[2]->Log();
   EXPECT_EQ(forger.tokens.load(), 0);
+  // A forged record with no lease (its writer's lease revoked under it, or none given) is no
+  // master's: nobody follows it, and the masters remove it once it has stood a lease (it stopped
+  // every election until deleted by hand).
+  held = (*etcd)->Get("/granary/master/leader");
+  ASSERT_TRUE(held.ok() && held->has_value()) << held.status().ToString();
+  ASSERT_TRUE((*etcd)->Revoke((*held)->lease).ok());
+  ASSERT_TRUE((*etcd)->Put("/granary/master/leader", forger.address()).ok());
+  EXPECT_TRUE(WaitFor([&] {
+    auto k = (*etcd)->Get("/granary/master/leader");
+    return k.ok() && k->has_value() && (*k)->lease != 0;
+  }, seconds(60))) << "the lease-less record stopped the election:\n" << masters_[0]->Log();
+  next = WaitForLeader(2);
+  ASSERT_GE(next, 0) << masters_[0]->Log() << masters_[1]->Log() << masters_[2]->Log();
+  EXPECT_EQ(forger.tokens.load(), 0);
+  EXPECT_EQ(forger.replicates.load(), 0);
 
   // Finding 3: replication trusts no standby's word. With the token (a holder of it, not a
   // standby): a 1 MiB id is refused, and an acknowledgement of entries never sent ends the stream.
