@@ -824,10 +824,13 @@ ufs:
 
 
     def reader(self, path, name):
-        """A process that reads `path` over and over until told to stop; says how many reads failed."""
+        """A process that reads `path` over and over until told to stop; says how many reads failed.
+        Returns (finish, reads): reads() is how many reads it has made so far (its progress file), so
+        that a test waits for reads rather than sleeping (a loaded machine starts python slowly)."""
         stop = os.path.join(self.dir, name + ".stop")
+        progress = os.path.join(self.dir, name + ".reads")
         code = ("import os, sys, time\n"
-                "path, stop, want = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+                "path, stop, want, progress = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]\n"
                 "n = bad = 0\n"
                 "while not os.path.exists(stop):\n"
                 "    try:\n"
@@ -837,11 +840,20 @@ ufs:
                 "        bad += 1\n"
                 "        print(e, file=sys.stderr, flush=True)\n"
                 "    n += 1\n"
+                "    with open(progress + '.tmp', 'w') as f:\n"
+                "        f.write(str(n))\n"
+                "    os.replace(progress + '.tmp', progress)\n"
                 "    time.sleep(0.005)\n"
                 "print(n, bad)\n")
-        p = subprocess.Popen(["python3", "-c", code, path, stop, str(len(self.payload))], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(["python3", "-c", code, path, stop, str(len(self.payload)), progress],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(p)
+
+        def reads():
+            try:
+                return int(read(progress) or 0)
+            except (OSError, ValueError):
+                return 0
 
         def finish():
             with open(stop, "w"):
@@ -849,7 +861,7 @@ ufs:
             out, err = p.communicate(timeout=120)
             n, bad = map(int, out.split())
             return n, bad, err
-        return finish
+        return finish, reads
 
     def cat(self, path):
         r = subprocess.run(["cat", path], capture_output=True, timeout=60)  # a hung mount fails, not hangs
@@ -905,7 +917,8 @@ ufs:
         self.assertEqual(self.probe(f"{d}/fuse1.addr"), 200)
 
         # The update: the new pod's granary-fuse takes over while a reader reads on.
-        done = self.reader(data, "update")
+        done, reads = self.reader(data, "update")
+        wait_for(lambda: reads() > 0, what="the reader's first read")
         f2 = fuse(2)
         self.ready(f"{d}/fuse2.addr", f2)
         self.assertEqual(self.probe(f"{d}/fuse2.addr"), 200)
@@ -915,20 +928,22 @@ ufs:
         f1.send_signal(signal.SIGTERM)  # Kubernetes deletes the old pod
         self.assertEqual(f1.wait(timeout=30), 0, read(f"{d}/fuse1.log"))
         self.assertTrue(mounted(mountpoint), "a handed-over granary-fuse does not unmount")
-        time.sleep(0.5)
+        after = reads()
+        wait_for(lambda: reads() > after + 2, what="reads after the hand-over")
         n, bad, err = done()
         self.assertGreater(n, 0)
         self.assertEqual(bad, 0, "readers see no error across the hand-over: " + err)
 
         # A crash of the fuse container: the keeper keeps the connection, the restarted one takes it.
-        done = self.reader(data, "crash")
-        time.sleep(0.3)
+        done, reads = self.reader(data, "crash")
+        wait_for(lambda: reads() > 0, what="the reader's first read")
         f2.kill()
         f2.wait(timeout=30)
         f3 = fuse(3)
         self.ready(f"{d}/fuse3.addr", f3)
         self.assertEqual(self.cat(data), self.payload)
-        time.sleep(0.5)
+        after = reads()
+        wait_for(lambda: reads() > after + 2, what="reads after the restart")
         n, bad, err = done()
         if tuple(map(int, re.findall(r"\d+", os.uname().release)[:2])) >= (6, 9):
             self.assertEqual(bad, 0, "the kernel re-sends what the dead process had read: " + err)
