@@ -338,19 +338,21 @@ LeaderElection::Clock::time_point LeaderElection::KeepLeading(Clock::time_point 
   StatusOr<int64_t> ttl = coord_->KeepAlive(lease_);
   if (ttl.ok() || ttl.status().code() == Code::kNotFound) EtcdAnswered();
   if (ttl.ok()) {
-    {
-      MutexLock lock(&mu_);
-      valid_until_ = sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) - opts_.margin;
-    }
     // The key must still be this lease's: one overwritten or deleted under a live lease (by hand, or
     // by whoever can write to etcd) names another leader to the standbys, and two masters must never
-    // both count themselves leader. (A failed read changes nothing: the fence covers etcd's loss.)
+    // both count themselves leader. The fence moves only once the key is read back as this lease's:
+    // a lease kept alive under a key that cannot be read would otherwise keep a displaced leader
+    // leading past the ttl after which the others remove a lease-less key and elect.
     StatusOr<std::optional<EtcdKv>> held = coord_->Get(opts_.key);
     if (held.ok() && (!held->has_value() || (*held)->lease != lease_ || (*held)->value != opts_.id)) {
       const std::string other = held->has_value() ? (*held)->value : std::string("nobody");
       StepDown(now_(), "the leader key in etcd no longer holds this master's lease (it names " +
                            other.substr(0, 256) + ")");
       return now_() + kRetry;
+    }
+    if (held.ok()) {
+      MutexLock lock(&mu_);
+      valid_until_ = sent + std::chrono::duration_cast<Clock::duration>(opts_.ttl) - opts_.margin;
     }
     if (tidy_at_ != Clock::time_point{} && now >= tidy_at_) {
       // The election's reports have done their work (every candidate has seen the key held); one

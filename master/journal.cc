@@ -190,6 +190,17 @@ Status Journal::Commit(rocksdb::WriteBatch* batch, bool sync) {
   return Status::OK();
 }
 
+void Journal::Owe(uint64_t index) {
+  bool wait = false;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [id, f] : followers_) wait |= f.in_sync && f.acked < index;
+  }
+  if (!wait) return;
+  t_owed_index = std::max(t_owed_journal == this ? t_owed_index : 0, index);
+  t_owed_journal = this;
+}
+
 Status Journal::WaitReplicated() {
   if (t_owed_journal != this || t_owed_index == 0) return Status::OK();
   const uint64_t index = t_owed_index;

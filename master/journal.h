@@ -122,6 +122,10 @@ class Journal {
   // sync). OK at once when this thread owes nothing. Non-OK when the fence fails meanwhile: this
   // master lost its lease and cannot vouch for the write. Call it holding no lock of the caller's.
   Status WaitReplicated();
+  // Makes the calling thread owe entry `index` (one another thread committed) as if it had
+  // committed it: its next WaitReplicated waits for it too. For a value reserved by one entry and
+  // handed out by many calls (the free stamps).
+  void Owe(uint64_t index);
   // A standby: applies the leader's entry, which must be the one after position(). Returns which
   // key prefixes it touched (first bytes of its keys) in *prefixes when not null.
   Status Apply(const JournalEntry& e, std::string* prefixes = nullptr);

@@ -264,9 +264,16 @@ Status Namespace::SkipAhead(uint64_t inodes, uint64_t mounts) {
   rocksdb::WriteBatch batch;
   batch.Put(kNextIno, Be64(next_ino_ + inodes));
   batch.Put(kNextMount, Be64(next_mount_ + mounts));
+  // The free stamps past one more reservation: the previous leader may have reserved (and handed
+  // out) one block that no standby got when none was in sync. Stamps must never go back: a worker
+  // counts every batch stamped below a free it has seen as older than that free.
+  const uint64_t stamps = free_stamps_reserved_ + kFreeStampBlock;
+  batch.Put(kFreeStamps, Be64(stamps));
   RETURN_IF_ERROR(journal_.Commit(&batch, /*sync=*/true).WithContext("move the counters ahead"));
   next_ino_ += inodes;
   next_mount_ += mounts;
+  free_stamps_reserved_ = stamps;
+  free_stamp_.store(stamps);  // the next stamp reserves a block of its own
   return Status::OK();
 }
 
@@ -301,10 +308,13 @@ StatusOr<uint64_t> Namespace::NextFreeStamp() {
     if (stamp > free_stamps_reserved_) {
       rocksdb::WriteBatch batch;
       batch.Put(kFreeStamps, Be64(stamp + kFreeStampBlock));
-      RETURN_IF_ERROR(journal_.Commit(&batch).WithContext("reserve free stamps"));
+      RETURN_IF_ERROR(journal_.Commit(&batch, /*sync=*/true).WithContext("reserve free stamps"));
       free_stamps_reserved_ = stamp + kFreeStampBlock;
+      free_stamps_reserved_at_ = journal_.position().index;  // this entry's, or a later one's
     }
     free_stamp_.store(stamp);
+    // Whoever reserved the block, the reservation must be on a standby before the stamp is used.
+    journal_.Owe(free_stamps_reserved_at_);
   }
   // On a standby before the stamp is used: a new leader then starts above it.
   RETURN_IF_ERROR(journal_.WaitReplicated());
@@ -1812,7 +1822,10 @@ Status Namespace::FinishRename(uint64_t ino) {
       }
       first = false;
       const bool last = stack.empty() || !m.ok();
-      if (last) batch.Delete(RenameKey(ino));
+      if (last) {
+        stack.clear();  // the dataset or the directory gone: what is left is gone with it
+        batch.Delete(RenameKey(ino));
+      }
       if (batch.Count() > 0) RETURN_IF_ERROR(journal_.Commit(&batch).WithContext("rename a directory's contents"));
       if (last) {
         std::vector<PendingRename> now = PendingRenames();

@@ -262,7 +262,8 @@ class Namespace {
   void SetRenameBatchHookForTest(std::function<Status()> hook, size_t batch);
   // A new leader: moves the inode and mount counters `inodes` and `mounts` ahead (a journal entry),
   // so numbers the previous leader handed out in writes this copy never got are not handed out
-  // again for other files (a kernel holding one gets ESTALE, never another file's bytes).
+  // again for other files (a kernel holding one gets ESTALE, never another file's bytes). The free
+  // stamps move past one more reservation, for the same reason.
   Status SkipAhead(uint64_t inodes, uint64_t mounts);
 
   // master.block_size: the block size of mounts made from now on.
@@ -357,6 +358,7 @@ class Namespace {
   uint64_t next_ino_ GUARDED_BY(mu_) = 2;
   uint64_t next_mount_ GUARDED_BY(mu_) = 1;
   uint64_t free_stamps_reserved_ GUARDED_BY(mu_) = 0;  // S/free_stamps
+  uint64_t free_stamps_reserved_at_ GUARDED_BY(mu_) = 0;  // the journal index of that reservation
   std::map<uint64_t, rpc::MountInfo> mounts_ GUARDED_BY(mu_);
   // Each mount's metadata.sync_interval, parsed once (SplitMountOptions); nullopt: the default.
   // Read on every metadata call (SyncDue), so under a lock of its own, taken after mu_.

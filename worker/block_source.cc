@@ -426,7 +426,10 @@ size_t BlockSource::ClassifyNow() {
 bool BlockSource::Prefetch(const BlockRequest& req) { return Enqueue(Queued{req, std::nullopt}); }
 
 bool BlockSource::Enqueue(Queued q) {
-  if (q.ticket == BlockStore::kNoTicket) q.ticket = store_->FreeTicket();
+  if (q.ticket == BlockStore::kNoTicket) {
+    q.ticket = q.req.free_stamp != 0 ? store_->FreeTicketAt(q.req.free_stamp) : store_->FreeTicket();
+  }
+  if (q.req.free_stamp == 0) q.req.free_stamp = store_->KnownStamp();
   MutexLock lock(&prefetch_mu_);
   const bool fill = q.fill.has_value();
   std::deque<Queued>& queue = fill ? fill_queue_ : prefetch_queue_;
@@ -509,6 +512,7 @@ Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id
 StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t replicas, RateLimiter* pace,
                                                      const std::vector<PeerRef>& members, uint64_t self_id,
                                                      const AheadOptions* ahead, uint64_t free_stamp) {
+  req.free_stamp = free_stamp;  // every copy asked of a peer for this batch carries its stamp
   req.offset = 0;
   req.length = req.block_size;
   req.from_peer = false;
@@ -581,7 +585,6 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
     std::string data;
     BlockRequest whole = req;
     whole.length = t.meta.length;  // the block's real length (the file's last block is shorter)
-    whole.free_stamp = free_stamp;
     Status st = placement_->ReadFromPeer(*home, whole, &data);
     if (st.ok() && data.size() == t.meta.length) {
       counters_.peer_reads++;

@@ -284,6 +284,10 @@ class BlockSource {
     // waited (issue 56: a reader's readahead landed after a free of what it read).
     uint64_t ticket = BlockStore::kNoTicket;
   };
+  // Queues a hint. Its ticket is taken now: from the stamp it came with (a peer's hint,
+  // req.free_stamp), else from now; req.free_stamp is then set to the stamp this worker knew when
+  // it queued the hint, so a peer that copies or warms the block for it honours the frees that
+  // peer has seen since (BlockStore::FreeTicketAt).
   bool Enqueue(Queued q);
   Status Warm(BlockRequest req, const std::optional<BlockId>& fill = std::nullopt,
               uint64_t ticket = BlockStore::kNoTicket);

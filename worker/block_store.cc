@@ -613,10 +613,29 @@ uint64_t BlockStore::FreeTicket() const {
   return frees_;
 }
 
+uint64_t BlockStore::KnownStamp() const {
+  MutexLock lock(&mu_);
+  return known_stamp_;
+}
+
 void BlockStore::SetFreeFloor(uint64_t stamp) {
   MutexLock lock(&mu_);
-  if (floor_set_) return;
+  if (floor_set_) {
+    if (stamp >= known_stamp_) {
+      known_stamp_ = stamp;
+      return;
+    }
+    spdlog::warn("the master's free stamps went back ({} after {}: a master on a new database?); batches under "
+                 "way count as freed, new ones cache again",
+                 stamp, known_stamp_);
+    recent_frees_.clear();
+    forgotten_frees_ = ++frees_;  // every ticket taken before now counts as freed
+    forgotten_stamp_ = 0;
+    known_stamp_ = stamp;
+    return;
+  }
   floor_set_ = true;
+  known_stamp_ = std::max(known_stamp_, stamp);
   if (stamp == 0) return;
   // As if a free stamped `stamp` had been forgotten before any this process remembers.
   forgotten_stamp_ = std::max(forgotten_stamp_, stamp);
@@ -666,6 +685,7 @@ size_t BlockStore::FreeIf(Doomed doomed, uint64_t stamp) {
       recent_frees_.pop_front();
     }
     recent_frees_.push_back(RecentFree{++frees_, at, doomed, stamp});
+    known_stamp_ = std::max(known_stamp_, stamp);
     std::vector<BlockId> now;
     for (auto& [id, e] : index_) {
       if (e.doomed || !doomed(id, e.meta)) continue;

@@ -226,10 +226,15 @@ class BlockStore {
   // The ticket of bytes fetched for a load batch stamped `stamp` by the master: as FreeTicket, but
   // from before the first free stamped later (see "Frees and fetches under way"). 0: FreeTicket().
   uint64_t FreeTicketAt(uint64_t stamp) const;
-  // The master's free stamp at this process's first registration: a batch stamped before it may
-  // predate frees this process never heard of (it was not running), so it caches nothing here.
-  // Only the first call counts.
+  // The master's free stamp at each registration. The first one is a floor: a batch stamped before
+  // it may predate frees this process never heard of (it was not running), so it caches nothing
+  // here. A later one below a stamp this process has seen means the master's stamps went back (a
+  // master started on a new database): every ticket taken so far counts as freed, and the stamps
+  // remembered are dropped, so that new batches cache again.
   void SetFreeFloor(uint64_t stamp);
+  // The largest free stamp this process has seen from the master (its frees and registrations):
+  // the stamp of a readahead hint queued now, sent with it to the peer that runs it.
+  uint64_t KnownStamp() const;
   // Whether a free that covers `meta`'s block ran after `ticket` was taken.
   bool FreedSince(uint64_t ticket, const BlockMeta& meta) const;
   // Whether a Put of `meta` would find room now (free room, or a block the rules let it evict):
@@ -426,6 +431,7 @@ class BlockStore {
   uint64_t forgotten_frees_ GUARDED_BY(mu_) = 0;  // every free up to this number is forgotten
   uint64_t forgotten_stamp_ GUARDED_BY(mu_) = 0;  // the largest stamp among the forgotten frees
   bool floor_set_ GUARDED_BY(mu_) = false;
+  uint64_t known_stamp_ GUARDED_BY(mu_) = 0;  // KnownStamp
   std::deque<RecentFree> recent_frees_ GUARDED_BY(mu_);
   uint64_t seq_ GUARDED_BY(mu_) = 0;
   uint64_t corrupt_ GUARDED_BY(mu_) = 0, rejected_ = 0;

@@ -128,6 +128,7 @@ class WorkerService final : public rpc::Worker::Service {
       }
       BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
                       r.index(),    0,            0,           r.from_peer()};
+      br.free_stamp = r.free_stamp();  // a peer's hint: the frees seen here since it was queued win
       queued += source_->Prefetch(br);
     }
     resp->set_queued(queued);

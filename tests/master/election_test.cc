@@ -49,6 +49,7 @@ class FakeCoordinator : public Coordinator {
   bool cut = false;
   bool refuse_leases = false;  // reaches etcd, but every Grant fails
   bool flaky = false;          // a third of the calls fail, as through a slow or overloaded etcd
+  bool reads_fail = false;     // keep-alives go through, every Get fails
   std::function<void()> before_create;  // runs (once) just before a CreateIfAbsent reaches etcd
 
   StatusOr<int64_t> Grant(seconds ttl) override {
@@ -122,6 +123,7 @@ class FakeCoordinator : public Coordinator {
   }
   StatusOr<std::optional<EtcdKv>> Get(const std::string& key) override {
     RETURN_IF_ERROR(Reach());
+    if (reads_fail) return UnavailableError("range request timed out");
     auto it = etcd_->keys.find(key);
     if (it == etcd_->keys.end()) return std::optional<EtcdKv>();
     return std::optional<EtcdKv>(it->second);
@@ -494,6 +496,24 @@ TEST_F(ElectionTest, ALeaderWhoseKeyIsOverwrittenStepsDown) {
   EXPECT_FALSE(a->changes[1].first) << "the leader kept leading under a key that names another";
   // One with a lease is a master's to end: it stays until its lease does (an attacker holding a
   // live lease is what the etcd TLS and the leader's proof are for, docs/security.md).
+}
+
+TEST_F(ElectionTest, ALeaderThatCannotReadItsKeyBackStepsDownBeforeTheOthersElect) {
+  Master* a = Add("a:1");
+  Add("b:1");
+  Add("c:1");
+  RunUntil(etcd_.now + seconds(3));
+  ASSERT_EQ(Leader(), a);
+  // Its keep-alives still go through, but it can no longer read the key that an intruder overwrote
+  // without a lease: the others remove that key after a ttl and elect. RunUntil fails on two leaders
+  // at once (the fence was extended by the keep-alives alone before the fix).
+  a->coord.reads_fail = true;
+  FakeCoordinator attacker(&etcd_);
+  ASSERT_TRUE(attacker.Put("/granary/leader", "evil:1").ok());
+  const Clock::time_point other = RunUntilTrue([&] { return Leader() != nullptr && Leader() != a; }, etcd_.now + seconds(30));
+  EXPECT_NE(other, Clock::time_point{}) << "no other master led";
+  ASSERT_GE(a->changes.size(), 2u);
+  EXPECT_FALSE(a->changes[1].first);
 }
 
 TEST_F(ElectionTest, TheLeaderDeletesTheElectionsReports) {

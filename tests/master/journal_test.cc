@@ -329,6 +329,27 @@ TEST_F(JournalTest, FreeStampsGrowAcrossARestartAndAFailover) {
   EXPECT_GT(*s4, *s2);
 }
 
+// A leader with no standby in sync reserves a block of stamps no standby gets and hands them out;
+// the next leader (Promote's SkipAhead) still stamps above every one of them.
+TEST_F(JournalTest, ANewLeaderStampsAboveAReservationItNeverGot) {
+  ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
+  ASSERT_TRUE(a_->NextFreeStamp().ok());
+  Pump(a_.get(), b_.get());
+  uint64_t last = 0;
+  for (uint64_t i = 0; i <= (1u << 20) + 1; ++i) {  // past the first block: a second reservation
+    auto s = a_->NextFreeStamp();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    last = *s;
+  }
+  a_.reset();  // the leader dies before any standby got its second reservation
+  ASSERT_TRUE(b_->ReloadState().ok());
+  ASSERT_TRUE(b_->journal().BeginTerm(6).ok());
+  ASSERT_TRUE(b_->SkipAhead(0, 0).ok());
+  auto next = b_->NextFreeStamp();
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_GT(*next, last) << "a free stamp went back: workers would count new batches older than old frees";
+}
+
 // Issue 51, finding 5: a directory rename rewrites its subtree's paths in bounded batches with the
 // namespace lock released between them; meanwhile every read (on the leader and on a standby)
 // sees the new paths, a write goes through, and a new directory made at the old name keeps its
@@ -426,6 +447,31 @@ TEST_F(JournalTest, ADirectoryRenameIsWrittenOutInBatchesThatReadsStandbysAndACr
   ASSERT_TRUE(a_->Rename(root->ino(), "moved", root->ino(), "big", false).ok());
   EXPECT_TRUE(paths_are(a_.get(), "big"));
   EXPECT_EQ(a_->renames_in_progress(), 0u);
+
+  // The dataset unmounted between two batches: the rename ends (it spun for ever, committing an
+  // entry per turn, before the fix), and a later directory rename is not held behind it.
+  for (int i = 0; i < 30; ++i) testing::WriteFile(dir_ / ("src2/big/d" + std::to_string(i % 4) + "/f" + std::to_string(i)), "v");
+  ASSERT_TRUE(a_->Mount("/v", "file://" + dir_ / "src2", opts).ok());
+  auto vroot = a_->Resolve("/v");
+  ASSERT_TRUE(vroot.ok());
+  size_t listed = 0;
+  ASSERT_TRUE(a_->ForEachFile("/v/big", [&](const std::string&, const rpc::FileInfo&) { ++listed; return Status::OK(); }).ok());
+  ASSERT_EQ(listed, 30u);
+  int turns = 0;
+  a_->SetRenameBatchHookForTest(
+      [&]() -> Status {
+        if (++turns == 1) {
+          EXPECT_TRUE(a_->Unmount("/v").ok());
+        }
+        return turns > 50 ? UnavailableError("the rename does not end") : Status::OK();
+      },
+      4);
+  auto ended = a_->Rename(vroot->ino(), "big", vroot->ino(), "gone", false);
+  EXPECT_TRUE(ended.ok()) << ended.ToString();
+  EXPECT_EQ(turns, 1);
+  EXPECT_EQ(a_->renames_in_progress(), 0u);
+  a_->SetRenameBatchHookForTest(nullptr, 1024);
+  EXPECT_TRUE(a_->Rename(root->ino(), "big", root->ino(), "moved", false).ok());
 }
 
 }  // namespace

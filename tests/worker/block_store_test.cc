@@ -241,6 +241,27 @@ TEST(BlockStore, ARestartedWorkerKeepsNothingOfBatchesOlderThanItsRegistration) 
   EXPECT_TRUE(store->Put(Meta("x", 0, data.size()), data, store->FreeTicketAt(200)).ok());
 }
 
+// The master's stamps went back (a master on a new database; or a forged free far ahead): at the
+// next registration batches cache again, and what was under way counts as freed.
+TEST(BlockStore, StampsThatWentBackAreForgottenAtTheNextRegistration) {
+  testing::TempDir dir;
+  auto opened = BlockStore::Open(dir / "cache", 1 << 30);
+  ASSERT_TRUE(opened.ok());
+  BlockStore* store = opened->get();
+  const std::string data(4096, 'z');
+  store->SetFreeFloor(10);
+  store->Free({Meta("x", 0, 1).id.key}, 1'000'000'000);
+  EXPECT_EQ(store->KnownStamp(), 1'000'000'000u);
+  const uint64_t under_way = store->FreeTicket();
+  EXPECT_EQ(store->Put(Meta("x", 0, data.size()), data, store->FreeTicketAt(20)).code(), Code::kAborted);
+  store->SetFreeFloor(30);  // the master now says 30
+  EXPECT_EQ(store->KnownStamp(), 30u);
+  EXPECT_TRUE(store->Put(Meta("x", 0, data.size()), data, store->FreeTicketAt(30)).ok()) << "a new batch";
+  EXPECT_EQ(store->Put(Meta("y", 0, data.size()), data, under_way).code(), Code::kAborted)
+      << "bytes fetched before the stamps were dropped";
+  EXPECT_TRUE(store->Put(Meta("z", 0, data.size()), data, store->FreeTicket()).ok());
+}
+
 TEST(BlockStore, PutReadAndReopen) {
   testing::TempDir dir;
   std::string data = testing::RandomBytes(300000, 1);
