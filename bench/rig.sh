@@ -9,19 +9,25 @@
 #
 #   bench/rig.sh [--quick] [--nodes N] [--rate 400mbit] [--images N] [--shards N] [--shard-mb M]
 #                [--epochs E] [--procs P] [--threads T] [--systems "local s3fs rclone granary"] [--no-docs]
-#                [--latency-ms MS] [--granary-opts "-o k=v ..."]
+#                [--latency-ms MS] [--granary-opts "-o k=v ..."] [--perf DIR]
 #
 # --latency-ms puts the store MS ms away: every response of the S3 server is held MS ms by a
 # user-space delay line (bench/delay_line.py; this kernel has no netem), as a store in another zone.
 #
-# Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched with 64 GETs in
-# flight, bench/s3_get_all.py: the floor of a cold epoch on this machine), granary-no-ahead (the
+# --perf DIR records every epoch with `perf record -a -g` (499 Hz, the whole machine) into
+# DIR/<system>-<dataset>-<nodes>n-e<epoch>.data, for bench/perf_stages.py's table of where each
+# role's CPU went (the epoch's times and CPU figures then include perf's own cost).
+#
+# Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched by one C client,
+# `curl --parallel` with 64 GETs in flight, bench/direct_get.py: the floor of a cold epoch on this
+# machine; its CPU is printed as the system's), direct-py (the same with Python's boto3 and 64
+# threads, bench/s3_get_all.py: the rig's old "direct"), granary-no-ahead (the
 # dataset mounted with -o cache.fetch_ahead=false), and granary-no-elastic (the dataset mounted
 # with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers).
 # Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
 # docs/benchmarks.md (between the rig markers) unless --no-docs. Everything it starts is torn down on exit or Ctrl-C.
 set -euo pipefail
-LATENCY_MS=0; GRANARY_OPTS=""; NODES=4; RATE=400mbit; IMAGES=2000; SHARDS=4; SHARD_MB=56; EPOCHS=2; PROCS=2; THREADS=4
+LATENCY_MS=0; GRANARY_OPTS=""; PERF_DIR=""; NODES=4; RATE=400mbit; IMAGES=2000; SHARDS=4; SHARD_MB=56; EPOCHS=2; PROCS=2; THREADS=4
 SYSTEMS="local s3fs rclone granary"; QUICK=0; DOCS=1; CMDLINE="bench/rig.sh${*:+ $*}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +37,7 @@ while [ $# -gt 0 ]; do
     --procs) PROCS=$2; shift 2;; --threads) THREADS=$2; shift 2;; --systems) SYSTEMS=$2; shift 2;;
     --no-docs) DOCS=0; shift;;
     --latency-ms) LATENCY_MS=$2; shift 2;; --granary-opts) GRANARY_OPTS=$2; shift 2;;
+    --perf) PERF_DIR=$(mkdir -p "$2" && cd "$2" && pwd); shift 2;;
     *) sed -n '2,16p' "$0" >&2; exit 2;;
   esac
 done
@@ -59,6 +66,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+is_direct() { [ "$1" = direct ] || [ "$1" = direct-py ]; }
 on() { local n=$1; shift; nsenter -t "${HOST[$n]}" -m -n "$@"; }  # run on node n (mount + net ns)
 storage_tx() { ip netns exec grp-storage cat /sys/class/net/eth0/statistics/tx_bytes; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
@@ -108,17 +116,25 @@ cpu_busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 # other nodes' readers and daemons, as on a real cluster (the peers it reads from still run).
 run_epochs() {
   local sys=$1 ds=$2 mode=$3 nn=$4
-  local last=$EPOCHS; [ "$nn" -gt 1 ] && [ "$sys" != local ] && [ "$sys" != direct ] && last=$((EPOCHS + 1))
-  [ "$sys" = direct ] && last=1  # nothing is cached: every pass is the first
+  local last=$EPOCHS; [ "$nn" -gt 1 ] && [ "$sys" != local ] && ! is_direct "$sys" && last=$((EPOCHS + 1))
+  is_direct "$sys" && last=1  # nothing is cached: every pass is the first
   for e in $(seq 1 "$last"); do
     local alone=0 alone_failed=0; [ "$e" -gt "$EPOCHS" ] && alone=1
     drop_caches
     python3 "$ROOT/bench/proc_cpu.py" snap "$WORK/cpu.snap"
+    local perf_pid=""
+    if [ -n "$PERF_DIR" ]; then
+      perf record -a -g -F 499 -o "$PERF_DIR/$sys-$ds-${nn}n-e$e.data" > "$PERF_DIR/$sys-$ds-${nn}n-e$e.log" 2>&1 &
+      perf_pid=$!
+      for _ in $(seq 100); do [ -s "$PERF_DIR/$sys-$ds-${nn}n-e$e.data" ] && break; sleep 0.05; done  # recording
+    fi
     local before; before=$(storage_tx); local cpu0; cpu0=$(cpu_busy); local pids=()
     for n in $(seq 1 "$nn"); do
       local root="$WORK/mnt/$n/$ds"; [ "$sys" = local ] && root="$WORK/src/$ds"
       if [ "$sys" = direct ]; then
-        # The store read directly, 64 GETs in flight, nothing kept: the cold epoch's floor.
+        # The store read directly by one C client, 64 GETs in flight, nothing kept: the cold epoch's floor.
+        on "$n" /usr/bin/python3 "$ROOT/bench/direct_get.py" "$EP" rig "$ds/" 64 "$WORK/spec.json" > "$WORK/out.$n" &
+      elif [ "$sys" = direct-py ]; then
         on "$n" /usr/bin/python3 "$ROOT/bench/s3_get_all.py" "$EP" rig "$ds/" 64 > "$WORK/out.$n" &
       elif [ "$sys" = local ]; then
         "$BIN/granary-train-read" --root "$root" --mode "$mode" --processes "$PROCS" --threads "$THREADS" \
@@ -131,6 +147,7 @@ run_epochs() {
     done
     local failed=$alone_failed; for p in "${pids[@]}"; do wait "$p" || failed=1; done
     local after; after=$(storage_tx); local cpu1; cpu1=$(cpu_busy)
+    if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
     local roles; roles=$(python3 "$ROOT/bench/proc_cpu.py" diff "$WORK/cpu.snap")
     python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" "$((cpu1 - cpu0))" "$alone" "$roles" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
 import json, os, sys
@@ -142,7 +159,8 @@ print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": i
                   "mb_per_s_node": sum(r["mb_per_s"] for r in runs) / len(runs), "p50_ms": max(r["p50_ms"] for r in runs),
                   "p99_ms": max(r["p99_ms"] for r in runs), "storage_bytes": int(served),
                   "dataset_bytes": runs[0]["bytes"], "cpu_s": int(cpu_ticks) / os.sysconf("SC_CLK_TCK"), "alone": alone == "1",
-                  "system_cpu_s": roles["system"], "store_cpu_s": roles["store"],
+                  # A direct client has ended before the snapshot: it reports its own CPU.
+                  "system_cpu_s": roles["system"] + sum(r.get("client_cpu_s", 0) for r in runs), "store_cpu_s": roles["store"],
                   "errors": sum(r["errors"] + r["mismatches"] for r in runs) + int(failed)}))
 PY
     tail -1 "$RESULTS" >&2
@@ -196,7 +214,7 @@ sys.exit(0 if len(w) == int(sys.argv[1]) and all(x["peers"] == int(sys.argv[1]) 
         sleep 0.1
       done;;
   esac
-  [ "$sys" = local ] || [ "$sys" = direct ] && return 0
+  [ "$sys" = local ] || is_direct "$sys" && return 0
   for n in $(seq 1 "$nn"); do
     for _ in $(seq 400); do on "$n" grep -q " $WORK/mnt/$n " /proc/mounts && break; sleep 0.05; done
     on "$n" grep -q " $WORK/mnt/$n " /proc/mounts || { echo "rig: $sys did not mount on node $n" >&2; exit 1; }
@@ -205,7 +223,7 @@ sys.exit(0 if len(w) == int(sys.argv[1]) and all(x["peers"] == int(sys.argv[1]) 
 
 stop_system() {  # SYSTEM NODES
   local sys=$1 nn=$2
-  [ "$sys" = local ] || [ "$sys" = direct ] && return 0
+  [ "$sys" = local ] || is_direct "$sys" && return 0
   for n in $(seq 1 "$nn"); do on "$n" umount -l "$WORK/mnt/$n" 2>/dev/null || true; done
   for n in $(seq 1 "$nn"); do
     for p in $(ip netns pids "grp-n$n"); do [ "$p" != "${HOST[$n]}" ] && kill "$p" 2>/dev/null || true; done
@@ -216,7 +234,7 @@ stop_system() {  # SYSTEM NODES
 NODE_COUNTS="1"; [ "$NODES" != 1 ] && NODE_COUNTS="1 $NODES"  # --nodes 1: the one-node pass once
 for nn in $NODE_COUNTS; do
   for sys in $SYSTEMS; do
-    { [ "$sys" = local ] || [ "$sys" = direct ]; } && [ "$nn" != 1 ] && continue
+    { [ "$sys" = local ] || is_direct "$sys"; } && [ "$nn" != 1 ] && continue
     echo "rig: $sys on $nn node(s)" >&2
     start_system "$sys" "$nn"
     run_epochs "$sys" images files "$nn"
