@@ -242,6 +242,7 @@ Status Namespace::LoadStateLocked() {
   // Stamps up to the reservation may have been handed out (by this master before a restart, or by
   // the leader this copy followed): the next ones start above it.
   free_stamps_reserved_ = free_stamps;
+  free_stamps_reserved_at_ = 0;  // the next stamp reserves a block of its own (free_stamp_ is at the limit)
   free_stamp_.store(free_stamps);
   mounts_ = std::move(mounts);
   MutexLock sync_lock(&sync_mu_);
