@@ -16,7 +16,9 @@
 #
 # --perf DIR records every epoch with `perf record -a -g` (499 Hz, the whole machine) into
 # DIR/<system>-<dataset>-<nodes>n-e<epoch>.data, for bench/perf_stages.py's table of where each
-# role's CPU went (the epoch's times and CPU figures then include perf's own cost).
+# role's CPU went (the epoch's times and CPU figures then include perf's own cost). RIG_PERF_ARGS
+# replaces perf's options (default "-a -g -F 499"; e.g. "-a --call-graph dwarf,16384 -F 199" for
+# user stacks through libraries built without frame pointers).
 #
 # Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched by one C client,
 # `curl --parallel` with 64 GETs in flight, bench/direct_get.py: the floor of a cold epoch on this
@@ -124,7 +126,7 @@ run_epochs() {
     python3 "$ROOT/bench/proc_cpu.py" snap "$WORK/cpu.snap"
     local perf_pid=""
     if [ -n "$PERF_DIR" ]; then
-      perf record -a -g -F 499 -o "$PERF_DIR/$sys-$ds-${nn}n-e$e.data" > "$PERF_DIR/$sys-$ds-${nn}n-e$e.log" 2>&1 &
+      perf record ${RIG_PERF_ARGS:--a -g -F 499} -o "$PERF_DIR/$sys-$ds-${nn}n-e$e.data" > "$PERF_DIR/$sys-$ds-${nn}n-e$e.log" 2>&1 &
       perf_pid=$!
       for _ in $(seq 100); do [ -s "$PERF_DIR/$sys-$ds-${nn}n-e$e.data" ] && break; sleep 0.05; done  # recording
     fi

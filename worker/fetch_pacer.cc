@@ -48,8 +48,8 @@ void FetchPacer::Record(uint64_t bytes, double seconds) {
     double& slot = lat_[second % kLatencySlots];
     if (seconds > 0 && (slot == 0 || seconds < slot)) slot = seconds;
     grew = TargetLocked(kMaxCap) > before;
+    if (grew) GrantLocked();  // more slots for the waiting fetch-aheads; else nobody can go on
   }
-  if (grew) cv_.notify_all();  // more slots for the waiting fetch-aheads; else nobody can go on
 }
 
 void FetchPacer::DemandStarted() {
@@ -58,11 +58,9 @@ void FetchPacer::DemandStarted() {
 }
 
 void FetchPacer::DemandDone() {
-  {
-    MutexLock lock(&mu_);
-    --demand_;
-  }
-  cv_.notify_one();  // one slot free: one waiter
+  MutexLock lock(&mu_);
+  --demand_;
+  GrantLocked();  // one slot free: one waiter
 }
 
 uint32_t FetchPacer::TargetLocked(uint32_t cap) const {
@@ -89,25 +87,60 @@ uint32_t FetchPacer::Target(uint32_t cap) const {
   return TargetLocked(cap);
 }
 
+void FetchPacer::GrantLocked() {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    Waiter* w = *it;
+    if (ahead_ + demand_ >= TargetLocked(w->cap)) {
+      if (w->cap >= kMaxCap) return;  // nobody behind can have a larger target
+      ++it;
+      continue;
+    }
+    ++ahead_;
+    w->granted = true;
+    // Under the lock: once it is unlocked the waiter may return (a timed wake-up that finds the
+    // grant) and its condition variable be gone.
+    w->cv.notify_one();
+    it = waiters_.erase(it);
+  }
+}
+
 bool FetchPacer::AcquireAhead(uint32_t cap, const std::function<bool()>& stop) {
   MutexLock lock(&mu_);
+  if (stop && stop()) return false;
+  RollLocked(clock_());
+  if (waiters_.empty() && ahead_ + demand_ < TargetLocked(cap)) {
+    ++ahead_;
+    return true;
+  }
+  Waiter w;
+  w.cap = cap;
+  waiters_.push_back(&w);
   for (;;) {
-    if (stop && stop()) return false;
-    RollLocked(clock_());
-    if (ahead_ + demand_ < TargetLocked(cap)) {
-      ++ahead_;
-      return true;
+    // A grant usually wakes it; the timeout checks `stop` and lets the target's windows roll
+    // (a fetch that never completes records nothing): every 200 ms for the first in line, every
+    // second for the others (hundreds may wait; each wake-up costs a switch).
+    lock.WaitFor(&w.cv, std::chrono::milliseconds(waiters_.front() == &w ? 200 : 1000));
+    if (w.granted) return true;
+    if (stop && stop()) {
+      waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &w));
+      GrantLocked();  // its place may have been what held the others back
+      return false;
     }
-    lock.WaitFor(&cv_, std::chrono::milliseconds(200));  // a notify usually comes first
+    RollLocked(clock_());
+    GrantLocked();
+    if (w.granted) return true;
   }
 }
 
 void FetchPacer::ReleaseAhead() {
-  {
-    MutexLock lock(&mu_);
-    --ahead_;
-  }
-  cv_.notify_one();
+  MutexLock lock(&mu_);
+  --ahead_;
+  GrantLocked();
+}
+
+size_t FetchPacer::Waiting() const {
+  MutexLock lock(&mu_);
+  return waiters_.size();
 }
 
 FetchPacer::Snapshot FetchPacer::Get() const {

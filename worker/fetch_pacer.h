@@ -24,6 +24,13 @@
 // from fetch-ahead (not the other way round), and a burst of demand misses stops fetch-ahead until
 // it drains.
 //
+// Slots are handed over, not fought for: a fetch-ahead that must wait queues (first come, first
+// served) with a condition variable of its own, and whoever frees a slot or raises the target
+// grants it to the next waiter(s) and wakes only those. A shared condition variable with
+// notify_all on every growth of the target woke every waiting fetch (a load batch has up to 256)
+// to find one slot: that herd was a third of a worker's CPU in a cold epoch (docs/benchmarks.md,
+// session 34).
+//
 // Thread-safe. The clock is injectable for tests.
 #pragma once
 
@@ -31,6 +38,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 
 #include "common/thread_annotations.h"
@@ -57,8 +65,9 @@ class FetchPacer {
   void DemandDone();
 
   // Waits for a fetch-ahead slot: until fetch-ahead and demand fetches in flight are fewer than
-  // min(Target(), cap). False when `stop()` became true first (checked at each wake-up, at least
-  // every 200 ms).
+  // min(Target(), cap), after the fetch-aheads that began waiting earlier (a waiter whose cap is
+  // full does not hold up one with a larger cap). False when `stop()` became true first (checked
+  // while waiting every 200 ms by the first in line, every second by the others).
   bool AcquireAhead(uint32_t cap, const std::function<bool()>& stop);
   void ReleaseAhead();
 
@@ -70,16 +79,26 @@ class FetchPacer {
     double latency = 0;             // s, the estimate (0: none yet)
   };
   Snapshot Get() const;
+  // Fetch-aheads waiting for a slot now.
+  size_t Waiting() const;
   // The target for a cap (what AcquireAhead uses).
   uint32_t Target(uint32_t cap) const;
 
  private:
   void RollLocked(std::chrono::steady_clock::time_point now) REQUIRES(mu_);
   uint32_t TargetLocked(uint32_t cap) const REQUIRES(mu_);
+  // A fetch-ahead waiting for a slot (on AcquireAhead's stack while queued in waiters_).
+  struct Waiter {
+    uint32_t cap = 0;
+    bool granted = false;  // the slot is its (ahead_ counts it already)
+    std::condition_variable cv;
+  };
+  // Grants free slots to the waiters, in the order they came, and wakes each granted one.
+  void GrantLocked() REQUIRES(mu_);
 
   Clock clock_;
   mutable Mutex mu_;
-  std::condition_variable cv_;
+  std::deque<Waiter*> waiters_ GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point window_start_ GUARDED_BY(mu_);
   uint64_t window_bytes_ GUARDED_BY(mu_) = 0;
   std::array<double, kBandwidthWindows> bw_ GUARDED_BY(mu_){};  // bytes/s of past windows

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "common/metrics.h"
 #include "common/net.h"
 #include "common/rate_limiter.h"
+#include "common/thread_pool.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
 #include "worker/block_source.h"
@@ -224,10 +226,24 @@ class WorkerService final : public rpc::Worker::Service {
       threads = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(allowed, uncached), 1));
     }
     threads = static_cast<size_t>(std::min<uint64_t>(threads, std::max<uint64_t>(total, 1)));
-    std::vector<std::thread> pool;
-    for (size_t i = 1; i < threads; ++i) pool.emplace_back(work);
+    // The helpers come from the service's pool (threads that stay between batches: a cold epoch's
+    // batches made and ended a thousand threads, each a clone, a stack and its unmapping); this
+    // call waits for every helper it posted, which use its stack.
+    Mutex helpers_mu;
+    std::condition_variable helpers_cv;
+    size_t helpers = threads - 1;  // GUARDED_BY(helpers_mu)
+    for (size_t i = 1; i < threads; ++i) {
+      load_pool_.Post([&] {
+        work();
+        MutexLock lock(&helpers_mu);
+        if (--helpers == 0) helpers_cv.notify_one();
+      });
+    }
     work();
-    for (auto& t : pool) t.join();
+    {
+      MutexLock lock(&helpers_mu);
+      while (helpers > 0) lock.Wait(&helpers_cv);
+    }
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the load batch was cancelled");
     resp->set_blocks_fetched(fetched);
     resp->set_bytes_fetched(fetched_bytes);
@@ -302,6 +318,9 @@ class WorkerService final : public rpc::Worker::Service {
   std::shared_ptr<RpcSecurity> sec_;
   std::function<rpc::WorkerStats()> stats_;
   std::function<void(uint64_t)> forget_mount_;
+  // Load batches' helper threads (LoadBlocks): at most 4 fetch-ahead batches of up to kMaxCap and
+  // a few loads run at once; idle threads end after 30 s.
+  ThreadPool load_pool_{0, 4 * FetchPacer::kMaxCap + 64, std::chrono::seconds(30)};
 };
 
 class WorkerServerImpl final : public WorkerServer {

@@ -6,6 +6,9 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace granary::worker {
 namespace {
@@ -93,6 +96,60 @@ TEST(FetchPacer, DemandMissesTakeSlotsFromFetchAhead) {
   EXPECT_TRUE(got);
   EXPECT_EQ(p.Get().ahead_inflight, 3u);
   EXPECT_EQ(p.Get().demand_inflight, 0u);
+}
+
+// Slots are handed to waiters one by one, first come first served; a waiter whose cap is full does
+// not hold up one behind it with a larger cap.
+TEST(FetchPacer, SlotsGoToWaitersInTheOrderTheyCame) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  const uint32_t cap = 4;
+  for (uint32_t i = 0; i < cap; ++i) ASSERT_TRUE(p.AcquireAhead(cap, nullptr));
+  Mutex mu;
+  std::vector<int> order;  // GUARDED_BY(mu)
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.emplace_back([&, i] {
+      EXPECT_TRUE(p.AcquireAhead(cap, nullptr));
+      MutexLock lock(&mu);
+      order.push_back(i);
+    });
+    // The next waiter queues only once this one waits (its slot count shows it is not through).
+    for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
+      std::this_thread::yield();
+      if (p.Waiting() == static_cast<size_t>(i + 1)) break;
+    }
+    ASSERT_EQ(p.Waiting(), static_cast<size_t>(i + 1));
+  }
+  auto granted = [&] {
+    MutexLock lock(&mu);
+    return order.size();
+  };
+  for (size_t released = 1; released <= 3; ++released) {
+    p.ReleaseAhead();
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         granted() < released && std::chrono::steady_clock::now() < deadline;) {
+      std::this_thread::yield();
+    }
+    EXPECT_EQ(granted(), released);  // one release: one waiter through
+    EXPECT_EQ(p.Get().ahead_inflight, cap);
+  }
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  // A waiter with a cap of 4 (full) queued first; one with a cap of 6 behind it goes at once.
+  std::atomic<bool> small{false}, give_up{false};
+  std::thread t([&] { small = p.AcquireAhead(cap, [&] { return give_up.load(); }); });
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       p.Waiting() < 1 && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(p.Waiting(), 1u);
+  EXPECT_TRUE(p.AcquireAhead(6, nullptr));
+  EXPECT_EQ(p.Get().ahead_inflight, 5u);
+  give_up = true;
+  t.join();  // stopped once the larger cap's slot was taken: its own stayed full
+  EXPECT_FALSE(small);
+  EXPECT_EQ(p.Waiting(), 0u);
 }
 
 TEST(FetchPacer, AnIdleLinkIsForgotten) {
