@@ -26,12 +26,14 @@ grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::St
   return st;
 }
 
-StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name) {
+StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name, rpc::FileInfo* file) {
   rpc::LookupRequest req;
   req.set_parent(parent);
   req.set_name(name);
+  req.set_file(file != nullptr);
   rpc::AttrResponse resp;
   RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Lookup(&ctx, req, &resp); }), "the master"));
+  if (file != nullptr) *file = std::move(*resp.mutable_file());
   return resp.attr();
 }
 
@@ -115,11 +117,24 @@ StatusOr<rpc::Attr> Client::Resolve(const std::string& path) {
   return resp.attr();
 }
 
-Status Client::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out) {
+Status Client::NoteOpens(const std::vector<uint64_t>& inos) {
+  rpc::NoteOpensRequest req;
+  req.mutable_inos()->Add(inos.begin(), inos.end());
+  rpc::NoteOpensResponse resp;
+  auto timeout = std::min<std::chrono::milliseconds>(cfg_.rpc.timeout, std::chrono::seconds(2));
+  return FromGrpc(CallWithFailover(master_, *sec_, timeout, std::chrono::milliseconds(0),
+                                   [&](rpc::Master::Stub& m, grpc::ClientContext& ctx) {
+                                     return m.NoteOpens(&ctx, req, &resp);
+                                   }),
+                  "the master");
+}
+
+Status Client::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files) {
   rpc::ReadDirRequest req;
   req.set_ino(ino);
   req.set_after(after);
   req.set_limit(limit);
+  req.set_files(files);
   return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.ReadDir(&ctx, req, out); }), "the master");
 }
 

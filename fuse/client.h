@@ -84,13 +84,18 @@ class Client {
  public:
   static StatusOr<std::unique_ptr<Client>> Create(const Config& cfg);
 
-  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name);
+  // With `file`: a regular file's open information is set in it too (LookupRequest.file; left empty
+  // when the master checks the file with the under-storage first: GetFile then does).
+  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, rpc::FileInfo* file = nullptr);
   StatusOr<rpc::Attr> GetAttr(uint64_t ino);
   StatusOr<rpc::Attr> Resolve(const std::string& path);
   // For /readyz: one quick call to the master (no waiting out a failover): OK when it answers.
   Status MasterAnswers();
-  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out);
+  // `files`: with each regular file's open information (DirEntry.file).
+  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files = false);
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
+  // Opens made from listed information (fuse/open_notes.h): one quick call, no waiting out a failover.
+  Status NoteOpens(const std::vector<uint64_t>& inos);
   StatusOr<rpc::WorkerStats> WorkerStats();
   // The write calls to the master (mounts with write=through or back; fuse/writes.h).
   StatusOr<rpc::WriteTarget> PrepareCreate(const rpc::PrepareCreateRequest& req);

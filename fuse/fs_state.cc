@@ -63,13 +63,24 @@ fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a) {
   return e;
 }
 
-// The file's open information: from the FileCache, else from the master.
+// The file's open information: from the FileCache (an open of listed information is noted for
+// fetch-ahead), else from the master.
 StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino) {
-  if (auto cached = fs->files->Get(master_ino)) return std::move(*cached);
+  if (auto cached = fs->files->Get(master_ino)) {
+    if (fs->open_notes) fs->open_notes->Opened(master_ino);
+    return std::move(*cached);
+  }
   auto f = fs->client->GetFile(master_ino);
   if (!f.ok()) return f.status();
   fs->files->Put(master_ino, *f);
+  if (fs->open_notes) fs->open_notes->Forget(master_ino);  // the master counted this open itself
   return f;
+}
+
+void KeepListedFile(Fs* fs, const rpc::FileInfo& f) {
+  if (!fs->open_notes || !f.has_attr() || !Cacheable(f)) return;
+  fs->files->Put(f.attr().ino(), f);
+  fs->open_notes->Listed(f.attr().ino());
 }
 
 namespace {

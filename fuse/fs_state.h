@@ -81,6 +81,7 @@
 #include "fuse/errno.h"
 #include "fuse/writes.h"
 #include "fuse/file_cache.h"
+#include "fuse/open_notes.h"
 #include "fuse/daemon_pages.h"
 #include "fuse/handover.h"
 #include "fuse/kernel_reads.h"
@@ -136,6 +137,10 @@ struct Fs {
     return writes.get();
   }
   std::unique_ptr<FileCache> files;
+  // Opens served from listed or looked-up information, sent to the master as fetch-ahead's
+  // evidence (fuse/open_notes.h). Null when the FileCache keeps nothing (fuse.file_cache_entries 0
+  // or fuse.attr_timeout 0): listings and lookups then ask for no open information.
+  std::unique_ptr<OpenNotes> open_notes;
   std::unique_ptr<EntryCache> entries;  // lookups, for min(entry_timeout, attr_timeout)
   std::unique_ptr<AttrCache> attrs;     // attributes by master inode, for attr_timeout
   fuse_session* se = nullptr;
@@ -371,5 +376,10 @@ double WritableAttrTimeout(const Fs* fs, const rpc::Attr& a);
 fuse_entry_param ToEntry(Fs* fs, const rpc::Attr& a);
 // The file's open information: from the FileCache, else from the master.
 StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino);
+// A file's open information that came with a listing or a lookup: kept in the FileCache for the
+// open to come (which then asks the master nothing) and noted for fetch-ahead (fuse/open_notes.h).
+// Nothing when open_notes is null, `f` is empty (the master left it out: the file is due for a
+// check), or the file is below a writable mount (close-to-open: its open asks the master).
+void KeepListedFile(Fs* fs, const rpc::FileInfo& f);
 
 }  // namespace granary::fuse::internal

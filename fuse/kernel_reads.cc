@@ -1,6 +1,8 @@
 // KernelReads (fuse/kernel_reads.h, whose design note says what it keeps and why).
 #include "fuse/kernel_reads.h"
 
+#include <algorithm>
+
 #include <utility>
 
 namespace granary::fuse {
@@ -21,20 +23,22 @@ StatusOr<KernelReads::Read> KernelReads::FileFor(uint64_t kino, uint64_t off, pi
     if (known != nullptr && now - known->confirmed < confirm_every_) newest = known->file;
   }
   if (!newest) {
-    ASSIGN_OR_RETURN(rpc::FileInfo info, ask(kino));
+    std::chrono::milliseconds age{0};
+    ASSIGN_OR_RETURN(rpc::FileInfo info, ask(kino, &age));
+    const auto confirmed = now - std::max(age, std::chrono::milliseconds(0));
     MutexLock lock(&mu_);
     Known* known = newest_.Find(kino);
     // The same version at the same path (a rename through a writable mount keeps the version of
     // a local file but not its path).
     if (known != nullptr && known->file->info.version() == info.version() &&
         known->file->info.ufs_path() == info.ufs_path()) {
-      known->confirmed = now;
+      known->confirmed = std::max(known->confirmed, confirmed);
       newest = known->file;
     } else {
       r.new_version = known != nullptr;  // the kernel's pages are the old version's
       newest = std::make_shared<OpenFile>();
       newest->info = std::move(info);
-      newest_.Put(kino, Known{newest, now});
+      newest_.Put(kino, Known{newest, confirmed});
     }
   }
   MutexLock lock(&mu_);

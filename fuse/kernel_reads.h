@@ -39,8 +39,10 @@ namespace granary::fuse {
 class KernelReads {
  public:
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
-  // The newest info of kernel inode `kino`, from the master (not from a cache).
-  using AskMaster = std::function<StatusOr<rpc::FileInfo>(uint64_t kino)>;
+  // The newest info of kernel inode `kino`, from the master; *age (0 when the master was asked just
+  // now) is how old the answer is: a listing's information, younger than confirm_every, is as good
+  // as the master's confirmation when it was listed (fuse/open_notes.h), and counts from then.
+  using AskMaster = std::function<StatusOr<rpc::FileInfo>(uint64_t kino, std::chrono::milliseconds* age)>;
 
   KernelReads(size_t capacity, std::chrono::milliseconds confirm_every, Clock now = nullptr);
 

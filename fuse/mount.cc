@@ -215,6 +215,11 @@ Status FuseMountImpl::Init(const Config& cfg) {
   }
   ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
   fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
+  if (cfg.fuse.file_cache_entries > 0 && cfg.fuse.attr_timeout.count() > 0) {
+    Client* client = fs_->client.get();
+    fs_->open_notes = std::make_unique<OpenNotes>(
+        cfg.fuse.file_cache_entries, [client](const std::vector<uint64_t>& inos) { return client->NoteOpens(inos); });
+  }
   fs_->read_leases = std::make_unique<ReadLeases>(cfg.fuse.attr_timeout);
   fs_->backing_host = MakeBackingHost(fs_.get());
   fs_->passthrough = std::make_unique<PassthroughOpens>(fs_->backing_host.get(), cfg.fuse.attr_timeout);

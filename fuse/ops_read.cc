@@ -76,13 +76,24 @@ bool MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
 }
 
 // Kernel mode: the file behind a read that came with no open file handle, by its inode and the
-// reading process (fuse/kernel_reads.h says which version each process gets). The master is asked
-// directly, not through the FileCache (which serves opens), whose entry is dropped: a file's info
-// is kept in one place, and an open after it asks the master too.
+// reading process (fuse/kernel_reads.h says which version each process gets). The information a
+// listing or a lookup brought (fuse/open_notes.h) serves the file's first read, with its age, as
+// it would serve an open; otherwise the master is asked directly, not through the FileCache (which
+// serves opens). Either way the FileCache's entry is dropped: a file's info is kept in one place,
+// and an open after it asks the master too.
 StatusOr<std::shared_ptr<OpenFile>> InodeFile(Fs* fs, fuse_ino_t ino, uint64_t off, pid_t pid) {
-  auto r = fs->kernel_reads->FileFor(ino, off, pid, [fs](uint64_t kino) -> StatusOr<rpc::FileInfo> {
-    fs->files->Erase(fs->ToMaster(kino));  // what an open would find may be as old: it asks anew
-    ASSIGN_OR_RETURN(rpc::FileInfo info, fs->client->GetFile(fs->ToMaster(kino)));
+  auto r = fs->kernel_reads->FileFor(ino, off, pid, [fs](uint64_t kino, std::chrono::milliseconds* age)
+                                                        -> StatusOr<rpc::FileInfo> {
+    const uint64_t mino = fs->ToMaster(kino);
+    auto listed = fs->files->Get(mino, age);
+    fs->files->Erase(mino);  // what an open would find may be as old: it asks anew
+    if (listed && fs->open_notes && fs->open_notes->Opened(mino)) {
+      fs->NoteVersion(kino, listed->attr().version_hash());
+      return std::move(*listed);
+    }
+    *age = std::chrono::milliseconds(0);
+    if (fs->open_notes) fs->open_notes->Forget(mino);
+    ASSIGN_OR_RETURN(rpc::FileInfo info, fs->client->GetFile(mino));
     fs->NoteVersion(kino, info.attr().version_hash());
     fs->attrs->Put(info.attr().ino(), info.attr());  // the newest the master said
     return info;

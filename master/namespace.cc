@@ -1102,14 +1102,37 @@ StatusOr<rpc::MountInfo> Namespace::GetMount(uint64_t id) const {
   return it->second;
 }
 
-StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name, bool* ufs_needed) {
+namespace {
+
+rpc::FileInfo FileInfoOf(const InodeRecord& r, rpc::Attr attr) {
+  rpc::FileInfo f;
+  *f.mutable_attr() = std::move(attr);
+  f.set_mount_id(r.mount_id());
+  f.set_ufs_path(r.ufs_path());
+  f.set_version(r.version());
+  f.set_block_size(r.block_size());
+  return f;
+}
+
+}  // namespace
+
+StatusOr<rpc::Attr> Namespace::Lookup(uint64_t parent, const std::string& name, bool* ufs_needed,
+                                      rpc::FileInfo* file) {
   ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(parent));
   if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
   if (!IsValidName(name)) return NotFoundError("'" + name + "' does not exist");
   RETURN_IF_ERROR(EnsureListed(dir, ufs_needed));
   ASSIGN_OR_RETURN(uint64_t child, GetChild(parent, name));
   ASSIGN_OR_RETURN(InodeRecord r, GetRecord(child));
-  return AttrOf(r);
+  rpc::Attr a = AttrOf(r);
+  if (file != nullptr && r.type() == rpc::REGULAR && !SyncDue(r)) *file = FileInfoOf(r, a);
+  return a;
+}
+
+StatusOr<rpc::FileInfo> Namespace::StoredFile(uint64_t ino) {
+  ASSIGN_OR_RETURN(InodeRecord r, GetRecord(ino));
+  if (r.type() != rpc::REGULAR) return InvalidArgumentError("inode " + std::to_string(ino) + " is not a file");
+  return FileInfoOf(r, AttrOf(r));
 }
 
 StatusOr<rpc::Attr> Namespace::GetAttr(uint64_t ino, bool* ufs_needed) {
@@ -1153,17 +1176,11 @@ StatusOr<rpc::FileInfo> Namespace::GetFile(uint64_t ino, bool* ufs_needed) {
     if (ufs_needed) return NeedsUfs(ufs_needed);
     RETURN_IF_ERROR(SyncFile(&r));
   }
-  rpc::FileInfo f;
-  *f.mutable_attr() = AttrOf(r);
-  f.set_mount_id(r.mount_id());
-  f.set_ufs_path(r.ufs_path());
-  f.set_version(r.version());
-  f.set_block_size(r.block_size());
-  return f;
+  return FileInfoOf(r, AttrOf(r));
 }
 
 Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out,
-                          bool* ufs_needed) {
+                          bool* ufs_needed, bool files) {
   ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(ino));
   if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError("not a directory");
   RETURN_IF_ERROR(EnsureListed(dir, ufs_needed));
@@ -1199,6 +1216,7 @@ Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::Rea
     e->set_name(r.name());
     *e->mutable_attr() = AttrOf(r);
     e->set_cookie(children[i]);
+    if (files && r.type() == rpc::REGULAR && !SyncDue(r)) *e->mutable_file() = FileInfoOf(r, e->attr());
   }
   return Status::OK();
 }

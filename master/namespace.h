@@ -142,14 +142,24 @@ class Namespace {
   // sets *ufs_needed, changes nothing and returns UNAVAILABLE at once; the caller then makes the
   // call again without it where waiting is fine (the master's RPC threads answer from RocksDB
   // inline and hand such calls to a pool).
-  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, bool* ufs_needed = nullptr);
+  // With `file`, a regular file's open information is set in it too, as GetFile would answer, unless
+  // its metadata is due for a check with the under-storage (then `file` is left empty: the caller's
+  // GetFile makes the check).
+  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, bool* ufs_needed = nullptr,
+                             rpc::FileInfo* file = nullptr);
   StatusOr<rpc::Attr> GetAttr(uint64_t ino, bool* ufs_needed = nullptr);
   // `ufs_needed` as for Lookup: set (and the call made nothing) when a directory on the way must
   // be listed or synced first — a standby answers only what needs no under-storage.
   StatusOr<rpc::Attr> Resolve(const std::string& path, bool* ufs_needed = nullptr);
   StatusOr<rpc::FileInfo> GetFile(uint64_t ino, bool* ufs_needed = nullptr);
-  // Children of `ino` after cookie `after`, at most `limit` of them (appended to `out`).
-  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool* ufs_needed = nullptr);
+  // A file's open information as stored, never checked with the under-storage (fetch-ahead's
+  // evidence of opens made from listed information: NoteOpens).
+  StatusOr<rpc::FileInfo> StoredFile(uint64_t ino);
+  // Children of `ino` after cookie `after`, at most `limit` of them (appended to `out`); with
+  // `files`, each regular file's open information (DirEntry.file) unless its metadata is due for a
+  // check with the under-storage, as for Lookup.
+  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool* ufs_needed = nullptr,
+                 bool files = false);
 
   // ---- Writes (mounts with write=through or back; docs/semantics.md, "Writes") ----
   // Every one is refused with ReadOnlyError (EROFS) below a mount not mounted writable, and outside

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "common/bad_request.h"
 #include "common/keys.h"
 #include "common/metrics.h"
 #include "common/net.h"
@@ -44,6 +45,8 @@ constexpr size_t kSlowCallThreadsKept = 4;
 constexpr uint64_t kInodeGapOnFailover = 1ull << 24;
 constexpr uint64_t kMountGapOnFailover = 1024;
 constexpr size_t kSlowCallThreadsMax = 512;
+// Files per NoteOpens call (granary-fuse sends at most fuse/open_notes.h's batch).
+constexpr int kMaxNotedOpens = 4096;
 
 // What only the leader runs, made when it starts leading and dropped when it stops: the workers'
 // membership, load jobs, fetch-ahead, and the cache admin calls. A single master (no etcd) makes
@@ -204,7 +207,8 @@ class ReplicatedBeforeAnswer {
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const rpc::LookupRequest* req,
                                    rpc::AttrResponse* resp) override {
     return Serve(ctx, [this, req, resp](bool* ufs, Leading*) {
-      return Reply(ns_->Lookup(req->parent(), req->name(), ufs), resp);
+      resp->Clear();
+      return Reply(ns_->Lookup(req->parent(), req->name(), ufs, req->file() ? resp->mutable_file() : nullptr), resp);
     });
   }
   grpc::ServerUnaryReactor* GetAttr(grpc::CallbackServerContext* ctx, const rpc::GetAttrRequest* req,
@@ -237,8 +241,22 @@ class ReplicatedBeforeAnswer {
                                     rpc::ReadDirResponse* resp) override {
     return Serve(ctx, [this, req, resp](bool* ufs, Leading*) {
       resp->Clear();
-      return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp, ufs));
+      return ToGrpc(ns_->ReadDir(req->ino(), req->after(), req->limit(), resp, ufs, req->files()));
     });
+  }
+  // Opens made from listed information (no GetFile): fetch-ahead's evidence, as GetFile's calls are.
+  grpc::Status NoteOpens(ServerContext* ctx, const rpc::NoteOpensRequest* req, rpc::NoteOpensResponse*) override {
+    GRANARY_LEADER(L);
+    if (req->inos_size() > kMaxNotedOpens) {
+      Status bad = InvalidArgumentError("at most " + std::to_string(kMaxNotedOpens) + " files per NoteOpens");
+      NoteBadRequest("master's NoteOpens", bad);
+      return ToGrpc(bad);
+    }
+    for (uint64_t ino : req->inos()) {
+      auto f = ns_->StoredFile(ino);
+      if (f.ok()) L->ahead.Opened(*f);  // a file removed since is no evidence
+    }
+    return grpc::Status::OK;
   }
   // ---- writes (Namespace's write calls; the leader only) ----
   static void FillTarget(const Namespace::WriteTarget& t, rpc::WriteTarget* resp) {

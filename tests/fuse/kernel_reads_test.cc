@@ -20,10 +20,12 @@ struct FakeMaster {
   std::map<uint64_t, int> version;  // kino -> current version number
   int asks = 0;
   bool down = false;
+  std::chrono::milliseconds age{0};  // how old its answers are (a listing's information)
   KernelReads::AskMaster Ask() {
-    return [this](uint64_t kino) -> StatusOr<rpc::FileInfo> {
+    return [this](uint64_t kino, std::chrono::milliseconds* answer_age) -> StatusOr<rpc::FileInfo> {
       asks++;
       if (down) return UnavailableError("master down");
+      *answer_age = age;
       rpc::FileInfo f;
       f.mutable_attr()->set_ino(kino);
       f.set_version("v" + std::to_string(version[kino]));
@@ -147,6 +149,23 @@ TEST(DaemonPages, KeepsPagesOnlyForTheVersionLastOpened) {
   DaemonPages none(0);
   EXPECT_FALSE(none.Open(1, "v1", true));
   EXPECT_FALSE(none.Open(1, "v1", true));
+}
+
+// Information from a listing counts as confirmed when it was listed, not when it was first used:
+// the master is asked again a confirm interval after the listing.
+TEST(KernelReads, AListingsInformationCountsFromWhenItWasListed) {
+  Fixture f;
+  f.master.age = std::chrono::milliseconds(900);  // listed 0.9 s ago; confirm_every is 1 s
+  EXPECT_EQ(f.Version(7, 0, 1), "v0");
+  EXPECT_EQ(f.master.asks, 1);
+  f.master.age = std::chrono::milliseconds(0);
+  f.now += std::chrono::milliseconds(50);
+  EXPECT_EQ(f.Version(7, 4096, 1), "v0");
+  EXPECT_EQ(f.master.asks, 1);  // 0.95 s old: still good
+  f.now += std::chrono::milliseconds(100);
+  f.master.version[7] = 1;
+  EXPECT_EQ(f.Version(7, 0, 1), "v1");  // 1.05 s after the listing: asked, and a new version
+  EXPECT_EQ(f.master.asks, 2);
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+// OpenNotes: an open of listed information is sent to the master once, in batches; opens of
+// information from GetFile, and later opens, are not; a failed call is counted and dropped.
+#include "fuse/open_notes.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "common/thread_annotations.h"
+
+namespace granary::fuse {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct FakeMaster {
+  Mutex mu;
+  std::vector<std::vector<uint64_t>> calls;  // GUARDED_BY(mu)
+  bool down = false;                         // GUARDED_BY(mu)
+  OpenNotes::Send Send() {
+    return [this](const std::vector<uint64_t>& inos) -> Status {
+      MutexLock lock(&mu);
+      calls.push_back(inos);
+      return down ? UnavailableError("master down") : Status::OK();
+    };
+  }
+  std::vector<uint64_t> Noted() {
+    MutexLock lock(&mu);
+    std::vector<uint64_t> all;
+    for (const auto& c : calls) all.insert(all.end(), c.begin(), c.end());
+    std::sort(all.begin(), all.end());
+    return all;
+  }
+  size_t Calls() {
+    MutexLock lock(&mu);
+    return calls.size();
+  }
+};
+
+// Polls `done` until it holds or 10 s passed.
+template <typename F>
+bool Eventually(F done) {
+  for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
+    if (done()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return done();
+}
+
+TEST(OpenNotes, AnOpenOfListedInformationIsSentOnce) {
+  FakeMaster master;
+  OpenNotes notes(100, master.Send());
+  notes.Listed(7);
+  notes.Listed(8);
+  notes.Listed(9);
+  EXPECT_TRUE(notes.Opened(7));
+  EXPECT_TRUE(notes.Opened(9));
+  EXPECT_FALSE(notes.Opened(7));   // its second open: sent already
+  EXPECT_FALSE(notes.Opened(42));  // never listed (its open asked GetFile)
+  ASSERT_TRUE(Eventually([&] { return notes.sent() == 2; }));
+  EXPECT_EQ(master.Noted(), (std::vector<uint64_t>{7, 9}));
+  notes.Forget(8);  // GetFile answered for it since: the master counted that open
+  EXPECT_FALSE(notes.Opened(8));
+}
+
+TEST(OpenNotes, OpensComeInBatches) {
+  FakeMaster master;
+  OpenNotes notes(1 << 20, master.Send());
+  const uint64_t n = 3 * OpenNotes::kBatch + 5;
+  for (uint64_t i = 1; i <= n; ++i) notes.Listed(i);
+  for (uint64_t i = 1; i <= n; ++i) ASSERT_TRUE(notes.Opened(i));
+  ASSERT_TRUE(Eventually([&] { return notes.sent() == n; }));
+  EXPECT_EQ(master.Noted().size(), n);
+  EXPECT_LE(master.Calls(), 8u);  // a few calls, never one per file
+  MutexLock lock(&master.mu);
+  for (const auto& c : master.calls) EXPECT_LE(c.size(), OpenNotes::kBatch);
+}
+
+TEST(OpenNotes, AFailedCallIsCountedAndItsFilesDropped) {
+  FakeMaster master;
+  {
+    MutexLock lock(&master.mu);
+    master.down = true;
+  }
+  OpenNotes notes(100, master.Send());
+  notes.Listed(5);
+  EXPECT_TRUE(notes.Opened(5));
+  ASSERT_TRUE(Eventually([&] { return notes.failed_calls() == 1; }));
+  EXPECT_EQ(notes.sent(), 0u);
+  EXPECT_FALSE(notes.Opened(5));  // not sent again
+}
+
+TEST(OpenNotes, NothingIsRememberedPastItsCapacity) {
+  FakeMaster master;
+  OpenNotes notes(4, master.Send());
+  for (uint64_t i = 1; i <= 8; ++i) notes.Listed(i);
+  // The oldest were dropped to make room: their opens are not noted (fetch-ahead starts later).
+  EXPECT_FALSE(notes.Opened(1));
+  EXPECT_TRUE(notes.Opened(8));
+}
+
+}  // namespace
+}  // namespace granary::fuse
