@@ -120,6 +120,8 @@ TEST_F(FetchAheadTest, AnEpochIsFetchedAheadButAListingOrOneReadStartsNothing) {
   ASSERT_EQ(one.code, 0) << one.out;
   EXPECT_EQ(nlohmann::json::parse(one.out, nullptr, false).value("cached_blocks", 1u), 0u) << one.out;
   const std::string opened = "granary_fetch_ahead_opened_files{mount=\"/ds\"}";
+  // The open's evidence reaches the master in granary-fuse's next batch (fuse/open_notes.h).
+  EXPECT_TRUE(testing::WaitFor([&] { return cluster_->Metric("master", opened) >= 1; }));
   EXPECT_EQ(cluster_->Metric("master", opened), 1) << "only an open is evidence, not a lookup or `granary info`";
   EXPECT_TRUE(AheadJobs(*cluster_, "/ds").empty());
   EXPECT_EQ(cluster_->Metric("worker", "granary_worker_fetch_ahead_blocks_total"), 0);

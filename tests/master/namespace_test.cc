@@ -247,6 +247,55 @@ class NamespaceSyncTest : public ::testing::Test {
   std::vector<FileKey> reclaimed_;
 };
 
+// A listing (ReadDir with files) and a lookup (Lookup with file) carry each regular file's open
+// information exactly as GetFile answers it, so granary-fuse's open that follows asks nothing;
+// directories carry none; StoredFile (NoteOpens) answers the same without a sync.
+TEST_F(NamespaceSyncTest, ListingsAndLookupsCarryWhatGetFileAnswers) {
+  rpc::MountInfo m = Mount("never");
+  auto d = ns_->Lookup(m.root_ino(), "d");
+  ASSERT_TRUE(d.ok());
+  rpc::ReadDirResponse page;
+  ASSERT_TRUE(ns_->ReadDir(d->ino(), 0, 100, &page, nullptr, /*files=*/true).ok());
+  ASSERT_EQ(page.entries_size(), 4);
+  for (const auto& e : page.entries()) {
+    if (e.attr().type() == rpc::DIRECTORY) {
+      EXPECT_FALSE(e.has_file()) << e.name();
+      continue;
+    }
+    ASSERT_TRUE(e.has_file()) << e.name();
+    auto got = ns_->GetFile(e.attr().ino());
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(e.file().SerializeAsString(), got->SerializeAsString()) << e.name();
+    auto stored = ns_->StoredFile(e.attr().ino());
+    ASSERT_TRUE(stored.ok());
+    EXPECT_EQ(stored->SerializeAsString(), got->SerializeAsString()) << e.name();
+    rpc::FileInfo looked;
+    auto a = ns_->Lookup(d->ino(), e.name(), nullptr, &looked);
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(looked.SerializeAsString(), got->SerializeAsString()) << e.name();
+  }
+  // Without asking: nothing extra.
+  rpc::ReadDirResponse plain;
+  ASSERT_TRUE(ns_->ReadDir(d->ino(), 0, 100, &plain).ok());
+  for (const auto& e : plain.entries()) EXPECT_FALSE(e.has_file()) << e.name();
+  EXPECT_EQ(ns_->StoredFile(d->ino()).status().code(), Code::kInvalidArgument);
+}
+
+// A file due for a check with the under-storage comes without its open information: the open then
+// asks GetFile, which checks it, and sees a changed file's new version.
+TEST_F(NamespaceSyncTest, AFileDueForACheckIsListedWithoutItsOpenInformation) {
+  rpc::MountInfo m = Mount("always");
+  auto d = ns_->Lookup(m.root_ino(), "d");
+  ASSERT_TRUE(d.ok());
+  rpc::ReadDirResponse page;
+  ASSERT_TRUE(ns_->ReadDir(d->ino(), 0, 100, &page, nullptr, true).ok());
+  ASSERT_EQ(page.entries_size(), 4);
+  for (const auto& e : page.entries()) EXPECT_FALSE(e.has_file()) << e.name();
+  rpc::FileInfo looked;
+  ASSERT_TRUE(ns_->Lookup(d->ino(), "keep.jpg", nullptr, &looked).ok());
+  EXPECT_FALSE(looked.has_attr());
+}
+
 TEST_F(NamespaceSyncTest, AlwaysSeesAddsChangesAndDeletes) {
   rpc::MountInfo m = Mount("always");
   auto d = ns_->Lookup(m.root_ino(), "d");
