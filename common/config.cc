@@ -363,9 +363,11 @@ std::vector<Setting> MakeSettings() {
                   &Config::fuse, &FuseConfig::allow_other));
   t.push_back(Row("fuse.file_cache_entries", K::kCount, "100000",
                   "How many files' open information (version, block size, location) granary-fuse keeps, each "
-                  "for attr_timeout, so reopening a file needs no call to the master; as many lookups (name to "
-                  "attributes, each for the shorter of entry_timeout and attr_timeout), so a path walk after the "
-                  "kernel dropped its dentries needs none either. About 200 bytes each; 0 turns both off.",
+                  "for attr_timeout, so reopening a file, or opening one a listing or lookup just named, needs no "
+                  "call to the master; as many lookups (name to attributes, each for the shorter of entry_timeout "
+                  "and attr_timeout), so a path walk after the kernel dropped its dentries needs none either, and "
+                  "as many attributes. About 1 KB per file for all of them once a listing filled them (100000: "
+                  "~110 MB); 0 turns them off.",
                   &Config::fuse, &FuseConfig::file_cache_entries));
   t.push_back(Row("fuse.max_threads", K::kCount, "16", "Most threads serving FUSE requests at once.",
                   &Config::fuse, &FuseConfig::max_threads));

@@ -9,6 +9,9 @@
 namespace granary {
 namespace {
 
+constexpr size_t kDefaultBuffer = 16 * 1024;   // libcurl's CURLOPT_BUFFERSIZE default
+constexpr size_t kLargeBuffer = 512 * 1024;
+
 struct CurlGlobal {
   CurlGlobal() { curl_global_init(CURL_GLOBAL_DEFAULT); }
 };
@@ -104,6 +107,11 @@ StatusOr<HttpResponse> CurlHttpClient::Send(const HttpRequest& req) {
   if (req.method == "PUT" || req.method == "POST") {  // the body as it is (POSTFIELDS copies nothing)
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, req.body != nullptr ? req.body : "");
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body_size));
+  }
+  if (req.sink != nullptr && req.sink_capacity > kDefaultBuffer) {
+    // A body read into the caller's buffer: libcurl's receive buffer as large as the body (up to
+    // kLargeBuffer), so a block costs a few reads and copies of the socket, not one per 16 KiB.
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, static_cast<long>(std::min(req.sink_capacity, kLargeBuffer)));
   }
   BodyTarget target{c, &req, &resp};
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);

@@ -73,7 +73,10 @@ TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemor
   uint64_t fuse_growth = metrics::ResidentBytesOf(cluster_.fuse_pid()) - std::min(fuse_before, metrics::ResidentBytesOf(cluster_.fuse_pid()));
   if (!kSanitizerBuild) {
     EXPECT_LT(master_rss, 400ull << 20) << "master RSS " << master_rss;
-    EXPECT_LT(fuse_growth, 64ull << 20) << "granary-fuse grew by " << fuse_growth;
+    // What granary-fuse keeps of a listing is bounded by fuse.file_cache_entries (100000 here, as
+    // many as the directory has): each file's entry, attributes and open information, about 1 KB a
+    // file (common/config.cc), never the listing itself.
+    EXPECT_LT(fuse_growth, 160ull << 20) << "granary-fuse grew by " << fuse_growth;
   }
   // A second listing (now from RocksDB only) gives the same entries.
   size_t again = 0;
