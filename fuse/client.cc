@@ -121,12 +121,12 @@ Status Client::NoteOpens(const std::vector<uint64_t>& inos) {
   rpc::NoteOpensRequest req;
   req.mutable_inos()->Add(inos.begin(), inos.end());
   rpc::NoteOpensResponse resp;
-  auto timeout = std::min<std::chrono::milliseconds>(cfg_.rpc.timeout, std::chrono::seconds(2));
-  return FromGrpc(CallWithFailover(master_, *sec_, timeout, std::chrono::milliseconds(0),
-                                   [&](rpc::Master::Stub& m, grpc::ClientContext& ctx) {
-                                     return m.NoteOpens(&ctx, req, &resp);
-                                   }),
-                  "the master");
+  // One call to the master granary-fuse uses, and its answer not noted: a standby's "not the
+  // leader" (during an election, or always when reads go to a standby) must not move the metadata
+  // calls to another master.
+  grpc::ClientContext ctx;
+  sec_->Prepare(&ctx, std::min<std::chrono::milliseconds>(cfg_.rpc.timeout, std::chrono::seconds(2)));
+  return FromGrpc(master_.Get()->NoteOpens(&ctx, req, &resp), "the master");
 }
 
 Status Client::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files) {

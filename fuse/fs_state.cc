@@ -77,10 +77,15 @@ StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino) {
   return f;
 }
 
-void KeepListedFile(Fs* fs, const rpc::FileInfo& f) {
+void KeepListedFile(Fs* fs, const rpc::FileInfo& f, std::chrono::steady_clock::time_point asked) {
   if (!fs->open_notes || !f.has_attr() || !Cacheable(f)) return;
-  fs->files->Put(f.attr().ino(), f);
-  fs->open_notes->Listed(f.attr().ino());
+  const uint64_t ino = f.attr().ino();
+  std::chrono::milliseconds age{};
+  if (fs->files->Get(ino, &age) && std::chrono::steady_clock::now() - age > asked) {
+    return;  // an answer the master gave after this one was asked for (an open's GetFile) stays
+  }
+  fs->open_notes->Listed(ino);  // before the Put: an open that finds it is noted
+  fs->files->Put(ino, f);
 }
 
 namespace {

@@ -379,7 +379,8 @@ StatusOr<rpc::FileInfo> FileInfoOf(Fs* fs, uint64_t master_ino);
 // A file's open information that came with a listing or a lookup: kept in the FileCache for the
 // open to come (which then asks the master nothing) and noted for fetch-ahead (fuse/open_notes.h).
 // Nothing when open_notes is null, `f` is empty (the master left it out: the file is due for a
-// check), or the file is below a writable mount (close-to-open: its open asks the master).
-void KeepListedFile(Fs* fs, const rpc::FileInfo& f);
+// check), or the file is below a writable mount (close-to-open: its open asks the master), or the
+// FileCache has an answer newer than `asked` (when the listing or lookup was sent).
+void KeepListedFile(Fs* fs, const rpc::FileInfo& f, std::chrono::steady_clock::time_point asked);
 
 }  // namespace granary::fuse::internal

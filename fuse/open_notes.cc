@@ -33,6 +33,10 @@ bool OpenNotes::Opened(uint64_t ino) {
     MutexLock lock(&mu_);
     if (listed_.Find(ino) == nullptr) return false;
     listed_.Erase(ino);
+    if (pending_.size() >= kMaxPending) {
+      ++dropped_;
+      return true;
+    }
     pending_.push_back(ino);
     wake = pending_.size() == 1 || pending_.size() >= kBatch;  // a batch's clock starts, or it is full
   }
@@ -43,6 +47,11 @@ bool OpenNotes::Opened(uint64_t ino) {
 uint64_t OpenNotes::sent() const {
   MutexLock lock(&mu_);
   return sent_;
+}
+
+uint64_t OpenNotes::dropped() const {
+  MutexLock lock(&mu_);
+  return dropped_;
 }
 
 uint64_t OpenNotes::failed_calls() const {

@@ -21,7 +21,8 @@
 // `capacity` listed files are remembered (the oldest half is dropped past that: their opens are not
 // noted, which only makes fetch-ahead start later). Sending is best effort: a failed call (no
 // leader, a standby that cannot count) is dropped, as fetch-ahead is an optimisation; the files it
-// names are not sent again.
+// names are not sent again; and at most kMaxPending opens wait (more are dropped) while a call is
+// slow.
 //
 // Thread-safe. One thread of its own sends; the destructor stops it (pending notes are dropped).
 #pragma once
@@ -44,6 +45,9 @@ class OpenNotes {
   using Send = std::function<Status(const std::vector<uint64_t>& inos)>;
   static constexpr size_t kBatch = 1024;  // files per NoteOpens call (the master takes up to 4096)
   static constexpr std::chrono::milliseconds kFlushEvery{50};
+  // Opens waiting to be sent, at most: past it (the master slow or away) new ones are dropped and
+  // counted, so a master that does not answer never makes granary-fuse grow.
+  static constexpr size_t kMaxPending = 4 * kBatch;
 
   OpenNotes(size_t capacity, Send send);
   ~OpenNotes();
@@ -58,6 +62,7 @@ class OpenNotes {
   // Files sent so far, and calls that failed (for tests and the mount's metrics).
   uint64_t sent() const;
   uint64_t failed_calls() const;
+  uint64_t dropped() const;  // opens not sent: kMaxPending were waiting
 
  private:
   void Loop();
@@ -70,6 +75,7 @@ class OpenNotes {
   bool stop_ GUARDED_BY(mu_) = false;
   uint64_t sent_ GUARDED_BY(mu_) = 0;
   uint64_t failed_ GUARDED_BY(mu_) = 0;
+  uint64_t dropped_ GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

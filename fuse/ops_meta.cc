@@ -173,10 +173,11 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     }
   }
   rpc::FileInfo file;
+  const auto asked = std::chrono::steady_clock::now();
   auto a = fs->client->Lookup(fs->ToMaster(parent), name, fs->open_notes ? &file : nullptr);
   if (a.ok()) fs->entries->Put(key, *a);
   if (a.ok()) fs->attrs->Put(a->ino(), *a);
-  if (a.ok()) KeepListedFile(fs, file);  // the open to come asks the master nothing
+  if (a.ok()) KeepListedFile(fs, file, asked);  // the open to come asks the master nothing
   if (!a.ok()) {
     if (a.status().IsNotFound()) {
       // Negative entry: the kernel remembers the miss for negative_timeout.
@@ -322,6 +323,7 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
   uint32_t limit = static_cast<uint32_t>(std::clamp<size_t>(size / (plus ? 150 : 32), 16, 4096));
   for (;;) {
     rpc::ReadDirResponse page;
+    const auto asked = std::chrono::steady_clock::now();
     Status st = fs->client->ReadDir(fs->ToMaster(ino), after, limit, &page, fs->open_notes != nullptr);
     if (!st.ok()) {
       if (used > 0) break;  // return what we have; the error shows on the next call
@@ -330,7 +332,7 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     for (const auto& e : page.entries()) {
       fs->entries->Put(EntryKey(fs->ToMaster(ino), e.name().c_str()), e.attr());  // the scan's lookups to come
       fs->attrs->Put(e.attr().ino(), e.attr());
-      KeepListedFile(fs, e.file());  // the scan's opens to come ask the master nothing
+      KeepListedFile(fs, e.file(), asked);  // the scan's opens to come ask the master nothing
       if (!add(e.name().c_str(), e.attr(), e.cookie() + kDotDotCookie, false)) {
         return (void)fuse_reply_buf(req, buf.data(), used);
       }

@@ -3,9 +3,11 @@
 //
 // Design
 // ------
-// The evidence is the master's GetFile calls: granary-fuse asks for a file's info when a reader
-// first opens it (its FileCache then answers for fuse.attr_timeout), so each call is a reader
-// opening a file cold or after a while. Lookups, listings (`ls`) and attributes are no evidence.
+// The evidence is the opens granary-fuse reports: its GetFile calls (it asks for a file's info
+// when a reader first opens it; its FileCache then answers for fuse.attr_timeout), and its
+// NoteOpens batches, the first open of each file whose info came with a listing or a lookup
+// (fuse/open_notes.h). So each is a reader opening a file cold or after a while. Lookups, listings
+// (`ls`) and attributes themselves are no evidence.
 // Per mount, FetchAhead remembers the distinct files opened (by inode), their bytes, how many in
 // each directory, and the scope: the deepest directory holding every directory in which readers
 // opened at least `dir_files` (2) files — a single file opened elsewhere (a README, one shard
@@ -32,7 +34,7 @@
 //   - it is not resumed after a master restart (the readers' next opens start a new one).
 // A mount with cache.fetch_ahead=false is never fetched ahead.
 //
-// Thread-safe. Opened() is on the GetFile path: a lock, a hash-set insert, no I/O (the first call
+// Thread-safe. Opened() is on the GetFile and NoteOpens paths: a lock, a hash-set insert, no I/O (the first call
 // for a mount reads its options once). Jobs are submitted from FetchAhead's own thread.
 #pragma once
 

@@ -208,7 +208,10 @@ class ReplicatedBeforeAnswer {
                                    rpc::AttrResponse* resp) override {
     return Serve(ctx, [this, req, resp](bool* ufs, Leading*) {
       resp->Clear();
-      return Reply(ns_->Lookup(req->parent(), req->name(), ufs, req->file() ? resp->mutable_file() : nullptr), resp);
+      rpc::FileInfo file;
+      grpc::Status st = Reply(ns_->Lookup(req->parent(), req->name(), ufs, req->file() ? &file : nullptr), resp);
+      if (st.ok() && file.has_attr()) *resp->mutable_file() = std::move(file);  // unset when not filled
+      return st;
     });
   }
   grpc::ServerUnaryReactor* GetAttr(grpc::CallbackServerContext* ctx, const rpc::GetAttrRequest* req,

@@ -562,8 +562,17 @@ StatusOr<BlockSource::LoadOutcome> BlockSource::Load(BlockRequest req, uint32_t 
       counters_.ahead_no_room++;
       return LoadOutcome::kNoRoom;
     }
-    if (!pacer_.AcquireAhead(ahead->cap, ahead->stop)) return CancelledError("the fetch-ahead was stopped");
-    slot.pacer = &pacer_;
+    bool have = ahead->held != nullptr && *ahead->held;
+    if (have && !pacer_.WithinTarget(ahead->cap)) {  // a demand miss came, or the target shrank: yield
+      pacer_.ReleaseAhead();
+      *ahead->held = have = false;
+    }
+    if (!have && !pacer_.AcquireAhead(ahead->cap, ahead->stop)) return CancelledError("the fetch-ahead was stopped");
+    if (ahead->held != nullptr) {
+      *ahead->held = true;  // the caller's now, for its next block
+    } else {
+      slot.pacer = &pacer_;
+    }
     route.ahead = true;
     if (store_->Contains(t.meta.id)) return LoadOutcome::kCached;  // a reader fetched it meanwhile
     // Again with the slot held: the room may have gone to the fetches that got theirs first.

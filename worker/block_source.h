@@ -175,13 +175,24 @@ class BlockSource {
   // later that covers the block, here before or after the batch, makes the fetch cache nothing
   // (kFetched; BlockStore::FreeTicketAt). 0: only frees from this call on count.
   enum class LoadOutcome { kNotMine, kCached, kFetched, kNoRoom };
+  //
+  // `ahead->held` (optional, one per calling thread): the caller keeps its pacer slot from one
+  // block to the next, so a thread fetching a batch's blocks one after another does not hand its
+  // slot to a waiting thread and wait for another (two context switches a block). Load takes a slot
+  // only when *held is false and sets it once it has one; it gives a held slot back first when
+  // fetch-ahead and demand fetches in flight exceed the target (FetchPacer::WithinTarget: a demand
+  // miss came, or the target shrank). The caller gives it back at the end (ReleaseAheadSlot).
   struct AheadOptions {
     uint32_t cap = FetchPacer::kMaxCap;
     std::function<bool()> stop;
+    bool* held = nullptr;
   };
   StatusOr<LoadOutcome> Load(BlockRequest req, uint32_t replicas, RateLimiter* pace = nullptr,
                              const std::vector<PeerRef>& members = {}, uint64_t self_id = 0,
                              const AheadOptions* ahead = nullptr, uint64_t free_stamp = 0);
+
+  // Gives back a slot Load left held (AheadOptions::held).
+  void ReleaseAheadSlot() { pacer_.ReleaseAhead(); }
 
   // Whether req's block is cached here (a cheap look: its key and the store's index).
   bool IsCached(const BlockRequest& req);

@@ -63,8 +63,14 @@ void FetchPacer::DemandDone() {
   GrantLocked();  // one slot free: one waiter
 }
 
-uint32_t FetchPacer::TargetLocked(uint32_t cap) const {
+uint32_t FetchPacer::TargetLocked(uint32_t cap) const { return Clamped(RawTargetLocked(), cap); }
+
+uint32_t FetchPacer::Clamped(uint32_t raw, uint32_t cap) {
   cap = std::max<uint32_t>(cap, 1);
+  return std::clamp(raw, std::min(kMinInflight, cap), cap);
+}
+
+uint32_t FetchPacer::RawTargetLocked() const {
   double bw = *std::max_element(bw_.begin(), bw_.end());
   if (window_bytes_ > 0) {
     // The open window counts too once it shows more than the closed ones (a fast ramp).
@@ -79,7 +85,7 @@ uint32_t FetchPacer::TargetLocked(uint32_t cap) const {
     double t = std::ceil(2.0 * bw * lat / mean_bytes_);
     target = static_cast<uint32_t>(std::min<double>(t, 1 << 20));
   }
-  return std::clamp(target, std::min(kMinInflight, cap), cap);
+  return target;
 }
 
 uint32_t FetchPacer::Target(uint32_t cap) const {
@@ -88,9 +94,11 @@ uint32_t FetchPacer::Target(uint32_t cap) const {
 }
 
 void FetchPacer::GrantLocked() {
+  if (waiters_.empty()) return;
+  const uint32_t raw = RawTargetLocked();
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     Waiter* w = *it;
-    if (ahead_ + demand_ >= TargetLocked(w->cap)) {
+    if (ahead_ + demand_ >= Clamped(raw, w->cap)) {
       if (w->cap >= kMaxCap) return;  // nobody behind can have a larger target
       ++it;
       continue;
@@ -115,21 +123,37 @@ bool FetchPacer::AcquireAhead(uint32_t cap, const std::function<bool()>& stop) {
   Waiter w;
   w.cap = cap;
   waiters_.push_back(&w);
+  GrantLocked();  // a larger cap than the waiters' may go past them at once
   for (;;) {
+    if (w.granted) {
+      if (stop && stop()) {  // granted after its batch was cancelled: the slot goes on
+        --ahead_;
+        GrantLocked();
+        return false;
+      }
+      return true;
+    }
     // A grant usually wakes it; the timeout checks `stop` and lets the target's windows roll
     // (a fetch that never completes records nothing): every 200 ms for the first in line, every
     // second for the others (hundreds may wait; each wake-up costs a switch).
     lock.WaitFor(&w.cv, std::chrono::milliseconds(waiters_.front() == &w ? 200 : 1000));
-    if (w.granted) return true;
+    if (w.granted) continue;
     if (stop && stop()) {
       waiters_.erase(std::find(waiters_.begin(), waiters_.end(), &w));
       GrantLocked();  // its place may have been what held the others back
       return false;
     }
-    RollLocked(clock_());
-    GrantLocked();
-    if (w.granted) return true;
+    if (waiters_.front() == &w) {  // the others wait for grants (and look at `stop` once a second)
+      RollLocked(clock_());
+      GrantLocked();
+    }
   }
+}
+
+bool FetchPacer::WithinTarget(uint32_t cap) {
+  MutexLock lock(&mu_);
+  RollLocked(clock_());
+  return ahead_ + demand_ <= TargetLocked(cap);
 }
 
 void FetchPacer::ReleaseAhead() {

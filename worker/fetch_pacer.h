@@ -70,6 +70,9 @@ class FetchPacer {
   // while waiting every 200 ms by the first in line, every second by the others).
   bool AcquireAhead(uint32_t cap, const std::function<bool()>& stop);
   void ReleaseAhead();
+  // Whether the fetches in flight (fetch-ahead and demand) are within min(Target(), cap): a
+  // fetch-ahead holding a slot may keep it for its next fetch.
+  bool WithinTarget(uint32_t cap);
 
   struct Snapshot {
     uint32_t target = 0;            // fetches in flight fetch-ahead and demand may have together
@@ -87,6 +90,8 @@ class FetchPacer {
  private:
   void RollLocked(std::chrono::steady_clock::time_point now) REQUIRES(mu_);
   uint32_t TargetLocked(uint32_t cap) const REQUIRES(mu_);
+  uint32_t RawTargetLocked() const REQUIRES(mu_);  // before the caller's cap and kMinInflight
+  static uint32_t Clamped(uint32_t raw, uint32_t cap);
   // A fetch-ahead waiting for a slot (on AcquireAhead's stack while queued in waiters_).
   struct Waiter {
     uint32_t cap = 0;

@@ -183,6 +183,18 @@ class WorkerService final : public rpc::Worker::Service {
     Mutex fail_mu;
     std::map<int, std::string> failed;  // GUARDED_BY(fail_mu): file index -> first reason
     auto work = [&] {
+      // A fetch-ahead thread keeps its pacer slot from block to block (AheadOptions::held).
+      bool held = false;
+      BlockSource::AheadOptions mine = ahead;
+      mine.held = &held;
+      const BlockSource::AheadOptions* my_opts = ahead_opts != nullptr ? &mine : nullptr;
+      struct GiveBack {
+        BlockSource* source;
+        bool* held;
+        ~GiveBack() {
+          if (*held) source->ReleaseAheadSlot();
+        }
+      } give_back{source_, &held};
       for (uint64_t k; (k = next++) < total;) {
         if (ctx->IsCancelled()) return;
         int file;
@@ -196,7 +208,7 @@ class WorkerService final : public rpc::Worker::Service {
           continue;
         }
         auto outcome =
-            source_->Load(br, req->replicas(), pace.get(), members, req->worker_id(), ahead_opts, req->free_stamp());
+            source_->Load(br, req->replicas(), pace.get(), members, req->worker_id(), my_opts, req->free_stamp());
         if (outcome.ok() && *outcome == BlockSource::LoadOutcome::kNoRoom) {
           full = true;
           no_room++;
@@ -227,22 +239,34 @@ class WorkerService final : public rpc::Worker::Service {
     }
     threads = static_cast<size_t>(std::min<uint64_t>(threads, std::max<uint64_t>(total, 1)));
     // The helpers come from the service's pool (threads that stay between batches: a cold epoch's
-    // batches made and ended a thousand threads, each a clone, a stack and its unmapping); this
-    // call waits for every helper it posted, which use its stack.
-    Mutex helpers_mu;
-    std::condition_variable helpers_cv;
-    size_t helpers = threads - 1;  // GUARDED_BY(helpers_mu)
+    // batches made and ended a thousand threads, each a clone, a stack and its unmapping). Once
+    // this call's own work() is done, every block is taken: it waits for the helpers that started
+    // (they use its stack), and one that starts later (queued behind other batches in a full pool)
+    // does nothing.
+    struct Helpers {
+      Mutex mu;
+      std::condition_variable cv;
+      bool closed = false;  // GUARDED_BY(mu)
+      size_t running = 0;   // GUARDED_BY(mu)
+    };
+    auto helpers = std::make_shared<Helpers>();
     for (size_t i = 1; i < threads; ++i) {
-      load_pool_.Post([&] {
+      load_pool_.Post([helpers, &work] {
+        {
+          MutexLock lock(&helpers->mu);
+          if (helpers->closed) return;
+          ++helpers->running;
+        }
         work();
-        MutexLock lock(&helpers_mu);
-        if (--helpers == 0) helpers_cv.notify_one();
+        MutexLock lock(&helpers->mu);
+        if (--helpers->running == 0) helpers->cv.notify_all();
       });
     }
     work();
     {
-      MutexLock lock(&helpers_mu);
-      while (helpers > 0) lock.Wait(&helpers_cv);
+      MutexLock lock(&helpers->mu);
+      helpers->closed = true;
+      while (helpers->running > 0) lock.Wait(&helpers->cv);
     }
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the load batch was cancelled");
     resp->set_blocks_fetched(fetched);

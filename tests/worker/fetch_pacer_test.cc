@@ -144,12 +144,61 @@ TEST(FetchPacer, SlotsGoToWaitersInTheOrderTheyCame) {
     std::this_thread::yield();
   }
   ASSERT_EQ(p.Waiting(), 1u);
-  EXPECT_TRUE(p.AcquireAhead(6, nullptr));
+  // At once: it looks at `stop` on entry and once granted; its third look, which only waiting
+  // (and waking for the timeout) would reach, says stop.
+  int looks = 0;
+  EXPECT_TRUE(p.AcquireAhead(6, [&] { return looks++ >= 2; }));
   EXPECT_EQ(p.Get().ahead_inflight, 5u);
   give_up = true;
   t.join();  // stopped once the larger cap's slot was taken: its own stayed full
   EXPECT_FALSE(small);
   EXPECT_EQ(p.Waiting(), 0u);
+}
+
+// A fetch-ahead keeping its slot for its next fetch may do so while the fetches in flight are
+// within the target, and must yield once a demand miss takes the room.
+TEST(FetchPacer, AKeptSlotYieldsToADemandMiss) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  const uint32_t cap = 2;
+  ASSERT_TRUE(p.AcquireAhead(cap, nullptr));
+  ASSERT_TRUE(p.AcquireAhead(cap, nullptr));
+  EXPECT_TRUE(p.WithinTarget(cap));  // 2 in flight, target 2: each may keep its slot
+  p.DemandStarted();
+  EXPECT_FALSE(p.WithinTarget(cap));  // 3 in flight: a holder gives its slot back
+  p.ReleaseAhead();
+  EXPECT_TRUE(p.WithinTarget(cap));
+  p.DemandDone();
+  p.ReleaseAhead();
+  EXPECT_EQ(p.Get().ahead_inflight, 0u);
+}
+
+// A waiter granted a slot after its batch was stopped gives it on instead of fetching with it.
+TEST(FetchPacer, AStoppedWaiterPassesItsGrantOn) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  const uint32_t cap = 4;
+  for (uint32_t i = 0; i < cap; ++i) ASSERT_TRUE(p.AcquireAhead(cap, nullptr));
+  std::atomic<bool> stopped{false};
+  std::atomic<int> first{-1}, second{-1};
+  std::thread a([&] { first = p.AcquireAhead(cap, [&] { return stopped.load(); }) ? 1 : 0; });
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       p.Waiting() < 1 && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::yield();
+  }
+  std::thread b([&] { second = p.AcquireAhead(cap, nullptr) ? 1 : 0; });
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       p.Waiting() < 2 && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(p.Waiting(), 2u);
+  stopped = true;
+  p.ReleaseAhead();  // granted to the first in line, which is stopped: the second gets it
+  a.join();
+  b.join();
+  EXPECT_EQ(first, 0);
+  EXPECT_EQ(second, 1);
+  EXPECT_EQ(p.Get().ahead_inflight, cap);
 }
 
 TEST(FetchPacer, AnIdleLinkIsForgotten) {
