@@ -10,7 +10,8 @@ prints, as Markdown:
      kernel's own threads;
   2. for each Granary daemon, its stages: a sample counts for the innermost Granary function on
      its stack (granary::..., so "BlockSource::FetchOnce" holds everything it called that has no
-     Granary frame of its own), or, with none, for what the leaf is (libcurl and TLS, gRPC,
+     Granary frame of its own; locks, waits and template glue are passed over for their caller),
+     or, with none, for what the leaf is (libcurl and TLS, gRPC,
      protobuf, the kernel's network, FUSE, page cache, scheduling, memory copies, the allocator);
   3. for each Granary daemon, what its leaves are (the same categories), whichever stage they
      belong to: the copies, checksums and syscalls its stages cost.
@@ -64,15 +65,26 @@ def role_of(comm):
 GRANARY_FRAME = re.compile(r"granary::(?:\w+::)*?((?:\w+::)?\w+)\(")
 
 
+# Granary frames that name no stage of their own: locks, waits and the glue of std::function,
+# gRPC's handler templates and protobuf (their callers are the stage).
+GLUE = re.compile(r"MutexLock|granary::Mutex\b|std::|_Function_handler|__invoke|grpc::internal::|"
+                  r"google::protobuf::|BoundedMap|TtlCache|operator\(\)")
+
+
 def stage_of(frames):
     """frames: [(sym, dso)] leaf first."""
+    fallback = None
     for sym, _ in frames:
-        if "granary::" in sym:
-            m = GRANARY_FRAME.search(sym)
-            if m:
-                return m.group(1)
-            return sym.split("(")[0][-60:]
-    return None
+        if "granary::" not in sym:
+            continue
+        sym = sym.replace(" (inlined)", "").replace("(anonymous namespace)::", "")
+        m = GRANARY_FRAME.search(sym)
+        name = m.group(1) if m else sym.split("(")[0][-60:]
+        if GLUE.search(sym.split("(")[0]):
+            fallback = fallback or name
+            continue
+        return name
+    return fallback
 
 
 def leaf_of(frames):
