@@ -1206,6 +1206,7 @@ Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::Rea
   db_->MultiGet({}, db_->DefaultColumnFamily(), keys.size(), slices.data(), values.data(), statuses.data(),
                 /*sorted_input=*/true);
   InodeRecord r;
+  size_t bytes = 0;
   for (size_t i = 0; i < children.size(); ++i) {
     if (statuses[i].IsNotFound()) continue;  // removed concurrently by an unmount
     RETURN_IF_ERROR(FromRocks(statuses[i], "read inode"));
@@ -1217,6 +1218,12 @@ Status Namespace::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::Rea
     *e->mutable_attr() = AttrOf(r);
     e->set_cookie(children[i]);
     if (files && r.type() == rpc::REGULAR && !SyncDue(r)) *e->mutable_file() = FileInfoOf(r, e->attr());
+    if (files && (bytes += e->ByteSizeLong()) >= kMaxDirPageBytes && i + 1 < children.size()) {
+      // Paths of up to 4 KiB each: a page of 4096 would pass gRPC's 16 MiB. The rest comes after
+      // this entry's cookie.
+      out->set_end(false);
+      break;
+    }
   }
   return Status::OK();
 }

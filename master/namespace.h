@@ -157,7 +157,9 @@ class Namespace {
   StatusOr<rpc::FileInfo> StoredFile(uint64_t ino);
   // Children of `ino` after cookie `after`, at most `limit` of them (appended to `out`); with
   // `files`, each regular file's open information (DirEntry.file) unless its metadata is due for a
-  // check with the under-storage, as for Lookup.
+  // check with the under-storage, as for Lookup, and then a page ends after kMaxDirPageBytes (not
+  // `end`: the caller goes on after its last cookie).
+  static constexpr size_t kMaxDirPageBytes = 4u << 20;
   Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool* ufs_needed = nullptr,
                  bool files = false);
 

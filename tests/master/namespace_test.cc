@@ -281,6 +281,36 @@ TEST_F(NamespaceSyncTest, ListingsAndLookupsCarryWhatGetFileAnswers) {
   EXPECT_EQ(ns_->StoredFile(d->ino()).status().code(), Code::kInvalidArgument);
 }
 
+// Files' open information with paths near PATH_MAX: a page ends by bytes (never past gRPC's
+// message limit) and the listing goes on after it, every entry once.
+TEST_F(NamespaceSyncTest, ListingsWithLongPathsArePagedByBytes) {
+  std::string deep = "d";
+  for (int i = 0; i < 15; ++i) deep += "/" + std::string(250, static_cast<char>('a' + i));
+  constexpr int kFiles = 1200;  // ~3.9 KiB of path each: ~4.7 MiB of open information
+  for (int i = 0; i < kFiles; ++i) testing::WriteFile(dir_ / ("src/" + deep + "/f" + std::to_string(i)), "x");
+  rpc::MountInfo m = Mount("never");
+  auto dir = ns_->Resolve("/ds/" + deep);
+  ASSERT_TRUE(dir.ok()) << dir.status().message();
+  std::set<std::string> seen;
+  uint64_t after = 0;
+  int pages = 0;
+  for (;;) {
+    rpc::ReadDirResponse page;
+    ASSERT_TRUE(ns_->ReadDir(dir->ino(), after, 4096, &page, nullptr, true).ok());
+    ++pages;
+    EXPECT_LT(page.ByteSizeLong(), Namespace::kMaxDirPageBytes + 8192);
+    for (const auto& e : page.entries()) {
+      EXPECT_TRUE(seen.insert(e.name()).second) << "duplicate " << e.name();
+      EXPECT_TRUE(e.has_file()) << e.name();
+      after = e.cookie();
+    }
+    if (page.end()) break;
+    ASSERT_GT(page.entries_size(), 0);
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kFiles));
+  EXPECT_GE(pages, 2);
+}
+
 // A file due for a check with the under-storage comes without its open information: the open then
 // asks GetFile, which checks it, and sees a changed file's new version.
 TEST_F(NamespaceSyncTest, AFileDueForACheckIsListedWithoutItsOpenInformation) {
