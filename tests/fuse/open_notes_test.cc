@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "tests/testutil/testutil.h"
 
 namespace granary::fuse {
 namespace {
@@ -41,16 +42,6 @@ struct FakeMaster {
   }
 };
 
-// Polls `done` until it holds or 10 s passed.
-template <typename F>
-bool Eventually(F done) {
-  for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
-    if (done()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return done();
-}
-
 TEST(OpenNotes, AnOpenOfListedInformationIsSentOnce) {
   FakeMaster master;
   OpenNotes notes(100, master.Send());
@@ -61,7 +52,7 @@ TEST(OpenNotes, AnOpenOfListedInformationIsSentOnce) {
   EXPECT_TRUE(notes.Opened(9));
   EXPECT_FALSE(notes.Opened(7));   // its second open: sent already
   EXPECT_FALSE(notes.Opened(42));  // never listed (its open asked GetFile)
-  ASSERT_TRUE(Eventually([&] { return notes.sent() == 2; }));
+  ASSERT_TRUE(testing::WaitFor([&] { return notes.sent() == 2; }));
   EXPECT_EQ(master.Noted(), (std::vector<uint64_t>{7, 9}));
   notes.Forget(8);  // GetFile answered for it since: the master counted that open
   EXPECT_FALSE(notes.Opened(8));
@@ -73,7 +64,7 @@ TEST(OpenNotes, OpensComeInBatches) {
   const uint64_t n = 3 * OpenNotes::kBatch + 5;  // under kMaxPending: nothing dropped
   for (uint64_t i = 1; i <= n; ++i) notes.Listed(i);
   for (uint64_t i = 1; i <= n; ++i) ASSERT_TRUE(notes.Opened(i));
-  ASSERT_TRUE(Eventually([&] { return notes.sent() == n; }));
+  ASSERT_TRUE(testing::WaitFor([&] { return notes.sent() == n; }));
   EXPECT_EQ(master.Noted().size(), n);
   EXPECT_GE(master.Calls(), n / OpenNotes::kBatch);
   MutexLock lock(&master.mu);
@@ -89,7 +80,7 @@ TEST(OpenNotes, AFailedCallIsCountedAndItsFilesDropped) {
   OpenNotes notes(100, master.Send());
   notes.Listed(5);
   EXPECT_TRUE(notes.Opened(5));
-  ASSERT_TRUE(Eventually([&] { return notes.failed_calls() == 1; }));
+  ASSERT_TRUE(testing::WaitFor([&] { return notes.failed_calls() == 1; }));
   EXPECT_EQ(notes.sent(), 0u);
   EXPECT_FALSE(notes.Opened(5));  // not sent again
 }
@@ -115,7 +106,7 @@ TEST(OpenNotes, ASlowMasterNeverMakesItGrow) {
     release = true;
   }
   cv.notify_all();
-  ASSERT_TRUE(Eventually([&] { return notes.sent() + notes.dropped() == n; }));
+  ASSERT_TRUE(testing::WaitFor([&] { return notes.sent() + notes.dropped() == n; }));
 }
 
 TEST(OpenNotes, NothingIsRememberedPastItsCapacity) {

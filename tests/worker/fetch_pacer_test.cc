@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
+#include "tests/testutil/testutil.h"
 
 namespace granary::worker {
 namespace {
@@ -115,10 +116,7 @@ TEST(FetchPacer, SlotsGoToWaitersInTheOrderTheyCame) {
       order.push_back(i);
     });
     // The next waiter queues only once this one waits (its slot count shows it is not through).
-    for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
-      std::this_thread::yield();
-      if (p.Waiting() == static_cast<size_t>(i + 1)) break;
-    }
+    testing::WaitFor([&] { return p.Waiting() == static_cast<size_t>(i + 1); });
     ASSERT_EQ(p.Waiting(), static_cast<size_t>(i + 1));
   }
   auto granted = [&] {
@@ -127,10 +125,7 @@ TEST(FetchPacer, SlotsGoToWaitersInTheOrderTheyCame) {
   };
   for (size_t released = 1; released <= 3; ++released) {
     p.ReleaseAhead();
-    for (auto deadline = std::chrono::steady_clock::now() + 10s;
-         granted() < released && std::chrono::steady_clock::now() < deadline;) {
-      std::this_thread::yield();
-    }
+    testing::WaitFor([&] { return granted() >= released; });
     EXPECT_EQ(granted(), released);  // one release: one waiter through
     EXPECT_EQ(p.Get().ahead_inflight, cap);
   }
@@ -139,10 +134,7 @@ TEST(FetchPacer, SlotsGoToWaitersInTheOrderTheyCame) {
   // A waiter with a cap of 4 (full) queued first; one with a cap of 6 behind it goes at once.
   std::atomic<bool> small{false}, give_up{false};
   std::thread t([&] { small = p.AcquireAhead(cap, [&] { return give_up.load(); }); });
-  for (auto deadline = std::chrono::steady_clock::now() + 10s;
-       p.Waiting() < 1 && std::chrono::steady_clock::now() < deadline;) {
-    std::this_thread::yield();
-  }
+  testing::WaitFor([&] { return p.Waiting() >= 1; });
   ASSERT_EQ(p.Waiting(), 1u);
   // At once: it looks at `stop` on entry and once granted; its third look, which only waiting
   // (and waking for the timeout) would reach, says stop.
@@ -182,15 +174,9 @@ TEST(FetchPacer, AStoppedWaiterPassesItsGrantOn) {
   std::atomic<bool> stopped{false};
   std::atomic<int> first{-1}, second{-1};
   std::thread a([&] { first = p.AcquireAhead(cap, [&] { return stopped.load(); }) ? 1 : 0; });
-  for (auto deadline = std::chrono::steady_clock::now() + 10s;
-       p.Waiting() < 1 && std::chrono::steady_clock::now() < deadline;) {
-    std::this_thread::yield();
-  }
+  testing::WaitFor([&] { return p.Waiting() >= 1; });
   std::thread b([&] { second = p.AcquireAhead(cap, nullptr) ? 1 : 0; });
-  for (auto deadline = std::chrono::steady_clock::now() + 10s;
-       p.Waiting() < 2 && std::chrono::steady_clock::now() < deadline;) {
-    std::this_thread::yield();
-  }
+  testing::WaitFor([&] { return p.Waiting() >= 2; });
   EXPECT_EQ(p.Waiting(), 2u);
   stopped = true;
   p.ReleaseAhead();  // granted to the first in line, which is stopped: the second gets it
