@@ -210,6 +210,33 @@ TEST_F(Hardened, OversizedGrpcRequestsAreRefusedWithinOneBlockOfMemory) {
   EXPECT_GE(c_.Metric("worker", "granary_bad_requests_total"), 3);
 }
 
+// NoteOpens (fetch-ahead's evidence from granary-fuse): more than 4096 files are refused by name;
+// inodes that are no file (none, the root, a directory, one never made) count for nothing.
+TEST_F(Hardened, NoteOpensTakesOnlyFilesAndAtMostABatch) {
+  const std::string opened = "granary_fetch_ahead_opened_files{mount=\"/ds\"}";
+  // The setup's read of a.bin reaches the master in granary-fuse's next batch.
+  ASSERT_TRUE(WaitFor([&] { return c_.Metric("master", opened) == 1; })) << c_.Logs();
+  auto stub = rpc::Master::NewStub(grpc::CreateChannel(c_.master_address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](const rpc::NoteOpensRequest& req) {
+    rpc::NoteOpensResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return stub->NoteOpens(&ctx, req, &resp);
+  };
+  rpc::NoteOpensRequest big;
+  for (uint64_t i = 0; i < 4097; ++i) big.add_inos(i + 2);
+  grpc::Status st = call(big);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("NoteOpens"), std::string::npos) << st.error_message();
+  rpc::NoteOpensRequest junk;
+  for (uint64_t ino : {0ull, 1ull, ~0ull, 1ull << 40}) junk.add_inos(ino);
+  st = call(junk);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(c_.Metric("master", opened), 1) << "an inode that is no file counted as an open";
+  EXPECT_GE(c_.Metric("master", "granary_bad_requests_total"), 1);
+  ExpectWorkerServes();
+}
+
 // /trace was served on 0.0.0.0:29997 to anyone: the path, pid and uid of every FUSE operation.
 TEST_F(Hardened, TheAccessTraceIsForRootOnly) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root: another user is played by setuid(65534)";

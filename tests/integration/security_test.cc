@@ -27,6 +27,16 @@ TEST(Security, SharedTokenIsRequiredAndNeverPrinted) {
   RunResult denied = c.Cli({"mounts"});
   EXPECT_NE(denied.code, 0);
   EXPECT_NE(denied.out.find("rpc token"), std::string::npos) << denied.out;
+  {
+    // Fetch-ahead's evidence (NoteOpens) is no exception.
+    auto stub = rpc::Master::NewStub(grpc::CreateChannel(c.master_address(), grpc::InsecureChannelCredentials()));
+    rpc::NoteOpensRequest req;
+    req.add_inos(2);
+    rpc::NoteOpensResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    EXPECT_EQ(stub->NoteOpens(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
 
   WriteFile(dir / "client.yaml", "rpc:\n  token_file: " + dir / "token" + "\n");
   RunResult ok = c.Cli({"--config", dir / "client.yaml", "mount", "/ds", dir / "src"});
