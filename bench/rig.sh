@@ -18,7 +18,8 @@
 # DIR/<system>-<dataset>-<nodes>n-e<epoch>.data, for bench/perf_stages.py's table of where each
 # role's CPU went (the epoch's times and CPU figures then include perf's own cost). RIG_PERF_ARGS
 # replaces perf's options (default "-a -g -F 499"; e.g. "-a --call-graph dwarf,16384 -F 199" for
-# user stacks through libraries built without frame pointers).
+# user stacks through libraries built without frame pointers). RIG_KEEP_LOGS=DIR copies the S3
+# server's logs (RGW's has one line per request: method, object, range, latency) to DIR at the end.
 #
 # Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched by one C client,
 # `curl --parallel` with 64 GETs in flight, bench/direct_get.py: the floor of a cold epoch on this
@@ -63,6 +64,7 @@ cleanup() {
     done
   done
   bash "$NET" down
+  [ -n "${RIG_KEEP_LOGS:-}" ] && mkdir -p "$RIG_KEEP_LOGS" && cp -r "$WORK"/rgw/log "$RIG_KEEP_LOGS"/ 2>/dev/null
   rm -rf "$WORK"
 }
 trap cleanup EXIT
