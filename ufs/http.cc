@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
+
+#include "ufs/ufs.h"
 
 namespace granary {
 namespace {
@@ -24,7 +27,18 @@ struct BodyTarget {
   CURL* curl;
   const HttpRequest* req;
   HttpResponse* resp;
+  int streams = -1;  // whether the sink's front is reported (HttpRequest::progress): -1 not decided yet
 };
+
+// Whether a response (status `code`) is the range the request's progress is for: its body starts
+// at byte progress_first of the object.
+bool StartsWhereAsked(const BodyTarget& t, long code) {
+  if (code == 200) return t.req->progress_first == 0;
+  if (code != 206) return false;
+  unsigned long long first = 0;
+  return std::sscanf(t.resp->Header("content-range").c_str(), "bytes %llu-", &first) == 1 &&
+         first == t.req->progress_first;
+}
 
 size_t OnBody(char* p, size_t size, size_t n, void* ud) {
   auto* t = static_cast<BodyTarget*>(ud);
@@ -33,8 +47,16 @@ size_t OnBody(char* p, size_t size, size_t n, void* ud) {
     long code = 0;
     curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &code);
     if (code >= 200 && code < 300) {
+      ReadProgress* progress = t->req->progress;
+      if (progress != nullptr && t->streams < 0) t->streams = StartsWhereAsked(*t, code) ? 1 : 0;
       size_t k = std::min(len, t->req->sink_capacity - t->resp->sunk);
-      std::memcpy(t->req->sink + t->resp->sunk, p, k);
+      const size_t at = t->resp->sunk;
+      // Bytes an earlier attempt landed may be read by now: never written again (the same bytes: the
+      // request pins the version; a response that is not the range asked for is refused anyway).
+      const uint64_t landed = progress != nullptr ? progress->landed() : 0;
+      const size_t skip = landed > at ? static_cast<size_t>(std::min<uint64_t>(landed - at, k)) : 0;
+      std::memcpy(t->req->sink + at + skip, p + skip, k - skip);
+      if (t->streams == 1) progress->Landed(at + k);
       t->resp->sunk += k;
       p += k;
       len -= k;

@@ -18,6 +18,8 @@
 
 namespace granary {
 
+class ReadProgress;  // ufs/ufs.h
+
 struct HttpRequest {
   std::string method;  // GET, HEAD, PUT, POST, DELETE
   std::string url;     // already percent-encoded
@@ -28,6 +30,12 @@ struct HttpRequest {
   // the caller reads HttpResponse::sunk bytes from the sink, then body.
   char* sink = nullptr;
   size_t sink_capacity = 0;
+  // With a sink: the sink's front is reported here as it fills (ReadProgress::Landed), when the
+  // response is the range asked for — a 206 whose Content-Range starts at `progress_first`, or a
+  // 200 when that is 0 — and the bytes below what landed before (an earlier attempt's) are not
+  // written again.
+  ReadProgress* progress = nullptr;
+  uint64_t progress_first = 0;
   // The request's body (PUT, POST): not owned, sent as it is (size 0: an empty body).
   const char* body = nullptr;
   size_t body_size = 0;

@@ -262,7 +262,7 @@ std::string S3Ufs::KeyOf(const std::string& path) const {
 
 StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string& key, const HeaderList& query,
                                    const HeaderList& headers, const Check& check, char* sink, size_t sink_capacity,
-                                   std::string_view body) {
+                                   std::string_view body, ReadProgress* progress, uint64_t progress_first) {
   const bool sends_body = method == "PUT" || method == "POST";
   size_t scheme_end = s_.endpoint.find("://") + 3;
   std::string scheme = s_.endpoint.substr(0, scheme_end);
@@ -293,7 +293,7 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
       if (std::chrono::steady_clock::now() + wait >= deadline) break;
       std::this_thread::sleep_for(wait);
     }
-    HttpRequest req{method, url, headers, sink, sink_capacity, body.data(), body.size()};
+    HttpRequest req{method, url, headers, sink, sink_capacity, progress, progress_first, body.data(), body.size()};
     std::time_t now = std::time(nullptr);
     if (s_.signing == S3Settings::Signing::kAwsV4) {
       SigV4Request sreq{method, host, path, query, headers, sends_body ? "UNSIGNED-PAYLOAD" : ""};
@@ -587,6 +587,11 @@ Status S3Ufs::ListTree(const std::string& dir, size_t page_size, const PageFn& o
 
 StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                              char* out) {
+  return ReadStreaming(path, version, offset, length, out, nullptr);
+}
+
+StatusOr<size_t> S3Ufs::ReadStreaming(const std::string& path, const std::string& version, uint64_t offset,
+                                      size_t length, char* out, ReadProgress* progress) {
   if (length == 0) return size_t{0};
   std::string key = KeyOf(path);
   HeaderList headers = {{"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)},
@@ -607,7 +612,7 @@ StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version
     return Status::OK();
   };
   // The body lands in `out` itself (the block's buffer): no copy, no growing string.
-  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", key, {}, headers, whole, out, length));
+  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", key, {}, headers, whole, out, length, {}, progress, offset));
   if (r.status == 416) return size_t{0};  // at or past the end
   if (r.status != 206 && r.status != 200) return ErrorFor(r, "s3://" + s_.bucket + "/" + key);
   if (r.status == 200 && offset != 0) return InternalError("s3 ignored the Range header for " + key);

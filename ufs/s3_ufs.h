@@ -81,6 +81,8 @@ class S3Ufs : public UnderFileSystem {
   Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) override;
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
+  StatusOr<size_t> ReadStreaming(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                                 char* out, ReadProgress* progress) override;
   // Writes: a multipart upload (parts of kPartSize, up to kPartsInFlight uploading at once while
   // the writer appends), completed at Commit — or one PUT for a file smaller than a part. Abort
   // (or an uncommitted writer's end) aborts the upload. Directories: a "dir/" marker object made
@@ -108,7 +110,8 @@ class S3Ufs : public UnderFileSystem {
   // `body`: what a PUT or POST sends (not signed: UNSIGNED-PAYLOAD).
   StatusOr<HttpResponse> Call(const std::string& method, const std::string& key, const HeaderList& query,
                               const HeaderList& headers, const Check& check = nullptr, char* sink = nullptr,
-                              size_t sink_capacity = 0, std::string_view body = {});
+                              size_t sink_capacity = 0, std::string_view body = {}, ReadProgress* progress = nullptr,
+                              uint64_t progress_first = 0);
   Status ErrorFor(const HttpResponse& r, const std::string& what) const;
   // One listing page of `r` (asked for `list_prefix` with continuation `token`): parsed
   // (ufs/s3_xml.h), keys outside the prefix dropped, a token that would loop refused.

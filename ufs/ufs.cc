@@ -103,6 +103,33 @@ StatusOr<std::shared_ptr<UnderFileSystem>> OpenUnderFileSystem(const std::string
                             "://' is not supported (use file:///path, s3://bucket/prefix, oss://bucket/prefix or nfs://server/export)");
 }
 
+void ReadProgress::Landed(uint64_t n) {
+  MutexLock lock(&mu_);
+  if (n <= landed_.load(std::memory_order_relaxed)) return;
+  landed_.store(n, std::memory_order_release);
+  if (waiting_) cv_.notify_all();
+}
+
+void ReadProgress::Finish() {
+  MutexLock lock(&mu_);
+  finished_ = true;
+  cv_.notify_all();
+}
+
+uint64_t ReadProgress::WaitFor(uint64_t n) {
+  MutexLock lock(&mu_);
+  while (landed_.load(std::memory_order_relaxed) < n && !finished_) {
+    waiting_ = true;
+    lock.Wait(&cv_);
+  }
+  return landed_.load(std::memory_order_relaxed);
+}
+
+StatusOr<size_t> UnderFileSystem::ReadStreaming(const std::string& path, const std::string& version, uint64_t offset,
+                                                size_t length, char* out, ReadProgress*) {
+  return Read(path, version, offset, length, out);
+}
+
 StatusOr<LocalFile> UnderFileSystem::OpenLocal(const std::string&, const std::string&) {
   return UnimplementedError("the under-storage " + uri() + " is not a file of this machine");
 }
@@ -234,6 +261,12 @@ class CountingUfs final : public UnderFileSystem {
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override {
     auto r = Counted(&c_->reads, [&] { return inner_->Read(path, version, offset, length, out); });
+    if (r.ok()) c_->read_bytes += *r;
+    return r;
+  }
+  StatusOr<size_t> ReadStreaming(const std::string& path, const std::string& version, uint64_t offset,
+                                 size_t length, char* out, ReadProgress* progress) override {
+    auto r = Counted(&c_->reads, [&] { return inner_->ReadStreaming(path, version, offset, length, out, progress); });
     if (r.ok()) c_->read_bytes += *r;
     return r;
   }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace granary {
 
@@ -86,6 +88,28 @@ struct WriteCaller {
 inline constexpr std::string_view kWritingPrefix = ".granary-writing-";
 bool IsWritingName(std::string_view name);
 
+// The front of a Read's buffer as it fills, for readers that want the first bytes of a block
+// before the rest has come (worker/block_source.h, "Streaming"). The reading store calls Landed(n)
+// once the first n bytes of the buffer hold their final bytes: never less than before, and nothing
+// below it is written again (a retried request skips what landed: the version it reads is pinned,
+// so the bytes are the same). Finish() says the Read returned, either way: waiters stop waiting.
+// Thread-safe.
+class ReadProgress {
+ public:
+  void Landed(uint64_t n) EXCLUDES(mu_);
+  void Finish() EXCLUDES(mu_);
+  uint64_t landed() const { return landed_.load(std::memory_order_acquire); }
+  // Waits until at least n bytes landed or the Read finished; returns the bytes landed.
+  uint64_t WaitFor(uint64_t n) EXCLUDES(mu_);
+
+ private:
+  Mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> landed_{0};
+  bool finished_ GUARDED_BY(mu_) = false;
+  bool waiting_ GUARDED_BY(mu_) = false;  // anyone to wake on Landed
+};
+
 class UnderFileSystem {
  public:
   virtual ~UnderFileSystem() = default;
@@ -121,6 +145,11 @@ class UnderFileSystem {
   // Returns the bytes read (fewer only at end of file). FAILED_PRECONDITION when the version differs.
   virtual StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset,
                                 size_t length, char* out) = 0;
+  // Read, reporting to `progress` (may be null) the front of `out` as it lands. The default reads
+  // with Read and reports nothing until it returns (the caller then has all of it); stores that
+  // receive a body front to back (S3, OSS) report as it comes. Does not call progress->Finish().
+  virtual StatusOr<size_t> ReadStreaming(const std::string& path, const std::string& version, uint64_t offset,
+                                         size_t length, char* out, ReadProgress* progress);
 
   // `path` open for reading, for a reader on this machine that reads it itself (granary-fuse's
   // source reads, fuse/source_reads.h), found to have `version`. The caller owns the descriptor.

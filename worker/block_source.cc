@@ -166,7 +166,13 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
       len * 2 <= meta.length && !JoinRatherThanRange(meta.id)) {
     return RangeFirst(req, t, route, out, source);
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block, Fetch(req, mount, meta, route));
+  std::optional<Fetched> fetched;
+  if (Streams(route, meta) && len < meta.length &&
+      Stream(req, t, route, out, source, &fetched)) {
+    return Status::OK();
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block,
+                   fetched ? std::move(*fetched) : Fetch(req, mount, meta, route));
   if (block->bytes().size() != meta.length) {
     // Joined a fetch (or found a buffered block) for a request that claimed another file size.
     return AbortedError("block " + std::to_string(req.index) + " of " + req.ufs_path + " was fetched as " +
@@ -682,7 +688,7 @@ Status BlockSource::FromPeers(const BlockRequest& req, const BlockId& id, std::s
 
 BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
                                         Route route) {
-  std::promise<Fetched> promise;
+  std::shared_ptr<Streamed> s;
   std::shared_future<Fetched> future;
   bool leader = false;
   {
@@ -696,37 +702,105 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
     }
     auto it = inflight_.find(meta.id);
     if (it != inflight_.end()) {
-      future = it->second;
+      future = it->second.result;
       counters_.coalesced++;
     } else {
-      future = promise.get_future().share();
-      inflight_.emplace(meta.id, future);
+      // Every under-storage fetch of a large block streams, so a reader that joins it (a readahead
+      // hint or a fetch-ahead got there first) reads its range as it lands.
+      s = NewStreamedLocked(meta, Streams(route, meta));
+      future = s->result;
       leader = true;
     }
   }
   if (!leader) return future.get();
+  return Lead(req, mount, meta, route, s);
+}
+
+bool BlockSource::Streams(const Route& route, const BlockMeta& meta) {
+  return !route.ask_peers && !route.previous && meta.length >= kStreamMinBlock;
+}
+
+std::shared_ptr<BlockSource::Streamed> BlockSource::NewStreamedLocked(const BlockMeta& meta, bool streams) {
+  auto s = std::make_shared<Streamed>();
+  s->result = s->promise.get_future().share();
+  if (streams) {
+    s->block = std::make_shared<FetchedBlock>();
+    s->block->Allocate(meta.length);
+    s->block->source = ReadSource::kUnderStorage;
+  }
+  inflight_.emplace(meta.id, Inflight{s->result, s->block ? s : nullptr});
+  return s;
+}
+
+BlockSource::Fetched BlockSource::Lead(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
+                                       const Route& route, const std::shared_ptr<Streamed>& s) {
   // A fetch of this block may have finished between this request's miss in the store and its
   // arrival here (the leader had already left inflight_): look again before fetching.
   Fetched result = [&]() -> Fetched {
-    auto data = std::make_shared<FetchedBlock>();
-    char* buf = data->Allocate(meta.length);
-    data->source = ReadSource::kUnderStorage;  // it was fetched an instant ago; as that fetch did
-    auto cached = store_->Read(meta.id, 0, meta.length, buf);
-    if (cached.ok() && *cached == meta.length) return std::shared_ptr<const FetchedBlock>(std::move(data));
-    return FetchOnce(req, mount, meta, route);
+    std::shared_ptr<FetchedBlock> data = s->block;
+    if (!data) {
+      data = std::make_shared<FetchedBlock>();
+      data->Allocate(meta.length);
+      data->source = ReadSource::kUnderStorage;  // it was fetched an instant ago; as that fetch did
+    }
+    auto cached = store_->Read(meta.id, 0, meta.length, data->raw.get());
+    if (cached.ok() && *cached == meta.length) {
+      s->progress.Landed(meta.length);
+      return std::shared_ptr<const FetchedBlock>(std::move(data));
+    }
+    return FetchOnce(req, mount, meta, route, s->block ? s.get() : nullptr);
   }();
-  promise.set_value(result);
+  s->promise.set_value(result);
+  s->progress.Finish();
   MutexLock lock(&mu_);
   inflight_.erase(meta.id);
   return result;
 }
 
+bool BlockSource::Stream(const BlockRequest& req, const Target& t, const Route& route, std::string* out,
+                         ReadSource* source, std::optional<Fetched>* fetched) {
+  const BlockMeta& meta = t.meta;
+  std::shared_ptr<Streamed> s;
+  bool leader = false;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& u : uncached_) {
+      if (u.first == meta.id) return false;  // served from the buffer, as Fetch does
+    }
+    auto it = inflight_.find(meta.id);
+    if (it != inflight_.end()) {
+      if (!it->second.streamed) return false;  // join it as Fetch does
+      s = it->second.streamed;
+      counters_.coalesced++;
+    } else {
+      s = NewStreamedLocked(meta, true);
+      leader = true;
+    }
+  }
+  // The leader's fetch runs on a thread of its own, so this request, too, is answered as its range
+  // lands.
+  if (leader) {
+    stream_pool_.Post([this, req, mount = t.mount, meta, route, s] { (void)Lead(req, mount, meta, route, s); });
+  }
+  const uint64_t end = req.offset + t.len;
+  if (s->progress.WaitFor(end) >= end) {
+    out->assign(s->block->raw.get() + req.offset, t.len);
+    counters_.bytes_served += t.len;
+    counters_.streamed++;
+    CountSource(req.mount_id, ReadSource::kUnderStorage);
+    if (source) *source = ReadSource::kUnderStorage;
+    return true;
+  }
+  *fetched = s->result.get();
+  return false;
+}
+
 BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
-                                            Route route) {
+                                            Route route, Streamed* into) {
   // Taken before the bytes set out: a free of the block meanwhile keeps them out of the cache (a
   // load batch's, older, was taken for it: BlockStore::FreeTicketAt).
   const uint64_t ticket = std::min(route.ticket, store_->FreeTicket());
-  auto fb = std::make_shared<FetchedBlock>();
+  std::shared_ptr<FetchedBlock> fb = into != nullptr ? into->block : std::make_shared<FetchedBlock>();
   fb->source = ReadSource::kUnderStorage;
   std::string* data = &fb->str;
   bool fetched = false;
@@ -761,12 +835,14 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
   }
   if (!fetched) {
     data->clear();
-    char* buf = fb->Allocate(meta.length);
+    char* buf = into != nullptr ? fb->raw.get() : fb->Allocate(meta.length);
     counters_.ufs_reads++;
     std::optional<DemandFetch> demand;  // a reader waits on this fetch: fetch-ahead yields to it
     if (!route.ahead) demand.emplace(&pacer_);
     auto start = std::chrono::steady_clock::now();
-    auto n = mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, buf);
+    auto n = into != nullptr ? mount.ufs->ReadStreaming(req.ufs_path, req.version, req.index * req.block_size,
+                                                        meta.length, buf, &into->progress)
+                             : mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, buf);
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ufs_latency_.Observe(took);
     if (!n.ok()) {

@@ -47,6 +47,15 @@
 // below the low watermark. A fill holds a fetch-ahead's pacer slot (demand misses go first), and
 // range reads of its block meanwhile read their ranges rather than wait for it. Measured in
 // docs/benchmarks.md ("Range first").
+// Streaming: a demand miss of part of a block of at least kStreamMinBlock that this worker fetches
+// from the under-storage itself does not wait for the whole block: the fetch runs on a thread of
+// its own (stream_pool_) into a buffer that the requests for the block share, the under-storage
+// reports the buffer's front as it lands (UnderFileSystem::ReadStreaming, ReadProgress), and each
+// request is answered as soon as its own range has landed — a sequential reader of a cold shard
+// gets its first bytes after the first round trip, not after 4 MiB. The bytes are the fetch's (one
+// version: the read pins it, and a retry never rewrites what landed); what the fetch then keeps
+// and reports is as for any miss. Stores that report nothing early (NFS, local) answer when the
+// whole block is in, as before.
 //
 // Thread-safe.
 #pragma once
@@ -70,6 +79,7 @@
 #include "common/rate_limiter.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "common/thread_pool.h"
 #include "rpc/wire.h"
 #include "worker/block_store.h"
 #include "worker/fetch_pacer.h"
@@ -91,6 +101,7 @@ struct SourceCounters {
   std::atomic<uint64_t> ahead_blocks{0}, ahead_bytes{0};    // fetched by fetch-ahead (master/fetch_ahead.h)
   std::atomic<uint64_t> ahead_no_room{0};   // fetch-ahead blocks skipped: no free room (nothing fetched)
   std::atomic<uint64_t> range_reads{0};     // small misses answered from a ranged read (range first)
+  std::atomic<uint64_t> streamed{0};        // misses answered as their range landed (streaming)
   std::atomic<uint64_t> previous_home_blocks{0};  // blocks this new home got from their previous home
   std::atomic<uint64_t> ufs_errors{0};      // under-storage reads that failed
   std::atomic<uint64_t> elastic_peer_bytes{0};  // bytes copied from holders into elastic copies
@@ -228,6 +239,10 @@ class BlockSource {
   // ... in a block of at least this size: a smaller block costs about one round trip whole, so it
   // is fetched whole (the default block is 4 MiB).
   static constexpr uint64_t kRangeFirstMinBlock = 1024 * 1024;
+  // Streaming: blocks at least this large are answered as their bytes land (a smaller block costs
+  // about one round trip whole), by at most kStreamThreads fetches at once (more wait their turn).
+  static constexpr uint64_t kStreamMinBlock = 1024 * 1024;
+  static constexpr size_t kStreamThreads = 64;
 
  private:
   // A fetched block's bytes: an under-storage read lands in `raw` (allocated, never zero-filled
@@ -245,6 +260,18 @@ class BlockSource {
     }
   };
   using Fetched = StatusOr<std::shared_ptr<const FetchedBlock>>;
+  // A streamed fetch (see "Streaming"): the buffer it fills, how far it has landed, its result.
+  struct Streamed {
+    std::shared_ptr<FetchedBlock> block;  // allocated before the fetch starts; never reallocated (null: not streamed)
+    ReadProgress progress;
+    std::promise<Fetched> promise;
+    std::shared_future<Fetched> result;
+  };
+  // A fetch in flight: its result, and when it streams, its buffer.
+  struct Inflight {
+    std::shared_future<Fetched> result;
+    std::shared_ptr<Streamed> streamed;
+  };
   // What a request resolves to: its mount, its block, and how many bytes it covers (0: none).
   struct Target {
     MountHandle mount;
@@ -276,7 +303,23 @@ class BlockSource {
   // since, it may have missed the block, so another one runs.
   void ClassifyAgainIfMissed(uint64_t gen);
   Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
-  Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
+  // `into` (optional): a streamed fetch's buffer, read into with its progress reported.
+  Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route,
+                    Streamed* into = nullptr);
+  // Whether a fetch by `route` of `meta` streams (see "Streaming").
+  static bool Streams(const Route& route, const BlockMeta& meta);
+  // A new fetch in flight of meta's block, with a buffer to stream into when `streams`.
+  std::shared_ptr<Streamed> NewStreamedLocked(const BlockMeta& meta, bool streams) REQUIRES(mu_);
+  // The leader's part of a fetch in flight (s from NewStreamedLocked): fetches, publishes the
+  // result to those who joined, and ends the fetch's time in flight.
+  Fetched Lead(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, const Route& route,
+               const std::shared_ptr<Streamed>& s);
+  // Streaming: joins or starts a streamed fetch of t's block and waits for req's range. True with
+  // *out (and *source) set when the range landed; false when the fetch ended first, with *fetched
+  // its result (the caller goes on as after Fetch); false with *fetched unset when the block does
+  // not stream (a fetch of it that does not stream is in flight, or it is buffered).
+  bool Stream(const BlockRequest& req, const Target& t, const Route& route, std::string* out, ReadSource* source,
+              std::optional<Fetched>* fetched);
   // Reads `req` from the best-ranked peer, failing over to the next; UNAVAILABLE when none could
   // serve, with *became_home set when the failures made this worker the block's home.
   Status FromPeers(const BlockRequest& req, const BlockId& id, std::string* out, bool* became_home);
@@ -328,7 +371,7 @@ class BlockSource {
   metrics::Histogram ufs_latency_;  // whole-block reads from the under-storage
   FetchPacer pacer_;                // every under-storage fetch's bytes and time; fetch-ahead's slots
   Mutex mu_;
-  std::unordered_map<BlockId, std::shared_future<Fetched>, BlockIdHash> inflight_ GUARDED_BY(mu_);
+  std::unordered_map<BlockId, Inflight, BlockIdHash> inflight_ GUARDED_BY(mu_);
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
   std::list<std::pair<BlockId, std::shared_ptr<const FetchedBlock>>> uncached_ GUARDED_BY(mu_);
   std::vector<BlockId> touched_ GUARDED_BY(mu_) = std::vector<BlockId>(kTouched);
@@ -357,6 +400,8 @@ class BlockSource {
   std::vector<std::thread> fillers_ GUARDED_BY(prefetch_mu_);
   std::vector<std::thread> prefetchers_ GUARDED_BY(prefetch_mu_);
   bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
+  // Streamed fetches run here. Last: destroyed (its fetches finished) before what they use.
+  ThreadPool stream_pool_{0, kStreamThreads, std::chrono::seconds(30)};
 };
 
 }  // namespace granary::worker

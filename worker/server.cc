@@ -594,6 +594,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ahead_bytes(c.ahead_bytes);
     s.set_ahead_no_room(c.ahead_no_room);
     s.set_range_reads(c.range_reads);
+    s.set_streamed(c.streamed);
     s.set_previous_home_blocks(c.previous_home_blocks);
     FetchPacer::Snapshot pace = source_->pacer().Get();
     s.set_ahead_target(pace.target);

@@ -59,6 +59,8 @@ inline constexpr StatMetric kStatMetrics[] = {
      "Fetch-ahead blocks skipped for want of free room (fetch-ahead never evicts)."},
     {"range_reads", "granary_worker_range_reads_total", false,
      "Small misses answered from a ranged under-storage read of their own bytes (range first)."},
+    {"streamed", "granary_worker_streamed_reads_total", false,
+     "Misses of part of a large block answered as soon as their range arrived from the under-storage, before the whole block (streaming)."},
     {"previous_home_blocks", "granary_worker_previous_home_blocks_total", false,
      "Blocks this worker, their new home after a join, copied from their previous home instead of the under-storage."},
     {"ahead_target", "granary_worker_fetch_ahead_target", true,

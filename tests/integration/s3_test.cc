@@ -239,6 +239,15 @@ TEST_F(S3Test, RangedReadsAndChangedObjects) {
   n = ufs->Read("deep/x/y/z.bin", st->version, 8'999'990, 100, buf.data());
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 10u) << "a read past the end is clipped";
+  // Streaming (worker/block_source.h): RGW's 206 starts where asked, so the buffer's front is
+  // reported as it lands, all of it by the end.
+  ReadProgress progress;
+  std::string streamed(4 << 20, '\0');
+  n = ufs->ReadStreaming("deep/x/y/z.bin", st->version, 4 << 20, streamed.size(), streamed.data(), &progress);
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_EQ(*n, streamed.size());
+  EXPECT_EQ(progress.landed(), streamed.size());
+  EXPECT_EQ(streamed, want.substr(4 << 20, 4 << 20));
 
   auto v1 = ufs->Stat("changing.bin");
   ASSERT_TRUE(v1.ok());
@@ -250,6 +259,10 @@ TEST_F(S3Test, RangedReadsAndChangedObjects) {
                         *dir_ / "rewrite.json"}).code, 0);
   auto r = ufs->Read("changing.bin", v1->version, 0, 11, buf.data());
   EXPECT_TRUE(r.status().IsVersionChanged()) << "the rewrite must be detected, not served: " << r.status().ToString();
+  ReadProgress stale;  // nothing of another version lands
+  r = ufs->ReadStreaming("changing.bin", v1->version, 0, 11, buf.data(), &stale);
+  EXPECT_TRUE(r.status().IsVersionChanged()) << r.status().ToString();
+  EXPECT_EQ(stale.landed(), 0u);
 }
 
 TEST_F(S3Test, WrongSecretFailsOnceWithAClearError) {

@@ -34,6 +34,42 @@ class FaultUfs : public UnderFileSystem {
     return real_->Read(path, version, offset, length, out);
   }
 
+  // Streamed reads (ReadStreaming with a progress), once SplitStreams(n): the first n bytes land
+  // (reported), then the read waits until OpenStreamGate() — and fails then with `fail` if set —
+  // before the rest lands.
+  StatusOr<size_t> ReadStreaming(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                                 char* out, ReadProgress* progress) override {
+    size_t split;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      split = split_;
+    }
+    if (progress == nullptr || split == 0) return Read(path, version, offset, length, out);
+    reads_started++;
+    auto n = real_->Read(path, version, offset, length, out);
+    if (!n.ok()) return n;
+    progress->Landed(std::min(split, *n));
+    streams_split++;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stream_gate_open_; });
+    if (!stream_fail_.ok()) return stream_fail_;
+    lock.unlock();
+    progress->Landed(*n);
+    return n;
+  }
+  void SplitStreams(size_t first_bytes, Status fail = Status::OK()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    split_ = first_bytes;
+    stream_gate_open_ = false;
+    stream_fail_ = std::move(fail);
+  }
+  void OpenStreamGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_gate_open_ = true;
+    cv_.notify_all();
+  }
+  std::atomic<int> streams_split{0};  // streamed reads that landed their first part
+
   // Reads (of at least min_length bytes) wait until OpenGate().
   void CloseGate(size_t min_length = 0) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -58,6 +94,9 @@ class FaultUfs : public UnderFileSystem {
   std::mutex mu_;
   std::condition_variable cv_;
   bool gate_open_ = true;
+  size_t split_ = 0;
+  bool stream_gate_open_ = true;
+  Status stream_fail_;
   size_t gate_min_length_ = 0;
   int fail_next_ = 0;
   Status fail_status_;

@@ -9,6 +9,7 @@
 
 #include "tests/testutil/testutil.h"
 #include "ufs/http.h"
+#include "ufs/ufs.h"
 
 namespace granary {
 namespace {
@@ -19,6 +20,14 @@ class HttpSinkTest : public ::testing::Test {
     body_ = std::string(300'000, 'b');
     for (size_t i = 0; i < body_.size(); ++i) body_[i] = static_cast<char>('a' + i % 26);
     server_.Get("/ok", [&](const httplib::Request&, httplib::Response& res) { res.set_content(body_, "application/octet-stream"); });
+    // A range of the body from byte `first` (query), announced as starting at byte `says`.
+    server_.Get("/range", [&](const httplib::Request& req, httplib::Response& res) {
+      size_t first = std::stoul(req.get_param_value("first")), says = std::stoul(req.get_param_value("says"));
+      res.status = 206;
+      res.set_header("Content-Range", "bytes " + std::to_string(says) + "-" + std::to_string(says + body_.size() - first - 1) +
+                                          "/" + std::to_string(body_.size()));
+      res.set_content(body_.substr(first), "application/octet-stream");
+    });
     server_.Get("/missing", [&](const httplib::Request&, httplib::Response& res) {
       res.status = 404;
       res.set_content("<Error><Code>NoSuchKey</Code></Error>", "application/xml");
@@ -49,6 +58,49 @@ TEST_F(HttpSinkTest, A2xxBodyGoesIntoTheSink) {
   EXPECT_EQ(r->sunk, body_.size());
   EXPECT_TRUE(r->body.empty());
   EXPECT_EQ(buf, body_);
+}
+
+// Streaming (ufs/ufs.h, ReadProgress): the sink's front is reported as it fills when the response
+// is the range asked for, and never when it starts elsewhere; bytes below what an earlier attempt
+// landed are not written again.
+TEST_F(HttpSinkTest, TheSinksFrontIsReportedOnlyForTheRangeAskedFor) {
+  CurlHttpClient http;
+  std::string buf(body_.size() - 1000, '\0');
+  ReadProgress asked;
+  HttpRequest req{"GET", Url("/range?first=1000&says=1000"), {}, buf.data(), buf.size(), &asked, 1000};
+  auto r = http.Send(req);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 206);
+  EXPECT_EQ(asked.landed(), buf.size());
+  EXPECT_EQ(buf, body_.substr(1000));
+
+  ReadProgress elsewhere;  // a range that starts at another byte than asked: nothing landed
+  std::string other(buf.size(), '\0');
+  req = HttpRequest{"GET", Url("/range?first=1000&says=2000"), {}, other.data(), other.size(), &elsewhere, 1000};
+  r = http.Send(req);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(elsewhere.landed(), 0u);
+  EXPECT_EQ(r->sunk, other.size());
+
+  ReadProgress whole;  // a 200 counts only for a range from byte 0
+  std::string all(body_.size(), '\0');
+  r = http.Send(HttpRequest{"GET", Url("/ok"), {}, all.data(), all.size(), &whole, 0});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(whole.landed(), body_.size());
+  ReadProgress not_from_zero;
+  r = http.Send(HttpRequest{"GET", Url("/ok"), {}, all.data(), all.size(), &not_from_zero, 5});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(not_from_zero.landed(), 0u);
+
+  // A retry: what landed before stays as it is (here marked, to see that it is not written again).
+  ReadProgress retried;
+  retried.Landed(4096);
+  std::string again(body_.size(), 'x');
+  r = http.Send(HttpRequest{"GET", Url("/ok"), {}, again.data(), again.size(), &retried, 0});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(again.substr(0, 4096), std::string(4096, 'x'));
+  EXPECT_EQ(again.substr(4096), body_.substr(4096));
+  EXPECT_EQ(retried.landed(), body_.size());
 }
 
 TEST_F(HttpSinkTest, WhatDoesNotFitGoesToTheBody) {

@@ -377,5 +377,65 @@ TEST_F(RangeFirstTest, NoRoomNoWholeBlock) {
   EXPECT_FALSE(source_->IsCached(Big(0, 0, kBlock)));
 }
 
+// Streaming: a sequential reader's ranges of a cold large block are answered as they land, before
+// the whole block has come; a range past what landed waits for it; the block is then cached and
+// reported once, fetched once.
+TEST_F(RangeFirstTest, ARangeOfAColdBlockIsAnsweredAsItLands) {
+  fakes_.ufs->SplitStreams(1 << 20);  // 1 MiB lands, then the fetch waits
+  std::string first, second, past;
+  bool hit = true;
+  ReadSource source = ReadSource::kCache;
+  ASSERT_TRUE(source_->Read(Big(0, 0, 128 << 10), &first, &hit, &source).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(source, ReadSource::kUnderStorage);
+  EXPECT_EQ(first, big_.substr(0, 128 << 10));
+  ASSERT_TRUE(source_->Read(Big(0, 512 << 10, 512 << 10), &second, &hit).ok());
+  EXPECT_EQ(second, big_.substr(512 << 10, 512 << 10));
+  EXPECT_EQ(fakes_.ufs->streams_split.load(), 1) << "both answered while the fetch waited halfway";
+  EXPECT_FALSE(source_->IsCached(Big(0, 0, kBlock)));
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    bool h = true;
+    if (source_->Read(Big(0, 2 << 20, 4096 * 16), &past, &h).ok()) done = true;
+  });
+  // It joined the fetch (the second read was the first to join).
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->counters().coalesced.load() == 2; }));
+  fakes_.ufs->OpenStreamGate();
+  reader.join();
+  EXPECT_TRUE(done.load());
+  EXPECT_EQ(past, big_.substr(2 << 20, 4096 * 16));
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1);
+  EXPECT_EQ(fakes_.added.load(), 1);
+  EXPECT_EQ(source_->counters().streamed.load(), 3u);
+  // A read of a cached block is a hit, as before.
+  ASSERT_TRUE(source_->Read(Big(0, 3 << 20, 4096), &past, &hit).ok());
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(past, big_.substr(3 << 20, 4096));
+}
+
+// A streamed fetch that fails after its front landed: what landed was served; a range past it gets
+// the failure, and nothing is cached.
+TEST_F(RangeFirstTest, AStreamThatFailsHalfwayFailsOnlyWhatHadNotLanded) {
+  fakes_.ufs->SplitStreams(1 << 20, UnavailableError("connection reset"));
+  std::string out;
+  bool hit;
+  ASSERT_TRUE(source_->Read(Big(0, 0, 128 << 10), &out, &hit).ok());
+  EXPECT_EQ(out, big_.substr(0, 128 << 10));
+  Status past;
+  std::thread reader([&] { past = source_->Read(Big(0, 2 << 20, 4096 * 16), &out, &hit); });
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->counters().coalesced.load() == 1; }));
+  fakes_.ufs->OpenStreamGate();
+  reader.join();
+  EXPECT_EQ(past.code(), Code::kUnavailable) << past.message();
+  EXPECT_FALSE(source_->IsCached(Big(0, 0, kBlock)));
+  // The next read fetches again.
+  fakes_.ufs->SplitStreams(0);
+  ASSERT_TRUE(source_->Read(Big(0, 0, 4096), &out, &hit).ok());
+  EXPECT_EQ(out, big_.substr(0, 4096));
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+}
+
+
 }  // namespace
 }  // namespace granary::worker
