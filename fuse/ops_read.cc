@@ -134,6 +134,19 @@ fuse_buf_copy_flags ReplyCopyFlags() {
   return UringQueues::OnRingThread() ? FUSE_BUF_NO_SPLICE : FUSE_BUF_SPLICE_MOVE;
 }
 
+// This thread's scratch buffer for a READ's bytes, at least n long: grown without zero-filling it
+// (a vector's resize wrote every byte of a new thread's buffer before its first READ; libfuse's
+// loop ends and starts threads all through a cold epoch). Its content is unspecified.
+char* ThreadScratch(size_t n) {
+  thread_local std::unique_ptr<char[]> buf;
+  thread_local size_t capacity = 0;
+  if (capacity < n) {
+    buf.reset(new char[n]);  // default-initialized: not zeroed
+    capacity = n;
+  }
+  return buf.get();
+}
+
 // Answers a READ from the file's read lease (fuse/read_leases.h): spliced from the cache's data file,
 // or, below kCopyBelow bytes, copied.
 constexpr size_t kCopyBelow = 64 * 1024;
@@ -153,9 +166,7 @@ void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease&
   char* in_place = UringQueues::ReplyBuffer(n);  // a ring thread: read straight into its entry
   if (n <= kCopyBelow || in_place != nullptr) {
     // A small read costs less copied (pread, one write) than spliced through a pipe (two splices).
-    thread_local std::vector<char> buf;
-    if (in_place == nullptr) buf.resize(kCopyBelow);
-    char* dst = in_place != nullptr ? in_place : buf.data();
+    char* dst = in_place != nullptr ? in_place : ThreadScratch(n);
     ssize_t got = pread(lease.fd(), dst, n, static_cast<off_t>(off));
     if (got < 0) return ReplyError(req, ErrnoError(errno, "read of the leased cache file"), "read");
     fuse_reply_buf(req, dst, static_cast<size_t>(got));
@@ -379,9 +390,7 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   // Where the reply is put together: a ring thread's entry, else this thread's buffer. Pieces read
   // from the source here land in it directly (Client::Read's scratch).
   char* ring = UringQueues::ReplyBuffer(size);
-  thread_local std::vector<char> scratch_buf;
-  if (ring == nullptr && scratch_buf.size() < size) scratch_buf.resize(size);
-  char* scratch = ring != nullptr ? ring : scratch_buf.data();
+  char* scratch = ring != nullptr ? ring : ThreadScratch(size);
   ReadResult data;
   Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data, random, scratch);
   if (!st.ok()) {
