@@ -688,8 +688,7 @@ Status BlockSource::FromPeers(const BlockRequest& req, const BlockId& id, std::s
 
 BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
                                         Route route) {
-  std::shared_ptr<Streamed> s;
-  std::shared_future<Fetched> future;
+  std::shared_ptr<Flight> f;
   bool leader = false;
   {
     MutexLock lock(&mu_);
@@ -702,42 +701,41 @@ BlockSource::Fetched BlockSource::Fetch(const BlockRequest& req, const MountHand
     }
     auto it = inflight_.find(meta.id);
     if (it != inflight_.end()) {
-      future = it->second.result;
+      f = it->second;
       counters_.coalesced++;
     } else {
       // Every under-storage fetch of a large block streams, so a reader that joins it (a readahead
       // hint or a fetch-ahead got there first) reads its range as it lands.
-      s = NewStreamedLocked(meta, Streams(route, meta));
-      future = s->result;
+      f = NewFlightLocked(meta, Streams(route, meta));
       leader = true;
     }
   }
-  if (!leader) return future.get();
-  return Lead(req, mount, meta, route, s);
+  if (!leader) return f->result.get();
+  return Lead(req, mount, meta, route, f);
 }
 
 bool BlockSource::Streams(const Route& route, const BlockMeta& meta) {
   return !route.ask_peers && !route.previous && meta.length >= kStreamMinBlock;
 }
 
-std::shared_ptr<BlockSource::Streamed> BlockSource::NewStreamedLocked(const BlockMeta& meta, bool streams) {
-  auto s = std::make_shared<Streamed>();
-  s->result = s->promise.get_future().share();
+std::shared_ptr<BlockSource::Flight> BlockSource::NewFlightLocked(const BlockMeta& meta, bool streams) {
+  auto f = std::make_shared<Flight>();
+  f->result = f->promise.get_future().share();
   if (streams) {
-    s->block = std::make_shared<FetchedBlock>();
-    s->block->Allocate(meta.length);
-    s->block->source = ReadSource::kUnderStorage;
+    f->block = std::make_shared<FetchedBlock>();
+    f->block->Allocate(meta.length);
+    f->block->source = ReadSource::kUnderStorage;
   }
-  inflight_.emplace(meta.id, Inflight{s->result, s->block ? s : nullptr});
-  return s;
+  inflight_.emplace(meta.id, f);
+  return f;
 }
 
 BlockSource::Fetched BlockSource::Lead(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
-                                       const Route& route, const std::shared_ptr<Streamed>& s) {
+                                       const Route& route, const std::shared_ptr<Flight>& f) {
   // A fetch of this block may have finished between this request's miss in the store and its
   // arrival here (the leader had already left inflight_): look again before fetching.
   Fetched result = [&]() -> Fetched {
-    std::shared_ptr<FetchedBlock> data = s->block;
+    std::shared_ptr<FetchedBlock> data = f->block;
     if (!data) {
       data = std::make_shared<FetchedBlock>();
       data->Allocate(meta.length);
@@ -745,13 +743,13 @@ BlockSource::Fetched BlockSource::Lead(const BlockRequest& req, const MountHandl
     }
     auto cached = store_->Read(meta.id, 0, meta.length, data->raw.get());
     if (cached.ok() && *cached == meta.length) {
-      s->progress.Landed(meta.length);
+      f->progress.Landed(meta.length);
       return std::shared_ptr<const FetchedBlock>(std::move(data));
     }
-    return FetchOnce(req, mount, meta, route, s->block ? s.get() : nullptr);
+    return FetchOnce(req, mount, meta, route, f->block ? f.get() : nullptr);
   }();
-  s->promise.set_value(result);
-  s->progress.Finish();
+  f->promise.set_value(result);
+  f->progress.Finish();
   MutexLock lock(&mu_);
   inflight_.erase(meta.id);
   return result;
@@ -760,7 +758,7 @@ BlockSource::Fetched BlockSource::Lead(const BlockRequest& req, const MountHandl
 bool BlockSource::Stream(const BlockRequest& req, const Target& t, const Route& route, std::string* out,
                          ReadSource* source, std::optional<Fetched>* fetched) {
   const BlockMeta& meta = t.meta;
-  std::shared_ptr<Streamed> s;
+  std::shared_ptr<Flight> f;
   bool leader = false;
   {
     MutexLock lock(&mu_);
@@ -769,34 +767,34 @@ bool BlockSource::Stream(const BlockRequest& req, const Target& t, const Route& 
     }
     auto it = inflight_.find(meta.id);
     if (it != inflight_.end()) {
-      if (!it->second.streamed) return false;  // join it as Fetch does
-      s = it->second.streamed;
+      if (!it->second->block) return false;  // not streamed: join it as Fetch does
+      f = it->second;
       counters_.coalesced++;
     } else {
-      s = NewStreamedLocked(meta, true);
+      f = NewFlightLocked(meta, true);
       leader = true;
     }
   }
   // The leader's fetch runs on a thread of its own, so this request, too, is answered as its range
   // lands.
   if (leader) {
-    stream_pool_.Post([this, req, mount = t.mount, meta, route, s] { (void)Lead(req, mount, meta, route, s); });
+    stream_pool_.Post([this, req, mount = t.mount, meta, route, f] { (void)Lead(req, mount, meta, route, f); });
   }
   const uint64_t end = req.offset + t.len;
-  if (s->progress.WaitFor(end) >= end) {
-    out->assign(s->block->raw.get() + req.offset, t.len);
+  if (f->progress.WaitFor(end) >= end) {
+    out->assign(f->block->raw.get() + req.offset, t.len);
     counters_.bytes_served += t.len;
     counters_.streamed++;
     CountSource(req.mount_id, ReadSource::kUnderStorage);
     if (source) *source = ReadSource::kUnderStorage;
     return true;
   }
-  *fetched = s->result.get();
+  *fetched = f->result.get();
   return false;
 }
 
 BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta,
-                                            Route route, Streamed* into) {
+                                            Route route, Flight* into) {
   // Taken before the bytes set out: a free of the block meanwhile keeps them out of the cache (a
   // load batch's, older, was taken for it: BlockStore::FreeTicketAt).
   const uint64_t ticket = std::min(route.ticket, store_->FreeTicket());

@@ -260,17 +260,13 @@ class BlockSource {
     }
   };
   using Fetched = StatusOr<std::shared_ptr<const FetchedBlock>>;
-  // A streamed fetch (see "Streaming"): the buffer it fills, how far it has landed, its result.
-  struct Streamed {
-    std::shared_ptr<FetchedBlock> block;  // allocated before the fetch starts; never reallocated (null: not streamed)
+  // A fetch in flight (single-flight): its result for those who join it, and when it streams (see
+  // "Streaming") the buffer it fills and how far that has landed.
+  struct Flight {
+    std::shared_ptr<FetchedBlock> block;  // null: not streamed; else allocated before the fetch, never reallocated
     ReadProgress progress;
     std::promise<Fetched> promise;
     std::shared_future<Fetched> result;
-  };
-  // A fetch in flight: its result, and when it streams, its buffer.
-  struct Inflight {
-    std::shared_future<Fetched> result;
-    std::shared_ptr<Streamed> streamed;
   };
   // What a request resolves to: its mount, its block, and how many bytes it covers (0: none).
   struct Target {
@@ -303,17 +299,17 @@ class BlockSource {
   // since, it may have missed the block, so another one runs.
   void ClassifyAgainIfMissed(uint64_t gen);
   Fetched Fetch(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route);
-  // `into` (optional): a streamed fetch's buffer, read into with its progress reported.
+  // `into` (optional): a streamed fetch, read into its buffer with its progress reported.
   Fetched FetchOnce(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, Route route,
-                    Streamed* into = nullptr);
+                    Flight* into = nullptr);
   // Whether a fetch by `route` of `meta` streams (see "Streaming").
   static bool Streams(const Route& route, const BlockMeta& meta);
   // A new fetch in flight of meta's block, with a buffer to stream into when `streams`.
-  std::shared_ptr<Streamed> NewStreamedLocked(const BlockMeta& meta, bool streams) REQUIRES(mu_);
-  // The leader's part of a fetch in flight (s from NewStreamedLocked): fetches, publishes the
-  // result to those who joined, and ends the fetch's time in flight.
+  std::shared_ptr<Flight> NewFlightLocked(const BlockMeta& meta, bool streams) REQUIRES(mu_);
+  // The leader's part of a fetch in flight (from NewFlightLocked): fetches, publishes the result to
+  // those who joined, and ends the fetch's time in flight.
   Fetched Lead(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, const Route& route,
-               const std::shared_ptr<Streamed>& s);
+               const std::shared_ptr<Flight>& f);
   // Streaming: joins or starts a streamed fetch of t's block and waits for req's range. True with
   // *out (and *source) set when the range landed; false when the fetch ended first, with *fetched
   // its result (the caller goes on as after Fetch); false with *fetched unset when the block does
@@ -371,7 +367,7 @@ class BlockSource {
   metrics::Histogram ufs_latency_;  // whole-block reads from the under-storage
   FetchPacer pacer_;                // every under-storage fetch's bytes and time; fetch-ahead's slots
   Mutex mu_;
-  std::unordered_map<BlockId, Inflight, BlockIdHash> inflight_ GUARDED_BY(mu_);
+  std::unordered_map<BlockId, std::shared_ptr<Flight>, BlockIdHash> inflight_ GUARDED_BY(mu_);
   // Blocks served but not admitted to the store, most recent first (at most kUncachedBlocks).
   std::list<std::pair<BlockId, std::shared_ptr<const FetchedBlock>>> uncached_ GUARDED_BY(mu_);
   std::vector<BlockId> touched_ GUARDED_BY(mu_) = std::vector<BlockId>(kTouched);
@@ -400,7 +396,7 @@ class BlockSource {
   std::vector<std::thread> fillers_ GUARDED_BY(prefetch_mu_);
   std::vector<std::thread> prefetchers_ GUARDED_BY(prefetch_mu_);
   bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
-  // Streamed fetches run here. Last: destroyed (its fetches finished) before what they use.
+  // Demand misses' streamed fetches run here. Last: destroyed (its fetches finished) before what they use.
   ThreadPool stream_pool_{0, kStreamThreads, std::chrono::seconds(30)};
 };
 
