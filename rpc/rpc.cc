@@ -198,6 +198,10 @@ Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const 
                        uint64_t want, std::string* out, const std::string& who, bool* cache_hit,
                        uint32_t* source) {
   auto reader = stub.ReadBlock(&ctx, req);
+  // Room for the whole answer at once: appended chunk by chunk, a block-sized string would be
+  // reallocated and copied twice on its way to 4 MiB. More than `want` is no answer anyway (and
+  // no block is larger than kMaxBlockSize).
+  out->reserve(out->size() + std::min<uint64_t>(want, kMaxBlockSize));
   rpc::ReadBlockChunk chunk;
   uint64_t got = 0;
   bool first = true;
