@@ -2,7 +2,9 @@
 """CPU time by role, for the rig: which part of a shared 2-core machine an epoch's CPU went to.
 
     proc_cpu.py snap FILE        # writes every process's user+system ticks (pid, start time) to FILE
-    proc_cpu.py diff FILE        # prints {"store": s, "system": s} spent since the snapshot
+    proc_cpu.py diff FILE        # prints {"store": s, "system": s, "by_process": {name: s}} spent
+                                 # since the snapshot (by_process: each role's programs, e.g.
+                                 # radosgw, ceph-osd, granary-worker)
 
 Roles, by command line: the store (radosgw, ceph-*, the delay line) and the system under test (its
 daemons: granary-master/-worker/-fuse, rclone, s3fs, and the direct GETs' client). A process that
@@ -27,6 +29,13 @@ def role(cmd):
     return None
 
 
+def name(cmd):
+    for part in cmd[:3]:
+        if os.path.basename(part) in STORE + SYSTEM:
+            return os.path.basename(part)
+    return "?"
+
+
 def snapshot():
     out = {}
     for pid in os.listdir("/proc"):
@@ -41,7 +50,7 @@ def snapshot():
             continue
         r = role(cmd)
         if r:  # fields[0] is field 3 (state): utime is 14, stime 15, starttime 22
-            out["%s/%s" % (pid, fields[19])] = (r, int(fields[11]) + int(fields[12]))
+            out["%s/%s" % (pid, fields[19])] = (r, int(fields[11]) + int(fields[12]), name(cmd))
     return out
 
 
@@ -53,10 +62,15 @@ def main():
         return
     before = json.load(open(path))
     spent = {"store": 0, "system": 0}
-    for key, (r, ticks) in snapshot().items():
-        spent[r] += ticks - before.get(key, [r, 0])[1]
+    by_name = {}
+    for key, (r, ticks, n) in snapshot().items():
+        d = ticks - before.get(key, [r, 0])[1]
+        spent[r] += d
+        by_name[n] = by_name.get(n, 0) + d
     hz = os.sysconf("SC_CLK_TCK")
-    print(json.dumps({r: t / hz for r, t in spent.items()}))
+    out = {r: t / hz for r, t in spent.items()}
+    out["by_process"] = {n: t / hz for n, t in sorted(by_name.items())}
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 # replaces perf's options (default "-a -g -F 499"; e.g. "-a --call-graph dwarf,16384 -F 199" for
 # user stacks through libraries built without frame pointers). RIG_KEEP_LOGS=DIR copies the S3
 # server's logs (RGW's has one line per request: method, object, range, latency) to DIR at the end.
+# RIG_FUSE_ARGS adds flags to every granary-fuse (e.g. "--fuse.readahead_blocks 4").
 #
 # Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched by one C client,
 # `curl --parallel` with 64 GETs in flight, bench/direct_get.py: the floor of a cold epoch on this
@@ -165,6 +166,7 @@ print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": i
                   "dataset_bytes": runs[0]["bytes"], "cpu_s": int(cpu_ticks) / os.sysconf("SC_CLK_TCK"), "alone": alone == "1",
                   # A direct client has ended before the snapshot: it reports its own CPU.
                   "system_cpu_s": roles["system"] + sum(r.get("client_cpu_s", 0) for r in runs), "store_cpu_s": roles["store"],
+                  "cpu_by_process": roles["by_process"],
                   "errors": sum(r["errors"] + r["mismatches"] for r in runs) + int(failed)}))
 PY
     tail -1 "$RESULTS" >&2
@@ -207,7 +209,7 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
           > "$WORK/$sys-$nn-worker$n.log" 2>&1 &
         for _ in $(seq 200); do [ -s "$WORK/w$n.addr" ] && break; sleep 0.05; done
         on "$n" "$BIN/granary-fuse" --master.address "$maddr" --fuse.worker "$(cat "$WORK/w$n.addr")" --fuse.root /ds \
-          --fuse.mountpoint "$WORK/mnt/$n" > "$WORK/$sys-$nn-fuse$n.log" 2>&1 &
+          --fuse.mountpoint "$WORK/mnt/$n" ${RIG_FUSE_ARGS:-} > "$WORK/$sys-$nn-fuse$n.log" 2>&1 &
       done
       # Every worker must place blocks over the same membership before the first read.
       for _ in $(seq 200); do
