@@ -748,10 +748,15 @@ BlockSource::Fetched BlockSource::Lead(const BlockRequest& req, const MountHandl
     }
     return FetchOnce(req, mount, meta, route, f->block ? f.get() : nullptr);
   }();
+  // Out of inflight_ before the result is told: a request that sees the result (a failure, say)
+  // and asks again must start a fetch of its own, not join this one, which has ended.
+  {
+    MutexLock lock(&mu_);
+    auto it = inflight_.find(meta.id);
+    if (it != inflight_.end() && it->second == f) inflight_.erase(it);
+  }
   f->promise.set_value(result);
   f->progress.Finish();
-  MutexLock lock(&mu_);
-  inflight_.erase(meta.id);
   return result;
 }
 

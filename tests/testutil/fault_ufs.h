@@ -48,8 +48,8 @@ class FaultUfs : public UnderFileSystem {
     reads_started++;
     auto n = real_->Read(path, version, offset, length, out);
     if (!n.ok()) return n;
+    streams_split++;  // counted before it lands: a reader answered by it sees the count
     progress->Landed(std::min(split, *n));
-    streams_split++;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return stream_gate_open_; });
     if (!stream_fail_.ok()) return stream_fail_;
