@@ -197,20 +197,30 @@ grpc::Status RpcSecurity::CheckToken(const grpc::ServerContextBase* ctx) const {
 Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const rpc::ReadBlockRequest& req,
                        uint64_t want, std::string* out, const std::string& who, bool* cache_hit,
                        uint32_t* source) {
-  auto reader = stub.ReadBlock(&ctx, req);
-  // Room for the whole answer at once: appended chunk by chunk, a block-sized string would be
-  // reallocated and copied twice on its way to 4 MiB. More than `want` is no answer anyway (and
-  // no block is larger than kMaxBlockSize).
-  out->reserve(out->size() + std::min<uint64_t>(want, kMaxBlockSize));
+  // Chunks as large as this channel takes (MakeChannel): a block that fits comes in one message,
+  // whose bytes become `out` without a copy.
+  rpc::ReadBlockRequest sized = req;
+  sized.set_max_chunk_bytes(kMaxMessageBytes - (64 << 10));
+  auto reader = stub.ReadBlock(&ctx, sized);
   rpc::ReadBlockChunk chunk;
+  const size_t base = out->size();
   uint64_t got = 0;
   bool first = true;
   while (reader->Read(&chunk)) {
     if (first && cache_hit) *cache_hit = chunk.cache_hit();
     if (first && source) *source = chunk.source();
     first = false;
-    out->append(chunk.data());
-    got += chunk.data().size();
+    std::string* d = chunk.mutable_data();
+    got += d->size();
+    if (out->empty() && d->size() == want) {
+      out->swap(*d);
+      continue;
+    }
+    // Room for the whole answer at once: appended chunk by chunk, a block-sized string would be
+    // reallocated and copied on its way. More than `want` is no answer anyway (and no block is
+    // larger than kMaxBlockSize).
+    if (out->capacity() < base + want) out->reserve(base + std::min<uint64_t>(want, kMaxBlockSize));
+    out->append(*d);
   }
   RETURN_IF_ERROR(FromGrpc(reader->Finish(), who));
   if (got != want) {

@@ -215,6 +215,9 @@ grpc::Status CallWithFailover(StubHolder<Service>& holder, const RpcSecurity& se
 
 // Runs one Worker.ReadBlock call on `stub` (ctx already prepared) and appends the streamed bytes
 // to `out`. DATA_LOSS when the stream ends short of `want` bytes; `who` names the worker in errors.
+// The call asks for chunks as large as a channel of MakeChannel takes (max_chunk_bytes), so a block
+// of up to ~16 MiB comes as one message and becomes `out` (when empty) without a copy; `stub` must
+// be on such a channel.
 Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const rpc::ReadBlockRequest& req,
                        uint64_t want, std::string* out, const std::string& who, bool* cache_hit = nullptr,
                        uint32_t* source = nullptr);

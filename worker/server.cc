@@ -34,7 +34,8 @@
 namespace granary::worker {
 namespace {
 
-constexpr size_t kChunkBytes = 1 << 20;
+constexpr size_t kChunkBytes = 1 << 20;  // ReadBlock's chunks for a caller that names no size
+constexpr size_t kMaxChunkBytes = kMaxMessageBytes - (64 << 10);  // room for the message's other fields
 // Blocks of one LoadBlocks batch: a 64 TiB file of 4 MiB blocks (the master's batches hold at most
 // kBatchFiles files and kBatchBytes bytes beyond their last file).
 constexpr uint64_t kMaxLoadBlocks = 16u << 20;
@@ -135,16 +136,27 @@ class WorkerService final : public rpc::Worker::Service {
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's ReadBlock", st);
     if (!st.ok()) return ToGrpc(st);
+    // As large chunks as the caller takes (ReadBlockRequest.max_chunk_bytes): a whole block in one
+    // message goes out of `data` itself (swapped in and back), not copied into the message.
+    const size_t chunk_bytes =
+        req->max_chunk_bytes() == 0 ? kChunkBytes : std::clamp<uint64_t>(req->max_chunk_bytes(), kChunkBytes, kMaxChunkBytes);
     size_t off = 0;
     do {
       rpc::ReadBlockChunk chunk;
-      size_t n = std::min(kChunkBytes, data.size() - off);
-      chunk.set_data(data.data() + off, n);
+      size_t n = std::min(chunk_bytes, data.size() - off);
+      const bool whole = off == 0 && n == data.size();
+      if (whole) {
+        chunk.mutable_data()->swap(data);
+      } else {
+        chunk.set_data(data.data() + off, n);
+      }
       if (off == 0) {
         chunk.set_cache_hit(hit);
         chunk.set_source(rpc::ToWire(source));
       }
-      if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+      const bool sent = writer->Write(chunk);
+      if (whole) data.swap(*chunk.mutable_data());  // back to the pool
+      if (!sent) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
       off += n;
     } while (off < data.size());
     return grpc::Status::OK;
