@@ -306,8 +306,8 @@ class BlockSource {
   static bool Streams(const Route& route, const BlockMeta& meta);
   // A new fetch in flight of meta's block, with a buffer to stream into when `streams`.
   std::shared_ptr<Flight> NewFlightLocked(const BlockMeta& meta, bool streams) REQUIRES(mu_);
-  // The leader's part of a fetch in flight (from NewFlightLocked): fetches, publishes the result to
-  // those who joined, and ends the fetch's time in flight.
+  // The leader's part of a fetch in flight (from NewFlightLocked): fetches, ends the fetch's time in
+  // flight (a request after this starts its own), then publishes the result to those who joined.
   Fetched Lead(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, const Route& route,
                const std::shared_ptr<Flight>& f);
   // Streaming: joins or starts a streamed fetch of t's block and waits for req's range. True with

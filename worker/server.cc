@@ -52,8 +52,8 @@ StatusOr<std::vector<FileKey>> ParseFileKeys(const google::protobuf::RepeatedPtr
 }
 
 // ReadBlock's buffers, kept from one call to the next. A block-sized std::string made per call is
-// zero-filled and page-faulted anew every time: with the proto copy, a third of a peer read's CPU on
-// the serving worker (docs/benchmarks.md, session 36). A buffer keeps its size when it comes back, so
+// zero-filled and page-faulted anew every time: nearly half of a peer read's CPU on the serving
+// worker (docs/benchmarks.md, session 36). A buffer keeps its size when it comes back, so
 // the next read of a block no larger resizes it without writing it. At most kKeep buffers of at most
 // kKeepBytes each are kept (32 MiB); a larger one is let go.
 class ReadBuffers {
