@@ -355,6 +355,12 @@ Status JobManager::Scan(uint64_t id, const rpc::LoadJobSpec& spec) {
     if (Cancelled(id)) return Status::OK();
     ASSIGN_OR_RETURN(rpc::Attr a, ns_->Resolve(p));
     if (a.type() != rpc::DIRECTORY) continue;
+    // Fetch-ahead follows readers, who have mostly listed what they read: a tree listed within
+    // the sync interval is not listed again (ForEachFile below lists any directory that is not).
+    if (spec.fetch_ahead()) {
+      ASSIGN_OR_RETURN(bool listed, ns_->TreeListed(p));
+      if (listed) continue;
+    }
     auto st = ns_->LoadTree(p, opts);
     if (st.ok()) continue;
     if (st.status().code() != Code::kInvalidArgument) return st.status().WithContext("listing " + p);

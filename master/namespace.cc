@@ -1269,6 +1269,30 @@ Status Namespace::ForEachFile(const std::string& path,
   return Status::OK();
 }
 
+StatusOr<bool> Namespace::TreeListed(const std::string& path) {
+  ASSIGN_OR_RETURN(rpc::Attr top, Resolve(path));
+  if (top.type() != rpc::DIRECTORY) return false;
+  std::vector<uint64_t> dirs{top.ino()};
+  while (!dirs.empty()) {
+    const uint64_t d = dirs.back();
+    dirs.pop_back();
+    uint64_t after = 0;
+    for (;;) {
+      rpc::ReadDirResponse page;
+      bool ufs_needed = false;
+      Status st = ReadDir(d, after, 4096, &page, &ufs_needed, false);
+      if (ufs_needed) return false;  // not listed, or due for a sync
+      RETURN_IF_ERROR(st);
+      for (const auto& e : page.entries()) {
+        if (e.attr().type() == rpc::DIRECTORY) dirs.push_back(e.attr().ino());
+        after = e.cookie();
+      }
+      if (page.end() || page.entries().empty()) break;
+    }
+  }
+  return true;
+}
+
 Status Namespace::ForEachFileKey(const std::string& path,
                                  const std::function<void(const FileKey&, uint64_t size)>& fn) {
   std::map<uint64_t, std::string> uris;

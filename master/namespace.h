@@ -221,6 +221,11 @@ class Namespace {
   // completed are not listed again; a load that completes deletes the cursor. What changed in the
   // under-storage in the part already listed is seen by the next sync.
   StatusOr<LoadStats> LoadTree(const std::string& path, const LoadTreeOptions& opts = {});
+  // Whether every directory at or below the directory `path` is listed and not due for a sync
+  // (the mount's sync interval): then a LoadTree would list the under-storage again for nothing
+  // new to this namespace's rules. Reads only (never the under-storage); stops at the first
+  // directory that is not; false for a file.
+  StatusOr<bool> TreeListed(const std::string& path);
 
   // Every file at or below `path` (a file or a directory; directories are listed as needed), as
   // the FileKeys its cached blocks carry. Calls `fn` for each file; stops at the first error.

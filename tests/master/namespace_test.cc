@@ -313,6 +313,19 @@ TEST_F(NamespaceSyncTest, ListingsWithLongPathsArePagedByBytes) {
 
 // A file due for a check with the under-storage comes without its open information: the open then
 // asks GetFile, which checks it, and sees a changed file's new version.
+// Fetch-ahead skips the flat listing of a tree every directory of which is listed and fresh
+// (JobManager::Scan); with "always", every directory is due, so none counts as listed.
+TEST_F(NamespaceSyncTest, ATreeDueForASyncIsNotListed) {
+  rpc::MountInfo m = Mount("always");
+  List(m.root_ino());
+  auto d = ns_->Resolve("/ds/d");
+  ASSERT_TRUE(d.ok());
+  List(d->ino());
+  auto listed = ns_->TreeListed("/ds");
+  ASSERT_TRUE(listed.ok()) << listed.status().message();
+  EXPECT_FALSE(*listed);
+}
+
 TEST_F(NamespaceSyncTest, AFileDueForACheckIsListedWithoutItsOpenInformation) {
   rpc::MountInfo m = Mount("always");
   auto d = ns_->Lookup(m.root_ino(), "d");
@@ -482,6 +495,28 @@ TEST_F(LoadTreeTest, LoadsEverythingSoNoListingIsNeededAfterwards) {
   auto mounts = ns_->ListMounts();
   EXPECT_EQ(mounts[0].known_files(), 5u * 31u);
   std::filesystem::rename(dir_ / "moved", dir_ / "src");
+}
+
+TEST_F(LoadTreeTest, ATreeIsListedWhenEveryDirectoryInItIs) {
+  auto listed = [&](const std::string& p) {
+    auto l = ns_->TreeListed(p);
+    EXPECT_TRUE(l.ok()) << l.status().message();
+    return l.ok() && *l;
+  };
+  EXPECT_FALSE(listed("/ds"));
+  // The top and one branch listed by readers: the rest is not.
+  auto c0 = ns_->Lookup(mount_.root_ino(), "c0");
+  ASSERT_TRUE(c0.ok());
+  Tree(c0->ino());
+  EXPECT_TRUE(listed("/ds/c0"));
+  EXPECT_FALSE(listed("/ds"));
+  EXPECT_FALSE(listed("/ds/c0/top.txt"));  // a file is no tree
+  // Everything listed, lazily or by a load: nothing to list again.
+  Tree(mount_.root_ino());
+  EXPECT_TRUE(listed("/ds"));
+  ASSERT_TRUE(ns_->LoadTree("/ds").ok());
+  EXPECT_TRUE(listed("/ds"));
+  EXPECT_FALSE(ns_->TreeListed("/ds/nothing").ok());
 }
 
 TEST_F(LoadTreeTest, LoadingAgainChangesOnlyWhatChanged) {
