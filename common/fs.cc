@@ -4,8 +4,11 @@
 
 #include "common/hash.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -126,6 +129,29 @@ StatusOr<std::string> MountEndpointsFile(const std::string& mountpoint) { return
 std::string ParentDir(const std::string& path) {
   auto slash = path.rfind('/');
   return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string Ext4WithoutJournal(const std::string& path) {
+  struct statfs fs {};
+  struct stat st {};
+  constexpr long kExt4Magic = 0xEF53;
+  if (statfs(path.c_str(), &fs) != 0 || fs.f_type != kExt4Magic || stat(path.c_str(), &st) != 0) return "";
+  const std::string dev = std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+  DIR* d = opendir("/sys/fs/ext4");
+  if (d == nullptr) return "";
+  std::string found;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name[0] == '.') continue;
+    auto number = ReadFileToString("/sys/class/block/" + name + "/dev");
+    if (!number.ok() || number->substr(0, number->find('\n')) != dev) continue;
+    // The journal's kernel thread: "<none>" without a journal.
+    auto journal = ReadFileToString("/sys/fs/ext4/" + name + "/journal_task");
+    if (journal.ok() && journal->rfind("<none>", 0) == 0) found = name;
+    break;
+  }
+  closedir(d);
+  return found;
 }
 
 }  // namespace granary

@@ -16,6 +16,12 @@ bool IsDirectory(const std::string& path);
 // The directory part of `path`: "/a/b" for "/a/b/c", "/" for "/c" or a path without a slash.
 std::string ParentDir(const std::string& path);
 
+// When `path` is on an ext4 file system without a journal, that file system's name in
+// /sys/fs/ext4 (e.g. "vda"); "" otherwise or when it cannot tell. Such an ext4 scans past every
+// recently deleted inode when it creates a file, which a cache that evicts and admits all the time
+// pays on every new block file (docs/benchmarks.md, session 37).
+std::string Ext4WithoutJournal(const std::string& path);
+
 // Where daemons leave small files for each other and the CLI on this machine (hand-over sockets,
 // mount endpoints): $GRANARY_RUN_DIR, else /run/granary where writable (root), else
 // $XDG_RUNTIME_DIR/granary, else /tmp/granary-<uid>. Private or refused: created 0700 when missing;

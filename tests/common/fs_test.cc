@@ -84,5 +84,38 @@ TEST(RuntimeDir, OneAnotherUserMadeIsRefusedAndNamed) {
   EXPECT_EQ(ModeOf(squat), 0777u) << "another user's directory was changed";
 }
 
+// An ext4 made with and without a journal, each on a loop device: only the second is named.
+class LoopExt4 {
+ public:
+  LoopExt4(const std::string& dir, bool journal) : mnt_(dir + "/mnt") {
+    const std::string img = dir + "/fs.img";
+    std::filesystem::create_directories(mnt_);
+    const std::string mkfs = "truncate -s 32M " + img + " && mkfs.ext4 -q -F " + std::string(journal ? "" : "-O ^has_journal ") +
+                             img + " >/dev/null 2>&1";
+    mounted_ = std::system(mkfs.c_str()) == 0 && std::system(("mount -o loop " + img + " " + mnt_).c_str()) == 0;
+  }
+  ~LoopExt4() {
+    if (mounted_) (void)std::system(("umount " + mnt_).c_str());
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& path() const { return mnt_; }
+
+ private:
+  std::string mnt_;
+  bool mounted_ = false;
+};
+
+TEST(Ext4WithoutJournal, NamesOnlyAnExt4WithoutAJournal) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root: loop mounts";
+  testing::TempDir with, without;
+  LoopExt4 journaled(with.path(), true), bare(without.path(), false);
+  ASSERT_TRUE(journaled.mounted() && bare.mounted()) << "mkfs.ext4 or a loop mount failed";
+  EXPECT_EQ(Ext4WithoutJournal(journaled.path()), "");
+  const std::string name = Ext4WithoutJournal(bare.path());
+  EXPECT_EQ(name.rfind("loop", 0), 0u) << "got '" << name << "'";
+  EXPECT_EQ(Ext4WithoutJournal("/dev/shm"), "");  // tmpfs
+  EXPECT_EQ(Ext4WithoutJournal(bare.path() + "/missing"), "");
+}
+
 }  // namespace
 }  // namespace granary
