@@ -21,6 +21,8 @@
 # user stacks through libraries built without frame pointers). RIG_KEEP_LOGS=DIR copies the S3
 # server's logs (RGW's has one line per request: method, object, range, latency) to DIR at the end.
 # RIG_FUSE_ARGS adds flags to every granary-fuse (e.g. "--fuse.readahead_blocks 4").
+# RIG_TMP=DIR holds the run's files (the caches, the generated dataset) instead of /tmp: to compare
+# the filesystem the tiers are on (docs/benchmarks.md, session 37).
 #
 # Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched by one C client,
 # `curl --parallel` with 64 GETs in flight, bench/direct_get.py: the floor of a cold epoch on this
@@ -50,7 +52,7 @@ BIN=$ROOT/build/bin
 NET="$ROOT/scripts/netns.sh"
 bash "$ROOT/scripts/s3-server.sh" install
 bash "$ROOT/scripts/apt-ensure.sh" s3fs rclone python3-matplotlib
-WORK=$(mktemp -d /tmp/granary-rig-XXXXXX)
+WORK=$(mktemp -d "${RIG_TMP:-/tmp}/granary-rig-XXXXXX")
 declare -A HOST  # node -> pid of its namespace host process
 AK=GRANARYTESTKEY000000; SK='granary/test+secret0000000000000000000000'
 export AWS_ACCESS_KEY_ID=$AK AWS_SECRET_ACCESS_KEY=$SK
