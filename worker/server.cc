@@ -78,6 +78,32 @@ class ReadBuffers {
   std::vector<std::string> free_ GUARDED_BY(mu_);
 };
 
+// Whether a LoadBlocks call was cancelled, asked of gRPC at most once per kEvery. On a sync call
+// ServerContext::IsCancelled polls the call's completion queue (an epoll round and its locks): asked
+// per block and per pacer slot, that was 6% of a cold worker's CPU (docs/benchmarks.md, session
+// 37). In between the last answer stands, so a cancelled batch stops at most kEvery later.
+// Thread-safe: a batch's threads share one.
+class CancelWatch {
+ public:
+  explicit CancelWatch(grpc::ServerContext* ctx) : ctx_(ctx) {}
+  bool operator()() {
+    if (cancelled_.load(std::memory_order_relaxed)) return true;
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    int64_t last = asked_ns_.load(std::memory_order_relaxed);
+    if (last != 0 && now - last < std::chrono::nanoseconds(kEvery).count()) return false;
+    if (!asked_ns_.compare_exchange_strong(last, now)) return cancelled_.load();  // another thread asks
+    if (!ctx_->IsCancelled()) return false;
+    cancelled_ = true;
+    return true;
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kEvery{50};
+  grpc::ServerContext* const ctx_;
+  std::atomic<int64_t> asked_ns_{0};
+  std::atomic<bool> cancelled_{false};
+};
+
 class WorkerService final : public rpc::Worker::Service {
  public:
   // `forget_mount` drops an unmounted dataset's opened mount (MasterLink::ForgetMount).
@@ -222,7 +248,8 @@ class WorkerService final : public rpc::Worker::Service {
     std::atomic<bool> full{false};  // fetch-ahead: a block found no free room; the rest is skipped
     BlockSource::AheadOptions ahead;
     ahead.cap = std::clamp<uint32_t>(req->parallel() ? req->parallel() : FetchPacer::kMaxCap, 1, FetchPacer::kMaxCap);
-    ahead.stop = [ctx] { return ctx->IsCancelled(); };
+    CancelWatch cancelled(ctx);  // outlives the helpers (they are waited for below)
+    ahead.stop = [&cancelled] { return cancelled(); };
     const BlockSource::AheadOptions* ahead_opts = req->fetch_ahead() ? &ahead : nullptr;
     Mutex fail_mu;
     std::map<int, std::string> failed;  // GUARDED_BY(fail_mu): file index -> first reason
@@ -240,7 +267,7 @@ class WorkerService final : public rpc::Worker::Service {
         }
       } give_back{source_, &held};
       for (uint64_t k; (k = next++) < total;) {
-        if (ctx->IsCancelled()) return;
+        if (cancelled()) return;
         int file;
         BlockRequest br = block(k, &file);
         {
