@@ -29,6 +29,25 @@ std::string Hmac(std::string_view key, std::string_view data) {
   return std::string(reinterpret_cast<char*>(out), len);
 }
 
+// The signing key, HMAC(HMAC(HMAC(HMAC("AWS4" + secret, date), region), service), "aws4_request"),
+// changes once a day: kept per thread for the last (secret, date, region, service), so a request
+// costs one HMAC instead of five (each of OpenSSL 3's one-shot HMACs looks its algorithms up by
+// name: SigV4 was ~5% of a worker's CPU on cold small files, docs/benchmarks.md session 37).
+std::string SigningKey(const std::string& secret, const char* date, const std::string& region,
+                       const std::string& service) {
+  struct Cached {
+    std::string secret, date, region, service, key;
+  };
+  thread_local Cached c;
+  if (c.key.empty() || c.date != date || c.secret != secret || c.region != region || c.service != service) {
+    std::string key = Hmac("AWS4" + secret, date);
+    key = Hmac(key, region);
+    key = Hmac(key, service);
+    c = Cached{secret, date, region, service, Hmac(key, "aws4_request")};
+  }
+  return c.key;
+}
+
 std::string Lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -93,7 +112,8 @@ SigV4Result SignV4(const SigV4Request& req, const AwsCredentials& creds, const s
   gmtime_r(&now, &tm);
   strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
   strftime(date, sizeof date, "%Y%m%d", &tm);
-  std::string payload = req.payload_sha256.empty() ? Sha256Hex("") : req.payload_sha256;
+  static const std::string kEmptySha256 = Sha256Hex("");
+  const std::string& payload = req.payload_sha256.empty() ? kEmptySha256 : req.payload_sha256;
 
   SigV4Result r;
   r.headers.emplace_back("host", req.host);
@@ -115,11 +135,7 @@ SigV4Result SignV4(const SigV4Request& req, const AwsCredentials& creds, const s
                         CanonicalQuery(req.query) + "\n" + canonical_headers + "\n" + names + "\n" + payload;
   std::string scope = std::string(date) + "/" + region + "/" + service + "/aws4_request";
   r.string_to_sign = "AWS4-HMAC-SHA256\n" + std::string(amz_date) + "\n" + scope + "\n" + Sha256Hex(r.canonical_request);
-  std::string key = Hmac("AWS4" + creds.secret_key, date);
-  key = Hmac(key, region);
-  key = Hmac(key, service);
-  key = Hmac(key, "aws4_request");
-  std::string sig = Hmac(key, r.string_to_sign);
+  std::string sig = Hmac(SigningKey(creds.secret_key, date, region, service), r.string_to_sign);
   r.signature = Hex(reinterpret_cast<const unsigned char*>(sig.data()), sig.size());
   r.headers.emplace_back("authorization", "AWS4-HMAC-SHA256 Credential=" + creds.access_key + "/" + scope +
                                               ", SignedHeaders=" + names + ", Signature=" + r.signature);

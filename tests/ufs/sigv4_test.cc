@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+#include <thread>
+
 namespace granary {
 namespace {
 
@@ -34,6 +38,31 @@ TEST(SigV4, AwsDocumentedListObjectsExample) {
   SigV4Request req{"GET", "examplebucket.s3.amazonaws.com", "/", {{"prefix", "J"}, {"max-keys", "2"}}, {}, ""};
   SigV4Result r = SignV4(req, kExampleCreds, "us-east-1", "s3", kExampleTime);
   EXPECT_EQ(r.signature, "34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7") << r.canonical_request;
+}
+
+// The signing key is kept per thread for the last secret, day, region and service: a change of
+// any of them signs with the right key, and coming back gives the documented signature again.
+TEST(SigV4, AKeptSigningKeyNeverSignsForAnotherSecretDayOrRegion) {
+  SigV4Request req{"GET", "examplebucket.s3.amazonaws.com", "/test.txt", {}, {{"Range", "bytes=0-9"}}, ""};
+  const std::string documented = "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41";
+  const AwsCredentials other{"AKIAIOSFODNN7EXAMPLE", "another-secret", ""};
+  std::set<std::string> seen;
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(SignV4(req, kExampleCreds, "us-east-1", "s3", kExampleTime).signature, documented);
+    seen.insert(SignV4(req, other, "us-east-1", "s3", kExampleTime).signature);
+    EXPECT_EQ(SignV4(req, kExampleCreds, "us-east-1", "s3", kExampleTime).signature, documented);
+    seen.insert(SignV4(req, kExampleCreds, "eu-west-1", "s3", kExampleTime).signature);
+    seen.insert(SignV4(req, kExampleCreds, "us-east-1", "oss", kExampleTime).signature);
+    // The next day (the signed date changes too, so compare against a second thread's signature,
+    // which starts with nothing kept).
+    SigV4Result next_day = SignV4(req, kExampleCreds, "us-east-1", "s3", kExampleTime + 86400);
+    std::string fresh;
+    std::thread([&] { fresh = SignV4(req, kExampleCreds, "us-east-1", "s3", kExampleTime + 86400).signature; }).join();
+    EXPECT_EQ(next_day.signature, fresh);
+    seen.insert(next_day.signature);
+  }
+  EXPECT_EQ(seen.size(), 4u) << "each secret, region, service and day signs differently";
+  EXPECT_EQ(seen.count(documented), 0u);
 }
 
 TEST(SigV4, EncodingRules) {
