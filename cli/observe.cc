@@ -766,9 +766,12 @@ class Profile {
     }
     return buf;
   }
+  // Nearest rank: the smallest latency at or above 99% of them (ceil(0.99 n), 1-based), so it is
+  // never below the average; with fewer than 100 calls it is the slowest.
   static double P99(OpStats* o) {
     if (o->latencies.empty()) return 0;
-    size_t k = static_cast<size_t>(0.99 * static_cast<double>(o->latencies.size() - 1));
+    const size_t n = o->latencies.size();
+    size_t k = (99 * n + 99) / 100 - 1;
     std::nth_element(o->latencies.begin(), o->latencies.begin() + k, o->latencies.end());
     return o->latencies[k];
   }

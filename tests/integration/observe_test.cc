@@ -151,6 +151,17 @@ TEST(Trace, SeesExactlyTheTracedProcessAndNothingCostsWhenNoOneListens) {
   EXPECT_GT(reads, 0u) << p.out;
   EXPECT_GE(bytes, 8u * 30000) << p.out;
   EXPECT_FALSE(pj["slowest"].empty());
+  // p99 by nearest rank: of 5 reads, the slowest, never below the average (it was 100us against an
+  // average of 280us).
+  std::ofstream few(dir / "few.jsonl");
+  for (int lat : {100, 100, 100, 100, 1000}) few << json{{"op", "read"}, {"latency_us", lat}, {"size", 4096}}.dump() << "\n";
+  few.close();
+  RunResult fp = RunCommand({Bin("granary"), "profile", "--file", dir / "few.jsonl", "--json"});
+  ASSERT_EQ(fp.code, 0) << fp.out;
+  json fj = json::parse(fp.out, nullptr, false);
+  ASSERT_TRUE(fj.is_object() && fj["operations"].size() == 1u) << fp.out;
+  EXPECT_DOUBLE_EQ(fj["operations"][0]["p99_s"].get<double>(), 0.001) << fp.out;
+  EXPECT_GE(fj["operations"][0]["p99_s"].get<double>(), fj["operations"][0]["avg_s"].get<double>()) << fp.out;
   RunResult bad = RunCommand({Bin("granary"), "profile", "--file", dir / "reader.py"});
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("granary trace --json"), std::string::npos) << bad.out;
