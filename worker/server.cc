@@ -407,7 +407,7 @@ class WorkerService final : public rpc::Worker::Service {
   }
 
   Mutex pace_mu_;
-  std::map<uint64_t, std::shared_ptr<RateLimiter>> paces_;  // GUARDED_BY(pace_mu_), by job id
+  std::map<uint64_t, std::shared_ptr<RateLimiter>> paces_ GUARDED_BY(pace_mu_);  // by job id
   BlockSource* source_;
   ReadBuffers buffers_;  // ReadBlock's
   BlockStore* store_;
