@@ -7,6 +7,7 @@
 // running `granary local` writes (LocalDiscoveryFile()), and finally master.address's default.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -17,6 +18,9 @@ int Main(int argc, char** argv);
 
 // Prints "granary: error: <message>" to stderr; the exit code of a failed command (1).
 int Fail(const Status& st);
+
+// "1 worker", "2 workers": `n` and `noun`, plural with an s unless n is 1.
+std::string Count(uint64_t n, const std::string& noun);
 
 // Where `granary local` records how to reach it: $GRANARY_HOME/local.yaml, by default
 // ~/.granary/local.yaml.

@@ -17,6 +17,7 @@
 #include "cli/local.h"
 #include "cli/master_conn.h"
 #include "cli/observe.h"
+#include "fuse/trace.h"
 #include "common/allocator.h"
 #include "common/fs.h"
 #include "common/shutdown.h"
@@ -27,6 +28,8 @@
 #include "rpc/rpc.h"
 
 namespace granary::cli {
+
+std::string Count(uint64_t n, const std::string& noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
 
 int Fail(const Status& st) {
   std::fprintf(stderr, "granary: error: %s\n", st.message().c_str());
@@ -193,8 +196,8 @@ int CmdPin(MasterConn& m, const std::string& raw, bool pin) {
   rpc::PinResponse resp;
   Status st = m.Call(&rpc::Master::Stub::Pin, req, &resp);
   if (!st.ok()) return Fail(st);
-  std::printf("%s %s: %llu files, %u workers told\n", pin ? "pinned" : "unpinned", req.path().c_str(),
-              static_cast<unsigned long long>(resp.files()), resp.workers());
+  std::printf("%s %s: %s, %s told\n", pin ? "pinned" : "unpinned", req.path().c_str(), Count(resp.files(), "file").c_str(),
+              Count(resp.workers(), "worker").c_str());
   return 0;
 }
 
@@ -204,9 +207,8 @@ int CmdFree(MasterConn& m, const std::string& raw) {
   rpc::FreeResponse resp;
   Status st = m.Call(&rpc::Master::Stub::Free, req, &resp);
   if (!st.ok()) return Fail(st);
-  std::printf("freed %s: %llu files, %llu cached blocks removed from %u workers\n", req.path().c_str(),
-              static_cast<unsigned long long>(resp.files()), static_cast<unsigned long long>(resp.blocks()),
-              resp.workers());
+  std::printf("freed %s: %s, %s removed from %s\n", req.path().c_str(), Count(resp.files(), "file").c_str(),
+              Count(resp.blocks(), "cached block").c_str(), Count(resp.workers(), "worker").c_str());
   return 0;
 }
 
@@ -689,7 +691,9 @@ int Main(int argc, char** argv) {
   trace->add_option("--pid", trace_opts.pid, "Only this process's operations")->check(CLI::NonNegativeNumber);
   trace->add_option("--prefix", trace_opts.prefix, "Only paths under this namespace path, e.g. /imagenet/train");
   trace->add_option("--op", trace_opts.ops, "Only these operations (repeatable): lookup, getattr, open, read, release, "
-                                           "opendir, readdir, readdirplus, statfs");
+                                           "opendir, readdir, readdirplus, statfs, and the writes' create, write, "
+                                           "flush, fsync, setattr, mkdir, rmdir, unlink, rename")
+      ->check(CLI::IsMember(fuse::kTracedOps));
   trace->add_option("--count", trace_opts.count, "Records to print, then stop")->check(CLI::NonNegativeNumber);
   trace->add_flag("--json", trace_opts.json, "One JSON object per line (what `granary profile --file` reads)");
   ProfileOptions profile_opts;

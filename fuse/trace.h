@@ -27,11 +27,18 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "common/stream_socket.h"
 #include "common/thread_annotations.h"
 
 namespace granary::fuse {
+
+// Every operation name a record may carry (OpScope's names in fuse/ops_*.cc): `granary trace --op`
+// accepts these and refuses anything else.
+inline const std::vector<std::string> kTracedOps = {
+    "lookup", "getattr", "opendir", "readdir", "readdirplus", "statfs", "open",  "read",   "release",
+    "create", "write",   "flush",   "fsync",   "setattr",     "mkdir",  "rmdir", "unlink", "rename"};
 
 struct TraceRecord {
   int64_t time_ns = 0;  // wall clock at the operation's start

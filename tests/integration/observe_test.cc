@@ -162,6 +162,11 @@ TEST(Trace, SeesExactlyTheTracedProcessAndNothingCostsWhenNoOneListens) {
   ASSERT_TRUE(fj.is_object() && fj["operations"].size() == 1u) << fp.out;
   EXPECT_DOUBLE_EQ(fj["operations"][0]["p99_s"].get<double>(), 0.001) << fp.out;
   EXPECT_GE(fj["operations"][0]["p99_s"].get<double>(), fj["operations"][0]["avg_s"].get<double>()) << fp.out;
+  // An operation no record carries is refused, naming it and what is accepted.
+  RunResult bogus = RunCommand({Bin("granary"), "trace", c.mountpoint(), "--op", "bogus", "--count", "1"});
+  EXPECT_NE(bogus.code, 0) << bogus.out;
+  EXPECT_NE(bogus.out.find("bogus"), std::string::npos) << bogus.out;
+  EXPECT_NE(bogus.out.find("readdirplus"), std::string::npos) << bogus.out;
   RunResult bad = RunCommand({Bin("granary"), "profile", "--file", dir / "reader.py"});
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("granary trace --json"), std::string::npos) << bad.out;
