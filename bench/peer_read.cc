@@ -199,9 +199,9 @@ int main(int argc, char** argv) {
   size_t block_mb = 4;
   std::vector<std::string> grpc_args;
   std::string modes = "tcp,grpc";
-  app.add_option("--blocks", blocks, "blocks read per mode");
-  app.add_option("--threads", threads, "readers at once");
-  app.add_option("--block-mb", block_mb, "block size, MiB");
+  app.add_option("--blocks", blocks, "blocks read per mode")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "readers at once")->check(CLI::Range(1, 64));
+  app.add_option("--block-mb", block_mb, "block size, MiB (a gRPC message takes at most 15)")->check(CLI::Range(1, 15));
   app.add_option("--modes", modes, "comma-separated: tcp, grpc");
   app.add_option("--grpc-arg", grpc_args, "NAME=INT channel argument on both gRPC ends");
   CLI11_PARSE(app, argc, argv);
