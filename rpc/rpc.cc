@@ -200,7 +200,7 @@ Status ReadBlockStream(rpc::Worker::Stub& stub, grpc::ClientContext& ctx, const 
   // Chunks as large as this channel takes (MakeChannel): a block that fits comes in one message,
   // whose bytes become `out` without a copy.
   rpc::ReadBlockRequest sized = req;
-  sized.set_max_chunk_bytes(kMaxMessageBytes - (64 << 10));
+  sized.set_max_chunk_bytes(kMaxReadChunkBytes);
   auto reader = stub.ReadBlock(&ctx, sized);
   rpc::ReadBlockChunk chunk;
   const size_t base = out->size();

@@ -53,6 +53,9 @@ std::vector<std::string> SplitAddressList(const std::string& list);
 
 // Largest message either side accepts (a 1 MiB chunk plus framing, or a large listing page).
 constexpr int kMaxMessageBytes = 16 * 1024 * 1024;
+// The largest ReadBlock chunk (ReadBlockRequest.max_chunk_bytes): one message with room for its
+// other fields.
+constexpr size_t kMaxReadChunkBytes = kMaxMessageBytes - (64 << 10);
 
 // Credentials and the token, read once from the files the config names.
 class RpcSecurity {

@@ -35,7 +35,6 @@ namespace granary::worker {
 namespace {
 
 constexpr size_t kChunkBytes = 1 << 20;  // ReadBlock's chunks for a caller that names no size
-constexpr size_t kMaxChunkBytes = kMaxMessageBytes - (64 << 10);  // room for the message's other fields
 // Blocks of one LoadBlocks batch: a 64 TiB file of 4 MiB blocks (the master's batches hold at most
 // kBatchFiles files and kBatchBytes bytes beyond their last file).
 constexpr uint64_t kMaxLoadBlocks = 16u << 20;
@@ -80,7 +79,7 @@ class ReadBuffers {
 
 // Whether a LoadBlocks call was cancelled, asked of gRPC at most once per kEvery. On a sync call
 // ServerContext::IsCancelled polls the call's completion queue (an epoll round and its locks): asked
-// per block and per pacer slot, that was 6% of a cold worker's CPU (docs/benchmarks.md, session
+// per block and per pacer slot, that was 7% of a cold worker's CPU (docs/benchmarks.md, session
 // 37). In between the last answer stands, so a cancelled batch stops at most kEvery later.
 // Thread-safe: a batch's threads share one.
 class CancelWatch {
@@ -165,7 +164,7 @@ class WorkerService final : public rpc::Worker::Service {
     // As large chunks as the caller takes (ReadBlockRequest.max_chunk_bytes): a whole block in one
     // message goes out of `data` itself (swapped in and back), not copied into the message.
     const size_t chunk_bytes =
-        req->max_chunk_bytes() == 0 ? kChunkBytes : std::clamp<uint64_t>(req->max_chunk_bytes(), kChunkBytes, kMaxChunkBytes);
+        req->max_chunk_bytes() == 0 ? kChunkBytes : std::clamp<uint64_t>(req->max_chunk_bytes(), kChunkBytes, kMaxReadChunkBytes);
     size_t off = 0;
     do {
       rpc::ReadBlockChunk chunk;
