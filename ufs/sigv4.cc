@@ -1,8 +1,8 @@
 #include "ufs/sigv4.h"
 
+#include <openssl/core_names.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/sha.h>
+#include <openssl/params.h>
 
 #include <algorithm>
 #include <cctype>
@@ -21,11 +21,44 @@ std::string Hex(const unsigned char* p, size_t n) {
   return s;
 }
 
+// OpenSSL 3's one-shot SHA256() and HMAC() fetch their algorithm by name on every call (a lookup
+// under the library's locks, contended by a worker's fetch threads): the algorithms are fetched
+// once per process and each thread keeps its contexts. A context holds the last HMAC key, so
+// signing with the day's key re-keys nothing (EVP_MAC_init with no key reuses it).
+const EVP_MD* Sha256() {
+  static EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+
+struct MacCtx {
+  MacCtx() {
+    static EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+    if (mac != nullptr) ctx = EVP_MAC_CTX_new(mac);
+  }
+  ~MacCtx() { EVP_MAC_CTX_free(ctx); }
+  EVP_MAC_CTX* ctx = nullptr;
+  std::string key;  // the key ctx holds; empty before the first
+};
+
 std::string Hmac(std::string_view key, std::string_view data) {
+  thread_local MacCtx m;
   unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
-       data.size(), out, &len);
+  size_t len = 0;
+  bool ok = m.ctx != nullptr;
+  if (ok && !m.key.empty() && key == m.key) {
+    ok = EVP_MAC_init(m.ctx, nullptr, 0, nullptr) == 1;
+  } else if (ok) {
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_construct_end()};
+    ok = EVP_MAC_init(m.ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), params) == 1;
+    m.key = ok ? std::string(key) : std::string();
+  }
+  ok = ok && EVP_MAC_update(m.ctx, reinterpret_cast<const unsigned char*>(data.data()), data.size()) == 1 &&
+       EVP_MAC_final(m.ctx, out, &len, sizeof out) == 1;
+  if (!ok) {  // never expected: OpenSSL without HMAC or SHA-256. A wrong signature the store refuses.
+    m.key.clear();
+    return std::string();
+  }
   return std::string(reinterpret_cast<char*>(out), len);
 }
 
@@ -72,9 +105,19 @@ std::string FoldSpaces(std::string_view v) {
 }  // namespace
 
 std::string Sha256Hex(std::string_view data) {
-  unsigned char md[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
-  return Hex(md, sizeof md);
+  struct Ctx {
+    Ctx() : ctx(EVP_MD_CTX_new()) {}
+    ~Ctx() { EVP_MD_CTX_free(ctx); }
+    EVP_MD_CTX* ctx;
+  };
+  thread_local Ctx c;
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (c.ctx == nullptr || Sha256() == nullptr || EVP_DigestInit_ex2(c.ctx, Sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(c.ctx, data.data(), data.size()) != 1 || EVP_DigestFinal_ex(c.ctx, md, &len) != 1) {
+    return std::string();  // never expected (see Hmac)
+  }
+  return Hex(md, len);
 }
 
 std::string AwsUriEncode(std::string_view s, bool keep_slash) {
