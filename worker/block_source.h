@@ -60,14 +60,17 @@
 // Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <future>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -249,12 +252,17 @@ class BlockSource {
   // first: a 4 MiB memset per block was a tenth of a cold read's CPU), a peer's answer in `str`.
   struct FetchedBlock {
     std::string str;
-    std::unique_ptr<char[]> raw;
+    struct Free {
+      void operator()(char* p) const { std::free(p); }
+    };
+    std::unique_ptr<char, Free> raw;
     size_t raw_size = 0;
     ReadSource source;  // kPeer or kUnderStorage
     std::string_view bytes() const { return raw ? std::string_view(raw.get(), raw_size) : std::string_view(str); }
+    // Not zeroed; 4 KiB-aligned, so the block store can write it with O_DIRECT (store::WriteData).
     char* Allocate(size_t n) {
-      raw.reset(new char[n]);  // default-initialized: not zeroed
+      raw.reset(static_cast<char*>(std::aligned_alloc(4096, (std::max<size_t>(n, 1) + 4095) / 4096 * 4096)));
+      if (!raw) throw std::bad_alloc();
       raw_size = n;
       return raw.get();
     }

@@ -506,7 +506,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data, uint64_t ti
   };
   std::string tmp = TmpPath(tier, dir);
   auto sums = std::make_shared<const std::vector<uint64_t>>(store::ChunkSums(data));
-  Status st = store::WriteData(path, meta.offset, data);
+  Status st = store::WriteData(path, meta.offset, data, data.size() >= store::kDirectMinBytes);
   if (st.ok()) {
     st = store::WriteSidecarTmp(
         tmp, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data.size(), *sums));

@@ -4,8 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -48,6 +53,63 @@ TEST(BlockFile, OnlyCanonicalNamesParse) {
   }
   EXPECT_TRUE(store::ParseName(hex, &k, &index, &sidecar));
   EXPECT_FALSE(sidecar);
+}
+
+// Large blocks go to the cache medium around the page cache (O_DIRECT), their unaligned tail and
+// unaligned buffers through it; the bytes read back are the bytes written either way, beside
+// another block written through the page cache, on the disk's file system and on tmpfs (which may
+// refuse O_DIRECT: then all of it is buffered).
+TEST(BlockFile, LargeBlocksAreWrittenAroundThePageCache) {
+  constexpr size_t kBlock = 4 << 20;
+  constexpr size_t kLen = kBlock + 1000;  // a last block: 4 MiB and a tail
+  std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(std::aligned_alloc(4096, kLen + 4096)), &std::free);
+  std::mt19937_64 rng(7);
+  for (size_t i = 0; i < kLen; ++i) buf.get()[i] = static_cast<char>(rng());
+  const std::string first(kBlock, 'a');
+  for (const std::string base : {std::string(), std::string("/dev/shm")}) {
+    SCOPED_TRACE(base.empty() ? "the test directory" : base);
+    std::unique_ptr<testing::TempDir> dir = base.empty() ? std::make_unique<testing::TempDir>()
+                                                         : std::make_unique<testing::TempDir>(base);
+    struct statfs fs {};
+    ASSERT_EQ(statfs(dir->path().c_str(), &fs), 0);
+    const bool tmpfs = fs.f_type == TMPFS_MAGIC;
+    const std::string path = *dir / "data";
+    ASSERT_TRUE(store::WriteData(path, 0, first, /*direct=*/false).ok());  // block 0, buffered
+    ASSERT_TRUE(store::WriteData(path, kBlock, std::string_view(buf.get(), kLen), /*direct=*/true).ok());
+    // An unaligned buffer is written through the page cache.
+    const std::string odd_path = *dir / "odd";
+    ASSERT_TRUE(store::WriteData(odd_path, 0, std::string_view(buf.get() + 1, kBlock), /*direct=*/true).ok());
+    auto resident = [](const std::string& p, size_t off, size_t len) {
+      int fd = open(p.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st {};
+      fstat(fd, &st);
+      void* m = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+      close(fd);
+      std::vector<unsigned char> vec((static_cast<size_t>(st.st_size) + 4095) / 4096);
+      mincore(m, static_cast<size_t>(st.st_size), vec.data());
+      munmap(m, static_cast<size_t>(st.st_size));
+      size_t n = 0;
+      for (size_t pg = off / 4096; pg < (off + len + 4095) / 4096; ++pg) n += vec[pg] & 1;
+      return n;
+    };
+    if (!tmpfs) {
+      EXPECT_EQ(resident(path, kBlock, kBlock), 0u) << "the aligned part went through the page cache";
+      EXPECT_EQ(resident(path, 2 * kBlock, 1000), 1u) << "the tail is written through the page cache";
+      EXPECT_EQ(resident(odd_path, 0, kBlock), kBlock / 4096);
+    }
+    std::string back(kBlock + kLen, '\0');
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(pread(fd, back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+    close(fd);
+    EXPECT_EQ(back.substr(0, kBlock), first);
+    EXPECT_TRUE(back.compare(kBlock, kLen, buf.get(), kLen) == 0) << "the direct block's bytes differ";
+    std::string odd(kBlock, '\0');
+    fd = open(odd_path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_EQ(pread(fd, odd.data(), odd.size(), 0), static_cast<ssize_t>(odd.size()));
+    close(fd);
+    EXPECT_TRUE(odd.compare(0, kBlock, buf.get() + 1, kBlock) == 0);
+  }
 }
 
 // A free must not be undone by bytes already on their way when it ran (cluster_test once found a

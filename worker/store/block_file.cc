@@ -178,14 +178,33 @@ Status MakeParent(const std::string& path) {
 }
 }  // namespace
 
-Status WriteData(const std::string& data_path, uint64_t offset, std::string_view data) {
-  int fd = open(data_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+Status WriteData(const std::string& data_path, uint64_t offset, std::string_view data, bool direct) {
+  constexpr uint64_t kAlign = 4096;  // what every Linux file system's O_DIRECT accepts
+  const uint64_t aligned = data.size() / kAlign * kAlign;
+  direct = direct && aligned > 0 && offset % kAlign == 0 && reinterpret_cast<uintptr_t>(data.data()) % kAlign == 0;
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0);
+  int fd = open(data_path.c_str(), flags, 0600);
   if (fd < 0 && errno == ENOENT) {
     RETURN_IF_ERROR(MakeParent(data_path));
+    fd = open(data_path.c_str(), flags, 0600);
+  }
+  if (fd < 0 && direct && errno == EINVAL) {  // a file system without O_DIRECT
+    direct = false;
     fd = open(data_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   }
   if (fd < 0) return ErrnoError(errno, "open " + data_path);
-  Status st = PwriteFull(fd, data.data(), data.size(), offset, data_path);
+  uint64_t done = 0;
+  Status st;
+  if (direct) {
+    ssize_t n = pwrite(fd, data.data(), aligned, static_cast<off_t>(offset));
+    if (n > 0) done = static_cast<uint64_t>(n) / kAlign * kAlign;  // a short write goes on buffered
+    if (n < 0 && errno != EINVAL && errno != EINTR) st = ErrnoError(errno, "write " + data_path);
+    // The rest (the tail, or all of it when the device refused the alignment) through the page cache.
+    if (st.ok() && done < data.size() && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT) != 0) {
+      st = ErrnoError(errno, "fcntl " + data_path);
+    }
+  }
+  if (st.ok() && done < data.size()) st = PwriteFull(fd, data.data() + done, data.size() - done, offset + done, data_path);
   if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + data_path);
   return st;
 }

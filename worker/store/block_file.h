@@ -78,8 +78,17 @@ Status DecodeSidecar(const std::string& buf, const std::string& path, Sidecar* o
 // Reads and decodes the sidecar at `path`.
 StatusOr<Sidecar> ReadSidecar(const std::string& path);
 
+// Blocks of at least this many bytes are written around the page cache (WriteData's `direct`):
+// see WriteData.
+constexpr uint64_t kDirectMinBytes = 1 << 20;
 // Writes `data` at `offset` of the data file (created 0600 with its directory when missing).
-Status WriteData(const std::string& data_path, uint64_t offset, std::string_view data);
+// With `direct`, the 4 KiB-aligned part goes with O_DIRECT when `data` and `offset` are 4 KiB
+// aligned: the bytes go from `data` to the device with no copy into the page cache (a 4 MiB block
+// cost ~25x the CPU through the page cache, docs/benchmarks.md session 38) and the cache holds no
+// second copy of what the FUSE mount's page cache keeps; the tail, and every write on a file system
+// that refuses O_DIRECT (tmpfs before Linux 6.6, EINVAL), go through the page cache. A later read
+// of the range comes from the device.
+Status WriteData(const std::string& data_path, uint64_t offset, std::string_view data, bool direct = false);
 // Copies [offset, offset+len) of one data file into the same range of another.
 Status CopyData(const std::string& src, const std::string& dst, uint64_t offset, uint64_t len);
 // Frees [offset, offset+len) of a data file (a hole; the file keeps its size). Best effort.
