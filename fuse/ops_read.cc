@@ -26,6 +26,7 @@
 #include "fuse/ops.h"
 
 #include <fcntl.h>
+#include <sys/uio.h>
 
 #include <unistd.h>
 
@@ -238,8 +239,19 @@ Status CopyPieces(const ReadResult& data, char* dst) {
 
 // The pieces of a read as the reply's buffers: a leased block file (libfuse splices its pages into
 // /dev/fuse) or bytes in memory. The leases end when `data` goes, after the reply is written.
+// Bytes that are all in memory go with one writev: libfuse's splice path would first copy them
+// into a pipe (a write) and then splice the pipe, two copies where writev makes one.
 void ReplyPieces(fuse_req_t req, const ReadResult& data) {
   size_t n = data.pieces.size();
+  if (std::none_of(data.pieces.begin(), data.pieces.end(), [](const LocalChannel::Piece& p) { return p.fd >= 0; })) {
+    std::vector<iovec> iov(n);
+    for (size_t i = 0; i < n; ++i) {
+      iov[i].iov_base = const_cast<char*>(data.pieces[i].bytes());
+      iov[i].iov_len = data.pieces[i].length;
+    }
+    fuse_reply_iov(req, iov.data(), static_cast<int>(n));
+    return;
+  }
   std::vector<char> storage(sizeof(fuse_bufvec) + (n - 1) * sizeof(fuse_buf));
   auto* bv = reinterpret_cast<fuse_bufvec*>(storage.data());
   bv->count = n;
@@ -410,12 +422,8 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   }
   fs->read_bytes += data.size();
   CountReadSources(fs, of->info.mount_id(), data, scope.tracing() ? &scope.record() : nullptr);
-  const bool in_memory = std::all_of(data.pieces.begin(), data.pieces.end(),
-                                     [](const LocalChannel::Piece& p) { return p.fd < 0; });
-  if (ring != nullptr || (in_memory && (data.pieces.size() > 1 || data.pieces[0].mem != nullptr))) {
-    // A ring thread: the pieces are read or copied straight into its entry, one copy in all. Else
-    // bytes in memory are put together in the scratch buffer (those read from the source are there
-    // already) and written once, not gathered by libfuse into a fresh allocation per reply.
+  if (ring != nullptr) {
+    // A ring thread: the pieces are read or copied straight into its entry, one copy in all.
     Status copied = CopyPieces(data, scratch);
     if (!copied.ok()) return ReplyError(req, copied, "read");
     fuse_reply_buf(req, scratch, data.size());
