@@ -403,13 +403,14 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
       const bool range_first = SourceReads::IsRangeFirst(req.block_size(), block_length, req.offset(), want, req.random());
       if (SourceReads::Grant g = source_reads_.Direct(key, req.index(), range_first); g.file) {
         *piece = LocalChannel::Piece{};
-        if (dst == nullptr) {
+        char* to = dst;
+        if (to == nullptr) {
           piece->data.resize(want);
-          dst = piece->data.data();
+          to = piece->data.data();
         }
-        Status st = g.file->Read(block_start + req.offset(), want, dst);
+        Status st = g.file->Read(block_start + req.offset(), want, to);
         if (st.ok()) {
-          if (piece->data.empty()) piece->mem = dst;
+          if (piece->data.empty()) piece->mem = to;
           piece->length = want;
           piece->source = NodeSource::kUnderStorage;
           counters_.source_reads++;
@@ -423,7 +424,7 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
     }
     std::shared_ptr<const SourceFile> file;
     const bool ask = sourced && source_reads_.Wants(key);
-    Status st = ch->Read(req, piece, ask, sourced ? &file : nullptr);
+    Status st = ch->Read(req, piece, ask, sourced ? &file : nullptr, dst);
     if (!st.ok() && sourced && (st.IsVersionChanged() || st.code() == Code::kNotFound)) source_reads_.Forget(key);
     if (st.ok() && sourced) {
       if (piece->fd < 0 && piece->source == NodeSource::kUnderStorage) {

@@ -39,7 +39,7 @@ void LocalChannel::Give(int conn) {
 }
 
 Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool want_source,
-                          std::shared_ptr<const SourceFile>* source_file) {
+                          std::shared_ptr<const SourceFile>* source_file, char* into) {
   // A failure to reach the worker or a broken connection is UNAVAILABLE (the worker restarting or
   // gone); only the worker's own answers carry other codes.
   auto taken = Take();
@@ -50,8 +50,12 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
   lr.set_want_source(want_source && source_file != nullptr);
   rpc::LocalResponse resp;
   int fd = -1;
+  bool landed = false;
   Status st = SendFrame(conn, lr);
-  if (st.ok()) st = RecvFrame(conn, &resp, &fd);
+  if (st.ok()) {
+    st = into != nullptr ? RecvFrameInto(conn, &resp, &fd, rpc::LocalResponse::kDataFieldNumber, into, req.length(), &landed)
+                         : RecvFrame(conn, &resp, &fd);
+  }
   if (!st.ok()) {
     close(conn);  // broken: never reused
     return UnavailableError("the worker's local socket: " + st.message());
@@ -85,8 +89,13 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
     fd = -1;
   }
   if (fd >= 0) close(fd);
-  out->data = std::move(*resp.mutable_data());
   Give(conn);
+  if (landed) {
+    out->mem = into;
+    if (req.length() != out->length) return DataLossError("the worker sent a short inline block");
+    return Status::OK();
+  }
+  out->data = std::move(*resp.mutable_data());
   if (out->data.size() != out->length) return DataLossError("the worker sent a short inline block");
   return Status::OK();
 }

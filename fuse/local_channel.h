@@ -61,8 +61,10 @@ class LocalChannel {
   // worker's answer about the data (FAILED_PRECONDITION: the file changed, ...).
   // With `want_source` and `source_file`: should the worker answer from the under-storage a file
   // of this machine, *source_file gets that file (fuse/source_reads.h).
+  // With `into` (room for req.length() bytes), bytes the worker sends inline are received straight
+  // there (out->mem = into): no copy between the socket and the reply.
   Status Read(const rpc::ReadBlockRequest& req, Piece* out, bool want_source = false,
-              std::shared_ptr<const SourceFile>* source_file = nullptr);
+              std::shared_ptr<const SourceFile>* source_file = nullptr, char* into = nullptr);
   // Leases the whole data file of a file for a passthrough open (LocalRequest.whole_file):
   // out->fd is the data file, out->length the file's size. Such leases are long (as long as the
   // file is open), so they all live on one shared connection instead of holding one each.

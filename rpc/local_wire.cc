@@ -6,18 +6,24 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <algorithm>
+#include <cstring>
 
 namespace granary {
 namespace {
 
-Status SendAll(int sock, const char* p, size_t n, int fd) {
+// Sends every byte of iov[0..n) (advanced in place), the descriptor with the first bytes.
+Status SendAllV(int sock, iovec* iov, size_t n, int fd) {
   bool fd_sent = fd < 0;
+  while (n > 0 && iov[0].iov_len == 0) ++iov, --n;
   while (n > 0) {
-    iovec iov{const_cast<char*>(p), n};
     msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     if (!fd_sent) {
       msg.msg_control = control;
@@ -34,10 +40,20 @@ Status SendAll(int sock, const char* p, size_t n, int fd) {
       return UnavailableError(std::string("local socket send: ") + strerror(errno));
     }
     fd_sent = true;
-    p += w;
-    n -= static_cast<size_t>(w);
+    for (size_t left = static_cast<size_t>(w); n > 0 && (left > 0 || iov[0].iov_len == 0);) {
+      size_t k = std::min(left, iov[0].iov_len);
+      iov[0].iov_base = static_cast<char*>(iov[0].iov_base) + k;
+      iov[0].iov_len -= k;
+      left -= k;
+      if (iov[0].iov_len == 0) ++iov, --n;
+    }
   }
   return Status::OK();
+}
+
+Status SendAll(int sock, const char* p, size_t n, int fd) {
+  iovec iov{const_cast<char*>(p), n};
+  return SendAllV(sock, &iov, 1, fd);
 }
 
 // Reads exactly n bytes; picks up a descriptor from any part of them.
@@ -78,6 +94,85 @@ Status SendFrame(int sock, const google::protobuf::MessageLite& m, int fd) {
   uint32_t len = static_cast<uint32_t>(buf.size() - 4);
   for (int i = 0; i < 4; ++i) buf[i] = static_cast<char>((len >> (8 * i)) & 0xff);
   return SendAll(sock, buf.data(), buf.size(), fd);
+}
+
+Status SendFrameWithBytes(int sock, const google::protobuf::MessageLite& m, int field, std::string_view bytes, int fd) {
+  std::string head(4, '\0');
+  if (!m.AppendToString(&head)) return InternalError("cannot serialize a local socket message");
+  {
+    google::protobuf::io::StringOutputStream raw(&head);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    out.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
+        field, google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    out.WriteVarint64(bytes.size());
+  }
+  const uint64_t len = head.size() - 4 + bytes.size();
+  if (len > kMaxLocalFrame) return InternalError("a local socket frame of " + std::to_string(len) + " bytes");
+  for (int i = 0; i < 4; ++i) head[i] = static_cast<char>((len >> (8 * i)) & 0xff);
+  iovec iov[2] = {{head.data(), head.size()}, {const_cast<char*>(bytes.data()), bytes.size()}};
+  return SendAllV(sock, iov, 2, fd);
+}
+
+Status RecvFrameInto(int sock, google::protobuf::MessageLite* m, int* fd, int field, char* into, size_t into_len,
+                     bool* landed, uint32_t max_len) {
+  *fd = -1;
+  *landed = false;
+  unsigned char hdr[4];
+  Status st = RecvAll(sock, reinterpret_cast<char*>(hdr), 4, fd);
+  uint32_t len = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | (uint32_t{hdr[3]} << 24);
+  if (st.ok() && len > max_len) {
+    st = InvalidArgumentError("a local socket frame of " + std::to_string(len) + " bytes (at most " +
+                              std::to_string(max_len) + ")");
+  }
+  // The fields before the bytes are a few dozen bytes: the frame's head is read first and looked
+  // through for the bytes field; found last and of the expected length, the rest lands in `into`.
+  constexpr uint32_t kHead = 512;
+  std::string body;
+  if (st.ok()) {
+    body.resize(std::min(len, kHead));
+    st = RecvAll(sock, body.data(), body.size(), fd);
+  }
+  size_t tag_at = 0, bytes_at = 0;
+  bool found = false;
+  if (st.ok()) {
+    google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(body.data()), static_cast<int>(body.size()));
+    for (;;) {
+      tag_at = static_cast<size_t>(in.CurrentPosition());
+      if (tag_at >= body.size()) break;
+      uint32_t tag = in.ReadTag();
+      if (tag == 0) break;  // malformed or cut at the head's end
+      if (google::protobuf::internal::WireFormatLite::GetTagFieldNumber(tag) == field &&
+          google::protobuf::internal::WireFormatLite::GetTagWireType(tag) ==
+              google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        uint64_t n = 0;
+        if (!in.ReadVarint64(&n)) break;
+        bytes_at = static_cast<size_t>(in.CurrentPosition());
+        found = n == into_len && bytes_at + n == len;
+        break;
+      }
+      if (!google::protobuf::internal::WireFormatLite::SkipField(&in, tag)) break;
+    }
+  }
+  if (st.ok() && found) {
+    const size_t already = body.size() - bytes_at;  // bytes of the field read with the head
+    std::memcpy(into, body.data() + bytes_at, already);
+    st = RecvAll(sock, into + already, into_len - already, fd);
+    if (st.ok() && !m->ParseFromArray(body.data(), static_cast<int>(tag_at))) {
+      st = InvalidArgumentError("a malformed local socket message");
+    }
+    if (st.ok()) *landed = true;
+  } else if (st.ok()) {
+    std::string rest;
+    st = ReadGrowing(len - static_cast<uint32_t>(body.size()), &rest,
+                     [&](char* p, size_t n) { return RecvAll(sock, p, n, fd); });
+    body += rest;
+    if (st.ok() && !m->ParseFromString(body)) st = InvalidArgumentError("a malformed local socket message");
+  }
+  if (!st.ok() && *fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+  return st;
 }
 
 Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd, uint32_t max_len) {

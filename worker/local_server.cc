@@ -171,6 +171,7 @@ void LocalServer::Serve(int conn) {
     resp.set_source(rpc::ToWire(source));
     int fd = -1;
     int source_fd = -1;  // the under-storage's file (want_source), closed once sent
+    bool inline_bytes = false;
     if (st.ok() && lease.fd >= 0) {
       uint64_t n = next_lease++;
       resp.set_lease(n);
@@ -178,8 +179,8 @@ void LocalServer::Serve(int conn) {
       resp.set_length(lease.length);
       fd = lease.fd;
     } else if (st.ok()) {
-      resp.set_length(data.size());
-      resp.set_data(std::move(data));
+      resp.set_length(data.size());  // the bytes go last, straight from `data` (SendFrameWithBytes)
+      inline_bytes = !data.empty();
       // Read from the under-storage and not kept: granary-fuse may read the file's uncached
       // ranges itself from now on (fuse/source_reads.h). Where the file is not one of this
       // machine, nothing comes.
@@ -199,7 +200,8 @@ void LocalServer::Serve(int conn) {
         }
       }
     }
-    Status sent = SendFrame(conn, resp, fd);
+    Status sent = inline_bytes ? SendFrameWithBytes(conn, resp, rpc::LocalResponse::kDataFieldNumber, data, fd)
+                               : SendFrame(conn, resp, fd);
     if (source_fd >= 0) {
       close(source_fd);
     } else if (fd >= 0) {

@@ -79,5 +79,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   close(sv[0]);
   close(sv[1]);
   std::filesystem::remove_all(dir);
+
+  // The same bytes as granary-fuse reads the worker's answers (RecvFrameInto): bytes land in the
+  // caller's buffer only when they fit it exactly, and a landed frame never also carries them.
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) std::abort();
+  setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  for (off = 0; off < size;) {
+    ssize_t n = send(sv[1], data + off, size - off, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    off += static_cast<size_t>(n);
+  }
+  shutdown(sv[1], SHUT_WR);
+  const size_t want = size > 0 ? data[0] * 7 : 0;  // varies with the input, up to 1785 bytes
+  std::string into(want + 1, '\x5a');
+  for (int frames = 0; frames < 64; ++frames) {
+    rpc::LocalResponse resp;
+    int fd = -1;
+    bool landed = false;
+    Status got = RecvFrameInto(sv[0], &resp, &fd, rpc::LocalResponse::kDataFieldNumber, into.data(), want, &landed);
+    if (fd >= 0) close(fd);
+    if (!got.ok()) break;
+    if (landed && !resp.data().empty()) std::abort();
+    if (into[want] != '\x5a') std::abort();  // nothing past the caller's buffer
+  }
+  close(sv[0]);
+  close(sv[1]);
   return 0;
 }
