@@ -310,9 +310,18 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     rpc::Attr parent;
     parent.set_ino(fs->root_ino);
     if (ino != FUSE_ROOT_ID) {
-      auto self = fs->client->GetAttr(fs->ToMaster(ino));
-      if (!self.ok()) return ReplyError(req, self.status(), "readdir");
-      parent.set_ino(self->parent());
+      // The directory's attributes from its lookup or its parent's listing, when fresh enough for a
+      // getattr: a master round trip per directory listed saved.
+      const uint64_t mino = fs->ToMaster(ino);
+      std::chrono::milliseconds age{};
+      if (auto cached = fs->attrs->Get(mino, &age); cached && cached->parent() != 0 && FreshEnough(*cached, age)) {
+        parent.set_ino(cached->parent());
+      } else {
+        auto self = fs->client->GetAttr(mino);
+        if (!self.ok()) return ReplyError(req, self.status(), "readdir");
+        fs->attrs->Put(mino, *self);
+        parent.set_ino(self->parent());
+      }
     }
     parent.set_type(rpc::DIRECTORY);
     if (!add("..", parent, kDotDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);

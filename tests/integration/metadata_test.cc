@@ -58,12 +58,21 @@ TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemor
   size_t dups = 0;
   DIR* d = opendir(Mnt("big").c_str());
   ASSERT_NE(d, nullptr);
+  ino_t dot = 0, dotdot = 0;
   while (dirent* e = readdir(d)) {
     std::string name = e->d_name;
+    if (name == ".") dot = e->d_ino;
+    if (name == "..") dotdot = e->d_ino;
     if (name == "." || name == "..") continue;
     if (!seen.insert(name).second) ++dups;
   }
   closedir(d);
+  // "." and ".." name the directory and its parent (".." from the attributes its lookup cached).
+  struct stat self {}, parent {};
+  ASSERT_EQ(stat(Mnt("big").c_str(), &self), 0);
+  ASSERT_EQ(stat(Mnt("").c_str(), &parent), 0);
+  EXPECT_EQ(dot, self.st_ino);
+  EXPECT_EQ(dotdot, parent.st_ino);
   EXPECT_EQ(dups, 0u);
   EXPECT_EQ(seen.size(), static_cast<size_t>(kEntries));
   EXPECT_TRUE(seen.count("f0.jpg") && seen.count("f99999.jpg"));
