@@ -150,38 +150,85 @@ std::string CanonicalQuery(const HeaderList& query) {
 
 SigV4Result SignV4(const SigV4Request& req, const AwsCredentials& creds, const std::string& region,
                    const std::string& service, std::time_t now) {
-  char amz_date[17], date[9];
+  // Built by appending into reserved strings: a request is signed for every GET of a cold epoch,
+  // and the temporaries of operator+ and strftime were most of SignV4's CPU once OpenSSL's lookups
+  // were gone (docs/benchmarks.md, session 38).
   struct tm tm;
   gmtime_r(&now, &tm);
-  strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
-  strftime(date, sizeof date, "%Y%m%d", &tm);
+  char amz_date[17];  // YYYYMMDDTHHMMSSZ
+  {
+    auto put = [](char* p, int v, int digits) {
+      for (int i = digits - 1; i >= 0; --i, v /= 10) p[i] = static_cast<char>('0' + v % 10);
+    };
+    put(amz_date, tm.tm_year + 1900, 4);
+    put(amz_date + 4, tm.tm_mon + 1, 2);
+    put(amz_date + 6, tm.tm_mday, 2);
+    amz_date[8] = 'T';
+    put(amz_date + 9, tm.tm_hour, 2);
+    put(amz_date + 11, tm.tm_min, 2);
+    put(amz_date + 13, tm.tm_sec, 2);
+    amz_date[15] = 'Z';
+    amz_date[16] = '\0';
+  }
+  const std::string_view date(amz_date, 8);
   static const std::string kEmptySha256 = Sha256Hex("");
   const std::string& payload = req.payload_sha256.empty() ? kEmptySha256 : req.payload_sha256;
 
   SigV4Result r;
+  r.headers.reserve(5);
   r.headers.emplace_back("host", req.host);
   r.headers.emplace_back("x-amz-content-sha256", payload);
   r.headers.emplace_back("x-amz-date", amz_date);
   if (!creds.session_token.empty()) r.headers.emplace_back("x-amz-security-token", creds.session_token);
-  std::vector<std::pair<std::string, std::string>> signed_headers;
+  // The signed headers: ours as they are, the caller's lower-cased and folded (kept in `extra`).
+  std::vector<std::pair<std::string, std::string>> extra;
+  extra.reserve(req.headers.size());
+  for (const auto& [k, v] : req.headers) extra.emplace_back(Lower(k), FoldSpaces(v));
+  std::vector<std::pair<std::string_view, std::string_view>> signed_headers;
+  signed_headers.reserve(r.headers.size() + extra.size());
   for (const auto& [k, v] : r.headers) signed_headers.emplace_back(k, v);
-  for (const auto& [k, v] : req.headers) signed_headers.emplace_back(Lower(k), FoldSpaces(v));
+  for (const auto& [k, v] : extra) signed_headers.emplace_back(k, v);
   std::sort(signed_headers.begin(), signed_headers.end());
 
-  std::string canonical_headers, names;
-  for (const auto& [k, v] : signed_headers) {
-    canonical_headers += k + ":" + v + "\n";
+  std::string names;
+  names.reserve(96);
+  for (const auto& h : signed_headers) {
     if (!names.empty()) names += ';';
-    names += k;
+    names += h.first;
   }
-  r.canonical_request = req.method + "\n" + AwsUriEncode(req.path.empty() ? "/" : req.path, true) + "\n" +
-                        CanonicalQuery(req.query) + "\n" + canonical_headers + "\n" + names + "\n" + payload;
-  std::string scope = std::string(date) + "/" + region + "/" + service + "/aws4_request";
-  r.string_to_sign = "AWS4-HMAC-SHA256\n" + std::string(amz_date) + "\n" + scope + "\n" + Sha256Hex(r.canonical_request);
-  std::string sig = Hmac(SigningKey(creds.secret_key, date, region, service), r.string_to_sign);
+  std::string& cr = r.canonical_request;
+  cr.reserve(256 + req.path.size() * 3 + payload.size());
+  cr += req.method;
+  cr += '\n';
+  cr += AwsUriEncode(req.path.empty() ? "/" : req.path, true);
+  cr += '\n';
+  if (!req.query.empty()) cr += CanonicalQuery(req.query);
+  cr += '\n';
+  for (const auto& [k, v] : signed_headers) {
+    cr += k;
+    cr += ':';
+    cr += v;
+    cr += '\n';
+  }
+  cr += '\n';
+  cr += names;
+  cr += '\n';
+  cr += payload;
+
+  std::string scope;
+  scope.reserve(date.size() + region.size() + service.size() + 16);
+  scope.append(date).append("/").append(region).append("/").append(service).append("/aws4_request");
+  std::string& sts = r.string_to_sign;
+  sts.reserve(32 + 16 + scope.size() + 64);
+  sts.append("AWS4-HMAC-SHA256\n").append(amz_date).append("\n").append(scope).append("\n").append(Sha256Hex(cr));
+  const std::string day(date);
+  std::string sig = Hmac(SigningKey(creds.secret_key, day.c_str(), region, service), sts);
   r.signature = Hex(reinterpret_cast<const unsigned char*>(sig.data()), sig.size());
-  r.headers.emplace_back("authorization", "AWS4-HMAC-SHA256 Credential=" + creds.access_key + "/" + scope +
-                                              ", SignedHeaders=" + names + ", Signature=" + r.signature);
+  std::string auth;
+  auth.reserve(64 + creds.access_key.size() + scope.size() + names.size() + r.signature.size());
+  auth.append("AWS4-HMAC-SHA256 Credential=").append(creds.access_key).append("/").append(scope);
+  auth.append(", SignedHeaders=").append(names).append(", Signature=").append(r.signature);
+  r.headers.emplace_back("authorization", std::move(auth));
   return r;
 }
 
