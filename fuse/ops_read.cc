@@ -400,7 +400,8 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   }
   const bool random = MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
   // Where the reply is put together: a ring thread's entry, else this thread's buffer. Pieces read
-  // from the source here land in it directly (Client::Read's scratch).
+  // from the source here, and bytes the worker sends inline, land in it directly (Client::Read's
+  // scratch).
   char* ring = UringQueues::ReplyBuffer(size);
   char* scratch = ring != nullptr ? ring : ThreadScratch(size);
   ReadResult data;

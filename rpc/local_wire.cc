@@ -86,6 +86,18 @@ Status RecvAll(int sock, char* p, size_t n, int* fd) {
   return Status::OK();
 }
 
+// A frame's 4-byte little-endian length; INVALID_ARGUMENT past `max_len` (its body unread).
+Status RecvLength(int sock, int* fd, uint32_t max_len, uint32_t* len) {
+  unsigned char hdr[4];
+  RETURN_IF_ERROR(RecvAll(sock, reinterpret_cast<char*>(hdr), 4, fd));
+  *len = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | (uint32_t{hdr[3]} << 24);
+  if (*len > max_len) {
+    return InvalidArgumentError("a local socket frame of " + std::to_string(*len) + " bytes (at most " +
+                                std::to_string(max_len) + ")");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status SendFrame(int sock, const google::protobuf::MessageLite& m, int fd) {
@@ -117,13 +129,8 @@ Status RecvFrameInto(int sock, google::protobuf::MessageLite* m, int* fd, int fi
                      bool* landed, uint32_t max_len) {
   *fd = -1;
   *landed = false;
-  unsigned char hdr[4];
-  Status st = RecvAll(sock, reinterpret_cast<char*>(hdr), 4, fd);
-  uint32_t len = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | (uint32_t{hdr[3]} << 24);
-  if (st.ok() && len > max_len) {
-    st = InvalidArgumentError("a local socket frame of " + std::to_string(len) + " bytes (at most " +
-                              std::to_string(max_len) + ")");
-  }
+  uint32_t len = 0;
+  Status st = RecvLength(sock, fd, max_len, &len);
   // The fields before the bytes are a few dozen bytes: the frame's head is read first and looked
   // through for the bytes field; found last and of the expected length, the rest lands in `into`.
   constexpr uint32_t kHead = 512;
@@ -177,13 +184,8 @@ Status RecvFrameInto(int sock, google::protobuf::MessageLite* m, int* fd, int fi
 
 Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd, uint32_t max_len) {
   *fd = -1;
-  unsigned char hdr[4];
-  Status st = RecvAll(sock, reinterpret_cast<char*>(hdr), 4, fd);
-  uint32_t len = hdr[0] | (hdr[1] << 8) | (hdr[2] << 16) | (uint32_t{hdr[3]} << 24);
-  if (st.ok() && len > max_len) {
-    st = InvalidArgumentError("a local socket frame of " + std::to_string(len) + " bytes (at most " +
-                              std::to_string(max_len) + ")");
-  }
+  uint32_t len = 0;
+  Status st = RecvLength(sock, fd, max_len, &len);
   std::string body;
   if (st.ok()) st = ReadGrowing(len, &body, [&](char* p, size_t n) { return RecvAll(sock, p, n, fd); });
   if (st.ok() && !m->ParseFromString(body)) st = InvalidArgumentError("a malformed local socket message");
