@@ -66,7 +66,7 @@ TEST(BlockFile, LargeBlocksAreWrittenAroundThePageCache) {
   std::mt19937_64 rng(7);
   for (size_t i = 0; i < kLen; ++i) buf.get()[i] = static_cast<char>(rng());
   const std::string first(kBlock, 'a');
-  for (const std::string base : {std::string(), std::string("/dev/shm")}) {
+  for (const std::string& base : {std::string(), std::string("/dev/shm")}) {
     SCOPED_TRACE(base.empty() ? "the test directory" : base);
     std::unique_ptr<testing::TempDir> dir = base.empty() ? std::make_unique<testing::TempDir>()
                                                          : std::make_unique<testing::TempDir>(base);
