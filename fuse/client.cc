@@ -84,7 +84,7 @@ StatusOr<rpc::Attr> Client::SetAttr(const rpc::SetAttrRequest& req) {
 }
 
 StatusOr<std::string> Client::LocalSocketPath() {
-  auto ch = Local();
+  auto ch = Probe(/*now=*/true);
   if (!ch) return UnavailableError("the worker on this node has no local socket (worker.local_socket), which writes need");
   return ch->path();
 }
@@ -258,14 +258,20 @@ void Client::PrefetchLoop() {
 }
 
 std::shared_ptr<LocalChannel> Client::Local() {
+  if (!cfg_.fuse.zero_copy) return nullptr;
+  return Probe(/*now=*/false);
+}
+
+std::shared_ptr<LocalChannel> Client::Probe(bool now_anyway) {
   {
     MutexLock lock(&mu_);
     // Callers during a probe wait for its answer: a burst of first opens must not all miss the
     // socket (in passthrough mode a miss serves the open without a backing file).
     while (probing_) lock.Wait(&probed_);
-    if (local_ || !cfg_.fuse.zero_copy) return local_;
+    if (local_) return local_;
     auto now = std::chrono::steady_clock::now();
-    if (last_probe_ != std::chrono::steady_clock::time_point{} && now - last_probe_ < std::chrono::seconds(5)) {
+    if (!now_anyway && last_probe_ != std::chrono::steady_clock::time_point{} &&
+        now - last_probe_ < std::chrono::seconds(5)) {
       return nullptr;
     }
     last_probe_ = now;

@@ -104,7 +104,9 @@ class Client {
   Status Remove(const rpc::RemoveRequest& req);
   Status Rename(const rpc::RenameRequest& req);
   StatusOr<rpc::Attr> SetAttr(const rpc::SetAttrRequest& req);
-  // The path of the local worker's socket; UNAVAILABLE when it has none (writes need it).
+  // The path of the local worker's socket; UNAVAILABLE when it has none (writes need it). Asks the
+  // worker now when its socket is not known: a read's probe that failed a moment ago (the worker
+  // was restarting) or fuse.zero_copy=false never makes a write fail.
   StatusOr<std::string> LocalSocketPath();
   // The master's report (workers, mounts with the files and bytes known of each).
   StatusOr<rpc::Report> GetReport();
@@ -137,8 +139,12 @@ class Client {
   static constexpr int kMaxTouches = 1024;  // touches waiting to be reported (more are dropped)
   Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
   grpc::Status CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call);
-  // The local socket channel, once the worker has named its socket (asked at most every 5 s).
+  // The local socket channel for reads, once the worker has named its socket (asked at most every
+  // 5 s); none with fuse.zero_copy=false.
   std::shared_ptr<LocalChannel> Local();
+  // The channel, asking the worker for its socket unless it was asked less than 5 s ago (`now_anyway`:
+  // ask anyway).
+  std::shared_ptr<LocalChannel> Probe(bool now_anyway);
   void DropLocal(const std::shared_ptr<LocalChannel>& ch);
   // One block range: the local socket, else gRPC from the local worker, else another live worker.
   // UNAVAILABLE when none of them answers.

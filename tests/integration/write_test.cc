@@ -285,6 +285,26 @@ TEST(Writes, AWorkerKilledMidWriteLosesNothingOnceItIsBack) {
   }
 }
 
+// A write needs the worker's local socket whatever the reads use: with fuse.zero_copy=false (every
+// read over gRPC, so no read ever asks for the socket) a file is written as with the default.
+TEST(Writes, AWriteFindsTheLocalSocketWhenReadsDoNotUseIt) {
+  TempDir dir;
+  fs::create_directories(dir / "src");
+  WriteFile(dir / "src/in.bin", RandomBytes(100'000, 3));
+  ClusterOptions opts;
+  opts.fuse_args = {"--fuse.zero_copy", "false"};
+  LocalCluster c(dir, opts);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "src", "-o", "write=through"}).code, 0);
+  EXPECT_EQ(ReadFile(c.mountpoint() + "/w/in.bin"), ReadFile(dir / "src/in.bin"));
+  const std::string data = RandomBytes(300'000, 4);
+  ASSERT_EQ(WriteWhole(c.mountpoint() + "/w/out.bin", data), 0) << c.Logs();
+  EXPECT_EQ(ReadFile(dir / "src/out.bin"), data);
+  EXPECT_TRUE(c.StopAll(&why)) << why;
+}
+
 // The checkpoint pattern (write a temporary name, close, rename it over the final one) while the
 // upload may still be pending (write=back), and a file removed while it is open for writing: the
 // store ends as the namespace says, whatever order the upload and the rename or unlink come in.
