@@ -69,6 +69,13 @@ class ClusterTest : public ::testing::Test {
     RunCommand(InNs(std::string(kPrefix) + "-storage", {"bash", SourceDir() + "/scripts/s3-server.sh", "stop", *dir_ / "rgw"}));
     RunCommand({"bash", SourceDir() + "/scripts/netns.sh", "down"}, NetnsEnv());
     delete dir_;
+    dir_ = nullptr;
+    // Nothing of this run is left for the next (GTEST_REPEAT sets the suite up again).
+    files_.clear();
+    dataset_bytes_ = 0;
+    worker_addr_.clear();
+    up_ = false;
+    why_.clear();
   }
   void SetUp() override { ASSERT_TRUE(up_) << why_; }
 
@@ -519,10 +526,11 @@ TEST_F(ClusterTest, TwoNodesWriteOneNameAndTheLastCloseWinsWhole) {
   ASSERT_EQ(m.code, 0) << m.out;
   const std::string a = RandomBytes(3 << 20, 101), b = RandomBytes(3 << 20, 102);
   auto path = [&](int n) { return *dir_ / ("node" + std::to_string(n) + "/mnt/out/ckpt.pt"); };
+  auto logs = [&] { return fuse_[0]->LogTail() + "\n" + fuse_[1]->LogTail() + "\n" + master_->LogTail(); };
   int fa = open(path(1).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT_GE(fa, 0) << strerror(errno);
+  ASSERT_GE(fa, 0) << strerror(errno) << "\n" << logs();
   int fb = open(path(2).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT_GE(fb, 0) << strerror(errno);
+  ASSERT_GE(fb, 0) << strerror(errno) << "\n" << logs();
   // What node 3 may see of the file at any moment.
   auto seen_ok = [&](std::string* what) {
     std::string got;

@@ -144,6 +144,17 @@ int Process::Stop(int sig, std::chrono::milliseconds timeout) {
 
 std::string Process::Log() const { return ReadFile(log_); }
 
+std::string Process::LogTail(size_t lines) const {
+  std::string log = ReadFile(log_);
+  size_t pos = log.size();
+  if (pos > 0 && log[pos - 1] == '\n') --pos;
+  for (size_t n = 0; n < lines && pos > 0; ++n) {
+    size_t nl = log.rfind('\n', pos - 1);
+    pos = nl == std::string::npos ? 0 : nl;
+  }
+  return "--- " + log_ + " (last " + std::to_string(lines) + " lines)\n" + log.substr(pos);
+}
+
 RunResult RunCommand(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
               std::chrono::milliseconds timeout) {
   char tmpl[] = "/tmp/granary-run-XXXXXX";

@@ -57,6 +57,8 @@ class Process {
   // Waits for it to exit by itself; returns the exit code (-1 on timeout or signal).
   int Wait(std::chrono::milliseconds timeout = std::chrono::seconds(60));
   std::string Log() const;
+  // The last `lines` lines of the log (for a failure message).
+  std::string LogTail(size_t lines = 40) const;
 
  private:
   pid_t pid_ = -1;
