@@ -30,6 +30,8 @@
 # threads, bench/s3_get_all.py: the rig's old "direct"), granary-no-ahead (the
 # dataset mounted with -o cache.fetch_ahead=false), and granary-no-elastic (the dataset mounted
 # with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers).
+# For Granary each epoch's line also has rpc_calls_per_file: the gRPC calls the master and the
+# workers received, by method, per file read (from granary_{master,worker}_rpc_calls_total).
 # Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
 # docs/benchmarks.md (between the rig markers) unless --no-docs. Everything it starts is torn down on exit or Ctrl-C.
 set -euo pipefail
@@ -129,6 +131,7 @@ run_epochs() {
     local alone=0 alone_failed=0; [ "$e" -gt "$EPOCHS" ] && alone=1
     drop_caches
     python3 "$ROOT/bench/proc_cpu.py" snap "$WORK/cpu.snap"
+    is_granary "$sys" && rpc_calls "$nn" > "$WORK/calls.before"
     local perf_pid=""
     if [ -n "$PERF_DIR" ]; then
       perf record ${RIG_PERF_ARGS:--a -g -F 499} -o "$PERF_DIR/$sys-$ds-${nn}n-e$e.data" > "$PERF_DIR/$sys-$ds-${nn}n-e$e.log" 2>&1 &
@@ -156,11 +159,22 @@ run_epochs() {
     local after; after=$(storage_tx); local cpu1; cpu1=$(cpu_busy)
     if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
     local roles; roles=$(python3 "$ROOT/bench/proc_cpu.py" diff "$WORK/cpu.snap")
-    python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" "$((cpu1 - cpu0))" "$alone" "$roles" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
+    local calls="{}"
+    if is_granary "$sys"; then
+      rpc_calls "$nn" > "$WORK/calls.after"
+      calls=$(python3 - "$WORK/calls.before" "$WORK/calls.after" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+print(json.dumps({k: v - a.get(k, 0) for k, v in sorted(b.items()) if v - a.get(k, 0) > 0}))
+PY
+)
+    fi
+    python3 - "$sys" "$ds" "$nn" "$e" "$((after - before))" "$failed" "$((cpu1 - cpu0))" "$alone" "$roles" "$calls" $(for n in $(seq 1 "$nn"); do echo "$WORK/out.$n"; done) >> "$RESULTS" <<'PY'
 import json, os, sys
-sysname, ds, nn, epoch, served, failed, cpu_ticks, alone, roles = sys.argv[1:10]
-runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[10:]]
+sysname, ds, nn, epoch, served, failed, cpu_ticks, alone, roles, calls = sys.argv[1:11]
+runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[11:]]
 roles = json.loads(roles)
+files = sum(r["files"] for r in runs)
 print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": int(epoch),
                   "seconds": max(r["seconds"] for r in runs), "files_per_s_node": sum(r["files_per_s"] for r in runs) / len(runs),
                   "mb_per_s_node": sum(r["mb_per_s"] for r in runs) / len(runs), "p50_ms": max(r["p50_ms"] for r in runs),
@@ -169,10 +183,28 @@ print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": i
                   # A direct client has ended before the snapshot: it reports its own CPU.
                   "system_cpu_s": roles["system"] + sum(r.get("client_cpu_s", 0) for r in runs), "store_cpu_s": roles["store"],
                   "cpu_by_process": roles["by_process"],
+                  # gRPC calls the master and the workers received, per file read (every node's).
+                  "rpc_calls_per_file": {k: round(v / files, 3) for k, v in json.loads(calls).items()} if files else {},
                   "errors": sum(r["errors"] + r["mismatches"] for r in runs) + int(failed)}))
 PY
     tail -1 "$RESULTS" >&2
   done
+}
+
+is_granary() { case "$1" in granary|granary-*) return 0;; esac; return 1; }
+# rpc_calls NODES: the gRPC calls the master and every worker received so far, by role and method
+# ({"master.Lookup": n, "worker.ReadBlock": n, ...}), from their /metrics.
+rpc_calls() {
+  { on 1 curl -s --max-time 5 http://127.0.0.1:19996/metrics || true
+    for n in $(seq 1 "$1"); do on "$n" curl -s --max-time 5 http://127.0.0.1:29996/metrics || true; done; } | python3 -c '
+import json, re, sys
+out = {}
+for line in sys.stdin:
+    m = re.match(r"granary_(master|worker)_rpc_calls_total\{method=\"(\w+)\"\} (\S+)", line)
+    if m:
+        key = m.group(1) + "." + m.group(2)
+        out[key] = out.get(key, 0) + float(m.group(3))
+print(json.dumps(out))'
 }
 
 start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node

@@ -24,6 +24,7 @@
 #include "master/namespace.h"
 #include "master/replication.h"
 #include "proto/granary.grpc.pb.h"
+#include "rpc/call_counts.h"
 #include "rpc/rpc.h"
 
 namespace granary::master {
@@ -514,6 +515,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
     AllowKeepalivePings(&builder);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(service_.get());
+    calls_.Attach(&builder);
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.master.listen);
     auto hp = ParseHostPort(cfg.master.listen);
@@ -657,6 +659,10 @@ class MasterServerImpl final : public MasterServer, public Roles {
   void Render(metrics::Exposition* e) {
     RenderRole(e);
     metrics::WriteProcessMetrics(e);
+    e->Family("granary_master_rpc_calls_total", "counter", "gRPC calls the master received, by method.");
+    for (const auto& [method, n] : calls_.Snapshot()) {
+      e->Sample("granary_master_rpc_calls_total", {{"method", method}}, static_cast<double>(n));
+    }
     std::shared_ptr<Leading> L = leading();
     if (!L) return;  // a standby: the rest is the leader's
     rpc::Report r;
@@ -969,6 +975,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
   std::unique_ptr<LeaderElection> election_;
   std::unique_ptr<Follower> follower_;
   std::unique_ptr<MasterService> service_;
+  rpc::CallCounts calls_;  // before server_: outlives it
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   std::string address_;

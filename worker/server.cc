@@ -21,6 +21,7 @@
 #include "common/rate_limiter.h"
 #include "common/thread_pool.h"
 #include "proto/granary.grpc.pb.h"
+#include "rpc/call_counts.h"
 #include "rpc/rpc.h"
 #include "worker/block_source.h"
 #include "worker/block_store.h"
@@ -452,6 +453,7 @@ class WorkerServerImpl final : public WorkerServer {
     service_ = std::make_unique<WorkerService>(source_.get(), store_.get(), sec_, stats,
                                                [this](uint64_t id) { link_->ForgetMount(id); });
     builder.RegisterService(service_.get());
+    calls_.Attach(&builder);
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.worker.listen);
     auto hp = ParseHostPort(cfg.worker.listen);
@@ -481,6 +483,8 @@ class WorkerServerImpl final : public WorkerServer {
   void Render(metrics::Exposition* e) {
     rpc::WorkerStats s = Stats();
     auto d = [](uint64_t v) { return static_cast<double>(v); };
+    e->Family("granary_worker_rpc_calls_total", "counter", "gRPC calls the worker received, by method.");
+    for (const auto& [method, n] : calls_.Snapshot()) e->Sample("granary_worker_rpc_calls_total", {{"method", method}}, d(n));
     e->Family("granary_worker_block_reads_total", "counter",
               "Block reads by where the bytes came from: cache (this worker's tiers, copied), zero_copy (a leased "
               "block file handed to the local FUSE client), peer (another worker), under_storage.");
@@ -730,6 +734,7 @@ class WorkerServerImpl final : public WorkerServer {
   std::unique_ptr<MasterLink> link_;
   std::unique_ptr<BlockSource> source_;
   std::unique_ptr<WorkerService> service_;
+  rpc::CallCounts calls_;  // before server_: outlives it
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<WriteSessions> writes_;  // before local_: its connections call it until they end
   std::unique_ptr<LocalServer> local_;
