@@ -154,6 +154,10 @@ struct Fs {
     uint64_t generation;                           // whose listing the kernel may hold
     std::chrono::steady_clock::time_point checked;  // when the master last confirmed it
     bool writable = false;  // below a writable mount: confirmed at every opendir (close-to-open)
+    // The cookie after which the master last said the listing ends, and when: the kernel's closing
+    // readdir at that offset is answered empty without asking again (ops_meta.cc, ReadDirCommon).
+    uint64_t end_after = UINT64_MAX;
+    std::chrono::steady_clock::time_point end_at{};
   };
   // Directories below writable mounts seen lately (master inodes): a name missing from one is not
   // remembered by the kernel (another node may create it). Cleared when it grows past kInodeStates.

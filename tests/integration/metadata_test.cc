@@ -93,6 +93,27 @@ TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemor
   EXPECT_EQ(again, static_cast<size_t>(kEntries));
 }
 
+// A directory whose listing fits one reply costs the master one ReadDir: the kernel's closing
+// readdir (at the listing's last offset) is answered from what the master said, not asked again;
+// listed again, it has the same entries.
+TEST_F(MetadataTest, ASmallDirectoryListedOnceCostsOneMasterCall) {
+  MakeEmptyFiles(dir_ / "src/small", 50);
+  Start();
+  const std::string kReadDirs = "granary_master_rpc_calls_total{method=\"ReadDir\"}";
+  auto list = [&] {
+    std::set<std::string> names;
+    for (auto& e : fs::directory_iterator(Mnt("small"))) names.insert(e.path().filename().string());
+    return names;
+  };
+  struct stat st {};
+  ASSERT_EQ(stat(Mnt("small").c_str(), &st), 0);  // its lookup: the listing below is all that asks
+  const double before = cluster_.Metric("master", kReadDirs);
+  EXPECT_EQ(list().size(), 50u);
+  const double after = cluster_.Metric("master", kReadDirs);
+  EXPECT_EQ(after - std::max(before, 0.0), 1) << "ReadDir calls for one listing (before " << before << ")";
+  EXPECT_EQ(list().size(), 50u);
+}
+
 TEST_F(MetadataTest, KillNineMasterDuringReadsAndListingLosesNothing) {
   for (int i = 0; i < 20; ++i) WriteFile(dir_ / ("src/imgs/x" + std::to_string(i) + ".jpg"), RandomBytes(200000, i));
   MakeEmptyFiles(dir_ / "src/wide", 30'000);
