@@ -258,17 +258,25 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       return;
     }
   }
-  auto a = fs->client->GetAttr(master_ino);
+  // The directory's generation from its lookup or its parent's listing when that is younger than
+  // fuse.attr_timeout (as fresh as the kernel's own attributes of it), else from the master: a
+  // directory found by a listing and opened right after costs no GetAttr. Below a writable mount
+  // every opendir asks (close-to-open).
+  std::chrono::milliseconds age{};
+  auto cached = fs->attrs->Get(master_ino, &age);
+  const bool from_cache = cached && !cached->writable() && cached->type() == rpc::DIRECTORY;
+  StatusOr<rpc::Attr> a = from_cache ? StatusOr<rpc::Attr>(*cached) : fs->client->GetAttr(master_ino);
   if (!a.ok()) {
     fi->cache_readdir = 0;
     fuse_reply_open(req, fi);  // the error shows on readdir
     return;
   }
+  const auto confirmed = from_cache ? now - age : now;  // when the master said it
   {
     MutexLock lock(&fs->dir_gens_mu);
-    auto [gen, fresh] = fs->dir_gens.TryEmplace(master_ino, Fs::DirGen{a->generation(), now, a->writable()});
+    auto [gen, fresh] = fs->dir_gens.TryEmplace(master_ino, Fs::DirGen{a->generation(), confirmed, a->writable()});
     if (!fresh && gen->generation == a->generation()) fi->keep_cache = 1;
-    *gen = Fs::DirGen{a->generation(), now, a->writable()};
+    *gen = Fs::DirGen{a->generation(), confirmed, a->writable()};
   }
   fuse_reply_open(req, fi);
 }

@@ -94,9 +94,10 @@ TEST_F(MetadataTest, AHundredThousandEntryDirectoryListsCompletelyInBoundedMemor
 }
 
 // A directory whose listing fits one reply costs the master one ReadDir: the kernel's closing
-// readdir (at the listing's last offset) is answered from what the master said, not asked again;
-// listed again, it has the same entries.
-TEST_F(MetadataTest, ASmallDirectoryListedOnceCostsOneMasterCall) {
+// readdir (at the listing's last offset) is answered from what the master said, not asked again,
+// and its opendir and ".." use the attributes its lookup brought; listed again, it has the same
+// entries.
+TEST_F(MetadataTest, ASmallDirectoryListedAfterItsLookupCostsOneMasterCall) {
   MakeEmptyFiles(dir_ / "src/small", 50);
   Start();
   const std::string kReadDirs = "granary_master_rpc_calls_total{method=\"ReadDir\"}";
@@ -107,10 +108,13 @@ TEST_F(MetadataTest, ASmallDirectoryListedOnceCostsOneMasterCall) {
   };
   struct stat st {};
   ASSERT_EQ(stat(Mnt("small").c_str(), &st), 0);  // its lookup: the listing below is all that asks
-  const double before = cluster_.Metric("master", kReadDirs);
+  const std::string kGetAttrs = "granary_master_rpc_calls_total{method=\"GetAttr\"}";
+  const double before = cluster_.Metric("master", kReadDirs), attrs_before = cluster_.Metric("master", kGetAttrs);
   EXPECT_EQ(list().size(), 50u);
-  const double after = cluster_.Metric("master", kReadDirs);
+  const double after = cluster_.Metric("master", kReadDirs), attrs_after = cluster_.Metric("master", kGetAttrs);
   EXPECT_EQ(after - std::max(before, 0.0), 1) << "ReadDir calls for one listing (before " << before << ")";
+  // Its opendir and its ".." take the directory's attributes from its lookup.
+  EXPECT_EQ(std::max(attrs_after, 0.0) - std::max(attrs_before, 0.0), 0) << "GetAttr calls for one listing";
   EXPECT_EQ(list().size(), 50u);
 }
 
