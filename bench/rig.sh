@@ -174,7 +174,7 @@ import json, os, sys
 sysname, ds, nn, epoch, served, failed, cpu_ticks, alone, roles, calls = sys.argv[1:11]
 runs = [json.loads(open(f).read().strip().splitlines()[-1]) for f in sys.argv[11:]]
 roles = json.loads(roles)
-files = sum(r["files"] for r in runs)
+files = sum(r.get("files", 0) for r in runs)  # a direct client reports none
 print(json.dumps({"system": sysname, "dataset": ds, "nodes": int(nn), "epoch": int(epoch),
                   "seconds": max(r["seconds"] for r in runs), "files_per_s_node": sum(r["files_per_s"] for r in runs) / len(runs),
                   "mb_per_s_node": sum(r["mb_per_s"] for r in runs) / len(runs), "p50_ms": max(r["p50_ms"] for r in runs),
