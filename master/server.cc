@@ -515,7 +515,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
     AllowKeepalivePings(&builder);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(service_.get());
-    calls_.Attach(&builder);
+    calls_.Attach(&builder, "granary.rpc.Master");
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.master.listen);
     auto hp = ParseHostPort(cfg.master.listen);

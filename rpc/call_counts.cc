@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/support/server_interceptor.h>
 
 namespace granary::rpc {
@@ -23,7 +24,12 @@ class CountingFactory : public grpc::experimental::ServerInterceptorFactoryInter
 
 }  // namespace
 
-void CallCounts::Attach(grpc::ServerBuilder* builder) {
+void CallCounts::Attach(grpc::ServerBuilder* builder, const std::string& service) {
+  {
+    MutexLock lock(&mu_);
+    const auto* d = google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(service);
+    for (int i = 0; d != nullptr && i < d->method_count(); ++i) known_.insert("/" + service + "/" + d->method(i)->name());
+  }
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> f;
   f.push_back(std::make_unique<CountingFactory>(this));
   builder->experimental().SetInterceptorCreators(std::move(f));
@@ -31,13 +37,13 @@ void CallCounts::Attach(grpc::ServerBuilder* builder) {
 
 void CallCounts::Count(const char* method) {
   MutexLock lock(&mu_);
-  // Methods are registered ones (a fixed set); an unknown method's name may be a new pointer each
-  // time: the table stops growing at a size no service reaches.
   auto it = by_method_.find(method);
   if (it != by_method_.end()) {
     ++it->second;
-  } else if (by_method_.size() < 512) {
-    by_method_.emplace(method, 1);
+  } else if (known_.count(method) != 0 && by_method_.size() < 4 * known_.size()) {
+    by_method_.emplace(method, 1);  // a registered method: its name keeps this pointer
+  } else {
+    ++other_;  // a name no service has (its pointer is the call's own)
   }
 }
 
@@ -48,6 +54,7 @@ std::map<std::string, uint64_t> CallCounts::Snapshot() {
     const char* slash = std::strrchr(method, '/');
     out[slash != nullptr ? slash + 1 : method] += n;
   }
+  if (other_ > 0) out["other"] += other_;
   return out;
 }
 

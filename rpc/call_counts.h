@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -21,17 +22,21 @@ namespace granary::rpc {
 
 class CallCounts {
  public:
-  // Counts every call `builder`'s server receives (call before BuildAndStart; this object must
-  // outlive the server).
-  void Attach(grpc::ServerBuilder* builder);
-  // Calls so far by method ("Lookup" for "/granary.rpc.Master/Lookup").
+  // Counts every call `builder`'s server receives for the methods of `service` (a full name, e.g.
+  // "granary.rpc.Master"); calls of any other name (none the server serves: gRPC answers them
+  // UNIMPLEMENTED) count as "other", so callers cannot grow the table with names of their own.
+  // Call before BuildAndStart; this object must outlive the server.
+  void Attach(grpc::ServerBuilder* builder, const std::string& service);
+  // Calls so far by method ("Lookup" for "/granary.rpc.Master/Lookup"; "other").
   std::map<std::string, uint64_t> Snapshot();
   void Count(const char* method);
 
  private:
   Mutex mu_;
+  std::set<std::string> known_ GUARDED_BY(mu_);  // "/granary.rpc.Master/Lookup", ...
   // By the method's name as gRPC registered it: one pointer per method for the server's life.
   std::unordered_map<const char*, uint64_t> by_method_ GUARDED_BY(mu_);
+  uint64_t other_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace granary::rpc

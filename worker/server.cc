@@ -453,7 +453,7 @@ class WorkerServerImpl final : public WorkerServer {
     service_ = std::make_unique<WorkerService>(source_.get(), store_.get(), sec_, stats,
                                                [this](uint64_t id) { link_->ForgetMount(id); });
     builder.RegisterService(service_.get());
-    calls_.Attach(&builder);
+    calls_.Attach(&builder, "granary.rpc.Worker");
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) return UnavailableError("cannot listen on " + cfg.worker.listen);
     auto hp = ParseHostPort(cfg.worker.listen);
