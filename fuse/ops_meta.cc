@@ -326,10 +326,11 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     used += n;
     return true;
   };
+  const uint64_t mdir = fs->ToMaster(ino);
   uint64_t pos = static_cast<uint64_t>(off);
   if (pos < kDotCookie) {
     rpc::Attr self;
-    self.set_ino(fs->ToMaster(ino));
+    self.set_ino(mdir);
     self.set_type(rpc::DIRECTORY);
     if (!add(".", self, kDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
     pos = kDotCookie;
@@ -340,14 +341,13 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     if (ino != FUSE_ROOT_ID) {
       // The directory's attributes from its lookup or its parent's listing, when fresh enough for a
       // getattr: a master round trip per directory listed saved.
-      const uint64_t mino = fs->ToMaster(ino);
       std::chrono::milliseconds age{};
-      if (auto cached = fs->attrs->Get(mino, &age); cached && cached->parent() != 0 && FreshEnough(*cached, age)) {
+      if (auto cached = fs->attrs->Get(mdir, &age); cached && cached->parent() != 0 && FreshEnough(*cached, age)) {
         parent.set_ino(cached->parent());
       } else {
-        auto self = fs->client->GetAttr(mino);
+        auto self = fs->client->GetAttr(mdir);
         if (!self.ok()) return ReplyError(req, self.status(), "readdir");
-        fs->attrs->Put(mino, *self);
+        fs->attrs->Put(mdir, *self);
         parent.set_ino(self->parent());
       }
     }
@@ -356,20 +356,19 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     pos = kDotDotCookie;
   }
   uint64_t after = pos - kDotDotCookie;
-  const uint64_t mdir = fs->ToMaster(ino);
   if (KnownEnd(fs, mdir, after)) return (void)fuse_reply_buf(req, buf.data(), used);
   // Ask for about as many entries as fit; a name costs ~24 bytes plain, ~150 with attributes.
   uint32_t limit = static_cast<uint32_t>(std::clamp<size_t>(size / (plus ? 150 : 32), 16, 4096));
   for (;;) {
     rpc::ReadDirResponse page;
     const auto asked = std::chrono::steady_clock::now();
-    Status st = fs->client->ReadDir(fs->ToMaster(ino), after, limit, &page, fs->open_notes != nullptr);
+    Status st = fs->client->ReadDir(mdir, after, limit, &page, fs->open_notes != nullptr);
     if (!st.ok()) {
       if (used > 0) break;  // return what we have; the error shows on the next call
       return ReplyError(req, st, plus ? "readdirplus" : "readdir");
     }
     for (const auto& e : page.entries()) {
-      fs->entries->Put(EntryKey(fs->ToMaster(ino), e.name().c_str()), e.attr());  // the scan's lookups to come
+      fs->entries->Put(EntryKey(mdir, e.name().c_str()), e.attr());  // the scan's lookups to come
       fs->attrs->Put(e.attr().ino(), e.attr());
       KeepListedFile(fs, e.file(), asked);  // the scan's opens to come ask the master nothing
       if (!add(e.name().c_str(), e.attr(), e.cookie() + kDotDotCookie, false)) {
