@@ -143,7 +143,7 @@ run_epochs() {
       local root="$WORK/mnt/$n/$ds"; [ "$sys" = local ] && root="$WORK/src/$ds"
       if [ "$sys" = direct ]; then
         # The store read directly by one C client, 64 GETs in flight, nothing kept: the cold epoch's floor.
-        on "$n" /usr/bin/python3 "$ROOT/bench/direct_get.py" "$EP" rig "$ds/" 64 "$WORK/spec.json" > "$WORK/out.$n" &
+        on "$n" /usr/bin/python3 "$ROOT/bench/direct_get.py" "$EP" rig "$ds/" ${RIG_DIRECT_INFLIGHT:-64} "$WORK/spec.json" > "$WORK/out.$n" &
       elif [ "$sys" = direct-py ]; then
         on "$n" /usr/bin/python3 "$ROOT/bench/s3_get_all.py" "$EP" rig "$ds/" 64 > "$WORK/out.$n" &
       elif [ "$sys" = local ]; then

@@ -71,14 +71,21 @@ uint32_t FetchPacer::Clamped(uint32_t raw, uint32_t cap) {
 }
 
 uint32_t FetchPacer::RawTargetLocked() const {
-  double bw = *std::max_element(bw_.begin(), bw_.end());
-  if (window_bytes_ > 0) {
-    // The open window counts too once it shows more than the closed ones (a fast ramp).
-    bw = std::max(bw, static_cast<double>(window_bytes_) / std::chrono::duration<double>(kWindow).count());
-  }
   double lat = 0;
   for (double l : lat_) {
     if (l > 0 && (lat == 0 || l < lat)) lat = l;
+  }
+  double bw = *std::max_element(bw_.begin(), bw_.end());
+  if (window_bytes_ > 0 && lat > 0) {
+    // The open window counts too once it shows more than the closed ones: its bytes over the time
+    // it has been open, but never less than one round trip. Every fetch completed within a round
+    // trip was in flight at its start (none is shorter than `lat`), so this is at most the fetches
+    // in flight then, per round trip: the target at most doubles per round trip, as TCP's slow
+    // start does. Dividing by the whole window instead held a cold start at kMinInflight for most
+    // of a window (a few completions / 250 ms), while 8 readers' demand misses took every slot.
+    const double window = std::chrono::duration<double>(kWindow).count();
+    const double open = std::chrono::duration<double>(clock_() - window_start_).count();
+    bw = std::max(bw, static_cast<double>(window_bytes_) / std::clamp(open, std::min(lat, window), window));
   }
   uint32_t target = kStartInflight;
   if (measured_ && bw > 0 && lat > 0 && mean_bytes_ > 0) {

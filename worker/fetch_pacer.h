@@ -9,13 +9,17 @@
 // store, a capped link), so the pacer measures them from the fetches the worker makes anyway —
 // demand misses and fetch-ahead alike — the way BBR paces a TCP sender:
 //   - bandwidth: bytes completed per 250 ms window; the estimate is the largest of the last 8
-//     windows (2 s), so a pause between reads does not make it forget the link at once;
+//     windows (2 s), so a pause between reads does not make it forget the link at once, or of the
+//     open window's bytes over the time it has been open (at least one round trip), so a cold
+//     start need not wait for a whole window;
 //   - latency: the shortest fetch of the last 10 s (the round trip with the least queueing: a
 //     longer one is the link's queue or a large block's transfer, which the bandwidth covers);
 //   - request size: a moving mean of the bytes per fetch.
 // Target in flight = 2 × bandwidth × latency / request size (the gain of 2 keeps the link full
-// while the estimate catches up: with N in flight at the round trip, the next window measures
-// N requests' worth and allows 2N, so the ramp doubles per window until the link is full, where
+// while the estimate catches up: with N in flight over a round trip, the open window measures
+// N requests' worth per round trip and allows 2N, so the ramp doubles per round trip (never
+// faster: a fetch is never shorter than the round trip, so the fetches that complete within one
+// were all in flight at its start) until the link is full, where
 // the measured bandwidth stops growing and the target with it). At least kMinInflight, at most the
 // caller's cap (the mount's cache.fetch_ahead.inflight); kStartInflight before any measurement.
 //

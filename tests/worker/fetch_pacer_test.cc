@@ -54,6 +54,26 @@ TEST(FetchPacer, TargetIsTwiceTheBandwidthDelayProduct) {
   EXPECT_NEAR(s.latency, 0.020, 1e-9);
 }
 
+// A cold start ramps per round trip, not per window: with fetches of 100 KB taking 20 ms, what
+// completed since the window opened (never counted over less than a round trip) sets the target.
+TEST(FetchPacer, AColdStartRampsPerRoundTrip) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  p.Record(100000, 0.020);  // the first fetch opens the window: 100 KB per 20 ms = 5 MB/s
+  EXPECT_EQ(p.Target(256), FetchPacer::kMinInflight);
+  for (int i = 0; i < 7; ++i) p.Record(100000, 0.020);  // 8 fetches' worth in one round trip
+  EXPECT_EQ(p.Target(256), 16u);  // 2 x 8 x 100 KB / 20 ms x 20 ms / 100 KB
+  clock.now += 20ms;
+  for (int i = 0; i < 16; ++i) p.Record(100000, 0.020);  // the 16 it allowed: 24 in 20 ms
+  EXPECT_EQ(p.Target(256), 48u);
+  clock.now += 20ms;
+  for (int i = 0; i < 48; ++i) p.Record(100000, 0.020);  // 72 in 40 ms: 180 MB/s
+  EXPECT_EQ(p.Target(256), 72u);
+  EXPECT_EQ(p.Target(32), 32u);  // the mount's cap still wins
+  // Dividing by the whole 250 ms window, as before, made this 72 x 100 KB / 0.25 s = 28.8 MB/s:
+  // a target of 12 after 40 ms, and 4 after the first round trip.
+}
+
 TEST(FetchPacer, LatencyIsTheShortestRecentFetchAndAgesOut) {
   FakeClock clock;
   FetchPacer p(clock.fn());
