@@ -3,6 +3,8 @@
 //   granary-cache-bench policy   [--blocks N] [--epochs E] [--levels 1|2] [--dir D]
 //                                hit ratio per shuffled epoch (2 levels: MEM a quarter, SSD the rest)
 //   granary-cache-bench eviction [--seconds S] [--write-mbps R] [--dir D]  eviction cost under readers
+//   granary-cache-bench put      [--blocks N] [--bytes B] [--threads T] [--dir D]
+//                                CPU per Put of a cold block into a fresh store (the worker's tier write)
 //
 // policy: a trace of E shuffled epochs over N blocks is replayed against a store whose quota holds
 // 25%, 50% and 75% of the dataset, with lru and with shuffle. A miss is fetched and Put, as the
@@ -21,6 +23,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -218,12 +221,58 @@ int Eviction(int argc, char** argv) {
 
 }  // namespace
 
+// put: N blocks of B bytes (default 2000 x 110 KB, the rig's images) Put by T threads into a fresh
+// store under D, as a worker puts what it fetched: the data, its sidecar, the index. Prints the
+// process's CPU (user + system) and wall time per Put; run it on the file system the cache uses.
+int PutCost(int argc, char** argv) {
+  const uint64_t n = std::stoull(Flag(argc, argv, "blocks", "2000"));
+  const uint64_t bytes = std::stoull(Flag(argc, argv, "bytes", "112640"));
+  const int threads = std::stoi(Flag(argc, argv, "threads", "8"));
+  const std::string dir = Flag(argc, argv, "dir", "/var/tmp") + "/granary-cache-bench-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  auto store = BlockStore::Open(dir, (n + 16) * BlockFileBytes(bytes));
+  if (!store.ok()) return Fail(store.status().message());
+  std::string payload(bytes, '\0');
+  std::mt19937_64 rng(7);
+  for (auto& c : payload) c = static_cast<char>(rng());
+  auto cpu = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  std::atomic<uint64_t> next{0}, errors{0};
+  const double cpu0 = cpu();
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&] {
+      for (uint64_t i; (i = next++) < n;) {
+        if (!(*store)->Put(Meta(i, bytes), payload).ok()) errors++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double used = cpu() - cpu0;
+  store->reset();
+  std::filesystem::remove_all(dir);
+  if (errors > 0) return Fail(std::to_string(errors.load()) + " Puts failed");
+  std::printf("| blocks | bytes | threads | CPU us per Put | wall us per Put | CPU s per GB |\n|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| %llu | %llu | %d | %.1f | %.1f | %.2f |\n", static_cast<unsigned long long>(n),
+              static_cast<unsigned long long>(bytes), threads, used / static_cast<double>(n) * 1e6,
+              wall / static_cast<double>(n) * 1e6, used / (static_cast<double>(n * bytes) / 1e9));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "policy") return Policy(argc, argv);
   if (cmd == "eviction") return Eviction(argc, argv);
+  if (cmd == "put") return PutCost(argc, argv);
   std::fprintf(stderr,
                "usage: granary-cache-bench policy [--blocks N] [--epochs E] [--levels 1|2] [--dir D]\n"
-               "       granary-cache-bench eviction [--seconds S] [--write-mbps R] [--dir D]\n");
+               "       granary-cache-bench eviction [--seconds S] [--write-mbps R] [--dir D]\n"
+               "       granary-cache-bench put [--blocks N] [--bytes B] [--threads T] [--dir D]\n");
   return 2;
 }

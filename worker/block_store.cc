@@ -504,39 +504,42 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data, uint64_t ti
     PunchLocked(path, meta.offset, meta.length);
     DropFileLocked(path);
   };
-  std::string tmp = TmpPath(tier, dir);
+  // The data, then the sidecar at its own name, both outside the lock: the sidecar is the commit
+  // record on disk (a crash after it leaves a block recovery finds whole), and the index entry made
+  // below under the lock is the commit for readers. The name is this Put's alone meanwhile: the
+  // block is in no index entry (so no removal or move touches its sidecar) and `putting_` keeps a
+  // second Put of it out. A temporary file renamed into place under the lock cost a create and a
+  // rename per block, the rename with every other Put waiting on mu_ (docs/benchmarks.md, session
+  // 40).
   auto sums = std::make_shared<const std::vector<uint64_t>>(store::ChunkSums(data));
   Status st = store::WriteData(path, meta.offset, data, data.size() >= store::kDirectMinBytes);
   if (st.ok()) {
-    st = store::WriteSidecarTmp(
-        tmp, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data.size(), *sums));
+    st = store::WriteSidecar(
+        sidecar, store::EncodeSidecar(meta.id.key, meta.id.index, meta.mount_id, meta.offset, data.size(), *sums));
   }
-  // Committed under the lock, so no removal of an older copy can unlink the new sidecar.
   MutexLock lock(&mu_);
   putting_.erase(meta.id);
   if (!st.ok()) {
     abandon();
     return st;
   }
-  if (auto won = index_.find(meta.id); won != index_.end()) {  // a concurrent Put of the same block won
-    unlink(tmp.c_str());
+  // Entered meanwhile by another way into the index (there is none at run time but Put, which
+  // putting_ keeps single; kept safe for when there is).
+  if (auto won = index_.find(meta.id); won != index_.end()) {
     if (won->second.tier != tier || won->second.dir != dir) {
+      unlink(sidecar.c_str());
       abandon();  // its bytes are elsewhere
     } else {
-      tiers_[tier].dirs[dir].reserved -= file_bytes;  // the same range, the same bytes
+      // The same range and sidecar name: the bytes and sums are the same; the sidecar stays.
+      tiers_[tier].dirs[dir].reserved -= file_bytes;
       DropFileLocked(path);
     }
     return Status::OK();
   }
   if (FreedSinceLocked(ticket, meta)) {
-    unlink(tmp.c_str());
+    unlink(sidecar.c_str());
     abandon();
     return freed();
-  }
-  if (Status cs = store::CommitSidecar(tmp, sidecar); !cs.ok()) {
-    unlink(tmp.c_str());
-    abandon();
-    return cs;
   }
   tiers_[tier].dirs[dir].reserved -= file_bytes;
   Entry e;

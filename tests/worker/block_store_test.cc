@@ -478,8 +478,8 @@ TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
     }
   }
   truncate(p["torn_data"].data.c_str(), 4200);       // torn data write
-  truncate(p["torn_sidecar"].sidecar.c_str(), 40);   // torn sidecar
-  unlink(p["no_sidecar"].sidecar.c_str());           // a crash before the sidecar's rename
+  truncate(p["torn_sidecar"].sidecar.c_str(), 40);   // a crash while the sidecar was written
+  unlink(p["no_sidecar"].sidecar.c_str());           // a crash before the sidecar was written
   unlink(p["no_data"].data.c_str());                 // (cannot happen by our order; still handled)
   {
     std::fstream f(p["bad_sum"].sidecar, std::ios::in | std::ios::out | std::ios::binary);
@@ -492,6 +492,9 @@ TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
   EXPECT_EQ(store->Stats().blocks, 1u);
   EXPECT_TRUE(store->Contains(Meta("good", 0, 0).id));
   EXPECT_EQ(store->Stats().used, BlockFileBytes(5000)) << "debris is not counted";
+  // Damage: the torn data file, the missing one, the bad checksum. A sidecar cut short is an
+  // interrupted write (its block never was), not damage to report.
+  EXPECT_EQ(store->Stats().corrupt, 3u);
   for (const auto& [name, paths] : p) {
     if (name == "good") continue;
     EXPECT_NE(access(paths.data.c_str(), F_OK), 0) << name;

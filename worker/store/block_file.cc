@@ -67,7 +67,7 @@ Status Missing(int err, const std::string& what, const std::string& path) {
 
 uint32_t SidecarLen(uint64_t data_len) {
   uint64_t raw = kFixed + 8 * Chunks(data_len) + 8;
-  return static_cast<uint32_t>((raw + 4095) / 4096 * 4096);
+  return static_cast<uint32_t>((raw + kSidecarUnit - 1) / kSidecarUnit * kSidecarUnit);
 }
 
 uint64_t BlockFileBytes(uint64_t data_len) { return SidecarLen(data_len) + data_len; }
@@ -225,6 +225,21 @@ void PunchData(const std::string& data_path, uint64_t offset, uint64_t len) {
   fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(len));
   close(fd);
 }
+
+Status WriteSidecar(const std::string& path, std::string_view sidecar) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == ENOENT) {
+    RETURN_IF_ERROR(MakeParent(path));
+    fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  }
+  if (fd < 0) return ErrnoError(errno, "create " + path);
+  Status st = PwriteFull(fd, sidecar.data(), sidecar.size(), 0, path);
+  if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + path);
+  if (!st.ok()) unlink(path.c_str());
+  return st;
+}
+
+bool IsTornSidecar(uint64_t size) { return size < kSidecarUnit || size % kSidecarUnit != 0; }
 
 Status WriteSidecarTmp(const std::string& tmp, std::string_view sidecar) {
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -44,6 +44,7 @@
 namespace granary::worker::store {
 
 constexpr uint32_t kChunkSize = 64 * 1024;
+constexpr uint32_t kSidecarUnit = 4096;  // a sidecar's length is a whole number of these
 
 // What a sidecar says about its block.
 struct Sidecar {
@@ -93,7 +94,16 @@ Status WriteData(const std::string& data_path, uint64_t offset, std::string_view
 Status CopyData(const std::string& src, const std::string& dst, uint64_t offset, uint64_t len);
 // Frees [offset, offset+len) of a data file (a hole; the file keeps its size). Best effort.
 void PunchData(const std::string& data_path, uint64_t offset, uint64_t len);
-// Writes a sidecar as a new file `tmp`, then renames it to `path` (the commit).
+// Writes a sidecar at its own name `path` (a Put's commit: the block's data was written first;
+// the caller owns the name, see BlockStore::Put). A failed write leaves no file. A crash in the
+// middle leaves a sidecar shorter than kSidecarUnit or not a multiple of it, which recovery
+// discards as an interrupted write (IsTornSidecar).
+Status WriteSidecar(const std::string& path, std::string_view sidecar);
+// Whether a sidecar file of `size` bytes can only be an interrupted WriteSidecar (every sidecar
+// is a whole number of kSidecarUnit bytes, at least one).
+bool IsTornSidecar(uint64_t size);
+// Writes a sidecar as a new file `tmp`, then renames it to `path` (a move's commit: the block's
+// old copy elsewhere goes only once this one is in place).
 Status WriteSidecarTmp(const std::string& tmp, std::string_view sidecar);
 Status CommitSidecar(const std::string& tmp, const std::string& path);
 // The sidecar file's bytes (for a move: copied as they are).
