@@ -84,6 +84,7 @@
 #include "common/thread_annotations.h"
 #include "common/thread_pool.h"
 #include "rpc/wire.h"
+#include "worker/block_buffers.h"
 #include "worker/block_store.h"
 #include "worker/fetch_pacer.h"
 #include "worker/interfaces.h"
@@ -253,16 +254,19 @@ class BlockSource {
   struct FetchedBlock {
     std::string str;
     struct Free {
-      void operator()(char* p) const { std::free(p); }
+      Free() : capacity(0) {}  // (not `= 0` above: a nested class's initializer is not usable yet here)
+      explicit Free(size_t c) : capacity(c) {}
+      size_t capacity;
+      void operator()(char* p) const { block_buffers::Give(p, capacity); }
     };
     std::unique_ptr<char, Free> raw;
     size_t raw_size = 0;
     ReadSource source;  // kPeer or kUnderStorage
     std::string_view bytes() const { return raw ? std::string_view(raw.get(), raw_size) : std::string_view(str); }
     // Not zeroed; 4 KiB-aligned, so the block store can write it with O_DIRECT (store::WriteData).
+    // From worker/block_buffers.h: a large one is reused memory, its pages already mapped.
     char* Allocate(size_t n) {
-      raw.reset(static_cast<char*>(std::aligned_alloc(4096, (std::max<size_t>(n, 1) + 4095) / 4096 * 4096)));
-      if (!raw) throw std::bad_alloc();
+      raw = std::unique_ptr<char, Free>(block_buffers::Take(n), Free(n));
       raw_size = n;
       return raw.get();
     }

@@ -1,0 +1,31 @@
+// Block buffers: 4 KiB-aligned memory for fetched blocks, kept for reuse once let go.
+//
+// Why: a block of 4 MiB is larger than glibc's mmap threshold, so each fresh buffer was fresh
+// pages, unmapped again when freed. A cold shard's bytes then took a page fault (and the kernel's
+// zeroing) for every 4 KiB as libcurl's callback copied them in: ~0.45 CPU-s per GB, a sixth of a
+// worker's CPU on cold shards (docs/benchmarks.md, session 40). Buffers of at least kMinPooled
+// bytes go back to a free list of their size when let go, up to kKeepBytes in all (beyond that they
+// are freed); smaller ones come and go through the allocator, whose arenas keep them mapped.
+//
+// A buffer's bytes are not cleared between uses: whoever takes one writes it before anyone reads
+// it (a fetch fills the block, or fails and the buffer is let go unread). Thread-safe.
+#pragma once
+
+#include <cstddef>
+
+namespace granary::worker::block_buffers {
+
+constexpr size_t kMinPooled = size_t{1} << 20;
+constexpr size_t kKeepBytes = size_t{64} << 20;
+
+// A buffer of `capacity` bytes (rounded up to a multiple of 4096), 4 KiB-aligned; never null
+// (std::bad_alloc when memory is out, as new would).
+char* Take(size_t capacity);
+// Gives back a buffer Take returned for the same `capacity`.
+void Give(char* p, size_t capacity);
+// Bytes held in the free lists now (for tests and metrics).
+size_t Kept();
+// Frees every buffer the free lists hold (tests start from an empty pool).
+void Clear();
+
+}  // namespace granary::worker::block_buffers
