@@ -107,7 +107,10 @@ void ReadProgress::Landed(uint64_t n) {
   MutexLock lock(&mu_);
   if (n <= landed_.load(std::memory_order_relaxed)) return;
   landed_.store(n, std::memory_order_release);
-  if (waiting_) cv_.notify_all();
+  if (n >= wake_at_) {
+    wake_at_ = UINT64_MAX;
+    cv_.notify_all();
+  }
 }
 
 void ReadProgress::Finish() {
@@ -119,7 +122,7 @@ void ReadProgress::Finish() {
 uint64_t ReadProgress::WaitFor(uint64_t n) {
   MutexLock lock(&mu_);
   while (landed_.load(std::memory_order_relaxed) < n && !finished_) {
-    waiting_ = true;
+    wake_at_ = std::min(wake_at_, n);
     lock.Wait(&cv_);
   }
   return landed_.load(std::memory_order_relaxed);

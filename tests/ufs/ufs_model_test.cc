@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ufs/local_ufs.h"
@@ -331,6 +332,23 @@ TEST(UfsModel, TreeListingsResumeAfterEveryPage) {
     for (size_t page : {size_t{1}, size_t{3}}) {
       ExpectResumesAfterEveryPage(**local, page, false, "LocalUfs, round " + std::to_string(round));
     }
+  }
+}
+
+// ReadProgress: waiters that need different amounts each return once theirs landed (the store's
+// pieces wake them only then), or when the read finished short; none is left waiting.
+TEST(ReadProgress, EachWaiterReturnsWhenItsBytesLandedOrTheReadFinished) {
+  for (int round = 0; round < 50; ++round) {
+    ReadProgress p;
+    std::vector<uint64_t> need = {1000, 64 << 10, 1 << 20, 3 << 20, 5 << 20};  // the last never lands
+    std::vector<uint64_t> got(need.size(), 0);
+    std::vector<std::thread> waiters;
+    for (size_t i = 0; i < need.size(); ++i) waiters.emplace_back([&, i] { got[i] = p.WaitFor(need[i]); });
+    for (uint64_t n = 16 << 10; n <= (4 << 20); n += 16 << 10) p.Landed(n);  // curl's pieces
+    p.Finish();
+    for (auto& t : waiters) t.join();
+    for (size_t i = 0; i + 1 < need.size(); ++i) EXPECT_GE(got[i], need[i]) << "waiter " << i;
+    EXPECT_EQ(got.back(), uint64_t{4} << 20) << "a read that finished short returns what landed";
   }
 }
 
