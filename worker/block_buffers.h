@@ -1,9 +1,10 @@
 // Block buffers: 4 KiB-aligned memory for fetched blocks, kept for reuse once let go.
 //
-// Why: a block of 4 MiB is larger than glibc's mmap threshold, so each fresh buffer was fresh
-// pages, unmapped again when freed. A cold shard's bytes then took a page fault (and the kernel's
-// zeroing) for every 4 KiB as libcurl's callback copied them in: ~0.45 CPU-s per GB, a sixth of a
-// worker's CPU on cold shards (docs/benchmarks.md, session 40). Buffers of at least kMinPooled
+// Why: malloc keeps freed heap (common/allocator.h), but per thread arena: a fetch on one thread
+// did not reuse the buffer another thread's fetch let go, so each arena grew its own and a cold
+// shard's buffers were fresh pages for most of an epoch. Its bytes then took a page fault (and the
+// kernel's zeroing) for every 4 KiB as libcurl's callback copied them in: ~0.45 CPU-s per GB, a
+// sixth of a worker's CPU on cold shards (docs/benchmarks.md, session 40). Buffers of at least kMinPooled
 // bytes go back to a free list of their size when let go, up to kKeepBytes in all (beyond that they
 // are freed); smaller ones come and go through the allocator, whose arenas keep them mapped.
 //
