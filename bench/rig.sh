@@ -22,7 +22,9 @@
 # server's logs (RGW's has one line per request: method, object, range, latency) to DIR at the end.
 # RIG_FUSE_ARGS adds flags to every granary-fuse (e.g. "--fuse.readahead_blocks 4").
 # RIG_TMP=DIR holds the run's files (the caches, the generated dataset) instead of /tmp: to compare
-# the filesystem the tiers are on (docs/benchmarks.md, session 37).
+# the filesystem the tiers are on (docs/benchmarks.md, session 37). RIG_DIRECT_INFLIGHT=N gives the
+# direct C client N GETs in flight instead of 64 (docs/benchmarks.md, session 40: the store's CPU
+# against the epoch's length).
 #
 # Systems: local, s3fs, rclone, granary (defaults), direct (every object fetched by one C client,
 # `curl --parallel` with 64 GETs in flight, bench/direct_get.py: the floor of a cold epoch on this
