@@ -96,8 +96,9 @@ Status CopyData(const std::string& src, const std::string& dst, uint64_t offset,
 void PunchData(const std::string& data_path, uint64_t offset, uint64_t len);
 // Writes a sidecar at its own name `path` (a Put's commit: the block's data was written first;
 // the caller owns the name, see BlockStore::Put). A failed write leaves no file. A crash in the
-// middle leaves a sidecar shorter than kSidecarUnit or not a multiple of it, which recovery
-// discards as an interrupted write (IsTornSidecar).
+// middle mostly leaves a sidecar shorter than kSidecarUnit or not a multiple of it, which recovery
+// discards as an interrupted write (IsTornSidecar); one of full length whose bytes did not all
+// reach the disk fails its own checksum and is discarded as corrupt.
 Status WriteSidecar(const std::string& path, std::string_view sidecar);
 // Whether a sidecar file of `size` bytes can only be an interrupted WriteSidecar (every sidecar
 // is a whole number of kSidecarUnit bytes, at least one).
