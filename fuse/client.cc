@@ -84,7 +84,7 @@ StatusOr<rpc::Attr> Client::SetAttr(const rpc::SetAttrRequest& req) {
 }
 
 StatusOr<std::string> Client::LocalSocketPath() {
-  auto ch = Probe(/*now=*/true);
+  auto ch = Probe(/*now_anyway=*/true);
   if (!ch) return UnavailableError("the worker on this node has no local socket (worker.local_socket), which writes need");
   return ch->path();
 }

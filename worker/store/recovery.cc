@@ -151,16 +151,13 @@ Status BlockStore::ScanDir(int tier, int dir) {
     }
     for (const auto& [key, index, sidecar] : sidecars) {
       std::string data = subdir + "/" + FileKeyHex(key);
-      struct stat sst {};
-      if (stat(sidecar.c_str(), &sst) == 0 && store::IsTornSidecar(static_cast<uint64_t>(sst.st_size))) {
-        unlink(sidecar.c_str());  // a Put's sidecar write that a crash cut short: its block never was
-        ++debris;
-        continue;
-      }
       Status st = data_files.count(data) ? LoadOne(tier, dir, key, index, data, sidecar)
                                          : DataLossError(sidecar + ": its data file is missing");
       if (st.ok()) continue;
-      if (st.code() == Code::kAlreadyExists) {
+      struct stat sst {};  // looked at only for a sidecar that did not load: no stat per good block
+      if (stat(sidecar.c_str(), &sst) == 0 && store::IsTornSidecar(static_cast<uint64_t>(sst.st_size))) {
+        ++debris;  // a Put's sidecar write that a crash cut short: its block never was
+      } else if (st.code() == Code::kAlreadyExists) {
         spdlog::info("dropping a second copy of a block (a move was interrupted): {}", sidecar);
         auto sc = store::ReadSidecar(sidecar);
         if (sc.ok()) store::PunchData(data, sc->offset, sc->data_len);
