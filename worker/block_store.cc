@@ -284,15 +284,16 @@ bool BlockStore::EvictOneLocked(int tier, Purpose purpose, uint64_t for_mount, b
 }
 
 StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t length, char* out) {
-  return ReadInternal(id, offset, length, out, true);
+  return ReadInternal(id, offset, length, out, true, nullptr, store::Check::kChunksUnlessAsWritten);
 }
 
 StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
-                                          BlockLease* lease, bool verify) {
+                                          BlockLease* lease, store::Check check) {
   uint64_t data_len, block_offset;
   std::string path;
   std::shared_ptr<const std::vector<uint64_t>> sums;
   int tier;
+  bool own_write;
   {
     MutexLock lock(&mu_);
     auto it = index_.find(id);
@@ -308,6 +309,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     block_offset = e.meta.offset;
     sums = e.sums;
     tier = e.tier;
+    own_write = e.own_write;
     path = PathLocked(id, e.tier, e.dir);
     if (account) {
       TouchLocked(id, e);
@@ -338,8 +340,11 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   }
   length = std::min<uint64_t>(length, data_len - offset);
   int fd = -1;
+  if (check == store::Check::kChunksUnlessAsWritten && !own_write) check = store::Check::kChunks;
+  bool checked = false;
   Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,
-                               lease ? &fd : nullptr, verify);
+                               lease ? &fd : nullptr, check, &checked);
+  if (!checked && check == store::Check::kChunksUnlessAsWritten) reads_as_written_.fetch_add(1, std::memory_order_relaxed);
   if (!st.ok()) {
     if (!st.IsDataLoss()) {
       release(false);
@@ -367,7 +372,8 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
 
 StatusOr<BlockLease> BlockStore::Lease(const BlockId& id, uint64_t offset, size_t length, bool verify) {
   BlockLease lease;
-  ASSIGN_OR_RETURN(size_t n, ReadInternal(id, offset, length, nullptr, true, &lease, verify));
+  ASSIGN_OR_RETURN(size_t n, ReadInternal(id, offset, length, nullptr, true, &lease,
+                                          verify ? store::Check::kChunksUnlessAsWritten : store::Check::kNothing));
   if (lease.fd < 0) lease.length = n;  // nothing at that offset: no lease was taken
   return lease;
 }
@@ -550,6 +556,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data, uint64_t ti
   e.dir = dir;
   e.seq = ++seq_;
   e.pinned = pins_.count(meta.id.key) > 0;
+  e.own_write = true;
   tiers_[tier].dirs[dir].used += file_bytes;
   tiers_[tier].nblocks++;
   auto [it, _] = index_.emplace(meta.id, e);
@@ -859,6 +866,7 @@ BlockStoreStats BlockStore::Stats() const {
   }
   s.corrupt = corrupt_;
   s.scrubbed = scrubbed_;
+  s.reads_as_written = reads_as_written_;
   s.rejected = rejected_;
   s.leases = leases_;
   return s;

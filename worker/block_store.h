@@ -93,6 +93,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "common/tiers.h"
+#include "worker/store/block_file.h"
 #include "worker/store/block_id.h"
 #include "worker/store/eviction.h"
 
@@ -125,6 +126,7 @@ struct BlockStoreStats {
   uint64_t evictions = 0;
   uint64_t corrupt = 0;        // blocks found corrupt and discarded
   uint64_t scrubbed = 0;       // blocks the scrub verified
+  uint64_t reads_as_written = 0;  // reads not checked: pages still dirty from the block's Put
   uint64_t pinned_blocks = 0;
   uint64_t rejected = 0;       // Puts refused because nothing evictable was left
   uint64_t leases = 0;         // blocks leased for zero-copy reads
@@ -203,7 +205,9 @@ class BlockStore {
   // NOT_FOUND when not cached; DATA_LOSS when a chunk failed (the block is removed). Counts as a read
   // (hits, LRU order). fd is -1 (length 0, no lease held) when the offset is past the block's end.
   // `verify` false leases without reading: only for a block this worker put an instant ago, whose
-  // checksums were computed from the very bytes written (BlockSource::Miss).
+  // checksums were computed from the very bytes written (BlockSource::Miss). Whatever `verify`
+  // says, a block this process put whose pages are all still dirty from that write is not read
+  // either (store::FileAsWritten: its bytes never left memory).
   StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length, bool verify = true);
   // Leases the data file of a whole file — blocks 0..blocks-1 of `key`, every one cached in the
   // same directory, the data file `file_size` bytes long — without reading it (for FUSE
@@ -335,6 +339,10 @@ class BlockStore {
     bool pinned = false;
     bool moving = false;  // being copied to another level
     bool doomed = false;  // freed while read; removed when readers drop to 0
+    // Its sums were computed from the bytes this process wrote into its range (Put): while those
+    // pages are dirty, a read need not check them (store::Check::kChunksUnlessAsWritten). Not for
+    // a block found at start or moved between levels (copied by the kernel, never hashed).
+    bool own_write = false;
   };
   using Purpose = store::Purpose;
   struct Removal {
@@ -395,9 +403,10 @@ class BlockStore {
   StatusOr<bool> VerifyOne(const BlockId& id);
   // Read(); `account` false leaves the LRU order, the counters and promotion alone (the scrub).
   // With `lease`, nothing is copied to `out` (may be null): the open file and the reader count are
-  // handed to the lease instead; `verify` false (a lease only) skips reading the chunks (Lease).
+  // handed to the lease instead. `check` as store::ReadRange takes it, kChunksUnlessAsWritten
+  // meaning kChunks for a block not put by this process (Entry::own_write); the scrub passes kChunks.
   StatusOr<size_t> ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
-                                BlockLease* lease = nullptr, bool verify = true);
+                                BlockLease* lease, store::Check check);
 
   const StoreOptions options_;
   std::atomic<uint64_t> tmp_seq_{0};
@@ -436,6 +445,7 @@ class BlockStore {
   uint64_t seq_ GUARDED_BY(mu_) = 0;
   uint64_t corrupt_ GUARDED_BY(mu_) = 0, rejected_ = 0;
   std::atomic<uint64_t> scrubbed_{0};
+  std::atomic<uint64_t> reads_as_written_{0};
   uint64_t leases_ GUARDED_BY(mu_) = 0;
   RemovedFn on_removed_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;

@@ -664,6 +664,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_ufs_errors(c.ufs_errors);
     s.set_passthrough_leases(c.passthrough_leases);
     s.set_scrubbed_blocks(b.scrubbed);
+    s.set_reads_as_written(b.reads_as_written);
     s.set_elastic_peer_bytes(c.elastic_peer_bytes);
     s.set_ahead_blocks(c.ahead_blocks);
     s.set_ahead_bytes(c.ahead_bytes);

@@ -186,14 +186,7 @@ TEST_F(TiersTest, FlippedBytesInACachedBlockAreDetectedAndRefetched) {
   }
   auto files = BlockFiles(dir_ / "cache");
   ASSERT_GE(files.size(), 10u);
-  for (const auto& f : files) {  // a byte of each file's first block
-    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
-    s.seekg(4096 + 1000);
-    char c;
-    s.get(c);
-    s.seekp(4096 + 1000);
-    s.put(static_cast<char>(c ^ 0x01));
-  }
+  for (const auto& f : files) DamageOnDisk(f, 4096 + 1000);  // a byte of each file's first block
   for (int i = 0; i < 10; ++i) {
     std::string got;
     ASSERT_TRUE(ReadFileChecked(Mnt(i), &got)) << FileName(i);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -257,6 +258,18 @@ std::string RandomBytes(size_t n, uint64_t seed) {
     for (size_t j = 0; j < 8 && i + j < n; ++j) s[i + j] = static_cast<char>(v >> (8 * j));
   }
   return s;
+}
+
+char DamageOnDisk(const std::string& path, uint64_t offset, unsigned char mask) {
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("DamageOnDisk: open " + path + ": " + strerror(errno));
+  char c = 0;
+  bool ok = pread(fd, &c, 1, static_cast<off_t>(offset)) == 1;
+  char bad = static_cast<char>(c ^ mask);
+  ok = ok && pwrite(fd, &bad, 1, static_cast<off_t>(offset)) == 1 && fdatasync(fd) == 0;
+  close(fd);
+  if (!ok) throw std::runtime_error("DamageOnDisk: " + path + " at " + std::to_string(offset) + " failed");
+  return c;
 }
 
 namespace {

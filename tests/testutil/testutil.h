@@ -89,6 +89,11 @@ bool ReadFileChecked(const std::string& path, std::string* out);
 void WriteFile(const std::string& path, const std::string& data);
 std::string Sha256File(const std::string& path);
 std::string RandomBytes(size_t n, uint64_t seed);
+// Damages a file as a failing disk does: the byte at `offset` XOR `mask`, written and flushed to
+// the disk, so the page cache holds it in a clean page, as if read back from the medium (a page
+// still dirty from the worker's own write is trusted: worker/store/block_file.h, FileAsWritten).
+// Returns the byte that was there.
+char DamageOnDisk(const std::string& path, uint64_t offset, unsigned char mask = 0x01);
 
 bool IsMounted(const std::string& mountpoint);
 // Unmounts (lazily) every mount at or below `dir`.

@@ -183,11 +183,7 @@ TEST_F(BlockSourceTest, CorruptCachedBlockIsRefetchedNeverServed) {
   bool hit;
   ASSERT_TRUE(source_->Read(Req(0, 0, 65536), &out, &hit).ok());
   BlockId id{MakeFileKey(fakes_.ufs->uri(), "f.bin", version_), 0};
-  {
-    std::fstream f(store_->PathOf(id), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(10);  // the data file holds only data
-    f.put(static_cast<char>(data_[10] ^ 1));
-  }
+  testing::DamageOnDisk(store_->PathOf(id), 10, 1);  // the data file holds only data
   ASSERT_TRUE(source_->Read(Req(0, 0, 65536), &out, &hit).ok());
   EXPECT_FALSE(hit);
   EXPECT_EQ(out, data_.substr(0, 65536));

@@ -18,7 +18,9 @@
 // 0600 in 0700 directories.
 //
 // Crash safety: a block's bytes are written into its range of the data file, then its sidecar is
-// written under <dir>/tmp and renamed into place: the sidecar is the commit record. Removal
+// written at its name (a block being put is in no index entry, so nothing else touches that name;
+// a move between levels writes it under <dir>/tmp and renames it into place): the sidecar is the
+// commit record; one cut short by a crash (not a whole number of 4 KiB units) is debris. Removal
 // unlinks the sidecar first, then punches the range out of the data file (and unlinks the data
 // file with its last block). After a crash, a range without a sidecar is garbage nobody reads, and
 // a data file without any sidecar is removed at start (BlockStore::ScanDir). A sidecar whose own
@@ -26,8 +28,10 @@
 //
 // Integrity: chunk checksums are computed from the bytes as they enter the cache, written to the
 // sidecar, and kept in memory by the store (read back from the verified sidecar at start). Reads
-// that go through the worker (ReadRange) verify the chunks they touch; the scrub verifies all of
-// them. Reads the kernel serves from the data file (passthrough) are not verified per read.
+// that go through the worker (ReadRange) verify the chunks they touch, except where every page is
+// still dirty from this worker's own write of the block (FileAsWritten: the bytes never left
+// memory); the scrub verifies all of them. Reads the kernel serves from the data file
+// (passthrough) are not verified per read.
 //
 // Thread-safety: free functions, no state. Writers of one data file touch disjoint ranges; the
 // store decides when a data file may be unlinked.
@@ -110,15 +114,38 @@ Status CommitSidecar(const std::string& tmp, const std::string& path);
 // The sidecar file's bytes (for a move: copied as they are).
 StatusOr<std::string> ReadSidecarBytes(const std::string& path, uint64_t data_len);
 
+// How much of a range ReadRange checks against its chunk sums.
+enum class Check {
+  kChunks,  // every chunk the range touches is read and verified
+  // As kChunks, unless the block is its data file's only content and every page of it is still the
+  // one this worker wrote (FileAsWritten):
+  // those bytes never left memory since their sums were computed from them, so nothing is checked
+  // (a lease reads nothing; a copy is made without hashing). Only for a block whose sums were
+  // computed from the very bytes this process wrote into its range (BlockStore::Put; not a block
+  // moved between levels by copying, nor one found at start).
+  kChunksUnlessAsWritten,
+  kNothing,  // a lease only: nothing read (a block whose sums were computed from its bytes an instant ago)
+};
+
 // Reads [offset, offset+length) of a block (relative to the block; the caller clipped the range to
-// its length `data_len`) from its data file, verifying every chunk the range touches against
-// `sums` (the block's chunk checksums, as its sidecar holds them). The `length` bytes go to `out`
-// unless it is null (on an error its content is unspecified). With `keep_fd`, the open data file is returned there (the caller closes it) so
-// a reader can splice exactly what was verified, at block_offset + offset. DATA_LOSS on any
-// mismatch and when the file vanished. `verify` false with out null opens the file and reads
-// nothing (for a block whose checksums were just computed from the bytes written); with `out` the
-// chunks are always read and verified.
+// its length `data_len`) from its data file, verifying the chunks the range touches against
+// `sums` (the block's chunk checksums, as its sidecar holds them) as `check` says. The `length`
+// bytes go to `out` unless it is null (on an error its content is unspecified). With `keep_fd`, the
+// open data file is returned there (the caller closes it) so a reader can splice exactly what was
+// verified, at block_offset + offset. DATA_LOSS on any mismatch and when the file vanished.
+// kNothing with out null opens the file and reads nothing; with `out` the chunks are always read
+// and verified. `*checked` (when given) says whether chunks were verified.
 Status ReadRange(const std::string& data_path, const std::vector<uint64_t>& sums, uint64_t block_offset,
-                 uint64_t data_len, uint64_t offset, uint64_t length, char* out, int* keep_fd, bool verify = true);
+                 uint64_t data_len, uint64_t offset, uint64_t length, char* out, int* keep_fd,
+                 Check check = Check::kChunks, bool* checked = nullptr);
+
+// Whether the open data file `fd` is exactly `length` bytes long and every page of it is in the
+// page cache and dirty: written by a write(2) and not written back yet, so its bytes are the ones
+// written and were never read back from the disk (bit rot happens on the medium; only root can
+// write the cache's files). Only a whole file: the page cache tracks dirtiness per folio (up to
+// 2 MiB), and a folio shared with another block's range may have been read back from the disk
+// when that block was written. false when the kernel has no cachestat(2) (Linux before 6.5) or
+// refuses it. Costs two system calls, no read.
+bool FileAsWritten(int fd, uint64_t length);
 
 }  // namespace granary::worker::store

@@ -25,7 +25,7 @@ StatusOr<bool> BlockStore::VerifyOne(const BlockId& id) {
   // Reading verifies every chunk and removes the block when one fails; unaccounted, so the scrub
   // changes neither the LRU order nor the hit counters.
   std::unique_ptr<char[]> buf(new char[len]);  // not zero-filled: every byte is read into it
-  auto n = ReadInternal(id, 0, len, buf.get(), false);
+  auto n = ReadInternal(id, 0, len, buf.get(), false, nullptr, store::Check::kChunks);
   if (n.ok()) scrubbed_++;
   if (!n.ok() && n.status().IsDataLoss()) return true;
   return false;

@@ -63,6 +63,7 @@ bool BlockStore::MoveBlock(const BlockId& id, int from_tier, int to_tier, int to
         tiers_[e.tier].nblocks--;
         e.tier = to_tier;
         e.dir = to_dir;
+        e.own_write = false;  // copied by the kernel: the sums were not computed from these writes
         tiers_[to_tier].dirs[to_dir].used += bytes;
         tiers_[to_tier].nblocks++;
         ListLocked(id, e);
