@@ -348,7 +348,8 @@ bool FileAsWritten(int fd, uint64_t length) {
     return false;
   }
   // Only dirty pages count: a clean one may have been dropped and read again from the disk since
-  // it was written (one under writeback counts as clean, to be sure).
+  // it was written (one under writeback counts as clean, to be sure). tmpfs, which never writes
+  // pages back, reports none dirty: nothing on a MEM level reads as written.
   const uint64_t pages = (length + page - 1) / page;
   return cs.nr_cache == pages && cs.nr_dirty == pages;
 }

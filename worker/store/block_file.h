@@ -144,8 +144,9 @@ Status ReadRange(const std::string& data_path, const std::vector<uint64_t>& sums
 // written and were never read back from the disk (bit rot happens on the medium; only root can
 // write the cache's files). Only a whole file: the page cache tracks dirtiness per folio (up to
 // 2 MiB), and a folio shared with another block's range may have been read back from the disk
-// when that block was written. false when the kernel has no cachestat(2) (Linux before 6.5) or
-// refuses it. Costs two system calls, no read.
+// when that block was written. false on tmpfs (a MEM level), which never writes pages back and
+// reports none dirty. false when the kernel has no cachestat(2) (Linux before 6.5) or refuses it.
+// Costs two system calls, no read.
 bool FileAsWritten(int fd, uint64_t length);
 
 }  // namespace granary::worker::store
