@@ -228,28 +228,32 @@ void PunchData(const std::string& data_path, uint64_t offset, uint64_t len) {
   close(fd);
 }
 
-Status WriteSidecar(const std::string& path, std::string_view sidecar) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == ENOENT) {
+namespace {
+// Creates `path` (0600; `flags` adds O_TRUNC or O_EXCL) holding `bytes`, making its directory when
+// `make_parent` and it is missing. On an error nothing is left at `path`.
+Status WriteNewFile(const std::string& path, std::string_view bytes, int flags, bool make_parent) {
+  const int f = O_WRONLY | O_CREAT | O_CLOEXEC | flags;
+  int fd = open(path.c_str(), f, 0600);
+  if (fd < 0 && errno == ENOENT && make_parent) {
     RETURN_IF_ERROR(MakeParent(path));
-    fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    fd = open(path.c_str(), f, 0600);
   }
   if (fd < 0) return ErrnoError(errno, "create " + path);
-  Status st = PwriteFull(fd, sidecar.data(), sidecar.size(), 0, path);
+  Status st = PwriteFull(fd, bytes.data(), bytes.size(), 0, path);
   if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + path);
   if (!st.ok()) unlink(path.c_str());
   return st;
+}
+}  // namespace
+
+Status WriteSidecar(const std::string& path, std::string_view sidecar) {
+  return WriteNewFile(path, sidecar, O_TRUNC, /*make_parent=*/true);
 }
 
 bool IsTornSidecar(uint64_t size) { return size < kSidecarUnit || size % kSidecarUnit != 0; }
 
 Status WriteSidecarTmp(const std::string& tmp, std::string_view sidecar) {
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoError(errno, "create " + tmp);
-  Status st = PwriteFull(fd, sidecar.data(), sidecar.size(), 0, tmp);
-  if (close(fd) != 0 && st.ok()) st = ErrnoError(errno, "close " + tmp);
-  if (!st.ok()) unlink(tmp.c_str());
-  return st;
+  return WriteNewFile(tmp, sidecar, O_EXCL, /*make_parent=*/false);
 }
 
 Status CommitSidecar(const std::string& tmp, const std::string& path) {
