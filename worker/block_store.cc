@@ -344,7 +344,9 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   bool checked = false;
   Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,
                                lease ? &fd : nullptr, check, &checked);
-  if (!checked && check == store::Check::kChunksUnlessAsWritten) reads_as_written_.fetch_add(1, std::memory_order_relaxed);
+  if (st.ok() && !checked && check == store::Check::kChunksUnlessAsWritten) {
+    reads_as_written_.fetch_add(1, std::memory_order_relaxed);  // not a read that failed before any check
+  }
   if (!st.ok()) {
     if (!st.IsDataLoss()) {
       release(false);
