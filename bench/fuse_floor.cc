@@ -22,6 +22,14 @@
 //       for writing with direct_io, no writeback cache. Mounted with default_permissions and
 //       allow_other, as granary-fuse is. Runs until unmounted or SIGTERM; prints "READY" once mounted.
 //
+//   granary-fuse-floor serve MOUNTPOINT --mirror DIR [--single]
+//       The floor of a FUSE cache serving warm files from its local tier: DIR's tree, read-only,
+//       served as granary-fuse's kernel read mode serves a cached dataset (OPEN answered ENOSYS,
+//       READs spliced from each file's descriptor, the same INIT and timeouts; namespace mirror
+//       below). bench/rig.sh's `fuse-floor` system mounts it over the rig's local copy of the
+//       dataset: its CPU per GB beside Granary's warm epochs. Mounted with default_permissions,
+//       allow_other and ro. Runs until unmounted or SIGTERM; prints "READY" once mounted.
+//
 //   granary-fuse-floor probe --file PATH --op OP [--threads T] [--seconds S]
 //       T threads each issue one kind of request in a loop for S seconds, each on its own file
 //       descriptor, and print one JSON line: ops, ops/s and the latency (mean, p50, p99 in µs)
@@ -34,6 +42,7 @@
 // bench/fuse_floor.sh runs both against this server and granary-fuse and prints the ratios;
 // bench/writes.sh times its small-file writers against the --writes server.
 #define FUSE_USE_VERSION 312
+#include <dirent.h>
 #include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>
 #include <sys/ioctl.h>
@@ -478,6 +487,150 @@ fuse_lowlevel_ops Ops() {
 
 }  // namespace wr
 
+// --mirror: a read-only view of a local directory tree, served as granary-fuse's kernel read mode
+// serves a warm dataset from its tier: the same INIT (readdirplus, async reads, ~1 MiB reads,
+// splice), the same 60 s entry and attribute timeouts, OPEN answered ENOSYS (the kernel opens
+// files itself and sends READs with no handle), and every READ answered from the file's
+// descriptor by splice (fuse_reply_data), as granary-fuse answers from a tier file. What is left
+// is the least any FUSE cache pays to hand a warm local file to a reader: the floor of the rig's
+// warm epochs (bench/rig.sh --systems fuse-floor). Inodes are the source's; nodes are never
+// forgotten (no FORGET handler), descriptors kept open while the server runs.
+namespace mirror {
+
+struct Node {
+  std::string path;
+  int fd = -1;  // opened for reading at the first READ
+};
+
+std::mutex mu;
+std::unordered_map<fuse_ino_t, Node> nodes;  // guarded by mu; FUSE_ROOT_ID is the root's
+constexpr double kTimeout = 60.0;            // fuse.entry_timeout and fuse.attr_timeout's defaults
+
+std::string PathOf(fuse_ino_t ino) {
+  std::lock_guard<std::mutex> g(mu);
+  auto it = nodes.find(ino);
+  return it == nodes.end() ? std::string() : it->second.path;
+}
+
+// lstat of `path`, its node registered; the FUSE inode number (the root's is FUSE_ROOT_ID).
+int StatAndRegister(const std::string& path, struct stat* st, fuse_ino_t* ino) {
+  if (lstat(path.c_str(), st) != 0) return errno;
+  *ino = st->st_ino;
+  std::lock_guard<std::mutex> g(mu);
+  if (nodes.at(FUSE_ROOT_ID).path == path) {
+    *ino = FUSE_ROOT_ID;
+  } else {
+    nodes.try_emplace(*ino, Node{path, -1});
+  }
+  st->st_ino = *ino;
+  return 0;
+}
+
+void Init(void*, fuse_conn_info* conn) {
+  if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
+  if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  conn->max_readahead = (1 << 20) - (16 << 10);
+  conn->max_write = conn->max_readahead;
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
+}
+
+void Lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  const std::string dir = PathOf(parent);
+  if (dir.empty()) return static_cast<void>(fuse_reply_err(req, ENOENT));
+  fuse_entry_param e{};
+  if (int err = StatAndRegister(dir + "/" + name, &e.attr, &e.ino); err != 0) {
+    return static_cast<void>(fuse_reply_err(req, err));
+  }
+  e.attr_timeout = e.entry_timeout = kTimeout;
+  fuse_reply_entry(req, &e);
+}
+
+void Getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  const std::string path = PathOf(ino);
+  struct stat st {};
+  fuse_ino_t id = 0;
+  if (path.empty()) return static_cast<void>(fuse_reply_err(req, ENOENT));
+  if (int err = StatAndRegister(path, &st, &id); err != 0) return static_cast<void>(fuse_reply_err(req, err));
+  fuse_reply_attr(req, &st, kTimeout);
+}
+
+void Open(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, ENOSYS); }
+
+void Read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  int fd;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = nodes.find(ino);
+    if (it == nodes.end()) return static_cast<void>(fuse_reply_err(req, ENOENT));
+    if (it->second.fd < 0) it->second.fd = open(it->second.path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = it->second.fd;
+  }
+  if (fd < 0) return static_cast<void>(fuse_reply_err(req, errno));
+  fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
+  bv.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+  bv.buf[0].fd = fd;
+  bv.buf[0].pos = off;
+  fuse_reply_data(req, &bv, FUSE_BUF_SPLICE_MOVE);
+}
+
+void Opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  const std::string path = PathOf(ino);
+  DIR* d = path.empty() ? nullptr : opendir(path.c_str());
+  if (d == nullptr) return static_cast<void>(fuse_reply_err(req, path.empty() ? ENOENT : errno));
+  auto* names = new std::vector<std::string>;
+  while (dirent* de = readdir(d)) names->emplace_back(de->d_name);
+  closedir(d);
+  fi->fh = reinterpret_cast<uint64_t>(names);
+  fi->cache_readdir = 1;
+  fi->keep_cache = 1;
+  fuse_reply_open(req, fi);
+}
+
+void Readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  const auto& names = *reinterpret_cast<std::vector<std::string>*>(fi->fh);
+  const std::string dir = PathOf(ino);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < names.size(); ++i) {
+    fuse_entry_param e{};
+    if (names[i] == "." || names[i] == "..") {
+      e.attr.st_mode = S_IFDIR;  // e.ino 0: the kernel keeps no entry; a nonzero d_ino so readdir lists it
+      e.attr.st_ino = ino;
+    } else if (StatAndRegister(dir + "/" + names[i], &e.attr, &e.ino) != 0) {
+      continue;
+    } else {
+      e.attr_timeout = e.entry_timeout = kTimeout;
+    }
+    size_t n = fuse_add_direntry_plus(req, buf.data() + used, size - used, names[i].c_str(), &e, static_cast<off_t>(i + 1));
+    if (n > size - used) break;
+    used += n;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void Releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete reinterpret_cast<std::vector<std::string>*>(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+fuse_lowlevel_ops Ops(const std::string& root) {
+  nodes.emplace(FUSE_ROOT_ID, Node{root, -1});
+  fuse_lowlevel_ops ops{};
+  ops.init = Init;
+  ops.lookup = Lookup;
+  ops.getattr = Getattr;
+  ops.open = Open;
+  ops.read = Read;
+  ops.opendir = Opendir;
+  ops.readdirplus = Readdirplus;
+  ops.releasedir = Releasedir;
+  return ops;
+}
+
+}  // namespace mirror
+
 // The read-only server's tree: `small` and `big`.
 fuse_lowlevel_ops ReadOps() {
   pattern.resize(2 << 20);
@@ -621,6 +774,12 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory)
       ->excludes("--backing")
       ->excludes("--file-mb");
+  std::string mirror_dir;
+  serve->add_option("--mirror", mirror_dir, "serve this directory tree read-only, as granary-fuse's kernel mode serves a warm tier")
+      ->check(CLI::ExistingDirectory)
+      ->excludes("--backing")
+      ->excludes("--file-mb")
+      ->excludes("--writes");
   auto* probe = app.add_subcommand("probe", "measure round trips");
   probe->add_option("--file", file)->required();
   probe->add_option("--op", op)->required();
@@ -630,6 +789,12 @@ int main(int argc, char** argv) {
   if (serve->parsed() && !writes.empty()) {
     wr::dir = writes;
     return Serve(mountpoint, single, wr::Ops(), "default_permissions,allow_other,fsname=floor-writes");
+  }
+  if (serve->parsed() && !mirror_dir.empty()) {
+    char* real = realpath(mirror_dir.c_str(), nullptr);
+    std::string root = real ? real : mirror_dir;
+    free(real);
+    return Serve(mountpoint, single, mirror::Ops(root), "default_permissions,allow_other,ro,fsname=floor-mirror");
   }
   if (serve->parsed()) {
     big_size = file_mb << 20;

@@ -7,7 +7,7 @@
                                  # radosgw, ceph-osd, granary-worker)
 
 Roles, by command line: the store (radosgw, ceph-*, the delay line) and the system under test (its
-daemons: granary-master/-worker/-fuse, rclone, s3fs, and the direct GETs' client). A process that
+daemons: granary-master/-worker/-fuse, the minimal FUSE server granary-fuse-floor, rclone, s3fs, and the direct GETs' client). A process that
 started after the snapshot counts from zero; one that ended before the diff is not seen, which is
 why the readers (granary-train-read, short-lived) are not a role: the rig's whole-machine CPU
 (/proc/stat) holds them, and the kernel's share. A pid is matched with its start time, so a
@@ -18,7 +18,7 @@ import os
 import sys
 
 STORE = ("radosgw", "ceph-osd", "ceph-mon", "ceph-mgr", "delay_line.py")
-SYSTEM = ("granary-master", "granary-worker", "granary-fuse", "rclone", "s3fs", "s3_get_all.py")
+SYSTEM = ("granary-master", "granary-worker", "granary-fuse", "granary-fuse-floor", "rclone", "s3fs", "s3_get_all.py")
 
 
 def role(cmd):

@@ -31,7 +31,10 @@
 # machine; its CPU is printed as the system's), direct-py (the same with Python's boto3 and 64
 # threads, bench/s3_get_all.py: the rig's old "direct"), granary-no-ahead (the
 # dataset mounted with -o cache.fetch_ahead=false), and granary-no-elastic (the dataset mounted
-# with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers).
+# with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers),
+# and fuse-floor (one node: the rig's local copy of the dataset served by the minimal FUSE server
+# of bench/fuse_floor.cc --mirror, as granary-fuse's kernel mode serves a warm tier: every epoch
+# is warm, the page cache dropped; its CPU per GB is the floor of Granary's warm epochs).
 # For Granary each epoch's line also has rpc_calls_per_file: the gRPC calls the master and the
 # workers received, by method, per file read (from granary_{master,worker}_rpc_calls_total).
 # Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
@@ -78,6 +81,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 is_direct() { [ "$1" = direct ] || [ "$1" = direct-py ]; }
+one_node_only() { [ "$1" = local ] || [ "$1" = fuse-floor ] || is_direct "$1"; }
 on() { local n=$1; shift; nsenter -t "${HOST[$n]}" -m -n "$@"; }  # run on node n (mount + net ns)
 storage_tx() { ip netns exec grp-storage cat /sys/class/net/eth0/statistics/tx_bytes; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
@@ -127,7 +131,7 @@ cpu_busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 # other nodes' readers and daemons, as on a real cluster (the peers it reads from still run).
 run_epochs() {
   local sys=$1 ds=$2 mode=$3 nn=$4
-  local last=$EPOCHS; [ "$nn" -gt 1 ] && [ "$sys" != local ] && ! is_direct "$sys" && last=$((EPOCHS + 1))
+  local last=$EPOCHS; [ "$nn" -gt 1 ] && ! one_node_only "$sys" && last=$((EPOCHS + 1))
   is_direct "$sys" && last=1  # nothing is cached: every pass is the first
   for e in $(seq 1 "$last"); do
     local alone=0 alone_failed=0; [ "$e" -gt "$EPOCHS" ] && alone=1
@@ -225,6 +229,8 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
           on "$n" env -u AWS_CA_BUNDLE rclone mount rig:rig "$WORK/mnt/$n" --vfs-cache-mode full --cache-dir "$WORK/rclone-cache-$nn-$n" \
           --read-only --daemon --config /dev/null
       done;;
+    fuse-floor)
+      on 1 "$BIN/granary-fuse-floor" serve "$WORK/mnt/1" --mirror "$WORK/src" > "$WORK/fuse-floor.log" 2>&1 &;;
     granary|granary-no-elastic|granary-no-ahead)
       local opts=(); [ "$sys" = granary-no-elastic ] && opts=(-o cache.elastic=false)
       [ "$sys" = granary-no-ahead ] && opts=(-o cache.fetch_ahead=false)
@@ -276,7 +282,7 @@ stop_system() {  # SYSTEM NODES
 NODE_COUNTS="1"; [ "$NODES" != 1 ] && NODE_COUNTS="1 $NODES"  # --nodes 1: the one-node pass once
 for nn in $NODE_COUNTS; do
   for sys in $SYSTEMS; do
-    { [ "$sys" = local ] || is_direct "$sys"; } && [ "$nn" != 1 ] && continue
+    one_node_only "$sys" && [ "$nn" != 1 ] && continue
     echo "rig: $sys on $nn node(s)" >&2
     start_system "$sys" "$nn"
     run_epochs "$sys" images files "$nn"
