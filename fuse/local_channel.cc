@@ -18,7 +18,10 @@ const char* NodeSourceName(NodeSource s) {
 
 LocalChannel::~LocalChannel() {
   for (int c : idle_) close(c);
-  if (lease_conn_ >= 0) close(lease_conn_);
+  for (LeaseLine& l : lines_) {
+    MutexLock lock(&l.mu);
+    if (l.conn >= 0) close(l.conn);
+  }
 }
 
 StatusOr<int> LocalChannel::Take() {
@@ -101,10 +104,12 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
 }
 
 Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, bool verify) {
-  MutexLock lock(&lease_mu_);
-  if (lease_conn_ < 0) {
-    ASSIGN_OR_RETURN(lease_conn_, ConnectUnix(path_));
-    ++lease_gen_;
+  const unsigned index = next_line_.fetch_add(1, std::memory_order_relaxed) % kLeaseLines;
+  LeaseLine& line = lines_[index];
+  MutexLock lock(&line.mu);
+  if (line.conn < 0) {
+    ASSIGN_OR_RETURN(line.conn, ConnectUnix(path_));
+    ++line.gen;
   }
   rpc::LocalRequest lr;
   *lr.mutable_read() = req;
@@ -112,11 +117,11 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, boo
   lr.set_verify(verify);
   rpc::LocalResponse resp;
   int fd = -1;
-  Status st = SendFrame(lease_conn_, lr);
-  if (st.ok()) st = RecvFrame(lease_conn_, &resp, &fd);
+  Status st = SendFrame(line.conn, lr);
+  if (st.ok()) st = RecvFrame(line.conn, &resp, &fd);
   if (!st.ok()) {
-    close(lease_conn_);  // broken: the worker ends its leases; the next call reconnects
-    lease_conn_ = -1;
+    close(line.conn);  // broken: the worker ends its leases; the next call reconnects
+    line.conn = -1;
     return st;
   }
   Status answer = rpc::StatusOf(resp);
@@ -126,7 +131,7 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, boo
     if (resp.lease() != 0) {
       rpc::LocalRequest rel;
       rel.set_release(resp.lease());
-      (void)SendFrame(lease_conn_, rel);
+      (void)SendFrame(line.conn, rel);
     }
     return answer;
   }
@@ -135,7 +140,8 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, boo
   out->length = resp.length();
   out->lease = resp.lease();
   out->conn = -1;
-  out->shared_gen = lease_gen_;
+  out->shared_gen = line.gen;
+  out->line = index;
   return Status::OK();
 }
 
@@ -143,13 +149,14 @@ void LocalChannel::Release(Piece* p) {
   if (p->fd >= 0) close(p->fd);
   p->fd = -1;
   if (p->shared_gen != 0) {
-    MutexLock lock(&lease_mu_);
-    if (p->shared_gen == lease_gen_ && lease_conn_ >= 0) {
+    LeaseLine& line = lines_[p->line % kLeaseLines];
+    MutexLock lock(&line.mu);
+    if (p->shared_gen == line.gen && line.conn >= 0) {
       rpc::LocalRequest rel;
       rel.set_release(p->lease);
-      if (!SendFrame(lease_conn_, rel).ok()) {
-        close(lease_conn_);
-        lease_conn_ = -1;
+      if (!SendFrame(line.conn, rel).ok()) {
+        close(line.conn);
+        line.conn = -1;
       }
     }
     p->shared_gen = 0;

@@ -9,6 +9,7 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,8 +49,9 @@ class LocalChannel {
     const char* mem = nullptr;
     const char* bytes() const { return mem != nullptr ? mem : data.data(); }
     uint64_t lease = 0;
-    int conn = -1;        // the connection holding the lease (-1: none, or the shared lease connection)
-    uint64_t shared_gen = 0;  // nonzero: the lease lives on the shared lease connection of this generation
+    int conn = -1;        // the connection holding the lease (-1: none, or a lease line)
+    uint64_t shared_gen = 0;  // nonzero: the lease lives on lease line `line`, of this generation
+    unsigned line = 0;
     NodeSource source = NodeSource::kLocal;  // where the bytes came from
   };
 
@@ -67,7 +69,8 @@ class LocalChannel {
               std::shared_ptr<const SourceFile>* source_file = nullptr, char* into = nullptr);
   // Leases the whole data file of a file for a passthrough open (LocalRequest.whole_file):
   // out->fd is the data file, out->length the file's size. Such leases are long (as long as the
-  // file is open), so they all live on one shared connection instead of holding one each.
+  // file is open), so they live on a few shared connections (lease lines, kLeaseLines) instead of
+  // holding one each; concurrent opens take the lines in turn (one open at a time per line).
   // NOT_FOUND when the local worker does not keep the block.
   // With `verify`, the worker checks every chunk of the file first (DATA_LOSS when one fails).
   Status LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, bool verify = false);
@@ -81,11 +84,19 @@ class LocalChannel {
   const std::string path_;
   Mutex mu_;
   std::vector<int> idle_ GUARDED_BY(mu_);
-  // The shared connection for whole-file leases; a new generation after it broke (the worker ended
-  // the old one's leases when it closed).
-  Mutex lease_mu_;
-  int lease_conn_ GUARDED_BY(lease_mu_) = -1;
-  uint64_t lease_gen_ GUARDED_BY(lease_mu_) = 0;
+  // The shared connections for whole-file leases. One line carried them all until it was measured
+  // to serialise every passthrough open behind the worker's wake-ups: a cold epoch of small files
+  // in passthrough mode took 5.3-5.6 s against 3.3-3.5 s in kernel mode (docs/benchmarks.md,
+  // session 42). A line's connection gets a new generation after it broke (the worker ended the
+  // old one's leases when it closed).
+  static constexpr unsigned kLeaseLines = 8;
+  struct LeaseLine {
+    Mutex mu;  // held for a lease's round trip, and to send a release
+    int conn GUARDED_BY(mu) = -1;
+    uint64_t gen GUARDED_BY(mu) = 0;
+  };
+  LeaseLine lines_[kLeaseLines];
+  std::atomic<unsigned> next_line_{0};
 };
 
 }  // namespace granary::fuse
