@@ -34,7 +34,10 @@
 # with -o cache.elastic=false: each node keeps only its replicas and reads the rest from peers),
 # and fuse-floor (one node: the rig's local copy of the dataset served by the minimal FUSE server
 # of bench/fuse_floor.cc --mirror, as granary-fuse's kernel mode serves a warm tier: every epoch
-# is warm, the page cache dropped; its CPU per GB is the floor of Granary's warm epochs).
+# is warm, the page cache dropped; its CPU per GB is the floor of Granary's warm epochs), and
+# granary-passthrough (granary-fuse with --fuse.open passthrough: what fuse.open=auto chooses for a
+# dataset larger than half the node's memory, which the rig's dropped page cache stands for; at
+# the rig's size auto chooses kernel mode).
 # For Granary each epoch's line also has rpc_calls_per_file: the gRPC calls the master and the
 # workers received, by method, per file read (from granary_{master,worker}_rpc_calls_total).
 # Writes WORK/results.jsonl, prints a Markdown table, writes docs/img/rig.png and the table into
@@ -231,7 +234,7 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
       done;;
     fuse-floor)
       on 1 "$BIN/granary-fuse-floor" serve "$WORK/mnt/1" --mirror "$WORK/src" > "$WORK/fuse-floor.log" 2>&1 &;;
-    granary|granary-no-elastic|granary-no-ahead)
+    granary|granary-no-elastic|granary-no-ahead|granary-passthrough)
       local opts=(); [ "$sys" = granary-no-elastic ] && opts=(-o cache.elastic=false)
       [ "$sys" = granary-no-ahead ] && opts=(-o cache.fetch_ahead=false)
       # shellcheck disable=SC2206
@@ -251,7 +254,7 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
           > "$WORK/$sys-$nn-worker$n.log" 2>&1 &
         for _ in $(seq 200); do [ -s "$WORK/w$n.addr" ] && break; sleep 0.05; done
         on "$n" "$BIN/granary-fuse" --master.address "$maddr" --fuse.worker "$(cat "$WORK/w$n.addr")" --fuse.root /ds \
-          --fuse.mountpoint "$WORK/mnt/$n" ${RIG_FUSE_ARGS:-} > "$WORK/$sys-$nn-fuse$n.log" 2>&1 &
+          --fuse.mountpoint "$WORK/mnt/$n" $([ "$sys" = granary-passthrough ] && echo --fuse.open passthrough) ${RIG_FUSE_ARGS:-} > "$WORK/$sys-$nn-fuse$n.log" 2>&1 &
       done
       # Every worker must place blocks over the same membership before the first read.
       for _ in $(seq 200); do

@@ -32,6 +32,7 @@ def main():
              "direct": "direct GETs, C client (curl --parallel, 64 in flight, no cache)",
              "direct-py": "direct GETs, Python (boto3, 64 threads, no cache)",
              "granary-no-ahead": "Granary, cache.fetch_ahead=false",
+             "granary-passthrough": "Granary, fuse.open=passthrough (auto's choice for a dataset above half the memory)",
              "fuse-floor": "FUSE floor (minimal server over the local copy, bench/fuse_floor.cc --mirror)"}
     print("### %s — %d cores, %s, %s\n" % (datetime.date.today(), os.cpu_count(), platform.system(), platform.release()))
     print("Command: `%s`. Scale: %s images (~110 KB), %s shards of %s MB; %s nodes sharing a %s link to "
