@@ -350,7 +350,7 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
 }
 
 Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random,
-                    char* scratch) {
+                    char* scratch, bool continues) {
   const uint64_t start = offset;
   uint64_t size = file.attr().size();
   uint64_t bs = file.block_size();
@@ -370,6 +370,7 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
     req.set_offset(in_block);
     req.set_length(want);
     req.set_random(random);
+    req.set_continues(continues && !random);
     LocalChannel::Piece piece;
     // No worker can serve it (this node's restarting, no live peer has it): wait for one, up to
     // fuse.worker_wait, instead of failing the read.
@@ -406,7 +407,8 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
       key = std::to_string(req.mount_id()) + ":" + req.version() + ":" + req.ufs_path();
       const uint64_t block_start = req.index() * req.block_size();
       const uint64_t block_length = std::min<uint64_t>(req.block_size(), req.file_size() - std::min(req.file_size(), block_start));
-      const bool range_first = SourceReads::IsRangeFirst(req.block_size(), block_length, req.offset(), want, req.random());
+      const bool range_first =
+          SourceReads::IsRangeFirst(req.block_size(), block_length, req.offset(), want, req.random(), req.continues());
       if (SourceReads::Grant g = source_reads_.Direct(key, req.index(), range_first); g.file) {
         *piece = LocalChannel::Piece{};
         char* to = dst;

@@ -114,8 +114,9 @@ class Client {
   // not a sequential reader's read (ReadBlockRequest.random: range first also at a block's start).
   // `scratch` (optional, `length` bytes): where pieces granary-fuse reads itself (source reads)
   // land, at their place in the read (Piece::mem), so the reply needs no copy of them.
+  // `continues`: the read continues a sequential stream (ReadBlockRequest.continues).
   Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random = false,
-              char* scratch = nullptr);
+              char* scratch = nullptr, bool continues = false);
   // For a passthrough open: leases the local worker's data file of `file` (every block of it
   // cached in one directory there). NOT_FOUND when the local worker does not have it whole;
   // UNAVAILABLE when there is no local socket.

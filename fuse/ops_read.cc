@@ -54,7 +54,9 @@ namespace {
 // still busy. Each block is hinted once per open. Returns whether the read is a random one: farther
 // from where the last one ended than the kernel's readahead reorders (ReadLeases::kSequentialSlack
 // or 4 READs), so a range it reads at a block's start is not a sequential reader's block start.
-bool MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
+// *continues: the read is within 4 READs of where the last one ended (ReadBlockRequest.continues:
+// the kernel's readahead reorders a stream's READs; a range inside a block is then no jump).
+bool MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size, bool* continues) {
   uint64_t ahead = fs->cfg.fuse.readahead_blocks, bs = of->info.block_size();
   uint64_t first = 0, count = 0;
   bool random = false;
@@ -62,6 +64,7 @@ bool MaybeReadahead(Fs* fs, OpenFile* of, uint64_t off, uint64_t size) {
     MutexLock lock(&of->mu);
     const uint64_t slack = std::max<uint64_t>(ReadLeases::kSequentialSlack, 4 * size);
     random = off != 0 && (off + slack < of->next_offset || off > of->next_offset + slack);
+    *continues = off != 0 && off + 4 * size >= of->next_offset && off <= of->next_offset + 4 * size;
     bool sequential = off == of->next_offset;
     of->next_offset = off + size;
     if (!sequential || ahead == 0 || bs == 0 || size == 0) return random;
@@ -398,14 +401,15 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   if (std::shared_ptr<FileLease> lease = fs->read_leases->Find(of->info.attr().ino(), of->info.version())) {
     return ReplyFromLease(req, fs, *of, *lease, static_cast<uint64_t>(off), size, &scope);
   }
-  const bool random = MaybeReadahead(fs, of, static_cast<uint64_t>(off), size);
+  bool continues = false;
+  const bool random = MaybeReadahead(fs, of, static_cast<uint64_t>(off), size, &continues);
   // Where the reply is put together: a ring thread's entry, else this thread's buffer. Pieces read
   // from the source here, and bytes the worker sends inline, land in it directly (Client::Read's
   // scratch).
   char* ring = UringQueues::ReplyBuffer(size);
   char* scratch = ring != nullptr ? ring : ThreadScratch(size);
   ReadResult data;
-  Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data, random, scratch);
+  Status st = fs->client->Read(of->info, static_cast<uint64_t>(off), size, &data, random, scratch, continues);
   if (!st.ok()) {
     // The file changed in the under-storage since this open: this open fails (ESTALE), the next
     // open asks the master for the new version.

@@ -18,8 +18,9 @@
 //     block touched twice as it would without source reads; and a block it has filled is learnt
 //     within kDirectReads reads or kDirectFor, and read from the cache from then on (the read
 //     leases of fuse/read_leases.h, which need the whole file cached, take over in a later epoch);
-//   - a block known to be cached, or read at its start (a sequential reader: the worker fetches it
-//     whole and keeps it), is asked of the worker, never read from the source here.
+//   - a block known to be cached, or read at its start or by a read continuing a sequential stream
+//     (a sequential reader: the worker fetches it whole and keeps it), is asked of the worker,
+//     never read from the source here.
 // Correct bytes: after each read the descriptor's stat is taken again (statx with
 // AT_STATX_FORCE_SYNC: on NFS the server is asked, not the attribute cache); another size,
 // modification time or inode, or no link left (renamed over, deleted), means the file changed under
@@ -84,11 +85,13 @@ class SourceReads {
 
   // Whether the worker would answer a read of `length` bytes at `offset` within a block of
   // `block_length` bytes (of a mount whose block size is `block_size`) range first; `random`: the
-  // read is not a sequential reader's (ReadBlockRequest.random), so its block's start counts too.
+  // read is not a sequential reader's (ReadBlockRequest.random), so its block's start counts too;
+  // `continues`: it continues a sequential stream (ReadBlockRequest.continues), so a range inside
+  // the block does not count.
   static bool IsRangeFirst(uint64_t block_size, uint64_t block_length, uint64_t offset, uint64_t length,
-                           bool random = false) {
-    return block_size >= kRangeFirstMinBlock && (offset > 0 || random) && length <= kRangeFirstMax &&
-           length * 2 <= block_length;
+                           bool random = false, bool continues = false) {
+    return block_size >= kRangeFirstMinBlock && (random || (offset > 0 && !continues)) &&
+           length <= kRangeFirstMax && length * 2 <= block_length;
   }
 
   // `now`: the clock (tests pass their own).

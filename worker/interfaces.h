@@ -34,6 +34,7 @@ struct BlockRequest {
   bool from_peer = false;  // asked by another worker: serve from here, never forward
   bool cached_only = false;  // with from_peer: from this worker's cache only (NOT_FOUND on a miss)
   bool random = false;  // not a sequential reader's: range first also at a block's start
+  bool continues = false;  // continues a sequential stream: not range first inside a block either
   uint64_t free_stamp = 0;  // a load batch's, or a queued hint's (ReadBlockRequest.free_stamp): see BlockStore::FreeTicketAt
 };
 

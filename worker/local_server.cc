@@ -151,6 +151,7 @@ void LocalServer::Serve(int conn) {
     BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
                     r.index(),    r.offset(),   r.length(),  false};
     br.random = r.random();
+    br.continues = r.continues();
     std::string data;
     BlockLease lease;
     bool hit = false;

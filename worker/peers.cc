@@ -101,6 +101,7 @@ rpc::ReadBlockRequest PeerSet::ToProto(const BlockRequest& req) {
   r.set_from_peer(true);
   r.set_cached_only(req.cached_only);
   r.set_random(req.random);  // the home reads a random reader's block start range first too
+  r.set_continues(req.continues);
   r.set_free_stamp(req.free_stamp);
   return r;
 }

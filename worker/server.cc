@@ -148,6 +148,7 @@ class WorkerService final : public rpc::Worker::Service {
                     req->index(),      req->offset(),   req->length(),  req->from_peer(),
                     req->from_peer() && req->cached_only()};
     br.random = req->random();
+    br.continues = req->continues();
     br.free_stamp = req->free_stamp();
     std::string data = buffers_.Take();
     struct GiveBack {

@@ -129,6 +129,8 @@ TEST(SourceReads, OnlyReadsTheWorkerWouldAnswerRangeFirstAreReadHere) {
   EXPECT_FALSE(SourceReads::IsRangeFirst(bs, bs, 4096, mib + 1)) << "more than 1 MiB";
   EXPECT_FALSE(SourceReads::IsRangeFirst(bs, mib, 4096, mib / 2 + 1)) << "more than half a short last block";
   EXPECT_FALSE(SourceReads::IsRangeFirst(mib / 2, mib / 2, 4096, 4096)) << "a small block is fetched whole";
+  EXPECT_FALSE(SourceReads::IsRangeFirst(bs, bs, 4096, mib, false, true)) << "a sequential stream's next READ";
+  EXPECT_TRUE(SourceReads::IsRangeFirst(bs, bs, 0, 4096, true, true)) << "random wins";
 }
 
 TEST(SourceReads, ABlocksDirectReadsLastAtMostASecond) {

@@ -326,6 +326,33 @@ TEST_F(RangeFirstTest, ARandomReadAtABlocksStartIsARangeToo) {
   EXPECT_FALSE(source_->IsCached(Big(0, 0, kBlock))) << "fetched whole on its first touch";
 }
 
+// A sequential reader's READ that begins inside a block (the kernel's readahead sent it before the
+// READ holding the block's start, or READs of ~1 MiB fall across blocks) is marked continuing: the
+// block is fetched whole and kept, never read as a range first and then again whole (storage sent
+// twice for those bytes).
+TEST_F(RangeFirstTest, AContinuingReadInsideABlockFetchesTheBlockWhole) {
+  std::string out;
+  bool hit = true;
+  BlockRequest r = Big(0, 442368, 1032192);
+  r.continues = true;
+  ASSERT_TRUE(source_->Read(r, &out, &hit).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(out, big_.substr(442368, 1032192));
+  EXPECT_EQ(source_->counters().range_reads.load(), 0u);
+  EXPECT_TRUE(source_->IsCached(Big(0, 0, kBlock))) << "the block was not kept whole";
+  ASSERT_TRUE(source_->Read(Big(0, 0, 442368), &out, &hit).ok());  // the READ holding its start
+  EXPECT_TRUE(hit);
+  EXPECT_EQ(out, big_.substr(0, 442368));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1) << "the block's bytes were read from the store twice";
+  // Marked random as well, a read is a random reader's: range first.
+  BlockRequest random = Big(1, 4096, 4096);
+  random.continues = true;
+  random.random = true;
+  ASSERT_TRUE(source_->Read(random, &out, &hit).ok());
+  EXPECT_EQ(out, big_.substr(kBlock + 4096, 4096));
+  EXPECT_EQ(source_->counters().range_reads.load(), 1u);
+}
+
 // granary-fuse's own reads of the source (fuse/source_reads.h) reach the worker as touches: nothing
 // is read for them, and a block touched twice (by reads here or there) is filled as range first
 // fills it; a cached block's touches do nothing.
