@@ -530,7 +530,7 @@ void Init(void*, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_READDIRPLUS) conn->want |= FUSE_CAP_READDIRPLUS;
   if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
-  conn->max_readahead = (1 << 20) - (16 << 10);
+  conn->max_readahead = (1 << 20) - (16 << 10);  // granary-fuse's kMaxReadahead (fuse/fs_state.h)
   conn->max_write = conn->max_readahead;
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;

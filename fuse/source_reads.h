@@ -44,6 +44,7 @@
 
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "rpc/wire.h"
 
 namespace granary::fuse {
 
@@ -79,19 +80,12 @@ class SourceReads {
   static constexpr size_t kMaxBlocks = 4096;    // blocks of a file read here (the rest: the worker)
   static constexpr std::chrono::seconds kIdle{10};      // a file unread this long is let go (Trim)
   static constexpr std::chrono::seconds kAskAgain{30};  // a worker that sent no file is asked again
-  // The worker's range-first bounds (worker/block_source.h, kRangeFirstMax, kRangeFirstMinBlock).
-  static constexpr uint64_t kRangeFirstMax = 1024 * 1024;
-  static constexpr uint64_t kRangeFirstMinBlock = 1024 * 1024;
-
   // Whether the worker would answer a read of `length` bytes at `offset` within a block of
-  // `block_length` bytes (of a mount whose block size is `block_size`) range first; `random`: the
-  // read is not a sequential reader's (ReadBlockRequest.random), so its block's start counts too;
-  // `continues`: it continues a sequential stream (ReadBlockRequest.continues), so a range inside
-  // the block does not count.
+  // `block_length` bytes (of a mount whose block size is `block_size`) range first: the worker's
+  // own rule, rpc::IsRangeFirst (rpc/wire.h).
   static bool IsRangeFirst(uint64_t block_size, uint64_t block_length, uint64_t offset, uint64_t length,
                            bool random = false, bool continues = false) {
-    return block_size >= kRangeFirstMinBlock && (random || (offset > 0 && !continues)) &&
-           length <= kRangeFirstMax && length * 2 <= block_length;
+    return rpc::IsRangeFirst(block_size, block_length, offset, length, random, continues);
   }
 
   // `now`: the clock (tests pass their own).

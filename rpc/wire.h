@@ -24,6 +24,22 @@ inline ReadSource ReadSourceFromWire(uint32_t v) {
   }
 }
 
+// Range first (docs/architecture.md, the read path): a miss of `length` bytes at `offset` of a block
+// `block_length` long (of a mount whose block size is `block_size`) that the worker answers from a
+// ranged read of just those bytes, when it would fetch the block itself: at most kRangeFirstMax
+// bytes and half the block, in a block of at least kRangeFirstMinBlock (a smaller one costs about
+// one round trip whole), inside the block unless the read continues a sequential stream
+// (ReadBlockRequest.continues), or anywhere in it when the read is a random one
+// (ReadBlockRequest.random). The worker decides with it (BlockSource) and granary-fuse predicts the
+// worker with it (fuse/source_reads.h): one rule for both.
+inline constexpr uint64_t kRangeFirstMax = 1024 * 1024;
+inline constexpr uint64_t kRangeFirstMinBlock = 1024 * 1024;
+inline bool IsRangeFirst(uint64_t block_size, uint64_t block_length, uint64_t offset, uint64_t length, bool random,
+                         bool continues) {
+  return block_size >= kRangeFirstMinBlock && (random || (offset > 0 && !continues)) && length <= kRangeFirstMax &&
+         length * 2 <= block_length;
+}
+
 inline void SetStatus(const Status& st, LocalResponse* resp) {
   resp->set_code(static_cast<int32_t>(st.code()));
   resp->set_message(st.message());

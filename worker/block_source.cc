@@ -162,9 +162,8 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
     route.ask_peers = false;
     route.keep = became_home;
   }
-  if (!route.ask_peers && req.block_size >= kRangeFirstMinBlock && (req.random || (req.offset > 0 && !req.continues)) &&
-      len <= kRangeFirstMax &&
-      len * 2 <= meta.length && !JoinRatherThanRange(meta.id)) {
+  if (!route.ask_peers && rpc::IsRangeFirst(req.block_size, meta.length, req.offset, len, req.random, req.continues) &&
+      !JoinRatherThanRange(meta.id)) {
     return RangeFirst(req, t, route, out, source);
   }
   std::optional<Fetched> fetched;

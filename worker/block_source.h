@@ -37,10 +37,12 @@
 // blocks) so the next requests for the rest of the block, from the same reader, do not fetch it
 // again. The buffer is deliberately tiny: it is not a cache.
 // Range first: a miss that starts inside its block (offset > 0; a sequential reader starts each
-// block at 0), or anywhere in it for a random reader's (BlockRequest::random: granary-fuse saw the
+// block at 0) unless granary-fuse saw it continue a sequential stream (BlockRequest::continues),
+// or anywhere in it for a random reader's (BlockRequest::random: granary-fuse saw the
 // read land far from the file's last one, so a window crossing into a block is not a sequential
-// reader's block start), of at most kRangeFirstMax bytes and half the block, in a block of at least
-// kRangeFirstMinBlock, that this worker would fetch from the under-storage itself with no fetch of
+// reader's block start), of at most rpc::kRangeFirstMax bytes and half the block, in a block of at
+// least rpc::kRangeFirstMinBlock (the rule: rpc::IsRangeFirst, which granary-fuse shares), that this
+// worker would fetch from the under-storage itself with no fetch of
 // the block in flight, is answered from a ranged read of just its bytes: a random 4 KiB read into
 // a cold 4 MiB block waits for 4 KiB, not 4 MiB. The whole block follows in the background (a
 // fill) on the block's second range-first touch, and only when the cache has free room for it
@@ -236,13 +238,7 @@ class BlockSource {
   static constexpr size_t kPrefetchQueue = 256;
   static constexpr size_t kPrefetchThreads = 8;
   static constexpr size_t kFillThreads = 2;
-  // Range first: a miss of at most this many bytes, and at most half its block, that this worker
-  // fetches from the under-storage itself is answered from a ranged read (RangeFirst).
-  static constexpr uint64_t kRangeFirstMax = 1024 * 1024;
   static constexpr size_t kTouched = 4096;  // blocks remembered as range-read once (SecondTouch)
-  // ... in a block of at least this size: a smaller block costs about one round trip whole, so it
-  // is fetched whole (the default block is 4 MiB).
-  static constexpr uint64_t kRangeFirstMinBlock = 1024 * 1024;
   // Streaming: blocks at least this large are answered as their bytes land (a smaller block costs
   // about one round trip whole), by at most kStreamThreads fetches at once (more wait their turn).
   static constexpr uint64_t kStreamMinBlock = 1024 * 1024;
