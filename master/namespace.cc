@@ -493,6 +493,18 @@ Status Namespace::EnsureListed(const InodeRecord& dir, bool* ufs_needed) {
   if (fresh.listed() && !SyncDue(fresh)) return Status::OK();  // another caller just listed it
   bool was_listed = fresh.listed();
   std::string path = fresh.ufs_path();
+  if (!was_listed) {
+    ASSIGN_OR_RETURN(auto ufs, UfsFor(fresh.mount_id()));
+    if (list_ahead_entries_ != 0 && ufs->ListsTreeFlat()) {
+      LoadTreeOptions ahead;
+      ahead.max_entries = list_ahead_entries_;
+      auto loaded = LoadTreeOf(fresh, path, ahead);
+      // A failed list-ahead is not this call's failure: the plain listing below says what is wrong.
+      if (loaded.ok() && loaded->complete) return Status::OK();
+      ASSIGN_OR_RETURN(fresh, GetRecord(dir.ino()));
+      if (fresh.listed()) return Status::OK();
+    }
+  }
   Status st = ListDir(std::move(fresh));
   if (!st.ok() && was_listed && GetMount(dir.mount_id()).ok()) {
     // A re-sync failed (the under-storage is unreachable, or the directory is gone and its parent's
@@ -658,6 +670,10 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
   ASSIGN_OR_RETURN(InodeRecord top, GetRecord(top_attr.ino()));
   if (top.type() != rpc::DIRECTORY) return InvalidArgumentError(path + " is a file; load a directory");
   if (top.mount_id() == 0) return InvalidArgumentError(path + " is not inside a mounted dataset (see `granary mounts`)");
+  return LoadTreeOf(std::move(top), path, opts);
+}
+
+StatusOr<LoadStats> Namespace::LoadTreeOf(InodeRecord top, const std::string& path, const LoadTreeOptions& opts) {
   ASSIGN_OR_RETURN(auto ufs, UfsFor(top.mount_id()));
   SyncBatch b;
   {
@@ -743,8 +759,15 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
     fresh_dir.reset();
     return below ? Status::OK() : finish(o);
   };
+  uint64_t passed = 0;      // entries passed to this load
+  bool out_of_budget = false;  // opts.max_entries reached
   Status st = ufs->ListTree(top.ufs_path(), opts.page_size, [&](std::vector<UfsEntry>& page) -> Status {
     if (opts.stop && opts.stop()) return CancelledError("the load was stopped; loading again resumes it");
+    if (opts.max_entries != 0 && passed >= opts.max_entries) {
+      out_of_budget = true;
+      return CancelledError("more entries than the load may list");
+    }
+    passed += page.size();
     if (page.empty()) return Status::OK();
     const std::string checkpoint = page.back().name + (page.back().is_dir ? "/" : "");
     MutexLock lock(&mu_);
@@ -835,6 +858,24 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
     b.batch.Put(cursor_key, cursor.SerializeAsString());
     return WriteLocked(&b);
   }, after);
+  if (out_of_budget) {
+    // Not an interruption to resume: what was written stays, the cursor goes.
+    MutexLock lock(&mu_);
+    if (mounts_.count(top.mount_id()) == 0) {
+      st = NotFoundError("the mount was removed while loading");
+    } else {
+      b.batch.Delete(cursor_key);
+      st = journal_.Commit(&b.batch).WithContext("drop a load's cursor");
+      b.batch.Clear();
+    }
+    Reclaim(std::move(b.reclaim));
+    if (!st.ok()) return st.WithContext("loading the metadata of " + path);
+    stats.complete = false;
+    stats.added = b.added;
+    stats.changed = b.changed;
+    stats.removed = b.removed;
+    return stats;
+  }
   if (st.ok()) {
     MutexLock lock(&mu_);
     auto mit = mounts_.find(top.mount_id());
@@ -857,8 +898,9 @@ StatusOr<LoadStats> Namespace::LoadTree(const std::string& path, const LoadTreeO
   stats.added = b.added;
   stats.changed = b.changed;
   stats.removed = b.removed;
-  spdlog::info("loaded the metadata of {}: {} files ({} bytes) in {} directories; {} new, {} changed, {} removed",
-               path, stats.files, stats.bytes, stats.dirs, b.added, b.changed, b.removed);
+  spdlog::log(opts.max_entries != 0 ? spdlog::level::debug : spdlog::level::info,
+              "loaded the metadata of {}: {} files ({} bytes) in {} directories; {} new, {} changed, {} removed", path,
+              stats.files, stats.bytes, stats.dirs, b.added, b.changed, b.removed);
   return stats;
 }
 

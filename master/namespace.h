@@ -92,6 +92,7 @@ struct LoadStats {
   uint64_t files = 0, bytes = 0, dirs = 0, skipped = 0;
   uint64_t added = 0, changed = 0, removed = 0;
   std::string resumed_after;  // the checkpoint a resumed load started after; empty: from the start
+  bool complete = true;       // false: stopped by LoadTreeOptions::max_entries
 };
 
 struct LoadTreeOptions {
@@ -99,6 +100,11 @@ struct LoadTreeOptions {
   // Asked between pages: true stops the load with CANCELLED. What was written stays, and the next
   // load of the same directory resumes from there.
   std::function<bool()> stop;
+  // More than this many entries below the directory (0: no limit): the load stops before passing
+  // the next page, returns OK with LoadStats::complete false and keeps no cursor. The directories
+  // it passed completely are listed; the others (`path` among them) are as a plain listing left
+  // them. EnsureListed's list-ahead uses it to list a small subtree in a few flat pages.
+  uint64_t max_entries = 0;
 };
 
 // The pid of another process holding the RocksDB lock of the master data directory `data_dir`
@@ -129,6 +135,12 @@ class Namespace {
   // or deleted (their cached blocks can be freed). Set before serving.
   using ReclaimFn = std::function<void(std::vector<FileKey>)>;
   void SetReclaimListener(ReclaimFn fn) { on_reclaim_ = std::move(fn); }
+
+  // How many entries below a directory listed for the first time are listed ahead with it, from a
+  // store that lists trees flat (EnsureListed); 0: none, every directory is listed on its own. Set
+  // before serving.
+  static constexpr uint64_t kListAheadEntries = 4000;
+  void SetListAheadEntries(uint64_t n) { list_ahead_entries_ = n; }
 
   StatusOr<rpc::MountInfo> Mount(const std::string& path, const std::string& uri,
                                  const std::map<std::string, std::string>& options);
@@ -349,7 +361,15 @@ class Namespace {
   Status RenameEntry(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
                      bool noreplace, const WriteCaller& as, bool dir_allowed, uint64_t* moved_dir);
   StatusOr<uint64_t> GetChild(uint64_t parent, const std::string& name) const;
+  // Lists `dir` if it never was, or its sync is due. A directory never listed, of a store that lists
+  // a whole tree in flat pages (UnderFileSystem::ListsTreeFlat: object stores), is first listed
+  // ahead: its subtree in at most list_ahead_entries_ entries (LoadTreeOf), which lists every
+  // directory below it that those pages hold completely, and it too if the subtree fits. A dataset
+  // of many small directories is then listed in a few requests instead of one per directory (the
+  // store's delimiter listings cost it more CPU, docs/benchmarks.md, session 43); a larger subtree
+  // costs list_ahead_entries_ / 1000 + 1 requests more, once.
   Status EnsureListed(const InodeRecord& dir, bool* ufs_needed = nullptr);
+  StatusOr<LoadStats> LoadTreeOf(InodeRecord top, const std::string& path, const LoadTreeOptions& opts);
   // The answer to a call made with `ufs_needed` that would have to wait for the under-storage.
   static Status NeedsUfs(bool* ufs_needed);
   StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id) EXCLUDES(mu_);
@@ -384,6 +404,7 @@ class Namespace {
   std::map<uint64_t, WriteMode> write_modes_ GUARDED_BY(sync_mu_);  // each mount's `write` option
   // Opened under-storages by mount id (thread-safe on its own; loads from mounts_ via MountSource).
   UfsCounters ufs_counters_;
+  uint64_t list_ahead_entries_ = kListAheadEntries;
   const UfsAccess access_;
   MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }, access_, &ufs_counters_};
 

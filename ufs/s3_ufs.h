@@ -79,6 +79,7 @@ class S3Ufs : public UnderFileSystem {
   Status List(const std::string& dir, size_t page_size, const PageFn& on_page) override;
   // One flat listing; resumes with ListObjectsV2's start-after.
   Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) override;
+  bool ListsTreeFlat() const override { return true; }
   StatusOr<size_t> Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                         char* out) override;
   StatusOr<size_t> ReadStreaming(const std::string& path, const std::string& version, uint64_t offset, size_t length,

@@ -255,6 +255,7 @@ class CountingUfs final : public UnderFileSystem {
     Status st = Counted(&c_->lists, [&] { return inner_->List(dir, page_size, Watch(on_page, &from_caller)); });
     return from_caller.ok() ? st : from_caller;
   }
+  bool ListsTreeFlat() const override { return inner_->ListsTreeFlat(); }
   Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after) override {
     Status from_caller;
     Status st = Counted(&c_->lists,

@@ -144,6 +144,9 @@ class UnderFileSystem {
   // other files of its directory. A checkpoint the tree no longer holds resumes at the place it
   // would have had.
   virtual Status ListTree(const std::string& dir, size_t page_size, const PageFn& on_page, const std::string& after);
+  // Whether ListTree is one flat, paged listing (object stores) rather than a walk with List: then
+  // a small subtree is listed in fewer requests by ListTree than directory by directory.
+  virtual bool ListsTreeFlat() const { return false; }
 
   // Reads up to `length` bytes at `offset` of `path`, which must still have `version`, into `out`.
   // Returns the bytes read (fewer only at end of file). FAILED_PRECONDITION when the version differs.

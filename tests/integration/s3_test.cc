@@ -481,9 +481,10 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
   TempDir dir;
   std::map<std::string, std::string> opts{
       {"endpoint", endpoint_}, {"access_key_file", CredFile("ak", ak_)}, {"secret_key_file", CredFile("sk", sk_)}};
-  auto open_ns = [&](const std::string& name) {
+  auto open_ns = [&](const std::string& name, uint64_t list_ahead = master::Namespace::kListAheadEntries) {
     auto ns = master::Namespace::Open(dir / name, 4 << 20, UfsAccess::Unrestricted());
     EXPECT_TRUE(ns.ok()) << ns.status().message();
+    (*ns)->SetListAheadEntries(list_ahead);
     auto m = (*ns)->Mount("/ds", "s3://granary-test/ds", opts);
     EXPECT_TRUE(m.ok()) << m.status().message();
     return std::move(ns).value();
@@ -510,9 +511,26 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
           if (page.end()) break;
         }
       };
-  auto lazy = open_ns("lazy");
+  // Directory by directory (one delimiter listing each), as a sync lists them.
+  auto lazy = open_ns("lazy", 0);
   std::map<std::string, std::string> lazy_tree, bulk_tree;
   walk(*lazy, lazy->Resolve("/ds")->ino(), "", &lazy_tree);
+  const uint64_t dirs = std::count_if(lazy_tree.begin(), lazy_tree.end(), [](const auto& kv) { return kv.second == "dir"; });
+  EXPECT_EQ(lazy->ufs_counters().lists.load(), dirs + 1);
+  // Listed ahead (the default): the whole tree (fewer entries than the budget) in one flat listing
+  // at the first readdir.
+  auto ahead = open_ns("ahead");
+  std::map<std::string, std::string> ahead_tree;
+  walk(*ahead, ahead->Resolve("/ds")->ino(), "", &ahead_tree);
+  EXPECT_EQ(ahead_tree, lazy_tree);
+  EXPECT_EQ(ahead->ufs_counters().lists.load(), 1u);
+  // A budget smaller than the tree: the listing ahead stops, the directories it passed whole are
+  // listed, the rest is listed as it is read; the same tree.
+  auto partial = open_ns("partial", 300);
+  std::map<std::string, std::string> partial_tree;
+  walk(*partial, partial->Resolve("/ds")->ino(), "", &partial_tree);
+  EXPECT_EQ(partial_tree, lazy_tree);
+  EXPECT_GT(partial->ufs_counters().lists.load(), 1u);
   auto bulk = open_ns("bulk");
   auto stats = bulk->LoadTree("/ds");
   ASSERT_TRUE(stats.ok()) << stats.status().message();
