@@ -224,6 +224,7 @@ void BlockStore::RemoveLocked(const BlockId& id, Removal* r) {
   LetGoRangeLocked(PathLocked(id, e.tier, e.dir), e.meta.offset, e.meta.length, e.doomed);
   r->removed.push_back(e.meta);
   AccountLocked(e.meta, -1);
+  if (e.pinned) --pinned_blocks_;
   index_.erase(it);
 }
 
@@ -288,7 +289,8 @@ StatusOr<size_t> BlockStore::Read(const BlockId& id, uint64_t offset, size_t len
 }
 
 StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
-                                          BlockLease* lease, store::Check check) {
+                                          BlockLease* lease, store::Check check, bool* checked_out) {
+  if (checked_out != nullptr) *checked_out = false;
   uint64_t data_len, block_offset;
   std::string path;
   std::shared_ptr<const std::vector<uint64_t>> sums;
@@ -344,9 +346,10 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   bool checked = false;
   Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,
                                lease ? &fd : nullptr, check, &checked);
-  if (st.ok() && !checked && check == store::Check::kChunksUnlessAsWritten) {
+  if (st.ok() && !checked && check == store::Check::kChunksUnlessAsWritten && account) {
     reads_as_written_.fetch_add(1, std::memory_order_relaxed);  // not a read that failed before any check
   }
+  if (checked_out != nullptr) *checked_out = checked;
   if (!st.ok()) {
     if (!st.IsDataLoss()) {
       release(false);
@@ -561,7 +564,8 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data, uint64_t ti
   e.own_write = true;
   tiers_[tier].dirs[dir].used += file_bytes;
   tiers_[tier].nblocks++;
-  auto [it, _] = index_.emplace(meta.id, e);
+  auto [it, inserted] = index_.emplace(meta.id, e);
+  if (inserted && e.pinned) ++pinned_blocks_;
   AccountLocked(meta, +1);
   ListLocked(meta.id, it->second);
   return Status::OK();
@@ -583,6 +587,7 @@ Status BlockStore::Pin(const std::vector<FileKey>& keys, bool pin) {
       if (!set.count(id.key) || e.pinned == pin) continue;
       UnlistLocked(e);
       e.pinned = pin;
+      pin ? ++pinned_blocks_ : --pinned_blocks_;
       ListLocked(id, e);
     }
   }
@@ -599,6 +604,7 @@ Status BlockStore::SetPins(const std::vector<FileKey>& keys) {
       if (e.pinned == pin) continue;
       UnlistLocked(e);
       e.pinned = pin;
+      pin ? ++pinned_blocks_ : --pinned_blocks_;
       ListLocked(id, e);
     }
   }
@@ -860,7 +866,7 @@ BlockStoreStats BlockStore::Stats() const {
     s.evictions += ts.evictions;
     s.tiers.push_back(std::move(ts));
   }
-  for (const auto& [id, e] : index_) s.pinned_blocks += e.pinned ? 1 : 0;
+  s.pinned_blocks = pinned_blocks_;
   s.mounts = usage_;
   for (const auto& [mount, u] : usage_) {
     s.elastic_blocks += u.elastic_blocks;

@@ -404,9 +404,10 @@ class BlockStore {
   // Read(); `account` false leaves the LRU order, the counters and promotion alone (the scrub).
   // With `lease`, nothing is copied to `out` (may be null): the open file and the reader count are
   // handed to the lease instead. `check` as store::ReadRange takes it, kChunksUnlessAsWritten
-  // meaning kChunks for a block not put by this process (Entry::own_write); the scrub passes kChunks.
+  // meaning kChunks for a block not put by this process (Entry::own_write). *checked (if given):
+  // whether the chunks were verified.
   StatusOr<size_t> ReadInternal(const BlockId& id, uint64_t offset, size_t length, char* out, bool account,
-                                BlockLease* lease, store::Check check);
+                                BlockLease* lease, store::Check check, bool* checked = nullptr);
 
   const StoreOptions options_;
   std::atomic<uint64_t> tmp_seq_{0};
@@ -414,6 +415,7 @@ class BlockStore {
   mutable Mutex mu_;
   std::vector<Tier> tiers_ GUARDED_BY(mu_);
   std::unordered_map<BlockId, Entry, BlockIdHash> index_ GUARDED_BY(mu_);
+  uint64_t pinned_blocks_ GUARDED_BY(mu_) = 0;  // entries of index_ with `pinned` (Stats() is O(1))
   std::map<uint64_t, MountUsage> usage_ GUARDED_BY(mu_);  // index_ summed by mount
   std::unordered_map<uint64_t, CachePolicy> mount_policy_ GUARDED_BY(mu_);
   std::unordered_set<FileKey, FileKeyHash> pins_ GUARDED_BY(mu_);

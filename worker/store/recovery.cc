@@ -215,7 +215,7 @@ Status BlockStore::LoadOne(int tier, int dir, const FileKey& key, uint64_t index
   tiers_[tier].dirs[dir].used += e.file_bytes;
   tiers_[tier].nblocks++;
   HoldFileLocked(data);
-  index_.emplace(id, e);
+  if (index_.emplace(id, e).second && e.pinned) ++pinned_blocks_;
   AccountLocked(e.meta, +1);
   return Status::OK();
 }
