@@ -498,9 +498,11 @@ Status Namespace::EnsureListed(const InodeRecord& dir, bool* ufs_needed) {
     if (list_ahead_entries_ != 0 && ufs->ListsTreeFlat()) {
       LoadTreeOptions ahead;
       ahead.max_entries = list_ahead_entries_;
-      auto loaded = LoadTreeOf(fresh, path, ahead);
-      // A failed list-ahead is not this call's failure: the plain listing below says what is wrong.
+      auto loaded = LoadTreeOf(fresh, RedactUri(ufs->uri()) + "/" + path, ahead);
       if (loaded.ok() && loaded->complete) return Status::OK();
+      // The store unreachable (its retries spent): the listing below would wait as long again.
+      // Any other failure of the listing ahead is left to the plain listing to say or to get past.
+      if (!loaded.ok() && loaded.status().IsUnderStorageDown()) return loaded.status();
       ASSIGN_OR_RETURN(fresh, GetRecord(dir.ino()));
       if (fresh.listed()) return Status::OK();
     }

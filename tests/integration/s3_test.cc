@@ -545,6 +545,36 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
   EXPECT_FALSE(bulk_tree.count("clash")) << "the directory wins over the object of the same name";
 }
 
+// A directory listed for the first time with the store unreachable fails once, when the listing
+// ahead has spent its retries: not again after the plain listing's own.
+TEST_F(S3Test, AColdListingWithTheStoreDownFailsAfterOneListing) {
+  int rgw_port = std::stoi(endpoint_.substr(endpoint_.rfind(':') + 1));
+  FaultProxy proxy(rgw_port);
+  TempDir dir;
+  auto ns = master::Namespace::Open(dir / "db", 4 << 20, UfsAccess::Unrestricted());
+  ASSERT_TRUE(ns.ok()) << ns.status().message();
+  auto m = (*ns)->Mount("/ds", "s3://granary-test/ds",
+                        {{"endpoint", "http://127.0.0.1:" + std::to_string(proxy.port())},
+                         {"access_key_file", CredFile("ak", ak_)},
+                         {"secret_key_file", CredFile("sk", sk_)},
+                         {"retry_deadline", "1s"},
+                         {"max_attempts", "3"}});
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  proxy.SetMode(FaultProxy::kReset);
+  const uint64_t before = (*ns)->ufs_counters().lists.load();
+  rpc::ReadDirResponse page;
+  Status st = (*ns)->ReadDir(m->root_ino(), 0, 100, &page);
+  EXPECT_TRUE(st.IsUnderStorageDown()) << st.message();
+  EXPECT_NE(st.message().find("s3://granary-test/ds"), std::string::npos) << st.message();
+  EXPECT_EQ((*ns)->ufs_counters().lists.load() - before, 1u) << "listed again after the store was found down";
+  // Back up: the same call lists.
+  proxy.SetMode(FaultProxy::kPass);
+  page.Clear();
+  st = (*ns)->ReadDir(m->root_ino(), 0, 100, &page);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_GT(page.entries_size(), 0);
+}
+
 TEST_F(S3Test, TransientFaultsAreRetriedAndNeverReturnWrongBytes) {
   auto http = std::make_shared<FaultHttp>();
   auto ufs = Open("s3://granary-test/ds", {{"retry_deadline", "60s"}}, http);
