@@ -120,7 +120,21 @@ class Chaos:
 
     def run(self, argv, ns=None, timeout=120, env=None, check=True):
         cmd = (["nsenter", f"--net={ns_path(ns)}"] if ns else []) + argv
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        # The faults due to end meanwhile end on time: a command that waits on a cut link (the CLI
+        # runs in node 1's namespace) must not keep that link cut until its own timeout.
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                out, err = p.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    p.kill()
+                    p.communicate()
+                    raise subprocess.TimeoutExpired(cmd, timeout) from None
+                self.run_undo()
+        r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
         if check and r.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[:3])}... failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
         return r
