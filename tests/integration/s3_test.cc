@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "ufs/s3_ufs.h"
 #include "master/namespace.h"
@@ -531,6 +532,45 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
   walk(*partial, partial->Resolve("/ds")->ino(), "", &partial_tree);
   EXPECT_EQ(partial_tree, lazy_tree);
   EXPECT_GT(partial->ufs_counters().lists.load(), 1u);
+  // Listings ahead racing one another and plain listings of the directories they cover: four
+  // walkers at once, each descending in its own order, over a budget that stops most listings
+  // ahead part way. Every walker sees the same tree.
+  auto racing = open_ns("racing", 50);
+  std::vector<std::map<std::string, std::string>> trees(4);
+  std::vector<std::thread> walkers;
+  for (size_t w = 0; w < trees.size(); ++w) {
+    walkers.emplace_back([&, w] {
+      std::function<void(uint64_t, const std::string&)> descend = [&](uint64_t ino, const std::string& prefix) {
+        std::vector<std::pair<uint64_t, std::string>> dirs;
+        uint64_t after = 0;
+        for (;;) {
+          rpc::ReadDirResponse page;
+          Status st = racing->ReadDir(ino, after, 500, &page);
+          EXPECT_TRUE(st.ok()) << st.message();
+          if (!st.ok()) return;
+          for (const auto& e : page.entries()) {
+            std::string path = prefix + e.name();
+            if (e.attr().type() == rpc::DIRECTORY) {
+              trees[w][path + "/"] = "dir";
+              dirs.emplace_back(e.attr().ino(), path + "/");
+            } else {
+              auto f = racing->GetFile(e.attr().ino());
+              EXPECT_TRUE(f.ok());
+              if (f.ok()) trees[w][path] = std::to_string(e.attr().size()) + " " + f->version();
+            }
+            after = e.cookie();
+          }
+          if (page.end()) break;
+        }
+        if (w % 2 == 1) std::reverse(dirs.begin(), dirs.end());
+        if (w >= 2) std::rotate(dirs.begin(), dirs.begin() + static_cast<long>(dirs.size() / 2), dirs.end());
+        for (const auto& [sub, path] : dirs) descend(sub, path);
+      };
+      descend(racing->Resolve("/ds")->ino(), "");
+    });
+  }
+  for (auto& t : walkers) t.join();
+  for (const auto& tree : trees) EXPECT_EQ(tree, lazy_tree);
   auto bulk = open_ns("bulk");
   auto stats = bulk->LoadTree("/ds");
   ASSERT_TRUE(stats.ok()) << stats.status().message();
