@@ -10,7 +10,8 @@
 
 namespace granary::fuse::internal {
 
-struct stat ToStat(const Fs* fs, const rpc::Attr& a) {
+struct stat ToStat(Fs* fs, const rpc::Attr& a) {
+  if (a.writable()) fs->sb_mode.NoteWritable();  // before the kernel can try to write there
   struct stat st {};
   st.st_ino = fs->ToKernel(a.ino());
   st.st_mode = (a.type() == rpc::DIRECTORY ? S_IFDIR : S_IFREG) | (a.mode() & 07777);

@@ -86,6 +86,7 @@
 #include "fuse/handover.h"
 #include "fuse/kernel_reads.h"
 #include "fuse/known_dirs.h"
+#include "fuse/superblock_mode.h"
 #include "fuse/open_file.h"
 #include "fuse/open_handles.h"
 #include "fuse/passthrough.h"
@@ -200,6 +201,8 @@ struct Fs {
   // PassthroughOpens::mu (so it hears of them in the order they happen).
   std::unique_ptr<KeeperLink> keeper;
   bool taken_over = false;        // this process took the connection over: the mode is the predecessor's
+  // Read-only superblock until a writable dataset is shown (passthrough; fuse/superblock_mode.h).
+  SuperblockMode sb_mode;
   void KeeperPut(uint64_t kino, const InodeOpens& st) {
     if (!keeper) return;
     rpc::FuseBacking b;
@@ -371,8 +374,9 @@ class OpScope {
 // turns the mount to kernel mode (with a warning).
 std::unique_ptr<BackingHost> MakeBackingHost(Fs* fs);
 
-// A master Attr as the kernel sees it (fuse.root's inode shown as the kernel's root, 1).
-struct stat ToStat(const Fs* fs, const rpc::Attr& a);
+// A master Attr as the kernel sees it (fuse.root's inode shown as the kernel's root, 1). An Attr
+// below a writable mount first makes the mount writable (Fs::sb_mode).
+struct stat ToStat(Fs* fs, const rpc::Attr& a);
 // The kernel's attribute timeout for `a`: fuse.attr_timeout, or below a writable mount 0 for files
 // (close-to-open) and at most 1 s for directories.
 double WritableAttrTimeout(const Fs* fs, const rpc::Attr& a);

@@ -264,6 +264,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
     }
     if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
     if (st.passthrough_refused()) fs_->passthrough->SetRefused();
+    if (cfg.fuse.writes) fs_->sb_mode.Adopt(mountpoint_);
   } else {
     if (fuse_session_mount(se_, mountpoint_.c_str()) != 0) {
       fuse_session_destroy(se_);
@@ -274,6 +275,7 @@ Status FuseMountImpl::Init(const Config& cfg) {
     }
     mounted_ = true;
     fd = fuse_session_fd(se_);
+    if (cfg.fuse.writes) fs_->sb_mode.Arm(mountpoint_);  // fuse.writes=false mounted ro already
   }
   // Our own /dev/fuse I/O (session_io.h): passthrough, INIT kept and replayed, hand-over.
   auto io = SessionIo::Install(se_, fd, fs_->mode == OpenMode::kPassthrough, replay);

@@ -343,6 +343,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
         EndOpen(fs, ino, fi->fh, *of);
         fs->handles->Take(fi->fh, ino);
       }
+      fs->sb_mode.OnPassthroughOpen();  // once: read-only until a writable dataset is shown
       return;
     }
     if (choice.direct_io) fi->direct_io = 1;  // another version of the inode is open in passthrough

@@ -9,7 +9,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "tests/integration/harness.h"
 
@@ -242,6 +244,80 @@ size_t DataFilesIn(const std::string& cache) {
     if (e.is_regular_file() && e.path().extension() != ".m") ++n;
   }
   return n;
+}
+
+// Whether the superblock of the mount at `mp` is read-only (/proc/self/mountinfo's super options),
+// or with `mount_point` true, the mount point itself (its mount options).
+bool SuperblockReadOnly(const std::string& mp, bool mount_point = false) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  bool ro = false;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, at, options;
+    if (!(f >> id >> parent >> dev >> root >> at >> options) || at != mp) continue;
+    if (mount_point) {
+      ro = options == "ro" || options.rfind("ro,", 0) == 0;
+      continue;
+    }
+    size_t dash = line.find(" - ");
+    std::istringstream tail(line.substr(dash + 3));
+    std::string type, source, super;
+    tail >> type >> source >> super;
+    ro = super == "ro" || super.rfind("ro,", 0) == 0;
+  }
+  return ro;
+}
+
+// Read-only datasets only: after the first passthrough open the superblock is read-only, so a
+// passthrough read invalidates no atime and an fstat after it asks granary-fuse nothing. After a
+// hand-over and a crash, a dataset mounted writable makes the mount writable at its first lookup,
+// and a write there lands.
+TEST(Passthrough, TheMountIsReadOnlyUntilAWritableDatasetIsShown) {
+  TempDir dir;
+  std::string data = RandomBytes(50000, 22);
+  WriteFile(dir / "src/img.jpg", data);
+  fs::create_directories(dir / "out");
+  LocalCluster c(dir, ModeOptions("passthrough"));
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  const std::string mnt = c.mountpoint();
+  EXPECT_FALSE(SuperblockReadOnly(mnt)) << "read-only before anything was opened";
+  std::string path = mnt + "/ds/img.jpg";
+  ASSERT_EQ(Mismatch(path, data, 3), "");
+  if (Opens(c, "passthrough") == 0) GTEST_SKIP() << "this kernel serves no passthrough open here";
+  ASSERT_TRUE(SuperblockReadOnly(mnt)) << c.Logs();
+  EXPECT_FALSE(SuperblockReadOnly(mnt, /*mount_point=*/true))
+      << "the mount point must stay rw: copies of it made by propagation follow only the superblock";
+  const std::string getattrs = "granary_fuse_operation_duration_seconds_count{op=\"getattr\"}";
+  const double before = c.Metric("fuse", getattrs);
+  for (int i = 0; i < 5; ++i) {
+    int fd = open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    std::string buf(data.size(), '\0');
+    ASSERT_EQ(read(fd, buf.data(), buf.size()), static_cast<ssize_t>(data.size()));
+    struct stat st {};
+    ASSERT_EQ(fstat(fd, &st), 0);
+    EXPECT_EQ(static_cast<size_t>(st.st_size), data.size());
+    close(fd);
+  }
+  EXPECT_EQ(c.Metric("fuse", getattrs), before) << "an fstat after a passthrough read reached granary-fuse";
+
+  // A successor of a hand-over, then a crash and restart: each learns the state from the kernel.
+  ASSERT_TRUE(c.UpgradeFuse(&why)) << why;
+  ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << why;
+  EXPECT_TRUE(SuperblockReadOnly(mnt));
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "out", "-o", "write=through"}).code, 0);
+  int fd = open((mnt + "/w/new.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno) << "\n" << c.Logs();
+  ASSERT_EQ(write(fd, "written", 7), 7);
+  ASSERT_EQ(close(fd), 0) << strerror(errno);
+  EXPECT_EQ(ReadFile(dir / "out/new.txt"), "written");
+  EXPECT_FALSE(SuperblockReadOnly(mnt));
+  EXPECT_EQ(Mismatch(path, data, 4), "") << "reads go on";
+  ASSERT_TRUE(c.StopAll(&why)) << why;
 }
 
 // A passthrough open holds its cache file: freeing the dataset leaves it until the file is

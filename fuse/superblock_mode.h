@@ -1,0 +1,62 @@
+// SuperblockMode: a passthrough mount's superblock stays read-only until the mount shows a
+// writable dataset.
+//
+// Why: the kernel ends every passthrough read by invalidating the FUSE inode's atime (unless the
+// superblock is read-only), so the next fstat of that file — CPython's open() makes one — is a
+// GETATTR round trip to granary-fuse: one per file per epoch, the row passthrough lost in
+// bench/warm_read.sh (docs/benchmarks.md, session 43). fuse.writes=false mounts read-only from the
+// start; with writes on (the default) the mount must take writes once a dataset is mounted
+// writable, which most never are.
+//
+// How: only the superblock's flag changes (fspick + fsconfig reconfigure), never the mount point's,
+// so copies of the mount made by propagation (a Kubernetes host path the training containers see)
+// follow it: they share the superblock. The first passthrough OPEN makes the superblock read-only
+// unless a writable attribute was seen; the first writable attribute seen (any LOOKUP, GETATTR or
+// READDIRPLUS answer below a writable mount, ToStat) makes it writable again before that answer is
+// sent, so the write that follows the path walk finds it writable. A dataset made writable while a
+// node's kernel still holds its directories' entries becomes writable there at the next lookup of
+// one (fuse.entry_timeout). Never read-only again once writable. A superblock that cannot be
+// changed (a kernel without fspick, Linux < 5.2; files open for writing) stays as it is.
+//
+// A successor of a hand-over reads the state from /proc/self/mountinfo (Adopt).
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "common/status.h"
+#include "common/thread_annotations.h"
+
+namespace granary::fuse {
+
+class SuperblockMode {
+ public:
+  // Unarmed (Arm not called): does nothing.
+  SuperblockMode() = default;
+  // From now on the superblock of the FUSE mount at `mountpoint` may be made read-only.
+  void Arm(const std::string& mountpoint) EXCLUDES(mu_);
+  // A hand-over successor: armed, with the state the kernel has now.
+  void Adopt(const std::string& mountpoint) EXCLUDES(mu_);
+  // Read-only, unless a writable attribute was seen (or this was done already).
+  void OnPassthroughOpen() EXCLUDES(mu_);
+  // A writable attribute is about to be answered: writable first.
+  void NoteWritable() EXCLUDES(mu_);
+  bool read_only() const { return read_only_.load(std::memory_order_relaxed); }
+
+  // Whether the superblock of the mount at `mountpoint` is read-only, from /proc/self/mountinfo.
+  static StatusOr<bool> ReadOnlyNow(const std::string& mountpoint);
+  // Sets the superblock's read-only flag of the mount at `mountpoint` (fspick, fsconfig).
+  static Status SetReadOnly(const std::string& mountpoint, bool read_only);
+
+ private:
+  Mutex mu_;
+  std::string mountpoint_ GUARDED_BY(mu_);  // empty: unarmed
+  bool writable_seen_ GUARDED_BY(mu_) = false;
+  bool tried_read_only_ GUARDED_BY(mu_) = false;
+  std::atomic<bool> read_only_{false};
+  std::atomic<bool> writable_seen_fast_{false};  // NoteWritable's fast path
+};
+
+}  // namespace granary::fuse
