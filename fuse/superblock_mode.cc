@@ -70,7 +70,7 @@ void SuperblockMode::Adopt(const std::string& mountpoint) {
 }
 
 void SuperblockMode::OnPassthroughOpen() {
-  if (read_only_.load(std::memory_order_relaxed) || writable_seen_fast_.load(std::memory_order_relaxed)) return;
+  if (read_only_.load(std::memory_order_relaxed) || writable_seen_.load(std::memory_order_relaxed)) return;
   MutexLock lock(&mu_);
   if (mountpoint_.empty() || tried_read_only_ || writable_seen_) return;
   tried_read_only_ = true;
@@ -85,10 +85,9 @@ void SuperblockMode::OnPassthroughOpen() {
 }
 
 void SuperblockMode::NoteWritable() {
-  if (writable_seen_fast_.load(std::memory_order_relaxed)) return;
+  if (writable_seen_.load(std::memory_order_relaxed)) return;
   MutexLock lock(&mu_);
   writable_seen_ = true;
-  writable_seen_fast_ = true;
   if (!read_only_) return;
   Status st = SetReadOnly(mountpoint_, false);
   if (!st.ok()) {

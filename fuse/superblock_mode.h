@@ -53,10 +53,9 @@ class SuperblockMode {
  private:
   Mutex mu_;
   std::string mountpoint_ GUARDED_BY(mu_);  // empty: unarmed
-  bool writable_seen_ GUARDED_BY(mu_) = false;
   bool tried_read_only_ GUARDED_BY(mu_) = false;
   std::atomic<bool> read_only_{false};
-  std::atomic<bool> writable_seen_fast_{false};  // NoteWritable's fast path
+  std::atomic<bool> writable_seen_{false};  // set under mu_; read without it on the fast paths
 };
 
 }  // namespace granary::fuse

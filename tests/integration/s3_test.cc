@@ -490,8 +490,12 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
     EXPECT_TRUE(m.ok()) << m.status().message();
     return std::move(ns).value();
   };
-  std::function<void(master::Namespace&, uint64_t, const std::string&, std::map<std::string, std::string>*)> walk =
-      [&](master::Namespace& ns, uint64_t ino, const std::string& prefix, std::map<std::string, std::string>* out) {
+  // Every path below `ino` into *out; `order` picks the order subdirectories are descended in (0 as
+  // listed; odd reversed; 2 and up rotated by half), so concurrent walkers meet in different places.
+  std::function<void(master::Namespace&, uint64_t, const std::string&, std::map<std::string, std::string>*, size_t)>
+      walk = [&](master::Namespace& ns, uint64_t ino, const std::string& prefix,
+                 std::map<std::string, std::string>* out, size_t order) {
+        std::vector<std::pair<uint64_t, std::string>> dirs;
         uint64_t after = 0;
         for (;;) {
           rpc::ReadDirResponse page;
@@ -501,7 +505,7 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
             std::string path = prefix + e.name();
             if (e.attr().type() == rpc::DIRECTORY) {
               (*out)[path + "/"] = "dir";
-              walk(ns, e.attr().ino(), path + "/", out);
+              dirs.emplace_back(e.attr().ino(), path + "/");
             } else {
               auto f = ns.GetFile(e.attr().ino());
               ASSERT_TRUE(f.ok());
@@ -511,25 +515,28 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
           }
           if (page.end()) break;
         }
+        if (order % 2 == 1) std::reverse(dirs.begin(), dirs.end());
+        if (order >= 2) std::rotate(dirs.begin(), dirs.begin() + static_cast<long>(dirs.size() / 2), dirs.end());
+        for (const auto& [sub, path] : dirs) walk(ns, sub, path, out, order);
       };
   // Directory by directory (one delimiter listing each), as a sync lists them.
   auto lazy = open_ns("lazy", 0);
   std::map<std::string, std::string> lazy_tree, bulk_tree;
-  walk(*lazy, lazy->Resolve("/ds")->ino(), "", &lazy_tree);
+  walk(*lazy, lazy->Resolve("/ds")->ino(), "", &lazy_tree, 0);
   const uint64_t dirs = std::count_if(lazy_tree.begin(), lazy_tree.end(), [](const auto& kv) { return kv.second == "dir"; });
   EXPECT_EQ(lazy->ufs_counters().lists.load(), dirs + 1);
   // Listed ahead (the default): the whole tree (fewer entries than the budget) in one flat listing
   // at the first readdir.
   auto ahead = open_ns("ahead");
   std::map<std::string, std::string> ahead_tree;
-  walk(*ahead, ahead->Resolve("/ds")->ino(), "", &ahead_tree);
+  walk(*ahead, ahead->Resolve("/ds")->ino(), "", &ahead_tree, 0);
   EXPECT_EQ(ahead_tree, lazy_tree);
   EXPECT_EQ(ahead->ufs_counters().lists.load(), 1u);
   // A budget smaller than the tree: the listing ahead stops, the directories it passed whole are
   // listed, the rest is listed as it is read; the same tree.
   auto partial = open_ns("partial", 300);
   std::map<std::string, std::string> partial_tree;
-  walk(*partial, partial->Resolve("/ds")->ino(), "", &partial_tree);
+  walk(*partial, partial->Resolve("/ds")->ino(), "", &partial_tree, 0);
   EXPECT_EQ(partial_tree, lazy_tree);
   EXPECT_GT(partial->ufs_counters().lists.load(), 1u);
   // Listings ahead racing one another and plain listings of the directories they cover: four
@@ -539,35 +546,7 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
   std::vector<std::map<std::string, std::string>> trees(4);
   std::vector<std::thread> walkers;
   for (size_t w = 0; w < trees.size(); ++w) {
-    walkers.emplace_back([&, w] {
-      std::function<void(uint64_t, const std::string&)> descend = [&](uint64_t ino, const std::string& prefix) {
-        std::vector<std::pair<uint64_t, std::string>> dirs;
-        uint64_t after = 0;
-        for (;;) {
-          rpc::ReadDirResponse page;
-          Status st = racing->ReadDir(ino, after, 500, &page);
-          EXPECT_TRUE(st.ok()) << st.message();
-          if (!st.ok()) return;
-          for (const auto& e : page.entries()) {
-            std::string path = prefix + e.name();
-            if (e.attr().type() == rpc::DIRECTORY) {
-              trees[w][path + "/"] = "dir";
-              dirs.emplace_back(e.attr().ino(), path + "/");
-            } else {
-              auto f = racing->GetFile(e.attr().ino());
-              EXPECT_TRUE(f.ok());
-              if (f.ok()) trees[w][path] = std::to_string(e.attr().size()) + " " + f->version();
-            }
-            after = e.cookie();
-          }
-          if (page.end()) break;
-        }
-        if (w % 2 == 1) std::reverse(dirs.begin(), dirs.end());
-        if (w >= 2) std::rotate(dirs.begin(), dirs.begin() + static_cast<long>(dirs.size() / 2), dirs.end());
-        for (const auto& [sub, path] : dirs) descend(sub, path);
-      };
-      descend(racing->Resolve("/ds")->ino(), "");
-    });
+    walkers.emplace_back([&, w] { walk(*racing, racing->Resolve("/ds")->ino(), "", &trees[w], w); });
   }
   for (auto& t : walkers) t.join();
   for (const auto& tree : trees) EXPECT_EQ(tree, lazy_tree);
@@ -575,7 +554,7 @@ TEST_F(S3Test, BulkMetadataLoadMatchesLazyListing) {
   auto stats = bulk->LoadTree("/ds");
   ASSERT_TRUE(stats.ok()) << stats.status().message();
   EXPECT_GE(stats->files, 1100u);
-  walk(*bulk, bulk->Resolve("/ds")->ino(), "", &bulk_tree);
+  walk(*bulk, bulk->Resolve("/ds")->ino(), "", &bulk_tree, 0);
   EXPECT_EQ(bulk_tree, lazy_tree);
   EXPECT_TRUE(bulk_tree.count("clash/inside.txt"));
   // A key whose name cannot be a file name, between two that can: skipped, and its directory
