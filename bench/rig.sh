@@ -19,7 +19,8 @@
 # role's CPU went (the epoch's times and CPU figures then include perf's own cost). RIG_PERF_ARGS
 # replaces perf's options (default "-a -g -F 499"; e.g. "-a --call-graph dwarf,16384 -F 199" for
 # user stacks through libraries built without frame pointers). RIG_KEEP_LOGS=DIR copies the S3
-# server's logs (RGW's has one line per request: method, object, range, latency) to DIR at the end.
+# server's logs (RGW's has one line per request: method, object, range, latency) and the Granary
+# daemons' logs to DIR at the end.
 # RIG_FUSE_ARGS adds flags to every granary-fuse (e.g. "--fuse.readahead_blocks 4").
 # RIG_TMP=DIR holds the run's files (the caches, the generated dataset) instead of /tmp: to compare
 # the filesystem the tiers are on (docs/benchmarks.md, session 37). RIG_DIRECT_INFLIGHT=N gives the
@@ -77,7 +78,7 @@ cleanup() {
     done
   done
   bash "$NET" down
-  [ -n "${RIG_KEEP_LOGS:-}" ] && mkdir -p "$RIG_KEEP_LOGS" && cp -r "$WORK"/rgw/log "$RIG_KEEP_LOGS"/ 2>/dev/null
+  [ -n "${RIG_KEEP_LOGS:-}" ] && mkdir -p "$RIG_KEEP_LOGS" && cp -r "$WORK"/rgw/log "$WORK"/*.log "$RIG_KEEP_LOGS"/ 2>/dev/null
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -296,18 +296,19 @@ class WorkerService final : public rpc::Worker::Service {
         }
       }
     };
-    // A fetch-ahead batch gets as many threads as its cap, at most one per block not cached yet (a
-    // batch of an epoch already cached costs a look per block, not 64 threads): the pacer decides
-    // how many fetch at once.
+    // A fetch-ahead batch gets as many threads as its cap (at most kAheadBatchThreads), at most one
+    // per block not cached yet (a batch of an epoch already cached costs a look per block, not 64
+    // threads): the pacer decides how many fetch at once, and the threads beyond its target wait
+    // in its queue (cheaply: each on its own condition variable). Sizing a batch by the pacer's
+    // target when it arrived held a cold epoch below the target: the master's first batches come
+    // while the target is still ramping (4-16), and kept that few threads to their end, so a
+    // growing target found nobody to fill it (a cold epoch 9% slower; docs/benchmarks.md, session 44).
     size_t threads = std::clamp<size_t>(req->parallel() ? req->parallel() : 8, 1, 64);
     if (req->fetch_ahead()) {
       uint64_t uncached = 0;
       int file = 0;
       for (uint64_t k = 0; k < total && uncached < ahead.cap; ++k) uncached += !source_->IsCached(block(k, &file));
-      // As many threads as the pacer allows in flight now (it grows as the link shows it can take
-      // more; the master keeps several batches in flight): threads beyond would only wait.
-      uint32_t allowed = source_->pacer().Target(ahead.cap);
-      threads = static_cast<size_t>(std::max<uint64_t>(std::min<uint64_t>(allowed, uncached), 1));
+      threads = static_cast<size_t>(std::clamp<uint64_t>(uncached, 1, kAheadBatchThreads));
     }
     threads = static_cast<size_t>(std::min<uint64_t>(threads, std::max<uint64_t>(total, 1)));
     // The helpers come from the service's pool (threads that stay between batches: a cold epoch's
@@ -415,7 +416,10 @@ class WorkerService final : public rpc::Worker::Service {
   std::shared_ptr<RpcSecurity> sec_;
   std::function<rpc::WorkerStats()> stats_;
   std::function<void(uint64_t)> forget_mount_;
-  // Load batches' helper threads (LoadBlocks): at most 4 fetch-ahead batches of up to kMaxCap and
+  // Threads of one fetch-ahead batch at most: the master keeps 4 in flight, so together they can
+  // fill the pacer's largest target (FetchPacer::kMaxCap).
+  static constexpr uint64_t kAheadBatchThreads = FetchPacer::kMaxCap / 4;
+  // Load batches' helper threads (LoadBlocks): fetch-ahead batches of up to kAheadBatchThreads and
   // a few loads run at once; idle threads end after 30 s.
   ThreadPool load_pool_{0, 4 * FetchPacer::kMaxCap + 64, std::chrono::seconds(30)};
 };
