@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace granary::fuse {
 
 OpenNotes::OpenNotes(size_t capacity, Send send) : send_(std::move(send)), listed_(capacity) {
@@ -59,14 +61,28 @@ uint64_t OpenNotes::failed_calls() const {
   return failed_;
 }
 
+std::chrono::milliseconds OpenNotes::NextInterval(std::chrono::milliseconds now, uint64_t sent_since_quiet,
+                                                  std::chrono::steady_clock::duration quiet) {
+  if (quiet >= kFlushMost || sent_since_quiet < kStartNotes) return kFlushEvery;
+  return std::min(now * 2, kFlushMost);
+}
+
 void OpenNotes::Loop() {
+  std::chrono::milliseconds interval = kFlushEvery;
+  std::chrono::steady_clock::time_point last_sent;  // of the last call; none yet: a quiet spell
+  uint64_t since_quiet = 0;  // notes in the calls since the last quiet spell
   for (;;) {
     std::vector<uint64_t> batch;
     {
       MutexLock lock(&mu_);
       while (!stop_ && pending_.empty()) lock.Wait(&cv_);
-      // The first note starts the clock: a batch waits at most kFlushEvery, or until it is full.
-      const auto due = std::chrono::steady_clock::now() + kFlushEvery;
+      // The first note starts the clock: a batch waits at most the interval, or until it is full.
+      const auto first = std::chrono::steady_clock::now();
+      const auto quiet = last_sent == std::chrono::steady_clock::time_point{} ? std::chrono::steady_clock::duration(kFlushMost)
+                                                                             : first - last_sent;
+      if (quiet >= kFlushMost) since_quiet = 0;
+      interval = NextInterval(interval, since_quiet, quiet);
+      const auto due = first + interval;
       while (!stop_ && pending_.size() < kBatch && lock.WaitUntil(&cv_, due)) {
       }
       if (stop_) return;
@@ -78,6 +94,8 @@ void OpenNotes::Loop() {
       }
     }
     Status st = send_(batch);  // without the lock: opens go on noting meanwhile
+    last_sent = std::chrono::steady_clock::now();
+    since_quiet += batch.size();
     MutexLock lock(&mu_);
     if (st.ok()) {
       sent_ += batch.size();

@@ -9,7 +9,14 @@
 // file's open information, which the FileCache keeps as it keeps GetFile's answers, so the open
 // that follows a listing asks the master nothing. What the master still needs is the evidence, and
 // it needs it in bulk, not per file: the opens served from listed information are noted here and
-// sent in one NoteOpens call per kFlushEvery (or per kBatch files, whichever comes first).
+// sent in one NoteOpens call per flush interval (or per kBatch files, whichever comes first). The
+// interval is kFlushEvery until kStartNotes opens went out after a quiet spell (fetch-ahead starts
+// from the first 16 opens: that is not delayed) and then doubles with each call while opens keep
+// coming, up to kFlushMost: an epoch's opens
+// went out in ~60 calls a cold 3 s epoch, each a gRPC round trip for granary-fuse and the master,
+// though after its start fetch-ahead needs them only to widen its allowance (8x the bytes opened)
+// and its scope, which a few hundred ms do not hurry. A note that finds nothing sent for
+// kFlushMost starts again at kFlushEvery.
 //
 //   Listed(ino)  the FileCache got ino's information from a listing or a lookup;
 //   Forget(ino)  ... from a GetFile call (which the master counted itself);
@@ -45,6 +52,14 @@ class OpenNotes {
   using Send = std::function<Status(const std::vector<uint64_t>& inos)>;
   static constexpr size_t kBatch = 1024;  // files per NoteOpens call (the master takes up to 4096)
   static constexpr std::chrono::milliseconds kFlushEvery{50};
+  static constexpr std::chrono::milliseconds kFlushMost{400};
+  static constexpr uint64_t kStartNotes = 16;  // master/fetch_ahead.h's start_files
+  // The interval of the next call, given the last one's (`now`), the notes sent since the last
+  // quiet spell (that call's included), and how long after that call the next note came (`quiet`):
+  // kFlushEvery after a quiet spell of kFlushMost or before kStartNotes were sent, else doubled up
+  // to kFlushMost.
+  static std::chrono::milliseconds NextInterval(std::chrono::milliseconds now, uint64_t sent_since_quiet,
+                                                std::chrono::steady_clock::duration quiet);
   // Opens waiting to be sent, at most: past it (the master slow or away) new ones are dropped and
   // counted, so a master that does not answer never makes granary-fuse grow.
   static constexpr size_t kMaxPending = 4 * kBatch;

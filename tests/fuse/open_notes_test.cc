@@ -71,6 +71,39 @@ TEST(OpenNotes, OpensComeInBatches) {
   for (const auto& c : master.calls) EXPECT_LE(c.size(), OpenNotes::kBatch);
 }
 
+TEST(OpenNotes, TheIntervalGrowsWhileOpensKeepComingAndStartsOverAfterAQuietSpell) {
+  using std::chrono::milliseconds;
+  const milliseconds first = OpenNotes::kFlushEvery;
+  // Until fetch-ahead's first opens are out, every call comes after kFlushEvery.
+  EXPECT_EQ(OpenNotes::NextInterval(first, 0, 0ms), first);
+  EXPECT_EQ(OpenNotes::NextInterval(first, OpenNotes::kStartNotes - 1, 1ms), first);
+  // Then it doubles, up to kFlushMost.
+  EXPECT_EQ(OpenNotes::NextInterval(first, OpenNotes::kStartNotes, 1ms), 2 * first);
+  EXPECT_EQ(OpenNotes::NextInterval(OpenNotes::kFlushMost, 1000, 1ms), OpenNotes::kFlushMost);
+  EXPECT_EQ(OpenNotes::NextInterval(milliseconds(300), 1000, 1ms), OpenNotes::kFlushMost);
+  // A quiet spell starts over.
+  EXPECT_EQ(OpenNotes::NextInterval(OpenNotes::kFlushMost, 1000, OpenNotes::kFlushMost), first);
+
+  // A steady stream of opens for 1.6 s: at a fixed kFlushEvery that is 32 calls; growing, ~8.
+  FakeMaster master;
+  OpenNotes notes(1 << 20, master.Send());
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t n = 0;
+  while (std::chrono::steady_clock::now() - start < 1600ms) {
+    notes.Listed(++n);
+    ASSERT_TRUE(notes.Opened(n));
+    std::this_thread::sleep_for(5ms);  // the stream's pace, not a wait for anything
+  }
+  ASSERT_TRUE(testing::WaitFor([&] { return notes.sent() == n; }));
+  EXPECT_LE(master.Calls(), 20u) << n << " opens";
+  // A later open goes out too, in a call of its own.
+  const size_t calls = master.Calls();
+  notes.Listed(++n);
+  ASSERT_TRUE(notes.Opened(n));
+  ASSERT_TRUE(testing::WaitFor([&] { return notes.sent() == n; }));
+  EXPECT_EQ(master.Calls(), calls + 1);
+}
+
 TEST(OpenNotes, AFailedCallIsCountedAndItsFilesDropped) {
   FakeMaster master;
   {
