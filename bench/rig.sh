@@ -20,7 +20,7 @@
 # replaces perf's options (default "-a -g -F 499"; e.g. "-a --call-graph dwarf,16384 -F 199" for
 # user stacks through libraries built without frame pointers). RIG_KEEP_LOGS=DIR copies the S3
 # server's logs (RGW's has one line per request: method, object, range, latency) and the Granary
-# daemons' logs to DIR at the end.
+# daemons' logs to DIR at the end, and the master's and workers' /metrics after every epoch.
 # RIG_FUSE_ARGS adds flags to every granary-fuse (e.g. "--fuse.readahead_blocks 4").
 # RIG_TMP=DIR holds the run's files (the caches, the generated dataset) instead of /tmp: to compare
 # the filesystem the tiers are on (docs/benchmarks.md, session 37). RIG_DIRECT_INFLIGHT=N gives the
@@ -172,6 +172,13 @@ run_epochs() {
     local calls="{}"
     if is_granary "$sys"; then
       rpc_calls "$nn" > "$WORK/calls.after"
+      if [ -n "${RIG_KEEP_LOGS:-}" ]; then  # every daemon's metrics after the epoch
+        mkdir -p "$RIG_KEEP_LOGS"
+        on 1 curl -s --max-time 5 http://127.0.0.1:19996/metrics > "$RIG_KEEP_LOGS/$sys-$ds-${nn}n-e$e-master.metrics" || true
+        for n in $(seq 1 "$nn"); do
+          on "$n" curl -s --max-time 5 http://127.0.0.1:29996/metrics > "$RIG_KEEP_LOGS/$sys-$ds-${nn}n-e$e-worker$n.metrics" || true
+        done
+      fi
       calls=$(python3 - "$WORK/calls.before" "$WORK/calls.after" <<'PY'
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])
