@@ -6,6 +6,8 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <cerrno>
+#include <sys/socket.h>
 
 #include "ufs/ufs.h"
 
@@ -66,6 +68,12 @@ size_t OnBody(char* p, size_t size, size_t n, void* ud) {
   return size * n;
 }
 
+int OnSocket(void* ud, curl_socket_t fd, curlsocktype) {
+  // A socket whose buffer cannot be set still works (with the kernel's): not a reason to fail.
+  (void)ApplySocketOptions(fd, *static_cast<const CurlOptions*>(ud));
+  return CURL_SOCKOPT_OK;
+}
+
 size_t OnHeader(char* p, size_t size, size_t n, void* ud) {
   std::string line(p, size * n);
   auto* headers = static_cast<HeaderList*>(ud);
@@ -82,6 +90,14 @@ size_t OnHeader(char* p, size_t size, size_t n, void* ud) {
 }
 
 }  // namespace
+
+Status ApplySocketOptions(int fd, const CurlOptions& opts) {
+  if (opts.receive_buffer > 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &opts.receive_buffer, sizeof opts.receive_buffer) != 0) {
+    return ErrnoError(errno, "setting a connection's receive buffer");
+  }
+  return Status::OK();
+}
 
 std::string HttpResponse::Header(const std::string& lower_name) const {
   for (const auto& [k, v] : headers) {
@@ -148,6 +164,8 @@ StatusOr<HttpResponse> CurlHttpClient::Send(const HttpRequest& req) {
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, opts_.low_speed_bytes_per_s);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(opts_.low_speed_time.count()));
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(c, CURLOPT_SOCKOPTFUNCTION, OnSocket);
+  curl_easy_setopt(c, CURLOPT_SOCKOPTDATA, &opts_);
   if (!opts_.ca_file.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, opts_.ca_file.c_str());
   if (!opts_.cert_file.empty()) curl_easy_setopt(c, CURLOPT_SSLCERT, opts_.cert_file.c_str());
   if (!opts_.key_file.empty()) curl_easy_setopt(c, CURLOPT_SSLKEY, opts_.key_file.c_str());

@@ -63,11 +63,21 @@ struct CurlOptions {
   std::chrono::milliseconds request_timeout{60000};
   long low_speed_bytes_per_s = 1024;  // below this for low_speed_time, the transfer is abandoned
   std::chrono::seconds low_speed_time{10};
+  // Each connection's socket receive buffer (SO_RCVBUF, bytes; 0: the kernel's autotuning). A
+  // fresh or idle connection's window otherwise starts at ~64 KiB (tcp_rmem's default 128 KiB
+  // halved) and grows only as whole windows arrive, so with the store 20 ms away a 110 KB object
+  // took two or three round trips and a block more; with 2 MiB it comes in one. The kernel caps it
+  // at net.core.rmem_max (212992 on a stock kernel: raise it on the nodes to get all of it).
+  // Measured in docs/benchmarks.md, session 44.
+  int receive_buffer = 2 << 20;
   // TLS beyond the system's roots (each a PEM file's path; empty: not used): the roots that
   // verify the server (ca_file), and a client certificate and its key for servers that ask for one
   // (etcd with --client-cert-auth). The server's certificate is always verified, its name too.
   std::string ca_file, cert_file, key_file;
 };
+
+// Sets a connection's socket options from `opts` (what CurlHttpClient does to every socket it opens).
+Status ApplySocketOptions(int fd, const CurlOptions& opts);
 
 class CurlHttpClient : public HttpClient {
  public:

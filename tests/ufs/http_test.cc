@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -130,6 +131,25 @@ TEST_F(HttpSinkTest, WithoutASinkTheBodyIsAString) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->sunk, 0u);
   EXPECT_EQ(r->body, body_);
+}
+
+// The receive buffer every connection gets (CurlOptions::receive_buffer), as the kernel reports the
+// client's socket to the test's server: twice what was asked (the kernel's bookkeeping), capped at
+// net.core.rmem_max.
+TEST_F(HttpSinkTest, EveryConnectionGetsTheReceiveBufferAskedFor) {
+  CurlOptions opts;
+  opts.receive_buffer = 1 << 20;
+  CurlHttpClient http(opts);
+  auto r = http.Send(HttpRequest{"GET", Url("/ok"), {}});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  // The connection stays open for the next request: its socket's memory, from ss.
+  testing::RunResult ss = testing::RunCommand({"ss", "-tmnH", "dst", "127.0.0.1:" + std::to_string(port_)});
+  ASSERT_EQ(ss.code, 0) << ss.out;
+  size_t at = ss.out.find(",rb");
+  ASSERT_NE(at, std::string::npos) << ss.out;
+  const long rb = std::stol(ss.out.substr(at + 3));
+  const long rmem_max = std::stol(testing::ReadFile("/proc/sys/net/core/rmem_max"));
+  EXPECT_EQ(rb, 2 * std::min<long>(opts.receive_buffer, rmem_max)) << ss.out;
 }
 
 }  // namespace
