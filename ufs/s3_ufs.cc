@@ -592,13 +592,31 @@ StatusOr<size_t> S3Ufs::Read(const std::string& path, const std::string& version
 
 StatusOr<size_t> S3Ufs::ReadStreaming(const std::string& path, const std::string& version, uint64_t offset,
                                       size_t length, char* out, ReadProgress* progress) {
+  return Get(path, version, offset, length, out, progress, false);
+}
+
+StatusOr<size_t> S3Ufs::ReadWhole(const std::string& path, const std::string& version, size_t size, char* out,
+                                  ReadProgress* progress) {
+  return Get(path, version, 0, size, out, progress, true);
+}
+
+StatusOr<size_t> S3Ufs::Get(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                            char* out, ReadProgress* progress, bool whole_object) {
   if (length == 0) return size_t{0};
   std::string key = KeyOf(path);
-  HeaderList headers = {{"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)},
-                        {"If-Match", version}};
-  // A 206 must carry exactly the bytes its Content-Range announces; anything shorter was cut in
-  // transit and is fetched again, never returned as data.
+  HeaderList headers = {{"If-Match", version}};
+  if (!whole_object) {
+    headers.insert(headers.begin(),
+                   {"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)});
+  }
+  // A 206 must carry exactly the bytes its Content-Range announces, and a whole object's 200
+  // exactly its listed size; anything shorter was cut in transit and is fetched again, never
+  // returned as data.
   auto whole = [&](const HttpResponse& r) -> Status {
+    if (whole_object && r.status == 200 && r.BodySize() != length) {
+      return UnavailableError("s3 GET " + key + ": body of " + std::to_string(r.BodySize()) + " bytes, not the " +
+                              std::to_string(length) + " listed");
+    }
     if (r.status != 206) return Status::OK();
     const std::string cr = r.Header("content-range");  // "bytes FIRST-LAST/TOTAL"
     unsigned long long first = 0, last = 0;

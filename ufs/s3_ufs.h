@@ -84,6 +84,9 @@ class S3Ufs : public UnderFileSystem {
                         char* out) override;
   StatusOr<size_t> ReadStreaming(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                                  char* out, ReadProgress* progress) override;
+  // A GET without a Range (still If-Match the version): its 200 must carry exactly `size` bytes.
+  StatusOr<size_t> ReadWhole(const std::string& path, const std::string& version, size_t size, char* out,
+                             ReadProgress* progress) override;
   // Writes: a multipart upload (parts of kPartSize, up to kPartsInFlight uploading at once while
   // the writer appends), completed at Commit — or one PUT for a file smaller than a part. Abort
   // (or an uncommitted writer's end) aborts the upload. Directories: a "dir/" marker object made
@@ -114,6 +117,10 @@ class S3Ufs : public UnderFileSystem {
                               size_t sink_capacity = 0, std::string_view body = {}, ReadProgress* progress = nullptr,
                               uint64_t progress_first = 0);
   Status ErrorFor(const HttpResponse& r, const std::string& what) const;
+  // ReadStreaming's GET, of `length` bytes at `offset` with a Range, or of the whole object
+  // (offset 0, `length` its size) without one.
+  StatusOr<size_t> Get(const std::string& path, const std::string& version, uint64_t offset, size_t length, char* out,
+                       ReadProgress* progress, bool whole);
   // One listing page of `r` (asked for `list_prefix` with continuation `token`): parsed
   // (ufs/s3_xml.h), keys outside the prefix dropped, a token that would loop refused.
   StatusOr<S3ListPage> ParsePage(const HttpResponse& r, const std::string& list_prefix, const std::string& token) const;

@@ -133,6 +133,11 @@ StatusOr<size_t> UnderFileSystem::ReadStreaming(const std::string& path, const s
   return Read(path, version, offset, length, out);
 }
 
+StatusOr<size_t> UnderFileSystem::ReadWhole(const std::string& path, const std::string& version, size_t size,
+                                            char* out, ReadProgress* progress) {
+  return ReadStreaming(path, version, 0, size, out, progress);
+}
+
 StatusOr<LocalFile> UnderFileSystem::OpenLocal(const std::string&, const std::string&) {
   return UnimplementedError("the under-storage " + uri() + " is not a file of this machine");
 }
@@ -271,6 +276,12 @@ class CountingUfs final : public UnderFileSystem {
   StatusOr<size_t> ReadStreaming(const std::string& path, const std::string& version, uint64_t offset,
                                  size_t length, char* out, ReadProgress* progress) override {
     auto r = Counted(&c_->reads, [&] { return inner_->ReadStreaming(path, version, offset, length, out, progress); });
+    if (r.ok()) c_->read_bytes += *r;
+    return r;
+  }
+  StatusOr<size_t> ReadWhole(const std::string& path, const std::string& version, size_t size, char* out,
+                             ReadProgress* progress) override {
+    auto r = Counted(&c_->reads, [&] { return inner_->ReadWhole(path, version, size, out, progress); });
     if (r.ok()) c_->read_bytes += *r;
     return r;
   }

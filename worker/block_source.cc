@@ -843,9 +843,13 @@ BlockSource::Fetched BlockSource::FetchOnce(const BlockRequest& req, const Mount
     std::optional<DemandFetch> demand;  // a reader waits on this fetch: fetch-ahead yields to it
     if (!route.ahead) demand.emplace(&pacer_);
     auto start = std::chrono::steady_clock::now();
-    auto n = into != nullptr ? mount.ufs->ReadStreaming(req.ufs_path, req.version, req.index * req.block_size,
-                                                        meta.length, buf, &into->progress)
-                             : mount.ufs->Read(req.ufs_path, req.version, req.index * req.block_size, meta.length, buf);
+    ReadProgress* progress = into != nullptr ? &into->progress : nullptr;
+    // A block that is the whole file is asked for whole (for S3, a GET without a Range: cheaper for
+    // the store); any other, as the range it is.
+    auto n = req.index == 0 && meta.length == req.file_size
+                 ? mount.ufs->ReadWhole(req.ufs_path, req.version, meta.length, buf, progress)
+                 : mount.ufs->ReadStreaming(req.ufs_path, req.version, req.index * req.block_size, meta.length, buf,
+                                            progress);
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ufs_latency_.Observe(took);
     if (!n.ok()) {

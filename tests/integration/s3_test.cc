@@ -594,6 +594,48 @@ TEST_F(S3Test, AColdListingWithTheStoreDownFailsAfterOneListing) {
   EXPECT_GT(page.entries_size(), 0);
 }
 
+// A block that is the whole object (UnderFileSystem::ReadWhole) is asked for without a Range — RGW
+// spends ~25% less CPU on such a GET (docs/benchmarks.md, session 44) — and still pinned to its
+// version, checked for length, and streamed.
+TEST_F(S3Test, WholeObjectReadsAskWithoutARange) {
+  struct Recording : HttpClient {
+    StatusOr<HttpResponse> Send(const HttpRequest& req) override {
+      bool ranged = false;
+      for (const auto& [k, v] : req.headers) ranged |= k == "Range";
+      (ranged ? ranged_gets : plain_gets) += req.method == "GET";
+      return real.Send(req);
+    }
+    std::atomic<int> ranged_gets{0}, plain_gets{0};
+    CurlHttpClient real;
+  };
+  auto http = std::make_shared<Recording>();
+  auto ufs = Open("s3://granary-test/ds", {}, http);
+  ASSERT_TRUE(ufs);
+  std::string want = ReadFile(*dir_ / "big.bin");
+  auto st = ufs->Stat("deep/x/y/z.bin");
+  ASSERT_TRUE(st.ok());
+  http->plain_gets = 0;  // Stat's requests do not count
+  http->ranged_gets = 0;
+  ReadProgress progress;
+  std::string buf(want.size(), '\0');
+  auto n = ufs->ReadWhole("deep/x/y/z.bin", st->version, buf.size(), buf.data(), &progress);
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_EQ(*n, want.size());
+  EXPECT_EQ(buf, want);
+  EXPECT_EQ(progress.landed(), want.size()) << "a whole object's 200 streams as a range's 206 does";
+  EXPECT_EQ(http->plain_gets.load(), 1);
+  EXPECT_EQ(http->ranged_gets.load(), 0);
+  // A range still asks for its range.
+  ASSERT_TRUE(ufs->ReadStreaming("deep/x/y/z.bin", st->version, 0, 1000, buf.data(), nullptr).ok());
+  EXPECT_EQ(http->ranged_gets.load(), 1);
+  // Listed shorter than it is (a size from another version): refused, never returned as the file.
+  auto wrong = ufs->ReadWhole("deep/x/y/z.bin", st->version, want.size() - 1, buf.data(), nullptr);
+  EXPECT_FALSE(wrong.ok());
+  // Another version: FAILED_PRECONDITION, as for a range.
+  auto gone = ufs->ReadWhole("deep/x/y/z.bin", "\"not-its-etag\"", want.size(), buf.data(), nullptr);
+  EXPECT_TRUE(gone.status().IsVersionChanged()) << gone.status().ToString();
+}
+
 TEST_F(S3Test, TransientFaultsAreRetriedAndNeverReturnWrongBytes) {
   auto http = std::make_shared<FaultHttp>();
   auto ufs = Open("s3://granary-test/ds", {{"retry_deadline", "60s"}}, http);
@@ -615,6 +657,17 @@ TEST_F(S3Test, TransientFaultsAreRetriedAndNeverReturnWrongBytes) {
     EXPECT_EQ(buf, want) << "fault " << f;
     EXPECT_EQ(http->calls.load() - before, 3) << "fault " << f << ": two failures, then success";
   }
+  // A whole object's body cut short is fetched again too.
+  {
+    std::lock_guard<std::mutex> lock(http->mu);
+    http->faults = {F::kTruncate};
+  }
+  std::string whole(9'000'000, '\0');
+  int before = http->calls.load();
+  auto n = ufs->ReadWhole("deep/x/y/z.bin", st->version, whole.size(), whole.data(), nullptr);
+  ASSERT_TRUE(n.ok()) << n.status().message();
+  EXPECT_EQ(whole, ReadFile(*dir_ / "big.bin"));
+  EXPECT_EQ(http->calls.load() - before, 2);
 }
 
 TEST_F(S3Test, PersistentFaultsGiveUpWithinTheBounds) {
