@@ -1,13 +1,13 @@
 #include "ufs/http.h"
 
 #include <curl/curl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <cerrno>
-#include <sys/socket.h>
 
 #include "ufs/ufs.h"
 

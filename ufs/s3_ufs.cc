@@ -612,7 +612,7 @@ StatusOr<size_t> S3Ufs::Get(const std::string& path, const std::string& version,
   // A 206 must carry exactly the bytes its Content-Range announces, and a whole object's 200
   // exactly its listed size; anything shorter was cut in transit and is fetched again, never
   // returned as data.
-  auto whole = [&](const HttpResponse& r) -> Status {
+  auto complete = [&](const HttpResponse& r) -> Status {
     if (whole_object && r.status == 200 && r.BodySize() != length) {
       return UnavailableError("s3 GET " + key + ": body of " + std::to_string(r.BodySize()) + " bytes, not the " +
                               std::to_string(length) + " listed");
@@ -630,7 +630,7 @@ StatusOr<size_t> S3Ufs::Get(const std::string& path, const std::string& version,
     return Status::OK();
   };
   // The body lands in `out` itself (the block's buffer): no copy, no growing string.
-  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", key, {}, headers, whole, out, length, {}, progress, offset));
+  ASSIGN_OR_RETURN(HttpResponse r, Call("GET", key, {}, headers, complete, out, length, {}, progress, offset));
   if (r.status == 416) return size_t{0};  // at or past the end
   if (r.status != 206 && r.status != 200) return ErrorFor(r, "s3://" + s_.bucket + "/" + key);
   if (r.status == 200 && offset != 0) return InternalError("s3 ignored the Range header for " + key);

@@ -120,7 +120,7 @@ class S3Ufs : public UnderFileSystem {
   // ReadStreaming's GET, of `length` bytes at `offset` with a Range, or of the whole object
   // (offset 0, `length` its size) without one.
   StatusOr<size_t> Get(const std::string& path, const std::string& version, uint64_t offset, size_t length, char* out,
-                       ReadProgress* progress, bool whole);
+                       ReadProgress* progress, bool whole_object);
   // One listing page of `r` (asked for `list_prefix` with continuation `token`): parsed
   // (ufs/s3_xml.h), keys outside the prefix dropped, a token that would loop refused.
   StatusOr<S3ListPage> ParsePage(const HttpResponse& r, const std::string& list_prefix, const std::string& token) const;
