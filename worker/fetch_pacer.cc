@@ -20,6 +20,7 @@ void FetchPacer::RollLocked(std::chrono::steady_clock::time_point now) {
     if (now - window_start_ > kWindow * kBandwidthWindows) {  // idle longer than the whole history
       bw_.fill(0);
       window_start_ = now;
+      RestartLocked();
       break;
     }
   }
@@ -47,9 +48,54 @@ void FetchPacer::Record(uint64_t bytes, double seconds) {
     }
     double& slot = lat_[second % kLatencySlots];
     if (seconds > 0 && (slot == 0 || seconds < slot)) slot = seconds;
+    if (starting_) StartupLocked(now, bytes, seconds);
     grew = TargetLocked(kMaxCap) > before;
     if (grew) GrantLocked();  // more slots for the waiting fetch-aheads; else nobody can go on
   }
+}
+
+void FetchPacer::RestartLocked() {
+  starting_ = true;
+  window_ = kStartInflight;
+  round_open_ = false;
+  round_bytes_ = 0;
+  round_full_ = false;
+  full_bw_ = 0;
+  flat_rounds_ = 0;
+}
+
+bool FetchPacer::FullLocked() const {
+  return !waiters_.empty() || ahead_ + demand_ >= static_cast<uint32_t>(window_);
+}
+
+void FetchPacer::StartupLocked(std::chrono::steady_clock::time_point now, uint64_t bytes, double seconds) {
+  // The fetch is still counted in flight (its caller releases its slot after Record).
+  const bool full = FullLocked();
+  round_full_ = round_full_ || full;
+  // Grow only while the window is what limits: readers with fewer misses than the window leave it
+  // where it is (TCP grows its window only while it is full, for the same reason).
+  if (full && seconds <= kStartupDelay * LatencyLocked()) window_ = std::min<double>(window_ + 1, kMaxCap);
+  if (!round_open_) {
+    round_open_ = true;
+    round_start_ = now;
+    round_bytes_ = bytes;
+    return;
+  }
+  round_bytes_ += bytes;
+  const auto started = now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(seconds));
+  if (started < round_start_) return;  // in flight when the round began: the round goes on
+  const double span = std::chrono::duration<double>(now - round_start_).count();
+  const double bw = span > 0 ? static_cast<double>(round_bytes_) / span : 0;
+  if (bw >= 1.25 * full_bw_) {
+    full_bw_ = bw;
+    flat_rounds_ = 0;
+  } else if (round_full_ && ++flat_rounds_ >= kStartupFlatRounds) {
+    starting_ = false;  // the link (or the store) is full: the formula's target from here on
+  }
+  round_start_ = now;
+  round_bytes_ = 0;
+  round_full_ = full;
 }
 
 void FetchPacer::DemandStarted() {
@@ -70,11 +116,16 @@ uint32_t FetchPacer::Clamped(uint32_t raw, uint32_t cap) {
   return std::clamp(raw, std::min(kMinInflight, cap), cap);
 }
 
-uint32_t FetchPacer::RawTargetLocked() const {
+double FetchPacer::LatencyLocked() const {
   double lat = 0;
   for (double l : lat_) {
     if (l > 0 && (lat == 0 || l < lat)) lat = l;
   }
+  return lat;
+}
+
+uint32_t FetchPacer::RawTargetLocked() const {
+  const double lat = LatencyLocked();
   double bw = *std::max_element(bw_.begin(), bw_.end());
   if (window_bytes_ > 0 && lat > 0) {
     // The open window counts too once it shows more than the closed ones: its bytes over the time
@@ -87,11 +138,12 @@ uint32_t FetchPacer::RawTargetLocked() const {
     const double open = std::chrono::duration<double>(clock_() - window_start_).count();
     bw = std::max(bw, static_cast<double>(window_bytes_) / std::clamp(open, std::min(lat, window), window));
   }
-  uint32_t target = kStartInflight;
+  uint32_t target = 0;
   if (measured_ && bw > 0 && lat > 0 && mean_bytes_ > 0) {
     double t = std::ceil(2.0 * bw * lat / mean_bytes_);
     target = static_cast<uint32_t>(std::min<double>(t, 1 << 20));
   }
+  if (starting_) target = std::max(target, static_cast<uint32_t>(window_));
   return target;
 }
 
@@ -181,9 +233,8 @@ FetchPacer::Snapshot FetchPacer::Get() const {
   s.ahead_inflight = ahead_;
   s.demand_inflight = demand_;
   s.bandwidth = *std::max_element(bw_.begin(), bw_.end());
-  for (double l : lat_) {
-    if (l > 0 && (s.latency == 0 || l < s.latency)) s.latency = l;
-  }
+  s.latency = LatencyLocked();
+  s.starting = starting_;
   return s;
 }
 

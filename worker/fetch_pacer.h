@@ -21,7 +21,20 @@
 // faster: a fetch is never shorter than the round trip, so the fetches that complete within one
 // were all in flight at its start) until the link is full, where
 // the measured bandwidth stops growing and the target with it). At least kMinInflight, at most the
-// caller's cap (the mount's cache.fetch_ahead.inflight); kStartInflight before any measurement.
+// caller's cap (the mount's cache.fetch_ahead.inflight).
+//
+// Slow start. The formula alone ramps slowly from a cold start: a store's fetches take longer than
+// its shortest one well before the link is full (RGW on this rig: 41 ms on average at 16 or 32 in
+// flight against a 21 ms round trip, its median 24-26 ms), so 2 x bandwidth x shortest latency is
+// about what is already in flight, and the cold epoch's first 0.7-0.9 s went by at a third of the
+// link (docs/benchmarks.md, session 45). So from a cold start (and after a link idle for the whole
+// bandwidth history) the target is at least a window that starts at kStartInflight and grows by one
+// for every fetch completing within kStartupDelay x the latency estimate while the pacer is what
+// holds fetches back — doubling per round trip while the store answers without queueing, slowing
+// as its answers queue (HyStart's delay test, softened) — and ends for good once
+// kStartupFlatRounds round trips in a row, each with the pacer the limit, brought less than 25%
+// more bandwidth than the best before them (BBR's full-pipe test). A round trip ends when a fetch
+// that started after it began completes.
 //
 // Demand misses go first: a fetch-ahead slot is granted only while fetch-ahead plus demand
 // fetches in flight are fewer than the target, so each demand miss in flight takes a slot away
@@ -58,6 +71,8 @@ class FetchPacer {
   static constexpr std::chrono::milliseconds kWindow{250};
   static constexpr size_t kBandwidthWindows = 8;  // 2 s
   static constexpr size_t kLatencySlots = 10;     // of 1 s each
+  static constexpr double kStartupDelay = 1.5;    // a fetch this many latencies long grows no window
+  static constexpr int kStartupFlatRounds = 3;
 
   explicit FetchPacer(Clock clock = nullptr);
 
@@ -84,6 +99,7 @@ class FetchPacer {
     uint32_t demand_inflight = 0;
     double bandwidth = 0;           // bytes/s, the estimate
     double latency = 0;             // s, the estimate (0: none yet)
+    bool starting = true;           // in slow start
   };
   Snapshot Get() const;
   // Fetch-aheads waiting for a slot now.
@@ -95,6 +111,13 @@ class FetchPacer {
   void RollLocked(std::chrono::steady_clock::time_point now) REQUIRES(mu_);
   uint32_t TargetLocked(uint32_t cap) const REQUIRES(mu_);
   uint32_t RawTargetLocked() const REQUIRES(mu_);  // before the caller's cap and kMinInflight
+  double LatencyLocked() const REQUIRES(mu_);      // the shortest fetch remembered; 0: none
+  // Slow start's bookkeeping for a fetch of `bytes` that took `seconds` and completed `now`.
+  void StartupLocked(std::chrono::steady_clock::time_point now, uint64_t bytes, double seconds) REQUIRES(mu_);
+  void RestartLocked() REQUIRES(mu_);  // back to slow start
+  // Whether slow start's window is what holds fetches back now (fetch-aheads wait for a slot, or
+  // the fetches in flight fill the window), not the callers having fewer to make.
+  bool FullLocked() const REQUIRES(mu_);
   static uint32_t Clamped(uint32_t raw, uint32_t cap);
   // A fetch-ahead waiting for a slot (on AcquireAhead's stack while queued in waiters_).
   struct Waiter {
@@ -118,6 +141,15 @@ class FetchPacer {
   double mean_bytes_ GUARDED_BY(mu_) = 0;
   uint32_t ahead_ GUARDED_BY(mu_) = 0;
   uint32_t demand_ GUARDED_BY(mu_) = 0;
+  // Slow start.
+  bool starting_ GUARDED_BY(mu_) = true;
+  double window_ GUARDED_BY(mu_) = kStartInflight;  // the slow-start window (a floor of the target)
+  bool round_open_ GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point round_start_ GUARDED_BY(mu_);
+  uint64_t round_bytes_ GUARDED_BY(mu_) = 0;
+  bool round_full_ GUARDED_BY(mu_) = false;  // the pacer was the limit at some point of the round
+  double full_bw_ GUARDED_BY(mu_) = 0;       // the best round's bandwidth, bytes/s
+  int flat_rounds_ GUARDED_BY(mu_) = 0;
 };
 
 // Holds a demand slot for its lifetime.

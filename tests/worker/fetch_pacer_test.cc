@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -32,14 +33,23 @@ TEST(FetchPacer, StartsAtItsStartValueWithinTheCap) {
   EXPECT_EQ(p.Target(1), 1u);
 }
 
+// Readers' misses keep the pacer full (demand fetches take slots whatever the target), so its
+// measurements count toward slow start's end.
+void KeepFull(FetchPacer& p) {
+  for (uint32_t i = 0; i < FetchPacer::kMaxCap; ++i) p.DemandStarted();
+}
+
 TEST(FetchPacer, TargetIsTwiceTheBandwidthDelayProduct) {
   FakeClock clock;
   FetchPacer p(clock.fn());
-  // 100 KB requests taking 20 ms, 25 of them completing per 250 ms window: 10 MB/s.
-  for (int w = 0; w < 3; ++w) {
+  KeepFull(p);
+  // 100 KB requests taking 20 ms, 25 of them completing per 250 ms window: 10 MB/s (after the
+  // first window, three more with no more bandwidth end slow start).
+  for (int w = 0; w < 6; ++w) {
     for (int i = 0; i < 25; ++i) p.Record(100000, 0.020);
     clock.now += FetchPacer::kWindow;
   }
+  EXPECT_FALSE(p.Get().starting);
   // 2 x 10 MB/s x 20 ms / 100 KB = 4... the window counted 2.5 MB per 0.25 s = 10 MB/s.
   EXPECT_EQ(p.Target(256), 4u);
   // Ten times the bandwidth at the same latency: ten times the requests in flight.
@@ -54,24 +64,103 @@ TEST(FetchPacer, TargetIsTwiceTheBandwidthDelayProduct) {
   EXPECT_NEAR(s.latency, 0.020, 1e-9);
 }
 
+// Holds as many fetch-ahead slots as the target allows (fetches waiting to start take every slot
+// freed): the pacer is what holds them back. Returns the fetches in flight.
+uint32_t Fill(FetchPacer& p) {
+  while (p.Get().ahead_inflight + p.Get().demand_inflight < p.Target(FetchPacer::kMaxCap)) {
+    if (!p.AcquireAhead(FetchPacer::kMaxCap, nullptr)) break;
+  }
+  return p.Get().ahead_inflight + p.Get().demand_inflight;
+}
+
+// One round trip of `d`: every fetch in flight completes, spread over it, each taking `took(i)`,
+// its slot taken again at once (and the new ones the target allows with it).
+void Round(FakeClock& clock, FetchPacer& p, std::chrono::milliseconds d, const std::function<double(uint32_t)>& took) {
+  const uint32_t n = p.Get().ahead_inflight;
+  const auto start = clock.now;
+  for (uint32_t i = 0; i < n; ++i) {
+    clock.now = start + d * (i + 1) / n;
+    p.Record(100000, took(i));
+    p.ReleaseAhead();
+    Fill(p);
+  }
+}
+
 // A cold start ramps per round trip, not per window: with fetches of 100 KB taking 20 ms, what
 // completed since the window opened (never counted over less than a round trip) sets the target.
 TEST(FetchPacer, AColdStartRampsPerRoundTrip) {
   FakeClock clock;
   FetchPacer p(clock.fn());
-  p.Record(100000, 0.020);  // the first fetch opens the window: 100 KB per 20 ms = 5 MB/s
-  EXPECT_EQ(p.Target(256), FetchPacer::kMinInflight);
-  for (int i = 0; i < 7; ++i) p.Record(100000, 0.020);  // 8 fetches' worth in one round trip
-  EXPECT_EQ(p.Target(256), 16u);  // 2 x 8 x 100 KB / 20 ms x 20 ms / 100 KB
-  clock.now += 20ms;
-  for (int i = 0; i < 16; ++i) p.Record(100000, 0.020);  // the 16 it allowed: 24 in 20 ms
-  EXPECT_EQ(p.Target(256), 48u);
-  clock.now += 20ms;
-  for (int i = 0; i < 48; ++i) p.Record(100000, 0.020);  // 72 in 40 ms: 180 MB/s
-  EXPECT_EQ(p.Target(256), 72u);
+  EXPECT_EQ(Fill(p), FetchPacer::kStartInflight);
+  uint32_t inflight = FetchPacer::kStartInflight;
+  for (int r = 0; r < 3; ++r) {
+    Round(clock, p, 20ms, [](uint32_t) { return 0.020; });
+    const uint32_t now = p.Get().ahead_inflight;
+    EXPECT_GE(now, 2 * inflight) << "round " << r;  // doubles (or more) per round trip
+    inflight = now;
+  }
+  EXPECT_GE(inflight, 64u);
   EXPECT_EQ(p.Target(32), 32u);  // the mount's cap still wins
-  // Dividing by the whole 250 ms window, as before, made this 72 x 100 KB / 0.25 s = 28.8 MB/s:
-  // a target of 12 after 40 ms, and 4 after the first round trip.
+}
+
+// The store answers some fetches at once and queues others (RGW here: a median of 24 ms, a mean of
+// 41 ms, at 16 in flight with a 21 ms round trip): 2 x bandwidth x the shortest latency is then
+// about what is in flight already, and the formula alone would not grow. Slow start's window does,
+// by one for every fetch that did not queue.
+TEST(FetchPacer, SlowStartGrowsPerFetchThatDidNotQueue) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  Fill(p);
+  p.Record(100000, 0.020);  // the round trip: 20 ms
+  uint32_t inflight = p.Get().ahead_inflight;
+  for (int r = 0; r < 3; ++r) {
+    // Half the fetches in 24 ms, half queued for 56 ms: 40 ms a round trip on average.
+    Round(clock, p, 40ms, [](uint32_t i) { return i % 2 == 0 ? 0.024 : 0.056; });
+    const uint32_t now = p.Get().ahead_inflight;
+    EXPECT_GE(now, inflight + inflight / 2) << "round " << r;  // the half that did not queue
+    EXPECT_TRUE(p.Get().starting);
+    inflight = now;
+  }
+  // Every fetch queued: the window stops growing (the formula's share may still move it a little).
+  const uint32_t before = p.Target(FetchPacer::kMaxCap);
+  Round(clock, p, 40ms, [](uint32_t) { return 0.056; });
+  EXPECT_LE(p.Target(FetchPacer::kMaxCap), before);
+}
+
+// Slow start ends once three round trips, each with the pacer full, brought no more bandwidth; the
+// target is the formula's from then on.
+TEST(FetchPacer, SlowStartEndsWhenTheBandwidthStopsGrowing) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  Fill(p);
+  // The link is full at 16 in flight: past that, each round trip takes longer (the queue) and
+  // brings the same bytes per second.
+  for (int r = 0; r < 8 && p.Get().starting; ++r) {
+    const uint32_t n = p.Get().ahead_inflight;
+    const auto d = std::chrono::milliseconds(20 * std::max<uint32_t>(n, 16) / 16);
+    Round(clock, p, d, [&](uint32_t) { return std::chrono::duration<double>(d).count(); });
+  }
+  EXPECT_FALSE(p.Get().starting);
+  // 2 x 80 MB/s x 20 ms / 100 KB = 32, whatever the window had reached.
+  clock.now += FetchPacer::kWindow;
+  EXPECT_LE(p.Target(FetchPacer::kMaxCap), 40u);
+  EXPECT_GE(p.Target(FetchPacer::kMaxCap), 24u);
+}
+
+// Readers with fewer misses than the window (fetch-ahead off, say) grow no window: it would let a
+// later fetch-ahead start with more in flight than was ever measured.
+TEST(FetchPacer, AWindowNotFullDoesNotGrow) {
+  FakeClock clock;
+  FetchPacer p(clock.fn());
+  for (int r = 0; r < 20; ++r) {
+    for (int i = 0; i < 4; ++i) {
+      DemandFetch d(&p);
+      p.Record(100000, 0.021 + 0.001 * i);  // 4 misses at a time, against a window of 8
+    }
+    clock.now += 25ms;
+  }
+  EXPECT_TRUE(p.Get().starting);  // not full: no round counted as flat either
+  EXPECT_EQ(p.Target(FetchPacer::kMaxCap), FetchPacer::kStartInflight);
 }
 
 TEST(FetchPacer, LatencyIsTheShortestRecentFetchAndAgesOut) {
@@ -88,7 +177,8 @@ TEST(FetchPacer, LatencyIsTheShortestRecentFetchAndAgesOut) {
 TEST(FetchPacer, ALocalStoreNeedsFewRequestsInFlight) {
   FakeClock clock;
   FetchPacer p(clock.fn());
-  for (int w = 0; w < 3; ++w) {
+  KeepFull(p);
+  for (int w = 0; w < 6; ++w) {
     for (int i = 0; i < 100; ++i) p.Record(4 << 20, 0.002);  // 4 MiB in 2 ms
     clock.now += FetchPacer::kWindow;
   }
@@ -216,7 +306,9 @@ TEST(FetchPacer, AnIdleLinkIsForgotten) {
   clock.now += 30s;
   p.Record(100000, 0.020);  // one fetch after a long pause
   clock.now += FetchPacer::kWindow;
-  EXPECT_LE(p.Target(256), FetchPacer::kMinInflight);
+  // Back to slow start's first window.
+  EXPECT_TRUE(p.Get().starting);
+  EXPECT_EQ(p.Target(256), FetchPacer::kStartInflight);
 }
 
 }  // namespace
