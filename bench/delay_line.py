@@ -6,6 +6,15 @@ response leaves DELAY ms after it arrived, in order, so every request waits one 
 DELAY ms and a stream of responses keeps its bandwidth (bytes in flight are not limited). Requests
 pass at once. The bandwidth cap stays the rig's (tc tbf on the storage link).
 
+The proxy's socket to the server is a TCP endpoint the real path does not have, and it must not
+hold the server back: it acknowledges every read at once (TCP_QUICKACK). With Linux's delayed
+acknowledgements it held the server's replies instead: the server's socket
+runs on loopback (a 64 KiB segment) with Nagle's algorithm (RGW's default), so an object's body
+smaller than a segment waited behind its unacknowledged headers for the 40 ms delayed-ACK timer —
+a quarter of the responses of a client that reuses its connections at once (Granary's), against
+1-2% of curl's (docs/benchmarks.md, session 45). Over a real link (1448-byte segments) the same
+server shows no such stall.
+
     delay_line.py --listen HOST:PORT --to HOST:PORT --delay-ms 20 [--ready-file F]
 
 With port 0 the OS picks one; the ready file gets HOST:PORT once it listens. Runs until killed.
@@ -14,11 +23,13 @@ import argparse
 import asyncio
 import collections
 import os
+import socket
 import time
 
 
-async def pump(reader, writer, delay):
-    """Copies reader to writer, each chunk released `delay` seconds after it arrived."""
+async def pump(reader, writer, delay, ack_sock=None):
+    """Copies reader to writer, each chunk released `delay` seconds after it arrived; acknowledges
+    each read of `ack_sock` (the reader's socket) at once."""
     queue = collections.deque()
     arrived = asyncio.Event()
     done = False
@@ -30,6 +41,11 @@ async def pump(reader, writer, delay):
                 data = await reader.read(1 << 16)
                 if not data:
                     break
+                if ack_sock is not None:
+                    try:  # sends the acknowledgement now if one is pending (not sticky: again each read)
+                        ack_sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+                    except OSError:
+                        pass
                 queue.append((time.monotonic() + delay, data))
                 arrived.set()
         except (ConnectionError, OSError):
@@ -91,7 +107,8 @@ async def main():
         except OSError:
             cwriter.close()
             return
-        await asyncio.gather(direct(creader, swriter), pump(sreader, cwriter, delay))
+        await asyncio.gather(direct(creader, swriter),
+                             pump(sreader, cwriter, delay, ack_sock=swriter.get_extra_info("socket")))
         for w in (cwriter, swriter):
             w.close()
 
