@@ -5,10 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <string>
 #include <vector>
 
 namespace granary::worker::block_buffers {
@@ -44,52 +41,6 @@ TEST(BlockBuffers, SmallBuffersAreNotKeptAndTheBudgetHolds) {
   for (char* b : many) Give(b, 4 << 20);
   EXPECT_LE(Kept(), kKeepBytes) << "more than the budget is freed, not kept";
   EXPECT_GE(Kept(), kKeepBytes - (4 << 20));
-}
-
-// The kernel's THP mode, the bracketed word of /sys/kernel/mm/transparent_hugepage/enabled ("" if
-// the kernel has none).
-std::string ThpMode() {
-  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string line;
-  std::getline(f, line);
-  auto a = line.find('['), b = line.find(']');
-  return a == std::string::npos || b == std::string::npos ? "" : line.substr(a + 1, b - a - 1);
-}
-
-// Whether the mapping holding `p` may be backed by transparent huge pages (smaps' THPeligible).
-bool HugePageEligible(const void* p) {
-  std::ifstream f("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  while (std::getline(f, line)) {
-    unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
-      inside = at >= lo && at < hi;
-    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
-      return line.find('1') != std::string::npos;
-    }
-  }
-  return false;
-}
-
-TEST(BlockBuffers, ALargeBufferIsMadeOfHugePages) {
-  Clear();
-  char* b = Take(4 << 20);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % kHugePage, 0u) << "whole huge pages need their alignment";
-  const std::string mode = ThpMode();
-  if (mode == "madvise" || mode == "always") {
-    EXPECT_TRUE(HugePageEligible(b)) << "THP is " << mode << ": the buffer should ask for huge pages";
-  }
-  char* small = Take(110000);
-  if (mode == "madvise") {
-    EXPECT_FALSE(HugePageEligible(small)) << "a small buffer asks for none";
-  }
-  Give(small, 110000);
-  Give(b, 4 << 20);
-  EXPECT_EQ(Take(3 << 20), b) << "a file's shorter last block reuses a whole block's huge pages";
-  Give(b, 3 << 20);
-  EXPECT_EQ(Kept(), size_t{4} << 20) << "counted as the memory it takes";
 }
 
 }  // namespace
