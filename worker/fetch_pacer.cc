@@ -56,7 +56,7 @@ void FetchPacer::Record(uint64_t bytes, double seconds) {
 
 void FetchPacer::RestartLocked() {
   starting_ = true;
-  window_ = kStartInflight;
+  start_window_ = kStartInflight;
   round_open_ = false;
   round_bytes_ = 0;
   round_full_ = false;
@@ -65,7 +65,7 @@ void FetchPacer::RestartLocked() {
 }
 
 bool FetchPacer::FullLocked() const {
-  return !waiters_.empty() || ahead_ + demand_ >= static_cast<uint32_t>(window_);
+  return !waiters_.empty() || ahead_ + demand_ >= start_window_;
 }
 
 void FetchPacer::StartupLocked(std::chrono::steady_clock::time_point now, uint64_t bytes, double seconds) {
@@ -74,7 +74,7 @@ void FetchPacer::StartupLocked(std::chrono::steady_clock::time_point now, uint64
   round_full_ = round_full_ || full;
   // Grow only while the window is what limits: readers with fewer misses than the window leave it
   // where it is (TCP grows its window only while it is full, for the same reason).
-  if (full && seconds <= kStartupDelay * LatencyLocked()) window_ = std::min<double>(window_ + 1, kMaxCap);
+  if (full && seconds <= kStartupDelay * LatencyLocked()) start_window_ = std::min(start_window_ + 1, kMaxCap);
   if (!round_open_) {
     round_open_ = true;
     round_start_ = now;
@@ -143,7 +143,7 @@ uint32_t FetchPacer::RawTargetLocked() const {
     double t = std::ceil(2.0 * bw * lat / mean_bytes_);
     target = static_cast<uint32_t>(std::min<double>(t, 1 << 20));
   }
-  if (starting_) target = std::max(target, static_cast<uint32_t>(window_));
+  if (starting_) target = std::max(target, start_window_);
   return target;
 }
 

@@ -143,7 +143,7 @@ class FetchPacer {
   uint32_t demand_ GUARDED_BY(mu_) = 0;
   // Slow start.
   bool starting_ GUARDED_BY(mu_) = true;
-  double window_ GUARDED_BY(mu_) = kStartInflight;  // the slow-start window (a floor of the target)
+  uint32_t start_window_ GUARDED_BY(mu_) = kStartInflight;  // slow start's window (a floor of the target)
   bool round_open_ GUARDED_BY(mu_) = false;
   std::chrono::steady_clock::time_point round_start_ GUARDED_BY(mu_);
   uint64_t round_bytes_ GUARDED_BY(mu_) = 0;
