@@ -337,13 +337,16 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       fi->direct_io = 0;
       fi->noflush = 1;
       fs->opens_passthrough++;
+      // Once: read-only until a writable dataset is shown. Before the reply, so that no read of
+      // this first file finds the superblock writable (each would leave the inode's atime
+      // invalid, and the next stat of it a GETATTR round trip).
+      fs->sb_mode.OnPassthroughOpen();
       SessionIo::MarkOpenReply(choice.backing_id);
       if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
         SessionIo::MarkOpenReply(0);
         EndOpen(fs, ino, fi->fh, *of);
         fs->handles->Take(fi->fh, ino);
       }
-      fs->sb_mode.OnPassthroughOpen();  // once: read-only until a writable dataset is shown
       return;
     }
     if (choice.direct_io) fi->direct_io = 1;  // another version of the inode is open in passthrough

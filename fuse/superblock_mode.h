@@ -10,7 +10,8 @@
 //
 // How: only the superblock's flag changes (fspick + fsconfig reconfigure), never the mount point's,
 // so copies of the mount made by propagation (a Kubernetes host path the training containers see)
-// follow it: they share the superblock. The first passthrough OPEN makes the superblock read-only
+// follow it: they share the superblock. The first passthrough OPEN makes the superblock read-only,
+// before its reply (a read of that file on a writable superblock would leave its atime invalid),
 // unless a writable attribute was seen; the first writable attribute seen (any LOOKUP, GETATTR or
 // READDIRPLUS answer below a writable mount, ToStat) makes it writable again before that answer is
 // sent, so the write that follows the path walk finds it writable. A dataset made writable while a
@@ -39,7 +40,8 @@ class SuperblockMode {
   void Arm(const std::string& mountpoint) EXCLUDES(mu_);
   // A hand-over successor: armed, with the state the kernel has now.
   void Adopt(const std::string& mountpoint) EXCLUDES(mu_);
-  // Read-only, unless a writable attribute was seen (or this was done already).
+  // Read-only, unless a writable attribute was seen (or this was done already). Called before the
+  // OPEN's reply.
   void OnPassthroughOpen() EXCLUDES(mu_);
   // A writable attribute is about to be answered: writable first.
   void NoteWritable() EXCLUDES(mu_);
