@@ -241,6 +241,13 @@ std::vector<Setting> MakeSettings() {
                   "the scrub is what finds a damaged block that only the kernel reads (fuse.open passthrough). 0 "
                   "scrubs at start only; more finds damage sooner and costs disk bandwidth.",
                   &Config::worker, &WorkerConfig::scrub_bandwidth));
+  t.push_back(Row("worker.trust_own_writes", K::kDuration, "10s",
+                  "For this long after the worker writes a fetched block into its cache, reads of it through the "
+                  "worker skip its checksum check: the sums were computed from the very bytes written, and the "
+                  "scrub checks the block later. A cold epoch reads nearly every block within a second of its "
+                  "arrival; checking it would read it back from the disk and hash it again. 0s: every read "
+                  "through the worker checks what it touches (but for pages still dirty from the write).",
+                  &Config::worker, &WorkerConfig::trust_own_writes));
   t.push_back(Row("worker.cache_dir", K::kPath, "/var/cache/granary",
                   "Directory holding cached blocks (0700; block files 0600, named by hash).", &Config::worker,
                   &WorkerConfig::cache_dir));

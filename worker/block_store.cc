@@ -296,6 +296,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   std::shared_ptr<const std::vector<uint64_t>> sums;
   int tier;
   bool own_write;
+  std::chrono::steady_clock::time_point written;
   {
     MutexLock lock(&mu_);
     auto it = index_.find(id);
@@ -312,6 +313,7 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
     sums = e.sums;
     tier = e.tier;
     own_write = e.own_write;
+    written = e.written;
     path = PathLocked(id, e.tier, e.dir);
     if (account) {
       TouchLocked(id, e);
@@ -343,10 +345,14 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   length = std::min<uint64_t>(length, data_len - offset);
   int fd = -1;
   if (check == store::Check::kChunksUnlessAsWritten && !own_write) check = store::Check::kChunks;
+  if (check == store::Check::kChunksUnlessAsWritten && std::chrono::steady_clock::now() - written < options_.trust_own_writes) {
+    check = store::Check::kNothingOwnWrite;  // put by this process moments ago (trust_own_writes)
+  }
   bool checked = false;
   Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,
                                lease ? &fd : nullptr, check, &checked);
-  if (st.ok() && !checked && check == store::Check::kChunksUnlessAsWritten && account) {
+  if (st.ok() && !checked && account &&
+      (check == store::Check::kChunksUnlessAsWritten || check == store::Check::kNothingOwnWrite)) {
     reads_as_written_.fetch_add(1, std::memory_order_relaxed);  // not a read that failed before any check
   }
   if (checked_out != nullptr) *checked_out = checked;
@@ -562,6 +568,7 @@ Status BlockStore::Put(const BlockMeta& meta, std::string_view data, uint64_t ti
   e.seq = ++seq_;
   e.pinned = pins_.count(meta.id.key) > 0;
   e.own_write = true;
+  e.written = std::chrono::steady_clock::now();
   tiers_[tier].dirs[dir].used += file_bytes;
   tiers_[tier].nblocks++;
   auto [it, inserted] = index_.emplace(meta.id, e);

@@ -177,6 +177,10 @@ struct StoreOptions {
   // After the start-up scrub, the background thread keeps verifying blocks at this many bytes per
   // second (0: no continuous scrub).
   uint64_t scrub_bandwidth = 0;
+  // For this long after this process put a block, reads of it are not checked against its sums:
+  // they were computed from the very bytes written (worker.trust_own_writes). 0: every read is
+  // checked (but for pages still dirty from the write, store::FileAsWritten).
+  std::chrono::milliseconds trust_own_writes{0};
   bool require_tmpfs_for_mem = true;  // a MEM level must be on tmpfs/ramfs
 };
 
@@ -206,8 +210,9 @@ class BlockStore {
   // (hits, LRU order). fd is -1 (length 0, no lease held) when the offset is past the block's end.
   // `verify` false leases without reading: only for a block this worker put an instant ago, whose
   // checksums were computed from the very bytes written (BlockSource::Miss). Whatever `verify`
-  // says, a block this process put whose pages are all still dirty from that write is not read
-  // either (store::FileAsWritten: its bytes never left memory).
+  // says, a block this process put within StoreOptions::trust_own_writes, or whose pages are all
+  // still dirty from that write (store::FileAsWritten: its bytes never left memory), is not read
+  // either.
   StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length, bool verify = true);
   // Leases the data file of a whole file — blocks 0..blocks-1 of `key`, every one cached in the
   // same directory, the data file `file_size` bytes long — without reading it (for FUSE
@@ -343,6 +348,7 @@ class BlockStore {
     // pages are dirty, a read need not check them (store::Check::kChunksUnlessAsWritten). Not for
     // a block found at start or moved between levels (copied by the kernel, never hashed).
     bool own_write = false;
+    std::chrono::steady_clock::time_point written{};  // when Put wrote it (own_write): trust_own_writes
   };
   using Purpose = store::Purpose;
   struct Removal {

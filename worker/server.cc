@@ -438,6 +438,7 @@ class WorkerServerImpl final : public WorkerServer {
     so.policy = cfg.worker.tieredstore.policy;
     so.promote = cfg.worker.tieredstore.promote;
     so.scrub_bandwidth = cfg.worker.scrub_bandwidth;
+    so.trust_own_writes = cfg.worker.trust_own_writes;
     policy_ = so.policy;
     ASSIGN_OR_RETURN(store_, BlockStore::Open(so));
     grpc::ServerBuilder builder;

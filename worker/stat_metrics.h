@@ -42,8 +42,8 @@ inline constexpr StatMetric kStatMetrics[] = {
      "Cached blocks that failed their checksum and were dropped."},
     {"scrubbed_blocks", "granary_worker_scrubbed_blocks_total", false, "Cached blocks the scrub read and verified."},
     {"reads_as_written", "granary_worker_reads_as_written_total", false,
-     "Cache reads not checked against their checksums: every page was still dirty from this worker's own write "
-     "of the block (never read back from the disk)."},
+     "Cache reads not checked against their checksums: the block was written by this worker within "
+     "worker.trust_own_writes, or every page was still dirty from that write (never read back from the disk)."},
     {"rejected", "granary_worker_rejected_blocks_total", false, "Blocks not cached for want of evictable space."},
     {"pinned_blocks", "granary_worker_pinned_blocks", true, "Cached blocks that are pinned."},
     {"elastic_blocks", "granary_worker_elastic_blocks", true,

@@ -179,6 +179,9 @@ TEST_F(TiersTest, KillNineWhileWritingBlocksThenEverythingReadsBackIdentical) {
 
 TEST_F(TiersTest, FlippedBytesInACachedBlockAreDetectedAndRefetched) {
   ClusterOptions o;
+  // The blocks are damaged right after they were cached: reads must not trust them as the
+  // worker's own fresh writes (worker.trust_own_writes, 10s by default).
+  o.worker_args = {"--worker.trust_own_writes", "0s"};
   Start(o);
   for (int i = 0; i < 10; ++i) {
     std::string got;

@@ -592,6 +592,53 @@ TEST(BlockStore, OnlyABlocksOwnDirtyPagesGoUnchecked) {
   EXPECT_FALSE(store->Contains(meta.id));
 }
 
+// StoreOptions::trust_own_writes: a block this process put within it is read (leased or copied)
+// without checking — a large block too, written around the page cache and read back from the
+// disk — and once the window is 0 (or for a block found at start) the same damage is found.
+TEST(BlockStore, ABlockPutWithinTrustOwnWritesGoesUnchecked) {
+  testing::TempDir dir;
+  std::string data = testing::RandomBytes(4 << 20, 11);  // a 4 MiB block: written with O_DIRECT
+  auto meta = Meta("shard", 0, data.size());
+  auto open = [&](std::chrono::milliseconds trust) {
+    StoreOptions o;
+    TierLevel l;
+    l.medium = "SSD";
+    l.paths = {dir / "c"};
+    l.quotas = {1ull << 30};
+    l.high = l.low = 1.0;
+    o.levels = {l};
+    o.background = false;
+    o.trust_own_writes = trust;
+    return std::move(BlockStore::Open(o).value());
+  };
+  {
+    auto store = open(std::chrono::hours(1));
+    ASSERT_TRUE(store->Put(meta, data).ok());
+    // Damaged as a failing disk does (written and flushed): within the window nothing reads it.
+    const char was = testing::DamageOnDisk(store->PathOf(meta.id), 3 << 20);
+    auto lease = store->Lease(meta.id, 3 << 20, 1 << 20);
+    ASSERT_TRUE(lease.ok()) << lease.status().message();
+    lease->Reset();
+    std::string out(16, '\0');
+    ASSERT_TRUE(store->Read(meta.id, 3 << 20, out.size(), out.data()).ok());
+    EXPECT_EQ(out[0], static_cast<char>(was ^ 0x01)) << "a copy within the window reads the range as it is";
+    EXPECT_EQ(store->Stats().reads_as_written, 2u);
+    EXPECT_TRUE(store->Contains(meta.id));
+  }
+  // The same cache opened again: the block is found at start, so its writer's trust is gone.
+  auto store = open(std::chrono::hours(1));
+  EXPECT_EQ(store->Lease(meta.id, 3 << 20, 1 << 20).status().code(), Code::kDataLoss);
+  EXPECT_FALSE(store->Contains(meta.id));
+  EXPECT_EQ(store->Stats().reads_as_written, 0u);
+
+  // No window: a block put and damaged is found by its first read.
+  auto strict = open(std::chrono::milliseconds(0));
+  ASSERT_TRUE(strict->Put(meta, data).ok());
+  testing::DamageOnDisk(strict->PathOf(meta.id), 100);
+  EXPECT_EQ(strict->Lease(meta.id, 0, 1 << 20).status().code(), Code::kDataLoss);
+  EXPECT_FALSE(strict->Contains(meta.id));
+}
+
 TEST(BlockStore, BadFilesAreDiscardedOnOpen) {
   testing::TempDir dir;
   // One block per way of being broken, and one good block; each its own file.
