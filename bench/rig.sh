@@ -21,7 +21,8 @@
 # user stacks through libraries built without frame pointers). RIG_KEEP_LOGS=DIR copies the S3
 # server's logs (RGW's has one line per request: method, object, range, latency) and the Granary
 # daemons' logs to DIR at the end, and the master's and workers' /metrics after every epoch.
-# RIG_FUSE_ARGS adds flags to every granary-fuse (e.g. "--fuse.readahead_blocks 4").
+# RIG_FUSE_ARGS adds flags to every granary-fuse (e.g. "--fuse.readahead_blocks 4"), RIG_WORKER_ARGS
+# to every granary-worker (e.g. "--worker.trust_own_writes 0s").
 # RIG_TMP=DIR holds the run's files (the caches, the generated dataset) instead of /tmp: to compare
 # the filesystem the tiers are on (docs/benchmarks.md, session 37). RIG_DIRECT_INFLIGHT=N gives the
 # direct C client N GETs in flight instead of 64 (docs/benchmarks.md, session 40: the store's CPU
@@ -258,7 +259,7 @@ start_system() {  # SYSTEM NODES: mount the bucket at WORK/mnt/<n> on every node
         local ip=10.233.0.$((n + 1))
         rm -f "$WORK/w$n.addr"
         on "$n" "$BIN/granary-worker" --master.address "$maddr" --worker.listen "$ip:0" --worker.cache_dir "$WORK/$sys-$nn/cache$n" \
-          --rpc.allow_unauthenticated true --worker.cache_quota 20Gi --worker.heartbeat_interval 500ms --ready-file "$WORK/w$n.addr" \
+          --rpc.allow_unauthenticated true --worker.cache_quota 20Gi --worker.heartbeat_interval 500ms --ready-file "$WORK/w$n.addr" ${RIG_WORKER_ARGS:-} \
           > "$WORK/$sys-$nn-worker$n.log" 2>&1 &
         for _ in $(seq 200); do [ -s "$WORK/w$n.addr" ] && break; sleep 0.05; done
         on "$n" "$BIN/granary-fuse" --master.address "$maddr" --fuse.worker "$(cat "$WORK/w$n.addr")" --fuse.root /ds \
