@@ -242,11 +242,13 @@ std::vector<Setting> MakeSettings() {
                   "scrubs at start only; more finds damage sooner and costs disk bandwidth.",
                   &Config::worker, &WorkerConfig::scrub_bandwidth));
   t.push_back(Row("worker.trust_own_writes", K::kDuration, "10s",
-                  "For this long after the worker writes a fetched block into its cache, reads of it through the "
-                  "worker skip its checksum check: the sums were computed from the very bytes written, and the "
-                  "scrub checks the block later. A cold epoch reads nearly every block within a second of its "
-                  "arrival; checking it would read it back from the disk and hash it again. 0s: every read "
-                  "through the worker checks what it touches (but for pages still dirty from the write).",
+                  "For this long after the worker writes a fetched block into its cache, the FUSE client's "
+                  "zero-copy reads of it skip its checksum check: the sums were computed from the very bytes "
+                  "written (docs/block_format.md, \"Verification\"). A cold epoch reads nearly every block within a "
+                  "second of its arrival, and a large block, written around the page cache, would be read back "
+                  "from the disk and hashed again. Copies for peers and replicas, whole-file leases (read "
+                  "leases, passthrough) and the scrub always check. 0s: every read checks what it touches (but "
+                  "for pages still dirty from the write).",
                   &Config::worker, &WorkerConfig::trust_own_writes));
   t.push_back(Row("worker.cache_dir", K::kPath, "/var/cache/granary",
                   "Directory holding cached blocks (0700; block files 0600, named by hash).", &Config::worker,

@@ -345,8 +345,13 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   length = std::min<uint64_t>(length, data_len - offset);
   int fd = -1;
   if (check == store::Check::kChunksUnlessAsWritten && !own_write) check = store::Check::kChunks;
-  if (check == store::Check::kChunksUnlessAsWritten && std::chrono::steady_clock::now() - written < options_.trust_own_writes) {
-    check = store::Check::kNothingOwnWrite;  // put by this process moments ago (trust_own_writes)
+  // Put by this process moments ago (trust_own_writes): a lease of it, spliced into a reader's
+  // reply, reads nothing. Never a copy (a peer, a re-put or a replica stores what a copy returns,
+  // with sums of its own: unchecked bytes would be trusted there for good), nor a whole-file check
+  // (LeaseFile, the scrub).
+  if (check == store::Check::kChunksUnlessAsWritten && lease != nullptr &&
+      std::chrono::steady_clock::now() - written < options_.trust_own_writes) {
+    check = store::Check::kNothingOwnWrite;
   }
   bool checked = false;
   Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,

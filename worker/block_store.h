@@ -126,7 +126,8 @@ struct BlockStoreStats {
   uint64_t evictions = 0;
   uint64_t corrupt = 0;        // blocks found corrupt and discarded
   uint64_t scrubbed = 0;       // blocks the scrub verified
-  uint64_t reads_as_written = 0;  // reads not checked: pages still dirty from the block's Put
+  uint64_t reads_as_written = 0;  // reads not checked: pages still dirty from the block's Put, or a
+                                  // lease within trust_own_writes of it
   uint64_t pinned_blocks = 0;
   uint64_t rejected = 0;       // Puts refused because nothing evictable was left
   uint64_t leases = 0;         // blocks leased for zero-copy reads
@@ -177,9 +178,10 @@ struct StoreOptions {
   // After the start-up scrub, the background thread keeps verifying blocks at this many bytes per
   // second (0: no continuous scrub).
   uint64_t scrub_bandwidth = 0;
-  // For this long after this process put a block, reads of it are not checked against its sums:
-  // they were computed from the very bytes written (worker.trust_own_writes). 0: every read is
-  // checked (but for pages still dirty from the write, store::FileAsWritten).
+  // For this long after this process put a block, leases of it (Lease: the zero-copy reads of the
+  // local FUSE client) are not checked against its sums: they were computed from the very bytes
+  // written (worker.trust_own_writes). Copies (Read: peers, replicas), whole-file leases and the
+  // scrub always check. 0: every lease checks (but for pages still dirty, store::FileAsWritten).
   std::chrono::milliseconds trust_own_writes{0};
   bool require_tmpfs_for_mem = true;  // a MEM level must be on tmpfs/ramfs
 };
@@ -212,7 +214,7 @@ class BlockStore {
   // checksums were computed from the very bytes written (BlockSource::Miss). Whatever `verify`
   // says, a block this process put within StoreOptions::trust_own_writes, or whose pages are all
   // still dirty from that write (store::FileAsWritten: its bytes never left memory), is not read
-  // either.
+  // either. (Read() copies are checked whatever the window: peers and re-puts store what they return.)
   StatusOr<BlockLease> Lease(const BlockId& id, uint64_t offset, size_t length, bool verify = true);
   // Leases the data file of a whole file — blocks 0..blocks-1 of `key`, every one cached in the
   // same directory, the data file `file_size` bytes long — without reading it (for FUSE

@@ -124,8 +124,8 @@ enum class Check {
   // computed from the very bytes this process wrote into its range (BlockStore::Put; not a block
   // moved between levels by copying, nor one found at start).
   kChunksUnlessAsWritten,
-  // Nothing read beyond the range, nothing checked, for a lease or a copy: a block this process put
-  // within StoreOptions::trust_own_writes (its sums computed from the very bytes it wrote).
+  // A lease only, nothing read or checked: a block this process put within
+  // StoreOptions::trust_own_writes (its sums computed from the very bytes it wrote).
   kNothingOwnWrite,
   kNothing,  // a lease only: nothing read (a block whose sums were computed from its bytes an instant ago)
 };
