@@ -69,7 +69,7 @@ struct WorkerConfig {
   std::string local_socket;  // "auto", "off" or a path (zero-copy reads for the FUSE client)
   std::string staging_dir;   // where written files are staged (worker/writes.h); "auto": beside the cache
   uint64_t scrub_bandwidth = 0;  // bytes/s the background scrub verifies after the start-up pass; 0: off
-  std::chrono::milliseconds trust_own_writes{};  // reads of a block put this recently are not checked
+  std::chrono::milliseconds trust_own_writes{};  // leases of a block put this recently are not checked
   TieredStoreConfig tieredstore;
   // The levels in effect: tieredstore.levels, or one SSD level at cache_dir with cache_quota.
   std::vector<TierLevel> EffectiveLevels() const;

@@ -349,15 +349,13 @@ StatusOr<size_t> BlockStore::ReadInternal(const BlockId& id, uint64_t offset, si
   // reply, reads nothing. Never a copy (a peer, a re-put or a replica stores what a copy returns,
   // with sums of its own: unchecked bytes would be trusted there for good), nor a whole-file check
   // (LeaseFile, the scrub).
-  if (check == store::Check::kChunksUnlessAsWritten && lease != nullptr &&
-      std::chrono::steady_clock::now() - written < options_.trust_own_writes) {
-    check = store::Check::kNothingOwnWrite;
-  }
+  const bool trusted = check == store::Check::kChunksUnlessAsWritten && lease != nullptr &&
+                       std::chrono::steady_clock::now() - written < options_.trust_own_writes;
+  if (trusted) check = store::Check::kNothing;
   bool checked = false;
   Status st = store::ReadRange(path, *sums, block_offset, data_len, offset, length, lease ? nullptr : out,
                                lease ? &fd : nullptr, check, &checked);
-  if (st.ok() && !checked && account &&
-      (check == store::Check::kChunksUnlessAsWritten || check == store::Check::kNothingOwnWrite)) {
+  if (st.ok() && !checked && account && (check == store::Check::kChunksUnlessAsWritten || trusted)) {
     reads_as_written_.fetch_add(1, std::memory_order_relaxed);  // not a read that failed before any check
   }
   if (checked_out != nullptr) *checked_out = checked;

@@ -42,7 +42,7 @@ inline constexpr StatMetric kStatMetrics[] = {
      "Cached blocks that failed their checksum and were dropped."},
     {"scrubbed_blocks", "granary_worker_scrubbed_blocks_total", false, "Cached blocks the scrub read and verified."},
     {"reads_as_written", "granary_worker_reads_as_written_total", false,
-     "Cache reads not checked against their checksums: the block was written by this worker within "
+     "Cache reads not checked against their checksums: a zero-copy lease of a block this worker wrote within "
      "worker.trust_own_writes, or every page was still dirty from that write (never read back from the disk)."},
     {"rejected", "granary_worker_rejected_blocks_total", false, "Blocks not cached for want of evictable space."},
     {"pinned_blocks", "granary_worker_pinned_blocks", true, "Cached blocks that are pinned."},

@@ -284,7 +284,6 @@ Status ReadRange(const std::string& data_path, const std::vector<uint64_t>& sums
   if (fd < 0) return Missing(errno, "open", data_path);
   bool verify = check == Check::kChunks || (check == Check::kNothing && out != nullptr);
   if (check == Check::kChunksUnlessAsWritten) verify = block_offset != 0 || !FileAsWritten(fd, data_len);
-  if (check == Check::kNothingOwnWrite) verify = false;
   Status st;
   if (verify || out != nullptr) {
     // Whole chunks covering the range are read and verified; then the range is cut out. A range of

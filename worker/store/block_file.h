@@ -124,10 +124,9 @@ enum class Check {
   // computed from the very bytes this process wrote into its range (BlockStore::Put; not a block
   // moved between levels by copying, nor one found at start).
   kChunksUnlessAsWritten,
-  // A lease only, nothing read or checked: a block this process put within
-  // StoreOptions::trust_own_writes (its sums computed from the very bytes it wrote).
-  kNothingOwnWrite,
-  kNothing,  // a lease only: nothing read (a block whose sums were computed from its bytes an instant ago)
+  // A lease only: nothing read (a block whose sums were computed from its bytes an instant ago, or
+  // put by this process within StoreOptions::trust_own_writes).
+  kNothing,
 };
 
 // Reads [offset, offset+length) of a block (relative to the block; the caller clipped the range to
