@@ -76,9 +76,10 @@ Status BlockSource::Read(const BlockRequest& req, std::string* out, bool* hit, R
 }
 
 Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit,
-                                ReadSource* source) {
+                                ReadSource* source, SharedBytes* shared) {
   lease->Reset();
   out->clear();
+  if (shared != nullptr) *shared = SharedBytes{};
   ASSIGN_OR_RETURN(Target t, Resolve(req));
   *hit = true;
   if (source) *source = ReadSource::kCache;
@@ -93,7 +94,7 @@ Status BlockSource::ReadOrLease(const BlockRequest& req, std::string* out, Block
     return Status::OK();
   }
   // Not cached, or shorter than the block should be (never served; the lease ends here).
-  return Miss(req, t, out, hit, source, lease);
+  return Miss(req, t, out, hit, source, lease, shared);
 }
 
 StatusOr<LocalFile> BlockSource::OpenSource(const BlockRequest& req) {
@@ -129,7 +130,7 @@ StatusOr<BlockLease> BlockSource::LeaseFile(const BlockRequest& req, bool* hit, 
 }
 
 Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source,
-                         BlockLease* lease) {
+                         BlockLease* lease, SharedBytes* shared) {
   // A new home asking its previous home: only what is cached here, nothing fetched.
   if (req.cached_only) return NotFoundError("block " + std::to_string(req.index) + " of the file is not cached here");
   const MountHandle& mount = t.mount;
@@ -168,7 +169,7 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   }
   std::optional<Fetched> fetched;
   if (Streams(route, meta) && len < meta.length &&
-      Stream(req, t, route, out, source, &fetched)) {
+      Stream(req, t, route, out, source, &fetched, shared)) {
     return Status::OK();
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const FetchedBlock> block,
@@ -191,6 +192,8 @@ Status BlockSource::Miss(const BlockRequest& req, const Target& t, std::string* 
   }
   if (leased) {
     out->clear();
+  } else if (shared != nullptr) {
+    *shared = SharedBytes{block, block->bytes().substr(req.offset, len)};
   } else {
     out->assign(block->bytes().data() + req.offset, len);
   }
@@ -761,7 +764,7 @@ BlockSource::Fetched BlockSource::Lead(const BlockRequest& req, const MountHandl
 }
 
 bool BlockSource::Stream(const BlockRequest& req, const Target& t, const Route& route, std::string* out,
-                         ReadSource* source, std::optional<Fetched>* fetched) {
+                         ReadSource* source, std::optional<Fetched>* fetched, SharedBytes* shared) {
   const BlockMeta& meta = t.meta;
   std::shared_ptr<Flight> f;
   bool leader = false;
@@ -787,7 +790,11 @@ bool BlockSource::Stream(const BlockRequest& req, const Target& t, const Route& 
   }
   const uint64_t end = req.offset + t.len;
   if (f->progress.WaitFor(end) >= end) {
-    out->assign(f->block->raw.get() + req.offset, t.len);
+    if (shared != nullptr) {
+      *shared = SharedBytes{f->block, std::string_view(f->block->raw.get() + req.offset, t.len)};
+    } else {
+      out->assign(f->block->raw.get() + req.offset, t.len);
+    }
     counters_.bytes_served += t.len;
     counters_.streamed++;
     CountSource(req.mount_id, ReadSource::kUnderStorage);

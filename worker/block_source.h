@@ -75,6 +75,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -126,6 +127,12 @@ struct MountAccess {
   uint64_t peer = 0, under_storage = 0;
 };
 
+// Bytes of a fetch's buffer, without a copy: `bytes` stay valid and unchanged while `keep` is held.
+struct SharedBytes {
+  std::shared_ptr<const void> keep;
+  std::string_view bytes;
+};
+
 class BlockSource {
  public:
   // Routes the store's removals (evictions, frees, corrupt blocks) to `reporter`. `placement` may be
@@ -142,8 +149,12 @@ class BlockSource {
   // lease->fd >= 0, its bytes at lease->data_offset for lease->length; the block stays put until
   // the lease ends. So is a missed block once it is fetched and kept here. Otherwise (a range
   // streamed from a peer or read first, a block not kept) `out` has the bytes, as from Read.
+  // With `shared`, a range answered from a fetch's buffer (a range of a block streamed as it lands,
+  // or of a whole block fetched and not leased) comes there instead of in `out`: a view of the
+  // buffer that shared->keep holds, for the caller to send from where it is (no copy; the bytes of
+  // a fetch that landed never change).
   Status ReadOrLease(const BlockRequest& req, std::string* out, BlockLease* lease, bool* hit,
-                     ReadSource* source = nullptr);
+                     ReadSource* source = nullptr, SharedBytes* shared = nullptr);
   // For FUSE passthrough: leases the data file of a whole file (req names block 0 at offset 0, and
   // the file's size and block size), holding every block of it. A file of one block is fetched
   // first when this worker keeps it but has not cached it yet. NOT_FOUND when a block is not cached
@@ -286,8 +297,9 @@ class BlockSource {
   // The rest of a read once the store missed: peers, the under-storage, single-flight. With
   // `lease`, a whole block fetched and kept here is answered as a lease on its cache file (out
   // empty), as a hit is; otherwise, and for ranges streamed or read first, `out` has the bytes.
+  // With `shared`, bytes of a fetch's buffer come there (a view) rather than copied into `out`.
   Status Miss(const BlockRequest& req, const Target& t, std::string* out, bool* hit, ReadSource* source,
-              BlockLease* lease = nullptr);
+              BlockLease* lease = nullptr, SharedBytes* shared = nullptr);
   // How a missed block is fetched: from peers first (`ask_peers`), and whether it is kept.
   struct Route {
     bool ask_peers = false;
@@ -319,11 +331,11 @@ class BlockSource {
   Fetched Lead(const BlockRequest& req, const MountHandle& mount, const BlockMeta& meta, const Route& route,
                const std::shared_ptr<Flight>& f);
   // Streaming: joins or starts a streamed fetch of t's block and waits for req's range. True with
-  // *out (and *source) set when the range landed; false when the fetch ended first, with *fetched
+  // *out (or *shared, when given) and *source set when the range landed; false when the fetch ended first, with *fetched
   // its result (the caller goes on as after Fetch); false with *fetched unset when the block does
   // not stream (a fetch of it that does not stream is in flight, or it is buffered).
   bool Stream(const BlockRequest& req, const Target& t, const Route& route, std::string* out, ReadSource* source,
-              std::optional<Fetched>* fetched);
+              std::optional<Fetched>* fetched, SharedBytes* shared = nullptr);
   // Reads `req` from the best-ranked peer, failing over to the next; UNAVAILABLE when none could
   // serve, with *became_home set when the failures made this worker the block's home.
   Status FromPeers(const BlockRequest& req, const BlockId& id, std::string* out, bool* became_home);

@@ -153,6 +153,7 @@ void LocalServer::Serve(int conn) {
     br.random = r.random();
     br.continues = r.continues();
     std::string data;
+    SharedBytes shared;  // or the bytes are a view of a fetch's buffer, sent from there
     BlockLease lease;
     bool hit = false;
     ReadSource source = ReadSource::kCache;
@@ -163,7 +164,7 @@ void LocalServer::Serve(int conn) {
       st = l.status();
       if (l.ok()) lease = std::move(*l);
     } else {
-      st = source_->ReadOrLease(br, &data, &lease, &hit, &source);
+      st = source_->ReadOrLease(br, &data, &lease, &hit, &source, &shared);
     }
     read_latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's local socket", st);
@@ -173,6 +174,7 @@ void LocalServer::Serve(int conn) {
     int fd = -1;
     int source_fd = -1;  // the under-storage's file (want_source), closed once sent
     bool inline_bytes = false;
+    std::string_view bytes = data;
     if (st.ok() && lease.fd >= 0) {
       uint64_t n = next_lease++;
       resp.set_lease(n);
@@ -180,8 +182,9 @@ void LocalServer::Serve(int conn) {
       resp.set_length(lease.length);
       fd = lease.fd;
     } else if (st.ok()) {
-      resp.set_length(data.size());  // the bytes go last, straight from `data` (SendFrameWithBytes)
-      inline_bytes = !data.empty();
+      if (shared.keep) bytes = shared.bytes;
+      resp.set_length(bytes.size());  // the bytes go last, straight from where they are (SendFrameWithBytes)
+      inline_bytes = !bytes.empty();
       // Read from the under-storage and not kept: granary-fuse may read the file's uncached
       // ranges itself from now on (fuse/source_reads.h). Where the file is not one of this
       // machine, nothing comes.
@@ -201,7 +204,7 @@ void LocalServer::Serve(int conn) {
         }
       }
     }
-    Status sent = inline_bytes ? SendFrameWithBytes(conn, resp, rpc::LocalResponse::kDataFieldNumber, data, fd)
+    Status sent = inline_bytes ? SendFrameWithBytes(conn, resp, rpc::LocalResponse::kDataFieldNumber, bytes, fd)
                                : SendFrame(conn, resp, fd);
     if (source_fd >= 0) {
       close(source_fd);

@@ -437,6 +437,36 @@ TEST_F(RangeFirstTest, ARangeOfAColdBlockIsAnsweredAsItLands) {
   EXPECT_EQ(past, big_.substr(3 << 20, 4096));
 }
 
+// The local socket's reads of a streamed block get views of the fetch's buffer (SharedBytes), not
+// copies: the bytes are right, `out` stays empty, and the view outlives the fetch — the buffer is
+// not given back for another block's fetch while a view holds it.
+TEST_F(RangeFirstTest, AStreamedRangeIsAViewOfTheFetchsBufferThatOutlivesTheFetch) {
+  fakes_.ufs->SplitStreams(1 << 20);  // 1 MiB lands, then the fetch waits
+  std::string out = "stale";
+  BlockLease lease;
+  bool hit = true;
+  ReadSource source = ReadSource::kCache;
+  SharedBytes shared;
+  ASSERT_TRUE(source_->ReadOrLease(Big(0, 0, 256 << 10), &out, &lease, &hit, &source, &shared).ok());
+  EXPECT_FALSE(hit);
+  EXPECT_EQ(source, ReadSource::kUnderStorage);
+  EXPECT_LT(lease.fd, 0);
+  EXPECT_TRUE(out.empty());
+  ASSERT_TRUE(shared.keep);
+  EXPECT_TRUE(shared.bytes == std::string_view(big_).substr(0, 256 << 10));
+  fakes_.ufs->OpenStreamGate();
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+  // Another file's 4 MiB block streamed meanwhile: a freed 4 MiB buffer would be taken again for it
+  // (worker/block_buffers.h) and overwritten.
+  const std::string other = testing::RandomBytes(kBlock, 10);
+  testing::WriteFile(dir_ / "src/other.bin", other);
+  BlockRequest r{1, "other.bin", fakes_.ufs->Stat("other.bin")->version, kBlock, kBlock, 0, 0, 4096};
+  SharedBytes second;
+  ASSERT_TRUE(source_->ReadOrLease(r, &out, &lease, &hit, &source, &second).ok());
+  EXPECT_TRUE(second.bytes == std::string_view(other).substr(0, 4096));
+  EXPECT_TRUE(shared.bytes == std::string_view(big_).substr(0, 256 << 10)) << "the view held its buffer";
+}
+
 // A streamed fetch that fails after its front landed: what landed was served; a range past it gets
 // the failure, and nothing is cached.
 TEST_F(RangeFirstTest, AStreamThatFailsHalfwayFailsOnlyWhatHadNotLanded) {
