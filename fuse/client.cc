@@ -184,8 +184,7 @@ std::string ReadResult::Flatten() const {
       continue;
     }
     std::string buf(p.length, '\0');
-    ssize_t n = pread(p.fd, buf.data(), buf.size(), static_cast<off_t>(p.offset));
-    buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    if (!LocalChannel::ReadInto(p, buf.data()).ok()) buf.clear();
     out += buf;
   }
   return out;
@@ -435,14 +434,18 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
     Status st = ch->Read(req, piece, ask, sourced ? &file : nullptr, dst);
     if (!st.ok() && sourced && (st.IsVersionChanged() || st.code() == Code::kNotFound)) source_reads_.Forget(key);
     if (st.ok() && sourced) {
-      if (piece->fd < 0 && piece->source == NodeSource::kUnderStorage) {
+      if ((piece->fd < 0 || piece->pipe) && piece->source == NodeSource::kUnderStorage) {
         source_reads_.FromSource(key, req.index(), std::move(file), ask);
       } else {
         source_reads_.FromWorker(key, req.index());
       }
     }
     if (st.ok()) {
-      if (piece->fd >= 0) counters_.zero_copy_pieces++;
+      if (piece->pipe) {
+        counters_.piped_pieces++;
+      } else if (piece->fd >= 0) {
+        counters_.zero_copy_pieces++;
+      }
       if (!out->channel_) out->channel_ = ch;
       if (piece->length != want) {
         ch->Release(piece);

@@ -73,6 +73,7 @@ class FileLease {
 
 struct ClientCounters {
   std::atomic<uint64_t> zero_copy_pieces{0}, local_grpc_pieces{0}, failover_pieces{0}, prefetch_hints{0};
+  std::atomic<uint64_t> piped_pieces{0};  // bytes of a fetch's buffer through the connection's pipe
   // Ranges read from a local under-storage's file by granary-fuse itself (fuse.source_reads).
   std::atomic<uint64_t> source_reads{0};
   // Reads that found no worker and waited for one (fuse.worker_wait), and those whose wait ended

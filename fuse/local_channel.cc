@@ -1,6 +1,10 @@
 #include "fuse/local_channel.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "rpc/local_wire.h"
 #include "rpc/wire.h"
@@ -18,6 +22,9 @@ const char* NodeSourceName(NodeSource s) {
 
 LocalChannel::~LocalChannel() {
   for (int c : idle_) close(c);
+  for (const auto& [conn, pipe] : pipes_) {
+    if (pipe >= 0) close(pipe);
+  }
   for (LeaseLine& l : lines_) {
     MutexLock lock(&l.mu);
     if (l.conn >= 0) close(l.conn);
@@ -33,7 +40,70 @@ StatusOr<int> LocalChannel::Take() {
       return c;
     }
   }
-  return ConnectUnix(path_);
+  return Connect();
+}
+
+StatusOr<int> LocalChannel::Connect() {
+  ASSIGN_OR_RETURN(int conn, ConnectUnix(path_));
+  int pipe_r = -1;
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) == 0) {
+    // Below kPipeBytes (fs.pipe-max-size for an unprivileged process), the worker pipes less.
+    if (fcntl(p[1], F_SETPIPE_SZ, kPipeBytes) < 0) fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
+    rpc::LocalRequest lr;
+    lr.set_stream_pipe(true);
+    Status st = SendFrame(conn, lr, p[1]);
+    close(p[1]);
+    rpc::LocalResponse resp;
+    int stray = -1;
+    if (st.ok()) st = RecvFrame(conn, &resp, &stray);
+    if (stray >= 0) close(stray);
+    if (!st.ok()) {
+      close(p[0]);
+      close(conn);
+      return st;
+    }
+    if (rpc::StatusOf(resp).ok()) {
+      pipe_r = p[0];
+    } else {
+      close(p[0]);  // a worker that takes no pipe: every byte comes inline
+    }
+  }
+  MutexLock lock(&mu_);
+  pipes_[conn] = pipe_r;
+  return conn;
+}
+
+void LocalChannel::CloseConn(int conn) {
+  int pipe = -1;
+  {
+    MutexLock lock(&mu_);
+    auto it = pipes_.find(conn);
+    if (it != pipes_.end()) {
+      pipe = it->second;
+      pipes_.erase(it);
+    }
+  }
+  if (pipe >= 0) close(pipe);
+  close(conn);
+}
+
+int LocalChannel::PipeOf(int conn) {
+  MutexLock lock(&mu_);
+  auto it = pipes_.find(conn);
+  return it == pipes_.end() ? -1 : it->second;
+}
+
+Status LocalChannel::ReadInto(const Piece& p, char* dst) {
+  for (size_t done = 0; done < p.length;) {
+    ssize_t got = p.pipe ? read(p.fd, dst + done, p.length - done)
+                         : pread(p.fd, dst + done, p.length - done, static_cast<off_t>(p.offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return ErrnoError(errno, p.pipe ? "read of the worker's pipe" : "read of a cached block file");
+    if (got == 0) return DataLossError("a cached block file is shorter than its lease");
+    done += static_cast<size_t>(got);
+  }
+  return Status::OK();
 }
 
 void LocalChannel::Give(int conn) {
@@ -60,7 +130,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
                          : RecvFrame(conn, &resp, &fd);
   }
   if (!st.ok()) {
-    close(conn);  // broken: never reused
+    CloseConn(conn);  // broken: never reused
     return UnavailableError("the worker's local socket: " + st.message());
   }
   Status answer = rpc::StatusOf(resp);
@@ -70,7 +140,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
     rpc::LocalRequest rel;
     rel.set_release(resp.lease());
     if (resp.lease() != 0 && !SendFrame(conn, rel).ok()) {
-      close(conn);  // the worker releases a closed connection's leases itself
+      CloseConn(conn);  // the worker releases a closed connection's leases itself
     } else {
       Give(conn);
     }
@@ -78,6 +148,19 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
   }
   out->length = resp.length();
   out->source = NodeSourceOf(rpc::ReadSourceFromWire(resp.source()), /*this_node=*/true);
+  if (resp.in_pipe()) {
+    const int pipe = PipeOf(conn);
+    if (pipe < 0 || fd >= 0 || resp.lease() != 0 || landed) {
+      if (fd >= 0) close(fd);
+      CloseConn(conn);
+      return UnavailableError("the worker's local socket: bytes in a pipe this connection did not give it");
+    }
+    out->fd = pipe;
+    out->pipe = true;
+    out->offset = 0;
+    out->conn = conn;  // held until Release, which checks the bytes were taken
+    return Status::OK();
+  }
   if (resp.lease() != 0) {
     out->fd = fd;
     out->offset = resp.data_offset();
@@ -146,6 +229,17 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, boo
 }
 
 void LocalChannel::Release(Piece* p) {
+  if (p->pipe) {
+    // The connection goes back only with its pipe empty: what is left there would be taken for
+    // the next read's bytes.
+    int queued = 0;
+    const bool drained = p->fd >= 0 && ioctl(p->fd, FIONREAD, &queued) == 0 && queued == 0;
+    p->fd = -1;
+    p->pipe = false;
+    if (p->conn >= 0) drained ? Give(p->conn) : CloseConn(p->conn);
+    p->conn = -1;
+    return;
+  }
   if (p->fd >= 0) close(p->fd);
   p->fd = -1;
   if (p->shared_gen != 0) {
@@ -168,7 +262,7 @@ void LocalChannel::Release(Piece* p) {
   if (SendFrame(p->conn, rel).ok()) {
     Give(p->conn);
   } else {
-    close(p->conn);  // the worker releases a closed connection's leases itself
+    CloseConn(p->conn);  // the worker releases a closed connection's leases itself
   }
   p->conn = -1;
 }

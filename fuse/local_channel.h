@@ -4,7 +4,9 @@
 // Read() returns a Piece: either a leased block file (fd >= 0; the requested bytes are `length` at
 // `offset` of it), which the caller splices into its FUSE reply and then hands back with Release()
 // — the lease keeps the worker from evicting or moving the block meanwhile — or the bytes inline (a
-// miss the worker served the usual way). Connections are pooled, one per concurrent reader; a
+// miss the worker served the usual way), or in the connection's pipe (a range of a block the
+// worker is fetching: it put the pages of its buffer there with vmsplice, and the caller splices
+// them on into the reply, so they are copied once, into the FUSE reply, not through the socket). Connections are pooled, one per concurrent reader; a
 // connection that fails is closed and the error returned, so the caller can fall back to gRPC.
 // Thread-safe.
 #pragma once
@@ -12,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -49,7 +52,11 @@ class LocalChannel {
     const char* mem = nullptr;
     const char* bytes() const { return mem != nullptr ? mem : data.data(); }
     uint64_t lease = 0;
-    int conn = -1;        // the connection holding the lease (-1: none, or a lease line)
+    // fd is the connection's pipe (LocalRequest.stream_pipe), not owned: its next `length` bytes
+    // are the piece's, to be consumed once (splice it without FUSE_BUF_FD_SEEK, or ReadInto); the
+    // connection is held until Release.
+    bool pipe = false;
+    int conn = -1;        // the connection holding the lease or the pipe (-1: none, or a lease line)
     uint64_t shared_gen = 0;  // nonzero: the lease lives on lease line `line`, of this generation
     unsigned line = 0;
     NodeSource source = NodeSource::kLocal;  // where the bytes came from
@@ -74,16 +81,28 @@ class LocalChannel {
   // NOT_FOUND when the local worker does not keep the block.
   // With `verify`, the worker checks every chunk of the file first (DATA_LOSS when one fails).
   Status LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, bool verify = false);
-  // Ends a Piece's lease (if any) and closes its descriptor. Safe on any Piece, once.
+  // Ends a Piece's lease (if any) and closes its descriptor. Safe on any Piece, once. A pipe
+  // piece's connection is used again only when its bytes were consumed.
   void Release(Piece* p);
+  // A piece's bytes that are in a descriptor (a leased file, or the pipe), copied to `dst`.
+  static Status ReadInto(const Piece& p, char* dst);
+
+  // The pipe each connection gives the worker (LocalRequest.stream_pipe): a READ is at most
+  // ~1 MiB, and a range takes a pipe slot per page it touches.
+  static constexpr int kPipeBytes = 2 << 20;
 
  private:
   StatusOr<int> Take();
   void Give(int conn);
+  // A new connection, with its pipe when the worker takes one.
+  StatusOr<int> Connect();
+  void CloseConn(int conn);  // and its pipe
+  int PipeOf(int conn);      // -1: none
 
   const std::string path_;
   Mutex mu_;
   std::vector<int> idle_ GUARDED_BY(mu_);
+  std::unordered_map<int, int> pipes_ GUARDED_BY(mu_);  // connection -> its pipe's read end (-1: none)
   // The shared connections for whole-file leases. One line carried them all until it was measured
   // to serialise every passthrough open behind the worker's wake-ups: a cold epoch of small files
   // in passthrough mode took 5.3-5.6 s against 3.3-3.5 s in kernel mode (docs/benchmarks.md,

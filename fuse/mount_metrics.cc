@@ -137,9 +137,11 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
   const ClientCounters& c = fs_->client->counters();
   e->Family("granary_fuse_read_pieces_total", "counter",
             "Pieces of reads by how they came: zero_copy (a leased block file from the local worker), "
+            "piped (a range of a block the local worker was fetching, through the connection's pipe), "
             "local (the local worker over gRPC), failover (another worker, the local one being down), "
             "source (read from a local under-storage's file by granary-fuse itself, fuse.source_reads).");
   e->Sample("granary_fuse_read_pieces_total", {{"source", "zero_copy"}}, static_cast<double>(c.zero_copy_pieces));
+  e->Sample("granary_fuse_read_pieces_total", {{"source", "piped"}}, static_cast<double>(c.piped_pieces));
   e->Sample("granary_fuse_read_pieces_total", {{"source", "local"}}, static_cast<double>(c.local_grpc_pieces));
   e->Sample("granary_fuse_read_pieces_total", {{"source", "failover"}}, static_cast<double>(c.failover_pieces));
   e->Sample("granary_fuse_read_pieces_total", {{"source", "source"}}, static_cast<double>(c.source_reads));

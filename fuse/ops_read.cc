@@ -227,13 +227,7 @@ Status CopyPieces(const ReadResult& data, char* dst) {
     if (p.fd < 0) {
       if (p.mem != dst) std::memcpy(dst, p.bytes(), p.length);  // else read in place already
     } else {
-      for (size_t done = 0; done < p.length;) {
-        ssize_t got = pread(p.fd, dst + done, p.length - done, static_cast<off_t>(p.offset + done));
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) return ErrnoError(errno, "read of a cached block file");
-        if (got == 0) return DataLossError("a cached block file is shorter than its lease");
-        done += static_cast<size_t>(got);
-      }
+      RETURN_IF_ERROR(LocalChannel::ReadInto(p, dst));
     }
     dst += p.length;
   }
@@ -266,9 +260,10 @@ void ReplyPieces(fuse_req_t req, const ReadResult& data) {
     b = fuse_buf{};
     b.size = p.length;
     if (p.fd >= 0) {
-      b.flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+      // A pipe has no position: its next bytes are the piece's (spliced pipe to pipe, no copy).
+      b.flags = static_cast<fuse_buf_flags>(p.pipe ? FUSE_BUF_IS_FD : (FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK));
       b.fd = p.fd;
-      b.pos = static_cast<off_t>(p.offset);
+      b.pos = p.pipe ? 0 : static_cast<off_t>(p.offset);
     } else {
       b.mem = const_cast<char*>(p.bytes());
     }

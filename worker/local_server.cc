@@ -5,7 +5,11 @@
 #include <errno.h>
 #include <spdlog/spdlog.h>
 #include <string.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -48,6 +52,51 @@ void RemoveDeadSockets(const std::string& path) {
 }
 
 }  // namespace
+
+LocalServer::StreamPipe::~StreamPipe() {
+  if (fd >= 0) close(fd);
+}
+
+Status LocalServer::StreamPipe::Adopt(int pipe_fd) {
+  if (pipe_fd < 0) return InvalidArgumentError("stream_pipe came without a pipe");
+  struct stat st;
+  const int size = fcntl(pipe_fd, F_GETPIPE_SZ);
+  const int fl = fcntl(pipe_fd, F_GETFL);
+  if (fstat(pipe_fd, &st) != 0 || !S_ISFIFO(st.st_mode) || size <= 0 || fl < 0 || (fl & O_ACCMODE) != O_WRONLY) {
+    close(pipe_fd);
+    return InvalidArgumentError("stream_pipe: the descriptor is not the write end of a pipe");
+  }
+  if (fd >= 0) close(fd);
+  fd = pipe_fd;
+  capacity = static_cast<size_t>(size);
+  return Status::OK();
+}
+
+bool LocalServer::StreamPipe::Empty() const {
+  int queued = 0;
+  return fd >= 0 && ioctl(fd, FIONREAD, &queued) == 0 && queued == 0;
+}
+
+LocalServer::StreamPipe::Put LocalServer::StreamPipe::TryPut(const SharedBytes& b) {
+  // Room for the range's pages, one pipe slot each, when it starts and ends inside a page.
+  if (fd < 0 || b.bytes.size() < kMinBytes || b.bytes.size() + 2 * 4096 > capacity) return Put::kInline;
+  if (!Empty()) return Put::kInline;  // not drained
+  iovec iov{const_cast<char*>(b.bytes.data()), b.bytes.size()};
+  while (iov.iov_len > 0) {
+    // The range fits in the empty pipe: this does not wait for the client.
+    ssize_t n = vmsplice(fd, &iov, 1, SPLICE_F_NONBLOCK);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (iov.iov_len == b.bytes.size()) return Put::kInline;  // nothing went in
+      held = b;  // part of it did, and the rest cannot follow: the connection is over
+      return Put::kBroken;
+    }
+    iov.iov_base = static_cast<char*>(iov.iov_base) + n;
+    iov.iov_len -= static_cast<size_t>(n);
+  }
+  held = b;
+  return Put::kPiped;
+}
 
 StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path, BlockSource* source,
                                                           BlockStore* store, WriteSessions* writes) {
@@ -114,11 +163,28 @@ void LocalServer::Serve(int conn) {
   uint64_t next_lease = 1;
   const uint64_t conn_id = next_conn_++;
   bool wrote = false;  // began a write session: its unsealed ones are dropped when this ends
+  StreamPipe pipe;     // the client's pipe for bytes of fetch buffers (LocalRequest.stream_pipe)
   for (;;) {
+    // A buffer whose bytes went into the pipe is held until they are out of it: at the client's
+    // next frame (it drains the pipe first), or when the pipe is seen empty on a connection gone
+    // idle — not for as long as the connection idles (a block may be 256 MiB).
+    while (pipe.held.keep) {
+      pollfd pfd{conn, POLLIN, 0};
+      if (poll(&pfd, 1, StreamPipe::kHeldCheckMs) != 0) break;  // a frame (or an error) to read
+      if (pipe.Empty()) pipe.held = SharedBytes{};
+    }
     rpc::LocalRequest req;
     int stray = -1;
     Status got = RecvFrame(conn, &req, &stray, kMaxLocalRequest);
-    if (stray >= 0) close(stray);  // clients send no descriptors
+    // The client drained the pipe before this frame: the buffer its last bytes were in is let go.
+    pipe.held = SharedBytes{};
+    if (got.ok() && req.stream_pipe()) {
+      rpc::LocalResponse resp;
+      rpc::SetStatus(pipe.Adopt(stray), &resp);  // takes the descriptor, or closes it
+      if (!SendFrame(conn, resp).ok()) break;
+      continue;
+    }
+    if (stray >= 0) close(stray);  // no other request comes with a descriptor
     if (got.code() == Code::kInvalidArgument) {
       // Too long, or not a request: answered, counted, and the connection closed (after a frame
       // refused unread, the stream has no next frame to find).
@@ -202,6 +268,14 @@ void LocalServer::Serve(int conn) {
           // granary-fuse asks again later (SourceReads::kAskAgain); the read itself was answered.
           spdlog::debug("no source file for granary-fuse: {}", f.status().ToString());
         }
+      }
+    }
+    if (inline_bytes && fd < 0 && shared.keep) {
+      const StreamPipe::Put put = pipe.TryPut(shared);
+      if (put == StreamPipe::Put::kBroken) break;
+      if (put == StreamPipe::Put::kPiped) {
+        resp.set_in_pipe(true);  // the bytes are in the pipe; the buffer is held until the next frame
+        inline_bytes = false;
       }
     }
     Status sent = inline_bytes ? SendFrameWithBytes(conn, resp, rpc::LocalResponse::kDataFieldNumber, bytes, fd)

@@ -6,7 +6,10 @@
 // never copied through this process or a socket. Each descriptor is a lease on the block
 // (BlockStore::Lease): the block is neither evicted nor moved until the client releases it, or its
 // connection closes (a FUSE process that dies releases everything it held). Misses are served by
-// BlockSource as usual and sent inline.
+// BlockSource as usual and sent inline, or — a range of a fetch's buffer of at least
+// StreamPipe::kMinBytes, on a connection that gave the worker a pipe (LocalRequest.stream_pipe) —
+// put into that pipe with vmsplice, so the bytes cross to granary-fuse without a copy and it
+// splices them on into its FUSE reply.
 //
 // Access: the socket file is 0600 in a directory the worker owns, and a connecting process must
 // run as root or as the worker's own user (SO_PEERCRED); the gRPC token is not asked for here.
@@ -55,6 +58,27 @@ class LocalServer {
       : path_(std::move(path)), listen_fd_(fd), source_(source), store_(store), writes_(writes) {}
   void AcceptLoop();
   void Serve(int conn);
+
+  // A connection's pipe for the bytes of fetch buffers (LocalRequest.stream_pipe): a range put
+  // there with vmsplice references the buffer's pages instead of copying them through the socket,
+  // so the buffer is held (`held`) until the client's next frame, which it sends only after
+  // draining the pipe, or until an idle connection's pipe is seen empty (every kHeldCheckMs).
+  struct StreamPipe {
+    static constexpr size_t kMinBytes = 64 * 1024;  // smaller ranges go inline: a copy costs less
+    static constexpr int kHeldCheckMs = 20;  // an idle connection's pipe is looked at this often while held
+    int fd = -1;
+    size_t capacity = 0;
+    SharedBytes held;
+    ~StreamPipe();
+    bool Empty() const;  // nothing left in the pipe (false without one)
+    // Takes `pipe_fd` (closes it when it is not a pipe's write end).
+    Status Adopt(int pipe_fd);
+    // Puts b's bytes into the pipe when they fit in it and it is empty (kPiped), else nothing
+    // (kInline: send them after the answer); kBroken: only part went in (the client closed its
+    // end), the connection must end.
+    enum class Put { kInline, kPiped, kBroken };
+    Put TryPut(const SharedBytes& b);
+  };
 
   const std::string path_;
   const int listen_fd_;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -160,6 +161,152 @@ TEST(LocalChannelLeases, EachReleaseGoesBackOnTheConnectionThatGrantedItsLease) 
     ++per_connection[conn];
   }
   EXPECT_GT(per_connection.size(), 1u) << "every lease rode one connection";
+}
+
+// A worker that answers every read with `payload_`: put into the connection's pipe (vmsplice)
+// when the connection gave it one and `take_pipes`, else inline. Records which connection (in
+// order of arrival) each read came on.
+class PipeWorker {
+ public:
+  PipeWorker(const std::string& path, bool take_pipes) : take_pipes_(take_pipes) {
+    payload_ = testing::RandomBytes(128 << 10, 21);
+    auto l = ListenUnix(path, 16, "pipe worker");
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    listen_ = l.ok() ? *l : -1;
+    acceptor_ = std::thread([this] {
+      for (int number = 0;; ++number) {
+        int c = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) return;
+        std::lock_guard<std::mutex> g(mu_);
+        conns_.push_back(c);
+        servers_.emplace_back([this, c, number] { Serve(c, number); });
+      }
+    });
+  }
+  ~PipeWorker() {
+    shutdown(listen_, SHUT_RDWR);
+    acceptor_.join();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (int c : conns_) shutdown(c, SHUT_RDWR);
+    }
+    for (auto& t : servers_) t.join();
+    for (int c : conns_) close(c);
+    close(listen_);
+  }
+  const std::string& payload() const { return payload_; }
+  std::vector<int> reads_on() {
+    std::lock_guard<std::mutex> g(mu_);
+    return reads_on_;
+  }
+
+ private:
+  void Serve(int conn, int number) {
+    int pipe = -1;
+    for (;;) {
+      rpc::LocalRequest req;
+      int fd = -1;
+      if (!RecvFrame(conn, &req, &fd).ok()) break;
+      rpc::LocalResponse resp;
+      if (req.stream_pipe()) {
+        if (take_pipes_ && fd >= 0) {
+          pipe = fd;
+        } else {
+          if (fd >= 0) close(fd);
+          resp.set_code(static_cast<int32_t>(Code::kInvalidArgument));  // as a worker before pipes
+        }
+        if (!SendFrame(conn, resp).ok()) break;
+        continue;
+      }
+      if (fd >= 0) close(fd);
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        reads_on_.push_back(number);
+      }
+      resp.set_length(payload_.size());
+      Status st;
+      if (pipe >= 0) {
+        iovec iov{payload_.data(), payload_.size()};
+        while (iov.iov_len > 0) {
+          ssize_t n = vmsplice(pipe, &iov, 1, 0);
+          if (n <= 0) break;
+          iov.iov_base = static_cast<char*>(iov.iov_base) + n;
+          iov.iov_len -= static_cast<size_t>(n);
+        }
+        resp.set_in_pipe(true);
+        st = SendFrame(conn, resp);
+      } else {
+        st = SendFrameWithBytes(conn, resp, rpc::LocalResponse::kDataFieldNumber, payload_);
+      }
+      if (!st.ok()) break;
+    }
+    if (pipe >= 0) close(pipe);
+  }
+
+  const bool take_pipes_;
+  std::string payload_;
+  int listen_ = -1;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> conns_;
+  std::vector<std::thread> servers_;
+  std::vector<int> reads_on_;
+};
+
+rpc::ReadBlockRequest ARead() {
+  rpc::ReadBlockRequest req;
+  req.set_length(128 << 10);
+  return req;
+}
+
+// The bytes of a read come in the connection's pipe: read once, they are the worker's; a piece
+// consumed gives its connection back, one released with its bytes still in the pipe closes it (the
+// next read's bytes would follow them).
+TEST(LocalChannelPipes, APipedPieceIsReadOnceAndItsConnectionReusedOnlyWhenDrained) {
+  TempDir dir;
+  PipeWorker worker(dir / "worker.sock", /*take_pipes=*/true);
+  LocalChannel ch(dir / "worker.sock");
+  LocalChannel::Piece a;
+  ASSERT_TRUE(ch.Read(ARead(), &a).ok());
+  EXPECT_TRUE(a.pipe);
+  ASSERT_GE(a.fd, 0);
+  ASSERT_EQ(a.length, worker.payload().size());
+  std::string got(a.length, '\0');
+  ASSERT_TRUE(LocalChannel::ReadInto(a, got.data()).ok());
+  EXPECT_TRUE(got == worker.payload());
+  const int pipe_fd = a.fd;
+  ch.Release(&a);
+  EXPECT_EQ(a.fd, -1);
+  EXPECT_GE(fcntl(pipe_fd, F_GETFD), 0) << "the connection's pipe stays open with it";
+
+  LocalChannel::Piece b;
+  ASSERT_TRUE(ch.Read(ARead(), &b).ok());
+  EXPECT_TRUE(b.pipe);
+  ch.Release(&b);  // its bytes never read: the connection is closed, not reused
+  LocalChannel::Piece c;
+  ASSERT_TRUE(ch.Read(ARead(), &c).ok());
+  std::string again(c.length, '\0');
+  ASSERT_TRUE(LocalChannel::ReadInto(c, again.data()).ok());
+  EXPECT_TRUE(again == worker.payload());
+  ch.Release(&c);
+  EXPECT_EQ(worker.reads_on(), (std::vector<int>{0, 0, 1}));
+}
+
+// A worker that takes no pipe (older than LocalRequest.stream_pipe) answers it with an error: the
+// connection goes on, its bytes inline.
+TEST(LocalChannelPipes, AWorkerThatTakesNoPipeSendsTheBytesInline) {
+  TempDir dir;
+  PipeWorker worker(dir / "worker.sock", /*take_pipes=*/false);
+  LocalChannel ch(dir / "worker.sock");
+  for (int i = 0; i < 2; ++i) {
+    LocalChannel::Piece p;
+    ASSERT_TRUE(ch.Read(ARead(), &p).ok());
+    EXPECT_FALSE(p.pipe);
+    EXPECT_LT(p.fd, 0);
+    EXPECT_TRUE(std::string(p.bytes(), p.length) == worker.payload());
+    ch.Release(&p);
+  }
+  EXPECT_EQ(worker.reads_on(), (std::vector<int>{0, 0}));
 }
 
 }  // namespace

@@ -325,6 +325,58 @@ TEST_F(S3Test, DatasetOnS3ReadsByteIdenticalThroughFuse) {
   EXPECT_FALSE(IsMounted(dir / "mnt"));
 }
 
+// A cold 9 MB object of 4 MiB blocks read in 1 MiB READs through a cluster's mount: the first READ
+// of each block is a demand miss answered as the block arrives (BlockSource::Stream), its bytes put
+// into the local socket's pipe by the worker (vmsplice) and spliced on by granary-fuse
+// (worker/local_server.h, StreamPipe) — exactly the object's bytes, cold and warm.
+TEST_F(S3Test, AColdBlockStreamedThroughTheLocalSocketsPipeIsTheObjectsBytes) {
+  TempDir dir;
+  // The daemons take the store's settings from the environment they inherit (never arguments).
+  struct Env {
+    std::vector<std::string> names;
+    void Set(const std::string& k, const std::string& v) {
+      setenv(k.c_str(), v.c_str(), 1);
+      names.push_back(k);
+    }
+    ~Env() {
+      for (const auto& k : names) unsetenv(k.c_str());
+    }
+  } env;
+  env.Set("AWS_ACCESS_KEY_ID", ak_);
+  env.Set("AWS_SECRET_ACCESS_KEY", sk_);
+  env.Set("AWS_ENDPOINT_URL", endpoint_);
+  ClusterOptions o;
+  o.block_size = "4Mi";
+  // Kernel mode, no readahead hints: each block's first READ misses and waits for its fetch.
+  o.fuse_args = {"--fuse.open", "kernel", "--fuse.readahead_blocks", "0"};
+  LocalCluster c(dir, o);
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "s3://granary-test/ds", "-o", "cache.fetch_ahead=false"}).code, 0) << c.Logs();
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  const std::string want = ReadFile(*dir_ / "big.bin");
+  for (int pass = 0; pass < 2; ++pass) {  // cold, then warm
+    int fd = open((c.mountpoint() + "/ds/deep/x/y/z.bin").c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    std::string got, buf(1 << 20, '\0');
+    for (;;) {
+      ssize_t n = read(fd, buf.data(), buf.size());
+      ASSERT_GE(n, 0) << strerror(errno);
+      if (n == 0) break;
+      got.append(buf.data(), static_cast<size_t>(n));
+    }
+    close(fd);
+    EXPECT_EQ(got.size(), want.size());
+    EXPECT_TRUE(got == want) << "pass " << pass << ": other bytes";
+  }
+  EXPECT_GT(c.Metric("fuse", "granary_fuse_read_pieces_total{source=\"piped\"}"), 0)
+      << "no READ's bytes came through the pipe (pieces: "
+      << c.Metric("fuse", "granary_fuse_read_pieces_total{source=\"zero_copy\"}") << " zero-copy; "
+      << c.Metric("worker", "granary_worker_streamed_reads_total") << " streamed)\n"
+      << c.Logs();
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
 // Writes through a mount of RGW (write=through, then write=back): a multipart upload, a small PUT,
 // directories as markers, a rename (copy + delete), removals, a replacement; the objects are whole
 // (read back with the S3 client itself) and no upload is left open.

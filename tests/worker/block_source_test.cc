@@ -1,5 +1,8 @@
 #include "worker/block_source.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -7,7 +10,12 @@
 #include <fstream>
 #include <thread>
 
+#include "proto/granary.pb.h"
+#include "rpc/local_wire.h"
+#include "rpc/wire.h"
 #include "ufs/local_ufs.h"
+#include "worker/block_buffers.h"
+#include "worker/local_server.h"
 #include "tests/testutil/fault_ufs.h"
 #include "tests/testutil/testutil.h"
 
@@ -489,6 +497,144 @@ TEST_F(RangeFirstTest, AStreamThatFailsHalfwayFailsOnlyWhatHadNotLanded) {
   ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
 }
 
+
+}  // namespace
+}  // namespace granary::worker
+
+namespace granary::worker {
+namespace {
+
+// The local socket's pipe for fetch buffers (LocalRequest.stream_pipe, worker/local_server.h),
+// spoken as granary-fuse speaks it: a range of a block streamed as it lands comes in the pipe
+// (in_pipe, no bytes after the answer), a small one and one on a connection without a pipe come
+// inline, a pipe not drained gets nothing more, and a descriptor that is not a pipe's write end is
+// refused.
+class LocalServerPipeTest : public RangeFirstTest {
+ protected:
+  void SetUp() override {
+    RangeFirstTest::SetUp();
+    auto s = LocalServer::Start((dir_ / "w.sock"), source_.get(), store_.get());
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(*s);
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+  }
+  int Connect() {
+    auto c = ConnectUnix((dir_ / "w.sock"));
+    EXPECT_TRUE(c.ok());
+    return c.ok() ? *c : -1;
+  }
+  // Sends stream_pipe with `fd`; the answer's status.
+  Status GivePipe(int conn, int fd) {
+    rpc::LocalRequest lr;
+    lr.set_stream_pipe(true);
+    EXPECT_TRUE(SendFrame(conn, lr, fd).ok());
+    rpc::LocalResponse resp;
+    int stray = -1;
+    EXPECT_TRUE(RecvFrame(conn, &resp, &stray).ok());
+    return rpc::StatusOf(resp);
+  }
+  rpc::LocalResponse ReadBig(int conn, uint64_t index, uint64_t offset, uint64_t length) {
+    rpc::LocalRequest lr;
+    const BlockRequest b = Big(index, offset, length);
+    rpc::ReadBlockRequest* r = lr.mutable_read();
+    r->set_mount_id(b.mount_id);
+    r->set_ufs_path(b.ufs_path);
+    r->set_version(b.version);
+    r->set_file_size(b.file_size);
+    r->set_block_size(b.block_size);
+    r->set_index(b.index);
+    r->set_offset(b.offset);
+    r->set_length(b.length);
+    r->set_continues(offset != 0);
+    EXPECT_TRUE(SendFrame(conn, lr).ok());
+    rpc::LocalResponse resp;
+    int fd = -1;
+    EXPECT_TRUE(RecvFrame(conn, &resp, &fd).ok());
+    if (fd >= 0) close(fd);
+    return resp;
+  }
+  std::unique_ptr<LocalServer> server_;
+};
+
+TEST_F(LocalServerPipeTest, AStreamedRangeComesInThePipeWhenTheClientGaveOne) {
+  fakes_.ufs->SplitStreams(2 << 20);  // 2 MiB lands, then the fetch waits: every read below streams
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  ASSERT_GT(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 0);
+  const int conn = Connect();
+  // The read end is not a pipe's write end: refused, and the connection goes on without a pipe.
+  EXPECT_EQ(GivePipe(conn, p[0]).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(GivePipe(conn, p[1]).ok());
+  close(p[1]);
+
+  rpc::LocalResponse r = ReadBig(conn, 0, 0, 256 << 10);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_TRUE(r.in_pipe());
+  EXPECT_TRUE(r.data().empty());
+  ASSERT_EQ(r.length(), 256u << 10);
+  std::string got(r.length(), '\0');
+  for (size_t done = 0; done < got.size();) {
+    ssize_t n = read(p[0], got.data() + done, got.size() - done);
+    ASSERT_GT(n, 0);
+    done += static_cast<size_t>(n);
+  }
+  EXPECT_TRUE(got == big_.substr(0, 256 << 10));
+
+  // Small: inline, as before.
+  r = ReadBig(conn, 0, 256 << 10, 4096);
+  EXPECT_FALSE(r.in_pipe());
+  EXPECT_TRUE(r.data() == big_.substr(256 << 10, 4096));
+
+  // Into the pipe again, then a request without draining it: the worker puts nothing more there.
+  r = ReadBig(conn, 0, 260 << 10, 128 << 10);
+  ASSERT_TRUE(r.in_pipe());
+  r = ReadBig(conn, 0, 388 << 10, 128 << 10);
+  EXPECT_FALSE(r.in_pipe()) << "the pipe still held the last range";
+  EXPECT_TRUE(r.data() == big_.substr(388 << 10, 128 << 10));
+  int queued = 0;
+  ASSERT_EQ(ioctl(p[0], FIONREAD, &queued), 0);
+  EXPECT_EQ(queued, 128 << 10);
+  std::string last(128 << 10, '\0');
+  ASSERT_EQ(read(p[0], last.data(), last.size()), static_cast<ssize_t>(last.size()));
+  EXPECT_TRUE(last == big_.substr(260 << 10, 128 << 10));
+
+  // A connection that gave no pipe gets the bytes inline.
+  const int plain = Connect();
+  r = ReadBig(plain, 0, 512 << 10, 256 << 10);
+  EXPECT_FALSE(r.in_pipe());
+  EXPECT_TRUE(r.data() == big_.substr(512 << 10, 256 << 10));
+  fakes_.ufs->OpenStreamGate();
+  close(plain);
+  close(conn);
+  close(p[0]);
+}
+
+// The buffer whose bytes went into a pipe is let go once the pipe is drained, even when the
+// client sends nothing more on that connection (an idle one must not pin a block's buffer).
+TEST_F(LocalServerPipeTest, ADrainedPipeLetsItsBufferGoOnAnIdleConnection) {
+  block_buffers::Clear();
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  ASSERT_GT(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 0);
+  const int conn = Connect();
+  ASSERT_TRUE(GivePipe(conn, p[1]).ok());
+  close(p[1]);
+  fakes_.ufs->SplitStreams(1 << 20);
+  rpc::LocalResponse r = ReadBig(conn, 0, 0, 256 << 10);
+  ASSERT_TRUE(r.in_pipe());
+  fakes_.ufs->OpenStreamGate();
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+  EXPECT_EQ(block_buffers::Kept(), 0u) << "the pipe still holds the buffer's pages";
+  std::string got(256 << 10, '\0');
+  ASSERT_EQ(read(p[0], got.data(), got.size()), static_cast<ssize_t>(got.size()));
+  EXPECT_TRUE(got == big_.substr(0, 256 << 10));
+  ASSERT_TRUE(testing::WaitFor([&] { return block_buffers::Kept() >= kBlock; }))
+      << "the drained pipe's buffer was never given back";
+  close(conn);
+  close(p[0]);
+}
 
 }  // namespace
 }  // namespace granary::worker
