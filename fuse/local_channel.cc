@@ -100,7 +100,10 @@ Status LocalChannel::ReadInto(const Piece& p, char* dst) {
                          : pread(p.fd, dst + done, p.length - done, static_cast<off_t>(p.offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return ErrnoError(errno, p.pipe ? "read of the worker's pipe" : "read of a cached block file");
-    if (got == 0) return DataLossError("a cached block file is shorter than its lease");
+    if (got == 0) {
+      return DataLossError(p.pipe ? "the worker's pipe held fewer bytes than its answer said"
+                                  : "a cached block file is shorter than its lease");
+    }
     done += static_cast<size_t>(got);
   }
   return Status::OK();

@@ -6,8 +6,9 @@
 // — the lease keeps the worker from evicting or moving the block meanwhile — or the bytes inline (a
 // miss the worker served the usual way), or in the connection's pipe (a range of a block the
 // worker is fetching: it put the pages of its buffer there with vmsplice, and the caller splices
-// them on into the reply, so they are copied once, into the FUSE reply, not through the socket). Connections are pooled, one per concurrent reader; a
-// connection that fails is closed and the error returned, so the caller can fall back to gRPC.
+// them on into the reply, so they are copied once, into the FUSE reply, not through the socket).
+// Connections are pooled, one per concurrent reader; a connection that fails is closed and the
+// error returned, so the caller can fall back to gRPC.
 // Thread-safe.
 #pragma once
 

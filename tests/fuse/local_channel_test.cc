@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -26,19 +27,27 @@ namespace {
 
 using testing::TempDir;
 
-// Answers every whole-file lease request with /dev/null and a new lease id, and records which
-// connection asked and which connection each release came on. With `hold_first`, the first
-// request's answer waits (up to 5 s) until a second request has arrived: it arrives only if the
-// client does not hold one line for both.
-class FakeWorker {
+// A minimal unix-socket server for the fake workers below: accepts connections and serves each on
+// a thread of its own with `serve(conn, number)` (number: order of arrival, from 0); the destructor
+// shuts every connection down and waits for the threads. Declare it last in its owner, so that it
+// stops before what `serve` uses goes away.
+class SocketServer {
  public:
-  explicit FakeWorker(const std::string& path, bool hold_first) : hold_first_(hold_first) {
+  SocketServer(const std::string& path, std::function<void(int, int)> serve) : serve_(std::move(serve)) {
     auto l = ListenUnix(path, 16, "fake worker");
     EXPECT_TRUE(l.ok()) << l.status().ToString();
     listen_ = l.ok() ? *l : -1;
-    acceptor_ = std::thread([this] { Accept(); });
+    acceptor_ = std::thread([this] {
+      for (int number = 0;; ++number) {
+        int c = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) return;
+        std::lock_guard<std::mutex> g(mu_);
+        conns_.push_back(c);
+        servers_.emplace_back([this, c, number] { serve_(c, number); });
+      }
+    });
   }
-  ~FakeWorker() {
+  ~SocketServer() {
     shutdown(listen_, SHUT_RDWR);
     acceptor_.join();
     {
@@ -49,6 +58,24 @@ class FakeWorker {
     for (int c : conns_) close(c);
     close(listen_);
   }
+
+ private:
+  std::function<void(int, int)> serve_;
+  int listen_ = -1;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> conns_;
+  std::vector<std::thread> servers_;
+};
+
+// Answers every whole-file lease request with /dev/null and a new lease id, and records which
+// connection asked and which connection each release came on. With `hold_first`, the first
+// request's answer waits (up to 5 s) until a second request has arrived: it arrives only if the
+// client does not hold one line for both.
+class FakeWorker {
+ public:
+  explicit FakeWorker(const std::string& path, bool hold_first)
+      : hold_first_(hold_first), server_(path, [this](int conn, int number) { Serve(conn, number); }) {}
 
   struct Seen {
     int requests = 0;
@@ -62,17 +89,6 @@ class FakeWorker {
   }
 
  private:
-  void Accept() {
-    for (;;) {
-      int c = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) return;
-      std::lock_guard<std::mutex> g(mu_);
-      const int number = static_cast<int>(conns_.size());
-      conns_.push_back(c);
-      servers_.emplace_back([this, c, number] { Serve(c, number); });
-    }
-  }
-
   void Serve(int conn, int number) {
     for (;;) {
       rpc::LocalRequest req;
@@ -104,14 +120,11 @@ class FakeWorker {
   }
 
   const bool hold_first_;
-  int listen_ = -1;
-  std::thread acceptor_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int> conns_;
-  std::vector<std::thread> servers_;
   Seen seen_;
   uint64_t next_lease_ = 0;
+  SocketServer server_;  // last: stops first
 };
 
 rpc::ReadBlockRequest WholeFile() {
@@ -168,32 +181,10 @@ TEST(LocalChannelLeases, EachReleaseGoesBackOnTheConnectionThatGrantedItsLease) 
 // order of arrival) each read came on.
 class PipeWorker {
  public:
-  PipeWorker(const std::string& path, bool take_pipes) : take_pipes_(take_pipes) {
-    payload_ = testing::RandomBytes(128 << 10, 21);
-    auto l = ListenUnix(path, 16, "pipe worker");
-    EXPECT_TRUE(l.ok()) << l.status().ToString();
-    listen_ = l.ok() ? *l : -1;
-    acceptor_ = std::thread([this] {
-      for (int number = 0;; ++number) {
-        int c = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (c < 0) return;
-        std::lock_guard<std::mutex> g(mu_);
-        conns_.push_back(c);
-        servers_.emplace_back([this, c, number] { Serve(c, number); });
-      }
-    });
-  }
-  ~PipeWorker() {
-    shutdown(listen_, SHUT_RDWR);
-    acceptor_.join();
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      for (int c : conns_) shutdown(c, SHUT_RDWR);
-    }
-    for (auto& t : servers_) t.join();
-    for (int c : conns_) close(c);
-    close(listen_);
-  }
+  PipeWorker(const std::string& path, bool take_pipes)
+      : take_pipes_(take_pipes),
+        payload_(testing::RandomBytes(128 << 10, 21)),
+        server_(path, [this](int conn, int number) { Serve(conn, number); }) {}
   const std::string& payload() const { return payload_; }
   std::vector<int> reads_on() {
     std::lock_guard<std::mutex> g(mu_);
@@ -245,12 +236,9 @@ class PipeWorker {
 
   const bool take_pipes_;
   std::string payload_;
-  int listen_ = -1;
-  std::thread acceptor_;
   std::mutex mu_;
-  std::vector<int> conns_;
-  std::vector<std::thread> servers_;
   std::vector<int> reads_on_;
+  SocketServer server_;  // last: stops first
 };
 
 rpc::ReadBlockRequest ARead() {
