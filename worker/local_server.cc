@@ -7,6 +7,8 @@
 #include <string.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -164,6 +166,13 @@ void LocalServer::Serve(int conn) {
   const uint64_t conn_id = next_conn_++;
   bool wrote = false;  // began a write session: its unsealed ones are dropped when this ends
   StreamPipe pipe;     // the client's pipe for bytes of fetch buffers (LocalRequest.stream_pipe)
+  // A vmsplice into a pipe whose reader is gone raises SIGPIPE at this thread: blocked here, it
+  // stays pending and harmless, whatever the process does with the signal (daemons ignore it;
+  // a test or a tool embedding this server may not).
+  sigset_t sigpipe;
+  sigemptyset(&sigpipe);
+  sigaddset(&sigpipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &sigpipe, nullptr);
   for (;;) {
     // A buffer whose bytes went into the pipe is held until they are out of it: at the client's
     // next frame (it drains the pipe first), or when the pipe is seen empty on a connection gone

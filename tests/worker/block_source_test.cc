@@ -611,6 +611,27 @@ TEST_F(LocalServerPipeTest, AStreamedRangeComesInThePipeWhenTheClientGaveOne) {
   close(p[0]);
 }
 
+// A client that closed its pipe's read end: the worker's vmsplice fails (EPIPE, no signal), the
+// bytes come inline, and the connection goes on.
+TEST_F(LocalServerPipeTest, APipeWhoseReaderIsGoneGetsNothingAndTheBytesComeInline) {
+  fakes_.ufs->SplitStreams(2 << 20);
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  ASSERT_GT(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 0);
+  const int conn = Connect();
+  ASSERT_TRUE(GivePipe(conn, p[1]).ok());
+  close(p[1]);
+  close(p[0]);
+  for (uint64_t off : {uint64_t{0}, uint64_t{256} << 10}) {
+    rpc::LocalResponse r = ReadBig(conn, 0, off, 256 << 10);
+    ASSERT_EQ(r.code(), 0) << r.message();
+    EXPECT_FALSE(r.in_pipe());
+    EXPECT_TRUE(r.data() == big_.substr(off, 256 << 10));
+  }
+  fakes_.ufs->OpenStreamGate();
+  close(conn);
+}
+
 // The buffer whose bytes went into a pipe is let go once the pipe is drained, even when the
 // client sends nothing more on that connection (an idle one must not pin a block's buffer).
 TEST_F(LocalServerPipeTest, ADrainedPipeLetsItsBufferGoOnAnIdleConnection) {
