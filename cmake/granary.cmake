@@ -9,6 +9,11 @@ function(granary_library name)
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
   target_compile_options(${name} PRIVATE ${GRANARY_WARNINGS})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  # Every module's locks are annotated (common/thread_annotations.h): with GRANARY_THREAD_SAFETY,
+  # clang checks them as errors (scripts/thread-safety.sh).
+  if(GRANARY_THREAD_SAFETY)
+    target_compile_options(${name} PRIVATE -Wthread-safety -Werror=thread-safety)
+  endif()
 endfunction()
 
 # granary_binary(NAME SOURCES ... DEPS ...): a thin executable.

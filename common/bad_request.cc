@@ -4,8 +4,9 @@
 
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <string>
+
+#include "common/thread_annotations.h"
 
 namespace granary {
 namespace {
@@ -21,12 +22,12 @@ struct Place {
 
 void NoteBadRequest(const char* where, const Status& why) {
   g_bad++;
-  static std::mutex mu;
+  static Mutex mu;
   static std::map<std::string, Place>* places = new std::map<std::string, Place>();  // never freed: used at exit
   auto now = std::chrono::steady_clock::now();
   uint64_t unlogged = 0;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     Place& p = (*places)[where];
     if (p.last != std::chrono::steady_clock::time_point{} && now - p.last < kBadRequestLogEvery) {
       p.unlogged++;

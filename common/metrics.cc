@@ -110,7 +110,7 @@ void Histogram::Write(Exposition* e, const std::string& name, const Labels& labe
 }
 
 Histogram& HistogramSet::Get(const std::string& value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& h = by_value_[value];
   if (!h) h = std::make_unique<Histogram>();
   return *h;
@@ -118,7 +118,7 @@ Histogram& HistogramSet::Get(const std::string& value) {
 
 void HistogramSet::Write(Exposition* e, const std::string& name, const std::string& help) const {
   e->Family(name, "histogram", help);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [v, h] : by_value_) h->Write(e, name, {{label_, v}});
 }
 

@@ -16,13 +16,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace granary::metrics {
 
@@ -64,13 +64,13 @@ class Histogram {
 class HistogramSet {
  public:
   explicit HistogramSet(std::string label) : label_(std::move(label)) {}
-  Histogram& Get(const std::string& value);
-  void Write(Exposition* e, const std::string& name, const std::string& help) const;
+  Histogram& Get(const std::string& value) EXCLUDES(mu_);
+  void Write(Exposition* e, const std::string& name, const std::string& help) const EXCLUDES(mu_);
 
  private:
   const std::string label_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Histogram>> by_value_;  // GUARDED_BY(mu_); entries never removed
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<Histogram>> by_value_ GUARDED_BY(mu_);  // entries never removed
 };
 
 // The process's memory: resident bytes (/proc/self/status) and its cgroup's limit (v2 memory.max,

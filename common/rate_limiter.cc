@@ -4,7 +4,7 @@ namespace granary {
 
 bool RateLimiter::Acquire(uint64_t bytes) {
   if (rate_ == 0) return true;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stopped_) return false;
   const auto now = Clock::now();
   // At most one second of unused credit is kept.
@@ -13,13 +13,14 @@ bool RateLimiter::Acquire(uint64_t bytes) {
       static_cast<double>(bytes) / static_cast<double>(rate_)));
   next_ += cost;
   const auto until = next_ - cost;  // this caller goes once the debt before it is paid
-  cv_.wait_until(lock, until, [&] { return stopped_; });
+  while (!stopped_ && lock.WaitUntil(&cv_, until)) {
+  }
   return !stopped_;
 }
 
 void RateLimiter::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopped_ = true;
   }
   cv_.notify_all();

@@ -10,7 +10,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <mutex>
+
+#include "common/thread_annotations.h"
 
 namespace granary {
 
@@ -20,16 +21,16 @@ class RateLimiter {
   explicit RateLimiter(uint64_t bytes_per_second) : rate_(bytes_per_second), next_(Clock::now()) {}
 
   // Blocks until `bytes` may pass; false when stopped meanwhile.
-  bool Acquire(uint64_t bytes);
-  void Stop();
+  bool Acquire(uint64_t bytes) EXCLUDES(mu_);
+  void Stop() EXCLUDES(mu_);
   uint64_t rate() const { return rate_; }
 
  private:
   const uint64_t rate_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  Clock::time_point next_;  // GUARDED_BY(mu_): when the bucket is empty again (debt paid)
-  bool stopped_ = false;    // GUARDED_BY(mu_)
+  Clock::time_point next_ GUARDED_BY(mu_);  // when the bucket is empty again (debt paid)
+  bool stopped_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace granary

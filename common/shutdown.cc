@@ -5,16 +5,17 @@
 
 #include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <thread>
+
+#include "common/thread_annotations.h"
 
 namespace granary {
 namespace {
 
-std::mutex g_mu;
+Mutex g_mu;
 std::condition_variable g_cv;
-bool g_requested = false;
-std::string g_reason;
+bool g_requested GUARDED_BY(g_mu) = false;
+std::string g_reason GUARDED_BY(g_mu);
 
 }  // namespace
 
@@ -34,7 +35,7 @@ void Shutdown::InstallSignalHandling() {
 }
 
 void Shutdown::Request(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   if (!g_requested) {
     g_requested = true;
     g_reason = reason;
@@ -43,19 +44,22 @@ void Shutdown::Request(const std::string& reason) {
 }
 
 bool Shutdown::Requested() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   return g_requested;
 }
 
 std::string Shutdown::Wait() {
-  std::unique_lock<std::mutex> lock(g_mu);
-  g_cv.wait(lock, [] { return g_requested; });
+  MutexLock lock(&g_mu);
+  while (!g_requested) lock.Wait(&g_cv);
   return g_reason;
 }
 
 bool Shutdown::WaitFor(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(g_mu);
-  return g_cv.wait_for(lock, d, [] { return g_requested; });
+  MutexLock lock(&g_mu);
+  const auto until = std::chrono::steady_clock::now() + d;
+  while (!g_requested && lock.WaitUntil(&g_cv, until)) {
+  }
+  return g_requested;
 }
 
 }  // namespace granary

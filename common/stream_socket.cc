@@ -107,9 +107,9 @@ void StreamSocket::Stop() {
   shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   close(listen_fd_);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (int c : conns_) shutdown(c, SHUT_RDWR);
-  idle_.wait(lock, [this] { return conns_.empty(); });
+  while (!conns_.empty()) lock.Wait(&idle_);
   // Only its own file: a successor with the same name (pid 1 of the next pod) may have replaced it.
   struct stat st {};
   if (lstat(path_.c_str(), &st) == 0 && st.st_ino == inode_) unlink(path_.c_str());
@@ -129,7 +129,7 @@ void StreamSocket::AcceptLoop() {
       close(c);
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) {
       close(c);
       return;
@@ -153,7 +153,7 @@ void StreamSocket::Serve(int conn) {
     NoteBadRequest("trace socket", params.status());
     SendAll(conn, ErrorLine(params.status().message()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   conns_.erase(conn);
   close(conn);
   idle_.notify_all();  // under the lock: Stop() cannot return (and free this) before it is done

@@ -22,12 +22,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace granary {
 
@@ -65,9 +65,9 @@ class StreamSocket {
   uint64_t inode_ = 0;  // of the socket file this one made
   std::atomic<bool> stop_{false};
   std::thread acceptor_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable idle_;
-  std::set<int> conns_;  // GUARDED_BY(mu_): streams running
+  std::set<int> conns_ GUARDED_BY(mu_);  // streams running
 };
 
 // Client side: connects to `path`, sends `params`, and calls `on_line` with each line received

@@ -37,8 +37,8 @@ constexpr uint64_t kFreeStampBlock = 1 << 20;  // reserved at once
 
 // Data directories this process has open: RocksDB's own lock cannot tell us apart from another
 // process, and a second Namespace on one directory must fail with the same clear error.
-std::mutex open_dirs_mu;
-std::set<std::string> open_dirs;  // GUARDED_BY(open_dirs_mu)
+Mutex open_dirs_mu;
+std::set<std::string> open_dirs GUARDED_BY(open_dirs_mu);
 
 }  // namespace
 
@@ -95,7 +95,7 @@ Namespace::Namespace(std::unique_ptr<rocksdb::DB> db, uint64_t block_size, const
 Namespace::~Namespace() {
   db_.reset();  // RocksDB's lock is released before another Namespace may take the directory
   if (!open_dir_.empty()) {
-    std::lock_guard<std::mutex> lock(open_dirs_mu);
+    MutexLock lock(&open_dirs_mu);
     open_dirs.erase(open_dir_);
   }
 }
@@ -117,14 +117,14 @@ StatusOr<std::unique_ptr<Namespace>> Namespace::Open(const std::string& data_dir
   std::string canonical = std::filesystem::canonical(data_dir, ec).string();
   if (ec) canonical = data_dir;
   {
-    std::lock_guard<std::mutex> lock(open_dirs_mu);
+    MutexLock lock(&open_dirs_mu);
     if (!open_dirs.insert(canonical).second) {
       return FailedPreconditionError("master.data_dir " + data_dir + " is already open in this process");
     }
   }
   auto ns = OpenDb(data_dir, block_size, access, default_sync_ms, cache_bytes, env);
   if (!ns.ok()) {
-    std::lock_guard<std::mutex> lock(open_dirs_mu);
+    MutexLock lock(&open_dirs_mu);
     open_dirs.erase(canonical);
     return ns.status();
   }
@@ -488,7 +488,7 @@ Status Namespace::EnsureListed(const InodeRecord& dir, bool* ufs_needed) {
   if (dir.type() != rpc::DIRECTORY) return Status::OK();
   if (dir.listed() && !SyncDue(dir)) return Status::OK();
   if (ufs_needed) return NeedsUfs(ufs_needed);
-  std::lock_guard<std::mutex> list_lock(list_locks_[dir.ino() % list_locks_.size()]);
+  MutexLock list_lock(&list_locks_[dir.ino() % list_locks_.size()]);
   ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(dir.ino()));
   if (fresh.listed() && !SyncDue(fresh)) return Status::OK();  // another caller just listed it
   bool was_listed = fresh.listed();

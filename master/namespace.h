@@ -408,7 +408,7 @@ class Namespace {
   const UfsAccess access_;
   MountTable open_mounts_{[this](uint64_t id) { return MountSource(id); }, access_, &ufs_counters_};
 
-  std::array<std::mutex, 64> list_locks_;  // stripe by directory inode
+  std::array<Mutex, 64> list_locks_;  // stripe by directory inode
 
   // The R keys (directory renames being written out), mirrored for GetRecord; `renames_pending_`
   // spares every read the lock while there is none. A leaf lock.

@@ -688,9 +688,12 @@ class S3Writer : public UfsWriter {
       if (!buf_.empty()) RETURN_IF_ERROR(SendPart());
       RETURN_IF_ERROR(WaitParts(0));
       std::string xml = "<CompleteMultipartUpload>";
-      for (size_t i = 0; i < etags_.size(); ++i) {
-        xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + XmlEscape(etags_[i]) +
-               "</ETag></Part>";
+      {
+        MutexLock l(&mu_);  // every part's thread has ended; the analysis wants it said
+        for (size_t i = 0; i < etags_.size(); ++i) {
+          xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + XmlEscape(etags_[i]) +
+                 "</ETag></Part>";
+        }
       }
       xml += "</CompleteMultipartUpload>";
       ASSIGN_OR_RETURN(HttpResponse r, fs_->Call("POST", key_, {{"uploadId", upload_id_}},
@@ -753,7 +756,7 @@ class S3Writer : public UfsWriter {
     RETURN_IF_ERROR(WaitParts(S3Ufs::kPartsInFlight - 1));
     size_t number;
     {
-      std::lock_guard<std::mutex> l(mu_);  // the part threads write their slots under mu_
+      MutexLock l(&mu_);  // the part threads write their slots under mu_
       number = etags_.size() + 1;
       etags_.emplace_back();
     }
@@ -765,7 +768,7 @@ class S3Writer : public UfsWriter {
                          {{"Content-Type", "application/octet-stream"}}, nullptr, nullptr, 0, *part);
       Status st = r.ok() ? Status::OK() : r.status();
       if (st.ok() && r->status != 200) st = fs_->ErrorFor(*r, "upload part " + std::to_string(number) + " of " + Where());
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (st.ok()) {
         etags_[number - 1] = r->Header("etag");
       } else if (failed_.ok()) {
@@ -781,7 +784,7 @@ class S3Writer : public UfsWriter {
       in_flight_.front().join();
       in_flight_.erase(in_flight_.begin());
     }
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     return failed_;
   }
 
@@ -789,10 +792,10 @@ class S3Writer : public UfsWriter {
   const std::string path_, key_;
   std::string buf_;
   std::string upload_id_;
-  std::vector<std::string> etags_;  // by part number - 1; written by the part's thread under mu_
+  Mutex mu_;
+  std::vector<std::string> etags_ GUARDED_BY(mu_);  // by part number - 1; written by the part's thread
   std::vector<std::thread> in_flight_;
-  std::mutex mu_;
-  Status failed_;
+  Status failed_ GUARDED_BY(mu_);
   bool done_ = false;
   uint64_t written_ = 0;  // bytes appended
 };

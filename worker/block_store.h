@@ -370,7 +370,7 @@ class BlockStore {
   Status LoadOne(int tier, int dir, const FileKey& key, uint64_t index, const std::string& data,
                  const std::string& sidecar);
   Status LoadPins();
-  Status SavePins();  // needs pins_mu_
+  Status SavePins() REQUIRES(pins_mu_);
   std::string PathLocked(const BlockId& id, int tier, int dir) const REQUIRES(mu_);         // the data file
   std::string SidecarLocked(const BlockId& id, int tier, int dir) const REQUIRES(mu_);
   // Data files in use (blocks indexed in them, or being written into them), by path; a data file

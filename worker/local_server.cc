@@ -101,7 +101,7 @@ LocalServer::StreamPipe::Put LocalServer::StreamPipe::TryPut(const SharedBytes& 
 }
 
 StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path, BlockSource* source,
-                                                          BlockStore* store, WriteSessions* writes) {
+                                                          WriteSessions* writes) {
   RemoveDeadSockets(path);
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
@@ -115,7 +115,7 @@ StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& pat
     unlink(path.c_str());
   }
   ASSIGN_OR_RETURN(int fd, ListenUnix(path, 128, "worker.local_socket"));
-  std::unique_ptr<LocalServer> s(new LocalServer(path, fd, source, store, writes));
+  std::unique_ptr<LocalServer> s(new LocalServer(path, fd, source, writes));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
 }

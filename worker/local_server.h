@@ -44,7 +44,7 @@ class LocalServer {
   static constexpr uint64_t kSourceCachedBlocks = 4096;
   // Listens on `path` (a stale socket file there is replaced).
   // `writes` (may be null: writes are refused) serves the write sessions (LocalRequest.write).
-  static StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path, BlockSource* source, BlockStore* store,
+  static StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path, BlockSource* source,
                                                       WriteSessions* writes = nullptr);
   ~LocalServer();
   void Stop();
@@ -54,8 +54,8 @@ class LocalServer {
   const metrics::Histogram& read_latency() const { return read_latency_; }
 
  private:
-  LocalServer(std::string path, int fd, BlockSource* source, BlockStore* store, WriteSessions* writes)
-      : path_(std::move(path)), listen_fd_(fd), source_(source), store_(store), writes_(writes) {}
+  LocalServer(std::string path, int fd, BlockSource* source, WriteSessions* writes)
+      : path_(std::move(path)), listen_fd_(fd), source_(source), writes_(writes) {}
   void AcceptLoop();
   void Serve(int conn);
 
@@ -84,7 +84,6 @@ class LocalServer {
   const int listen_fd_;
   BlockSource* source_;
   metrics::Histogram read_latency_;
-  BlockStore* store_;
   WriteSessions* writes_;
   std::atomic<uint64_t> next_conn_{1};  // numbers connections for the write sessions
   std::atomic<bool> stop_{false};

@@ -627,7 +627,7 @@ class WorkerServerImpl final : public WorkerServer {
         return Status::OK();
       }
     }
-    auto local = LocalServer::Start(path, source_.get(), store_.get(), writes_.get());
+    auto local = LocalServer::Start(path, source_.get(), writes_.get());
     if (!local.ok()) {
       if (setting != "auto") return local.status();
       spdlog::warn("zero-copy local reads are off: {}", local.status().message());

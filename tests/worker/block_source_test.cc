@@ -513,7 +513,7 @@ class LocalServerPipeTest : public RangeFirstTest {
  protected:
   void SetUp() override {
     RangeFirstTest::SetUp();
-    auto s = LocalServer::Start((dir_ / "w.sock"), source_.get(), store_.get());
+    auto s = LocalServer::Start((dir_ / "w.sock"), source_.get());
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     server_ = std::move(*s);
   }
