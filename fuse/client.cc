@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "common/backoff.h"
+
 namespace granary::fuse {
 
 StatusOr<std::unique_ptr<Client>> Client::Create(const Config& cfg) {
@@ -374,7 +376,7 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
     // No worker can serve it (this node's restarting, no live peer has it): wait for one, up to
     // fuse.worker_wait, instead of failing the read.
     auto deadline = std::chrono::steady_clock::now() + cfg_.fuse.worker_wait;
-    auto pause = std::chrono::milliseconds(50);
+    Backoff pause(kWorkerWait);
     for (bool waited = false;; waited = true) {
       Status st = ReadPiece(req, want, &piece, out, scratch != nullptr ? scratch + (offset - start) : nullptr);
       if (st.ok()) {
@@ -388,8 +390,9 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
         return st.WithContext("no worker could serve the read within fuse.worker_wait");
       }
       if (!waited) counters_.worker_waits++;
-      std::this_thread::sleep_for(pause);
-      pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::seconds(1));
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(
+          pause.Next(), std::max<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now(),
+                                                           std::chrono::nanoseconds(0))));
     }
     out->pieces.push_back(std::move(piece));
     offset += want;

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/backoff.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -201,18 +202,23 @@ template <typename Service, typename Fn>
 grpc::Status CallWithFailover(StubHolder<Service>& holder, const RpcSecurity& sec, std::chrono::milliseconds timeout,
                               std::chrono::milliseconds wait, Fn call) {
   auto deadline = std::chrono::steady_clock::now() + wait;
-  auto backoff = std::chrono::milliseconds(20);
-  for (;;) {
+  Backoff backoff(kMasterFailover);
+  for (bool hinted = false;;) {
     grpc::ClientContext ctx;
     sec.Prepare(&ctx, timeout);
     grpc::Status st = holder.Note(call(*holder.Get(), ctx));
     if (!ServerUnreachable(st) && !IsNotLeader(st)) return st;
-    // A hint names the leader: ask it at once; otherwise wait a little.
-    if (!LeaderHint(st).empty()) backoff = std::chrono::milliseconds(0);
-    if (std::chrono::steady_clock::now() + backoff >= deadline) return st;
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(20)),
-                                                  std::chrono::milliseconds(500));
+    // A hint names the leader: ask it at once, once (two standbys naming each other while an
+    // election settles must not make this a busy loop); otherwise wait a little.
+    const bool hint = !LeaderHint(st).empty();
+    if (hint && !hinted) {
+      hinted = true;
+      if (std::chrono::steady_clock::now() >= deadline) return st;
+      backoff.Reset();
+      continue;
+    }
+    hinted = false;
+    if (!backoff.SleepBefore(deadline)) return st;
   }
 }
 

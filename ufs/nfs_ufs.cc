@@ -160,12 +160,18 @@ StatusOr<std::optional<UfsEntry>> DecodeEntry(const std::string& name, const fat
 StatusOr<std::shared_ptr<UnderFileSystem>> NfsUfs::Open(const std::string& uri,
                                                         const std::map<std::string, std::string>& options) {
   size_t connections = 4;
-  for (const auto& [k, v] : options) {
-    if (k != "connections") return InvalidArgumentError("unknown nfs mount option '" + k + "'");
+  auto rest = options;
+  ASSIGN_OR_RETURN(UfsRetry retry, UfsRetry::FromOptions(&rest));
+  for (const auto& [k, v] : rest) {
+    if (k != "connections") {
+      return InvalidArgumentError("unknown nfs mount option '" + k +
+                                  "' (nfs:// takes connections, max_attempts and retry_deadline)");
+    }
     ASSIGN_OR_RETURN(uint64_t n, ParseUint(v));
     connections = std::clamp<uint64_t>(n, 1, 64);
   }
   std::shared_ptr<NfsUfs> ufs(new NfsUfs(uri));
+  ufs->retry_ = retry;
   std::string export_path;
   ASSIGN_OR_RETURN(nfs_context * first, ufs->Connect(&export_path));
   AppendComponents(export_path, ufs->export_components_);
@@ -245,10 +251,12 @@ void NfsUfs::Release(nfs_context* c, bool broken) {
 
 StatusOr<UfsEntry> NfsUfs::Stat(const std::string& path) {
   RETURN_IF_ERROR(CheckRelativePath(path));
-  ASSIGN_OR_RETURN(nfs_context * c, Acquire());
-  auto e = StatOn(c, path);
-  Release(c, e.status().IsRetryable());
-  return e;
+  return RetryUfsCall(retry_, [&]() -> StatusOr<UfsEntry> {
+    ASSIGN_OR_RETURN(nfs_context * c, Acquire());
+    auto e = StatOn(c, path);
+    Release(c, e.status().IsRetryable());  // a broken connection is replaced for the next try
+    return e;
+  });
 }
 
 StatusOr<UfsEntry> NfsUfs::StatOn(nfs_context* c, const std::string& path) {
@@ -263,6 +271,15 @@ Status NfsUfs::List(const std::string& dir, size_t page_size, const PageFn& on_p
   RETURN_IF_ERROR(CheckRelativePath(dir));
   std::vector<std::string> path = export_components_;
   AppendComponents(dir, path);
+  // A listing is tried again only while it has handed no page on: the caller has no way to take
+  // back what it was given.
+  bool handed_on = false;
+  return RetryUfsCall(
+      retry_, [&] { return ListOnce(path, dir, page_size, on_page, &handed_on); }, [&] { return !handed_on; });
+}
+
+Status NfsUfs::ListOnce(const std::vector<std::string>& path, const std::string& dir, size_t page_size,
+                        const PageFn& on_page, bool* handed_on) {
   // One context for the whole listing: the cookies are only good against the same server state.
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
   ReaddirCursor cursor;
@@ -274,6 +291,7 @@ Status NfsUfs::List(const std::string& dir, size_t page_size, const PageFn& on_p
     for (size_t i = 0; rpc.ok() && caller.ok() && i < got.size(); ++i) {
       page.push_back(std::move(got[i]));
       if (page.size() >= page_size) {
+        *handed_on = true;
         caller = on_page(page);
         page.clear();
       }
@@ -282,7 +300,10 @@ Status NfsUfs::List(const std::string& dir, size_t page_size, const PageFn& on_p
   Release(c, rpc.IsRetryable());
   RETURN_IF_ERROR(rpc);
   RETURN_IF_ERROR(caller);
-  if (!page.empty()) RETURN_IF_ERROR(on_page(page));
+  if (!page.empty()) {
+    *handed_on = true;
+    RETURN_IF_ERROR(on_page(page));
+  }
   return Status::OK();
 }
 
@@ -386,6 +407,13 @@ Status NfsUfs::ReaddirPage(nfs_context* c, const std::vector<std::string>& path,
 StatusOr<size_t> NfsUfs::Read(const std::string& path, const std::string& version, uint64_t offset, size_t length,
                               char* out) {
   RETURN_IF_ERROR(CheckRelativePath(path));
+  // A read writes only `out`, and a retry writes the same bytes of the same version (or fails
+  // with the version changed): safe to try again.
+  return RetryUfsCall(retry_, [&] { return ReadOnce(path, version, offset, length, out); });
+}
+
+StatusOr<size_t> NfsUfs::ReadOnce(const std::string& path, const std::string& version, uint64_t offset,
+                                  size_t length, char* out) {
   ASSIGN_OR_RETURN(nfs_context * c, Acquire());
   Status st = Status::OK();
   size_t done = 0;

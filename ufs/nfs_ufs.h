@@ -8,7 +8,11 @@
 // destroyed and replaced by a fresh connection on next use. Reads are issued in pieces of at most
 // 1 MiB (libnfs 4.0 fails larger NFSv4 READs and breaks the connection). Versions are "<size>-<mtime ns>-<inode>"
 // as for local files; reads check the version before and after, so a file changed underneath
-// fails with FAILED_PRECONDITION. Thread-safe.
+// fails with FAILED_PRECONDITION. Reads, stats and listings keep the retry contract of s3://
+// (UfsRetry: max_attempts, retry_deadline): a call that fails with a retryable status — the
+// server unreachable, a connection broken mid-call — is tried again on a fresh connection after a
+// pause; a listing only until it has handed on its first page. Writes are not retried: a rename or
+// remove whose reply was lost would fail the second time for having succeeded the first. Thread-safe.
 //
 // Listing streams: libnfs's nfs_opendir reads a whole directory into memory before the first entry
 // is returned (a million-entry directory would be ~100 MB of dirents), so List sends its own NFSv4
@@ -53,6 +57,11 @@ class NfsUfs : public UnderFileSystem {
 
  private:
   friend class NfsWriter;
+  // One try of List (handed_on: a page went to on_page) and of Read; the public calls retry them.
+  Status ListOnce(const std::vector<std::string>& path, const std::string& dir, size_t page_size,
+                  const PageFn& on_page, bool* handed_on);
+  StatusOr<size_t> ReadOnce(const std::string& path, const std::string& version, uint64_t offset, size_t length,
+                            char* out);
   // Where the next READDIR continues (RFC 7530 16.24: cookie 0 and a zero verifier to start).
   struct ReaddirCursor {
     uint64_t cookie = 0;
@@ -80,6 +89,7 @@ class NfsUfs : public UnderFileSystem {
 
   std::string uri_;
   std::vector<std::string> export_components_;  // the mounted path's components; set by Open
+  UfsRetry retry_;  // max_attempts, retry_deadline: reads, stats and listings (set by Open)
   Mutex mu_;
   std::condition_variable cv_;
   std::vector<nfs_context*> idle_ GUARDED_BY(mu_);

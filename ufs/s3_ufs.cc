@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "common/backoff.h"
 #include "common/fs.h"
 #include "common/path.h"
 #include "common/tiers.h"
@@ -69,13 +70,10 @@ Status EmitFullPages(std::vector<UfsEntry>* page, size_t page_size, const UnderF
 
 // max_attempts, retry_deadline and max_requests, shared by s3:// and oss://.
 Status ApplyRequestOptions(const std::map<std::string, std::string>& options, S3Settings* s) {
-  if (auto it = options.find("max_attempts"); it != options.end()) {
-    ASSIGN_OR_RETURN(uint64_t n, ParseUint(it->second));
-    s->max_attempts = static_cast<int>(std::clamp<uint64_t>(n, 1, 100));
-  }
-  if (auto it = options.find("retry_deadline"); it != options.end()) {
-    ASSIGN_OR_RETURN(s->retry_deadline, ParseDuration(it->second));
-  }
+  auto rest = options;
+  ASSIGN_OR_RETURN(UfsRetry retry, UfsRetry::FromOptions(&rest));  // the contract nfs:// keeps too
+  s->max_attempts = retry.max_attempts;
+  s->retry_deadline = retry.deadline;
   if (auto it = options.find("max_requests"); it != options.end()) {
     ASSIGN_OR_RETURN(uint64_t n, ParseUint(it->second));
     s->max_requests = static_cast<int>(std::clamp<uint64_t>(n, 1, 1024));
@@ -281,17 +279,11 @@ StatusOr<HttpResponse> S3Ufs::Call(const std::string& method, const std::string&
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + s_.retry_deadline;
   Status last = Status::OK();
+  Backoff backoff(kUnderStorageRetry);
   for (int attempt = 0; attempt < s_.max_attempts; ++attempt) {
     if (attempt > 0) {
       NoteUfsRetry();
-      // Full jitter: uniform in [0, min(cap, base * 2^attempt)).
-      int64_t ceiling = std::min<int64_t>(5000, 100LL << std::min(attempt, 10));
-      // Seeded once per thread, on its first retry: a random_device per call cost a system call on
-      // every request of a cold epoch.
-      thread_local std::mt19937_64 rng(std::random_device{}());
-      auto wait = std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(0, ceiling)(rng));
-      if (std::chrono::steady_clock::now() + wait >= deadline) break;
-      std::this_thread::sleep_for(wait);
+      if (!backoff.SleepBefore(deadline)) break;
     }
     HttpRequest req{method, url, headers, sink, sink_capacity, progress, progress_first, body.data(), body.size()};
     std::time_t now = std::time(nullptr);

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "common/tiers.h"
+#include "common/units.h"
 #include "ufs/local_ufs.h"
 #include "ufs/nfs_ufs.h"
 #include "ufs/s3_ufs.h"
@@ -343,6 +344,23 @@ class CountingUfs final : public UnderFileSystem {
 }  // namespace
 
 void NoteUfsRetry() { ++t_retries; }
+
+StatusOr<UfsRetry> UfsRetry::FromOptions(std::map<std::string, std::string>* options) {
+  UfsRetry r;
+  if (auto it = options->find("max_attempts"); it != options->end()) {
+    auto n = ParseUint(it->second);
+    if (!n.ok()) return InvalidArgumentError("max_attempts: " + n.status().message());
+    r.max_attempts = static_cast<int>(std::clamp<uint64_t>(*n, 1, 100));
+    options->erase(it);
+  }
+  if (auto it = options->find("retry_deadline"); it != options->end()) {
+    auto d = ParseDuration(it->second);
+    if (!d.ok()) return InvalidArgumentError("retry_deadline: " + d.status().message());
+    r.deadline = *d;
+    options->erase(it);
+  }
+  return r;
+}
 
 Status MarkUnderStorage(const Status& s) {
   if (s.code() != Code::kUnavailable || s.reason() != Reason::kNone) return s;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/backoff.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
@@ -243,6 +245,43 @@ struct UfsCounters {
 
 // Called by an implementation before each attempt beyond the first of one call.
 void NoteUfsRetry();
+
+// The retry contract every remote under-storage keeps (s3://, oss://, nfs://), from the mount
+// options `max_attempts` (tries per call, 1-100) and `retry_deadline` (no retry starts after it):
+// a call that fails with a retryable status (Status::IsRetryable: the store unreachable, a
+// connection reset, a timeout, a 5xx) is tried again after a pause (common/backoff.h,
+// kUnderStorageRetry); any other failure is returned at once.
+struct UfsRetry {
+  int max_attempts = 5;
+  std::chrono::milliseconds deadline{20000};
+  // Takes `max_attempts` and `retry_deadline` out of `options` (the rest stay for the caller).
+  static StatusOr<UfsRetry> FromOptions(std::map<std::string, std::string>* options);
+};
+
+inline Status StatusOfResult(const Status& s) { return s; }
+template <typename T>
+Status StatusOfResult(const StatusOr<T>& s) {
+  return s.status();
+}
+
+// Runs `attempt` (returning Status or StatusOr<T>) under `retry`'s contract; `may_retry()`, asked
+// after a retryable failure, can refuse a retry (a listing that already handed pages on).
+template <typename Fn, typename MayRetry>
+auto RetryUfsCall(const UfsRetry& retry, Fn attempt, MayRetry may_retry) -> decltype(attempt()) {
+  const auto deadline = std::chrono::steady_clock::now() + retry.deadline;
+  Backoff backoff(kUnderStorageRetry);
+  for (int n = 1;; ++n) {
+    auto result = attempt();
+    const Status st = StatusOfResult(result);
+    if (st.ok() || !st.IsRetryable() || n >= retry.max_attempts || !may_retry()) return result;
+    if (!backoff.SleepBefore(deadline)) return result;
+    NoteUfsRetry();
+  }
+}
+template <typename Fn>
+auto RetryUfsCall(const UfsRetry& retry, Fn attempt) -> decltype(attempt()) {
+  return RetryUfsCall(retry, std::move(attempt), [] { return true; });
+}
 
 // `s`, with an UNAVAILABLE that carries no reason marked Reason::kUnderStorage: the storage failed
 // (after its retries), not the daemon that passes the error on (common/status.h).

@@ -803,10 +803,9 @@ void WriteSessions::UploadLoop() {
         done_[s.id] = st;
       } else {
         ++failures_;
-        ++s.attempts;
-        auto wait = std::chrono::seconds(std::min<int64_t>(60, int64_t{1} << std::min<uint32_t>(s.attempts - 1, 6)));
+        auto wait = s.retry.Next();
         spdlog::warn("write=back: the upload of {} failed (attempt {}; again in {} s, its bytes stay staged in {}): {}",
-                     s.target.ufs_path, s.attempts, wait.count(), s.data_path, st.ToString());
+                     s.target.ufs_path, s.retry.retries(), wait.count() / 1000, s.data_path, st.ToString());
         s.not_before = std::chrono::steady_clock::now() + wait;
         done_[s.id] = st;  // an fsync waiting for it answers this error; the upload goes on
         queue_.push_back(std::move(s));

@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/backoff.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "proto/granary.pb.h"
@@ -150,7 +151,7 @@ class WriteSessions {
     Target target;
     std::string data_path, manifest_path;
     uint64_t size = 0;
-    uint32_t attempts = 0;
+    Backoff retry{kUploadRetry};  // the pause after each failed upload
     std::chrono::steady_clock::time_point not_before{};
   };
 

@@ -7,9 +7,11 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "ufs/nfs_ufs.h"
 #include "tests/integration/harness.h"
+#include "tests/testutil/proxy.h"
 
 namespace granary::testing {
 namespace {
@@ -75,6 +77,52 @@ TEST_F(NfsTest, ListStatReadAndDetectChanges) {
   EXPECT_EQ((*ufs)->Stat("no/such/file").status().code(), Code::kNotFound);
   EXPECT_EQ((*ufs)->Read("../escape", "v", 0, 1, buf.data()).status().code(), Code::kInvalidArgument);
   EXPECT_FALSE(NfsUfs::Open(uri_, {{"bogus", "1"}}).ok());
+}
+
+// nfs:// keeps the retry contract of s3:// (UfsRetry): a read whose connection is cut, and whose
+// reconnections are refused for a while, is tried again on a fresh connection and returns the
+// file's bytes once the server is reachable again; with max_attempts 1 it fails at once, naming
+// the export; options that are not numbers are refused.
+TEST_F(NfsTest, AReadCutOffItsServerIsTriedAgainOnAFreshConnection) {
+  const std::string port_arg = "nfsport=";
+  const size_t at = uri_.find(port_arg);
+  ASSERT_NE(at, std::string::npos) << uri_;
+  FaultProxy proxy(std::stoi(uri_.substr(at + port_arg.size())));
+  const std::string via_proxy = uri_.substr(0, at) + port_arg + std::to_string(proxy.port());
+  auto ufs = NfsUfs::Open(via_proxy, {{"connections", "1"}, {"retry_deadline", "60s"}, {"max_attempts", "100"}});
+  ASSERT_TRUE(ufs.ok()) << ufs.status().message();
+  auto st = (*ufs)->Stat("train/n01/a.JPEG");
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  const std::string want = ReadFile(*dir_ / "nfs/export/train/n01/a.JPEG");
+
+  proxy.SetMode(FaultProxy::kReset);  // the live connection is cut at its next request
+  const int connections_before = proxy.connections();
+  StatusOr<size_t> got = InternalError("not read");
+  std::string buf(want.size(), '\0');
+  std::thread reader([&] { got = (*ufs)->Read("train/n01/a.JPEG", st->version, 0, buf.size(), buf.data()); });
+  // Wait until the reader has tried to reconnect at least twice (each refused), then let it through.
+  bool retried = WaitFor([&] { return proxy.connections() >= connections_before + 2; }, std::chrono::seconds(60));
+  proxy.SetMode(FaultProxy::kPass);
+  reader.join();
+  EXPECT_TRUE(retried) << "the read was not tried again on a new connection";
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(*got, want.size());
+  EXPECT_TRUE(buf == want) << "the bytes differ from the export's";
+
+  // One attempt only: the cut read fails, with the export named, and is not retried.
+  auto once = NfsUfs::Open(via_proxy, {{"connections", "1"}, {"max_attempts", "1"}});
+  ASSERT_TRUE(once.ok()) << once.status().message();
+  proxy.SetMode(FaultProxy::kReset);
+  const int before_once = proxy.connections();
+  auto failed = (*once)->Read("train/n01/a.JPEG", st->version, 0, buf.size(), buf.data());
+  proxy.SetMode(FaultProxy::kPass);
+  EXPECT_FALSE(failed.ok());
+  EXPECT_TRUE(failed.status().IsRetryable()) << failed.status().ToString();
+  EXPECT_EQ(proxy.connections(), before_once) << "max_attempts 1 reconnected to try again";
+
+  auto bad = NfsUfs::Open(uri_, {{"retry_deadline", "soon"}});
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("retry_deadline"), std::string::npos) << bad.status().message();
 }
 
 TEST_F(NfsTest, DatasetOnNfsReadsByteIdenticalThroughFuse) {
