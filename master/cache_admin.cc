@@ -79,12 +79,12 @@ Status FreeMountOnWorkers(Cluster& cluster, const WorkerCalls& workers, uint64_t
 Status CacheAdmin::Pin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
   ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
   MutexLock lock(&pin_mu_);
-  ASSIGN_OR_RETURN(auto pins, ns_->Pins());
+  ASSIGN_OR_RETURN(auto pins, ns_->meta().Pins());
   rpc::SetPinsRequest sp;
   if (req.pin()) {
     std::vector<FileKey> keys;
     RETURN_IF_ERROR(ns_->ForEachFileKey(path, [&](const FileKey& k, uint64_t) { keys.push_back(k); }));
-    RETURN_IF_ERROR(ns_->PutPin(path, keys));
+    RETURN_IF_ERROR(ns_->meta().PutPin(path, keys));
     for (const auto& k : keys) sp.add_file_keys(FileKeyBytes(k));
     resp->set_files(keys.size());
   } else {
@@ -106,7 +106,7 @@ Status CacheAdmin::Pin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
     }
     uint64_t files = 0;
     for (const auto& p : gone) {
-      RETURN_IF_ERROR(ns_->DeletePin(p));
+      RETURN_IF_ERROR(ns_->meta().DeletePin(p));
       for (const auto& k : pins[p]) {
         ++files;
         if (!still.count(k)) sp.add_file_keys(FileKeyBytes(k));
@@ -131,7 +131,7 @@ Status CacheAdmin::Pin(const rpc::PinRequest& req, rpc::PinResponse* resp) {
 
 Status CacheAdmin::Free(const rpc::FreeRequest& req, rpc::FreeResponse* resp) {
   ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
-  ASSIGN_OR_RETURN(auto pins, ns_->Pins());
+  ASSIGN_OR_RETURN(auto pins, ns_->meta().Pins());
   std::string pinned = PinOverlapping(pins, path);
   if (!pinned.empty()) {
     return FailedPreconditionError(path + " overlaps the pinned path " + pinned + "; unpin it first (granary unpin " +
@@ -247,7 +247,7 @@ void AccountBatch(Cluster& cluster, const WorkerCalls& workers, std::vector<DuRa
 Status CacheAdmin::Du(const rpc::DuRequest& req, rpc::DuResponse* resp) {
   ASSIGN_OR_RETURN(std::string path, Namespace::CanonicalPath(req.path()));
   ASSIGN_OR_RETURN(rpc::Attr top, ns_->Resolve(path));
-  ASSIGN_OR_RETURN(auto pins, ns_->Pins());
+  ASSIGN_OR_RETURN(auto pins, ns_->meta().Pins());
   auto pinned = [&](const std::string& p) {
     for (const auto& [pin, keys] : pins) {
       if (PathWithin(p, pin)) return true;

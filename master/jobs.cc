@@ -55,14 +55,14 @@ struct JobManager::Batch {
 };
 
 JobManager::JobManager(Namespace* ns, Cluster* cluster, std::shared_ptr<StubPool<rpc::Worker>> workers)
-    : ns_(ns), cluster_(cluster), workers_(std::move(workers)) {}
+    : ns_(ns), records_(&ns->meta()), cluster_(cluster), workers_(std::move(workers)) {}
 
 JobManager::~JobManager() { Stop(); }
 
 Status JobManager::Start() {
   std::vector<std::pair<uint64_t, rpc::LoadJob>> loaded;
   Status parse;
-  RETURN_IF_ERROR(ns_->ForEachJobRecord("j", [&](const std::string& key, const std::string& value) {
+  RETURN_IF_ERROR(records_->ForEachJobRecord("j", [&](const std::string& key, const std::string& value) {
     LoadJobRecord r;
     if (!r.ParseFromString(value)) {
       parse = DataLossError("job record " + std::to_string(GetBe64(key, 1)) + " does not parse");
@@ -167,7 +167,7 @@ StatusOr<rpc::LoadJob> JobManager::Submit(const rpc::LoadJobSpec& in) {
   if (spec.paths_size() > static_cast<int>(kListedPaths)) {
     job.mutable_spec()->mutable_paths()->DeleteSubrange(kListedPaths, spec.paths_size() - kListedPaths);
   }
-  RETURN_IF_ERROR(ns_->PutJobRecord("s" + Be64(id), ToRecord(spec).SerializeAsString()));
+  RETURN_IF_ERROR(records_->PutJobRecord("s" + Be64(id), ToRecord(spec).SerializeAsString()));
   {
     MutexLock lock(&mu_);
     jobs_[id] = job;
@@ -264,7 +264,7 @@ Status JobManager::Persist(uint64_t id) {
     MutexLock lock(&mu_);
     value = ToRecord(jobs_[id]).SerializeAsString();
   }
-  return ns_->PutJobRecord("j" + Be64(id), value);
+  return records_->PutJobRecord("j" + Be64(id), value);
 }
 
 void JobManager::RunLoop(bool ahead) {
@@ -296,7 +296,7 @@ void JobManager::RunLoop(bool ahead) {
 
 void JobManager::Run(uint64_t id) {
   rpc::LoadJobSpec spec;
-  auto raw = ns_->GetJobRecord("s" + Be64(id));
+  auto raw = records_->GetJobRecord("s" + Be64(id));
   Status st = raw.status();
   LoadJobSpecRecord spec_record;
   if (st.ok() && !spec_record.ParseFromString(*raw)) st = DataLossError("the job's request record does not parse");

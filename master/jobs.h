@@ -138,6 +138,7 @@ class JobManager {
   void Update(uint64_t id, Fn fn);
 
   Namespace* ns_;
+  MetaStore* records_;  // the jobs' records (ns_->meta())
   Cluster* cluster_;
   std::shared_ptr<StubPool<rpc::Worker>> workers_;
 

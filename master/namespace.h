@@ -24,10 +24,10 @@
 //   M be64(mount id)            -> MountRecord       (proto/meta.proto; master/records.h converts)
 //   S next_ino / S next_mount   -> be64             allocators
 //   S/free_stamps               -> be64             free stamps reserved up to here (NextFreeStamp)
-//   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned
-//   J ...                       -> load jobs (layout in master/jobs.h)
+//   P path                      -> 16-byte FileKeys  a pinned path and the files it pinned (MetaStore)
+//   J ...                       -> load jobs (layout in master/jobs.h; MetaStore)
 //   L be64(mount) be64(ino)     -> LoadCursorRecord  where an unfinished LoadTree of ino stands
-//   W/members                   -> MembersRecord    the live workers (for a standby taking over)
+//   W/members                   -> MembersRecord    the live workers (for a standby taking over; MetaStore)
 //   R be64(ino)                 -> be64(mount) old path: a directory rename whose subtree is still
 //                                  being rewritten (see "Directory renames")
 //   Z/pos                       -> be64(term) be64(index): the journal's position (master/journal.h)
@@ -53,6 +53,16 @@
 // Concurrency: reads go straight to RocksDB. Listing a directory takes that directory's stripe
 // lock (so two lookups do not both list it) and then `mu_` only to allocate inodes and write one
 // batch per page. Mount/unmount hold `mu_` throughout. All methods are thread-safe.
+//
+// Where the code is, by concern (the key layout and helpers they share: namespace_internal.h):
+//   namespace.cc         opening the data directory, the state in memory, applying the leader's
+//                        entries, reading one record
+//   namespace_sync.cc    listing a directory on first access, listing ahead, sync, SyncFile
+//   namespace_load.cc    LoadTree: a whole subtree in flat pages, resumable
+//   namespace_mounts.cc  Mount, Unmount, ListMounts, GetMount
+//   namespace_read.cc    Lookup, GetAttr, Resolve, GetFile, ReadDir, walks of a subtree
+//   namespace_write.cc   writes below writable mounts, renames
+//   meta_store.cc        the jobs', pins' and members' records (MetaStore, meta())
 #pragma once
 
 #include <rocksdb/db.h>
@@ -75,6 +85,7 @@
 #include "common/thread_annotations.h"
 #include "common/tiers.h"
 #include "master/journal.h"
+#include "master/meta_store.h"
 #include "ufs/mount_table.h"
 #include "ufs/ufs.h"
 #include "proto/granary.pb.h"
@@ -246,20 +257,8 @@ class Namespace {
   // same order on every walk of an unchanged tree). Stops at the first error, `fn`'s included.
   Status ForEachFile(const std::string& path,
                      const std::function<Status(const std::string& path, const rpc::FileInfo&)>& fn);
-  // Load jobs' records (master/jobs.h owns their meaning), kept under J in the same database.
-  Status PutJobRecord(const std::string& key, const std::string& value);
-  StatusOr<std::string> GetJobRecord(const std::string& key) const;  // NOT_FOUND when absent
-  Status ForEachJobRecord(const std::string& prefix,
-                          const std::function<void(const std::string& key, const std::string& value)>& fn) const;
-
-  // The live workers (W/members, master/cluster.h), kept for a standby that takes over.
-  Status PutMembers(const MembersRecord& r);
-  StatusOr<MembersRecord> GetMembers() const;  // empty when none was written
-
-  // Pinned paths (canonical, like /imagenet/train) and the FileKeys they cover.
-  Status PutPin(const std::string& path, const std::vector<FileKey>& keys);
-  Status DeletePin(const std::string& path);
-  StatusOr<std::map<std::string, std::vector<FileKey>>> Pins() const;
+  // The records beside the namespace (jobs, pins, members): master/meta_store.h.
+  MetaStore& meta() { return meta_; }
   // The canonical form of a namespace path (/a//b/ -> /a/b).
   static StatusOr<std::string> CanonicalPath(const std::string& path);
 
@@ -370,6 +369,18 @@ class Namespace {
   // costs list_ahead_entries_ / 1000 + 1 requests more, once.
   Status EnsureListed(const InodeRecord& dir, bool* ufs_needed = nullptr);
   StatusOr<LoadStats> LoadTreeOf(InodeRecord top, const std::string& path, const LoadTreeOptions& opts);
+  // LoadTreeOf's steps (master/namespace_load.cc): the load's state, resuming an interrupted load
+  // from its cursor, one page of the flat listing and one entry of it, the directories an entry
+  // is below, and the end.
+  struct TreeLoad;
+  Status ResumeLoad(TreeLoad* load);
+  Status LoadPage(TreeLoad* load, std::vector<UfsEntry>& page) EXCLUDES(mu_);
+  Status LoadEntryLocked(TreeLoad* load, UfsEntry& e) REQUIRES(mu_);
+  Status EnterLoadDirsLocked(TreeLoad* load, const std::vector<std::string>& parts, size_t depth) REQUIRES(mu_);
+  Status SettleFreshDirLocked(TreeLoad* load, const std::string& rel) REQUIRES(mu_);
+  Status CloseLoadDirLocked(TreeLoad* load) REQUIRES(mu_);
+  Status FinishLoadDirLocked(TreeLoad* load, uint64_t ino, uint64_t gen) REQUIRES(mu_);
+  StatusOr<LoadStats> EndLoad(TreeLoad* load, Status st) EXCLUDES(mu_);
   // The answer to a call made with `ufs_needed` that would have to wait for the under-storage.
   static Status NeedsUfs(bool* ufs_needed);
   StatusOr<std::shared_ptr<UnderFileSystem>> UfsFor(uint64_t mount_id) EXCLUDES(mu_);
@@ -383,6 +394,7 @@ class Namespace {
 
   std::unique_ptr<rocksdb::DB> db_;
   Journal journal_{db_.get()};
+  MetaStore meta_{db_.get(), &journal_};
   std::string open_dir_;  // canonical data_dir, in open_dirs while this is open
   const uint64_t block_size_;
   const int64_t default_sync_ms_;

@@ -329,7 +329,7 @@ class ReplicatedBeforeAnswer {
     roles_->MembersChanged();
     resp->set_members_epoch(L->cluster.Members(0, resp->mutable_workers()));
     resp->set_free_stamp(ns_->FreeStamp());
-    auto pins = ns_->Pins();
+    auto pins = ns_->meta().Pins();
     if (!pins.ok()) return ToGrpc(pins.status());
     std::set<FileKey> pinned;
     for (const auto& [path, keys] : *pins) pinned.insert(keys.begin(), keys.end());
@@ -807,7 +807,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
       if (ha_) {
         uint64_t epoch = 0;
         MembersRecord rec = L->cluster.Record(&epoch);
-        if (epoch != L->members_written && ns_->PutMembers(rec).ok()) L->members_written = epoch;
+        if (epoch != L->members_written && ns_->meta().PutMembers(rec).ok()) L->members_written = epoch;
       }
       for (uint64_t id : mounts) {
         uint64_t blocks = 0;
@@ -882,7 +882,7 @@ class MasterServerImpl final : public MasterServer, public Roles {
       return;
     }
     auto L = std::make_shared<Leading>(ns_.get(), worker_timeout_, workers_, term);
-    auto members = ns_->GetMembers();
+    auto members = ns_->meta().GetMembers();
     if (members.ok() && members->members_size() > 0) L->cluster.Restore(*members);
     L->ahead.Start();
     st = L->jobs.Start();

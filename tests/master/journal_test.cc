@@ -103,7 +103,7 @@ TEST_F(JournalTest, AStandbyHoldsTheLeadersNamespaceWithTheSameInodes) {
   // More writes: entries only, no second snapshot.
   auto g = a_->Resolve("/data/d2/f5");
   ASSERT_TRUE(g.ok());
-  ASSERT_TRUE(a_->PutPin("/data/d2", {}).ok());
+  ASSERT_TRUE(a_->meta().PutPin("/data/d2", {}).ok());
   ASSERT_TRUE(a_->Unmount("/data").ok());
   ASSERT_TRUE(a_->Mount("/other", "file://" + dir_ / "src/d0", {}).ok());
   Pump(a_.get(), b_.get());
@@ -159,7 +159,7 @@ TEST_F(JournalTest, AFollowerOlderThanTheKeptEntriesTakesASnapshot) {
   Pump(a_.get(), b_.get());
   ASSERT_EQ(snapshots_, 1);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(a_->Resolve("/data/d" + std::to_string(i) + "/f" + std::to_string(i)).ok());
-  for (int i = 0; i < 50; ++i) ASSERT_TRUE(a_->PutPin("/data/p" + std::to_string(i), {}).ok());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(a_->meta().PutPin("/data/p" + std::to_string(i), {}).ok());
   Pump(a_.get(), b_.get());
   EXPECT_EQ(snapshots_, 2) << "2 KiB of entries cannot hold 50 pins' worth";
   EXPECT_EQ(Contents(b_.get()), Contents(a_.get()));
@@ -169,8 +169,8 @@ TEST_F(JournalTest, EntriesOutOfOrderOrWithoutTheirPositionAreRefused) {
   ASSERT_TRUE(a_->journal().BeginTerm(5).ok());
   ASSERT_TRUE(a_->Mount("/data", "file://" + dir_ / "src", {}).ok());
   Pump(a_.get(), b_.get());
-  ASSERT_TRUE(a_->PutPin("/x", {}).ok());
-  ASSERT_TRUE(a_->PutPin("/y", {}).ok());
+  ASSERT_TRUE(a_->meta().PutPin("/x", {}).ok());
+  ASSERT_TRUE(a_->meta().PutPin("/y", {}).ok());
   std::vector<JournalEntry> entries;
   LogPosition from = b_->journal().position();
   ASSERT_EQ(a_->journal().Read(from, 1 << 20, &entries), FollowerNeeds::kEntries);
@@ -197,7 +197,7 @@ TEST_F(JournalTest, TheFenceStopsEveryWrite) {
   leading = false;
   EXPECT_EQ(a_->Mount("/more", "file://" + dir_ / "src", {}).status().code(), Code::kUnavailable);
   EXPECT_FALSE(a_->Resolve("/data/d0/f0").ok()) << "a listing writes, so it is fenced too";
-  EXPECT_FALSE(a_->PutPin("/data", {}).ok());
+  EXPECT_FALSE(a_->meta().PutPin("/data", {}).ok());
   EXPECT_EQ(a_->journal().position(), before);
   EXPECT_EQ(Contents(a_.get()), contents);
 }
@@ -212,7 +212,7 @@ TEST_F(JournalTest, CommitsWaitForAFollowerInSync) {
   const uint64_t start = j.position().index;
   std::atomic<bool> done{false};
   std::thread writer([&] {
-    EXPECT_TRUE(a_->PutPin("/p", {}).ok());
+    EXPECT_TRUE(a_->meta().PutPin("/p", {}).ok());
     EXPECT_TRUE(j.WaitReplicated().ok());
     done = true;
   });
@@ -220,7 +220,7 @@ TEST_F(JournalTest, CommitsWaitForAFollowerInSync) {
   // Group commit (issue 51, finding 5): the wait holds no namespace lock, so another call goes on
   // meanwhile (it waited behind the first's acknowledgement for up to the sync timeout before).
   // (Had it queued, it would have returned only when the first's wait timed out: `done` below.)
-  EXPECT_TRUE(a_->PutPin("/other", {}).ok());
+  EXPECT_TRUE(a_->meta().PutPin("/other", {}).ok());
   EXPECT_TRUE(a_->Resolve("/").ok());
   EXPECT_FALSE(done) << "the write's acknowledgement waits for the follower's, and nothing else did";
   j.Acked("b", start + 2);
@@ -229,11 +229,11 @@ TEST_F(JournalTest, CommitsWaitForAFollowerInSync) {
   EXPECT_TRUE(j.WaitReplicated().ok()) << "this thread's entry, acknowledged already";
   // A follower that does not answer within the sync timeout drops out of sync, and the write returns.
   j.Configure(64 << 20, std::chrono::milliseconds(200));
-  ASSERT_TRUE(a_->PutPin("/q", {}).ok());
+  ASSERT_TRUE(a_->meta().PutPin("/q", {}).ok());
   EXPECT_TRUE(j.WaitReplicated().ok());
   ASSERT_EQ(j.Followers().size(), 1u);
   EXPECT_FALSE(j.Followers()[0].in_sync);
-  EXPECT_TRUE(a_->PutPin("/r", {}).ok()) << "no follower in sync: no wait";
+  EXPECT_TRUE(a_->meta().PutPin("/r", {}).ok()) << "no follower in sync: no wait";
   j.Acked("b", j.position().index);
   EXPECT_TRUE(j.Followers()[0].in_sync) << "caught up: in sync again";
   j.Forget("b");
@@ -279,12 +279,12 @@ TEST_F(JournalTest, ASnapshotInFlightKeepsTheEntriesAfterIt) {
                   .Snapshot(1 << 20, [](const std::vector<std::string>&, const std::vector<std::string>&) { return Status::OK(); },
                             &at)
                   .ok());
-  for (int i = 0; i < 50; ++i) ASSERT_TRUE(a_->PutPin("/data/p" + std::to_string(i), {}).ok());  // far beyond 1 KiB
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(a_->meta().PutPin("/data/p" + std::to_string(i), {}).ok());  // far beyond 1 KiB
   std::vector<JournalEntry> entries;
   EXPECT_EQ(a_->journal().Read(at, 1 << 30, &entries), FollowerNeeds::kEntries);
   EXPECT_EQ(entries.size(), 50u);
   a_->journal().Unhold(at.index);
-  ASSERT_TRUE(a_->PutPin("/data/q", {}).ok());
+  ASSERT_TRUE(a_->meta().PutPin("/data/q", {}).ok());
   entries.clear();
   EXPECT_EQ(a_->journal().Read(at, 1 << 30, &entries), FollowerNeeds::kSnapshot) << "released: trimmed again";
 }

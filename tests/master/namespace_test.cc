@@ -691,7 +691,7 @@ TEST_F(NamespaceTest, AnIoErrorInAListingFailsTheCall) {
   ASSERT_TRUE(many.ok());
   ASSERT_EQ(Names(many->ino()).size(), 400u);
   for (int i = 0; i < 400; ++i) {  // pins over more table blocks than opening reads (it reads the mounts)
-    ASSERT_TRUE(ns_->PutPin("/d/many/file-with-a-long-name-" + std::to_string(i), {}).ok());
+    ASSERT_TRUE(ns_->meta().PutPin("/d/many/file-with-a-long-name-" + std::to_string(i), {}).ok());
   }
   ns_.reset();  // the reopen below replays the log into table files, where the fault is
 
@@ -708,7 +708,7 @@ TEST_F(NamespaceTest, AnIoErrorInAListingFailsTheCall) {
                         << " entries, end=" << page.end();
   EXPECT_TRUE(st.IsRetryable()) << st.ToString();
   EXPECT_NE(st.message().find("injected read error"), std::string::npos) << st.ToString();
-  auto pins = (*ns)->Pins();
+  auto pins = (*ns)->meta().Pins();
   EXPECT_FALSE(pins.ok()) << "pins listed as " << pins->size() << " despite the I/O error";
   fs->fail = false;
   ns->reset();
