@@ -102,4 +102,53 @@ std::string HostName() {
   return buf;
 }
 
+StatusOr<sockaddr_un> UnixAddress(const std::string& path, const std::string& what) {
+  sockaddr_un a{};
+  if (path.size() >= sizeof(a.sun_path)) {
+    return InvalidArgumentError(what + ": socket path " + path + " is longer than " +
+                                std::to_string(sizeof(a.sun_path) - 1) + " bytes; use a shorter path");
+  }
+  a.sun_family = AF_UNIX;
+  memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  return a;
+}
+
+StatusOr<int> ConnectUnix(const std::string& path, const std::string& what) {
+  ASSIGN_OR_RETURN(sockaddr_un addr, UnixAddress(path, what));
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return ErrnoError(errno, what + ": socket");
+  if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int err = errno;
+    close(s);
+    if (err == ENOENT || err == ECONNREFUSED) {
+      return UnavailableError("nobody listens on " + what + " " + path + " (" + strerror(err) + ")");
+    }
+    if (err == EACCES || err == EPERM) {
+      return PermissionDeniedError("cannot connect to " + what + " " + path +
+                                   ": only root or the user of the process serving it may");
+    }
+    return UnavailableError("cannot connect to " + what + " " + path + ": " + strerror(err));
+  }
+  return s;
+}
+
+AcceptedPeer AcceptPeer(int listen_fd) {
+  AcceptedPeer a;
+  for (;;) {
+    int c = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      a.error = errno;
+      return a;
+    }
+    if (PeerIsRootOrSelf(c, &a.uid)) {
+      a.fd = c;
+    } else {
+      a.refused = true;
+      close(c);
+    }
+    return a;
+  }
+}
+
 }  // namespace granary

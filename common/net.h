@@ -2,6 +2,8 @@
 // error before a gRPC server would fail with a vague one. Thread-safe.
 #pragma once
 
+#include <sys/un.h>
+
 #include <cstdint>
 #include <string>
 
@@ -30,5 +32,22 @@ StatusOr<int> ListenUnix(const std::string& path, int backlog, const std::string
 // Whether the process at the other end of unix socket `fd` runs as root or as this process's own
 // user (SO_PEERCRED); *uid gets its uid.
 bool PeerIsRootOrSelf(int fd, uint32_t* uid);
+// The address of unix socket `path`; INVALID_ARGUMENT naming `what` when the path is too long.
+StatusOr<sockaddr_un> UnixAddress(const std::string& path, const std::string& what);
+// A unix stream socket connected to `path` (close-on-exec); `what` names it in errors. UNAVAILABLE
+// when nobody listens there (no socket file, or refused), PERMISSION_DENIED when this user may
+// not connect to it, INVALID_ARGUMENT for a path too long. The one connect of every local socket.
+StatusOr<int> ConnectUnix(const std::string& path, const std::string& what);
+// The next connection on the unix socket `listen_fd`, checked: only a process of root or of this
+// process's user is let in (`fd`); any other is closed at once (`refused`, with its `uid`, for the
+// caller to say). `fd` -1 and not refused: accept failed (`error`; EINTR and ECONNABORTED are
+// retried), the listening socket was shut down or broke. The one accept of every local socket.
+struct AcceptedPeer {
+  int fd = -1;
+  bool refused = false;
+  uint32_t uid = 0;
+  int error = 0;
+};
+AcceptedPeer AcceptPeer(int listen_fd);
 
 }  // namespace granary

@@ -18,17 +18,6 @@
 namespace granary {
 namespace {
 
-StatusOr<sockaddr_un> AddressOf(const std::string& path) {
-  sockaddr_un a{};
-  if (path.size() >= sizeof(a.sun_path)) {
-    return InvalidArgumentError("socket path " + path + " is longer than " + std::to_string(sizeof(a.sun_path) - 1) +
-                                " bytes");
-  }
-  a.sun_family = AF_UNIX;
-  memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  return a;
-}
-
 bool SendAll(int fd, const std::string& text) {
   size_t off = 0;
   while (off < text.size()) {
@@ -92,56 +81,20 @@ StatusOr<std::unique_ptr<StreamSocket>> StreamSocket::Start(const std::string& p
   std::string dir = path.substr(0, path.rfind('/'));
   if (!dir.empty()) RETURN_IF_ERROR(MakeDirs(dir, 0700));
   unlink(path.c_str());  // a socket left by a process that died (the path is this process's own)
-  ASSIGN_OR_RETURN(int fd, ListenUnix(path, 16, "the trace socket"));
-  std::unique_ptr<StreamSocket> s(new StreamSocket(path, fd, std::move(handler)));
-  struct stat st {};
-  if (lstat(path.c_str(), &st) == 0) s->inode_ = st.st_ino;
-  s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
+  std::unique_ptr<StreamSocket> s(new StreamSocket(path, std::move(handler)));
+  UnixServer::Options o;
+  o.what = "the trace socket " + path;
+  o.backlog = 16;
+  o.max_connections = kMaxStreams;
+  o.on_full = [](int c) { SendAll(c, ErrorLine("at most " + std::to_string(kMaxStreams) + " streams at once; stop one")); };
+  ASSIGN_OR_RETURN(s->server_, UnixServer::Start(path, std::move(o), [p = s.get()](int c) { p->Serve(c); }));
   return s;
 }
 
 StreamSocket::~StreamSocket() { Stop(); }
 
 void StreamSocket::Stop() {
-  if (stop_.exchange(true)) return;
-  shutdown(listen_fd_, SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();
-  close(listen_fd_);
-  MutexLock lock(&mu_);
-  for (int c : conns_) shutdown(c, SHUT_RDWR);
-  while (!conns_.empty()) lock.Wait(&idle_);
-  // Only its own file: a successor with the same name (pid 1 of the next pod) may have replaced it.
-  struct stat st {};
-  if (lstat(path_.c_str(), &st) == 0 && st.st_ino == inode_) unlink(path_.c_str());
-}
-
-void StreamSocket::AcceptLoop() {
-  while (!stop_) {
-    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stop_) spdlog::warn("{}: accept: {}", path_, strerror(errno));
-      return;
-    }
-    uint32_t uid;
-    if (!PeerIsRootOrSelf(c, &uid)) {
-      spdlog::warn("{}: refusing a process of uid {} (only root or uid {} may read it)", path_, uid, geteuid());
-      close(c);
-      continue;
-    }
-    MutexLock lock(&mu_);
-    if (stop_) {
-      close(c);
-      return;
-    }
-    if (conns_.size() >= static_cast<size_t>(kMaxStreams)) {
-      SendAll(c, ErrorLine("at most " + std::to_string(kMaxStreams) + " streams at once; stop one"));
-      close(c);
-      continue;
-    }
-    conns_.insert(c);
-    std::thread([this, c] { Serve(c); }).detach();  // Stop() waits for conns_ to empty
-  }
+  if (server_) server_->Stop();
 }
 
 void StreamSocket::Serve(int conn) {
@@ -153,25 +106,11 @@ void StreamSocket::Serve(int conn) {
     NoteBadRequest("trace socket", params.status());
     SendAll(conn, ErrorLine(params.status().message()));
   }
-  MutexLock lock(&mu_);
-  conns_.erase(conn);
-  close(conn);
-  idle_.notify_all();  // under the lock: Stop() cannot return (and free this) before it is done
 }
 
 Status ReadStream(const std::string& path, const std::map<std::string, std::string>& params,
                   const std::function<bool(const std::string&)>& on_line, const std::function<bool()>& stop) {
-  ASSIGN_OR_RETURN(sockaddr_un addr, AddressOf(path));
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoError(errno, "socket");
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int err = errno;
-    close(fd);
-    if (err == EACCES || err == EPERM) {
-      return PermissionDeniedError("cannot open " + path + ": only root or the daemon's own user may read it");
-    }
-    return UnavailableError("nobody serves " + path + ": " + strerror(err));
-  }
+  ASSIGN_OR_RETURN(int fd, ConnectUnix(path, "the trace socket"));
   nlohmann::json req = nlohmann::json::object();
   for (const auto& [k, v] : params) req[k] = v;
   if (!SendAll(fd, req.dump() + "\n")) {

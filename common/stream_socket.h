@@ -12,7 +12,7 @@
 // reads one line, {"error":"..."}. A request line that is too long or not a JSON object of strings
 // is refused the same way (and counted, common/bad_request.h).
 //
-// One thread accepts; each stream gets its own. Thread-safe; Stop() (or the destructor) ends every
+// One thread accepts; each stream gets its own (common/unix_server.h). Thread-safe; Stop() (or the destructor) ends every
 // stream and waits for their threads, after `close` makes the handlers return (the handler must
 // return once its sink's Write fails or it is told to stop by its own means).
 #pragma once
@@ -27,7 +27,7 @@
 #include <thread>
 
 #include "common/status.h"
-#include "common/thread_annotations.h"
+#include "common/unix_server.h"
 
 namespace granary {
 
@@ -54,20 +54,12 @@ class StreamSocket {
   const std::string& path() const { return path_; }
 
  private:
-  StreamSocket(std::string path, int fd, Handler handler)
-      : path_(std::move(path)), listen_fd_(fd), handler_(std::move(handler)) {}
-  void AcceptLoop();
+  StreamSocket(std::string path, Handler handler) : path_(std::move(path)), handler_(std::move(handler)) {}
   void Serve(int conn);
 
   const std::string path_;
-  const int listen_fd_;
   const Handler handler_;
-  uint64_t inode_ = 0;  // of the socket file this one made
-  std::atomic<bool> stop_{false};
-  std::thread acceptor_;
-  Mutex mu_;
-  std::condition_variable idle_;
-  std::set<int> conns_ GUARDED_BY(mu_);  // streams running
+  std::unique_ptr<UnixServer> server_;  // accepts, checks the peer, a thread per stream
 };
 
 // Client side: connects to `path`, sends `params`, and calls `on_line` with each line received

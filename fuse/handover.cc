@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/fs.h"
+#include "common/local_frames.h"
 #include "common/net.h"
 #include "rpc/local_wire.h"
 
@@ -20,63 +21,7 @@ namespace {
 
 constexpr uint32_t kMaxMessage = 64u << 20;
 
-sockaddr_un AddressOf(const std::string& path, Status* st) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(a.sun_path)) {
-    *st = InvalidArgumentError("socket path " + path + " is longer than " + std::to_string(sizeof(a.sun_path) - 1) +
-                               " bytes; set fuse.handover_socket to a shorter path");
-    return a;
-  }
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  return a;
-}
-
-// Reads exactly n bytes (the first recvmsg may carry up to two descriptors: fds[0], fds[1]) before
-// `deadline`.
-Status ReadFully(int sock, char* buf, size_t n, int* fds, std::chrono::steady_clock::time_point deadline) {
-  size_t got = 0;
-  while (got < n) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return DeadlineExceededError("no answer on the hand-over socket in time");
-    pollfd p{sock, POLLIN, 0};
-    int rc = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (rc < 0 && errno != EINTR) return ErrnoError(errno, "poll");
-    if (rc <= 0) continue;
-    iovec iov{buf + got, n - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    if (fds != nullptr && fds[0] < 0) {
-      m.msg_control = control;
-      m.msg_controllen = sizeof control;
-    }
-    ssize_t r = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return ErrnoError(errno, "recvmsg");
-    }
-    if (r == 0) return UnavailableError("the other side closed the hand-over socket");
-    if (m.msg_controllen > 0) {
-      for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd = -1;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          if (i < 2 && fds[i] < 0) {
-            fds[i] = fd;
-          } else {
-            close(fd);  // more than a message carries: not ours to keep
-          }
-        }
-      }
-    }
-    got += static_cast<size_t>(r);
-  }
-  return Status::OK();
-}
+constexpr const char* kWhat = "the hand-over socket";
 
 }  // namespace
 
@@ -107,42 +52,13 @@ Status CheckKeeperSetting(const Config& cfg) {
 }
 
 Status SendHandover(int sock, const rpc::HandoverMessage& m, int fd, int fd2) {
-  std::string body;
-  if (!m.SerializeToString(&body)) return InternalError("cannot serialize a hand-over message");
-  uint32_t len = static_cast<uint32_t>(body.size());
-  std::string frame(reinterpret_cast<const char*>(&len), 4);
-  frame += body;
-  size_t sent = 0;
-  while (sent < frame.size()) {
-    iovec iov{frame.data() + sent, frame.size() - sent};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-    if (sent == 0 && fd >= 0) {
-      const int fds[2] = {fd, fd2};
-      const size_t count = fd2 >= 0 ? 2 : 1;
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(count * sizeof(int));
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(count * sizeof(int));
-      std::memcpy(CMSG_DATA(c), fds, count * sizeof(int));
-    }
-    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        pollfd p{sock, POLLOUT, 0};
-        poll(&p, 1, 1000);
-        continue;
-      }
-      return ErrnoError(errno, "sendmsg on the hand-over socket");
-    }
-    sent += static_cast<size_t>(n);
-  }
-  return Status::OK();
+  std::string frame(4, '\0');
+  if (!m.AppendToString(&frame)) return InternalError("cannot serialize a hand-over message");
+  frames::EncodeLength(static_cast<uint32_t>(frame.size() - 4), frame.data());
+  const int fds[2] = {fd, fd2};
+  const size_t count = fd < 0 ? 0 : fd2 >= 0 ? 2 : 1;
+  iovec iov{frame.data(), frame.size()};
+  return frames::SendV(sock, &iov, 1, std::span<const int>(fds, count), kWhat);
 }
 
 void HandoverReceived::CloseAll() {
@@ -161,17 +77,18 @@ StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds t
   auto deadline = std::chrono::steady_clock::now() + timeout;
   HandoverReceived r;
   uint32_t len = 0;
-  int fds[2] = {-1, -1};
-  Status st = ReadFully(sock, reinterpret_cast<char*>(&len), 4, fds, deadline);
+  int fds[2] = {-1, -1};  // a message carries at most two descriptors; any more are closed
+  Status st = frames::RecvLength(sock, fds, kMaxMessage, &len, kWhat, deadline);
   r.fd = fds[0];
   r.ring_fd = fds[1];
-  if (st.ok() && len > kMaxMessage) {
-    st = InvalidArgumentError("a hand-over message of " + std::to_string(len) + " bytes (at most " +
-                              std::to_string(kMaxMessage) + ")");
-  }
   std::string body;
   if (st.ok()) {
-    st = ReadGrowing(len, &body, [&](char* p, size_t n) { return ReadFully(sock, p, n, nullptr, deadline); });
+    st = frames::ReadGrowing(len, &body, [&](char* p, size_t n) {
+      int none[1] = {-1};  // descriptors come with a message's first bytes only
+      Status got = frames::RecvExactly(sock, p, n, none, kWhat, deadline);
+      frames::CloseAll(none);
+      return got;
+    });
   }
   if (st.ok() && !r.msg.ParseFromString(body)) st = DataLossError("a hand-over message that does not parse");
   if (!st.ok()) {
@@ -182,17 +99,7 @@ StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds t
 }
 
 StatusOr<int> ConnectLocal(const std::string& path) {
-  Status st;
-  sockaddr_un a = AddressOf(path, &st);
-  RETURN_IF_ERROR(st);
-  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return ErrnoError(errno, "socket");
-  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    int err = errno;
-    close(s);
-    if (err == ENOENT || err == ECONNREFUSED) return UnavailableError("nobody listens on " + path);
-    return ErrnoError(err, "connect " + path);
-  }
+  ASSIGN_OR_RETURN(int s, ConnectUnix(path, "the hand-over socket (fuse.handover_socket)"));
   // What answers gets a FUSE connection or hands one over: only a process of this user (or root).
   uint32_t uid;
   if (!PeerIsRootOrSelf(s, &uid)) {
@@ -211,10 +118,7 @@ StatusOr<int> ListenLocal(const std::string& path) {
     return AlreadyExistsError("another process listens on " + path);
   }
   unlink(path.c_str());  // a stale socket file: its process is gone
-  Status st;
-  AddressOf(path, &st);  // its own message for a path too long
-  RETURN_IF_ERROR(st);
-  return ListenUnix(path, 16, "the hand-over socket");
+  return ListenUnix(path, 16, "the hand-over socket (fuse.handover_socket)");
 }
 
 StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& socket_path,

@@ -279,14 +279,11 @@ int RunKeeper(const std::string& path, bool exit_when_empty) {
     still.erase(std::remove_if(still.begin(), still.end(), [&](int c) { return gone.count(c) > 0; }), still.end());
     clients.swap(still);
     if (fds[0].revents & POLLIN) {
-      int c = accept4(*listener, nullptr, nullptr, SOCK_CLOEXEC);
-      uint32_t uid;
-      if (c >= 0 && !PeerIsRootOrSelf(c, &uid)) {  // it would hand over or deposit a FUSE connection
-        std::fprintf(stderr, "granary-fuse keeper: refusing a process of uid %u on %s\n", uid, path.c_str());
-        close(c);
-        c = -1;
+      AcceptedPeer a = AcceptPeer(*listener);
+      if (a.refused) {  // it would hand over or deposit a FUSE connection
+        std::fprintf(stderr, "granary-fuse keeper: refusing a process of uid %u on %s\n", a.uid, path.c_str());
       }
-      if (c >= 0) clients.push_back(c);
+      if (a.fd >= 0) clients.push_back(a.fd);
     }
   }
   // A spawned keeper that let go of every connection before stopping leaves nothing to look into:

@@ -102,14 +102,13 @@ void FuseMountImpl::RespondLoop() {
   while (!stopping_ && !handed_over_) {
     pollfd p{listen_fd_, POLLIN, 0};
     if (poll(&p, 1, 500) <= 0) continue;
-    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    uint32_t uid;
-    if (!PeerIsRootOrSelf(c, &uid)) {  // a TAKEOVER gets this mount's FUSE connection
-      spdlog::warn("hand-over socket {}: refusing a process of uid {}", handover_path_, uid);
-      close(c);
+    AcceptedPeer a = AcceptPeer(listen_fd_);
+    if (a.refused) {  // a TAKEOVER gets this mount's FUSE connection
+      spdlog::warn("hand-over socket {}: refusing a process of uid {}", handover_path_, a.uid);
       continue;
     }
+    if (a.fd < 0) continue;
+    const int c = a.fd;
     auto m = ReceiveHandover(c, std::chrono::seconds(5));
     if (m.ok() && m->msg.kind() == rpc::HandoverMessage::TAKEOVER) HandOver(c, m->msg);
     if (m.ok()) m->CloseAll();

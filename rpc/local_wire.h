@@ -1,6 +1,6 @@
-// Framing for the worker's local socket (see LocalRequest in granary.proto): one message per frame,
-// a 4-byte little-endian length and the serialized message, optionally with one file descriptor
-// attached (SCM_RIGHTS). Blocking I/O on a connected AF_UNIX stream socket; a connection is used by
+// Framing for the worker's local socket (see LocalRequest in granary.proto): one message per frame
+// of common/local_frames.h (a 4-byte little-endian length, then the serialized message),
+// optionally with one file descriptor attached (SCM_RIGHTS; more are closed on arrival). Blocking I/O on a connected AF_UNIX stream socket; a connection is used by
 // one thread at a time.
 #pragma once
 
@@ -40,12 +40,8 @@ Status RecvFrame(int sock, google::protobuf::MessageLite* m, int* fd, uint32_t m
 Status RecvFrameInto(int sock, google::protobuf::MessageLite* m, int* fd, int field, char* into, size_t into_len,
                      bool* landed, uint32_t max_len = kMaxLocalFrame);
 
-// Reads a frame body of `len` bytes into *body through `read_exactly` (which fills n bytes or
-// fails), a chunk at a time: memory follows the bytes that arrive, never what a length prefix
-// claims. For every framing on a local socket (this one, the FUSE hand-over's).
-Status ReadGrowing(uint32_t len, std::string* body, const std::function<Status(char*, size_t)>& read_exactly);
-
-// A connected AF_UNIX stream socket to `path` (close-on-exec). UNAVAILABLE when nobody listens.
+// A connected AF_UNIX stream socket to the worker's local socket at `path` (common/net.h's
+// ConnectUnix, naming it so). UNAVAILABLE when nobody listens.
 StatusOr<int> ConnectUnix(const std::string& path);
 
 }  // namespace granary

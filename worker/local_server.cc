@@ -114,50 +114,17 @@ StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& pat
     }
     unlink(path.c_str());
   }
-  ASSIGN_OR_RETURN(int fd, ListenUnix(path, 128, "worker.local_socket"));
-  std::unique_ptr<LocalServer> s(new LocalServer(path, fd, source, writes));
-  s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
+  std::unique_ptr<LocalServer> s(new LocalServer(path, source, writes));
+  UnixServer::Options o;
+  o.what = "worker.local_socket";
+  ASSIGN_OR_RETURN(s->server_, UnixServer::Start(path, std::move(o), [p = s.get()](int c) { p->Serve(c); }));
   return s;
 }
 
 LocalServer::~LocalServer() { Stop(); }
 
 void LocalServer::Stop() {
-  if (stop_.exchange(true)) return;
-  shutdown(listen_fd_, SHUT_RDWR);
-  if (acceptor_.joinable()) acceptor_.join();
-  close(listen_fd_);
-  {
-    MutexLock lock(&mu_);
-    for (int c : conns_) shutdown(c, SHUT_RDWR);
-    while (!conns_.empty()) lock.Wait(&idle_);
-  }
-  unlink(path_.c_str());
-}
-
-void LocalServer::AcceptLoop() {
-  while (!stop_) {
-    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stop_) spdlog::warn("local socket accept: {}", strerror(errno));
-      return;
-    }
-    uint32_t uid;
-    if (!PeerIsRootOrSelf(c, &uid)) {
-      spdlog::warn("local socket: refusing a process of uid {} (only root or uid {} may read blocks here)", uid,
-                   geteuid());
-      close(c);
-      continue;
-    }
-    MutexLock lock(&mu_);
-    if (stop_) {
-      close(c);
-      return;
-    }
-    conns_.push_back(c);
-    std::thread([this, c] { Serve(c); }).detach();  // Stop() waits for conns_ to empty
-  }
+  if (server_) server_->Stop();
 }
 
 void LocalServer::Serve(int conn) {
@@ -299,10 +266,6 @@ void LocalServer::Serve(int conn) {
   }
   leases.clear();  // the client went away: its leases end
   if (wrote && writes_ != nullptr) writes_->ConnectionClosed(conn_id);  // never acknowledged: dropped
-  MutexLock lock(&mu_);
-  conns_.erase(std::find(conns_.begin(), conns_.end(), conn));
-  close(conn);
-  idle_.notify_all();  // under the lock: Stop() cannot return (and free this) before it is done
 }
 
 }  // namespace granary::worker

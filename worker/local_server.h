@@ -15,7 +15,7 @@
 // run as root or as the worker's own user (SO_PEERCRED); the gRPC token is not asked for here.
 //
 // One thread accepts; each connection gets a thread of its own (a FUSE client opens about one per
-// reader thread) that ends with its connection. Thread-safe; Stop() shuts every connection down and
+// reader thread) that ends with its connection (common/unix_server.h). Thread-safe; Stop() shuts every connection down and
 // waits for their threads.
 #pragma once
 
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/metrics.h"
+#include "common/unix_server.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "worker/block_source.h"
@@ -54,9 +55,9 @@ class LocalServer {
   const metrics::Histogram& read_latency() const { return read_latency_; }
 
  private:
-  LocalServer(std::string path, int fd, BlockSource* source, WriteSessions* writes)
-      : path_(std::move(path)), listen_fd_(fd), source_(source), writes_(writes) {}
-  void AcceptLoop();
+  LocalServer(std::string path, BlockSource* source, WriteSessions* writes)
+      : path_(std::move(path)), source_(source), writes_(writes) {}
+  // One connection, on its own thread (UnixServer closes it when this returns).
   void Serve(int conn);
 
   // A connection's pipe for the bytes of fetch buffers (LocalRequest.stream_pipe): a range put
@@ -81,16 +82,11 @@ class LocalServer {
   };
 
   const std::string path_;
-  const int listen_fd_;
   BlockSource* source_;
   metrics::Histogram read_latency_;
   WriteSessions* writes_;
   std::atomic<uint64_t> next_conn_{1};  // numbers connections for the write sessions
-  std::atomic<bool> stop_{false};
-  std::thread acceptor_;
-  Mutex mu_;
-  std::condition_variable idle_;       // signalled when a connection thread ends
-  std::vector<int> conns_;             // open connections; GUARDED_BY(mu_)
+  std::unique_ptr<UnixServer> server_;  // accepts, checks the peer, a thread per connection
 };
 
 }  // namespace granary::worker
