@@ -18,7 +18,6 @@
 #include <set>
 #include <thread>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
@@ -32,6 +31,7 @@
 #include "common/units.h"
 #include "proto/granary.grpc.pb.h"
 #include "rpc/rpc.h"
+#include "ufs/http.h"
 
 namespace granary::cli {
 namespace {
@@ -91,14 +91,13 @@ StatusOr<std::optional<MountEndpoints>> FindMount(const Config& cfg, const std::
                        "it in " + run_dir + "; is granary-fuse or `granary local` running?)");
 }
 
-std::unique_ptr<httplib::Client> HttpTo(const std::string& address) {
+// The daemons' metrics endpoint at `address` (a wildcard listen address is asked on loopback).
+std::string MetricsUrl(const std::string& address) {
   auto hp = ParseHostPort(address);
   std::string host = hp.ok() ? hp->host : "127.0.0.1";
   if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
-  auto c = std::make_unique<httplib::Client>(host, hp.ok() ? hp->port : 0);
-  c->set_connection_timeout(5, 0);
-  c->set_read_timeout(10, 0);
-  return c;
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  return "http://" + host + ":" + std::to_string(hp.ok() ? hp->port : 0) + "/metrics";
 }
 
 // ---- Prometheus text, as the daemons serve it ------------------------------------------------
@@ -149,9 +148,16 @@ Samples ParseExposition(const std::string& text) {
 }
 
 StatusOr<Samples> Scrape(const std::string& address) {
-  auto c = HttpTo(address);
-  auto res = c->Get("/metrics");
-  if (!res) return UnavailableError("cannot read http://" + address + "/metrics: " + httplib::to_string(res.error()));
+  // The same HTTP client as the under-storage's (ufs/http.h): one HTTP client in the product.
+  CurlOptions opts;
+  opts.request_timeout = std::chrono::seconds(10);
+  opts.receive_buffer = 0;
+  CurlHttpClient http(opts);
+  HttpRequest req;
+  req.method = "GET";
+  req.url = MetricsUrl(address);
+  auto res = http.Send(req);
+  if (!res.ok()) return UnavailableError("cannot read http://" + address + "/metrics: " + res.status().message());
   if (res->status != 200) return UnavailableError("http://" + address + "/metrics answered " + std::to_string(res->status));
   return ParseExposition(res->body);
 }

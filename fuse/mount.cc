@@ -145,26 +145,17 @@ void Unmount(const std::string& mp) {
 
 }  // namespace
 
+// Init, in steps: find a predecessor to take the connection from (a running granary-fuse, else
+// the keeper of one that died), build the filesystem's state (MakeFs), create the libfuse session,
+// then either mount afresh (StartFresh) or adopt the predecessor's connection (Adopt); last, the
+// metrics endpoint and the hand-over socket, the same for both.
 Status FuseMountImpl::Init(const Config& cfg) {
   mountpoint_ = cfg.fuse.mountpoint;
   RETURN_IF_ERROR(CheckKeeperSetting(cfg));
   ASSIGN_OR_RETURN(handover_path_, HandoverSocketPath(cfg));
   ASSIGN_OR_RETURN(keeper_path_, KeeperSocketPath(cfg));
-  // A running granary-fuse hands its connection over (an upgrade); else a keeper holds the
-  // connection of one that died (a crash). Asked before anything touches the mount point: a
-  // connection nobody serves would stall our own stat() of it.
-  ASSIGN_OR_RETURN(std::optional<HandoverReceived> got,
-                   RequestTakeover(handover_path_, Fingerprint(cfg), std::chrono::minutes(2)));
   bool from_keeper = false;
-  if (!got) {
-    auto kept = WithdrawFromKeeper(keeper_path_, cfg.fuse.mountpoint);
-    if (!kept.ok()) {
-      spdlog::warn("the FUSE keeper: {}; mounting anew", kept.status().message());
-    } else if (*kept) {
-      got = std::move(*kept);
-      from_keeper = true;
-    }
-  }
+  ASSIGN_OR_RETURN(std::optional<HandoverReceived> got, FindPredecessor(cfg, &from_keeper));
   // The predecessor's socket and ring memory, on every return that does not use them.
   struct CloseExtras {
     std::optional<HandoverReceived>* got;
@@ -181,21 +172,81 @@ Status FuseMountImpl::Init(const Config& cfg) {
       (*got)->write_files.clear();
     }
   } close_extras{&got};
+  if (!got) RETURN_IF_ERROR(CheckMountPoint());
+  Status made = MakeFs(cfg, got ? std::optional<uint64_t>(got->msg.state().root_ino()) : std::nullopt);
+  if (!made.ok()) {
+    if (got) got->CloseAll();
+    return made;
+  }
+  // Writable where a dataset is mounted writable (the master refuses writes elsewhere: EROFS);
+  // fuse.writes=false mounts read-only.
+  std::string opts = std::string("default_permissions,") + (cfg.fuse.writes ? "" : "ro,") + "fsname=granary,subtype=granary";
+  if (cfg.fuse.allow_other) opts += ",allow_other";
+  const char* argv[] = {"granary-fuse", "-o", opts.c_str()};
+  fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
+  fuse_lowlevel_ops ops = MakeOps();
+  se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
+  fuse_opt_free_args(&args);
+  if (se_ == nullptr) {
+    if (got) got->CloseAll();
+    return InternalError("cannot create the FUSE session (see the message above)");
+  }
+  fs_->se = se_;
+  RETURN_IF_ERROR(got ? Adopt(cfg, &*got, from_keeper) : StartFresh(cfg));
+  // The metrics endpoint and trace socket first: once the responder runs, a successor's hand-over
+  // stops them on the responder's thread (StopMetrics), so they must exist by then.
+  StartMetrics();
+  auto listener = ListenLocal(handover_path_);
+  if (listener.ok()) {
+    listen_fd_ = *listener;
+    responder_ = std::thread([this] { RespondLoop(); });
+  } else {
+    spdlog::warn("no hand-over socket ({}): an upgrade of granary-fuse will remount instead",
+                 listener.status().message());
+  }
+  if (!got) {
+    spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
+  }
+  return Status::OK();
+}
+
+// A running granary-fuse hands its connection over (an upgrade); else a keeper holds the
+// connection of one that died (a crash: *from_keeper). Asked before anything touches the mount
+// point: a connection nobody serves would stall our own stat() of it. nullopt: mount afresh. A
+// connection this process cannot serve (another hand-over format, other settings) is an error.
+StatusOr<std::optional<HandoverReceived>> FuseMountImpl::FindPredecessor(const Config& cfg, bool* from_keeper) {
+  ASSIGN_OR_RETURN(std::optional<HandoverReceived> got,
+                   RequestTakeover(handover_path_, Fingerprint(cfg), std::chrono::minutes(2)));
+  if (!got) {
+    auto kept = WithdrawFromKeeper(keeper_path_, cfg.fuse.mountpoint);
+    if (!kept.ok()) {
+      spdlog::warn("the FUSE keeper: {}; mounting anew", kept.status().message());
+    } else if (*kept) {
+      got = std::move(*kept);
+      *from_keeper = true;
+    }
+  }
   if (got && got->msg.state().format() != kHandoverFormat) {
+    const uint32_t format = got->msg.state().format();
     got->CloseAll();
     return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " is in hand-over format " +
-                                   std::to_string(got->msg.state().format()) + ", this granary-fuse speaks " +
+                                   std::to_string(format) + ", this granary-fuse speaks " +
                                    std::to_string(kHandoverFormat) + "; unmount it (fusermount3 -u) and start again");
   }
   if (got && got->msg.state().fingerprint() != Fingerprint(cfg)) {
+    const std::string theirs = got->msg.state().fingerprint();
     got->CloseAll();
     return FailedPreconditionError("the kept FUSE connection of " + cfg.fuse.mountpoint + " was made with other " +
-                                   "settings (" + got->msg.state().fingerprint() + "); start granary-fuse with the same " +
+                                   "settings (" + theirs + "); start granary-fuse with the same " +
                                    "fuse.mountpoint, fuse.root, fuse.open and fuse.allow_other, or " +
                                    "unmount it first");
   }
-  if (!got) RETURN_IF_ERROR(CheckMountPoint());
+  return got;
+}
 
+// The filesystem's state (fs_): the read mode wanted, the client, the caches, passthrough's
+// tables. `adopted_root`: a predecessor's root inode; else fuse.root is resolved.
+Status FuseMountImpl::MakeFs(const Config& cfg, std::optional<uint64_t> adopted_root) {
   fs_ = std::make_unique<Fs>();
   fs_->cfg = cfg;
   fs_->kernel_reads = std::make_unique<KernelReads>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
@@ -227,57 +278,20 @@ Status FuseMountImpl::Init(const Config& cfg) {
   fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
                                               std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
   fs_->tracer = std::make_unique<Tracer>(TracePaths(fs_.get()));
-  if (got) {
-    fs_->root_ino = got->msg.state().root_ino();
+  if (adopted_root) {
+    fs_->root_ino = *adopted_root;
   } else if (cfg.fuse.root != "/") {
     auto root = fs_->client->Resolve(cfg.fuse.root);
     if (!root.ok()) return root.status().WithContext("fuse.root " + cfg.fuse.root);
     if (root->type() != rpc::DIRECTORY) return InvalidArgumentError("fuse.root " + cfg.fuse.root + " is not a directory");
     fs_->root_ino = root->ino();
   }
+  return Status::OK();
+}
 
-  // Writable where a dataset is mounted writable (the master refuses writes elsewhere: EROFS);
-  // fuse.writes=false mounts read-only.
-  std::string opts = std::string("default_permissions,") + (cfg.fuse.writes ? "" : "ro,") + "fsname=granary,subtype=granary";
-  if (cfg.fuse.allow_other) opts += ",allow_other";
-  const char* argv[] = {"granary-fuse", "-o", opts.c_str()};
-  fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
-  fuse_lowlevel_ops ops = MakeOps();
-  se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
-  fuse_opt_free_args(&args);
-  if (se_ == nullptr) {
-    if (got) got->CloseAll();
-    return InternalError("cannot create the FUSE session (see the message above)");
-  }
-  fs_->se = se_;
-  int fd = -1;
-  std::string replay;
-  if (got) {
-    const rpc::FuseConnectionState& st = got->msg.state();
-    mountpoint_ = st.mountpoint();
-    fd = got->fd;
-    replay = st.init_request();
-    fs_->taken_over = true;
-    fs_->mode = static_cast<OpenMode>(st.mode());
-    if (fs_->mode != fs_->wanted && !(fs_->wanted == OpenMode::kPassthrough && !fs_->wanted_explicitly)) {
-      fs_->fallback_reason = "the predecessor's";
-    }
-    if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
-    if (st.passthrough_refused()) fs_->passthrough->SetRefused();
-    if (cfg.fuse.writes) fs_->sb_mode.Adopt(mountpoint_);
-  } else {
-    if (fuse_session_mount(se_, mountpoint_.c_str()) != 0) {
-      fuse_session_destroy(se_);
-      se_ = nullptr;
-      return UnavailableError("cannot mount FUSE at " + mountpoint_ +
-                              " (is /dev/fuse available, and for allow_other are you root or is user_allow_other "
-                              "set in /etc/fuse.conf?)");
-    }
-    mounted_ = true;
-    fd = fuse_session_fd(se_);
-    if (cfg.fuse.writes) fs_->sb_mode.Arm(mountpoint_);  // fuse.writes=false mounted ro already
-  }
-  // Our own /dev/fuse I/O (session_io.h): passthrough, INIT kept and replayed, hand-over.
+// Our own /dev/fuse I/O (session_io.h) on `fd`: passthrough, INIT kept (and `replay`ed for an
+// adopted connection), hand-over.
+Status FuseMountImpl::InstallIo(int fd, const std::string& replay) {
   auto io = SessionIo::Install(se_, fd, fs_->mode == OpenMode::kPassthrough, replay);
   if (!io.ok()) {
     if (!mounted_) close(fd);
@@ -287,24 +301,30 @@ Status FuseMountImpl::Init(const Config& cfg) {
   }
   io_ = std::move(*io);
   fs_->io = io_.get();
-  if (got) {
-    io_->SetNegotiated(got->msg.state().passthrough_negotiated());
-    ApplyState(got->msg.state());
-    if (!got->write_files.empty()) {  // the predecessor's files open for writing go on here
-      auto writes = fs_->Writes();
-      if (!writes.ok()) {
-        spdlog::error("the {} file(s) open for writing that came with the hand-over cannot go on ({}); their writers "
-                      "get EIO", got->write_files.size(), writes.status().message());
-      } else {
-        for (HandoverReceived::WriteFile& w : got->write_files) {
-          (*writes)->Restore(w.file, w.fd, w.conn);
-          w.fd = w.conn = -1;
-        }
-        spdlog::info("took over {} file(s) open for writing", got->write_files.size());
-      }
-    }
-    io_->SetUring(got->msg.state().uring_payload());
-  } else if (cfg.fuse.transport == "uring") {
+  return Status::OK();
+}
+
+void FuseMountImpl::StartKeeperLink(const Config& cfg, bool adopted) {
+  if (keeper_path_.empty()) return;
+  // It deposits once INIT is known.
+  fs_->keeper = std::make_unique<KeeperLink>(keeper_path_, cfg.fuse.keeper == "spawn", io_->fd(),
+                                             [this] { return Snapshot(false); },
+                                             [io = io_.get()](int id) { io->CloseBacking(id); }, adopted);
+}
+
+// A fresh mount: fuse_session_mount, then serving.
+Status FuseMountImpl::StartFresh(const Config& cfg) {
+  if (fuse_session_mount(se_, mountpoint_.c_str()) != 0) {
+    fuse_session_destroy(se_);
+    se_ = nullptr;
+    return UnavailableError("cannot mount FUSE at " + mountpoint_ +
+                            " (is /dev/fuse available, and for allow_other are you root or is user_allow_other "
+                            "set in /etc/fuse.conf?)");
+  }
+  mounted_ = true;
+  if (cfg.fuse.writes) fs_->sb_mode.Arm(mountpoint_);  // fuse.writes=false mounted ro already
+  RETURN_IF_ERROR(InstallIo(fuse_session_fd(se_), ""));
+  if (cfg.fuse.transport == "uring") {
     if (Status probe = UringQueues::Probe(); probe.ok()) {
       io_->WantUring([this](size_t payload) { StartUring(payload); });
     } else {
@@ -312,92 +332,116 @@ Status FuseMountImpl::Init(const Config& cfg) {
                    probe.message());
     }
   }
-  if (!keeper_path_.empty()) {  // deposits once INIT is known
-    fs_->keeper = std::make_unique<KeeperLink>(keeper_path_, cfg.fuse.keeper == "spawn", io_->fd(),
-                                               [this] { return Snapshot(false); },
-                                               [io = io_.get()](int id) { io->CloseBacking(id); }, got.has_value());
+  StartKeeperLink(cfg, false);
+  StartInvalidator();
+  RaiseReadaheadOf(mountpoint_);
+  StartLoop();
+  return Status::OK();
+}
+
+// A predecessor's connection (`got`; from the keeper when it died): its state applied, its files
+// open for writing and io_uring entries adopted, then serving; the predecessor is told when it may
+// let go.
+Status FuseMountImpl::Adopt(const Config& cfg, HandoverReceived* got, bool from_keeper) {
+  const rpc::FuseConnectionState& st = got->msg.state();
+  mountpoint_ = st.mountpoint();
+  fs_->taken_over = true;
+  fs_->mode = static_cast<OpenMode>(st.mode());
+  if (fs_->mode != fs_->wanted && !(fs_->wanted == OpenMode::kPassthrough && !fs_->wanted_explicitly)) {
+    fs_->fallback_reason = "the predecessor's";
   }
+  if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
+  if (st.passthrough_refused()) fs_->passthrough->SetRefused();
+  if (cfg.fuse.writes) fs_->sb_mode.Adopt(mountpoint_);
+  RETURN_IF_ERROR(InstallIo(got->fd, st.init_request()));
+  io_->SetNegotiated(st.passthrough_negotiated());
+  ApplyState(st);
+  AdoptWriteFiles(got);
+  io_->SetUring(st.uring_payload());
+  StartKeeperLink(cfg, true);
   // Adopted backing files this process could not lease again are let go before any open can
   // reuse one (the keeper link queues their closes until it has deposited: fuse/handover.h).
-  if (got) fs_->passthrough->LetGoUnleased();
+  fs_->passthrough->LetGoUnleased();
   StartInvalidator();
-  if (!got) RaiseReadaheadOf(mountpoint_);
   StartLoop();
-  bool adopting = false;
-  if (got && io_->uring_payload() > 0) {
-    // The kernel queues this connection's requests to io_uring: entries must be registered,
-    // whatever this process's fuse.transport says; once libfuse has the replayed INIT (it answers
-    // EIO to anything before).
-    if (!io_->WaitInitReplayed(std::chrono::seconds(10))) spdlog::warn("the replayed INIT was not processed in 10 s");
-    // The predecessor's entries, with what they hold, are adopted when their memory came along.
-    const rpc::FuseConnectionState& st = got->msg.state();
-    UringQueues::Memory theirs{got->ring_fd, st.uring_memory_base(), st.uring_memory_bytes()};
-    got->ring_fd = -1;
-    if (theirs.fd >= 0 && theirs.base == 0) {
-      close(theirs.fd);
-      theirs.fd = -1;
-    }
-    adopting = theirs.fd >= 0;
-    StartUring(io_->uring_payload(), adopting ? &theirs : nullptr);
-    // Requests that came while no entry was registered (a predecessor that died) wait in their
-    // CPU's queue, and only a commit on that queue fetches them, not a registration: one request
-    // of our own on each CPU's queue makes that commit (bench/fuse_uring_adopt.sh found it).
-    if (uring()) UringQueues::GetattrFromEachCpu(mountpoint_, 1, /*wait=*/true);
-  }
-  if (got && got->peer >= 0 && got->msg.state().uring_payload() == 0) {
-    // The predecessor holds its backing files' leases until we hold ours (ApplyState took them).
-    rpc::HandoverMessage leased;
-    leased.set_kind(rpc::HandoverMessage::LEASED);
-    (void)SendHandover(got->peer, leased);
-    close(got->peer);
-    got->peer = -1;
-  }
-  if (got && got->peer >= 0) {  // the predecessor holds its parked entries until we serve
-    rpc::HandoverMessage ready;
-    std::shared_ptr<UringQueues> ring = uring();
-    if (ring && (!adopting || ring->adopted())) {
-      ready.set_kind(rpc::HandoverMessage::RINGS_READY);
-      if (adopting) spdlog::info("adopted {} requests held in the predecessor's io_uring entries", ring->adopted_requests());
-    } else {  // it keeps serving the ring: without entries every request would wait
-      ready.set_kind(rpc::HandoverMessage::REFUSED);
-      ready.set_text(ring ? "the successor could not map the io_uring entries' memory at the same address"
-                          : "the successor could not register io_uring entries");
-    }
-    (void)SendHandover(got->peer, ready);
-    close(got->peer);
-    got->peer = -1;
-  }
-  if (got && got->ring_fd >= 0) {  // ring memory of a connection this process does not serve through io_uring
+  const bool adopting = AdoptUring(got);
+  TellPredecessor(got, adopting);
+  if (got->ring_fd >= 0) {  // ring memory of a connection this process does not serve through io_uring
     close(got->ring_fd);
     got->ring_fd = -1;
   }
-  if (got) {
-    spdlog::info("took over the FUSE connection of {} from {} ({} mode, {} open files, {} backing files)", mountpoint_,
-                 from_keeper ? "the keeper (the previous granary-fuse died)" : got->msg.state().sender(),
-                 ModeName(fs_->mode), got->msg.state().handles_size(), got->msg.state().backings_size());
-    // Requests a dead predecessor had read and not answered: the kernel sends them again.
-    if (from_keeper) {
-      Status rs = io_->NotifyResend();
-      if (!rs.ok()) {
-        spdlog::warn("{}: requests the previous granary-fuse had read and not answered fail with EIO", rs.message());
-      }
+  spdlog::info("took over the FUSE connection of {} from {} ({} mode, {} open files, {} backing files)", mountpoint_,
+               from_keeper ? "the keeper (the previous granary-fuse died)" : st.sender(), ModeName(fs_->mode),
+               st.handles_size(), st.backings_size());
+  // Requests a dead predecessor had read and not answered: the kernel sends them again.
+  if (from_keeper) {
+    Status rs = io_->NotifyResend();
+    if (!rs.ok()) {
+      spdlog::warn("{}: requests the previous granary-fuse had read and not answered fail with EIO", rs.message());
     }
   }
-  // The metrics endpoint and trace socket first: once the responder runs, a successor's hand-over
-  // stops them on the responder's thread (StopMetrics), so they must exist by then.
-  StartMetrics();
-  auto listener = ListenLocal(handover_path_);
-  if (listener.ok()) {
-    listen_fd_ = *listener;
-    responder_ = std::thread([this] { RespondLoop(); });
-  } else {
-    spdlog::warn("no hand-over socket ({}): an upgrade of granary-fuse will remount instead",
-                 listener.status().message());
-  }
-  if (!got) {
-    spdlog::info("granary-fuse mounted at {} (master {}, worker {})", mountpoint_, cfg.master.address, cfg.fuse.worker);
-  }
   return Status::OK();
+}
+
+// The predecessor's files open for writing go on here.
+void FuseMountImpl::AdoptWriteFiles(HandoverReceived* got) {
+  if (got->write_files.empty()) return;
+  auto writes = fs_->Writes();
+  if (!writes.ok()) {
+    spdlog::error("the {} file(s) open for writing that came with the hand-over cannot go on ({}); their writers "
+                  "get EIO", got->write_files.size(), writes.status().message());
+    return;
+  }
+  for (HandoverReceived::WriteFile& w : got->write_files) {
+    (*writes)->Restore(w.file, w.fd, w.conn);
+    w.fd = w.conn = -1;
+  }
+  spdlog::info("took over {} file(s) open for writing", got->write_files.size());
+}
+
+// A connection the kernel queues to io_uring: entries must be registered, whatever this process's
+// fuse.transport says, once libfuse has the replayed INIT (it answers EIO to anything before). The
+// predecessor's entries, with what they hold, are adopted when their memory came along (true).
+bool FuseMountImpl::AdoptUring(HandoverReceived* got) {
+  if (io_->uring_payload() == 0) return false;
+  if (!io_->WaitInitReplayed(std::chrono::seconds(10))) spdlog::warn("the replayed INIT was not processed in 10 s");
+  const rpc::FuseConnectionState& st = got->msg.state();
+  UringQueues::Memory theirs{got->ring_fd, st.uring_memory_base(), st.uring_memory_bytes()};
+  got->ring_fd = -1;
+  if (theirs.fd >= 0 && theirs.base == 0) {
+    close(theirs.fd);
+    theirs.fd = -1;
+  }
+  const bool adopting = theirs.fd >= 0;
+  StartUring(io_->uring_payload(), adopting ? &theirs : nullptr);
+  // Requests that came while no entry was registered (a predecessor that died) wait in their
+  // CPU's queue, and only a commit on that queue fetches them, not a registration: one request
+  // of our own on each CPU's queue makes that commit (bench/fuse_uring_adopt.sh found it).
+  if (uring()) UringQueues::GetattrFromEachCpu(mountpoint_, 1, /*wait=*/true);
+  return adopting;
+}
+
+// The predecessor (still connected: got->peer) waits to let go: of its backing files' leases until
+// we hold ours (ApplyState took them), or of its parked io_uring entries until we serve.
+void FuseMountImpl::TellPredecessor(HandoverReceived* got, bool adopting) {
+  if (got->peer < 0) return;
+  rpc::HandoverMessage m;
+  if (got->msg.state().uring_payload() == 0) {
+    m.set_kind(rpc::HandoverMessage::LEASED);
+  } else {
+    std::shared_ptr<UringQueues> ring = uring();
+    if (ring && (!adopting || ring->adopted())) {
+      m.set_kind(rpc::HandoverMessage::RINGS_READY);
+      if (adopting) spdlog::info("adopted {} requests held in the predecessor's io_uring entries", ring->adopted_requests());
+    } else {  // it keeps serving the ring: without entries every request would wait
+      m.set_kind(rpc::HandoverMessage::REFUSED);
+      m.set_text(ring ? "the successor could not map the io_uring entries' memory at the same address"
+                      : "the successor could not register io_uring entries");
+    }
+  }
+  (void)SendHandover(got->peer, m);
+  close(got->peer);
+  got->peer = -1;
 }
 
 // A fresh mount: the mount point exists and is a directory; a stale mount left by a crashed

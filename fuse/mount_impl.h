@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -24,6 +25,7 @@
 #include "common/stream_socket.h"
 #include "common/thread_annotations.h"
 #include "fuse/fs_state.h"
+#include "fuse/handover.h"
 #include "fuse/mount.h"
 #include "fuse/session_io.h"
 #include "fuse/uring.h"
@@ -38,6 +40,18 @@ class FuseMountImpl final : public FuseMount {
   // fuse/mount.cc
   Status Init(const Config& cfg);
   void Shutdown() override;
+  // Init's steps (fuse/mount.cc): the predecessor, the filesystem's state, the session's I/O and
+  // the keeper link, and the two ways to serve: a fresh mount, or a predecessor's connection
+  // adopted (its files open for writing, its io_uring entries, telling it when it may let go).
+  StatusOr<std::optional<HandoverReceived>> FindPredecessor(const Config& cfg, bool* from_keeper);
+  Status MakeFs(const Config& cfg, std::optional<uint64_t> adopted_root);
+  Status InstallIo(int fd, const std::string& replay);
+  void StartKeeperLink(const Config& cfg, bool adopted);
+  Status StartFresh(const Config& cfg);
+  Status Adopt(const Config& cfg, HandoverReceived* got, bool from_keeper);
+  void AdoptWriteFiles(HandoverReceived* got);
+  bool AdoptUring(HandoverReceived* got);
+  void TellPredecessor(HandoverReceived* got, bool adopting);
   Status CheckMountPoint();
   void StartLoop();
   // Registers and serves the io_uring queues (fuse/uring.h), adopting a predecessor's entries when

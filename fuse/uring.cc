@@ -20,6 +20,7 @@
 #include "fuse/kernel_abi.h"
 #include "fuse/session_io.h"
 #include "fuse/uring_cmd.h"
+#include "fuse/uring_internal.h"
 
 #ifdef GRANARY_TSAN_BUILD
 #include <sanitizer/tsan_interface.h>
@@ -27,96 +28,14 @@
 
 namespace granary::fuse {
 
-namespace {
+using namespace uring_detail;  // NOLINT: this class's own layout
 
-// The ring memory's first page, then the slots (fuse/uring.h).
-constexpr uint64_t kMagic = 0x31474e4952524e47ULL;  // "GNRRING1"
-constexpr size_t kPage = 4096;
-constexpr size_t kStateOffset = 512;   // a slot's SlotState, after the kernel's 288-byte header
-constexpr size_t kPayloadOffset = kPage;
-// Where a fresh ring memory is mapped when it can be (an address a process rarely uses), then
-// kRingBase - kRingStep and so on, kRingTries addresses in all; else where the kernel chooses.
-#ifdef GRANARY_TSAN_BUILD
-// ThreadSanitizer keeps its shadow below 0x7e80'0000'0000 (gcc 12's layout) and kills a process
-// that maps there; its application range above that holds the libraries at its top end.
-constexpr uint64_t kRingBase = 0x7ee000000000ULL;
-constexpr uint64_t kRingStep = 1ULL << 37;
-#else
-constexpr uint64_t kRingBase = 0x6f0000000000ULL;
-constexpr uint64_t kRingStep = 1ULL << 40;
-#endif
-constexpr int kRingTries = 4;
-
-struct PoolHeader {
-  uint64_t magic;
-  uint32_t slots;
-  uint32_t queues;
-  uint64_t slot_bytes;
-  uint64_t payload;     // each slot's payload buffer
-  uint64_t generation;  // of the process serving the ring now
-  uint32_t depth;       // entries per queue
-};
-
-// What a slot's entry is doing, as its thread last wrote it (read by a successor).
-enum SlotStep : uint64_t {
-  kFree = 0,        // no entry here (or one of an older generation, cancelled)
-  kRegistered = 1,  // registered or committed: the kernel may write a request here at any time
-  kHeld = 2,        // holds request `unique`, not answered
-  kReplied = 3,     // holds the answer to `unique`; its commit may or may not have been made
-  kReplying = 4,    // the answer to `unique` is being written over the request (a copy's time): neither is whole
-};
-
-struct SlotState {
-  uint64_t generation;
-  uint64_t step;
-  uint64_t unique;
-  uint64_t qid;
-};
-
-uint64_t Load(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-void Store(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-
-}  // namespace
-
-struct UringQueues::Slot {
-  kabi::UringReqHeader* header = nullptr;
-  SlotState* state = nullptr;
-  char* payload = nullptr;
-};
-
-struct UringQueues::Entry {
-  uint32_t slot = 0;
-  kabi::UringReqHeader* header = nullptr;  // in the ring memory (fuse/uring.h)
-  SlotState* state = nullptr;
-  char* payload = nullptr;
-  size_t payload_size = 0;
-  uint16_t qid = 0;
-  iovec iov[2];
-  uint64_t unique = 0;   // the request being served
-  bool replied = false;  // its reply is in the entry
-  // Its first step: register, or (adopting a predecessor's entry) answer what it holds, or commit
-  // the answer it holds.
-  enum First { kRegister, kProcess, kCommit, kFail } first = kRegister;
-
-  void SetSlot(uint32_t i, const Slot& s, size_t payload_bytes) {
-    slot = i;
-    header = s.header;
-    state = s.state;
-    payload = s.payload;
-    payload_size = payload_bytes;
-    iov[0] = {header, sizeof *header};
-    iov[1] = {payload, payload_bytes};
-  }
-};
-
-namespace {
-
-// The entry this thread serves (null: not a ring thread).
 thread_local void* t_entry = nullptr;
+
+namespace {
 
 // Released at each ring's end, acquired at each ring's start (InitRing, ExitRing).
 [[maybe_unused]] char ring_memory_token;
-
 
 }  // namespace
 
@@ -215,147 +134,6 @@ StatusOr<std::unique_ptr<UringQueues>> UringQueues::Start(fuse_session* se, int 
 
 UringQueues::UringQueues(fuse_session* se, int fd) : se_(se), fd_(fd) {}
 
-UringQueues::Slot UringQueues::SlotAt(uint32_t i) const {
-  const auto* pool = reinterpret_cast<const PoolHeader*>(memory_.base);
-  char* at = reinterpret_cast<char*>(memory_.base) + kPage + static_cast<size_t>(i) * pool->slot_bytes;
-  Slot s;
-  s.header = reinterpret_cast<kabi::UringReqHeader*>(at);
-  s.state = reinterpret_cast<SlotState*>(at + kStateOffset);
-  s.payload = at + kPayloadOffset;
-  return s;
-}
-
-bool UringQueues::TakeFreeSlot(Entry* e) {
-  uint32_t i = 0;
-  {
-    MutexLock lock(&slots_mu_);
-    if (free_slots_.empty()) return false;
-    i = free_slots_.back();
-    free_slots_.pop_back();
-  }
-  e->SetSlot(i, SlotAt(i), reinterpret_cast<const PoolHeader*>(memory_.base)->payload);
-  return true;
-}
-
-Status UringQueues::MapMemory(const Memory* adopt, size_t payload, int depth) {
-  const uint32_t queues = static_cast<uint32_t>(QueueCount());
-  if (adopt != nullptr && adopt->fd >= 0) {
-    // At the predecessor's address, or not at all: the kernel knows its entries by those addresses.
-    void* at = mmap(reinterpret_cast<void*>(adopt->base), adopt->bytes, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_FIXED_NOREPLACE, adopt->fd, 0);
-    std::string why;
-    if (at == MAP_FAILED) {
-      why = std::string("mmap: ") + std::strerror(errno);
-    } else if (reinterpret_cast<uint64_t>(at) != adopt->base) {
-      why = "the kernel mapped it elsewhere";
-    } else {
-      const auto* h = static_cast<const PoolHeader*>(at);
-      if (adopt->bytes < kPage || h->magic != kMagic || h->queues != queues || h->depth == 0 || h->slots == 0 ||
-          kPage + static_cast<uint64_t>(h->slots) * h->slot_bytes != adopt->bytes || h->payload < payload ||
-          h->slot_bytes < kPayloadOffset + h->payload) {
-        why = "its layout is not this granary-fuse's";
-      }
-    }
-    if (why.empty()) {
-      memory_ = *adopt;
-      adopted_ = true;
-    } else {
-      if (at != MAP_FAILED) munmap(at, adopt->bytes);
-      close(adopt->fd);
-      spdlog::warn("fuse.transport=uring: cannot map the predecessor's io_uring entries at {:#x} ({}); requests "
-                   "they hold are not answered by this process",
-                   adopt->base, why);
-    }
-  }
-  if (!adopted_) {
-    const uint64_t payload_bytes = (payload + kPage - 1) / kPage * kPage;
-    const uint64_t slot_bytes = kPayloadOffset + payload_bytes;
-    const uint32_t slots = 2 * queues * static_cast<uint32_t>(depth);
-    const uint64_t bytes = kPage + slots * slot_bytes;
-    int mfd = memfd_create("granary-fuse-ring", MFD_CLOEXEC);
-    if (mfd < 0) return ErrnoError(errno, "memfd_create for the io_uring entries");
-    if (ftruncate(mfd, static_cast<off_t>(bytes)) != 0) {
-      int err = errno;
-      close(mfd);
-      return ErrnoError(err, "sizing the io_uring entries' memory");
-    }
-    void* at = MAP_FAILED;
-    for (int t = 0; at == MAP_FAILED && t < kRingTries; ++t) {
-      const uint64_t base = kRingBase - t * kRingStep;
-      at = mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, mfd, 0);
-      if (at != MAP_FAILED && reinterpret_cast<uint64_t>(at) != base) {
-        munmap(at, bytes);
-        at = MAP_FAILED;
-      }
-    }
-    if (at == MAP_FAILED) at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-    if (at == MAP_FAILED) {
-      int err = errno;
-      close(mfd);
-      return ErrnoError(err, "mapping the io_uring entries' memory");
-    }
-    auto* h = static_cast<PoolHeader*>(at);
-    h->magic = kMagic;
-    h->slots = slots;
-    h->queues = queues;
-    h->slot_bytes = slot_bytes;
-    h->payload = payload_bytes;
-    h->generation = 0;
-    h->depth = static_cast<uint32_t>(depth);
-    memory_ = {mfd, reinterpret_cast<uint64_t>(at), bytes};
-  }
-  auto* pool = reinterpret_cast<PoolHeader*>(memory_.base);
-  const uint64_t previous = pool->generation;
-  generation_ = previous + 1;
-  depth_ = static_cast<int>(pool->depth);
-  if (adopted_ && depth_ != depth) {
-    spdlog::info("fuse.transport=uring: keeping the predecessor's {} io_uring entries per queue (fuse.uring_depth {})",
-                 depth_, depth);
-  }
-  // Slots that hold a request or its answer are adopted by an entry of their queue, whatever their
-  // generation (an older one's, when a successor died before adopting them: its owner is dead, so
-  // its entry is the kernel's to give): a commit of a request answered already is refused, harmless.
-  // The predecessor's other slots are left alone (its idle entries live until its ring closes). The
-  // rest of the pool is free.
-  std::vector<int> per_queue(queues, 0);
-  std::vector<bool> taken(pool->slots, false);
-  for (uint32_t i = 0; adopted_ && i < pool->slots; ++i) {
-    Slot sl = SlotAt(i);
-    const bool predecessors = Load(&sl.state->generation) == previous;
-    const uint64_t id = Load(&sl.header->ring_ent_in_out.commit_id);
-    const uint64_t qid = Load(&sl.state->qid);
-    const uint64_t step = Load(&sl.state->step);
-    taken[i] = predecessors;
-    // A request written since the slot's last step (its thread had not seen it) counts as held.
-    if (id == 0 || qid >= queues || (!predecessors && step == kRegistered && Load(&sl.state->unique) == id)) continue;
-    if (!predecessors && step == kFree) continue;
-    taken[i] = true;
-    auto e = std::make_unique<Entry>();
-    e->SetSlot(i, sl, pool->payload);
-    e->qid = static_cast<uint16_t>(qid);
-    const bool same = Load(&sl.state->unique) == id;
-    e->first = step == kReplied && same ? Entry::kCommit : step == kReplying && same ? Entry::kFail : Entry::kProcess;
-    per_queue[qid]++;
-    entries_.push_back(std::move(e));
-  }
-  {
-    MutexLock lock(&slots_mu_);
-    for (uint32_t i = pool->slots; i-- > 0;) {
-      if (!taken[i]) free_slots_.push_back(i);
-    }
-  }
-  for (uint32_t qid = 0; qid < queues; ++qid) {  // an entry whose adoption is refused takes a free slot then
-    for (; per_queue[qid] < depth_; per_queue[qid]++) {
-      auto e = std::make_unique<Entry>();
-      e->qid = static_cast<uint16_t>(qid);
-      if (!TakeFreeSlot(e.get())) return InternalError("the io_uring entries' memory has no free slot");
-      entries_.push_back(std::move(e));
-    }
-  }
-  previous_generation_ = previous;
-  return Status::OK();
-}
-
 void UringQueues::DisableOnConnection() {
   io_uring ring;
   if (InitRing(&ring, IORING_SETUP_SQE128) < 0) return;
@@ -384,65 +162,6 @@ void UringQueues::Stop() {
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
   }
-}
-
-bool UringQueues::RunOnCpu(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  return sched_setaffinity(0, sizeof set, &set) == 0;
-}
-
-void UringQueues::GetattrFromEachCpu(const std::string& mountpoint, int per_cpu, bool wait) {
-  std::vector<std::thread> threads;
-  for (int cpu = 0; cpu < QueueCount(); ++cpu) {
-    for (int i = 0; i < per_cpu; ++i) {
-      std::thread t([cpu, mountpoint] {
-        if (!RunOnCpu(cpu)) return;  // offline, or not ours to run on: its queue gets none
-        struct statx st {};
-        statx(AT_FDCWD, mountpoint.c_str(), AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &st);
-      });
-      if (wait) {
-        t.join();
-      } else {
-        t.detach();
-      }
-    }
-  }
-}
-
-int UringQueues::Park(const std::string& mountpoint, std::chrono::milliseconds timeout) {
-  {
-    MutexLock lock(&park_mu_);
-    parking_ = true;
-  }
-  // An idle entry gets a request of our own: one GETATTR per entry from a thread on each CPU (a
-  // request goes to its caller's CPU's queue). Each waits until someone answers it: the successor
-  // after adopting, or this process if the hand-over fails (Unpark).
-  GetattrFromEachCpu(mountpoint, depth_, /*wait=*/false);
-  MutexLock lock(&park_mu_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (parked_ < serving_.load() && lock.WaitUntil(&park_cv_, deadline)) {
-  }
-  return parked_;
-}
-
-void UringQueues::Unpark() {
-  {
-    MutexLock lock(&park_mu_);
-    parking_ = false;
-  }
-  park_cv_.notify_all();
-}
-
-bool UringQueues::HoldWhileParked() {
-  MutexLock lock(&park_mu_);
-  if (!parking_) return false;
-  ++parked_;
-  park_cv_.notify_all();
-  while (parking_ && !stopping_) lock.Wait(&park_cv_);
-  --parked_;
-  return stopping_;
 }
 
 void UringQueues::Process(Entry* e, std::vector<char>* scratch) {
@@ -478,11 +197,6 @@ void UringQueues::FailInEntry(Entry* e, int err) {
   e->header->ring_ent_in_out.payload_sz = 0;
   Store(&e->state->step, kReplied);
   e->replied = true;
-}
-
-bool UringQueues::Parking() {
-  MutexLock lock(&park_mu_);
-  return parking_;
 }
 
 void UringQueues::Serve(Entry* e, std::atomic<int>* registered, std::atomic<int>* failed) {

@@ -28,7 +28,7 @@
 // and the kernel cancels their idle entries. A reply the kernel refuses (its request aborted
 // meanwhile) is counted and its entry registered again.
 //
-// The entries' memory: one memfd (the "ring memory"), mapped at a fixed address (uring.cc: kRingBase, or
+// The entries' memory: one memfd (the "ring memory"), mapped at a fixed address (uring_internal.h: kRingBase, or
 // one the kernel chose when that is taken), holding a pool of 2 x queues x depth slots. A slot is
 // an entry's header buffer, a small state word of ours (SlotState: the generation of the process
 // that registered it, whether it holds a request not yet answered or an answer not yet committed,
