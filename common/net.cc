@@ -14,13 +14,7 @@
 namespace granary {
 
 StatusOr<int> ListenUnix(const std::string& path, int backlog, const std::string& what) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return InvalidArgumentError(what + ": socket path " + path + " is longer than " +
-                                std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
-  }
-  addr.sun_family = AF_UNIX;
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSIGN_OR_RETURN(sockaddr_un addr, UnixAddress(path, what));
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoError(errno, what + ": socket");
   // 0600 before listen(): until then nobody can connect (the umask is left alone: it is the whole

@@ -184,11 +184,11 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
     MutexLock lock(&mu_);
     auto it = by_inode_.find(kino);
     f = it != by_inode_.end() ? it->second : std::make_shared<File>();
-    f->handles++;
-    f->staged = false;  // a new version begins: the staged one's file is replaced below
-    f->attr = t.target.file().attr();
-    f->name_parent = t.parent;
-    f->name_now = t.name;
+    Indexed(*f).handles++;
+    Indexed(*f).staged = false;  // a new version begins: the staged one's file is replaced below
+    Indexed(*f).attr = t.target.file().attr();
+    Indexed(*f).name_parent = t.parent;
+    Indexed(*f).name_now = t.name;
     by_inode_[kino] = f;
   }
   Status st;
@@ -210,7 +210,7 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
   }
   MutexLock lock(&mu_);
   if (!st.ok()) {
-    if (--f->handles == 0) {
+    if (--Indexed(*f).handles == 0) {
       by_inode_.erase(kino);
       MutexLock fl(&f->mu);  // lock order: mu_, then the File's
       EndLocked(*f);
@@ -226,8 +226,8 @@ StatusOr<uint64_t> WriteFiles::Open(uint64_t kino, const Target& t) {
 StatusOr<uint64_t> WriteFiles::Join(uint64_t kino) {
   MutexLock lock(&mu_);
   auto it = by_inode_.find(kino);
-  if (it == by_inode_.end() || it->second->staged) return NotFoundError("not being written here");
-  it->second->handles++;
+  if (it == by_inode_.end() || Indexed(*it->second).staged) return NotFoundError("not being written here");
+  Indexed(*it->second).handles++;
   uint64_t fh = NewHandle();
   by_handle_[fh] = it->second;
   inode_of_[fh] = kino;
@@ -421,7 +421,7 @@ std::shared_ptr<WriteFiles::File> WriteFiles::DropHandle(uint64_t fh, uint64_t k
   std::shared_ptr<File> f = it->second;
   by_handle_.erase(it);
   inode_of_.erase(fh);
-  if (--f->handles != 0) return nullptr;
+  if (--Indexed(*f).handles != 0) return nullptr;
   by_inode_.erase(kino);
   return f;
 }
@@ -464,8 +464,8 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
   {
     MutexLock lock(&mu_);
     if (by_inode_.count(kino) == 0) {  // no new open of the inode came meanwhile
-      f->staged = true;
-      f->sealed_id = sealed_id;
+      Indexed(*f).staged = true;
+      Indexed(*f).sealed_id = sealed_id;
       by_inode_[kino] = f;
       staged_order_.push_back(kino);
       f = nullptr;
@@ -491,7 +491,7 @@ WriteFiles::Released WriteFiles::Release(uint64_t fh, uint64_t kino) {
 
 std::shared_ptr<WriteFiles::File> WriteFiles::UnstageLocked(uint64_t kino) {
   auto it = by_inode_.find(kino);
-  if (it == by_inode_.end() || !it->second->staged || it->second->handles != 0) return nullptr;
+  if (it == by_inode_.end() || !Indexed(*it->second).staged || Indexed(*it->second).handles != 0) return nullptr;
   std::shared_ptr<File> f = std::move(it->second);
   by_inode_.erase(it);
   return f;
@@ -532,8 +532,8 @@ std::shared_ptr<WriteFiles::File> WriteFiles::Current(uint64_t kino) {
     auto it = by_inode_.find(kino);
     if (it == by_inode_.end()) return nullptr;
     f = it->second;
-    if (!f->staged || f->handles > 0) return f;
-    sealed_id = f->sealed_id;
+    if (!Indexed(*f).staged || Indexed(*f).handles > 0) return f;
+    sealed_id = Indexed(*f).sealed_id;
   }
   if (UploadPending(sealed_id)) return f;
   std::shared_ptr<File> dropped;
@@ -555,7 +555,7 @@ std::optional<rpc::Attr> WriteFiles::LookupWritten(uint64_t parent, const std::s
   {
     MutexLock lock(&mu_);
     for (const auto& [k, f] : by_inode_) {
-      if (f->name_parent == parent && f->name_now == name) {
+      if (Indexed(*f).name_parent == parent && Indexed(*f).name_now == name) {
         kino = k;
         break;
       }
@@ -565,12 +565,12 @@ std::optional<rpc::Attr> WriteFiles::LookupWritten(uint64_t parent, const std::s
   std::shared_ptr<File> f = Current(kino);  // a staged one whose upload ended: the master's answer
   if (!f) return std::nullopt;
   MutexLock lock(&mu_);
-  if (f->name_parent != parent || f->name_now != name) return std::nullopt;  // renamed meanwhile
+  if (Indexed(*f).name_parent != parent || Indexed(*f).name_now != name) return std::nullopt;  // renamed meanwhile
   MutexLock fl(&f->mu);  // lock order: mu_, then the File's
   // Committed and not staged (write=through after its close, before the RELEASE): the master has
   // the new version; this File's attributes are the open's, without it.
-  if (f->sealed && !f->staged) return std::nullopt;
-  rpc::Attr a = f->attr;
+  if (f->sealed && !Indexed(*f).staged) return std::nullopt;
+  rpc::Attr a = Indexed(*f).attr;
   a.set_size(f->size_seen.load());
   return a;
 }
@@ -578,17 +578,17 @@ std::optional<rpc::Attr> WriteFiles::LookupWritten(uint64_t parent, const std::s
 void WriteFiles::Renamed(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name) {
   MutexLock lock(&mu_);
   for (auto& [k, f] : by_inode_) {
-    if (f->name_parent == new_parent && f->name_now == new_name) f->name_parent = 0, f->name_now.clear();  // replaced
+    if (Indexed(*f).name_parent == new_parent && Indexed(*f).name_now == new_name) Indexed(*f).name_parent = 0, Indexed(*f).name_now.clear();  // replaced
   }
   for (auto& [k, f] : by_inode_) {
-    if (f->name_parent == parent && f->name_now == name) f->name_parent = new_parent, f->name_now = new_name;
+    if (Indexed(*f).name_parent == parent && Indexed(*f).name_now == name) Indexed(*f).name_parent = new_parent, Indexed(*f).name_now = new_name;
   }
 }
 
 void WriteFiles::Unlinked(uint64_t parent, const std::string& name) {
   MutexLock lock(&mu_);
   for (auto& [k, f] : by_inode_) {
-    if (f->name_parent == parent && f->name_now == name) f->name_parent = 0, f->name_now.clear();
+    if (Indexed(*f).name_parent == parent && Indexed(*f).name_now == name) Indexed(*f).name_parent = 0, Indexed(*f).name_now.clear();
   }
 }
 
@@ -603,7 +603,7 @@ StatusOr<uint64_t> WriteFiles::OpenStaged(uint64_t kino) {
   MutexLock lock(&mu_);
   auto it = by_inode_.find(kino);
   if (it == by_inode_.end() || it->second != f) return NotFoundError("not written or staged here");
-  f->handles++;
+  Indexed(*f).handles++;
   const uint64_t fh = NewHandle();
   by_handle_[fh] = f;
   inode_of_[fh] = kino;
@@ -617,7 +617,7 @@ std::optional<rpc::Attr> WriteFiles::AttrOf(uint64_t kino) {
   rpc::Attr a;
   {
     MutexLock lock(&mu_);  // not the File's lock: a commit holds it for as long as an upload takes
-    a = f->attr;
+    a = Indexed(*f).attr;
   }
   const uint64_t size = f->size_seen.load();
   a.set_size(size);
@@ -632,9 +632,9 @@ std::optional<rpc::Attr> WriteFiles::SetAttrWhileWriting(uint64_t kino, const rp
       MutexLock lock(&mu_);
       auto it = by_inode_.find(kino);
       if (it == by_inode_.end()) return std::nullopt;
-      if (it->second->staged && it->second->handles == 0) {
+      if (Indexed(*it->second).staged && Indexed(*it->second).handles == 0) {
         staged = it->second;
-        sealed_id = staged->sealed_id;
+        sealed_id = Indexed(*staged).sealed_id;
       }
     }
     if (staged) {
@@ -645,7 +645,7 @@ std::optional<rpc::Attr> WriteFiles::SetAttrWhileWriting(uint64_t kino, const rp
       *c.mutable_attrs() = change;
       if (!Query(c).ok()) return std::nullopt;  // uploading or uploaded: the master's
       MutexLock lock(&mu_);
-      rpc::Attr& a = staged->attr;
+      rpc::Attr& a = Indexed(*staged).attr;
       if (change.has_mode()) a.set_mode(change.mode());
       if (change.has_uid()) a.set_uid(change.uid());
       if (change.has_gid()) a.set_gid(change.gid());
@@ -657,11 +657,11 @@ std::optional<rpc::Attr> WriteFiles::SetAttrWhileWriting(uint64_t kino, const rp
   }
   MutexLock lock(&mu_);
   auto it = by_inode_.find(kino);
-  if (it == by_inode_.end() || it->second->staged || it->second->handles == 0) return std::nullopt;
+  if (it == by_inode_.end() || Indexed(*it->second).staged || Indexed(*it->second).handles == 0) return std::nullopt;
   File& f = *it->second;
   MutexLock fl(&f.mu);  // lock order: mu_, then the File's
   if (f.failed || f.sealed || f.fd < 0) return std::nullopt;  // committed (or failing): the master's
-  rpc::Attr& a = f.attr;
+  rpc::Attr& a = Indexed(f).attr;
   if (change.has_mode()) f.attrs.set_mode(change.mode()), a.set_mode(change.mode());
   if (change.has_uid()) f.attrs.set_uid(change.uid()), a.set_uid(change.uid());
   if (change.has_gid()) f.attrs.set_gid(change.gid()), a.set_gid(change.gid());
@@ -676,7 +676,7 @@ std::optional<rpc::Attr> WriteFiles::SetAttrWhileWriting(uint64_t kino, const rp
 void WriteFiles::NoteAttr(uint64_t kino, const rpc::Attr& a) {
   MutexLock lock(&mu_);
   auto it = by_inode_.find(kino);
-  if (it != by_inode_.end()) it->second->attr = a;
+  if (it != by_inode_.end()) Indexed(*it->second).attr = a;
 }
 
 std::optional<uint64_t> WriteFiles::SizeOf(uint64_t kino) {
@@ -742,8 +742,8 @@ std::vector<WriteFiles::Exported> WriteFiles::Export() {
     w.set_contiguous(f->contiguous);
     w.set_reported(f->reported);
     w.set_stream_dropped(f->stream_dropped);
-    w.set_staged(f->staged);
-    w.set_sealed_id(f->sealed_id);
+    w.set_staged(Indexed(*f).staged);
+    w.set_sealed_id(Indexed(*f).sealed_id);
     w.set_has_conn(f->conn >= 0);
     e.fd = f->fd;
     e.conn = f->conn;
@@ -793,23 +793,23 @@ void WriteFiles::Restore(const rpc::FuseWriteFile& w, int fd, int conn) {
     }
   }
   MutexLock lock(&mu_);
-  f->staged = w.staged();
-  f->sealed_id = w.sealed_id();
-  f->attr = w.target().file().attr();
-  f->handles = w.handles_size();
+  Indexed(*f).staged = w.staged();
+  Indexed(*f).sealed_id = w.sealed_id();
+  Indexed(*f).attr = w.target().file().attr();
+  Indexed(*f).handles = w.handles_size();
   for (uint64_t fh : w.handles()) {
     by_handle_[fh] = f;
     inode_of_[fh] = w.kino();
   }
   for (uint64_t fh : w.read_only()) read_only_.insert(fh);
-  if (f->staged && f->handles == 0) staged_order_.push_back(w.kino());
+  if (Indexed(*f).staged && Indexed(*f).handles == 0) staged_order_.push_back(w.kino());
   by_inode_[w.kino()] = f;
 }
 
 size_t WriteFiles::open_files() {
   MutexLock lock(&mu_);
   size_t n = 0;
-  for (const auto& [kino, f] : by_inode_) n += f->staged && f->handles == 0 ? 0 : 1;
+  for (const auto& [kino, f] : by_inode_) n += Indexed(*f).staged && Indexed(*f).handles == 0 ? 0 : 1;
   return n;
 }
 

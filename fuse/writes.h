@@ -182,13 +182,6 @@ class WriteFiles {
     bool sealed GUARDED_BY(mu) = false;  // write=back: the worker took the staging file
     bool committed_once GUARDED_BY(mu) = false;  // some commit of this File succeeded
     uint64_t last_sealed GUARDED_BY(mu) = 0;     // write=back: the worker's number of the last sealed version
-    // write=back: no handle left, the sealed staging file kept for reads until the worker says the
-    // sealed version `sealed_id` is uploaded. Under WriteFiles::mu_.
-    bool staged = false;
-    uint64_t sealed_id = 0;
-    rpc::Attr attr;  // the master's, when the write began or at a later setattr (AttrOf); under mu_
-    uint64_t name_parent = 0;  // its name on this node (LookupWritten; 0: none); under mu_
-    std::string name_now;
     // write=through: the bytes [0, contiguous) were all written, and [0, reported) were told to the
     // worker as final (PROGRESS), which streams them to the store meanwhile. A write or truncate
     // below `reported` drops that upload (a PROGRESS of 0): close() then uploads the whole file.
@@ -197,8 +190,25 @@ class WriteFiles {
     bool stream_dropped GUARDED_BY(mu) = false;
     uint64_t unsynced GUARDED_BY(mu) = 0;  // bytes written since the last writeback was started
     rpc::AttrChange attrs GUARDED_BY(mu);  // chmod/chown/utimes for the next commit (SetAttrWhileWriting)
-    int handles = 0;  // under WriteFiles::mu_
+    // Guarded by WriteFiles::mu_, which clang cannot name from here: reached only through
+    // WriteFiles::Indexed(f), which requires it.
+    struct Indexed {
+      // write=back: no handle left, the sealed staging file kept for reads until the worker says
+      // the sealed version `sealed_id` is uploaded.
+      bool staged = false;
+      uint64_t sealed_id = 0;
+      rpc::Attr attr;  // the master's, when the write began or at a later setattr (AttrOf)
+      uint64_t name_parent = 0;  // its name on this node (LookupWritten; 0: none)
+      std::string name_now;
+      int handles = 0;
+    };
+
+   private:
+    friend class WriteFiles;
+    Indexed indexed_;
   };
+  // The part of `f` that WriteFiles::mu_ guards.
+  File::Indexed& Indexed(File& f) REQUIRES(mu_) { return f.indexed_; }
   // A new session for `f` (the previous one, if any, ended); with `copy`, the first f.size bytes
   // of the previous staging file are copied into the new one.
   Status BeginLocked(File& f, bool copy) REQUIRES(f.mu);

@@ -314,6 +314,8 @@ class Namespace {
   static std::optional<int64_t> ParsedSyncMs(const rpc::MountInfo& m);
   static WriteMode ParsedWriteMode(const rpc::MountInfo& m);
   // The directory `parent` below a writable mount, for a write call named `what`.
+  InodeRecord NewChildLocked(const InodeRecord& dir, uint64_t parent, const std::string& name, rpc::FileType type,
+                             uint32_t mode, uint32_t uid, uint32_t gid) REQUIRES(mu_);
   StatusOr<InodeRecord> WritableDir(uint64_t parent, const std::string& what);
   // Writes `batch` with parent `dir`'s listing marked changed (content_gen) and `mount`'s counts.
   Status CommitChangeLocked(InodeRecord dir, const rpc::MountInfo& mount, rocksdb::WriteBatch* batch) REQUIRES(mu_);

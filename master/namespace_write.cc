@@ -30,6 +30,22 @@ using namespace nsdetail;  // NOLINT: this module's own helpers
 
 // ---- Writes ----
 
+// A new inode below `dir` (inode `parent`), made by a write: its number, name, type, owner and mode.
+InodeRecord Namespace::NewChildLocked(const InodeRecord& dir, uint64_t parent, const std::string& name,
+                                      rpc::FileType type, uint32_t mode, uint32_t uid, uint32_t gid) {
+  InodeRecord r;
+  r.set_ino(next_ino_++);
+  r.set_parent(parent);
+  r.set_name(name);
+  r.set_type(type);
+  r.set_mtime_ns(NowNs());
+  r.set_mode(mode & 07777);
+  r.set_uid(uid);
+  r.set_gid(gid);
+  r.set_mount_id(dir.mount_id());
+  return r;
+}
+
 StatusOr<InodeRecord> Namespace::WritableDir(uint64_t parent, const std::string& what) {
   ASSIGN_OR_RETURN(InodeRecord dir, GetRecord(parent));
   if (dir.type() != rpc::DIRECTORY) return InvalidArgumentError(what + ": inode " + std::to_string(parent) + " is not a directory");
@@ -73,16 +89,7 @@ StatusOr<Namespace::WriteTarget> Namespace::PrepareCreate(uint64_t parent, const
   auto mit = mounts_.find(dir.mount_id());
   if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
   ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(parent));  // content_gen may have moved
-  InodeRecord r;
-  r.set_ino(next_ino_++);
-  r.set_parent(parent);
-  r.set_name(name);
-  r.set_type(rpc::REGULAR);
-  r.set_mtime_ns(NowNs());
-  r.set_mode(mode & 07777);
-  r.set_uid(uid);
-  r.set_gid(gid);
-  r.set_mount_id(dir.mount_id());
+  InodeRecord r = NewChildLocked(dir, parent, name, rpc::REGULAR, mode, uid, gid);
   r.set_ufs_path(JoinPath(dir.ufs_path(), name));
   r.set_block_size(BlockSizeOf(mit->second));
   r.set_synced_ns(NowNs());
@@ -288,16 +295,7 @@ StatusOr<rpc::Attr> Namespace::MakeDir(uint64_t parent, const std::string& name,
   auto mit = mounts_.find(dir.mount_id());
   if (mit == mounts_.end()) return NotFoundError("the dataset was unmounted");
   ASSIGN_OR_RETURN(InodeRecord fresh, GetRecord(parent));
-  InodeRecord r;
-  r.set_ino(next_ino_++);
-  r.set_parent(parent);
-  r.set_name(name);
-  r.set_type(rpc::DIRECTORY);
-  r.set_mtime_ns(NowNs());
-  r.set_mode(mode & 07777);
-  r.set_uid(uid);
-  r.set_gid(gid);
-  r.set_mount_id(dir.mount_id());
+  InodeRecord r = NewChildLocked(dir, parent, name, rpc::DIRECTORY, mode, uid, gid);
   r.set_ufs_path(path);
   r.set_listed(true);  // made empty just now: nothing to list
   r.set_synced_ns(NowNs());
