@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Checks the lock annotations (common/thread_annotations.h) of the annotated modules (common,
-# ufs, rpc, master, worker, fuse, cli) with clang's -Wthread-safety as errors: a field touched without its mutex,
-# or a *Locked function called without it, fails. Builds only those modules (and what they need)
-# into build-tsa/ with clang++.
+# Checks the lock annotations (common/thread_annotations.h) of every module (common, ufs, rpc,
+# master, worker, fuse, cli) with clang's -Wthread-safety as errors (cmake/granary.cmake turns it on
+# for each granary_library): a field touched without its mutex, or a *Locked function called
+# without it, fails. Builds only those modules (and what they need) into build-tsa/ with clang++.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${TSA_BUILD_DIR:-$ROOT/build-tsa}
