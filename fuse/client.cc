@@ -8,17 +8,17 @@ namespace granary::fuse {
 
 StatusOr<std::unique_ptr<Client>> Client::Create(const Config& cfg) {
   ASSIGN_OR_RETURN(auto sec, RpcSecurity::FromConfig(cfg.rpc));
-  return std::unique_ptr<Client>(new Client(cfg, std::move(sec)));
+  return std::unique_ptr<Client>(new NodeClient(cfg, std::move(sec)));
 }
 
-Client::Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
+NodeClient::NodeClient(const Config& cfg, std::shared_ptr<RpcSecurity> sec)
     : cfg_(cfg),
       sec_(std::move(sec)),
       master_(sec_, cfg_.master.address),
       worker_(sec_, cfg_.fuse.worker),
       other_stubs_(sec_) {}
 
-grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call) {
+grpc::Status NodeClient::CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call) {
   // Metadata calls are idempotent: after UNAVAILABLE (the master restarting, or standby masters
   // electing a leader) they are made again — on the leader, once a standby names it — for up to
   // rpc.master_wait, so a failover costs a reader a pause, never an error.
@@ -28,7 +28,7 @@ grpc::Status Client::CallMaster(const std::function<grpc::Status(rpc::Master::St
   return st;
 }
 
-StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name, rpc::FileInfo* file) {
+StatusOr<rpc::Attr> NodeClient::Lookup(uint64_t parent, const std::string& name, rpc::FileInfo* file) {
   rpc::LookupRequest req;
   req.set_parent(parent);
   req.set_name(name);
@@ -39,7 +39,7 @@ StatusOr<rpc::Attr> Client::Lookup(uint64_t parent, const std::string& name, rpc
   return resp.attr();
 }
 
-StatusOr<rpc::WriteTarget> Client::PrepareCreate(const rpc::PrepareCreateRequest& req) {
+StatusOr<rpc::WriteTarget> NodeClient::PrepareCreate(const rpc::PrepareCreateRequest& req) {
   rpc::WriteTarget resp;
   RETURN_IF_ERROR(FromGrpc(
       CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.PrepareCreate(&ctx, req, &resp); }),
@@ -47,7 +47,7 @@ StatusOr<rpc::WriteTarget> Client::PrepareCreate(const rpc::PrepareCreateRequest
   return resp;
 }
 
-StatusOr<rpc::WriteTarget> Client::PrepareWrite(uint64_t ino) {
+StatusOr<rpc::WriteTarget> NodeClient::PrepareWrite(uint64_t ino) {
   rpc::PrepareWriteRequest req;
   req.set_ino(ino);
   rpc::WriteTarget resp;
@@ -57,7 +57,7 @@ StatusOr<rpc::WriteTarget> Client::PrepareWrite(uint64_t ino) {
   return resp;
 }
 
-StatusOr<rpc::Attr> Client::MakeDir(const rpc::MakeDirRequest& req) {
+StatusOr<rpc::Attr> NodeClient::MakeDir(const rpc::MakeDirRequest& req) {
   rpc::AttrResponse resp;
   RETURN_IF_ERROR(FromGrpc(
       CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.MakeDir(&ctx, req, &resp); }),
@@ -65,19 +65,19 @@ StatusOr<rpc::Attr> Client::MakeDir(const rpc::MakeDirRequest& req) {
   return resp.attr();
 }
 
-Status Client::Remove(const rpc::RemoveRequest& req) {
+Status NodeClient::Remove(const rpc::RemoveRequest& req) {
   rpc::RemoveResponse resp;
   return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Remove(&ctx, req, &resp); }),
                   "the master");
 }
 
-Status Client::Rename(const rpc::RenameRequest& req) {
+Status NodeClient::Rename(const rpc::RenameRequest& req) {
   rpc::RenameResponse resp;
   return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.Rename(&ctx, req, &resp); }),
                   "the master");
 }
 
-StatusOr<rpc::Attr> Client::SetAttr(const rpc::SetAttrRequest& req) {
+StatusOr<rpc::Attr> NodeClient::SetAttr(const rpc::SetAttrRequest& req) {
   rpc::AttrResponse resp;
   RETURN_IF_ERROR(FromGrpc(
       CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.SetAttr(&ctx, req, &resp); }),
@@ -85,13 +85,13 @@ StatusOr<rpc::Attr> Client::SetAttr(const rpc::SetAttrRequest& req) {
   return resp.attr();
 }
 
-StatusOr<std::string> Client::LocalSocketPath() {
+StatusOr<std::string> NodeClient::LocalSocketPath() {
   auto ch = Probe(/*now_anyway=*/true);
   if (!ch) return UnavailableError("the worker on this node has no local socket (worker.local_socket), which writes need");
   return ch->path();
 }
 
-StatusOr<rpc::Attr> Client::GetAttr(uint64_t ino) {
+StatusOr<rpc::Attr> NodeClient::GetAttr(uint64_t ino) {
   rpc::GetAttrRequest req;
   req.set_ino(ino);
   rpc::AttrResponse resp;
@@ -99,7 +99,7 @@ StatusOr<rpc::Attr> Client::GetAttr(uint64_t ino) {
   return resp.attr();
 }
 
-Status Client::MasterAnswers() {
+Status NodeClient::MasterAnswers() {
   rpc::ResolvePathRequest req;
   req.set_path("/");
   rpc::AttrResponse resp;
@@ -111,7 +111,7 @@ Status Client::MasterAnswers() {
                   "the master at " + master_.address());
 }
 
-StatusOr<rpc::Attr> Client::Resolve(const std::string& path) {
+StatusOr<rpc::Attr> NodeClient::Resolve(const std::string& path) {
   rpc::ResolvePathRequest req;
   req.set_path(path);
   rpc::AttrResponse resp;
@@ -119,7 +119,7 @@ StatusOr<rpc::Attr> Client::Resolve(const std::string& path) {
   return resp.attr();
 }
 
-Status Client::NoteOpens(const std::vector<uint64_t>& inos) {
+Status NodeClient::NoteOpens(const std::vector<uint64_t>& inos) {
   rpc::NoteOpensRequest req;
   req.mutable_inos()->Add(inos.begin(), inos.end());
   rpc::NoteOpensResponse resp;
@@ -131,7 +131,7 @@ Status Client::NoteOpens(const std::vector<uint64_t>& inos) {
   return FromGrpc(master_.Get()->NoteOpens(&ctx, req, &resp), "the master");
 }
 
-Status Client::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files) {
+Status NodeClient::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files) {
   rpc::ReadDirRequest req;
   req.set_ino(ino);
   req.set_after(after);
@@ -140,7 +140,7 @@ Status Client::ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDi
   return FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& ctx) { return m.ReadDir(&ctx, req, out); }), "the master");
 }
 
-StatusOr<rpc::FileInfo> Client::GetFile(uint64_t ino) {
+StatusOr<rpc::FileInfo> NodeClient::GetFile(uint64_t ino) {
   rpc::GetFileRequest req;
   req.set_ino(ino);
   rpc::FileInfo resp;
@@ -148,7 +148,7 @@ StatusOr<rpc::FileInfo> Client::GetFile(uint64_t ino) {
   return resp;
 }
 
-StatusOr<rpc::WorkerStats> Client::WorkerStats() {
+StatusOr<rpc::WorkerStats> NodeClient::WorkerStats() {
   rpc::GetStatsRequest req;
   rpc::WorkerStats resp;
   grpc::ClientContext ctx;
@@ -157,7 +157,7 @@ StatusOr<rpc::WorkerStats> Client::WorkerStats() {
   return resp;
 }
 
-StatusOr<rpc::Report> Client::GetReport() {
+StatusOr<rpc::Report> NodeClient::GetReport() {
   rpc::Report report;
   RETURN_IF_ERROR(FromGrpc(CallMaster([&](rpc::Master::Stub& m, grpc::ClientContext& c) {
                              return m.GetReport(&c, rpc::GetReportRequest(), &report);
@@ -192,7 +192,7 @@ std::string ReadResult::Flatten() const {
   return out;
 }
 
-Client::~Client() {
+NodeClient::~NodeClient() {
   {
     MutexLock lock(&prefetch_mu_);
     prefetch_stop_ = true;
@@ -201,7 +201,7 @@ Client::~Client() {
   if (prefetcher_.joinable()) prefetcher_.join();
 }
 
-void Client::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count) {
+void NodeClient::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count) {
   uint64_t bs = file.block_size();
   uint64_t blocks = bs == 0 ? 0 : (file.attr().size() + bs - 1) / bs;
   rpc::PrefetchRequest pr;
@@ -223,7 +223,7 @@ void Client::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count)
   prefetch_cv_.notify_one();
 }
 
-void Client::Touched(const rpc::ReadBlockRequest& req, uint64_t length) {
+void NodeClient::Touched(const rpc::ReadBlockRequest& req, uint64_t length) {
   MutexLock lock(&prefetch_mu_);
   if (prefetch_stop_ || touches_.blocks_size() >= kMaxTouches) return;  // a lost touch costs a fill at most
   rpc::ReadBlockRequest* r = touches_.add_blocks();
@@ -234,7 +234,7 @@ void Client::Touched(const rpc::ReadBlockRequest& req, uint64_t length) {
   prefetch_cv_.notify_one();
 }
 
-void Client::PrefetchLoop() {
+void NodeClient::PrefetchLoop() {
   for (;;) {
     rpc::PrefetchRequest pr;
     {
@@ -258,12 +258,12 @@ void Client::PrefetchLoop() {
   }
 }
 
-std::shared_ptr<LocalChannel> Client::Local() {
+std::shared_ptr<LocalChannel> NodeClient::Local() {
   if (!cfg_.fuse.zero_copy) return nullptr;
   return Probe(/*now=*/false);
 }
 
-std::shared_ptr<LocalChannel> Client::Probe(bool now_anyway) {
+std::shared_ptr<LocalChannel> NodeClient::Probe(bool now_anyway) {
   {
     MutexLock lock(&mu_);
     // Callers during a probe wait for its answer: a burst of first opens must not all miss the
@@ -286,12 +286,12 @@ std::shared_ptr<LocalChannel> Client::Probe(bool now_anyway) {
   return local_;
 }
 
-void Client::DropLocal(const std::shared_ptr<LocalChannel>& ch) {
+void NodeClient::DropLocal(const std::shared_ptr<LocalChannel>& ch) {
   MutexLock lock(&mu_);
   if (local_ == ch) local_.reset();
 }
 
-Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out, NodeSource* source) {
+Status NodeClient::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std::string* out, NodeSource* source) {
   grpc::ClientContext ctx;
   sec_->Prepare(&ctx, cfg_.rpc.timeout);
   uint32_t src = 0;  // as the worker saw it: its cache, a peer, the under-storage
@@ -350,7 +350,7 @@ Status Client::ReadOverGrpc(const rpc::ReadBlockRequest& req, uint64_t want, std
   return st;
 }
 
-Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random,
+Status NodeClient::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random,
                     char* scratch, bool continues) {
   const uint64_t start = offset;
   uint64_t size = file.attr().size();
@@ -400,7 +400,7 @@ Status Client::Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length,
   return Status::OK();
 }
 
-Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out,
+Status NodeClient::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalChannel::Piece* piece, ReadResult* out,
                          char* dst) {
   if (auto ch = Local()) {
     const bool sourced = cfg_.fuse.source_reads;
@@ -468,7 +468,7 @@ Status Client::ReadPiece(const rpc::ReadBlockRequest& req, uint64_t want, LocalC
   return Status::OK();
 }
 
-StatusOr<std::unique_ptr<FileLease>> Client::LeaseFile(const rpc::FileInfo& file, bool verify) {
+StatusOr<std::unique_ptr<FileLease>> NodeClient::LeaseFile(const rpc::FileInfo& file, bool verify) {
   uint64_t size = file.attr().size();
   if (size == 0 || file.block_size() == 0) return InvalidArgumentError("an empty file has no data file");
   auto ch = Local();

@@ -49,7 +49,7 @@ class ReadResult {
   std::string Flatten() const;  // the bytes, copied (tests, tools)
 
  private:
-  friend class Client;
+  friend class NodeClient;
   std::shared_ptr<LocalChannel> channel_;  // holds the leases
 };
 
@@ -81,65 +81,100 @@ struct ClientCounters {
   std::atomic<uint64_t> worker_waits{0}, worker_waits_ended{0};
 };
 
+// Client: what granary-fuse asks of the master and of the workers — an interface, so the FUSE
+// operations can be driven by a fake in tests; NodeClient (below) is the real one.
 class Client {
  public:
+  // The real client (NodeClient) for `cfg`.
   static StatusOr<std::unique_ptr<Client>> Create(const Config& cfg);
+  virtual ~Client() = default;
 
   // With `file`: a regular file's open information is set in it too (LookupRequest.file; left empty
   // when the master checks the file with the under-storage first: GetFile then does).
-  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, rpc::FileInfo* file = nullptr);
-  StatusOr<rpc::Attr> GetAttr(uint64_t ino);
-  StatusOr<rpc::Attr> Resolve(const std::string& path);
+  virtual StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, rpc::FileInfo* file = nullptr) = 0;
+  virtual StatusOr<rpc::Attr> GetAttr(uint64_t ino) = 0;
+  virtual StatusOr<rpc::Attr> Resolve(const std::string& path) = 0;
   // For /readyz: one quick call to the master (no waiting out a failover): OK when it answers.
-  Status MasterAnswers();
+  virtual Status MasterAnswers() = 0;
   // `files`: with each regular file's open information (DirEntry.file).
-  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files = false);
-  StatusOr<rpc::FileInfo> GetFile(uint64_t ino);
+  virtual Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files = false) = 0;
+  virtual StatusOr<rpc::FileInfo> GetFile(uint64_t ino) = 0;
   // Opens made from listed information (fuse/open_notes.h): one quick call, no waiting out a failover.
-  Status NoteOpens(const std::vector<uint64_t>& inos);
-  StatusOr<rpc::WorkerStats> WorkerStats();
+  virtual Status NoteOpens(const std::vector<uint64_t>& inos) = 0;
+  virtual StatusOr<rpc::WorkerStats> WorkerStats() = 0;
   // The write calls to the master (mounts with write=through or back; fuse/writes.h).
-  StatusOr<rpc::WriteTarget> PrepareCreate(const rpc::PrepareCreateRequest& req);
-  StatusOr<rpc::WriteTarget> PrepareWrite(uint64_t ino);
-  StatusOr<rpc::Attr> MakeDir(const rpc::MakeDirRequest& req);
-  Status Remove(const rpc::RemoveRequest& req);
-  Status Rename(const rpc::RenameRequest& req);
-  StatusOr<rpc::Attr> SetAttr(const rpc::SetAttrRequest& req);
+  virtual StatusOr<rpc::WriteTarget> PrepareCreate(const rpc::PrepareCreateRequest& req) = 0;
+  virtual StatusOr<rpc::WriteTarget> PrepareWrite(uint64_t ino) = 0;
+  virtual StatusOr<rpc::Attr> MakeDir(const rpc::MakeDirRequest& req) = 0;
+  virtual Status Remove(const rpc::RemoveRequest& req) = 0;
+  virtual Status Rename(const rpc::RenameRequest& req) = 0;
+  virtual StatusOr<rpc::Attr> SetAttr(const rpc::SetAttrRequest& req) = 0;
   // The path of the local worker's socket; UNAVAILABLE when it has none (writes need it). Asks the
   // worker now when its socket is not known: a read's probe that failed a moment ago (the worker
   // was restarting) or fuse.zero_copy=false never makes a write fail.
-  StatusOr<std::string> LocalSocketPath();
+  virtual StatusOr<std::string> LocalSocketPath() = 0;
   // The master's report (workers, mounts with the files and bytes known of each).
-  StatusOr<rpc::Report> GetReport();
+  virtual StatusOr<rpc::Report> GetReport() = 0;
   // Up to `length` bytes at `offset` of `file` (fewer only at end of file), into `out`. `random`:
   // not a sequential reader's read (ReadBlockRequest.random: range first also at a block's start).
   // `scratch` (optional, `length` bytes): where pieces granary-fuse reads itself (source reads)
   // land, at their place in the read (Piece::mem), so the reply needs no copy of them.
   // `continues`: the read continues a sequential stream (ReadBlockRequest.continues).
-  Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random = false,
-              char* scratch = nullptr, bool continues = false);
+  virtual Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out,
+                      bool random = false, char* scratch = nullptr, bool continues = false) = 0;
   // For a passthrough open: leases the local worker's data file of `file` (every block of it
   // cached in one directory there). NOT_FOUND when the local worker does not have it whole;
   // UNAVAILABLE when there is no local socket.
   // With `verify`, every chunk is checked by the worker first (a read lease: fuse/read_leases.h).
-  StatusOr<std::unique_ptr<FileLease>> LeaseFile(const rpc::FileInfo& file, bool verify = false);
+  virtual StatusOr<std::unique_ptr<FileLease>> LeaseFile(const rpc::FileInfo& file, bool verify = false) = 0;
   // Asks the local worker, in the background, to warm blocks [first, first+count) of `file`
   // (readahead). Hints beyond a small queue are dropped.
-  void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count);
+  virtual void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count) = 0;
   // Lets go of local under-storage files not read lately (SourceReads::Trim); called once a second.
-  void TrimSourceReads() { source_reads_.Trim(); }
-  const ClientCounters& counters() const { return counters_; }
+  virtual void TrimSourceReads() = 0;
+  virtual const ClientCounters& counters() const = 0;
   // Round trips to the master (every metadata call), for /metrics and `granary stats`.
-  const metrics::Histogram& master_latency() const { return master_latency_; }
-  ~Client();
+  virtual const metrics::Histogram& master_latency() const = 0;
+};
+
+// The real Client: the master over gRPC (following the leader), the local worker over its local
+// socket (descriptors, pieces, the stream pipe) or gRPC, other workers over gRPC.
+class NodeClient final : public Client {
+ public:
+  ~NodeClient() override;
+
+  StatusOr<rpc::Attr> Lookup(uint64_t parent, const std::string& name, rpc::FileInfo* file) override;
+  StatusOr<rpc::Attr> GetAttr(uint64_t ino) override;
+  StatusOr<rpc::Attr> Resolve(const std::string& path) override;
+  Status MasterAnswers() override;
+  Status ReadDir(uint64_t ino, uint64_t after, uint32_t limit, rpc::ReadDirResponse* out, bool files) override;
+  StatusOr<rpc::FileInfo> GetFile(uint64_t ino) override;
+  Status NoteOpens(const std::vector<uint64_t>& inos) override;
+  StatusOr<rpc::WorkerStats> WorkerStats() override;
+  StatusOr<rpc::WriteTarget> PrepareCreate(const rpc::PrepareCreateRequest& req) override;
+  StatusOr<rpc::WriteTarget> PrepareWrite(uint64_t ino) override;
+  StatusOr<rpc::Attr> MakeDir(const rpc::MakeDirRequest& req) override;
+  Status Remove(const rpc::RemoveRequest& req) override;
+  Status Rename(const rpc::RenameRequest& req) override;
+  StatusOr<rpc::Attr> SetAttr(const rpc::SetAttrRequest& req) override;
+  StatusOr<std::string> LocalSocketPath() override;
+  StatusOr<rpc::Report> GetReport() override;
+  Status Read(const rpc::FileInfo& file, uint64_t offset, uint64_t length, ReadResult* out, bool random,
+              char* scratch, bool continues) override;
+  StatusOr<std::unique_ptr<FileLease>> LeaseFile(const rpc::FileInfo& file, bool verify) override;
+  void Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t count) override;
+  void TrimSourceReads() override { source_reads_.Trim(); }
+  const ClientCounters& counters() const override { return counters_; }
+  const metrics::Histogram& master_latency() const override { return master_latency_; }
 
  private:
+  friend class Client;  // Create
   void PrefetchLoop();
   // Reports to the local worker, in the background, that `length` bytes of req's block were read
   // from the under-storage's file here (source reads): its fill policy counts the touch.
   void Touched(const rpc::ReadBlockRequest& req, uint64_t length);
   static constexpr int kMaxTouches = 1024;  // touches waiting to be reported (more are dropped)
-  Client(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
+  NodeClient(const Config& cfg, std::shared_ptr<RpcSecurity> sec);
   grpc::Status CallMaster(const std::function<grpc::Status(rpc::Master::Stub&, grpc::ClientContext&)>& call);
   // The local socket channel for reads, once the worker has named its socket (asked at most every
   // 5 s); none with fuse.zero_copy=false.
