@@ -61,7 +61,12 @@ Status SendV(int sock, iovec* iov, size_t n, std::span<const int> fds, const cha
     }
     ssize_t w = sendmsg(sock, &msg, MSG_NOSIGNAL | (d != kNoDeadline ? MSG_DONTWAIT : 0));
     if (w < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINTR) continue;
+      // A non-blocking socket that is full (or a readiness poll raced): wait for room, not spin.
+      if (errno == EAGAIN) {
+        RETURN_IF_ERROR(WaitReady(sock, POLLOUT, what, d));
+        continue;
+      }
       return UnavailableError(std::string("send on ") + what + ": " + strerror(errno));
     }
     fds_sent = true;
@@ -88,7 +93,11 @@ Status RecvExactly(int sock, char* p, size_t n, std::span<int> fds, const char* 
     msg.msg_controllen = sizeof(control);
     ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | (d != kNoDeadline ? MSG_DONTWAIT : 0));
     if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        RETURN_IF_ERROR(WaitReady(sock, POLLIN, what, d));
+        continue;
+      }
       return UnavailableError(std::string("receive on ") + what + ": " + strerror(errno));
     }
     // Descriptors first: even with no bytes, what came is ours to place or close.

@@ -2,25 +2,16 @@
 // granary-fuse, the CLI and the job manager ask, answered from RocksDB (listing as needed).
 #include "master/namespace.h"
 
-#include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 #include <spdlog/spdlog.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <cstring>
-#include <filesystem>
 #include <set>
 #include <unordered_set>
 
-#include "common/fs.h"
 #include "common/hash.h"
 #include "common/keys.h"
 #include "common/path.h"
-#include "common/tiers.h"
 #include "master/records.h"
 #include "master/namespace_internal.h"
 

@@ -535,6 +535,19 @@ class LocalServerPipeTest : public RangeFirstTest {
     EXPECT_TRUE(RecvFrame(conn, &resp, &stray).ok());
     return rpc::StatusOf(resp);
   }
+  // A connection that gave the worker the write end of a 1 MiB pipe; its read end in *read_end.
+  // -1 (and a failure) when any step failed.
+  int ConnectWithPipe(int* read_end) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return ADD_FAILURE() << "pipe2", -1;
+    EXPECT_GT(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 0);
+    const int conn = Connect();
+    Status given = GivePipe(conn, p[1]);
+    EXPECT_TRUE(given.ok()) << given.ToString();
+    close(p[1]);
+    *read_end = p[0];
+    return given.ok() ? conn : -1;
+  }
   rpc::LocalResponse ReadBig(int conn, uint64_t index, uint64_t offset, uint64_t length) {
     rpc::LocalRequest lr;
     const BlockRequest b = Big(index, offset, length);
@@ -615,13 +628,10 @@ TEST_F(LocalServerPipeTest, AStreamedRangeComesInThePipeWhenTheClientGaveOne) {
 // bytes come inline, and the connection goes on.
 TEST_F(LocalServerPipeTest, APipeWhoseReaderIsGoneGetsNothingAndTheBytesComeInline) {
   fakes_.ufs->SplitStreams(2 << 20);
-  int p[2];
-  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
-  ASSERT_GT(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 0);
-  const int conn = Connect();
-  ASSERT_TRUE(GivePipe(conn, p[1]).ok());
-  close(p[1]);
-  close(p[0]);
+  int read_end = -1;
+  const int conn = ConnectWithPipe(&read_end);
+  ASSERT_GE(conn, 0);
+  close(read_end);
   for (uint64_t off : {uint64_t{0}, uint64_t{256} << 10}) {
     rpc::LocalResponse r = ReadBig(conn, 0, off, 256 << 10);
     ASSERT_EQ(r.code(), 0) << r.message();
@@ -636,12 +646,9 @@ TEST_F(LocalServerPipeTest, APipeWhoseReaderIsGoneGetsNothingAndTheBytesComeInli
 // client sends nothing more on that connection (an idle one must not pin a block's buffer).
 TEST_F(LocalServerPipeTest, ADrainedPipeLetsItsBufferGoOnAnIdleConnection) {
   block_buffers::Clear();
-  int p[2];
-  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
-  ASSERT_GT(fcntl(p[1], F_SETPIPE_SZ, 1 << 20), 0);
-  const int conn = Connect();
-  ASSERT_TRUE(GivePipe(conn, p[1]).ok());
-  close(p[1]);
+  int read_end = -1;
+  const int conn = ConnectWithPipe(&read_end);
+  ASSERT_GE(conn, 0);
   fakes_.ufs->SplitStreams(1 << 20);
   rpc::LocalResponse r = ReadBig(conn, 0, 0, 256 << 10);
   ASSERT_TRUE(r.in_pipe());
@@ -649,12 +656,12 @@ TEST_F(LocalServerPipeTest, ADrainedPipeLetsItsBufferGoOnAnIdleConnection) {
   ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
   EXPECT_EQ(block_buffers::Kept(), 0u) << "the pipe still holds the buffer's pages";
   std::string got(256 << 10, '\0');
-  ASSERT_EQ(read(p[0], got.data(), got.size()), static_cast<ssize_t>(got.size()));
+  ASSERT_EQ(read(read_end, got.data(), got.size()), static_cast<ssize_t>(got.size()));
   EXPECT_TRUE(got == big_.substr(0, 256 << 10));
   ASSERT_TRUE(testing::WaitFor([&] { return block_buffers::Kept() >= kBlock; }))
       << "the drained pipe's buffer was never given back";
   close(conn);
-  close(p[0]);
+  close(read_end);
 }
 
 }  // namespace
