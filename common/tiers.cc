@@ -11,6 +11,22 @@
 namespace granary {
 namespace {
 
+// A cache directory's path as a level may name it: no control characters, quotes or backslashes,
+// and valid UTF-8 — what FormatTierLevels writes back inside YAML double quotes unchanged.
+bool PlainPath(const std::string& p) {
+  for (size_t i = 0; i < p.size();) {
+    const unsigned char c = static_cast<unsigned char>(p[i]);
+    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') return false;
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > p.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(p[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
 int MediumRank(const std::string& m) { return m == "MEM" ? 0 : m == "SSD" ? 1 : 2; }
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -115,6 +131,10 @@ StatusOr<std::vector<TierLevel>> ParseTierLevels(std::string_view yaml) {
     for (const auto& p : l.paths) {
       if (p.empty() || p[0] != '/') {
         return InvalidArgumentError(at + ": path '" + p + "' must be absolute (several paths: \"/a,/b\")");
+      }
+      if (!PlainPath(p)) {
+        return InvalidArgumentError(at + ": a path may not hold control characters, quotes, backslashes or "
+                                         "bytes that are not UTF-8; name a plain directory");
       }
     }
     if (!quota_list.empty()) {
