@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "common/backoff.h"
 
 namespace granary::fuse {
@@ -217,7 +220,7 @@ void NodeClient::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t co
   if (pr.blocks_size() == 0) return;
   MutexLock lock(&prefetch_mu_);
   if (prefetch_stop_ || prefetch_queue_.size() >= 64) return;
-  prefetch_queue_.push_back(std::move(pr));
+  prefetch_queue_.emplace_back(std::chrono::steady_clock::now(), std::move(pr));
   counters_.prefetch_hints++;
   if (!prefetcher_.joinable()) prefetcher_ = std::thread([this] { PrefetchLoop(); });
   prefetch_cv_.notify_one();
@@ -226,6 +229,7 @@ void NodeClient::Prefetch(const rpc::FileInfo& file, uint64_t first, uint64_t co
 void NodeClient::Touched(const rpc::ReadBlockRequest& req, uint64_t length) {
   MutexLock lock(&prefetch_mu_);
   if (prefetch_stop_ || touches_.blocks_size() >= kMaxTouches) return;  // a lost touch costs a fill at most
+  if (touches_.blocks_size() == 0) touches_since_ = std::chrono::steady_clock::now();
   rpc::ReadBlockRequest* r = touches_.add_blocks();
   *r = req;
   r->set_length(length);
@@ -237,6 +241,7 @@ void NodeClient::Touched(const rpc::ReadBlockRequest& req, uint64_t length) {
 void NodeClient::PrefetchLoop() {
   for (;;) {
     rpc::PrefetchRequest pr;
+    std::chrono::steady_clock::time_point asked;
     {
       MutexLock lock(&prefetch_mu_);
       while (!prefetch_stop_ && prefetch_queue_.empty() && touches_.blocks_size() == 0) lock.Wait(&prefetch_cv_);
@@ -246,11 +251,15 @@ void NodeClient::PrefetchLoop() {
       touch_turn_ = !touch_turn_;
       if (touches_.blocks_size() > 0 && (touch_turn_ || prefetch_queue_.empty())) {
         pr.Swap(&touches_);
+        asked = touches_since_;
       } else {
-        pr = std::move(prefetch_queue_.front());
+        asked = prefetch_queue_.front().first;
+        pr = std::move(prefetch_queue_.front().second);
         prefetch_queue_.pop_front();
       }
     }
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - asked);
+    pr.set_age_ms(static_cast<uint32_t>(std::clamp<int64_t>(waited.count(), 0, UINT32_MAX)));
     rpc::PrefetchResponse resp;
     grpc::ClientContext ctx;
     sec_->Prepare(&ctx, std::chrono::seconds(5));

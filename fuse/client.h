@@ -210,8 +210,12 @@ class NodeClient final : public Client {
 
   Mutex prefetch_mu_;
   std::condition_variable prefetch_cv_;
-  std::deque<rpc::PrefetchRequest> prefetch_queue_ GUARDED_BY(prefetch_mu_);
+  // Hints with when each was queued, sent as their age (PrefetchRequest.age_ms: a free on the
+  // worker since then keeps their blocks out).
+  std::deque<std::pair<std::chrono::steady_clock::time_point, rpc::PrefetchRequest>> prefetch_queue_
+      GUARDED_BY(prefetch_mu_);
   rpc::PrefetchRequest touches_ GUARDED_BY(prefetch_mu_);  // touched: reports not yet sent
+  std::chrono::steady_clock::time_point touches_since_ GUARDED_BY(prefetch_mu_);  // the oldest's
   bool touch_turn_ GUARDED_BY(prefetch_mu_) = false;       // PrefetchLoop: touches' turn next
   bool prefetch_stop_ GUARDED_BY(prefetch_mu_) = false;
   std::thread prefetcher_ GUARDED_BY(prefetch_mu_);  // started with the first hint

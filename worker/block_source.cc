@@ -436,7 +436,9 @@ bool BlockSource::Prefetch(const BlockRequest& req) { return Enqueue(Queued{req,
 
 bool BlockSource::Enqueue(Queued q) {
   if (q.ticket == BlockStore::kNoTicket) {
-    q.ticket = q.req.free_stamp != 0 ? store_->FreeTicketAt(q.req.free_stamp) : store_->FreeTicket();
+    q.ticket = q.req.free_stamp != 0 ? store_->FreeTicketAt(q.req.free_stamp)
+               : q.req.asked_at      ? store_->FreeTicketAsOf(*q.req.asked_at)
+                                     : store_->FreeTicket();
   }
   if (q.req.free_stamp == 0) q.req.free_stamp = store_->KnownStamp();
   MutexLock lock(&prefetch_mu_);
@@ -498,12 +500,14 @@ Status BlockSource::Warm(BlockRequest req, const std::optional<BlockId>& fill_id
   PeerRef home;
   Route route = RouteFor(req, t, &home);
   route.ticket = ticket;
-  // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped);
-  // not when a free here came after the hint (the home may have had it already).
-  if (route.ask_peers && !route.keep) {
-    if (ticket != BlockStore::kNoTicket && store_->FreedSince(ticket, t.meta)) return Status::OK();
-    return placement_->PrefetchOnPeer(home, req);
+  // Freed since the hint was asked: nothing to fetch (its Put would cache nothing), nor to pass on
+  // (the home may have had the free already).
+  if (ticket != BlockStore::kNoTicket && store_->FreedSince(ticket, t.meta)) {
+    counters_.hints_freed++;
+    return Status::OK();
   }
+  // Not a holder and no elastic copy: the block's home warms it (a copy here would be dropped).
+  if (route.ask_peers && !route.keep) return placement_->PrefetchOnPeer(home, req);
   if (fill.self != nullptr) {
     fill.slot = pacer_.AcquireAhead(FetchPacer::kMaxCap, [this] {
       MutexLock lock(&prefetch_mu_);

@@ -104,6 +104,7 @@ struct SourceCounters {
   std::atomic<uint64_t> leased{0};          // hits served as a leased file descriptor (zero-copy)
   std::atomic<uint64_t> passthrough_leases{0};  // whole data files leased for FUSE passthrough opens
   std::atomic<uint64_t> prefetched{0};      // blocks fetched ahead of readers
+  std::atomic<uint64_t> hints_freed{0};     // hints and fills dropped: freed since they were asked
   std::atomic<uint64_t> loaded_blocks{0}, loaded_bytes{0};  // fetched by load jobs
   std::atomic<uint64_t> ahead_blocks{0}, ahead_bytes{0};    // fetched by fetch-ahead (master/fetch_ahead.h)
   std::atomic<uint64_t> ahead_no_room{0};   // fetch-ahead blocks skipped: no free room (nothing fetched)
@@ -249,6 +250,10 @@ class BlockSource {
   static constexpr size_t kPrefetchQueue = 256;
   static constexpr size_t kPrefetchThreads = 8;
   static constexpr size_t kFillThreads = 2;
+  // A granary-fuse hint or touch counts as asked this long before its sender's queue says it was
+  // (PrefetchRequest.age_ms): the time on the way here. A free in that window also keeps it out;
+  // the cost is a hint lost right after a free.
+  static constexpr std::chrono::seconds kHintTransit{2};
   static constexpr size_t kTouched = 4096;  // blocks remembered as range-read once (SecondTouch)
   // Streaming: blocks at least this large are answered as their bytes land (a smaller block costs
   // about one round trip whole), by at most kStreamThreads fetches at once (more wait their turn).

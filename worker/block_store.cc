@@ -658,6 +658,7 @@ void BlockStore::SetFreeFloor(uint64_t stamp) {
                  stamp, known_stamp_);
     recent_frees_.clear();
     forgotten_frees_ = ++frees_;  // every ticket taken before now counts as freed
+    forgotten_at_ = std::chrono::steady_clock::now();
     forgotten_stamp_ = 0;
     known_stamp_ = stamp;
     return;
@@ -672,6 +673,7 @@ void BlockStore::SetFreeFloor(uint64_t stamp) {
     for (RecentFree& f : recent_frees_) ++f.number;
     ++frees_;
     forgotten_frees_ = 1;
+    forgotten_at_ = std::chrono::steady_clock::now();
   }
 }
 
@@ -682,6 +684,15 @@ uint64_t BlockStore::FreeTicketAt(uint64_t stamp) const {
   if (forgotten_stamp_ > stamp) return forgotten_frees_ > 0 ? forgotten_frees_ - 1 : 0;
   for (const RecentFree& f : recent_frees_) {
     if (f.stamp > stamp) return f.number - 1;
+  }
+  return frees_;
+}
+
+uint64_t BlockStore::FreeTicketAsOf(std::chrono::steady_clock::time_point asked) const {
+  MutexLock lock(&mu_);
+  if (forgotten_frees_ > 0 && asked <= forgotten_at_) return forgotten_frees_ - 1;
+  for (const RecentFree& f : recent_frees_) {
+    if (f.at > asked) return f.number - 1;
   }
   return frees_;
 }
@@ -709,6 +720,7 @@ size_t BlockStore::FreeIf(Doomed doomed, uint64_t stamp) {
     while (!recent_frees_.empty() &&
            (recent_frees_.size() >= kRecentFrees || at - recent_frees_.front().at > kFreeMemory)) {
       forgotten_frees_ = recent_frees_.front().number;
+      forgotten_at_ = recent_frees_.front().at;
       forgotten_stamp_ = std::max(forgotten_stamp_, recent_frees_.front().stamp);
       recent_frees_.pop_front();
     }

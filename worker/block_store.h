@@ -66,6 +66,8 @@
 // carries its stamp, a batch the stamp current when its files were read, and the batch's ticket is
 // FreeTicketAt(its stamp) — the ticket as it was before the first free remembered here with a
 // later stamp. Whichever arrives first, a batch older than a free caches nothing that free covers.
+// A hint that waited in granary-fuse's queue is taken as of when it was asked there
+// (FreeTicketAsOf): the frees that ran here since count.
 //
 // Thread-safety: all methods are thread-safe; `mu_` guards the index, the policy lists and the
 // byte counts. Block data I/O happens outside the lock; unlinks happen under it, so a removal can
@@ -237,6 +239,10 @@ class BlockStore {
   // The ticket of bytes fetched for a load batch stamped `stamp` by the master: as FreeTicket, but
   // from before the first free stamped later (see "Frees and fetches under way"). 0: FreeTicket().
   uint64_t FreeTicketAt(uint64_t stamp) const;
+  // The ticket of bytes asked for at `asked` (a hint that waited in granary-fuse's queue): as
+  // FreeTicket, but from before the first free that ran here after `asked`. Before what this
+  // store remembers (or before this process registered): a ticket every Put counts as freed.
+  uint64_t FreeTicketAsOf(std::chrono::steady_clock::time_point asked) const;
   // The master's free stamp at each registration. The first one is a floor: a batch stamped before
   // it may predate frees this process never heard of (it was not running), so it caches nothing
   // here. A later one below a stamp this process has seen means the master's stamps went back (a
@@ -449,6 +455,7 @@ class BlockStore {
   uint64_t frees_ GUARDED_BY(mu_) = 0;
   uint64_t forgotten_frees_ GUARDED_BY(mu_) = 0;  // every free up to this number is forgotten
   uint64_t forgotten_stamp_ GUARDED_BY(mu_) = 0;  // the largest stamp among the forgotten frees
+  std::chrono::steady_clock::time_point forgotten_at_ GUARDED_BY(mu_);  // when the last forgotten free ran
   bool floor_set_ GUARDED_BY(mu_) = false;
   uint64_t known_stamp_ GUARDED_BY(mu_) = 0;  // KnownStamp
   std::deque<RecentFree> recent_frees_ GUARDED_BY(mu_);

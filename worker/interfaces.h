@@ -8,6 +8,7 @@
 // MasterLink implements the first two against a real master. Implementations must be thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -36,6 +37,9 @@ struct BlockRequest {
   bool random = false;  // not a sequential reader's: range first also at a block's start
   bool continues = false;  // continues a sequential stream: not range first inside a block either
   uint64_t free_stamp = 0;  // a load batch's, or a queued hint's (ReadBlockRequest.free_stamp): see BlockStore::FreeTicketAt
+  // A granary-fuse hint's or touch's: when it was asked there (PrefetchRequest.age_ms, less a
+  // slack); a free since then keeps its block out (BlockStore::FreeTicketAsOf). Unset: on arrival.
+  std::optional<std::chrono::steady_clock::time_point> asked_at{};
 };
 
 struct MountHandle {

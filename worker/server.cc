@@ -192,16 +192,22 @@ class WorkerService final : public rpc::Worker::Service {
   grpc::Status Prefetch(grpc::ServerContext* ctx, const rpc::PrefetchRequest* req, rpc::PrefetchResponse* resp) override {
     if (auto a = sec_->CheckToken(ctx); !a.ok()) return a;
     uint32_t queued = 0;
+    // granary-fuse's hints and touches waited in its queue: a free since they were asked wins
+    // (issue 53: a readahead of the last epoch came back after a free).
+    const auto asked = std::chrono::steady_clock::now() - std::chrono::milliseconds(req->age_ms()) -
+                       BlockSource::kHintTransit;
     for (const auto& r : req->blocks()) {
       if (req->touched()) {
         BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
                         r.index(),    r.offset(),   r.length(),  false};
+        br.asked_at = asked;
         queued += source_->Touched(br);
         continue;
       }
       BlockRequest br{r.mount_id(), r.ufs_path(), r.version(), r.file_size(), r.block_size(),
                       r.index(),    0,            0,           r.from_peer()};
       br.free_stamp = r.free_stamp();  // a peer's hint: the frees seen here since it was queued win
+      if (br.free_stamp == 0) br.asked_at = asked;
       queued += source_->Prefetch(br);
     }
     resp->set_queued(queued);
@@ -665,6 +671,7 @@ class WorkerServerImpl final : public WorkerServer {
     s.set_peers(static_cast<uint32_t>(peers_->Size()));
     s.set_leases(b.leases);
     s.set_prefetched(c.prefetched);
+    s.set_hints_freed(c.hints_freed);
     s.set_loaded_blocks(c.loaded_blocks);
     s.set_loaded_bytes(c.loaded_bytes);
     s.set_ufs_errors(c.ufs_errors);

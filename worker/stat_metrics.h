@@ -36,6 +36,8 @@ inline constexpr StatMetric kStatMetrics[] = {
      "Peer calls that failed and went to the next worker."},
     {"coalesced", "granary_worker_coalesced_reads_total", false, "Misses that joined a fetch already in flight."},
     {"prefetched", "granary_worker_prefetched_blocks_total", false, "Blocks fetched ahead of readers."},
+    {"hints_freed", "granary_worker_hints_freed_total", false,
+     "Readahead hints and fills dropped because a free of their block ran after they were asked."},
     {"loaded_blocks", "granary_worker_loaded_blocks_total", false, "Blocks fetched by load jobs."},
     {"loaded_bytes", "granary_worker_loaded_bytes_total", false, "Bytes fetched by load jobs."},
     {"corrupt_blocks", "granary_worker_corrupt_blocks_total", false,

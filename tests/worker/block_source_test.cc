@@ -383,6 +383,29 @@ TEST_F(RangeFirstTest, TouchesReportedByGranaryFuseFillABlockTouchedTwice) {
   ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(1, 0, kBlock)); }));
 }
 
+// A readahead hint and a touch that waited in granary-fuse's queue past a free of their file
+// fetch nothing and cache nothing (issue 53: a freed block came back); asked after it, they do.
+TEST_F(RangeFirstTest, HintsAndTouchesAskedBeforeAFreeBringNothingBack) {
+  const auto asked = std::chrono::steady_clock::now();
+  store_->FreeMount(1);
+  BlockRequest hint = Big(0, 0, 0);
+  hint.asked_at = asked;
+  ASSERT_TRUE(source_->Prefetch(hint));
+  BlockRequest touch = Big(1, 4096, 4096);
+  touch.asked_at = asked;
+  EXPECT_FALSE(source_->Touched(touch));
+  ASSERT_TRUE(source_->Touched(touch)) << "the second touch queues the fill";
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->counters().hints_freed.load() == 2; }));
+  EXPECT_FALSE(source_->IsCached(Big(0, 0, kBlock)));
+  EXPECT_FALSE(source_->IsCached(Big(1, 0, kBlock)));
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 0) << "a hint freed since it was asked fetches nothing";
+  // Asked now, after the free: fetched and kept.
+  hint.asked_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(source_->Prefetch(hint));
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->IsCached(Big(0, 0, kBlock)); }));
+  EXPECT_EQ(source_->counters().hints_freed.load(), 2u);
+}
+
 // The bitmap the worker sends with a source file (LocalResponse.source_cached): bit i of byte i / 8
 // for block i, as fuse/source_reads.cc reads it.
 TEST_F(RangeFirstTest, CachedBlocksSaysWhichBlocksAreCached) {
