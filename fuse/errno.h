@@ -21,14 +21,20 @@
 #include <utility>
 
 #include "common/status.h"
+#include "fuse/reply.h"
 
 namespace granary::fuse {
 
 int ToErrno(const Status& s);
+// Each answers through a Reply (fuse/reply.h) or, for the operations still written against
+// libfuse, its request.
+void ReplyError(Reply& r, const Status& s, const char* op);
 void ReplyError(fuse_req_t req, const Status& s, const char* op);
+void ReplyErrno(Reply& r, int err);
 void ReplyErrno(fuse_req_t req, int err);
 // ENOSYS as a protocol answer, not an error: "the kernel does this itself from now on" (OPEN and
 // FLUSH in the kernel read mode, extended attributes). Not counted in ErrorCounts().
+void ReplyUnsupported(Reply& r);
 void ReplyUnsupported(fuse_req_t req);
 // The errno the last of the functions above replied on this thread since the previous call (0:
 // none), for the access trace.

@@ -6,9 +6,43 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <memory>
+#include <random>
 #include <utility>
+#include <vector>
+
+#include "fuse/ops.h"
 
 namespace granary::fuse::internal {
+
+void InitFs(Fs* fs, const Config& cfg) {
+  fs->cfg = cfg;
+  fs->kernel_reads = std::make_unique<KernelReads>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
+  if (cfg.fuse.open == "daemon") {
+    fs->wanted = OpenMode::kDaemon;
+  } else if (cfg.fuse.open == "kernel") {
+    fs->wanted = OpenMode::kKernel;
+  } else {
+    fs->wanted = OpenMode::kPassthrough;  // auto: passthrough where it can work, else kernel
+    fs->wanted_explicitly = cfg.fuse.open == "passthrough";
+  }
+  fs->mode = fs->wanted.load();
+  {
+    std::random_device rd;
+    fs->handles = std::make_unique<OpenHandles>(rd(), [fs](uint64_t ino) { return fs->ToKernel(ino); });
+  }
+  fs->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
+  if (cfg.fuse.file_cache_entries > 0 && cfg.fuse.attr_timeout.count() > 0) {
+    Client* client = fs->client.get();
+    fs->open_notes = std::make_unique<OpenNotes>(
+        cfg.fuse.file_cache_entries, [client](const std::vector<uint64_t>& inos) { return client->NoteOpens(inos); });
+  }
+  fs->read_leases = std::make_unique<ReadLeases>(cfg.fuse.attr_timeout);
+  fs->attrs = std::make_unique<AttrCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
+  fs->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
+                                             std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
+  fs->tracer = std::make_unique<Tracer>(TracePaths(fs));
+}
 
 struct stat ToStat(Fs* fs, const rpc::Attr& a) {
   if (a.writable()) fs->sb_mode.NoteWritable();  // before the kernel can try to write there

@@ -328,22 +328,27 @@ inline constexpr unsigned kMaxReadahead = (1 << 20) - (16 << 10);
 
 inline Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
 
+// Fills what the operations need of a new Fs from `cfg` (the wanted read mode, the caches, the
+// handle table, the read leases, the tracer); fs->client must be set. The mount (MakeFs) adds the
+// passthrough objects and the root; tests drive the operations on an Fs made with it alone.
+void InitFs(Fs* fs, const Config& cfg);
+
 // Times one operation into its histogram (may be null) and, while someone listens to the access
 // trace, records it (fuse/trace.h): with no listener it costs one atomic load. Construct it before
 // replying (the request's context is gone after the reply).
 class OpScope {
  public:
   OpScope(fuse_req_t req, const char* op, metrics::Histogram* h, fuse_ino_t ino)
-      : fs_(FsOf(req)), h_(h), start_(std::chrono::steady_clock::now()),
+      : OpScope(FsOf(req), FuseReply(req), op, h, ino) {}
+  OpScope(Fs* fs, const Reply& r, const char* op, metrics::Histogram* h, fuse_ino_t ino)
+      : fs_(fs), h_(h), start_(std::chrono::steady_clock::now()),
         tracing_(fs_->tracer && fs_->tracer->Listening()) {
     if (!tracing_) return;
     TakeReplyErrno();
     rec_.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::system_clock::now().time_since_epoch()).count();
-    if (const fuse_ctx* ctx = fuse_req_ctx(req)) {
-      rec_.pid = static_cast<uint32_t>(ctx->pid);
-      rec_.uid = ctx->uid;
-    }
+    rec_.pid = static_cast<uint32_t>(r.pid());
+    rec_.uid = r.uid();
     rec_.op = op;
     rec_.ino = fs_->ToMaster(ino);
   }

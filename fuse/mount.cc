@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -248,36 +247,10 @@ StatusOr<std::optional<HandoverReceived>> FuseMountImpl::FindPredecessor(const C
 // tables. `adopted_root`: a predecessor's root inode; else fuse.root is resolved.
 Status FuseMountImpl::MakeFs(const Config& cfg, std::optional<uint64_t> adopted_root) {
   fs_ = std::make_unique<Fs>();
-  fs_->cfg = cfg;
-  fs_->kernel_reads = std::make_unique<KernelReads>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
-  if (cfg.fuse.open == "daemon") {
-    fs_->wanted = OpenMode::kDaemon;
-  } else if (cfg.fuse.open == "kernel") {
-    fs_->wanted = OpenMode::kKernel;
-  } else {
-    fs_->wanted = OpenMode::kPassthrough;  // auto: passthrough where it can work, else kernel
-    fs_->wanted_explicitly = cfg.fuse.open == "passthrough";
-  }
-  fs_->mode = fs_->wanted.load();
-  {
-    std::random_device rd;
-    Fs* fs = fs_.get();
-    fs_->handles = std::make_unique<OpenHandles>(rd(), [fs](uint64_t ino) { return fs->ToKernel(ino); });
-  }
   ASSIGN_OR_RETURN(fs_->client, Client::Create(cfg));
-  fs_->files = std::make_unique<FileCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
-  if (cfg.fuse.file_cache_entries > 0 && cfg.fuse.attr_timeout.count() > 0) {
-    Client* client = fs_->client.get();
-    fs_->open_notes = std::make_unique<OpenNotes>(
-        cfg.fuse.file_cache_entries, [client](const std::vector<uint64_t>& inos) { return client->NoteOpens(inos); });
-  }
-  fs_->read_leases = std::make_unique<ReadLeases>(cfg.fuse.attr_timeout);
+  InitFs(fs_.get(), cfg);
   fs_->backing_host = MakeBackingHost(fs_.get());
   fs_->passthrough = std::make_unique<PassthroughOpens>(fs_->backing_host.get(), cfg.fuse.attr_timeout);
-  fs_->attrs = std::make_unique<AttrCache>(cfg.fuse.file_cache_entries, cfg.fuse.attr_timeout);
-  fs_->entries = std::make_unique<EntryCache>(cfg.fuse.file_cache_entries,
-                                              std::min(cfg.fuse.entry_timeout, cfg.fuse.attr_timeout));
-  fs_->tracer = std::make_unique<Tracer>(TracePaths(fs_.get()));
   if (adopted_root) {
     fs_->root_ino = *adopted_root;
   } else if (cfg.fuse.root != "/") {

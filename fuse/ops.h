@@ -9,9 +9,10 @@
 //   fuse/passthrough.h   passthrough mode's backing files, one per inode, kept after the last close
 //                        (PassthroughOpens: the rules, apart from the kernel)
 //
-// Each operation finds the mount's state with FsOf(req) (fuse/fs_state.h, which also says what
-// each lock guards), may run on any of libfuse's threads beside any other, and replies to its
-// request once, errors through fuse/errno.h.
+// Each operation takes the mount's state (fuse/fs_state.h, which also says what each lock guards)
+// and a Reply (fuse/reply.h), may run on any of libfuse's threads beside any other, and answers
+// once, errors through fuse/errno.h. The Op* functions are the adapters libfuse calls (FsOf(req),
+// FuseReply(req)); tests/fuse/ops_test.cc drives the operations without them.
 #pragma once
 
 #include <cstdint>
@@ -20,12 +21,32 @@
 
 #include "fuse/client.h"
 #include "fuse/fs_state.h"
+#include "fuse/reply.h"
 #include "fuse/trace.h"
 #include "proto/granary.pb.h"
 
 namespace granary::fuse::internal {
 
-// ---- fuse/ops_meta.cc ----
+// ---- Names, attributes and the write calls, apart from libfuse (as the data path below) ----
+// fuse/ops_meta.cc
+void Lookup(Fs* fs, Reply& r, fuse_ino_t parent, const char* name);
+void Getattr(Fs* fs, Reply& r, fuse_ino_t ino);
+void Opendir(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi);
+void Readdir(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off);
+void Readdirplus(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off);
+void Statfs(Fs* fs, Reply& r);
+// fuse/ops_write.cc (mounts with write=through or back; fuse/writes.h)
+void Create(Fs* fs, Reply& r, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi);
+void Write(Fs* fs, Reply& r, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi);
+void Setattr(Fs* fs, Reply& r, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi);
+void Mkdir(Fs* fs, Reply& r, fuse_ino_t parent, const char* name, mode_t mode);
+void Unlink(Fs* fs, Reply& r, fuse_ino_t parent, const char* name);
+void Rmdir(Fs* fs, Reply& r, fuse_ino_t parent, const char* name);
+void Rename(Fs* fs, Reply& r, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
+            unsigned flags);
+
+// ---- The adapters to libfuse (MakeOps' table) ----
+// fuse/ops_meta.cc
 void OpInit(void* userdata, fuse_conn_info* conn);
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name);
 void OpForget(fuse_req_t req, fuse_ino_t, uint64_t);
@@ -55,15 +76,25 @@ void OpFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*)
 // Namespace paths of master inodes, for the access trace (fuse/trace.h).
 Tracer::PathFn TracePaths(Fs* fs);
 
-// ---- fuse/ops_write.cc ----
+// ---- The data path, apart from libfuse ----
+// Open, read, release, flush and fsync answer through a Reply (fuse/reply.h) and take the mount's
+// state as an argument, so tests drive them without a kernel (tests/fuse/ops_test.cc); the Op*
+// functions are their adapters to libfuse (FsOf(req), FuseReply(req)).
+//   fuse/ops_read.cc   Open, Read, Release, Flush, Fsync (the read modes: its design note)
+//   fuse/ops_write.cc  OpenForWrite and the write handles' READ, FLUSH/FSYNC and RELEASE
+void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi);
+void Read(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off, const fuse_file_info* fi);
+void Release(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi);
+void Flush(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi);
+void Fsync(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi);
 // An OPEN for writing (or with O_TRUNC): joins or starts the inode's write (fuse/writes.h).
-void OpenForWrite(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+void OpenForWrite(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi);
 // READ, FLUSH/FSYNC and RELEASE of a write handle.
-void ReadWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, size_t size, off_t off);
-void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_upload);
-void ReleaseWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh);
+void ReadWriteHandle(Fs* fs, Reply& r, fuse_ino_t ino, uint64_t fh, size_t size, off_t off);
+void CommitWriteHandle(Fs* fs, Reply& r, fuse_ino_t ino, uint64_t fh, bool wait_upload);
+void ReleaseWriteHandle(Fs* fs, Reply& r, fuse_ino_t ino, uint64_t fh);
 
-// ---- fuse/ops_read.cc ----
+// fuse/ops_read.cc
 void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
 void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
 void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);

@@ -138,10 +138,9 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
 }
 
-void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  OpScope scope(req, "lookup", FsOf(req)->lat_lookup, parent);
+void Lookup(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) {
+  OpScope scope(fs, r, "lookup", fs->lat_lookup, parent);
   if (scope.tracing()) scope.record().name = name;
-  Fs* fs = FsOf(req);
   // A lookup the master answered lately (the kernel may have dropped its dentry since) is answered
   // from memory, with the kernel's timeouts shortened by the answer's age: never staler than the
   // kernel's own caching would be.
@@ -152,7 +151,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     if (scope.tracing()) scope.record().child = cached->ino();
     e.attr_timeout = std::max(0.0, e.attr_timeout - Seconds(age));
     e.entry_timeout = std::max(0.0, e.entry_timeout - Seconds(age));
-    fuse_reply_entry(req, &e);
+    r.Entry(e);
     return;
   }
   if (fs->known_dirs.Missing(fs->ToMaster(parent), name)) {
@@ -160,7 +159,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     // making a new file): no master round trip (fuse/known_dirs.h).
     fuse_entry_param e{};
     if (scope.tracing()) scope.record().err = ENOENT;
-    fuse_reply_entry(req, &e);
+    r.Entry(e);
     return;
   }
   if (WriteFiles* w = fs->WritesIfAny()) {
@@ -168,7 +167,7 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     if (auto own = w->LookupWritten(fs->ToMaster(parent), name)) {
       fuse_entry_param e = ToEntry(fs, *own);
       if (scope.tracing()) scope.record().child = own->ino();
-      fuse_reply_entry(req, &e);
+      r.Entry(e);
       return;
     }
   }
@@ -185,29 +184,28 @@ void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       e.ino = 0;
       e.entry_timeout = fs->IsWritableDir(fs->ToMaster(parent)) ? 0 : Seconds(fs->cfg.fuse.negative_timeout);
       if (scope.tracing()) scope.record().err = ENOENT;
-      fuse_reply_entry(req, &e);
+      r.Entry(e);
       return;
     }
-    return ReplyError(req, a.status(), "lookup");
+    return ReplyError(r, a.status(), "lookup");
   }
   fuse_entry_param e = ToEntry(fs, *a);
   if (scope.tracing()) scope.record().child = a->ino();
-  fuse_reply_entry(req, &e);
+  r.Entry(e);
 }
 
 void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
 void OpForgetMulti(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
 
-void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
-  OpScope scope(req, "getattr", FsOf(req)->lat_getattr, ino);
-  Fs* fs = FsOf(req);
+void Getattr(Fs* fs, Reply& r, fuse_ino_t ino) {
+  OpScope scope(fs, r, "getattr", fs->lat_getattr, ino);
   // Attributes the master gave lately (by getattr, a lookup or a listing) are answered from memory
   // with the kernel's timeout shortened by their age: never staler than the kernel's own caching.
   const uint64_t mino = fs->ToMaster(ino);
   std::chrono::milliseconds age{};
   if (auto cached = fs->attrs->Get(mino, &age); cached && FreshEnough(*cached, age)) {
     struct stat st = ToStat(fs, *cached);
-    fuse_reply_attr(req, &st, std::max(0.0, WritableAttrTimeout(fs, *cached) - Seconds(age)));
+    r.Attr(st, std::max(0.0, WritableAttrTimeout(fs, *cached) - Seconds(age)));
     return;
   }
   // A file being written here (or staged, write=back) is this node's own: its attributes are the
@@ -216,12 +214,12 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   if (WriteFiles* w = fs->WritesIfAny(); w != nullptr && w->Has(ino)) {
     if (auto own = w->AttrOf(ino)) {
       struct stat st = ToStat(fs, *own);
-      fuse_reply_attr(req, &st, 0);
+      r.Attr(st, 0);
       return;
     }
   }
   auto a = fs->client->GetAttr(mino);
-  if (!a.ok()) return ReplyError(req, a.status(), "getattr");
+  if (!a.ok()) return ReplyError(r, a.status(), "getattr");
   fs->attrs->Put(mino, *a);
   if (a->type() != rpc::DIRECTORY) fs->NoteVersion(ino, a->version_hash());
   if (a->type() == rpc::DIRECTORY && a->writable()) fs->NoteWritableDir(mino);
@@ -234,7 +232,7 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
       }
     }
   }
-  fuse_reply_attr(req, &st, WritableAttrTimeout(fs, *a));
+  r.Attr(st, WritableAttrTimeout(fs, *a));
 }
 
 // The kernel may cache a directory's listing (cache_readdir); it keeps the cached listing across
@@ -242,9 +240,8 @@ void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 // changes whenever its entries change (a sync, a mount). The generation is asked for at most once
 // per fuse.attr_timeout per directory (the same staleness the kernel's attribute cache has); asking
 // also lets the master run a sync that is due.
-void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  OpScope scope(req, "opendir", nullptr, ino);
-  Fs* fs = FsOf(req);
+void Opendir(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(fs, r, "opendir", nullptr, ino);
   uint64_t master_ino = fs->ToMaster(ino);
   auto now = std::chrono::steady_clock::now();
   fi->cache_readdir = 1;
@@ -254,7 +251,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     const Fs::DirGen* known = fs->dir_gens.Find(master_ino);
     if (known != nullptr && !known->writable && now - known->checked < fs->cfg.fuse.attr_timeout) {
       fi->keep_cache = 1;
-      fuse_reply_open(req, fi);
+      r.Open(*fi);
       return;
     }
   }
@@ -268,7 +265,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   StatusOr<rpc::Attr> a = from_cache ? StatusOr<rpc::Attr>(*cached) : fs->client->GetAttr(master_ino);
   if (!a.ok()) {
     fi->cache_readdir = 0;
-    fuse_reply_open(req, fi);  // the error shows on readdir
+    r.Open(*fi);  // the error shows on readdir
     return;
   }
   const auto confirmed = from_cache ? now - age : now;  // when the master said it
@@ -278,7 +275,7 @@ void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (!fresh && gen->generation == a->generation()) fi->keep_cache = 1;
     *gen = Fs::DirGen{a->generation(), confirmed, a->writable()};
   }
-  fuse_reply_open(req, fi);
+  r.Open(*fi);
 }
 
 namespace {
@@ -303,8 +300,7 @@ void NoteEnd(Fs* fs, uint64_t dir, uint64_t after, std::chrono::steady_clock::ti
   }
 }
 
-void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
-  Fs* fs = FsOf(req);
+void ReadDirCommon(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off, bool plus) {
   std::string buf(size, '\0');
   size_t used = 0;
   auto add = [&](const char* name, const rpc::Attr& a, uint64_t next_off, bool is_dot) -> bool {
@@ -317,10 +313,10 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
       } else {
         e = ToEntry(fs, a);
       }
-      n = fuse_add_direntry_plus(req, buf.data() + used, size - used, name, &e, static_cast<off_t>(next_off));
+      n = r.AddDirentPlus(buf.data() + used, size - used, name, e, static_cast<off_t>(next_off));
     } else {
       struct stat st = ToStat(fs, a);
-      n = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, static_cast<off_t>(next_off));
+      n = r.AddDirent(buf.data() + used, size - used, name, st, static_cast<off_t>(next_off));
     }
     if (n > size - used) return false;
     used += n;
@@ -332,7 +328,7 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     rpc::Attr self;
     self.set_ino(mdir);
     self.set_type(rpc::DIRECTORY);
-    if (!add(".", self, kDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
+    if (!add(".", self, kDotCookie, true)) return (void)r.Buf(buf.data(), used);
     pos = kDotCookie;
   }
   if (pos < kDotDotCookie) {
@@ -346,17 +342,17 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
         parent.set_ino(cached->parent());
       } else {
         auto self = fs->client->GetAttr(mdir);
-        if (!self.ok()) return ReplyError(req, self.status(), "readdir");
+        if (!self.ok()) return ReplyError(r, self.status(), "readdir");
         fs->attrs->Put(mdir, *self);
         parent.set_ino(self->parent());
       }
     }
     parent.set_type(rpc::DIRECTORY);
-    if (!add("..", parent, kDotDotCookie, true)) return (void)fuse_reply_buf(req, buf.data(), used);
+    if (!add("..", parent, kDotDotCookie, true)) return (void)r.Buf(buf.data(), used);
     pos = kDotDotCookie;
   }
   uint64_t after = pos - kDotDotCookie;
-  if (KnownEnd(fs, mdir, after)) return (void)fuse_reply_buf(req, buf.data(), used);
+  if (KnownEnd(fs, mdir, after)) return (void)r.Buf(buf.data(), used);
   // Ask for about as many entries as fit; a name costs ~24 bytes plain, ~150 with attributes.
   uint32_t limit = static_cast<uint32_t>(std::clamp<size_t>(size / (plus ? 150 : 32), 16, 4096));
   for (;;) {
@@ -365,14 +361,14 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
     Status st = fs->client->ReadDir(mdir, after, limit, &page, fs->open_notes != nullptr);
     if (!st.ok()) {
       if (used > 0) break;  // return what we have; the error shows on the next call
-      return ReplyError(req, st, plus ? "readdirplus" : "readdir");
+      return ReplyError(r, st, plus ? "readdirplus" : "readdir");
     }
     for (const auto& e : page.entries()) {
       fs->entries->Put(EntryKey(mdir, e.name().c_str()), e.attr());  // the scan's lookups to come
       fs->attrs->Put(e.attr().ino(), e.attr());
       KeepListedFile(fs, e.file(), asked);  // the scan's opens to come ask the master nothing
       if (!add(e.name().c_str(), e.attr(), e.cookie() + kDotDotCookie, false)) {
-        return (void)fuse_reply_buf(req, buf.data(), used);
+        return (void)r.Buf(buf.data(), used);
       }
       after = e.cookie();
     }
@@ -381,25 +377,25 @@ void ReadDirCommon(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool 
       break;
     }
   }
-  fuse_reply_buf(req, buf.data(), used);
+  r.Buf(buf.data(), used);
 }
 
 }  // namespace
 
-void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  OpScope scope(req, "readdir", FsOf(req)->lat_readdir, ino);
-  ReadDirCommon(req, ino, size, off, false);
+void Readdir(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off) {
+  OpScope scope(fs, r, "readdir", fs->lat_readdir, ino);
+  ReadDirCommon(fs, r, ino, size, off, false);
 }
-void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  OpScope scope(req, "readdirplus", FsOf(req)->lat_readdir, ino);
-  ReadDirCommon(req, ino, size, off, true);
+void Readdirplus(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off) {
+  OpScope scope(fs, r, "readdirplus", fs->lat_readdir, ino);
+  ReadDirCommon(fs, r, ino, size, off, true);
 }
-void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 
-void OpStatfs(fuse_req_t req, fuse_ino_t) {
-  OpScope scope(req, "statfs", FsOf(req)->lat_statfs, FUSE_ROOT_ID);
-  auto s = FsOf(req)->client->WorkerStats();
-  if (!s.ok()) return ReplyError(req, s.status(), "statfs");
+
+void Statfs(Fs* fs, Reply& r) {
+  OpScope scope(fs, r, "statfs", fs->lat_statfs, FUSE_ROOT_ID);
+  auto s = fs->client->WorkerStats();
+  if (!s.ok()) return ReplyError(r, s.status(), "statfs");
   struct statvfs v {};
   v.f_bsize = 4096;
   v.f_frsize = 4096;
@@ -408,11 +404,39 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
   v.f_bfree = free_bytes / 4096;
   v.f_bavail = v.f_bfree;
   v.f_namemax = 255;
-  fuse_reply_statfs(req, &v);
+  r.Statfs(v);
 }
 
 // No extended attributes. ENOSYS makes the kernel remember that and answer EOPNOTSUPP itself, so
 // `ls -l` (which asks for ACLs and security labels of every file) costs no request per file.
+// ---- The adapters to libfuse ----
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  FuseReply r(req);
+  Lookup(FsOf(req), r, parent, name);
+}
+void OpGetattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  FuseReply r(req);
+  Getattr(FsOf(req), r, ino);
+}
+void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  FuseReply r(req);
+  Opendir(FsOf(req), r, ino, fi);
+}
+void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  FuseReply r(req);
+  Readdir(FsOf(req), r, ino, size, off);
+}
+void OpReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  FuseReply r(req);
+  Readdirplus(FsOf(req), r, ino, size, off);
+}
+void OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void OpStatfs(fuse_req_t req, fuse_ino_t) {
+  FuseReply r(req);
+  Statfs(FsOf(req), r);
+}
+
 void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyUnsupported(req); }
 void OpListxattr(fuse_req_t req, fuse_ino_t, size_t) { ReplyUnsupported(req); }
 void OpReadlink(fuse_req_t req, fuse_ino_t) { ReplyErrno(req, EINVAL); }

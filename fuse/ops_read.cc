@@ -4,7 +4,8 @@
 // ------
 // The mode is chosen at INIT (fuse/ops_meta.cc) and read once per OPEN (Fs::mode). Each mode's
 // rules are an object that knows nothing of the kernel (fuse/fs_state.h lists them); these
-// functions ask it and write the replies:
+// functions ask it and answer through a Reply (fuse/reply.h: libfuse's in the Op* adapters at the
+// end, a recording one in tests/fuse/ops_test.cc):
 //   kernel       OpOpen answers ENOSYS once: from then on the kernel opens every file itself and
 //                sends reads with no file handle. OpRead serves them by inode: KernelReads says
 //                which version the reading process is on (fuse/kernel_reads.h).
@@ -154,11 +155,11 @@ char* ThreadScratch(size_t n) {
 // Answers a READ from the file's read lease (fuse/read_leases.h): spliced from the cache's data file,
 // or, below kCopyBelow bytes, copied.
 constexpr size_t kCopyBelow = 64 * 1024;
-void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease& lease, uint64_t off, size_t size,
+void ReplyFromLease(Reply& r, Fs* fs, const OpenFile& of, const FileLease& lease, uint64_t off, size_t size,
                     OpScope* scope) {
   const uint64_t end = std::min<uint64_t>(of.info.attr().size(), lease.length());
   if (off >= end) {
-    fuse_reply_buf(req, nullptr, 0);
+    r.Buf(nullptr, 0);
     return;
   }
   const size_t n = static_cast<size_t>(std::min<uint64_t>(size, end - off));
@@ -172,15 +173,15 @@ void ReplyFromLease(fuse_req_t req, Fs* fs, const OpenFile& of, const FileLease&
     // A small read costs less copied (pread, one write) than spliced through a pipe (two splices).
     char* dst = in_place != nullptr ? in_place : ThreadScratch(n);
     ssize_t got = pread(lease.fd(), dst, n, static_cast<off_t>(off));
-    if (got < 0) return ReplyError(req, ErrnoError(errno, "read of the leased cache file"), "read");
-    fuse_reply_buf(req, dst, static_cast<size_t>(got));
+    if (got < 0) return ReplyError(r, ErrnoError(errno, "read of the leased cache file"), "read");
+    r.Buf(dst, static_cast<size_t>(got));
     return;
   }
   fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
   bv.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
   bv.buf[0].fd = lease.fd();
   bv.buf[0].pos = static_cast<off_t>(off);
-  fuse_reply_data(req, &bv, ReplyCopyFlags());
+  r.Data(&bv, ReplyCopyFlags());
 }
 
 // After a READ: counts the open's non-sequential reads from the local cache, and on the one past
@@ -238,7 +239,7 @@ Status CopyPieces(const ReadResult& data, char* dst) {
 // /dev/fuse) or bytes in memory. The leases end when `data` goes, after the reply is written.
 // Bytes that are all in memory go with one writev: libfuse's splice path would first copy them
 // into a pipe (a write) and then splice the pipe, two copies where writev makes one.
-void ReplyPieces(fuse_req_t req, const ReadResult& data) {
+void ReplyPieces(Reply& r, const ReadResult& data) {
   size_t n = data.pieces.size();
   if (std::none_of(data.pieces.begin(), data.pieces.end(), [](const LocalChannel::Piece& p) { return p.fd >= 0; })) {
     std::vector<iovec> iov(n);
@@ -246,7 +247,7 @@ void ReplyPieces(fuse_req_t req, const ReadResult& data) {
       iov[i].iov_base = const_cast<char*>(data.pieces[i].bytes());
       iov[i].iov_len = data.pieces[i].length;
     }
-    fuse_reply_iov(req, iov.data(), static_cast<int>(n));
+    r.Iov(iov.data(), static_cast<int>(n));
     return;
   }
   std::vector<char> storage(sizeof(fuse_bufvec) + (n - 1) * sizeof(fuse_buf));
@@ -268,7 +269,7 @@ void ReplyPieces(fuse_req_t req, const ReadResult& data) {
       b.mem = const_cast<char*>(p.bytes());
     }
   }
-  fuse_reply_data(req, bv, ReplyCopyFlags());
+  r.Data(bv, ReplyCopyFlags());
 }
 
 }  // namespace
@@ -284,19 +285,19 @@ void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
 // unchanged (NoteVersion), no FLUSH. Without, ENOSYS: the kernel answers every later open itself (no
 // OPEN, no RELEASE), keeps the page cache across opens, and sends reads with no file handle (OpRead
 // serves them by inode).
-void ReplyKernelOpen(fuse_req_t req, Fs* fs, fuse_file_info* fi) {
+void ReplyKernelOpen(Reply& r, Fs* fs, fuse_file_info* fi) {
   fs->opens_kernel++;
-  if (!fs->cfg.fuse.writes) return ReplyUnsupported(req);
+  if (!fs->cfg.fuse.writes) return ReplyUnsupported(r);
   fi->fh = 0;
   fi->keep_cache = 1;
   fi->noflush = 1;
-  fuse_reply_open(req, fi);
+  r.Open(*fi);
 }
 
 // A read-only open of a file written on this node and not yet in the master as such (being written,
 // or closed with write=back and its upload under way: fuse/writes.h, "Read-your-writes") reads
 // the bytes written, in every read mode. True when answered so.
-bool OpenWrittenHere(fuse_req_t req, Fs* fs, fuse_ino_t ino, fuse_file_info* fi) {
+bool OpenWrittenHere(Reply& r, Fs* fs, fuse_ino_t ino, fuse_file_info* fi) {
   WriteFiles* w = fs->WritesIfAny();
   if (w == nullptr || !w->Has(ino)) return false;
   auto fh = w->OpenStaged(ino);
@@ -305,20 +306,19 @@ bool OpenWrittenHere(fuse_req_t req, Fs* fs, fuse_ino_t ino, fuse_file_info* fi)
   fi->keep_cache = 0;  // pages of an earlier version must not answer
   fi->direct_io = 0;   // mmap works
   fi->noflush = 1;     // a reader's close commits nothing
-  if (fuse_reply_open(req, fi) != 0) w->Abort(*fh, ino).IgnoreError();
+  if (r.Open(*fi) != 0) w->Abort(*fh, ino).IgnoreError();
   return true;
 }
 
-void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  OpScope scope(req, "open", FsOf(req)->lat_open, ino);
-  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(req, ino, fi);
-  Fs* fs = FsOf(req);
-  if (OpenWrittenHere(req, fs, ino, fi)) return;
+void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(fs, r, "open", fs->lat_open, ino);
+  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(fs, r, ino, fi);
+  if (OpenWrittenHere(r, fs, ino, fi)) return;
   OpenMode mode = fs->mode;
-  if (mode == OpenMode::kKernel) return ReplyKernelOpen(req, fs, fi);
+  if (mode == OpenMode::kKernel) return ReplyKernelOpen(r, fs, fi);
   uint64_t master_ino = fs->ToMaster(ino);
   auto info = FileInfoOf(fs, master_ino);
-  if (!info.ok()) return ReplyError(req, info.status(), "open");
+  if (!info.ok()) return ReplyError(r, info.status(), "open");
   fs->NoteVersion(ino, info->attr().version_hash());
   auto of = std::make_shared<OpenFile>();
   of->info = std::move(*info);
@@ -336,9 +336,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       // this first file finds the superblock writable (each would leave the inode's atime
       // invalid, and the next stat of it a GETATTR round trip).
       fs->sb_mode.OnPassthroughOpen();
-      SessionIo::MarkOpenReply(choice.backing_id);
-      if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
-        SessionIo::MarkOpenReply(0);
+      if (r.Open(*fi, choice.backing_id) != 0) {  // interrupted: no RELEASE will come
         EndOpen(fs, ino, fi->fh, *of);
         fs->handles->Take(fi->fh, ino);
       }
@@ -347,7 +345,7 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if (choice.direct_io) fi->direct_io = 1;  // another version of the inode is open in passthrough
     if (fs->mode == OpenMode::kKernel) {  // passthrough was refused just now: as in kernel mode
       if (choice.cached) fs->passthrough->End(ino, false, true);
-      return ReplyKernelOpen(req, fs, fi);
+      return ReplyKernelOpen(r, fs, fi);
     }
     fs->passthrough_misses++;
   }
@@ -370,35 +368,33 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       }
     }
   }
-  if (fuse_reply_open(req, fi) != 0) {  // the open was interrupted: no RELEASE will come
+  if (r.Open(*fi) != 0) {  // the open was interrupted: no RELEASE will come
     EndOpen(fs, ino, fi->fh, *of);
     fs->handles->Take(fi->fh, ino);
   }
 }
 
-void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
-  OpScope scope(req, "read", FsOf(req)->lat_read, ino);
+void Read(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off, const fuse_file_info* fi) {
+  OpScope scope(fs, r, "read", fs->lat_read, ino);
   if (scope.tracing()) {
     scope.record().offset = static_cast<uint64_t>(off);
     scope.record().size = size;
   }
-  Fs* fs = FsOf(req);
-  if (IsWriteHandle(fi->fh)) return ReadWriteHandle(req, ino, fi->fh, size, off);
+  if (IsWriteHandle(fi->fh)) return ReadWriteHandle(fs, r, ino, fi->fh, size, off);
   std::shared_ptr<OpenFile> held = fi->fh != 0 ? fs->handles->Find(fi->fh, ino) : nullptr;
   if (!held) {
     // Kernel mode (no open), or a handle of a predecessor that died before handing it over:
     // served by inode, and such a handle keeps the version it is given now.
     fs->reads_by_inode++;
-    const fuse_ctx* ctx = fuse_req_ctx(req);
-    auto f = InodeFile(fs, ino, static_cast<uint64_t>(off), ctx ? ctx->pid : 0);
-    if (!f.ok()) return ReplyError(req, f.status(), "read");
+    auto f = InodeFile(fs, ino, static_cast<uint64_t>(off), r.pid());
+    if (!f.ok()) return ReplyError(r, f.status(), "read");
     held = std::move(*f);
     if (fi->fh != 0) fs->handles->Adopt(fi->fh, held);
   }
   OpenFile* of = held.get();
   if (off == 0) fs->files_read++;
   if (std::shared_ptr<FileLease> lease = fs->read_leases->Find(of->info.attr().ino(), of->info.version())) {
-    return ReplyFromLease(req, fs, *of, *lease, static_cast<uint64_t>(off), size, &scope);
+    return ReplyFromLease(r, fs, *of, *lease, static_cast<uint64_t>(off), size, &scope);
   }
   bool continues = false;
   const bool random = MaybeReadahead(fs, of, static_cast<uint64_t>(off), size, &continues);
@@ -418,10 +414,10 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
       fs->pages.Forget(of->info.attr().ino());
       fs->kernel_reads->Unconfirm(ino);  // the next read by inode asks the master
     }
-    return ReplyError(req, st, "read");
+    return ReplyError(r, st, "read");
   }
   if (data.pieces.empty()) {
-    fuse_reply_buf(req, nullptr, 0);
+    r.Buf(nullptr, 0);
     return;
   }
   fs->read_bytes += data.size();
@@ -429,10 +425,10 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   if (ring != nullptr) {
     // A ring thread: the pieces are read or copied straight into its entry, one copy in all.
     Status copied = CopyPieces(data, scratch);
-    if (!copied.ok()) return ReplyError(req, copied, "read");
-    fuse_reply_buf(req, scratch, data.size());
+    if (!copied.ok()) return ReplyError(r, copied, "read");
+    r.Buf(scratch, data.size());
   } else {
-    ReplyPieces(req, data);
+    ReplyPieces(r, data);
   }
   // After the reply: a file read again and again from the local cache is leased for its next READs.
   const bool local = std::all_of(data.pieces.begin(), data.pieces.end(), [](const LocalChannel::Piece& p) {
@@ -441,24 +437,47 @@ void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_in
   MaybeLease(fs, of, local, static_cast<uint64_t>(off), size);
 }
 
-void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  OpScope scope(req, "release", FsOf(req)->lat_release, ino);
-  if (IsWriteHandle(fi->fh)) return ReleaseWriteHandle(req, ino, fi->fh);
+void Release(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi) {
+  OpScope scope(fs, r, "release", fs->lat_release, ino);
+  if (IsWriteHandle(fi->fh)) return ReleaseWriteHandle(fs, r, ino, fi->fh);
   // A handle this process does not know (a crashed predecessor's) has nothing to end.
-  if (auto of = FsOf(req)->handles->Take(fi->fh, ino)) EndOpen(FsOf(req), ino, fi->fh, *of);
-  fuse_reply_err(req, 0);
+  if (auto of = fs->handles->Take(fi->fh, ino)) EndOpen(fs, ino, fi->fh, *of);
+  r.Err(0);
 }
 
 // A write handle's close() commits what it wrote (fuse/writes.h); read-only opens are noflush, so
 // a FLUSH of anything else has nothing to do.
+void Flush(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi) {
+  if (IsWriteHandle(fi->fh)) return CommitWriteHandle(fs, r, ino, fi->fh, false);
+  if (!fs->cfg.fuse.writes) return ReplyUnsupported(r);  // ENOSYS: no FLUSH at all from now on
+  r.Err(0);
+}
+void Fsync(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi) {
+  if (IsWriteHandle(fi->fh)) return CommitWriteHandle(fs, r, ino, fi->fh, true);
+  r.Err(0);
+}
+
+// ---- The adapters to libfuse ----
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  FuseReply r(req);
+  Open(FsOf(req), r, ino, fi);
+}
+void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  FuseReply r(req);
+  Read(FsOf(req), r, ino, size, off, fi);
+}
+void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  FuseReply r(req);
+  Release(FsOf(req), r, ino, fi);
+}
 void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (IsWriteHandle(fi->fh)) return CommitWriteHandle(req, ino, fi->fh, false);
-  if (!FsOf(req)->cfg.fuse.writes) return ReplyUnsupported(req);  // ENOSYS: no FLUSH at all from now on
-  fuse_reply_err(req, 0);
+  FuseReply r(req);
+  Flush(FsOf(req), r, ino, fi);
 }
 void OpFsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
-  if (IsWriteHandle(fi->fh)) return CommitWriteHandle(req, ino, fi->fh, true);
-  fuse_reply_err(req, 0);
+  FuseReply r(req);
+  Fsync(FsOf(req), r, ino, fi);
 }
 
 }  // namespace granary::fuse::internal

@@ -39,25 +39,23 @@ void Forget(Fs* fs, uint64_t parent, const std::string& name, uint64_t ino, bool
 }
 
 // A write call's refusal when writes are off here (fuse.writes=false).
-bool WritesOff(fuse_req_t req, Fs* fs) {
+bool WritesOff(Reply& r, Fs* fs) {
   if (fs->cfg.fuse.writes) return false;
-  ReplyErrno(req, EROFS);
+  ReplyErrno(r, EROFS);
   return true;
 }
 
 // Who asks: the request's uid, gid and supplementary groups (libfuse reads the groups from
 // /proc/<pid>/task/<tid>/status; a process in a pid namespace this one cannot see gives its gid only).
-rpc::Caller CallerOf(fuse_req_t req) {
+rpc::Caller CallerOf(const Reply& r) {
   rpc::Caller c;
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  if (ctx == nullptr) return c;
-  c.set_uid(ctx->uid);
-  c.set_gid(ctx->gid);
+  c.set_uid(r.uid());
+  c.set_gid(r.gid());
   gid_t groups[64];
-  int n = fuse_req_getgroups(req, 64, groups);
+  int n = r.groups(64, groups);
   if (n > 64) {
     std::vector<gid_t> more(static_cast<size_t>(n));
-    n = fuse_req_getgroups(req, n, more.data());
+    n = r.groups(n, more.data());
     for (int i = 0; i >= 0 && i < n && i < static_cast<int>(more.size()); ++i) c.add_groups(more[static_cast<size_t>(i)]);
   } else {
     for (int i = 0; i < n; ++i) c.add_groups(groups[i]);
@@ -116,7 +114,7 @@ fuse_entry_param WrittenEntry(Fs* fs, const rpc::Attr& a, uint64_t size) {
 }
 
 // Starts a write of kernel inode `kino` whose target the master gave; its write handle in fi->fh.
-Status BeginWrite(Fs* fs, fuse_req_t req, fuse_ino_t kino, const rpc::WriteTarget& t, uint64_t parent,
+Status BeginWrite(Fs* fs, const Reply& r, fuse_ino_t kino, const rpc::WriteTarget& t, uint64_t parent,
                   const std::string& name, uint32_t mode, fuse_file_info* fi) {
   ASSIGN_OR_RETURN(WriteFiles* writes, fs->Writes());
   WriteFiles::Target target;
@@ -124,7 +122,7 @@ Status BeginWrite(Fs* fs, fuse_req_t req, fuse_ino_t kino, const rpc::WriteTarge
   target.parent = parent;
   target.name = name;
   target.mode = mode & 07777;
-  const rpc::Caller caller = CallerOf(req);
+  const rpc::Caller caller = CallerOf(r);
   target.uid = caller.uid();
   target.gid = caller.gid();
   target.groups.assign(caller.groups().begin(), caller.groups().end());
@@ -140,36 +138,33 @@ Status BeginWrite(Fs* fs, fuse_req_t req, fuse_ino_t kino, const rpc::WriteTarge
 
 }  // namespace
 
-void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
-  OpScope scope(req, "create", FsOf(req)->lat_create, parent);
+void Create(Fs* fs, Reply& r, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  OpScope scope(fs, r, "create", fs->lat_create, parent);
   if (scope.tracing()) scope.record().name = name;
-  Fs* fs = FsOf(req);
-  if (WritesOff(req, fs)) return;
+  if (WritesOff(r, fs)) return;
   const uint64_t mparent = fs->ToMaster(parent);
   rpc::PrepareCreateRequest pc;
   pc.set_parent(mparent);
   pc.set_name(name);
   pc.set_mode(mode & 07777);
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  pc.set_uid(ctx ? ctx->uid : 0);
-  pc.set_gid(ctx ? ctx->gid : 0);
+  pc.set_uid(r.uid());
+  pc.set_gid(r.gid());
   fs->known_dirs.Added(mparent, name);  // before the master has it: never answered missing after
   auto t = fs->client->PrepareCreate(pc);
-  if (!t.ok()) return ReplyError(req, t.status(), "create");
-  if (!t->created() && (fi->flags & O_EXCL)) return ReplyErrno(req, EEXIST);
+  if (!t.ok()) return ReplyError(r, t.status(), "create");
+  if (!t->created() && (fi->flags & O_EXCL)) return ReplyErrno(r, EEXIST);
   Forget(fs, mparent, name, t->file().attr().ino(), /*parent_changed=*/false);
   const fuse_ino_t kino = fs->ToKernel(t->file().attr().ino());
-  Status st = BeginWrite(fs, req, kino, *t, mparent, name, mode, fi);
-  if (!st.ok()) return ReplyError(req, st, "create");
+  Status st = BeginWrite(fs, r, kino, *t, mparent, name, mode, fi);
+  if (!st.ok()) return ReplyError(r, st, "create");
   fuse_entry_param e = WrittenEntry(fs, t->file().attr(), 0);
-  if (fuse_reply_create(req, &e, fi) != 0) {  // interrupted: no RELEASE will come, nothing to commit
+  if (r.Create(e, *fi) != 0) {  // interrupted: no RELEASE will come, nothing to commit
     if (auto w = fs->WritesIfAny()) w->Abort(fi->fh, kino).IgnoreError();
   }
 }
 
-void OpenForWrite(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  Fs* fs = FsOf(req);
-  if (WritesOff(req, fs)) return;
+void OpenForWrite(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) {
+  if (WritesOff(r, fs)) return;
   const uint64_t mino = fs->ToMaster(ino);
   if (!(fi->flags & O_TRUNC)) {
     // Another handle of this node writes the file from empty: this one joins it. Anything else
@@ -179,73 +174,69 @@ void OpenForWrite(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       if (fh.ok()) {
         fi->fh = *fh;
         fi->keep_cache = 0;
-        fuse_reply_open(req, fi);
+        r.Open(*fi);
         return;
       }
     }
     auto t = fs->client->PrepareWrite(mino);  // EROFS below a read-only mount, as before
-    if (!t.ok()) return ReplyError(req, t.status(), "open");
+    if (!t.ok()) return ReplyError(r, t.status(), "open");
     spdlog::warn("open for writing without O_TRUNC refused (inode {}): Granary writes whole files; appending to or "
                  "changing part of an existing file is not supported. Write a new file (or open with O_TRUNC) and "
                  "rename it over the old one.", mino);
-    return ReplyErrno(req, EOPNOTSUPP);
+    return ReplyErrno(r, EOPNOTSUPP);
   }
-  if ((fi->flags & O_ACCMODE) == O_RDONLY) return ReplyErrno(req, EINVAL);  // O_TRUNC without write access
+  if ((fi->flags & O_ACCMODE) == O_RDONLY) return ReplyErrno(r, EINVAL);  // O_TRUNC without write access
   auto t = fs->client->PrepareWrite(mino);
-  if (!t.ok()) return ReplyError(req, t.status(), "open");
+  if (!t.ok()) return ReplyError(r, t.status(), "open");
   Forget(fs, t->file().attr().parent(), "", mino);
   // The name in its directory: the master's record of the file knows its parent; its name is the
   // last component of its path in the under-storage.
   const std::string& path = t->file().ufs_path();
   const std::string name = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
-  Status st = BeginWrite(fs, req, ino, *t, t->file().attr().parent(), name, t->file().attr().mode(), fi);
-  if (!st.ok()) return ReplyError(req, st, "open");
-  if (fuse_reply_open(req, fi) != 0) {  // interrupted: nothing to commit
+  Status st = BeginWrite(fs, r, ino, *t, t->file().attr().parent(), name, t->file().attr().mode(), fi);
+  if (!st.ok()) return ReplyError(r, st, "open");
+  if (r.Open(*fi) != 0) {  // interrupted: nothing to commit
     if (auto w = fs->WritesIfAny()) w->Abort(fi->fh, ino).IgnoreError();
   }
 }
 
-void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
-  OpScope scope(req, "write", FsOf(req)->lat_write, ino);
+void Write(Fs* fs, Reply& r, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  OpScope scope(fs, r, "write", fs->lat_write, ino);
   if (scope.tracing()) {
     scope.record().offset = static_cast<uint64_t>(off);
     scope.record().size = size;
   }
-  Fs* fs = FsOf(req);
   WriteFiles* w = fs->WritesIfAny();
   if (!IsWriteHandle(fi->fh) || w == nullptr || !w->Known(fi->fh, ino)) {
-    return ReplyError(req, FailedPreconditionError("write through a handle granary-fuse did not open for writing on "
+    return ReplyError(r, FailedPreconditionError("write through a handle granary-fuse did not open for writing on "
                                                    "this file (it was restarted since the open)"), "write");
   }
   Status st = w->Write(fi->fh, ino, buf, size, off);
-  if (!st.ok()) return ReplyError(req, st, "write");
+  if (!st.ok()) return ReplyError(r, st, "write");
   fs->written_bytes += size;
-  fuse_reply_write(req, size);
+  r.Write(size);
 }
 
-void ReadWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, size_t size, off_t off) {
-  Fs* fs = FsOf(req);
+void ReadWriteHandle(Fs* fs, Reply& r, fuse_ino_t ino, uint64_t fh, size_t size, off_t off) {
   WriteFiles* w = fs->WritesIfAny();
-  if (w == nullptr) return ReplyErrno(req, EBADF);
+  if (w == nullptr) return ReplyErrno(r, EBADF);
   std::string buf(size, '\0');
   auto n = w->Read(fh, ino, buf.data(), size, off);
-  if (!n.ok()) return ReplyError(req, n.status(), "read");
-  fuse_reply_buf(req, buf.data(), *n);
+  if (!n.ok()) return ReplyError(r, n.status(), "read");
+  r.Buf(buf.data(), *n);
 }
 
-void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_upload) {
-  OpScope scope(req, wait_upload ? "fsync" : "flush", wait_upload ? FsOf(req)->lat_fsync : FsOf(req)->lat_flush, ino);
-  Fs* fs = FsOf(req);
+void CommitWriteHandle(Fs* fs, Reply& r, fuse_ino_t ino, uint64_t fh, bool wait_upload) {
+  OpScope scope(fs, r, wait_upload ? "fsync" : "flush", wait_upload ? fs->lat_fsync : fs->lat_flush, ino);
   WriteFiles* w = fs->WritesIfAny();
-  const fuse_ctx* ctx = fuse_req_ctx(req);
-  if (!wait_upload && w != nullptr && ctx != nullptr && KilledBySignal(ctx->pid)) {
+  if (!wait_upload && w != nullptr && KilledBySignal(r.pid())) {
     // Its writer was killed with the file open: what it wrote is not a file it finished. Nothing is
     // committed (by any handle of the file); the store keeps the previous version.
     if (w->Discard(fh, ino).ok()) {
       spdlog::warn("inode {}: its writer (pid {}) was killed before closing it; what it wrote is not committed and "
-                   "the file keeps its previous version", fs->ToMaster(ino), ctx->pid);
+                   "the file keeps its previous version", fs->ToMaster(ino), r.pid());
     }
-    return ReplyErrno(req, EIO);
+    return ReplyErrno(r, EIO);
   }
   Status st = w != nullptr ? w->Commit(fh, ino, wait_upload)
                            : InternalError("the file was opened for writing before granary-fuse restarted; it was "
@@ -256,14 +247,13 @@ void CommitWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh, bool wait_up
     if (ToErrno(st) != ENOSPC && ToErrno(st) != EIO) st = InternalError(st.message());
     spdlog::error("{} of inode {} failed, the file is not committed: {}", wait_upload ? "fsync" : "close",
                   fs->ToMaster(ino), st.message());
-    return ReplyError(req, st, wait_upload ? "fsync" : "close");
+    return ReplyError(r, st, wait_upload ? "fsync" : "close");
   }
   fs->files_committed++;
-  fuse_reply_err(req, 0);
+  r.Err(0);
 }
 
-void ReleaseWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh) {
-  Fs* fs = FsOf(req);
+void ReleaseWriteHandle(Fs* fs, Reply& reply, fuse_ino_t ino, uint64_t fh) {
   if (WriteFiles* w = fs->WritesIfAny()) {
     WriteFiles::Released r = w->Release(fh, ino);
     if (!r.status.ok()) {
@@ -285,7 +275,7 @@ void ReleaseWriteHandle(fuse_req_t req, fuse_ino_t ino, uint64_t fh) {
       }
     }
   }
-  fuse_reply_err(req, 0);
+  reply.Err(0);
 }
 
 namespace {
@@ -313,9 +303,8 @@ rpc::SetAttrRequest ChangeOf(const struct stat* attr, int to_set) {
 
 }  // namespace
 
-void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
-  OpScope scope(req, "setattr", nullptr, ino);
-  Fs* fs = FsOf(req);
+void Setattr(Fs* fs, Reply& r, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  OpScope scope(fs, r, "setattr", nullptr, ino);
   const uint64_t mino = fs->ToMaster(ino);
   rpc::SetAttrRequest sa = ChangeOf(attr, to_set);
   sa.set_ino(mino);
@@ -336,17 +325,17 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
       if (to_set & FUSE_SET_ATTR_SIZE) {
         size = static_cast<uint64_t>(attr->st_size);
         Status st = w->Truncate(fi->fh, ino, size);
-        if (!st.ok()) return ReplyError(req, st, "truncate");
+        if (!st.ok()) return ReplyError(r, st, "truncate");
       }
       struct stat st = ToStat(fs, *local);
       st.st_size = static_cast<off_t>(size);
       st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
-      return (void)fuse_reply_attr(req, &st, 0);
+      return (void)r.Attr(st, 0);
     }
   }
   auto a = fs->client->GetAttr(mino);
-  if (!a.ok()) return ReplyError(req, a.status(), "setattr");
-  if (!a->writable()) return ReplyErrno(req, EROFS);
+  if (!a.ok()) return ReplyError(r, a.status(), "setattr");
+  if (!a->writable()) return ReplyErrno(r, EROFS);
   // The size written so far by this node's writer of the file, when there is one.
   bool have_written = false;
   uint64_t written = 0;
@@ -358,13 +347,13 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
     const uint64_t size = static_cast<uint64_t>(attr->st_size);
     if (own_handle) {
       Status st = w->Truncate(fi->fh, ino, size);
-      if (!st.ok()) return ReplyError(req, st, "truncate");
+      if (!st.ok()) return ReplyError(r, st, "truncate");
       written = size;
       have_written = true;
     } else if (size != (have_written ? written : a->size())) {  // a truncate to the size it has changes nothing
       spdlog::warn("truncate of inode {} to {} bytes refused: Granary writes whole files; open the file with O_TRUNC "
                    "and write it again", mino, size);
-      return ReplyErrno(req, EOPNOTSUPP);
+      return ReplyErrno(r, EOPNOTSUPP);
     }
   }
   // chmod, chown and utimes go to the store where it keeps them (the kernel has checked that the
@@ -373,12 +362,12 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
   // shutil.copy, tar), and failing those would fail the copy.
   rpc::Attr result = *a;
   if (sa.has_mode() || sa.has_uid() || sa.has_gid() || sa.has_mtime_ns() || sa.has_atime_ns()) {
-    if (WritesOff(req, fs)) return;
-    *sa.mutable_caller() = CallerOf(req);  // its groups cost a read of /proc: only when asked for
+    if (WritesOff(r, fs)) return;
+    *sa.mutable_caller() = CallerOf(r);  // its groups cost a read of /proc: only when asked for
     auto changed = fs->client->SetAttr(sa);
     Forget(fs, 0, "", mino);
     if (!changed.ok()) {
-      if (ToErrno(changed.status()) != EOPNOTSUPP) return ReplyError(req, changed.status(), "setattr");
+      if (ToErrno(changed.status()) != EOPNOTSUPP) return ReplyError(r, changed.status(), "setattr");
     } else {
       result = *changed;
       if (w != nullptr) w->NoteAttr(ino, result);
@@ -389,86 +378,115 @@ void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fu
     st.st_size = static_cast<off_t>(written);
     st.st_blocks = static_cast<blkcnt_t>((written + 511) / 512);
   }
-  fuse_reply_attr(req, &st, 0);
+  r.Attr(st, 0);
 }
 
-void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  OpScope scope(req, "mkdir", nullptr, parent);
+void Mkdir(Fs* fs, Reply& r, fuse_ino_t parent, const char* name, mode_t mode) {
+  OpScope scope(fs, r, "mkdir", nullptr, parent);
   if (scope.tracing()) scope.record().name = name;
-  Fs* fs = FsOf(req);
-  if (WritesOff(req, fs)) return;
+  if (WritesOff(r, fs)) return;
   rpc::MakeDirRequest m;
   m.set_parent(fs->ToMaster(parent));
   m.set_name(name);
   m.set_mode(mode & 07777);
-  *m.mutable_caller() = CallerOf(req);
+  *m.mutable_caller() = CallerOf(r);
   m.set_uid(m.caller().uid());
   m.set_gid(m.caller().gid());
   fs->known_dirs.Added(m.parent(), name);  // before the master has it: never answered missing after
   auto a = fs->client->MakeDir(m);
   Forget(fs, m.parent(), name, 0);
-  if (!a.ok()) return ReplyError(req, a.status(), "mkdir");
+  if (!a.ok()) return ReplyError(r, a.status(), "mkdir");
   fs->known_dirs.Made(a->ino());
   if (scope.tracing()) scope.record().child = a->ino();
   fuse_entry_param e = ToEntry(fs, *a);
-  fuse_reply_entry(req, &e);
+  r.Entry(e);
 }
 
 namespace {
-void RemoveCommon(fuse_req_t req, fuse_ino_t parent, const char* name, bool dir) {
-  OpScope scope(req, dir ? "rmdir" : "unlink", nullptr, parent);
+void RemoveCommon(Fs* fs, Reply& r, fuse_ino_t parent, const char* name, bool dir) {
+  OpScope scope(fs, r, dir ? "rmdir" : "unlink", nullptr, parent);
   if (scope.tracing()) scope.record().name = name;
-  Fs* fs = FsOf(req);
-  if (WritesOff(req, fs)) return;
+  if (WritesOff(r, fs)) return;
   const uint64_t mparent = fs->ToMaster(parent);
   auto child = fs->client->Lookup(mparent, name);
   rpc::RemoveRequest rm;
   rm.set_parent(mparent);
   rm.set_name(name);
   rm.set_directory(dir);
-  *rm.mutable_caller() = CallerOf(req);
+  *rm.mutable_caller() = CallerOf(r);
   Status st = fs->client->Remove(rm);
   Forget(fs, mparent, name, child.ok() ? child->ino() : 0);
-  if (!st.ok()) return ReplyError(req, st, dir ? "rmdir" : "unlink");
+  if (!st.ok()) return ReplyError(r, st, dir ? "rmdir" : "unlink");
   if (WriteFiles* w = fs->WritesIfAny()) w->Unlinked(mparent, name);
-  fuse_reply_err(req, 0);
+  r.Err(0);
 }
 }  // namespace
 
-void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) { RemoveCommon(req, parent, name, false); }
-void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) { RemoveCommon(req, parent, name, true); }
+void Unlink(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) { RemoveCommon(fs, r, parent, name, false); }
+void Rmdir(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) { RemoveCommon(fs, r, parent, name, true); }
 
-void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
+void Rename(Fs* fs, Reply& r, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
               unsigned flags) {
-  OpScope scope(req, "rename", nullptr, parent);
-  Fs* fs = FsOf(req);
+  OpScope scope(fs, r, "rename", nullptr, parent);
   if (scope.tracing()) {
     scope.record().name = name;
     scope.record().to_parent = fs->ToMaster(new_parent);
     scope.record().to_name = new_name;
   }
-  if (WritesOff(req, fs)) return;
+  if (WritesOff(r, fs)) return;
   if (flags & RENAME_EXCHANGE) {
     spdlog::warn("rename with RENAME_EXCHANGE refused: no under-storage swaps two names at once");
-    return ReplyErrno(req, EOPNOTSUPP);
+    return ReplyErrno(r, EOPNOTSUPP);
   }
-  rpc::RenameRequest r;
-  r.set_parent(fs->ToMaster(parent));
-  r.set_name(name);
-  r.set_new_parent(fs->ToMaster(new_parent));
-  r.set_new_name(new_name);
-  r.set_noreplace((flags & RENAME_NOREPLACE) != 0);
-  *r.mutable_caller() = CallerOf(req);
-  auto moved = fs->client->Lookup(r.parent(), name);
-  auto replaced = fs->client->Lookup(r.new_parent(), new_name);
-  fs->known_dirs.Added(r.new_parent(), new_name);  // before the master has it
+  rpc::RenameRequest rn;
+  rn.set_parent(fs->ToMaster(parent));
+  rn.set_name(name);
+  rn.set_new_parent(fs->ToMaster(new_parent));
+  rn.set_new_name(new_name);
+  rn.set_noreplace((flags & RENAME_NOREPLACE) != 0);
+  *rn.mutable_caller() = CallerOf(r);
+  auto moved = fs->client->Lookup(rn.parent(), name);
+  auto replaced = fs->client->Lookup(rn.new_parent(), new_name);
+  fs->known_dirs.Added(rn.new_parent(), new_name);  // before the master has it
   if (moved.ok() && moved->type() == rpc::DIRECTORY) fs->known_dirs.Forget(moved->ino());
-  Status st = fs->client->Rename(r);
-  Forget(fs, r.parent(), name, moved.ok() ? moved->ino() : 0);
-  Forget(fs, r.new_parent(), new_name, replaced.ok() ? replaced->ino() : 0);
-  if (!st.ok()) return ReplyError(req, st, "rename");
-  if (WriteFiles* w = fs->WritesIfAny()) w->Renamed(r.parent(), name, r.new_parent(), new_name);
-  fuse_reply_err(req, 0);
+  Status st = fs->client->Rename(rn);
+  Forget(fs, rn.parent(), name, moved.ok() ? moved->ino() : 0);
+  Forget(fs, rn.new_parent(), new_name, replaced.ok() ? replaced->ino() : 0);
+  if (!st.ok()) return ReplyError(r, st, "rename");
+  if (WriteFiles* w = fs->WritesIfAny()) w->Renamed(rn.parent(), name, rn.new_parent(), new_name);
+  r.Err(0);
+}
+
+// ---- The adapters to libfuse ----
+
+void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  FuseReply r(req);
+  Create(FsOf(req), r, parent, name, mode, fi);
+}
+void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  FuseReply r(req);
+  Write(FsOf(req), r, ino, buf, size, off, fi);
+}
+void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  FuseReply r(req);
+  Setattr(FsOf(req), r, ino, attr, to_set, fi);
+}
+void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  FuseReply r(req);
+  Mkdir(FsOf(req), r, parent, name, mode);
+}
+void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  FuseReply r(req);
+  Unlink(FsOf(req), r, parent, name);
+}
+void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  FuseReply r(req);
+  Rmdir(FsOf(req), r, parent, name);
+}
+void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
+              unsigned flags) {
+  FuseReply r(req);
+  Rename(FsOf(req), r, parent, name, new_parent, new_name, flags);
 }
 
 }  // namespace granary::fuse::internal
