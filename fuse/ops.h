@@ -101,6 +101,19 @@ void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
 void OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*);
 void OpFsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*);
 
+// A read mode's answer to a read-only OPEN (fuse.open; the modes' rules: fuse/ops_read.cc's design
+// note). The connection's mode is chosen at INIT (ChooseMode, fuse/ops_meta.cc) and read at each
+// OPEN (Fs::mode): passthrough turns to kernel at the first backing file the kernel refuses.
+class ReadMode {
+ public:
+  virtual ~ReadMode() = default;
+  virtual OpenMode kind() const = 0;
+  // Answers the OPEN of `ino` (read-only, not a file being written here).
+  virtual void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) const = 0;
+};
+// The mode's rules (one object per mode, no state of its own: the state is the Fs's).
+const ReadMode& ReadModeOf(OpenMode mode);
+
 // Ends one open in passthrough mode's bookkeeping (fuse/passthrough.h): its RELEASE, or an open
 // whose reply was interrupted. Nothing for opens it did not count.
 void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of);

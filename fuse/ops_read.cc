@@ -2,18 +2,20 @@
 //
 // Design
 // ------
-// The mode is chosen at INIT (fuse/ops_meta.cc) and read once per OPEN (Fs::mode). Each mode's
-// rules are an object that knows nothing of the kernel (fuse/fs_state.h lists them); these
-// functions ask it and answer through a Reply (fuse/reply.h: libfuse's in the Op* adapters at the
-// end, a recording one in tests/fuse/ops_test.cc):
-//   kernel       OpOpen answers ENOSYS once: from then on the kernel opens every file itself and
-//                sends reads with no file handle. OpRead serves them by inode: KernelReads says
-//                which version the reading process is on (fuse/kernel_reads.h).
-//   daemon       OpOpen gets the file's info (FileCache, else the master), lets the kernel keep its
+// The mode is chosen at INIT (fuse/ops_meta.cc) and read once per OPEN (Fs::mode); its rules for
+// an OPEN are a ReadMode (fuse/ops.h: KernelMode, DaemonMode, PassthroughMode below), asking
+// objects that know nothing of the kernel (fuse/fs_state.h lists them). Every function answers
+// through a Reply (fuse/reply.h: libfuse's in the Op* adapters at the end, a recording one in
+// tests/fuse/ops_test.cc):
+//   kernel       Open answers ENOSYS once (with fuse.writes: handle 0 at once, as a write needs its
+//                OPEN): from then on the kernel opens every file itself and sends reads with no
+//                file handle. Read serves them by inode: KernelReads says which version the
+//                reading process is on (fuse/kernel_reads.h).
+//   daemon       Open gets the file's info (FileCache, else the master), lets the kernel keep its
 //                pages when DaemonPages says they are of the version opened (fuse.keep_cache) and
-//                hands out a handle (OpenHandles). OpRead serves the handle's version, failing
-//                with ESTALE once the under-storage has changed; OpRelease drops the handle.
-//   passthrough  OpOpen asks PassthroughOpens for a backing id (fuse/passthrough.h). With one, the
+//                hands out a handle (OpenHandles). Read serves the handle's version, failing
+//                with ESTALE once the under-storage has changed; Release drops the handle.
+//   passthrough  Open asks PassthroughOpens for a backing id (fuse/passthrough.h). With one, the
 //                kernel reads the cache data file itself and only RELEASE comes back; without one
 //                (the file is empty, not wholly cached on this node, or its inode is open in the
 //                kernel's other io mode) the open is served as in daemon mode. Once the kernel
@@ -310,21 +312,74 @@ bool OpenWrittenHere(Reply& r, Fs* fs, fuse_ino_t ino, fuse_file_info* fi) {
   return true;
 }
 
-void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) {
-  OpScope scope(fs, r, "open", fs->lat_open, ino);
-  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(fs, r, ino, fi);
-  if (OpenWrittenHere(r, fs, ino, fi)) return;
-  OpenMode mode = fs->mode;
-  if (mode == OpenMode::kKernel) return ReplyKernelOpen(r, fs, fi);
-  uint64_t master_ino = fs->ToMaster(ino);
-  auto info = FileInfoOf(fs, master_ino);
-  if (!info.ok()) return ReplyError(r, info.status(), "open");
+namespace {
+
+// An open served by granary-fuse (daemon mode, and passthrough's misses): a handle of the version
+// opened, the kernel's pages kept while that version is the one they hold (DaemonPages). After a
+// passthrough miss (`passthrough`), an open in the kernel's cached io mode is counted for the
+// keeper (fuse/handover.h), `choice` saying whether PassthroughOpens counted it already.
+void ServeOpen(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi, const std::shared_ptr<OpenFile>& of,
+               bool passthrough, const PassthroughOpens::Choice& choice) {
+  fs->opens_daemon++;
+  fi->fh = fs->handles->Add(of);
+  fi->noflush = 1;  // a read-only open: close() costs no FLUSH request
+  if (!fi->direct_io) {
+    fi->keep_cache = fs->pages.Open(fs->ToMaster(ino), of->info.version(), fs->cfg.fuse.keep_cache);
+    if (passthrough) {
+      // It holds the inode in the kernel's cached io mode: the keeper must know (fuse/handover.h).
+      auto tell = [&] {
+        of->counted_cached = true;
+        if (fs->keeper) fs->keeper->PutHandle(fs->HandleOf(fi->fh, *of));
+      };
+      if (choice.cached) {  // counted by Open
+        MutexLock lock(&fs->passthrough->mu);
+        tell();
+      } else {  // refused: counted now
+        fs->passthrough->AddCached(ino, tell);
+      }
+    }
+  }
+  if (r.Open(*fi) != 0) {  // the open was interrupted: no RELEASE will come
+    EndOpen(fs, ino, fi->fh, *of);
+    fs->handles->Take(fi->fh, ino);
+  }
+}
+
+// The file an open opens, its version noted (a new one drops the kernel's pages); null when the
+// open was answered with an error.
+std::shared_ptr<OpenFile> OpenedFile(Fs* fs, Reply& r, fuse_ino_t ino) {
+  auto info = FileInfoOf(fs, fs->ToMaster(ino));
+  if (!info.ok()) {
+    ReplyError(r, info.status(), "open");
+    return nullptr;
+  }
   fs->NoteVersion(ino, info->attr().version_hash());
   auto of = std::make_shared<OpenFile>();
   of->info = std::move(*info);
-  PassthroughOpens::Choice choice;
-  if (mode == OpenMode::kPassthrough) {
-    choice = fs->passthrough->Open(ino, of->info);
+  return of;
+}
+
+class KernelMode final : public ReadMode {
+ public:
+  OpenMode kind() const override { return OpenMode::kKernel; }
+  void Open(Fs* fs, Reply& r, fuse_ino_t, fuse_file_info* fi) const override { ReplyKernelOpen(r, fs, fi); }
+};
+
+class DaemonMode final : public ReadMode {
+ public:
+  OpenMode kind() const override { return OpenMode::kDaemon; }
+  void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) const override {
+    if (auto of = OpenedFile(fs, r, ino)) ServeOpen(fs, r, ino, fi, of, false, {});
+  }
+};
+
+class PassthroughMode final : public ReadMode {
+ public:
+  OpenMode kind() const override { return OpenMode::kPassthrough; }
+  void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) const override {
+    auto of = OpenedFile(fs, r, ino);
+    if (of == nullptr) return;
+    PassthroughOpens::Choice choice = fs->passthrough->Open(ino, of->info);
     if (choice.backing_id > 0) {
       of->passthrough = true;
       fi->fh = fs->handles->Add(of);
@@ -348,30 +403,29 @@ void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) {
       return ReplyKernelOpen(r, fs, fi);
     }
     fs->passthrough_misses++;
+    ServeOpen(fs, r, ino, fi, of, true, choice);
   }
-  fs->opens_daemon++;
-  fi->fh = fs->handles->Add(of);
-  fi->noflush = 1;  // a read-only open: close() costs no FLUSH request
-  if (!fi->direct_io) {
-    fi->keep_cache = fs->pages.Open(master_ino, of->info.version(), fs->cfg.fuse.keep_cache);
-    if (mode == OpenMode::kPassthrough) {
-      // It holds the inode in the kernel's cached io mode: the keeper must know (fuse/handover.h).
-      auto tell = [&] {
-        of->counted_cached = true;
-        if (fs->keeper) fs->keeper->PutHandle(fs->HandleOf(fi->fh, *of));
-      };
-      if (choice.cached) {  // counted by Open
-        MutexLock lock(&fs->passthrough->mu);
-        tell();
-      } else {  // refused: counted now
-        fs->passthrough->AddCached(ino, tell);
-      }
-    }
+};
+
+}  // namespace
+
+const ReadMode& ReadModeOf(OpenMode mode) {
+  static const KernelMode kernel;
+  static const DaemonMode daemon;
+  static const PassthroughMode passthrough;
+  switch (mode) {
+    case OpenMode::kDaemon: return daemon;
+    case OpenMode::kPassthrough: return passthrough;
+    case OpenMode::kKernel: break;
   }
-  if (r.Open(*fi) != 0) {  // the open was interrupted: no RELEASE will come
-    EndOpen(fs, ino, fi->fh, *of);
-    fs->handles->Take(fi->fh, ino);
-  }
+  return kernel;
+}
+
+void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) {
+  OpScope scope(fs, r, "open", fs->lat_open, ino);
+  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(fs, r, ino, fi);
+  if (OpenWrittenHere(r, fs, ino, fi)) return;
+  ReadModeOf(fs->mode).Open(fs, r, ino, fi);
 }
 
 void Read(Fs* fs, Reply& r, fuse_ino_t ino, size_t size, off_t off, const fuse_file_info* fi) {

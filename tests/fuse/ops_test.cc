@@ -442,6 +442,93 @@ TEST_F(OpsTest, ASequentialReaderHintsTheBlocksAheadOnce) {
   EXPECT_EQ(client_->hints[1], std::make_pair(uint64_t{3}, uint64_t{1}));
 }
 
+// ---- Passthrough ----
+
+// The node's worker and the kernel's backing files, as the mount's BackingHost (fs_state.cc) gives
+// them: a lease when the file is whole here, an id per registered lease; and, as that host does,
+// a refusal by the kernel turns the connection to kernel mode.
+class Backing final : public BackingHost {
+ public:
+  explicit Backing(Fs* fs) : fs_(fs) {}
+  StatusOr<std::unique_ptr<FileLease>> Lease(const rpc::FileInfo& info) override {
+    leases++;
+    if (!whole) return NotFoundError("not wholly in this node's cache");
+    LocalChannel::Piece p;
+    p.fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    p.length = info.attr().size();
+    return std::make_unique<FileLease>(std::make_shared<LocalChannel>("/nonexistent"), std::move(p));
+  }
+  StatusOr<int> Register(const FileLease&) override {
+    if (refuse) {
+      fs_->mode = OpenMode::kKernel;
+      return PermissionDeniedError("the kernel refused the backing file");
+    }
+    return ++registered;
+  }
+  void Unregister(int) override {}
+  void Announce(uint64_t, const InodeOpens&) override {}
+  void Drop(uint64_t, int) override {}
+
+  bool whole = true, refuse = false;
+  int leases = 0, registered = 0;
+
+ private:
+  Fs* fs_;
+};
+
+class PassthroughOpsTest : public OpsTest {
+ protected:
+  void SetUp() override {
+    Make("passthrough", true);
+    backing_ = std::make_unique<Backing>(fs_.get());
+    fs_->passthrough = std::make_unique<PassthroughOpens>(backing_.get(), fs_->cfg.fuse.attr_timeout);
+  }
+  void TearDown() override { fs_->passthrough.reset(); }  // before the host it uses
+  std::unique_ptr<Backing> backing_;
+};
+
+// A file whole in the local cache: the open hands the kernel a backing file (it reads the cache's
+// data file itself); after the release the backing file is kept for the next open.
+TEST_F(PassthroughOpsTest, AnOpenOfAWholeFileIsPassedThroughAndItsBackingKept) {
+  auto open = DoOpen();
+  ASSERT_EQ(open.kind, RecordingReply::Answer::kOpen);
+  EXPECT_EQ(open.backing_id, 1);
+  EXPECT_NE(open.fi.fh, 0u);
+  EXPECT_FALSE(open.fi.keep_cache) << "the kernel allows only direct_io and noflush beside passthrough";
+  EXPECT_EQ(DoRelease(open.fi.fh).err, 0);
+  auto again = DoOpen();
+  EXPECT_EQ(again.backing_id, 1) << "the kept backing file was not used again";
+  EXPECT_EQ(backing_->registered, 1);
+}
+
+// Not whole on this node: served as in daemon mode (a handle, reads through granary-fuse).
+TEST_F(PassthroughOpsTest, AMissIsServedAsInDaemonMode) {
+  backing_->whole = false;
+  auto open = DoOpen();
+  ASSERT_EQ(open.kind, RecordingReply::Answer::kOpen);
+  EXPECT_EQ(open.backing_id, 0);
+  ASSERT_NE(open.fi.fh, 0u);
+  EXPECT_EQ(fs_->passthrough_misses.load(), 1u);
+  EXPECT_EQ(DoRead(open.fi.fh, 0, 20000).bytes, data_);
+  EXPECT_EQ(DoRelease(open.fi.fh).err, 0);
+}
+
+// The kernel refuses the first backing file (no CAP_SYS_ADMIN where it counts): that open is
+// answered as in kernel mode, and so is every later one, without asking for a lease again.
+TEST_F(PassthroughOpsTest, AKernelThatRefusesBackingFilesTurnsTheConnectionToKernelModeMidOpen) {
+  backing_->refuse = true;
+  auto open = DoOpen();
+  ASSERT_EQ(open.kind, RecordingReply::Answer::kOpen);
+  EXPECT_EQ(open.backing_id, 0);
+  EXPECT_EQ(open.fi.fh, 0u) << "answered as kernel mode answers (fuse.writes on: handle 0)";
+  EXPECT_TRUE(open.fi.keep_cache);
+  EXPECT_EQ(fs_->mode.load(), OpenMode::kKernel);
+  const int leases = backing_->leases;
+  EXPECT_EQ(DoOpen().fi.fh, 0u);
+  EXPECT_EQ(backing_->leases, leases) << "kernel mode asks for no lease";
+  EXPECT_EQ(DoRead(0, 0, 64).bytes, data_.substr(0, 64)) << "reads by inode";
+}
+
 // ---- Names and attributes ----
 
 // A name the master gave lately is answered from memory (the kernel dropped its dentry): one master

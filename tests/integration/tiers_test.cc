@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -148,9 +149,14 @@ TEST_F(TiersTest, KillNineWhileWritingBlocksThenEverythingReadsBackIdentical) {
   EXPECT_EQ(wrong.load(), 0) << "a read returned wrong bytes";
   // What a crash can leave: a torn block file and a half-written temp file. The torn one holds a
   // block the worker had committed (it has a sidecar): a data file the kill interrupted before any
-  // block of it was committed is debris, removed at start without counting as corrupt.
+  // block of it was committed is debris, removed at start without counting as corrupt — and so is
+  // a block whose sidecar the kill cut short. So the block torn here is the oldest one, committed
+  // well before the kill (the first sidecar listed was once the one being written: a flake).
   auto sidecars = BlockFiles(dir_ / "cache", true);
   ASSERT_FALSE(sidecars.empty());
+  std::sort(sidecars.begin(), sidecars.end(), [](const std::string& a, const std::string& b) {
+    return fs::last_write_time(a) < fs::last_write_time(b);
+  });
   std::string torn = sidecars[0].substr(0, sidecars[0].rfind('-'));  // <key>-<index>.m -> <key>
   ASSERT_TRUE(fs::exists(torn)) << torn;
   ASSERT_EQ(truncate(torn.c_str(), 5000), 0);
