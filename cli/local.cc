@@ -1,12 +1,16 @@
 #include "cli/local.h"
 
 #include <spdlog/spdlog.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 
 #include "cli/cli.h"
@@ -127,6 +131,43 @@ StatusOr<std::string> MakeInstanceToken(const std::string& dir) {
   return path;
 }
 
+// Whether nothing listens on 127.0.0.1:`port` (a bind as the metrics endpoint's, without
+// SO_REUSEPORT, would succeed).
+bool LoopbackPortFree(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int yes = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return free;
+}
+
+// The metrics endpoint of a `granary local` daemon: the usual port when it is free, else one the
+// kernel picks (a second instance on this machine; the banner and the discovery file say which).
+std::string LocalMetricsListen(int usual) {
+  return LoopbackPortFree(usual) ? "127.0.0.1:" + std::to_string(usual) : "127.0.0.1:0";
+}
+
+// The `granary local` that wrote this GRANARY_HOME's discovery file, when it still runs: its pid
+// (the file's "# pid N" line, a process of that pid alive), else 0.
+pid_t RunningLocal(const std::string& discovery) {
+  auto text = ReadFileToString(discovery);
+  if (!text.ok()) return 0;
+  size_t at = text->find("# pid ");
+  if (at == std::string::npos) return 0;
+  const pid_t pid = static_cast<pid_t>(std::strtol(text->c_str() + at + 6, nullptr, 10));
+  if (pid <= 0 || pid == getpid() || kill(pid, 0) != 0) return 0;
+  // A file left by one that crashed, its pid since reused: not a granary, not running.
+  auto comm = ReadFileToString("/proc/" + std::to_string(pid) + "/comm");
+  if (!comm.ok() || comm->rfind("granary", 0) != 0) return 0;
+  return pid;
+}
+
 }  // namespace
 
 int RunLocal(const LocalOptions& opts, Config cfg) {
@@ -190,13 +231,21 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   // `granary stats` and `granary trace` find the FUSE endpoint through RuntimeDir(); a fixed port
   // would clash with a second `granary local` or a cluster's granary-fuse on this machine.
   SetDefault(&cfg, "fuse.metrics_listen", "127.0.0.1:0");
-  // One user's cache on one machine: its metrics on loopback too (the usual ports).
-  SetDefault(&cfg, "master.metrics_listen", "127.0.0.1:19996");
-  SetDefault(&cfg, "worker.metrics_listen", "127.0.0.1:29996");
+  // One user's cache on one machine: its metrics on loopback too, on the usual ports unless another
+  // process (another `granary local`, a cluster's daemons) has them.
+  SetDefault(&cfg, "master.metrics_listen", LocalMetricsListen(19996));
+  SetDefault(&cfg, "worker.metrics_listen", LocalMetricsListen(29996));
   Status set = cfg.Set("fuse.mountpoint", opts.mountpoint, "MOUNTPOINT");
   if (!set.ok()) return fail(set);
   InitLogging("granary", cfg.log.level);
 
+  // The CLI finds an instance through its GRANARY_HOME's discovery file: one instance per home.
+  if (pid_t other = RunningLocal(LocalDiscoveryFile()); other != 0) {
+    return fail(FailedPreconditionError("another granary local (pid " + std::to_string(other) + ") is serving from " +
+                                        GranaryHome() + " (its " + LocalDiscoveryFile() +
+                                        " is how granary commands find it); stop it, or give this one its own "
+                                        "GRANARY_HOME"));
+  }
   if (pid_t holder = master::DataDirLockHolder(cfg.master.data_dir); holder != 0) {
     return fail(FailedPreconditionError("another granary (pid " + std::to_string(holder) +
                                         ") is using the state directory " + dir +
@@ -216,7 +265,12 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   if (!fuse.ok()) return fail(fuse.status());
 
   std::string discovery = LocalDiscoveryFile();
-  std::string yaml = "master:\n  address: \"" + cfg.master.address + "\"\n";
+  const std::string master_metrics = (*master)->metrics_address(), worker_metrics = (*worker)->metrics_address();
+  // Who wrote it (RunningLocal) and where its metrics are, as comments: the file is a config file.
+  std::string yaml = "# pid " + std::to_string(getpid()) + "\n";
+  yaml += "# metrics: master " + (master_metrics.empty() ? std::string("off") : "http://" + master_metrics + "/metrics") +
+          ", worker " + (worker_metrics.empty() ? std::string("off") : "http://" + worker_metrics + "/metrics") + "\n";
+  yaml += "master:\n  address: \"" + cfg.master.address + "\"\n";
   // `granary stats`, `trace` and `profile` with no path look at this mount.
   yaml += "fuse:\n  mountpoint: \"" + cfg.fuse.mountpoint + "\"\n";
   if (!cfg.rpc.token_file.empty()) yaml += "rpc:\n  token_file: \"" + cfg.rpc.token_file + "\"\n";
@@ -228,6 +282,12 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   std::printf("granary local: serving %s at %s (namespace %s, master %s, state in %s). Ctrl-C stops.\n",
               RedactUri(opts.uri).c_str(), opts.mountpoint.c_str(), name.c_str(), cfg.master.address.c_str(),
               dir.c_str());
+  if (!master_metrics.empty() || !worker_metrics.empty()) {
+    std::printf("granary local: metrics at %s%s%s\n",
+                master_metrics.empty() ? "" : ("http://" + master_metrics + "/metrics (master)").c_str(),
+                master_metrics.empty() || worker_metrics.empty() ? "" : " and ",
+                worker_metrics.empty() ? "" : ("http://" + worker_metrics + "/metrics (worker)").c_str());
+  }
   std::fflush(stdout);
 
   std::string reason = Shutdown::Wait();

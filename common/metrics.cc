@@ -2,6 +2,7 @@
 
 #include "common/bad_request.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -192,6 +193,13 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string&
   s->impl_ = std::make_unique<Impl>();
   auto& http = s->impl_->http;
   http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a second daemon on
+  // the same port shared it silently (issue 54: two `granary local`, each scrape answered by
+  // either at random). Now the second one's bind fails and says so.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   http.Get("/metrics", [render](const httplib::Request&, httplib::Response& res) {
     Exposition e;
     render(&e);

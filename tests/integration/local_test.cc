@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -70,6 +71,82 @@ TEST(GranaryLocal, ServesReadsReportsAndStops) {
   EXPECT_FALSE(fs::exists(dir / "home/local.yaml")) << "discovery file must be removed on exit";
   RunResult after = RunCommand({Bin("granary"), "mounts"}, env);
   EXPECT_NE(after.code, 0);
+}
+
+// Issue 54, finding 1: two `granary local` on one machine shared the metrics ports (SO_REUSEPORT):
+// a scrape got either at random. Now the second takes ports of its own, each discovery file (one
+// per GRANARY_HOME) says where its instance's metrics are, and a second instance in the same
+// GRANARY_HOME is refused, naming the first.
+TEST(GranaryLocal, TwoInstancesOnOneMachineEachAnswerForThemselves) {
+  TempDir dir;
+  const std::string a_data = RandomBytes(300000, 1), b_data = RandomBytes(200000, 2);
+  WriteFile(dir / "a/x.bin", a_data);
+  WriteFile(dir / "b/y.bin", b_data);
+  mkdir((dir / "mnt-a").c_str(), 0755);
+  mkdir((dir / "mnt-b").c_str(), 0755);
+  std::map<std::string, std::string> env_a{{"GRANARY_HOME", dir / "home-a"}}, env_b{{"GRANARY_HOME", dir / "home-b"}};
+  Process a({Bin("granary"), "local", "file://" + dir / "a", dir / "mnt-a", "--dir", dir / "state-a"}, dir / "a.log",
+            env_a);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt-a") || !a.Running(); })) << a.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt-a")) << a.Log();
+  Process b({Bin("granary"), "local", "file://" + dir / "b", dir / "mnt-b", "--dir", dir / "state-b"}, dir / "b.log",
+            env_b);
+  ASSERT_TRUE(WaitFor([&] { return IsMounted(dir / "mnt-b") || !b.Running(); })) << b.Log();
+  ASSERT_TRUE(IsMounted(dir / "mnt-b")) << b.Log();
+
+  // Each discovery file says where its own instance's worker metrics are.
+  auto worker_metrics = [&](const std::string& home) {
+    std::string yaml = ReadFile(home + "/local.yaml");
+    size_t at = yaml.find(", worker http://");
+    if (at == std::string::npos) return std::string();
+    at += std::strlen(", worker http://");
+    return yaml.substr(at, yaml.find("/metrics", at) - at);
+  };
+  std::string wa, wb;
+  ASSERT_TRUE(WaitFor([&] {
+    wa = worker_metrics(dir / "home-a");
+    wb = worker_metrics(dir / "home-b");
+    return !wa.empty() && !wb.empty();
+  })) << a.Log() << b.Log();
+  EXPECT_NE(wa, wb) << "two instances share a metrics port";
+  EXPECT_NE(b.Log().find("metrics at http://"), std::string::npos) << "the banner says where: " << b.Log();
+
+  // Reads through A only: A's worker counts the bytes it fetched, B's counts none.
+  std::string got;
+  ASSERT_TRUE(ReadFileChecked(dir / "mnt-a/x.bin", &got));
+  ASSERT_EQ(got, a_data);
+  auto ufs_bytes = [](const std::string& address) -> double {
+    auto [code, body] = HttpGet(address, "/metrics");
+    if (code != 200) return -1;
+    const std::string sample = "granary_worker_ufs_read_bytes_total ";
+    size_t at = body.find("\n" + sample);
+    return at == std::string::npos ? -1 : std::stod(body.substr(at + 1 + sample.size()));
+  };
+  EXPECT_GE(ufs_bytes(wa), static_cast<double>(a_data.size()));
+  EXPECT_EQ(ufs_bytes(wb), 0.0) << "B's endpoint answered with A's counters";
+  for (int i = 0; i < 5; ++i) EXPECT_GE(ufs_bytes(wa), static_cast<double>(a_data.size())) << "a scrape reached B";
+
+  // Each GRANARY_HOME's CLI finds its own instance.
+  for (const auto& [env, path] : {std::pair{env_a, "/a"}, std::pair{env_b, "/b"}}) {
+    RunResult r = RunCommand({Bin("granary"), "report", "--json"}, env);
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    ASSERT_EQ(j["mounts"].size(), 1u) << r.out;
+    EXPECT_EQ(j["mounts"][0]["path"], path) << r.out;
+  }
+
+  // A third in A's GRANARY_HOME (its own state directory) is refused, naming A.
+  mkdir((dir / "mnt-c").c_str(), 0755);
+  RunResult c = RunCommand(
+      {Bin("granary"), "local", "file://" + dir / "b", dir / "mnt-c", "--dir", dir / "state-c"}, env_a,
+      std::chrono::seconds(60));
+  EXPECT_NE(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("another granary local (pid " + std::to_string(a.pid()) + ")"), std::string::npos) << c.out;
+  EXPECT_FALSE(IsMounted(dir / "mnt-c"));
+
+  EXPECT_EQ(b.Stop(SIGINT), 0) << b.Log();
+  EXPECT_EQ(a.Stop(SIGINT), 0) << a.Log();
 }
 
 // Issue 50, finding 2: `granary local` run as root answered any local user's Remove, Rename, MakeDir
