@@ -33,6 +33,9 @@ ENTRYPOINT = os.path.join(DEPLOY, "docker", "granary-entrypoint")
 def render(overlay):
     r = run(["kubectl", "kustomize", os.path.join(K8S, overlay)])
     assert r.returncode == 0, r.stderr
+    # kustomize's deprecation warnings (bases, patchesStrategicMerge, commonLabels) are defects
+    # too: the next kustomize drops what they warn of (issue 54).
+    assert "Warning" not in r.stderr, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
