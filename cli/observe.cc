@@ -930,7 +930,14 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
   rpc::AttrResponse attr;
   Status st = master.Call(&rpc::Master::Stub::ResolvePath, rr, &attr);
   if (!st.ok()) return Fail(st);
-  // This node's worker: the one its granary-fuse reads from, else fuse.worker of the configuration.
+  // This node's worker: the one its granary-fuse reads from — the mount the path is in, else the
+  // mount of fuse.mountpoint (`granary local` names it in its discovery file) when it serves this
+  // master — else fuse.worker of the configuration (issue 54: a namespace path under `granary
+  // local` named the default 127.0.0.1:29999, holding none of the blocks).
+  if (!node) {
+    auto here = FindMount(cfg, "", false);
+    if (here.ok() && *here && (*here)->master == cfg.master.address) node = **here;
+  }
   std::string local = node ? node->worker : cfg.fuse.worker;
   uint32_t failed = 0;  // workers that did not answer the master: their blocks are not shown
 
