@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -59,6 +60,8 @@ nlohmann::json JobJson(const rpc::LoadJob& j) {
           {"metadata_only", j.spec().metadata_only()},
           {"fetch_ahead", j.spec().fetch_ahead()},
           {"note", j.note()},
+          {"waiting_behind", j.waiting_behind()},
+          {"jobs_ahead", j.jobs_ahead()},
           {"files_total", j.files_total()},
           {"bytes_total", j.bytes_total()},
           {"files_done", j.files_done()},
@@ -101,9 +104,21 @@ std::string ProgressText(const rpc::LoadJob& j, double rate, bool bar) {
     int fill = static_cast<int>(frac * width + 0.5);
     out = "[" + std::string(fill, '#') + std::string(width - fill, '.') + "] ";
   }
+  if (j.state() == rpc::JOB_PENDING && j.waiting_behind() != 0) {
+    // What it waits for (issue 54: a load behind a throttled one said "pending: 0 files" for 23 s).
+    return out + "pending: waiting for job " + std::to_string(j.waiting_behind()) + " to end (" +
+           std::to_string(j.jobs_ahead()) + (j.jobs_ahead() == 1 ? " job" : " jobs") +
+           " ahead; loads run one at a time: granary jobs lists them, granary load --cancel " +
+           std::to_string(j.waiting_behind()) + " stops that one)";
+  }
   if (j.state() == rpc::JOB_SCANNING || j.state() == rpc::JOB_PENDING) {
     return out + StateName(j.state()) + ": " + std::to_string(j.files_total()) + " files, " +
            FormatBytes(j.bytes_total()) + " so far";
+  }
+  if (j.spec().metadata_only()) {
+    // Nothing is fetched: no byte rate, no ETA in bytes (it printed "8.0Mi/s" of listing).
+    return out + std::to_string(done) + "/" + std::to_string(j.files_total()) + " files listed  failed " +
+           std::to_string(j.files_failed());
   }
   uint64_t total_files = j.files_total();
   uint64_t pct_whole = j.bytes_total() ? j.bytes_total() : total_files;
@@ -117,13 +132,29 @@ std::string ProgressText(const rpc::LoadJob& j, double rate, bool bar) {
 }
 
 void PrintSummary(const rpc::LoadJob& j) {
-  double secs = static_cast<double>(j.finished_ns() - j.started_ns()) / 1e9;
-  std::printf("load %llu %s: %llu of %llu files (%s of %s), %s fetched, %llu blocks already cached, %llu failed, %.1fs\n",
-              static_cast<unsigned long long>(j.id()), StateName(j.state()).c_str(),
-              static_cast<unsigned long long>(j.files_done()), static_cast<unsigned long long>(j.files_total()),
-              FormatBytes(j.bytes_done()).c_str(), FormatBytes(j.bytes_total()).c_str(),
-              FormatBytes(j.bytes_fetched()).c_str(), static_cast<unsigned long long>(j.blocks_cached()),
-              static_cast<unsigned long long>(j.files_failed()), secs > 0 ? secs : 0.0);
+  // Its own running time; a wait behind other jobs is said apart.
+  const int64_t started = j.started_ns() != 0 ? j.started_ns() : j.finished_ns();
+  const double secs = std::max(0.0, static_cast<double>(j.finished_ns() - started) / 1e9);
+  const double waited = j.created_ns() != 0 ? std::max(0.0, static_cast<double>(started - j.created_ns()) / 1e9) : 0;
+  char timing[96];
+  if (waited >= 1) {
+    std::snprintf(timing, sizeof timing, "ran %.1fs after waiting %.1fs for other jobs", secs, waited);
+  } else {
+    std::snprintf(timing, sizeof timing, "%.1fs", secs);
+  }
+  if (j.spec().metadata_only()) {
+    std::printf("load %llu %s: %s listed (%s in the under-storage), metadata only, %llu failed, %s\n",
+                static_cast<unsigned long long>(j.id()), StateName(j.state()).c_str(),
+                Count(j.files_done(), "file").c_str(), FormatBytes(j.bytes_total()).c_str(),
+                static_cast<unsigned long long>(j.files_failed()), timing);
+  } else {
+    std::printf("load %llu %s: %llu of %s (%s of %s), %s fetched, %s already cached, %llu failed, %s\n",
+                static_cast<unsigned long long>(j.id()), StateName(j.state()).c_str(),
+                static_cast<unsigned long long>(j.files_done()), Count(j.files_total(), "file").c_str(),
+                FormatBytes(j.bytes_done()).c_str(), FormatBytes(j.bytes_total()).c_str(),
+                FormatBytes(j.bytes_fetched()).c_str(), Count(j.blocks_cached(), "block").c_str(),
+                static_cast<unsigned long long>(j.files_failed()), timing);
+  }
   if (!j.error().empty()) std::printf("  error: %s\n", j.error().c_str());
   for (const auto& f : j.failures()) std::printf("  failed: %s: %s\n", f.path().c_str(), f.reason().c_str());
   if (j.files_failed() > static_cast<uint64_t>(j.failures_size())) {
@@ -186,8 +217,10 @@ int Follow(MasterConn& m, uint64_t id, bool json) {
       if (ended) std::printf("\n");
       std::fflush(stdout);
     } else if (!json && (ended || now - last_line >= kLineEvery)) {
-      std::printf("load %llu: %s %s\n", static_cast<unsigned long long>(id), StateName(j.state()).c_str(),
-                  ProgressText(j, meter.BytesPerSecond(), false).c_str());
+      // A pending or scanning job's text names its state itself ("pending pending: ..." before).
+      const bool named = j.state() == rpc::JOB_PENDING || j.state() == rpc::JOB_SCANNING;
+      std::printf("load %llu: %s%s\n", static_cast<unsigned long long>(id),
+                  named ? "" : (StateName(j.state()) + " ").c_str(), ProgressText(j, meter.BytesPerSecond(), false).c_str());
       std::fflush(stdout);
       last_line = now;
     }

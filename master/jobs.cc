@@ -182,14 +182,26 @@ StatusOr<rpc::LoadJob> JobManager::Get(uint64_t id) {
   MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return NotFoundError("no load job " + std::to_string(id) + " (granary jobs lists them)");
-  return it->second;
+  return WithQueueLocked(it->second);
 }
 
 std::vector<rpc::LoadJob> JobManager::List() {
   MutexLock lock(&mu_);
   std::vector<rpc::LoadJob> out;
-  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) out.push_back(it->second);
+  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) out.push_back(WithQueueLocked(it->second));
   return out;
+}
+
+rpc::LoadJob JobManager::WithQueueLocked(const rpc::LoadJob& job) const {
+  rpc::LoadJob j = job;
+  if (j.state() != rpc::JOB_PENDING) return j;
+  // Its queue's front runs (RunLoop); the ones between wait too.
+  const std::deque<uint64_t>& queue = j.spec().fetch_ahead() ? ahead_queue_ : queue_;
+  auto at = std::find(queue.begin(), queue.end(), j.id());
+  if (at == queue.end() || at == queue.begin()) return j;
+  j.set_waiting_behind(queue.front());
+  j.set_jobs_ahead(static_cast<uint32_t>(at - queue.begin()));
+  return j;
 }
 
 StatusOr<rpc::LoadJob> JobManager::Cancel(uint64_t id) {

@@ -126,6 +126,8 @@ class JobManager {
  private:
   struct Batch;
   void RunLoop(bool ahead);
+  // `job` as Get and List answer it: a pending one says which job it waits behind.
+  rpc::LoadJob WithQueueLocked(const rpc::LoadJob& job) const REQUIRES(mu_);
   void Run(uint64_t id);
   Status Scan(uint64_t id, const rpc::LoadJobSpec& spec);
   Status Load(uint64_t id, const rpc::LoadJobSpec& spec);

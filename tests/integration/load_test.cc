@@ -204,6 +204,12 @@ TEST_F(LoadTest, FiltersAndMetadataOnly) {
   auto report = c->Report();
   EXPECT_EQ(report["mounts"][0]["ufs_total_bytes"], uint64_t{kTenK} * kTenKSize)
       << "after a metadata load the report knows the whole dataset";
+  // Its text says what it did: files listed, no byte rate (it printed "8.0Mi/s" of listing).
+  RunResult meta_text = Load(*c, {"/ds", "--metadata-only"});
+  ASSERT_EQ(meta_text.code, 0) << meta_text.out;
+  EXPECT_NE(meta_text.out.find("files listed"), std::string::npos) << meta_text.out;
+  EXPECT_NE(meta_text.out.find("metadata only"), std::string::npos) << meta_text.out;
+  EXPECT_EQ(meta_text.out.find("/s"), std::string::npos) << meta_text.out;
 
   // k000?0 and k001?0 minus k0010?: 10 + 10 - 1 files; a glob with / matches the whole path.
   RunResult some = Load(*c, {"/ds", "--include", "k000?0", "--include", "/ds/k001?0", "--exclude", "k00100", "--json"});
@@ -270,8 +276,24 @@ TEST_F(LoadTest, CancelStopsARunningJob) {
     auto j = Job(*c, id);
     return !j.is_null() && j["state"] == "loading";
   }, std::chrono::seconds(60)));
+  // A second load waits behind it, and says so (issue 54: "pending: 0 files" for 23 s, no word).
+  Process second({Bin("granary"), "--master", c->master_address(), "load", "/ds"}, dir / "second.log");
+  ASSERT_TRUE(WaitFor([&] { return second.Log().find("waiting for job " + std::to_string(id)) != std::string::npos; },
+                      std::chrono::seconds(60)))
+      << second.Log();
+  EXPECT_EQ(second.Log().find("pending pending"), std::string::npos) << second.Log();
+  RunResult listed = c->Cli({"jobs", "--json"});
+  auto all = nlohmann::json::parse(listed.out, nullptr, false);
+  ASSERT_TRUE(all.is_array()) << listed.out;
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all[0]["state"], "pending") << listed.out;
+  EXPECT_EQ(all[0]["waiting_behind"], id) << listed.out;
+  EXPECT_EQ(all[0]["jobs_ahead"], 1) << listed.out;
   RunResult cancel = Load(*c, {"--cancel", std::to_string(id)});
   EXPECT_EQ(cancel.code, 0) << cancel.out;
+  // Once the first is cancelled the second runs to the end.
+  EXPECT_EQ(second.Wait(std::chrono::seconds(120)), 0) << second.Log();
+  EXPECT_NE(second.Log().find("succeeded"), std::string::npos) << second.Log();
   nlohmann::json j;
   ASSERT_TRUE(WaitFor([&] {
     j = Job(*c, id);
