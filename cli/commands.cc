@@ -718,7 +718,9 @@ int Main(int argc, char** argv) {
   local->add_option("MOUNTPOINT", local_opts.mountpoint, "An existing empty directory")->required();
   local->add_option("--dir", local_opts.dir, "State and cache directory (default ~/.granary/local)");
   local->add_option("--name", local_opts.name, "Namespace path of the dataset (default /<last URI segment>)");
-  local->add_option("-o,--option", raw_options, "Under-storage option KEY=VALUE (repeatable)");
+  local->add_option("-o,--option", raw_options,
+                    "Mount option KEY=VALUE (repeatable), as for granary mount: the under-storage's (endpoint=..., "
+                    "region=...) and the dataset's (write=through|back, cache.policy=..., cache.replicas=...)");
   AddConfigFlags(*local, &local_flags);
 
   try {

@@ -514,7 +514,11 @@ void FuseMountImpl::Shutdown() {
   StopInvalidator();
   fs_->keeper.reset();
   fs_->passthrough->Clear();  // the connection is gone with its backing ids
-  if (mounted_) fuse_session_unmount(se_);
+  // libfuse unmounts again unless the connection already reports an error; after our own Unmount
+  // (or an umount from outside) the mount point is not a FUSE mount any more, and its umount2 only
+  // printed "fuse: failed to unmount ...: Invalid argument" before "unmounted" (issue 54). The
+  // descriptor is closed by fuse_session_destroy either way.
+  if (mounted_ && FuseConnection(mountpoint_)) fuse_session_unmount(se_);
   fuse_session_destroy(se_);
   se_ = nullptr;
   if (loop_cfg_) fuse_loop_cfg_destroy(loop_cfg_);

@@ -78,6 +78,7 @@ TEST(GranaryLocal, ServesReadsReportsAndStops) {
 
   EXPECT_EQ(local.Stop(SIGINT), 0) << local.Log();
   EXPECT_FALSE(IsMounted(dir / "mnt"));
+  EXPECT_EQ(local.Log().find("failed to unmount"), std::string::npos) << "a clean stop says no error: " << local.Log();
   EXPECT_FALSE(fs::exists(dir / "home/local.yaml")) << "discovery file must be removed on exit";
   RunResult after = RunCommand({Bin("granary"), "mounts"}, env);
   EXPECT_NE(after.code, 0);
