@@ -427,11 +427,11 @@ int CmdReport(MasterConn& m, bool json) {
       std::printf("Master: %s (single master, no standbys)\n", role.id().c_str());
     }
   }
-  std::printf("\nWorkers:\n  %-4s %-24s %-6s %10s %10s %10s %8s %10s %10s\n", "ID", "ADDRESS", "STATE", "CAPACITY",
-              "USED", "ELASTIC", "BLOCKS", "HITS", "MISSES");
+  std::printf("\nWorkers:\n  %-4s %-24s %-6s %10s %10s %10s %8s %10s %11s\n", "ID", "ADDRESS", "STATE", "CAPACITY",
+              "USED", "ELASTIC", "BLOCKS", "READ HITS", "READ MISSES");
   for (const auto& w : r.workers()) {
     const auto& s = w.stats();
-    std::printf("  %-4llu %-24s %-6s %10s %10s %10s %8llu %10llu %10llu\n", static_cast<unsigned long long>(w.id()),
+    std::printf("  %-4llu %-24s %-6s %10s %10s %10s %8llu %10llu %11llu\n", static_cast<unsigned long long>(w.id()),
                 w.address().c_str(), w.alive() ? "alive" : "lost", FormatBytes(s.capacity_bytes()).c_str(),
                 FormatBytes(s.used_bytes()).c_str(), FormatBytes(s.elastic_bytes()).c_str(),
                 static_cast<unsigned long long>(s.blocks()), static_cast<unsigned long long>(s.hits()),
@@ -439,8 +439,8 @@ int CmdReport(MasterConn& m, bool json) {
     for (const auto& t : s.tiers()) {
       std::string paths;
       for (const auto& p : t.paths()) paths += (paths.empty() ? "" : ",") + p;
-      std::printf("       %-4s %10s of %-10s %8llu blocks  hits %llu  misses %llu  evicted %llu  demoted %llu  "
-                  "promoted %llu  (%s)\n",
+      std::printf("       %-4s %10s of %-10s %8llu blocks  lookups found %llu, not found %llu  evicted %llu  "
+                  "demoted %llu  promoted %llu  (%s)\n",
                   t.medium().c_str(), FormatBytes(t.used_bytes()).c_str(), FormatBytes(t.capacity_bytes()).c_str(),
                   static_cast<unsigned long long>(t.blocks()), static_cast<unsigned long long>(t.hits()),
                   static_cast<unsigned long long>(t.misses()), static_cast<unsigned long long>(t.evictions()),
@@ -460,6 +460,10 @@ int CmdReport(MasterConn& m, bool json) {
                   static_cast<unsigned long long>(s.peer_served()),
                   static_cast<unsigned long long>(s.peer_failovers()));
     }
+  }
+  if (r.workers_size() > 0) {
+    std::printf("  (READ HITS / MISSES: block reads this worker answered from its cache / had to fetch; a level's\n"
+                "   lookups count every look into its index: reads, whole-file leases, peers' cache-only asks)\n");
   }
   std::printf("\nMounts:\n  %-20s %-32s %-7s %14s %10s %10s %10s %14s %9s %9s\n", "PATH", "URI", "WRITE",
               "UFS TOTAL SIZE", "CACHED", "REPLICAS", "ELASTIC", "CACHE CAPACITY", "CACHED %", "HIT RATIO");
