@@ -486,7 +486,8 @@ int CmdReport(MasterConn& m, bool json) {
 // The FUSE container of a Fluid ThinRuntime: the Dataset's mounts into the namespace, then
 // granary-fuse at Fluid's targetPath (exec'd, so it is the container's process from then on).
 int CmdFluidFuse(const Config& base, const std::string& fluid_config, const std::string& secrets_dir, bool dry_run,
-                 const std::string& config_file) {
+                 const ConfigFlags& flags) {
+  const std::string& config_file = flags.config_file;
   auto text = ReadFileToString(fluid_config);
   if (!text.ok()) {
     return Fail(NotFoundError("cannot read the Fluid config " + fluid_config + ": " + text.status().message() +
@@ -506,6 +507,13 @@ int CmdFluidFuse(const Config& base, const std::string& fluid_config, const std:
   if (!config_file.empty()) args.insert(args.end(), {"--config", config_file});
   args.insert(args.end(), {"--master.address", cfg.master.address, "--fuse.mountpoint", plan->target_path,
                            "--fuse.root", plan->root});
+  // This command's own settings reach granary-fuse too (the token it calls the master with, ...);
+  // the Dataset's runtimeOptions come last and win.
+  for (const auto& [k, v] : flags.values) {
+    if (plan->settings.count(k) == 0 && k != "master.address" && k != "fuse.mountpoint" && k != "fuse.root") {
+      args.insert(args.end(), {"--" + k, v});
+    }
+  }
   for (const auto& [k, v] : plan->settings) args.insert(args.end(), {"--" + k, v});
   if (dry_run) {
     nlohmann::json j;
@@ -672,6 +680,10 @@ int Main(int argc, char** argv) {
   fluid->add_option("--fluid-config", fluid_config, "Fluid's config.json");
   fluid->add_option("--secrets-dir", secrets_dir, "Where Fluid mounts the secrets of encryptOptions");
   fluid->add_flag("--dry-run", dry_run, "Print the plan (mounts, granary-fuse arguments) as JSON and stop");
+  // Settings for this command's calls and for the granary-fuse it runs, e.g. the ThinRuntimeProfile's
+  // --rpc.token_file (a Fluid FUSE pod has no config file).
+  ConfigFlags fluid_flags;
+  AddConfigFlags(*fluid, &fluid_flags);
   fluid->fallthrough();
   auto* config = app.add_subcommand("config", "Print every setting with its default and meaning");
   bool markdown = false;
@@ -776,9 +788,10 @@ int Main(int argc, char** argv) {
     return *trace ? CmdTrace(*cfg, trace_opts) : CmdProfile(*cfg, profile_opts);
   }
   if (*fluid) {
-    auto cfg = BuildConfig(flags);
+    if (fluid_flags.config_file.empty()) fluid_flags.config_file = flags.config_file;
+    auto cfg = BuildConfig(fluid_flags);
     if (!cfg.ok()) return Fail(cfg.status());
-    return CmdFluidFuse(*cfg, fluid_config, secrets_dir, dry_run, flags.config_file);
+    return CmdFluidFuse(*cfg, fluid_config, secrets_dir, dry_run, fluid_flags);
   }
 
   // Find the master.

@@ -730,6 +730,74 @@ ufs:
             p.send_signal(signal.SIGTERM)
             self.assertEqual(p.wait(timeout=30), 0)
 
+    def test_the_fluid_profile_reads_from_a_master_that_requires_a_token(self):
+        """Issue 54: the ThinRuntimeProfile gave Fluid's FUSE pods no token, so a token-protected
+        master refused them. The FUSE container is started as the profile starts it (its command,
+        args and env; its volume of the token Secret mapped to a directory here; no config file, as
+        in a Fluid pod) against a master and worker that require the token, and reads the file.
+        Without the profile's args it is refused, saying so."""
+        d = self.dir
+        with open(os.path.join(DEPLOY, "fluid", "thinruntimeprofile.yaml")) as f:
+            profile = next(x for x in yaml.safe_load_all(f) if x and x["kind"] == "ThinRuntimeProfile")
+        fuse = profile["spec"]["fuse"]
+        mounts = {m["name"]: m["mountPath"] for m in fuse.get("volumeMounts", [])}
+        volumes = {v["name"]: v for v in profile["spec"].get("volumes", [])}
+        self.assertTrue(mounts, "the profile mounts the token Secret")
+        secret_dir = f"{d}/pod-secrets"
+        os.makedirs(secret_dir, mode=0o700)
+        token = f"{secret_dir}/token"
+        for name, path in mounts.items():
+            self.assertEqual(volumes[name]["secret"]["secretName"], "granary-secrets")
+            self.assertIn({"key": "token", "path": "token"}, volumes[name]["secret"]["items"])
+            self.assertEqual(path, "/etc/granary/secrets")
+        with open(token, "w") as fh:
+            fh.write(os.urandom(16).hex() + "\n")
+        os.chmod(token, 0o400)
+        with open(f"{d}/cli.yaml", "w") as fh:
+            fh.write(f"rpc:\n  token_file: {token}\n")
+        tok = ["--rpc.token_file", token]
+        m = self.start("master", *tok, "--ready-file", f"{d}/master.addr", name="master")
+        self.master = self.ready(f"{d}/master.addr", m)
+        w = self.start("worker", *tok, "--master.address", self.master, "--ready-file", f"{d}/worker.addr",
+                       name="worker")
+        worker = self.ready(f"{d}/worker.addr", w)
+        target = f"{d}/runtime-mnt/thin/default/ds3/thin-fuse"
+        os.makedirs(target)
+        self.mounts.append(target)
+        os.makedirs(f"{d}/secrets")
+        with open(f"{d}/fluid.json", "w") as fh:
+            json.dump({"mounts": [{"mountPoint": f"file://{d}/data/ds", "name": "ds3"}], "targetPath": target,
+                       "runtimeOptions": {"granary.fuse.worker": worker,
+                                          "granary.fuse.metrics_listen": "127.0.0.1:0"},
+                       "accessModes": ["ReadOnlyMany"]}, fh)
+        # As the pod runs it: the profile's command and args (paths in the Secret's volume mapped
+        # here), its env (GRANARY_MASTER: this master), no config file.
+        args = [a.replace("/etc/granary/secrets", secret_dir) for a in fuse.get("args", [])]
+        env = {e["name"]: e["value"] for e in fuse.get("env", [])}
+        env.update({"GRANARY_MASTER": self.master, "GRANARY_CONFIG": f"{d}/no-config.yaml"})
+        self.assertEqual(os.path.basename(fuse["command"][0]), "granary-entrypoint")
+        self.assertEqual(fuse["command"][1:], ["fluid-fuse"])
+        without = run([ENTRYPOINT, "fluid-fuse", "--fluid-config", f"{d}/fluid.json", "--secrets-dir",
+                       f"{d}/secrets"], env={**self.env, **env})
+        self.assertNotEqual(without.returncode, 0, "a master requiring a token answered a call without it")
+        self.assertIn("token", without.stderr, without.stderr)
+        fl = self.start("fluid-fuse", *args, "--fluid-config", f"{d}/fluid.json", "--secrets-dir", f"{d}/secrets",
+                        name="fluid", env=env)
+        wait_for(lambda: mounted(target) or fl.poll() is not None, what="the Fluid mount")
+        self.assertTrue(mounted(target), read(f"{d}/fluid.log"))
+        with open(f"{target}/x.bin", "rb") as fh:
+            self.assertEqual(fh.read(), self.payload)
+        r = run([os.path.join(BIN, "granary"), "--config", f"{d}/cli.yaml", "--master", self.master, "mounts"],
+                env=self.env)
+        self.assertIn("/ds3", r.stdout, r.stderr)
+        self.assertNotIn(read(token).strip(), read(f"{d}/fluid.log"), "the token never shows in a log")
+        fl.send_signal(signal.SIGTERM)
+        self.assertEqual(fl.wait(timeout=30), 0)
+        self.assertFalse(mounted(target))
+        for p in (w, m):
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=30), 0)
+
     def test_a_fluid_read_write_many_dataset_takes_writes(self):
         """Fluid's FUSE role for a Dataset with accessModes ReadWriteMany and write=through: a file
         written at Fluid's targetPath is whole in the store when close() returns, `granary mounts`
