@@ -186,6 +186,33 @@ TEST_F(BlockSourceTest, ConcurrentMissesFetchOnce) {
   EXPECT_EQ(fakes_.ufs->reads_started.load(), 1);
 }
 
+// Issue 54 #4, the race found: a reader's fetch was on its way when the dataset was freed (its Put
+// rightly refused), and a load started after the free joined that fetch in flight. The load then
+// failed "fetched but not kept: the cache has no room" with the cache all but empty. Now the
+// load's own Put, whose ticket is from after the free, keeps the block.
+TEST_F(BlockSourceTest, ALoadThatJoinedAFetchAFreeOvertookKeepsTheBlock) {
+  fakes_.ufs->CloseGate();
+  std::thread reader([&] {
+    std::string out;
+    bool hit;
+    EXPECT_TRUE(source_->Read(Req(1, 0, 65536), &out, &hit).ok());
+    EXPECT_EQ(out, data_.substr(65536, 65536)) << "the reader still gets its bytes";
+  });
+  ASSERT_TRUE(testing::WaitFor([&] { return fakes_.ufs->reads_started.load() == 1; }));
+  store_->FreeMount(1);  // while the reader's bytes are on their way
+  StatusOr<BlockSource::LoadOutcome> loaded = InternalError("not run");
+  std::thread loader([&] { loaded = source_->Load(Req(1, 0, 65536), 1); });
+  ASSERT_TRUE(testing::WaitFor([&] { return source_->counters().coalesced.load() == 1; }))
+      << "the load did not join the fetch in flight";
+  fakes_.ufs->OpenGate();
+  reader.join();
+  loader.join();
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, BlockSource::LoadOutcome::kFetched);
+  EXPECT_TRUE(source_->IsCached(Req(1, 0, 65536))) << "the load, begun after the free, keeps the block";
+  EXPECT_EQ(fakes_.ufs->reads_started.load(), 1) << "fetched once";
+}
+
 TEST_F(BlockSourceTest, CorruptCachedBlockIsRefetchedNeverServed) {
   std::string out;
   bool hit;
