@@ -396,15 +396,15 @@ int CmdReport(MasterConn& m, bool json) {
   } else {
     std::string which;
     for (const auto& w : writable) which += (which.empty() ? "" : ", ") + w;
-    std::printf("Writes: %zu writable mount%s%s%s; %llu files being written, uploaded %llu files (%s), write-back "
-                "backlog %llu files (%s), %llu failed uploads (retried)\n",
+    std::printf("Writes: %zu writable mount%s%s%s; %s being written, uploaded %s (%s), write-back "
+                "backlog %s (%s), %s (retried)\n",
                 writable.size(), writable.size() == 1 ? "" : "s", which.empty() ? "" : ": ", which.c_str(),
-                static_cast<unsigned long long>(wt.sessions), static_cast<unsigned long long>(wt.uploaded_files),
-                FormatBytes(wt.uploaded_bytes).c_str(), static_cast<unsigned long long>(wt.backlog_files),
-                FormatBytes(wt.backlog_bytes).c_str(), static_cast<unsigned long long>(wt.failures));
+                Count(wt.sessions, "file").c_str(), Count(wt.uploaded_files, "file").c_str(),
+                FormatBytes(wt.uploaded_bytes).c_str(), Count(wt.backlog_files, "file").c_str(),
+                FormatBytes(wt.backlog_bytes).c_str(), Count(wt.failures, "failed upload").c_str());
     if (wt.lost_backlog_files > 0) {
-      std::printf("  %llu files (%s) staged on lost workers wait there to be uploaded when they are back\n",
-                  static_cast<unsigned long long>(wt.lost_backlog_files), FormatBytes(wt.lost_backlog_bytes).c_str());
+      std::printf("  %s (%s) staged on lost workers wait there to be uploaded when they are back\n",
+                  Count(wt.lost_backlog_files, "file").c_str(), FormatBytes(wt.lost_backlog_bytes).c_str());
     }
   }
   if (r.has_master() && !r.master().id().empty()) {

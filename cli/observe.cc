@@ -997,11 +997,11 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
     }
-    std::printf("%s\n  size %s, version %s, block size %s, %llu blocks\n", ns.c_str(),
+    std::printf("%s\n  size %s, version %s, block size %s, %s\n", ns.c_str(),
                 FormatBytes(info.attr().size()).c_str(), info.version().c_str(), FormatBytes(bs).c_str(),
-                static_cast<unsigned long long>(nblocks));
-    std::printf("  cached %llu of %llu blocks (%s), %llu on this node's worker (%s)\n",
-                static_cast<unsigned long long>(cached), static_cast<unsigned long long>(nblocks),
+                Count(nblocks, "block").c_str());
+    std::printf("  cached %llu of %s (%s), %llu on this node's worker (%s)\n",
+                static_cast<unsigned long long>(cached), Count(nblocks, "block").c_str(),
                 FormatBytes(cached_bytes).c_str(), static_cast<unsigned long long>(local_blocks),
                 local.empty() ? "unknown" : local.c_str());
     std::printf("  %6s %10s  %s\n", "block", "length", "where (worker tier kind)");
@@ -1091,13 +1091,13 @@ int CmdInfo(const Config& cfg, MasterConn& master, const InfoOptions& opts) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s\n  %llu files, %s; cached %s (%.1f%%), replicas %s, elastic copies %s\n", ns.c_str(),
-              static_cast<unsigned long long>(files), FormatBytes(t.bytes()).c_str(),
+  std::printf("%s\n  %s, %s; cached %s (%.1f%%), replicas %s, elastic copies %s\n", ns.c_str(),
+              Count(files, "file").c_str(), FormatBytes(t.bytes()).c_str(),
               FormatBytes(t.cached_bytes()).c_str(),
               t.bytes() ? 100.0 * static_cast<double>(t.cached_bytes()) / static_cast<double>(t.bytes()) : 0.0,
               FormatBytes(t.replica_bytes()).c_str(), FormatBytes(t.elastic_bytes()).c_str());
-  std::printf("  %llu of %llu files wholly on this node's worker (%s)\n", static_cast<unsigned long long>(whole_local),
-              static_cast<unsigned long long>(files), local.empty() ? "unknown" : local.c_str());
+  std::printf("  %llu of %s wholly on this node's worker (%s)\n", static_cast<unsigned long long>(whole_local),
+              Count(files, "file").c_str(), local.empty() ? "unknown" : local.c_str());
   return 0;
 }
 
