@@ -496,7 +496,9 @@ int CmdFluidFuse(const Config& base, const std::string& fluid_config, const std:
   auto plan = ParseFluidConfig(*text, secrets_dir);
   if (!plan.ok()) return Fail(plan.status().WithContext(fluid_config));
   Config cfg = base;
-  if (plan->master.empty()) {
+  // The master: the Dataset's runtimeOptions.master, else --master.address given to this command,
+  // else GRANARY_MASTER (the profile's), else the configuration's.
+  if (plan->master.empty() && flags.values.count("master.address") == 0) {
     if (const char* env = std::getenv("GRANARY_MASTER"); env && *env) plan->master = env;
   }
   if (!plan->master.empty()) {

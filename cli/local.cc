@@ -1,8 +1,9 @@
 #include "cli/local.h"
 
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -153,19 +154,31 @@ std::string LocalMetricsListen(int usual) {
   return LoopbackPortFree(usual) ? "127.0.0.1:" + std::to_string(usual) : "127.0.0.1:0";
 }
 
-// The `granary local` that wrote this GRANARY_HOME's discovery file, when it still runs: its pid
-// (the file's "# pid N" line, a process of that pid alive), else 0.
-pid_t RunningLocal(const std::string& discovery) {
+// The pid a running `granary local` wrote in this GRANARY_HOME's discovery file ("# pid N"), for
+// messages; 0 when none is written.
+pid_t DiscoveryPid(const std::string& discovery) {
   auto text = ReadFileToString(discovery);
   if (!text.ok()) return 0;
   size_t at = text->find("# pid ");
-  if (at == std::string::npos) return 0;
-  const pid_t pid = static_cast<pid_t>(std::strtol(text->c_str() + at + 6, nullptr, 10));
-  if (pid <= 0 || pid == getpid() || kill(pid, 0) != 0) return 0;
-  // A file left by one that crashed, its pid since reused: not a granary, not running.
-  auto comm = ReadFileToString("/proc/" + std::to_string(pid) + "/comm");
-  if (!comm.ok() || comm->rfind("granary", 0) != 0) return 0;
-  return pid;
+  return at == std::string::npos ? 0 : static_cast<pid_t>(std::strtol(text->c_str() + at + 6, nullptr, 10));
+}
+
+// One `granary local` per GRANARY_HOME (the CLI finds it through the home's discovery file): an
+// exclusive lock on <home>/local.lock, held by the returned descriptor for the life of the
+// process (the kernel lets it go when the process ends, however it ends: no stale pid to trust).
+StatusOr<int> LockHome() {
+  RETURN_IF_ERROR(MakeDirs(GranaryHome(), 0700));
+  const std::string path = GranaryHome() + "/local.lock";
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return ErrnoError(errno, "open " + path);
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+  const int err = errno;
+  close(fd);
+  if (err != EWOULDBLOCK) return ErrnoError(err, "lock " + path);
+  const pid_t other = DiscoveryPid(LocalDiscoveryFile());
+  return FailedPreconditionError("another granary local" + (other > 0 ? " (pid " + std::to_string(other) + ")" : std::string()) +
+                                 " is serving from " + GranaryHome() + " (granary commands find it through " +
+                                 LocalDiscoveryFile() + "); stop it, or give this one its own GRANARY_HOME");
 }
 
 }  // namespace
@@ -239,18 +252,14 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   if (!set.ok()) return fail(set);
   InitLogging("granary", cfg.log.level);
 
-  // The CLI finds an instance through its GRANARY_HOME's discovery file: one instance per home.
-  if (pid_t other = RunningLocal(LocalDiscoveryFile()); other != 0) {
-    return fail(FailedPreconditionError("another granary local (pid " + std::to_string(other) + ") is serving from " +
-                                        GranaryHome() + " (its " + LocalDiscoveryFile() +
-                                        " is how granary commands find it); stop it, or give this one its own "
-                                        "GRANARY_HOME"));
-  }
   if (pid_t holder = master::DataDirLockHolder(cfg.master.data_dir); holder != 0) {
     return fail(FailedPreconditionError("another granary (pid " + std::to_string(holder) +
                                         ") is using the state directory " + dir +
                                         "; stop it, or give this one its own with --dir"));
   }
+  // The CLI finds an instance through its GRANARY_HOME's discovery file: one instance per home.
+  auto home_lock = LockHome();  // held until this process ends
+  if (!home_lock.ok()) return fail(home_lock.status());
   auto master = master::MasterServer::Start(cfg);
   if (!master.ok()) return fail(master.status());
   cfg.master.address = (*master)->address();
@@ -266,7 +275,8 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
 
   std::string discovery = LocalDiscoveryFile();
   const std::string master_metrics = (*master)->metrics_address(), worker_metrics = (*worker)->metrics_address();
-  // Who wrote it (RunningLocal) and where its metrics are, as comments: the file is a config file.
+  // Who wrote it (named when another instance is refused) and where its metrics are, as comments:
+  // the file is a config file.
   std::string yaml = "# pid " + std::to_string(getpid()) + "\n";
   yaml += "# metrics: master " + (master_metrics.empty() ? std::string("off") : "http://" + master_metrics + "/metrics") +
           ", worker " + (worker_metrics.empty() ? std::string("off") : "http://" + worker_metrics + "/metrics") + "\n";

@@ -116,6 +116,21 @@ void FuseMountImpl::RespondLoop() {
   }
 }
 
+namespace {
+// Whether the process at the other end of unix socket `c` is in this process's network namespace
+// (then its metrics endpoint wants this one's port). False when that cannot be told.
+bool PeerSharesNetwork(int c) {
+  ucred cr{};
+  socklen_t len = sizeof cr;
+  if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid <= 0) return false;
+  char mine[64] = {0}, theirs[64] = {0};
+  const ssize_t a = readlink("/proc/self/ns/net", mine, sizeof mine - 1);
+  const std::string peer = "/proc/" + std::to_string(cr.pid) + "/ns/net";
+  const ssize_t b = readlink(peer.c_str(), theirs, sizeof theirs - 1);
+  return a > 0 && b > 0 && std::string(mine, static_cast<size_t>(a)) == std::string(theirs, static_cast<size_t>(b));
+}
+}  // namespace
+
 void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   auto refuse = [&](const std::string& why) {
     rpc::HandoverMessage r;
@@ -150,9 +165,10 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   }
   auto start = std::chrono::steady_clock::now();
   handing_over_ = true;
-  // Its port is the successor's when both share a network namespace. A process that stays idle
-  // (Kubernetes, each pod its own network) keeps answering probes: /readyz says "handed over".
-  if (fs_->cfg.fuse.exit_after_handover) StopMetrics();
+  // Its port is the successor's when both share a network namespace (metrics ports are not shared:
+  // common/metrics.cc). A process that stays idle in a network of its own (Kubernetes, each pod
+  // its own) keeps answering probes: /readyz says "handed over".
+  if (fs_->cfg.fuse.exit_after_handover || PeerSharesNetwork(c)) StopMetrics();
   io_->Drain(se_);   // every request read is answered; nothing more is read
   if (loop_.joinable()) loop_.join();
   StopInvalidator();

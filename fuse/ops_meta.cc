@@ -407,8 +407,6 @@ void Statfs(Fs* fs, Reply& r) {
   r.Statfs(v);
 }
 
-// No extended attributes. ENOSYS makes the kernel remember that and answer EOPNOTSUPP itself, so
-// `ls -l` (which asks for ACLs and security labels of every file) costs no request per file.
 // ---- The adapters to libfuse ----
 
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -437,6 +435,8 @@ void OpStatfs(fuse_req_t req, fuse_ino_t) {
   Statfs(FsOf(req), r);
 }
 
+// No extended attributes. ENOSYS makes the kernel remember that and answer EOPNOTSUPP itself, so
+// `ls -l` (which asks for ACLs and security labels of every file) costs no request per file.
 void OpGetxattr(fuse_req_t req, fuse_ino_t, const char*, size_t) { ReplyUnsupported(req); }
 void OpListxattr(fuse_req_t req, fuse_ino_t, size_t) { ReplyUnsupported(req); }
 void OpReadlink(fuse_req_t req, fuse_ino_t) { ReplyErrno(req, EINVAL); }

@@ -35,7 +35,8 @@ class Reply {
   virtual int Err(int err) = 0;
   // An open's handle and flags; `backing_id` > 0: passthrough to that backing file
   // (fuse/session_io.h: the reply carries it).
-  virtual int Open(const fuse_file_info& fi, int backing_id = 0) = 0;
+  virtual int Open(const fuse_file_info& fi, int backing_id) = 0;
+  int Open(const fuse_file_info& fi) { return Open(fi, 0); }
   // A read's bytes: one buffer, buffers in memory, or buffers that may be descriptors to splice
   // from (libfuse's fuse_bufvec; FUSE_BUF_FD_SEEK: at the buffer's pos).
   virtual int Buf(const char* data, size_t n) = 0;
@@ -63,6 +64,7 @@ class FuseReply final : public Reply {
   gid_t gid() const override;
   int groups(int size, gid_t* list) const override;
   int Err(int err) override;
+  using Reply::Open;
   int Open(const fuse_file_info& fi, int backing_id) override;
   int Buf(const char* data, size_t n) override;
   int Iov(const iovec* iov, int count) override;

@@ -720,7 +720,7 @@ size_t BlockStore::FreeIf(Doomed doomed, uint64_t stamp) {
     while (!recent_frees_.empty() &&
            (recent_frees_.size() >= kRecentFrees || at - recent_frees_.front().at > kFreeMemory)) {
       forgotten_frees_ = recent_frees_.front().number;
-      forgotten_at_ = recent_frees_.front().at;
+      forgotten_at_ = std::max(forgotten_at_, recent_frees_.front().at);  // never back before the floor
       forgotten_stamp_ = std::max(forgotten_stamp_, recent_frees_.front().stamp);
       recent_frees_.pop_front();
     }

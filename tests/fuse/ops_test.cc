@@ -170,6 +170,7 @@ class RecordingReply final : public Reply {
     answers.push_back({Answer::kErr, err, {}, 0, {}});
     return 0;
   }
+  using Reply::Open;
   int Open(const fuse_file_info& fi, int backing_id) override {
     answers.push_back({Answer::kOpen, 0, fi, backing_id, {}});
     return open_result;
