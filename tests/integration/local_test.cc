@@ -147,6 +147,16 @@ TEST(GranaryLocal, TwoInstancesOnOneMachineEachAnswerForThemselves) {
     EXPECT_EQ(j["mounts"][0]["path"], path) << r.out;
   }
 
+  // And `granary stats`: A's cache holds what it read, B's nothing.
+  auto cache_used = [&](const std::map<std::string, std::string>& env) -> double {
+    RunResult r = RunCommand({Bin("granary"), "stats", "--count", "1", "--interval", "100ms", "--json"}, env);
+    if (r.code != 0) return -1;
+    auto j = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')), nullptr, false);
+    return j.is_object() ? j["cache"]["used_bytes"].get<double>() : -1;
+  };
+  EXPECT_GE(cache_used(env_a), static_cast<double>(a_data.size()));
+  EXPECT_EQ(cache_used(env_b), 0.0) << "B's stats showed A";
+
   // A third in A's GRANARY_HOME (its own state directory) is refused, naming A.
   mkdir((dir / "mnt-c").c_str(), 0755);
   RunResult c = RunCommand(
