@@ -129,6 +129,14 @@ bool PeerSharesNetwork(int c) {
   const ssize_t b = readlink(peer.c_str(), theirs, sizeof theirs - 1);
   return a > 0 && b > 0 && std::string(mine, static_cast<size_t>(a)) == std::string(theirs, static_cast<size_t>(b));
 }
+
+// Whether `listen` (fuse.metrics_listen) names a port of its own, which a successor would bind too
+// (not "off", not port 0).
+bool FixedMetricsPort(const std::string& listen) {
+  if (listen.empty() || listen == "off") return false;
+  auto hp = ParseHostPort(listen);
+  return hp.ok() && hp->port != 0;
+}
 }  // namespace
 
 void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
@@ -165,10 +173,13 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   }
   auto start = std::chrono::steady_clock::now();
   handing_over_ = true;
-  // Its port is the successor's when both share a network namespace (metrics ports are not shared:
-  // common/metrics.cc). A process that stays idle in a network of its own (Kubernetes, each pod
-  // its own) keeps answering probes: /readyz says "handed over".
-  if (fs_->cfg.fuse.exit_after_handover || PeerSharesNetwork(c)) StopMetrics();
+  // A fixed port is the successor's when both share a network namespace (metrics ports are not
+  // shared: common/metrics.cc). A process that stays idle in a network of its own (Kubernetes,
+  // each pod its own), or on a port the OS chose, keeps answering probes: /readyz says "handed
+  // over".
+  if (fs_->cfg.fuse.exit_after_handover || (FixedMetricsPort(fs_->cfg.fuse.metrics_listen) && PeerSharesNetwork(c))) {
+    StopMetrics();
+  }
   io_->Drain(se_);   // every request read is answered; nothing more is read
   if (loop_.joinable()) loop_.join();
   StopInvalidator();

@@ -676,6 +676,17 @@ ufs:
         self.assertIsNone(proc.poll(), read(path.replace(".addr", ".log")))
         return read(path).strip()
 
+    def fluid_dataset(self, name, runtime_options):
+        """Fluid's config.json (f"{dir}/fluid.json") for one read-only mount `name` of data/ds, at a
+        targetPath made here and unmounted at the end; returns the targetPath."""
+        target = f"{self.dir}/runtime-mnt/thin/default/{name}/thin-fuse"
+        os.makedirs(target)
+        self.mounts.append(target)
+        with open(f"{self.dir}/fluid.json", "w") as fh:
+            json.dump({"mounts": [{"mountPoint": f"file://{self.dir}/data/ds", "name": name}], "targetPath": target,
+                       "runtimeOptions": runtime_options, "accessModes": ["ReadOnlyMany"]}, fh)
+        return target
+
     def cli(self, *args):
         return run([os.path.join(BIN, "granary"), "--master", self.master, *args], env=self.env)
 
@@ -708,14 +719,8 @@ ufs:
         wait_for(lambda: f.poll() is not None, what="granary-fuse to exit")
 
         # Fluid's FUSE role: the Dataset from config.json, mounted at Fluid's targetPath.
-        target = f"{d}/runtime-mnt/thin/default/ds2/thin-fuse"
-        os.makedirs(target)
-        self.mounts.append(target)
         os.makedirs(f"{d}/secrets/cred")
-        with open(f"{d}/fluid.json", "w") as fh:
-            json.dump({"mounts": [{"mountPoint": f"file://{d}/data/ds", "name": "ds2"}], "targetPath": target,
-                       "runtimeOptions": {"master": self.master, "granary.fuse.worker": worker},
-                       "accessModes": ["ReadOnlyMany"]}, fh)
+        target = self.fluid_dataset("ds2", {"master": self.master, "granary.fuse.worker": worker})
         fl = self.start("fluid-fuse", "--fluid-config", f"{d}/fluid.json", "--secrets-dir", f"{d}/secrets",
                         name="fluid")
         wait_for(lambda: mounted(target) or fl.poll() is not None, what="the Fluid mount")
@@ -761,15 +766,8 @@ ufs:
         w = self.start("worker", *tok, "--master.address", self.master, "--ready-file", f"{d}/worker.addr",
                        name="worker")
         worker = self.ready(f"{d}/worker.addr", w)
-        target = f"{d}/runtime-mnt/thin/default/ds3/thin-fuse"
-        os.makedirs(target)
-        self.mounts.append(target)
         os.makedirs(f"{d}/secrets")
-        with open(f"{d}/fluid.json", "w") as fh:
-            json.dump({"mounts": [{"mountPoint": f"file://{d}/data/ds", "name": "ds3"}], "targetPath": target,
-                       "runtimeOptions": {"granary.fuse.worker": worker,
-                                          "granary.fuse.metrics_listen": "127.0.0.1:0"},
-                       "accessModes": ["ReadOnlyMany"]}, fh)
+        target = self.fluid_dataset("ds3", {"granary.fuse.worker": worker, "granary.fuse.metrics_listen": "127.0.0.1:0"})
         # As the pod runs it: the profile's command and args (paths in the Secret's volume mapped
         # here), its env (GRANARY_MASTER: this master), no config file.
         args = [a.replace("/etc/granary/secrets", secret_dir) for a in fuse.get("args", [])]
