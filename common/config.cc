@@ -273,7 +273,8 @@ std::vector<Setting> MakeSettings() {
   t.push_back(TierRow("worker.tieredstore.levels", K::kTierLevels, "",
                       "Cache tiers, fastest first: a list of {mediumtype: MEM|SSD|HDD, path: \"/a,/b\", quota: "
                       "2Gi (or quotaList: \"1Gi,1Gi\"), high: \"0.95\", low: \"0.7\"}, as Fluid writes them. "
-                      "Empty: one SSD level at worker.cache_dir with worker.cache_quota. See \"Sizing the cache\".",
+                      "Empty: one SSD level at worker.cache_dir with worker.cache_quota. A path must be absolute, "
+                      "valid UTF-8, and hold no control characters, quotes or backslashes. See \"Sizing the cache\".",
                       &TieredStoreConfig::levels));
   // fuse
   t.push_back(Row("fuse.mountpoint", K::kPath, "/data", "Where granary-fuse mounts the namespace.",
@@ -337,7 +338,8 @@ std::vector<Setting> MakeSettings() {
   t.push_back(Row("fuse.exit_after_handover", K::kBool, "true",
                   "Exit once the connection is handed over to a successor. false: stay idle (not ready) until "
                   "SIGTERM, then exit without unmounting; for a supervisor that would restart an exited "
-                  "process, as Kubernetes does.",
+                  "process, as Kubernetes does. An idle one in its successor's network namespace with a fixed "
+                  "fuse.metrics_listen port gives the port up to it.",
                   &Config::fuse, &FuseConfig::exit_after_handover));
   t.push_back(Row("fuse.worker_wait", K::kDuration, "2m",
                   "How long a read waits for a worker when none can serve it (this node's worker restarting "
