@@ -15,6 +15,7 @@ kernel. The test says which it used.
 Run by ctest (root) with GRANARY_SOURCE_DIR; slow the first time (the image build), quick when the
 image's layers are cached.
 """
+import json
 import os
 import secrets
 import shutil
@@ -24,6 +25,8 @@ import tempfile
 import time
 import unittest
 import urllib.request
+
+import yaml
 
 from testlib import mounted, read, run, wait_for
 
@@ -117,7 +120,8 @@ class ContainerRunner:
     volumes bound from the host, the FUSE role privileged with its mount shared back to the host."""
 
     how = "real containers"
-    VOLUMES = ("/etc/granary", "/run/granary", "/run/granary-keeper", "/run/test", "/data", "/var/lib/granary/fuse")
+    VOLUMES = ("/etc/granary", "/etc/fluid", "/run/granary", "/run/granary-keeper", "/run/test", "/data",
+               "/var/lib/granary/fuse")
 
     def __init__(self, engine, image, work):
         self.engine, self.image, self.work = engine, image, work
@@ -147,9 +151,10 @@ class ContainerRunner:
         extra = ["--privileged", "--device", "/dev/fuse"] if privileged else []
         return ["--rm", "--network", "host", "--shm-size", "1g", "--user", f"{user}:{user}", *vols, *extra]
 
-    def start(self, args, name, user=0):
-        cmd = [self.engine, "run", "--name", f"{self.prefix}-{name}",
-               *self._run_args(user, args[0] == "fuse"), self.image, *args]
+    def start(self, args, name, user=0, env=None):
+        envs = [x for k, v in (env or {}).items() for x in ("-e", f"{k}={v}")]
+        cmd = [self.engine, "run", "--name", f"{self.prefix}-{name}", *envs,
+               *self._run_args(user, args[0] in ("fuse", "fluid-fuse")), self.image, *args]
         with open(os.path.join(self.work, name + ".log"), "w") as log:
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -221,8 +226,8 @@ class ImageTest(unittest.TestCase):
         lo = "127.0.0.1:0"
         procs = []
 
-        def start(args, name, user=0):
-            p = img.start(args, name, user=user)
+        def start(args, name, user=0, env=None):
+            p = img.start(args, name, user=user, env=env)
             procs.append(p)
             self.addCleanup(lambda: p.poll() is None and (p.kill() or p.wait(timeout=30)))
             return p
@@ -263,6 +268,33 @@ class ImageTest(unittest.TestCase):
         self.assertEqual(stop.returncode, 0, stop.stdout + stop.stderr)
         wait_for(lambda: not mounted(mp), what="the unmount")
         wait_for(lambda: f.poll() is not None, what="granary-fuse to exit after fuse-stop")
+
+        # Fluid's FUSE pod as the ThinRuntimeProfile starts it (issue 54: it had no token and the
+        # master refused it): its command and args, its env, the token Secret at the path its volume
+        # mounts, Fluid's config.json where Fluid writes it, and no Granary config file.
+        with open(os.path.join(SRC, "deploy", "fluid", "thinruntimeprofile.yaml")) as fh:
+            profile = next(x for x in yaml.safe_load_all(fh) if x and x["kind"] == "ThinRuntimeProfile")
+        pf = profile["spec"]["fuse"]
+        self.assertEqual([v["mountPath"] for v in pf["volumeMounts"]], ["/etc/granary/secrets"])
+        target = "/var/lib/granary/fuse/fluid/thin-fuse"
+        os.makedirs(img.path(target), exist_ok=True)
+        os.makedirs(img.path("/etc/fluid/config"), exist_ok=True)
+        with open(img.path("/etc/fluid/config/config.json"), "w") as fh:
+            json.dump({"mounts": [{"mountPoint": "file:///data/ds", "name": "ds"}], "targetPath": target,
+                       "runtimeOptions": {"granary.fuse.worker": worker, "granary.fuse.metrics_listen": lo},
+                       "accessModes": ["ReadOnlyMany"]}, fh)
+        env = {e["name"]: e["value"] for e in pf.get("env", [])}
+        env.update({"GRANARY_MASTER": master, "GRANARY_CONFIG": "/etc/fluid/no-granary-config.yaml"})
+        self.assertEqual(pf["command"], ["/usr/local/bin/granary-entrypoint", "fluid-fuse"])
+        fl = start([*pf["command"][1:], *pf.get("args", [])], "fluid", env=env)
+        fmp = img.path(target)
+        wait_for(lambda: mounted(fmp) or fl.poll() is not None, timeout=60, what="the Fluid FUSE pod's mount")
+        self.assertTrue(mounted(fmp), read(os.path.join(self.work, "fluid.log")))
+        with open(os.path.join(fmp, "x.bin"), "rb") as fh:
+            self.assertEqual(fh.read(), payload, "read through the Fluid pod's mount, from a master that wants the token")
+        fl.send_signal(signal.SIGTERM)
+        self.assertEqual(fl.wait(timeout=60), 0, read(os.path.join(self.work, "fluid.log")))
+        wait_for(lambda: not mounted(fmp), what="the Fluid mount to go")
         for name, p in (("worker", w), ("master", m), ("keeper", k)):
             p.send_signal(signal.SIGTERM)
             self.assertEqual(p.wait(timeout=60), 0, name)
