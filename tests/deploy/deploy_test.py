@@ -687,6 +687,15 @@ ufs:
                        "runtimeOptions": runtime_options, "accessModes": ["ReadOnlyMany"]}, fh)
         return target
 
+    def stop_all(self, fluid, target, *daemons):
+        """SIGTERM to Fluid's FUSE role (it unmounts `target`), then to the daemons: each exits 0."""
+        fluid.send_signal(signal.SIGTERM)
+        self.assertEqual(fluid.wait(timeout=30), 0)
+        self.assertFalse(mounted(target))
+        for p in daemons:
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=30), 0)
+
     def cli(self, *args):
         return run([os.path.join(BIN, "granary"), "--master", self.master, *args], env=self.env)
 
@@ -728,12 +737,7 @@ ufs:
         with open(f"{target}/x.bin", "rb") as fh:
             self.assertEqual(fh.read(), self.payload, "the dataset is the root of Fluid's target path")
         self.assertIn("/ds2", self.cli("mounts").stdout)
-        fl.send_signal(signal.SIGTERM)
-        self.assertEqual(fl.wait(timeout=30), 0)
-        self.assertFalse(mounted(target))
-        for p in (w, m):
-            p.send_signal(signal.SIGTERM)
-            self.assertEqual(p.wait(timeout=30), 0)
+        self.stop_all(fl, target, w, m)
 
     def test_the_fluid_profile_reads_from_a_master_that_requires_a_token(self):
         """Issue 54: the ThinRuntimeProfile gave Fluid's FUSE pods no token, so a token-protected
@@ -789,12 +793,7 @@ ufs:
                 env=self.env)
         self.assertIn("/ds3", r.stdout, r.stderr)
         self.assertNotIn(read(token).strip(), read(f"{d}/fluid.log"), "the token never shows in a log")
-        fl.send_signal(signal.SIGTERM)
-        self.assertEqual(fl.wait(timeout=30), 0)
-        self.assertFalse(mounted(target))
-        for p in (w, m):
-            p.send_signal(signal.SIGTERM)
-            self.assertEqual(p.wait(timeout=30), 0)
+        self.stop_all(fl, target, w, m)
 
     def test_a_fluid_read_write_many_dataset_takes_writes(self):
         """Fluid's FUSE role for a Dataset with accessModes ReadWriteMany and write=through: a file
@@ -837,12 +836,7 @@ ufs:
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("/ckpt is already mounted with write=through, the Dataset asks for write=off", r.stderr)
 
-        fl.send_signal(signal.SIGTERM)
-        self.assertEqual(fl.wait(timeout=30), 0)
-        self.assertFalse(mounted(target))
-        for p in (w, m):
-            p.send_signal(signal.SIGTERM)
-            self.assertEqual(p.wait(timeout=30), 0)
+        self.stop_all(fl, target, w, m)
 
     def test_a_replaced_fuse_pod_reaches_running_training_pods(self):
         """A mount made afresh reaches running pods, with the kernel's real propagation: the FUSE
