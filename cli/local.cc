@@ -2,10 +2,8 @@
 
 #include <spdlog/spdlog.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sys/file.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 #include "cli/cli.h"
 #include "common/fs.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/shutdown.h"
 #include "ufs/access.h"
 #include "ufs/mount_table.h"
@@ -132,26 +131,11 @@ StatusOr<std::string> MakeInstanceToken(const std::string& dir) {
   return path;
 }
 
-// Whether nothing listens on 127.0.0.1:`port` (a bind as the metrics endpoint's, without
-// SO_REUSEPORT, would succeed).
-bool LoopbackPortFree(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  int yes = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return free;
-}
-
 // The metrics endpoint of a `granary local` daemon: the usual port when it is free, else one the
 // kernel picks (a second instance on this machine; the banner and the discovery file say which).
 std::string LocalMetricsListen(int usual) {
-  return LoopbackPortFree(usual) ? "127.0.0.1:" + std::to_string(usual) : "127.0.0.1:0";
+  const std::string address = "127.0.0.1:" + std::to_string(usual);
+  return CheckCanListen(address).ok() ? address : "127.0.0.1:0";
 }
 
 // The pid a running `granary local` wrote in this GRANARY_HOME's discovery file ("# pid N"), for
@@ -274,12 +258,13 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
   if (!fuse.ok()) return fail(fuse.status());
 
   std::string discovery = LocalDiscoveryFile();
-  const std::string master_metrics = (*master)->metrics_address(), worker_metrics = (*worker)->metrics_address();
+  auto url = [](const std::string& address) { return address.empty() ? std::string() : "http://" + address + "/metrics"; };
+  const std::string master_metrics = url((*master)->metrics_address()), worker_metrics = url((*worker)->metrics_address());
   // Who wrote it (named when another instance is refused) and where its metrics are, as comments:
   // the file is a config file.
   std::string yaml = "# pid " + std::to_string(getpid()) + "\n";
-  yaml += "# metrics: master " + (master_metrics.empty() ? std::string("off") : "http://" + master_metrics + "/metrics") +
-          ", worker " + (worker_metrics.empty() ? std::string("off") : "http://" + worker_metrics + "/metrics") + "\n";
+  yaml += "# metrics: master " + (master_metrics.empty() ? std::string("off") : master_metrics) + ", worker " +
+          (worker_metrics.empty() ? std::string("off") : worker_metrics) + "\n";
   yaml += "master:\n  address: \"" + cfg.master.address + "\"\n";
   // `granary stats`, `trace` and `profile` with no path look at this mount.
   yaml += "fuse:\n  mountpoint: \"" + cfg.fuse.mountpoint + "\"\n";
@@ -293,10 +278,9 @@ int RunLocal(const LocalOptions& opts, Config cfg) {
               RedactUri(opts.uri).c_str(), opts.mountpoint.c_str(), name.c_str(), cfg.master.address.c_str(),
               dir.c_str());
   if (!master_metrics.empty() || !worker_metrics.empty()) {
-    std::printf("granary local: metrics at %s%s%s\n",
-                master_metrics.empty() ? "" : ("http://" + master_metrics + "/metrics (master)").c_str(),
-                master_metrics.empty() || worker_metrics.empty() ? "" : " and ",
-                worker_metrics.empty() ? "" : ("http://" + worker_metrics + "/metrics (worker)").c_str());
+    std::printf("granary local: metrics at %s%s%s%s%s\n", master_metrics.c_str(),
+                master_metrics.empty() ? "" : " (master)", master_metrics.empty() || worker_metrics.empty() ? "" : " and ",
+                worker_metrics.c_str(), worker_metrics.empty() ? "" : " (worker)");
   }
   std::fflush(stdout);
 
