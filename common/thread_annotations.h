@@ -47,6 +47,7 @@
 #define REQUIRES(...) GRANARY_TSA(requires_capability(__VA_ARGS__))
 #define ACQUIRE(...) GRANARY_TSA(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) GRANARY_TSA(release_capability(__VA_ARGS__))
+#define TRY_ACQUIRE(...) GRANARY_TSA(try_acquire_capability(__VA_ARGS__))
 #define EXCLUDES(...) GRANARY_TSA(locks_excluded(__VA_ARGS__))
 #define RETURN_CAPABILITY(x) GRANARY_TSA(lock_returned(x))
 #ifndef NO_THREAD_SAFETY_ANALYSIS
@@ -60,6 +61,8 @@ class CAPABILITY("mutex") Mutex {
  public:
   void Lock() ACQUIRE() { mu_.lock(); }
   void Unlock() RELEASE() { mu_.unlock(); }
+  // True with the mutex held; false (not held) when another thread holds it.
+  bool TryLock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
   // For code the analysis cannot follow (a condition variable's wait): the mutex underneath.
   std::mutex& native() { return mu_; }
 

@@ -91,6 +91,9 @@ void ReplyErrno(fuse_req_t req, int err) {
 
 // ---- FuseReply (fuse/reply.h) ----
 
+internal::Connection* FuseReply::connection() const {
+  return static_cast<internal::Connection*>(fuse_req_userdata(req_));
+}
 pid_t FuseReply::pid() const {
   const fuse_ctx* c = fuse_req_ctx(req_);
   return c ? c->pid : 0;

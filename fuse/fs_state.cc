@@ -132,7 +132,7 @@ class FsBackingHost : public BackingHost {
     return fs_->client->LeaseFile(info);
   }
   StatusOr<int> Register(const FileLease& lease) override {
-    auto id = fs_->io->OpenBacking(lease.fd());
+    auto id = fs_->io.load()->OpenBacking(lease.fd());
     if (!id.ok() && !warned_.exchange(true)) {
       // Refused for good (no CAP_SYS_ADMIN in the initial user namespace): kernel mode from now on.
       spdlog::warn("fuse.open={}: the kernel refused a backing file ({}); serving in kernel mode instead",
@@ -141,7 +141,7 @@ class FsBackingHost : public BackingHost {
     }
     return id;
   }
-  void Unregister(int id) override { fs_->io->CloseBacking(id); }
+  void Unregister(int id) override { fs_->io.load()->CloseBacking(id); }
   void Announce(uint64_t kino, const InodeOpens& st) override { fs_->KeeperPut(kino, st); }
   void Drop(uint64_t kino, int id) override { fs_->DropBacking(kino, id); }
 

@@ -71,6 +71,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "common/bounded_map.h"
 #include "common/config.h"
@@ -90,6 +91,7 @@
 #include "fuse/open_file.h"
 #include "fuse/open_handles.h"
 #include "fuse/passthrough.h"
+#include "fuse/reply.h"
 #include "fuse/read_leases.h"
 #include "fuse/session_io.h"
 #include "fuse/trace.h"
@@ -116,7 +118,32 @@ inline const char* ModeName(OpenMode m) {
 // many entries each, the oldest half forgotten when full (common/bounded_map.h).
 inline constexpr size_t kInodeStates = 1'000'000;
 
-// Everything the operations need; the session's userdata.
+struct Fs;
+
+// One FUSE connection of the mount: the userdata of the libfuse session serving it (FsOf reaches
+// the mount's state through it; a Reply names it: Fs::ConnOf). A mount has one current connection,
+// the one at its mount point, and after a swap older ones draining.
+//
+// Why more than one: in kernel mode the kernel opens files by itself only on a connection whose
+// first OPEN was answered ENOSYS, and that is permanent for the connection; a write needs its OPEN
+// (docs/architecture.md, "kernel"). So a kernel-mode connection that shows no writable dataset
+// goes open-free at its first read-only OPEN, its superblock made read-only first (the kernel then
+// refuses writes there with EROFS before any reaches granary-fuse: SuperblockMode::GoOpenFree).
+// When a writable dataset is shown later, a fresh connection is slid under the mount point and the
+// old one detached (FuseMountImpl::ReplaceConnection, fuse/mount.cc): new path walks reach the new
+// one, which answers OPEN; files and working directories opened through the old one go on there
+// until their last user goes, then its loop ends.
+struct Connection {
+  Fs* fs = nullptr;
+  fuse_session* se = nullptr;
+  // This connection answered OPEN ENOSYS (kernel mode): no OPEN, RELEASE or FLUSH comes on it, and
+  // its superblock is read-only. Set once, never cleared.
+  std::atomic<bool> open_free{false};
+  // Made to replace an open-free connection: the read mode was chosen at the first one's INIT.
+  bool replacement = false;
+};
+
+// Everything the operations need; reached from a request through its Connection.
 struct Fs {
   Config cfg;
   std::unique_ptr<Client> client;
@@ -144,8 +171,17 @@ struct Fs {
   std::unique_ptr<OpenNotes> open_notes;
   std::unique_ptr<EntryCache> entries;  // lookups, for min(entry_timeout, attr_timeout)
   std::unique_ptr<AttrCache> attrs;     // attributes by master inode, for attr_timeout
-  fuse_session* se = nullptr;
-  SessionIo* io = nullptr;  // set when granary-fuse does the session's I/O (passthrough wanted)
+  // The connection at the mount point (null before the mount, and in tests), and every connection
+  // served, for the invalidations (the current one and those draining; fuse/mount.cc keeps it).
+  std::atomic<Connection*> current{nullptr};
+  Mutex conns_mu;
+  std::vector<Connection*> conns GUARDED_BY(conns_mu);
+  // The connection a request came on (a Reply that cannot tell: the current one; null in tests).
+  Connection* ConnOf(const Reply& r) const {
+    Connection* c = r.connection();
+    return c != nullptr ? c : current.load();
+  }
+  std::atomic<SessionIo*> io{nullptr};  // the current connection's; set when granary-fuse does the session's I/O (passthrough wanted)
   std::atomic<OpenMode> wanted{OpenMode::kKernel};  // from fuse.open (auto: its choice at INIT)
   bool wanted_explicitly = false;       // fuse.open named the mode: a fallback is a warning
   std::atomic<OpenMode> mode{OpenMode::kKernel};  // decided at INIT
@@ -224,7 +260,7 @@ struct Fs {
   }
   // Lets a backing id go: the keeper hears of it first (fuse/handover.h says why).
   void DropBacking(uint64_t kino, int backing_id) {
-    if (!keeper || keeper->DropBacking(kino, backing_id)) io->CloseBacking(backing_id);
+    if (!keeper || keeper->DropBacking(kino, backing_id)) io.load()->CloseBacking(backing_id);
   }
 
   // Invalidations of cached pages, sent from their own thread: a notification from inside a
@@ -300,8 +336,13 @@ struct Fs {
         last_trim = std::chrono::steady_clock::now();
         continue;
       }
-      // -ENOENT: the kernel holds nothing of that inode. Fine.
-      fuse_lowlevel_notify_inval_inode(se, kino, 0, 0);
+      // -ENOENT: the kernel holds nothing of that inode. Fine. Every connection: one draining may
+      // hold pages of the file too. (conns_mu held: a drained connection's session is destroyed
+      // only after it left the list.)
+      {
+        MutexLock lock(&conns_mu);
+        for (Connection* c : conns) fuse_lowlevel_notify_inval_inode(c->se, kino, 0, 0);
+      }
       invalidations++;
     }
   }
@@ -326,7 +367,7 @@ struct Fs {
 // 1 MiB buffer, a pread into it and a copy out for every READ (docs/benchmarks.md, "Cold shards").
 inline constexpr unsigned kMaxReadahead = (1 << 20) - (16 << 10);
 
-inline Fs* FsOf(fuse_req_t req) { return static_cast<Fs*>(fuse_req_userdata(req)); }
+inline Fs* FsOf(fuse_req_t req) { return static_cast<Connection*>(fuse_req_userdata(req))->fs; }
 
 // Fills what the operations need of a new Fs from `cfg` (the wanted read mode, the caches, the
 // handle table, the read leases, the tracer); fs->client must be set. The mount (MakeFs) adds the

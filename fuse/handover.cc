@@ -71,6 +71,10 @@ void HandoverReceived::CloseAll() {
     if (w.conn >= 0) close(w.conn);
   }
   write_files.clear();
+  for (DrainingConnection& d : draining) {
+    if (d.fd >= 0) close(d.fd);
+  }
+  draining.clear();
 }
 
 StatusOr<HandoverReceived> ReceiveHandover(int sock, std::chrono::milliseconds timeout) {
@@ -147,6 +151,19 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
       }
       r->write_files.push_back({w->msg.write_file(), w->fd, w->ring_fd});
       w->fd = w->ring_fd = -1;
+    }
+    // Then the replaced connections still draining, each with its descriptor.
+    for (uint32_t i = 0; i < r->msg.state().draining(); ++i) {
+      auto d = ReceiveHandover(*s, std::chrono::seconds(10));
+      if (!d.ok() || d->msg.kind() != rpc::HandoverMessage::DRAINING || d->fd < 0) {
+        spdlog::error("the predecessor's replaced FUSE connections did not all come ({} of {}): {}; what was opened "
+                      "through the others fails with ENOTCONN",
+                      i, r->msg.state().draining(), d.ok() ? "an unexpected message" : d.status().message());
+        if (d.ok()) d->CloseAll();
+        break;
+      }
+      r->draining.push_back({d->msg.state(), d->fd});
+      d->fd = -1;
     }
   }
   if (r.ok() && r->msg.kind() == rpc::HandoverMessage::STATE &&
@@ -286,6 +303,22 @@ void KeeperLink::SetRingMemory(int fd) {
   MutexLock lock(&mu_);
   ++ring_changes_;
   if (!stop_) DisconnectLocked();  // the link's thread deposits again, with it
+}
+
+void KeeperLink::SetConnection(int fd) {
+  fd_ = fd;
+  MutexLock lock(&mu_);
+  ++ring_changes_;
+  if (!stop_) DisconnectLocked();  // the link's thread deposits again, with it
+}
+
+bool KeeperLink::WaitDeposited(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (sock_ < 0 && !stop_ && std::chrono::steady_clock::now() < deadline) {
+    lock.WaitFor(&cv_, std::chrono::milliseconds(10));
+  }
+  return sock_ >= 0;
 }
 
 void KeeperLink::Release(const std::string& mountpoint) {

@@ -92,6 +92,13 @@ struct HandoverReceived {
     int fd = -1, conn = -1;
   };
   std::vector<WriteFile> write_files;
+  // A hand-over's replaced connections still draining (DRAINING messages after the WRITE_FILEs;
+  // fuse/mount_replace.cc): each with its descriptor (-1: none), owned by the receiver.
+  struct DrainingConnection {
+    rpc::FuseConnectionState state;
+    int fd = -1;
+  };
+  std::vector<DrainingConnection> draining;
   void CloseAll();  // closes what it owns
 };
 
@@ -156,6 +163,11 @@ class KeeperLink {
   // The memory of the connection's io_uring entries (fuse/uring.h), deposited beside the
   // descriptor from now on: a deposit is made again at once. The caller keeps `fd` open.
   void SetRingMemory(int fd);
+  // The mount's connection is now `fd` (an open-free one replaced: fuse/mount_replace.cc): a
+  // deposit of it, with a fresh snapshot, is made again at once. The caller keeps `fd` open.
+  void SetConnection(int fd);
+  // Waits until a keeper holds the connection (deposited), at most `timeout`; whether it does.
+  bool WaitDeposited(std::chrono::milliseconds timeout);
   // The mount is gone for good: the keeper lets the connection go.
   void Release(const std::string& mountpoint);
   // Whether a keeper holds the connection now.
@@ -173,9 +185,9 @@ class KeeperLink {
 
   const std::string path_;
   const bool spawn_;
-  const int fd_;
+  std::atomic<int> fd_;
   std::atomic<int> ring_fd_{-1};
-  uint64_t ring_changes_ GUARDED_BY(mu_) = 0;  // SetRingMemory calls: a deposit begun before one is made again
+  uint64_t ring_changes_ GUARDED_BY(mu_) = 0;  // SetRingMemory and SetConnection calls: a deposit begun before one is made again
   const std::function<rpc::FuseConnectionState()> snapshot_;
   const std::function<void(int)> close_backing_;
   mutable Mutex mu_;

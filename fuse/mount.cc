@@ -35,7 +35,6 @@
 
 namespace granary::fuse {
 namespace internal {
-namespace {
 
 fuse_lowlevel_ops MakeOps() {
   fuse_lowlevel_ops ops{};
@@ -73,11 +72,6 @@ fuse_lowlevel_ops MakeOps() {
   return ops;
 }
 
-// The minor device number of the FUSE mount at `mp` (its /sys/fs/fuse/connections entry), read
-// from /proc/self/mountinfo: stat() on the mount itself would be a request to this very process,
-// which hangs once its loop has stopped serving.
-std::optional<unsigned> FuseConnection(const std::string& mp);
-
 // The kernel caps a FUSE mount's readahead at the default read_ahead_kb (128 KiB) whatever the
 // filesystem negotiates, so sequential reads would arrive as 128 KiB requests, each a round trip
 // to the worker. Raising the mount's own bdi setting lets them arrive as 1 MiB requests (the
@@ -92,7 +86,10 @@ void RaiseReadaheadOf(const std::string& mountpoint) {
   if (!out) spdlog::info("cannot raise {} (not root?); sequential reads go in 128 KiB requests", path);
 }
 
+// Read from /proc/self/mountinfo: stat() on the mount itself would be a request to this very
+// process, which hangs once its loop has stopped serving.
 std::optional<unsigned> FuseConnection(const std::string& mp) {
+  std::optional<unsigned> found;
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
   while (std::getline(in, line)) {
@@ -110,11 +107,13 @@ std::optional<unsigned> FuseConnection(const std::string& mp) {
     }
     auto colon = dev.find(':');
     if (decoded == mp && colon != std::string::npos && line.find(" - fuse") != std::string::npos) {
-      return static_cast<unsigned>(std::stoul(dev.substr(colon + 1)));
+      found = static_cast<unsigned>(std::stoul(dev.substr(colon + 1)));  // the last listed is on top
     }
   }
-  return std::nullopt;
+  return found;
 }
+
+namespace {
 
 // Unmounts `mp`: plainly, or lazily when busy (then aborts the connection so the loop ends).
 void Unmount(const std::string& mp) {
@@ -169,6 +168,10 @@ Status FuseMountImpl::Init(const Config& cfg) {
         if (w.conn >= 0) close(w.conn);
       }
       (*got)->write_files.clear();
+      for (HandoverReceived::DrainingConnection& d : (*got)->draining) {  // those not taken over
+        if (d.fd >= 0) close(d.fd);
+      }
+      (*got)->draining.clear();
     }
   } close_extras{&got};
   if (!got) RETURN_IF_ERROR(CheckMountPoint());
@@ -177,21 +180,21 @@ Status FuseMountImpl::Init(const Config& cfg) {
     if (got) got->CloseAll();
     return made;
   }
-  // Writable where a dataset is mounted writable (the master refuses writes elsewhere: EROFS);
-  // fuse.writes=false mounts read-only.
-  std::string opts = std::string("default_permissions,") + (cfg.fuse.writes ? "" : "ro,") + "fsname=granary,subtype=granary";
-  if (cfg.fuse.allow_other) opts += ",allow_other";
-  const char* argv[] = {"granary-fuse", "-o", opts.c_str()};
-  fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
-  fuse_lowlevel_ops ops = MakeOps();
-  se_ = fuse_session_new(&args, &ops, sizeof ops, fs_.get());
-  fuse_opt_free_args(&args);
+  conn_ = std::make_unique<Connection>();
+  conn_->fs = fs_.get();
+  se_ = NewSession(conn_.get());
   if (se_ == nullptr) {
     if (got) got->CloseAll();
     return InternalError("cannot create the FUSE session (see the message above)");
   }
-  fs_->se = se_;
+  current_se_ = se_;
+  fs_->current = conn_.get();
+  {
+    MutexLock conns(&fs_->conns_mu);
+    fs_->conns.push_back(conn_.get());
+  }
   RETURN_IF_ERROR(got ? Adopt(cfg, &*got, from_keeper) : StartFresh(cfg));
+  if (got) AdoptAllDraining(&*got, from_keeper);
   // The metrics endpoint and trace socket first: once the responder runs, a successor's hand-over
   // stops them on the responder's thread (StopMetrics), so they must exist by then.
   StartMetrics();
@@ -296,6 +299,8 @@ Status FuseMountImpl::StartFresh(const Config& cfg) {
   }
   mounted_ = true;
   if (cfg.fuse.writes) fs_->sb_mode.Arm(mountpoint_);  // fuse.writes=false mounted ro already
+  // Kernel mode: open-free until a writable dataset is shown (fuse/mount_replace.cc).
+  if (CanReplaceConnection(cfg)) fs_->sb_mode.SetReplacer([this] { return ReplaceConnection(); });
   RETURN_IF_ERROR(InstallIo(fuse_session_fd(se_), ""));
   if (cfg.fuse.transport == "uring") {
     if (Status probe = UringQueues::Probe(); probe.ok()) {
@@ -325,7 +330,12 @@ Status FuseMountImpl::Adopt(const Config& cfg, HandoverReceived* got, bool from_
   }
   if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
   if (st.passthrough_refused()) fs_->passthrough->SetRefused();
-  if (cfg.fuse.writes) fs_->sb_mode.Adopt(mountpoint_);
+  if (cfg.fuse.writes) {
+    // In kernel mode a read-only superblock is an open-free connection's (fuse/mount_replace.cc).
+    const bool replaceable = CanReplaceConnection(cfg) && fs_->mode == OpenMode::kKernel;
+    if (fs_->sb_mode.Adopt(mountpoint_, replaceable)) conn_->open_free = true;
+    if (replaceable) fs_->sb_mode.SetReplacer([this] { return ReplaceConnection(); });
+  }
   RETURN_IF_ERROR(InstallIo(got->fd, st.init_request()));
   io_->SetNegotiated(st.passthrough_negotiated());
   ApplyState(st);
@@ -452,14 +462,17 @@ void FuseMountImpl::StartLoop() {
   // threads means colder ones (keeping all 16 cut warm passthrough opens from 66 k to 40-51 k/s).
   fuse_loop_cfg_set_idle_threads(loop_cfg_, std::min<unsigned>(static_cast<unsigned>(fs_->cfg.fuse.max_threads), 4));
   loop_done_ = false;
-  loop_ = std::thread([this] {
-    int rc = fuse_session_loop_mt(se_, loop_cfg_);
-    loop_done_ = true;
-    if (!stopping_ && !handing_over_) {
-      spdlog::warn("the FUSE mount at {} went away (rc {}); stopping", mountpoint_, rc);
-      Shutdown::Request("FUSE mount removed");
-    }
-  });
+  loop_ = std::thread([this, se = se_, cfg = loop_cfg_] { RunLoop(se, cfg); });
+}
+
+void FuseMountImpl::RunLoop(fuse_session* se, fuse_loop_config* cfg) {
+  int rc = fuse_session_loop_mt(se, cfg);
+  if (LoopEnded(se) || se != current_se_.load()) return;  // a replaced connection, or one never used
+  loop_done_ = true;
+  if (!stopping_ && !handing_over_) {
+    spdlog::warn("the FUSE mount at {} went away (rc {}); stopping", mountpoint_, rc);
+    Shutdown::Request("FUSE mount removed");
+  }
 }
 
 void FuseMountImpl::StartInvalidator() {
@@ -492,6 +505,9 @@ void FuseMountImpl::Shutdown() {
     listen_fd_ = -1;
     unlink(handover_path_.c_str());
   }
+  // Replaced connections still draining end with this process (a hand-over carries only the
+  // connection at the mount point): their users get ENOTCONN.
+  EndDraining();
   if (handed_over_) {
     // The successor serves the mount: leave it, and close only our copy of the connection (after
     // our io_uring threads, which use the session, if the successor could not take the ring).

@@ -25,17 +25,20 @@ namespace granary::fuse::internal {
 // What a successor needs (with_handles: a hand-over; without: a deposit with the keeper, which
 // learns backing ids and passthrough mode's daemon-served handles as they change).
 rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
+  // The current connection's I/O (the keeper link's thread calls this beside a replacement:
+  // fuse/mount_replace.cc; a replaced one lives on while it drains).
+  SessionIo* io = fs_->io.load();
   rpc::FuseConnectionState st;
   st.set_format(kHandoverFormat);
   st.set_mountpoint(mountpoint_);
-  st.set_init_request(io_->init_request());
+  st.set_init_request(io->init_request());
   st.set_mode(static_cast<uint32_t>(fs_->mode.load()));
-  st.set_passthrough_negotiated(io_->negotiated());
+  st.set_passthrough_negotiated(io->negotiated());
   st.set_root_ino(fs_->root_ino);
   st.set_fingerprint(Fingerprint(fs_->cfg));
   st.set_sender("granary-fuse pid " + std::to_string(getpid()));
   st.set_passthrough_refused(fs_->passthrough->refused());
-  st.set_uring_payload(io_->uring_payload());
+  st.set_uring_payload(io->uring_payload());
   if (std::shared_ptr<UringQueues> ring = uring()) {
     st.set_uring_memory_base(ring->memory().base);
     st.set_uring_memory_bytes(ring->memory().bytes);
@@ -61,6 +64,10 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
     *st.add_handles() = fs_->HandleOf(fh, of);
   });
   if (with_handles) st.set_next_fh(next);
+  {
+    MutexLock keys(&keys_mu_);  // the replaced connections still draining (fuse/mount_replace.cc)
+    for (const std::string& k : draining_keys_) st.add_draining_keys(k);
+  }
   return st;
 }
 
@@ -190,11 +197,15 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   std::vector<WriteFiles::Exported> writing;
   if (WriteFiles* w = fs_->WritesIfAny()) writing = w->Export();
   out.mutable_state()->set_write_files(static_cast<uint32_t>(writing.size()));
+  // Replaced connections still draining go along too (fuse/mount_replace.cc).
+  const std::vector<Draining*> drains = TakeDrainingForHandOver();
+  out.mutable_state()->set_draining(static_cast<uint32_t>(drains.size()));
   close(listen_fd_);  // the successor listens on the same path
   listen_fd_ = -1;
   Status st = SendHandover(c, out, io_->fd(), ring ? ring->memory().fd : -1);
   if (!st.ok()) {
     spdlog::warn("handing {} over failed ({}); serving on", mountpoint_, st.message());
+    KeepDraining(drains);
     if (ring) ring->Unpark();
     io_->Resume();
     fuse_session_reset(se_);
@@ -219,6 +230,7 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
     }
   }
   if (!writing.empty()) spdlog::info("handed over {} file(s) open for writing", writing.size());
+  HandOverDraining(c, drains);
   bool rings_kept = false;
   if (ring) {
     // Our parked entries hold their requests until the successor has adopted them and registered

@@ -155,6 +155,16 @@ void FuseMountImpl::Render(metrics::Exposition* e) {
   e->Gauge("granary_fuse_keeper_holds", "1 while a keeper holds a copy of the FUSE connection (fuse.keeper).",
            fs_->keeper && fs_->keeper->deposited() ? 1 : 0);
   e->Gauge("granary_fuse_mounted", "1 while the mount is served.", loop_done_ ? 0 : 1);
+  const Connection* current = fs_->current.load();
+  e->Gauge("granary_fuse_open_free",
+           "1 while the connection at the mount point opens files without asking granary-fuse (kernel mode, no "
+           "writable dataset shown: no OPEN, RELEASE or FLUSH request).",
+           current != nullptr && current->open_free ? 1 : 0);
+  e->Counter("granary_fuse_connections_replaced_total",
+             "Open-free connections replaced at the mount point by one that takes writes (a writable dataset shown).",
+             static_cast<double>(replaced_.load()));
+  e->Gauge("granary_fuse_connections_draining",
+           "Replaced connections still serving what was opened through them before.", draining_live_.load());
   e->Family("granary_fuse_open_mode", "gauge",
             "The connection's read mode (fuse.open): 1 for the mode in force. fallback=\"1\" when it is not the "
             "mode asked for (the log says why).");

@@ -73,6 +73,8 @@ void OpCreate(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info*);
 void OpSetxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int);
 void OpRemovexattr(fuse_req_t req, fuse_ino_t, const char*);
 void OpFallocate(fuse_req_t req, fuse_ino_t, int, off_t, off_t, fuse_file_info*);
+// Whether this process may do what needs CAP_SYS_ADMIN (backing files, new mounts).
+bool HasCapSysAdmin();
 // Namespace paths of master inodes, for the access trace (fuse/trace.h).
 Tracer::PathFn TracePaths(Fs* fs);
 

@@ -30,13 +30,6 @@ namespace {
 constexpr uint64_t kDotCookie = 1;     // readdir offset after "."
 constexpr uint64_t kDotDotCookie = 2;  // readdir offset after ".."; children use cookie + 2
 
-bool HasCapSysAdmin() {
-  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (syscall(SYS_capget, &hdr, data) != 0) return false;
-  return (data[0].effective & (1u << CAP_SYS_ADMIN)) != 0;
-}
-
 // MemTotal from /proc/meminfo, in bytes; 0 when unknown.
 uint64_t NodeMemoryBytes() {
   std::ifstream in("/proc/meminfo");
@@ -88,7 +81,7 @@ void ChooseMode(Fs* fs) {
   }
   if (mode == OpenMode::kPassthrough) {
     std::string why;
-    if (fs->io == nullptr || !fs->io->offered()) {
+    if (SessionIo* io = fs->io.load(); io == nullptr || !io->offered()) {
       why = "the kernel does not offer FUSE passthrough (it needs Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)";
     } else if (!HasCapSysAdmin()) {
       why = "granary-fuse lacks CAP_SYS_ADMIN, which the kernel requires to open backing files";
@@ -103,7 +96,7 @@ void ChooseMode(Fs* fs) {
       }
     }
   }
-  if (fs->io != nullptr) fs->io->SetWantPassthrough(mode == OpenMode::kPassthrough);
+  if (SessionIo* io = fs->io.load()) io->SetWantPassthrough(mode == OpenMode::kPassthrough);
   fs->mode = mode;
   // auto's choice is not a fallback: "wanted" is what auto chose.
   if (!fs->wanted_explicitly && fs->wanted == OpenMode::kPassthrough && fs->fallback_reason.empty()) fs->wanted = mode;
@@ -112,12 +105,21 @@ void ChooseMode(Fs* fs) {
 
 }  // namespace
 
+bool HasCapSysAdmin() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  return (data[0].effective & (1u << CAP_SYS_ADMIN)) != 0;
+}
+
 void OpInit(void* userdata, fuse_conn_info* conn) {
-  Fs* fs = static_cast<Fs*>(userdata);
+  const Connection* c = static_cast<Connection*>(userdata);
+  Fs* fs = c->fs;
   // A connection taken over keeps the mode its predecessor told the kernel about (this INIT is a
-  // replay, and its reply is not sent).
-  if (!fs->taken_over) ChooseMode(fs);
-  if (fs->cfg.fuse.transport == "uring" && !fs->taken_over && fs->io != nullptr && !fs->io->uring_offered()) {
+  // replay, and its reply is not sent); a replacement connection keeps the mount's.
+  const bool first = !fs->taken_over && !c->replacement;
+  if (first) ChooseMode(fs);
+  if (fs->cfg.fuse.transport == "uring" && first && fs->io.load() != nullptr && !fs->io.load()->uring_offered()) {
     spdlog::warn("fuse.transport=uring: the kernel does not offer FUSE over io_uring (it needs Linux >= 6.14 and "
                  "the fuse module's enable_uring=Y: echo Y > /sys/module/fuse/parameters/enable_uring); serving "
                  "through /dev/fuse");
@@ -138,20 +140,38 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
 }
 
+namespace {
+// A lookup's entry for `a`; ESTALE instead when answering it put a new connection at the mount
+// point (a writable dataset shown on an open-free connection this lookup came on, while that was
+// the current one: ToEntry, SuperblockMode::NoteWritable). The kernel then walks the path again
+// from its start (once, LOOKUP_REVAL), which reaches the new connection: the write that follows
+// the walk finds a connection that takes it. A lookup on a connection already draining is answered
+// (a process working in a directory of it reads on; its writes get EROFS).
+void ReplyEntry(Fs* fs, Reply& r, const Connection* conn, bool was_current, const rpc::Attr& a, double age_s) {
+  fuse_entry_param e = ToEntry(fs, a);
+  if (was_current && a.writable() && conn->open_free && fs->current.load() != conn) {
+    ReplyErrno(r, ESTALE);
+    return;
+  }
+  e.attr_timeout = std::max(0.0, e.attr_timeout - age_s);
+  e.entry_timeout = std::max(0.0, e.entry_timeout - age_s);
+  r.Entry(e);
+}
+}  // namespace
+
 void Lookup(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) {
   OpScope scope(fs, r, "lookup", fs->lat_lookup, parent);
   if (scope.tracing()) scope.record().name = name;
+  const Connection* conn = fs->ConnOf(r);
+  const bool was_current = conn != nullptr && conn == fs->current.load();
   // A lookup the master answered lately (the kernel may have dropped its dentry since) is answered
   // from memory, with the kernel's timeouts shortened by the answer's age: never staler than the
   // kernel's own caching would be.
   std::string key = EntryKey(fs->ToMaster(parent), name);
   std::chrono::milliseconds age{};
   if (auto cached = fs->entries->Get(key, &age); cached && FreshEnough(*cached, age)) {
-    fuse_entry_param e = ToEntry(fs, *cached);
     if (scope.tracing()) scope.record().child = cached->ino();
-    e.attr_timeout = std::max(0.0, e.attr_timeout - Seconds(age));
-    e.entry_timeout = std::max(0.0, e.entry_timeout - Seconds(age));
-    r.Entry(e);
+    ReplyEntry(fs, r, conn, was_current, *cached, Seconds(age));
     return;
   }
   if (fs->known_dirs.Missing(fs->ToMaster(parent), name)) {
@@ -189,9 +209,8 @@ void Lookup(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) {
     }
     return ReplyError(r, a.status(), "lookup");
   }
-  fuse_entry_param e = ToEntry(fs, *a);
   if (scope.tracing()) scope.record().child = a->ino();
-  r.Entry(e);
+  ReplyEntry(fs, r, conn, was_current, *a, 0);
 }
 
 void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }

@@ -282,14 +282,28 @@ void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
   });
 }
 
-// A read-only open in the kernel mode. With fuse.writes, opens keep coming (a write needs its
-// OPEN): answered at once, reads served by inode, the page cache kept while the version is
-// unchanged (NoteVersion), no FLUSH. Without, ENOSYS: the kernel answers every later open itself (no
-// OPEN, no RELEASE), keeps the page cache across opens, and sends reads with no file handle (OpRead
-// serves them by inode).
+namespace {
+// Whether the connection `r` came on opens files by itself (fuse/fs_state.h, Connection): it is
+// open-free already, or it is the current one and goes open-free now (SuperblockMode::GoOpenFree:
+// no writable dataset shown, its superblock made read-only first).
+bool OpenFree(Fs* fs, const Reply& r) {
+  Connection* c = fs->ConnOf(r);
+  if (c == nullptr) return false;
+  if (c->open_free) return true;
+  if (c != fs->current.load() || !fs->sb_mode.GoOpenFree()) return false;
+  c->open_free = true;
+  return true;
+}
+}  // namespace
+
+// A read-only open in the kernel mode. ENOSYS, with fuse.writes off or on a connection that shows
+// no writable dataset (OpenFree): the kernel answers every later open itself (no OPEN, no RELEASE),
+// keeps the page cache across opens, and sends reads with no file handle (OpRead serves them by
+// inode). Else opens keep coming (a write needs its OPEN): answered at once, reads served by
+// inode, the page cache kept while the version is unchanged (NoteVersion), no FLUSH.
 void ReplyKernelOpen(Reply& r, Fs* fs, fuse_file_info* fi) {
   fs->opens_kernel++;
-  if (!fs->cfg.fuse.writes) return ReplyUnsupported(r);
+  if (!fs->cfg.fuse.writes || OpenFree(fs, r)) return ReplyUnsupported(r);
   fi->fh = 0;
   fi->keep_cache = 1;
   fi->noflush = 1;
@@ -423,7 +437,12 @@ const ReadMode& ReadModeOf(OpenMode mode) {
 
 void Open(Fs* fs, Reply& r, fuse_ino_t ino, fuse_file_info* fi) {
   OpScope scope(fs, r, "open", fs->lat_open, ino);
-  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) return OpenForWrite(fs, r, ino, fi);
+  if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+    // An open-free connection's superblock is read-only: the kernel refuses writes before they
+    // come (this one raced the switch).
+    if (Connection* c = fs->ConnOf(r); c != nullptr && c->open_free) return ReplyErrno(r, EROFS);
+    return OpenForWrite(fs, r, ino, fi);
+  }
   if (OpenWrittenHere(r, fs, ino, fi)) return;
   ReadModeOf(fs->mode).Open(fs, r, ino, fi);
 }
@@ -503,7 +522,8 @@ void Release(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi) {
 // a FLUSH of anything else has nothing to do.
 void Flush(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi) {
   if (IsWriteHandle(fi->fh)) return CommitWriteHandle(fs, r, ino, fi->fh, false);
-  if (!fs->cfg.fuse.writes) return ReplyUnsupported(r);  // ENOSYS: no FLUSH at all from now on
+  // ENOSYS: no FLUSH at all from now on (an open-free connection's opens have no noflush flag).
+  if (Connection* c = fs->ConnOf(r); !fs->cfg.fuse.writes || (c != nullptr && c->open_free)) return ReplyUnsupported(r);
   r.Err(0);
 }
 void Fsync(Fs* fs, Reply& r, fuse_ino_t ino, const fuse_file_info* fi) {

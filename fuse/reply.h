@@ -20,6 +20,9 @@
 #include <cstddef>
 
 namespace granary::fuse {
+namespace internal {
+struct Connection;  // fuse/fs_state.h
+}
 
 class Reply {
  public:
@@ -31,6 +34,9 @@ class Reply {
   // Its supplementary groups, as fuse_req_getgroups: how many it has (up to `size` put in `list`),
   // or a negative errno when they cannot be known.
   virtual int groups(int size, gid_t* list) const = 0;
+  // The FUSE connection the request came on (a mount may have an older one draining beside its
+  // current one: fuse/fs_state.h, Connection); null when unknown (tests): the mount's current one.
+  virtual internal::Connection* connection() const { return nullptr; }
   // An error, or 0: done, nothing to return (RELEASE, FLUSH, FSYNC).
   virtual int Err(int err) = 0;
   // An open's handle and flags; `backing_id` > 0: passthrough to that backing file
@@ -63,6 +69,7 @@ class FuseReply final : public Reply {
   uid_t uid() const override;
   gid_t gid() const override;
   int groups(int size, gid_t* list) const override;
+  internal::Connection* connection() const override;
   int Err(int err) override;
   using Reply::Open;
   int Open(const fuse_file_info& fi, int backing_id) override;

@@ -269,6 +269,13 @@ bool SessionIo::WaitInitReplayed(std::chrono::milliseconds timeout) {
   return !init_pending_;
 }
 
+bool SessionIo::WaitInitAnswered(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (!init_answered_ && std::chrono::steady_clock::now() < deadline) lock.WaitFor(&cv_, std::chrono::milliseconds(100));
+  return init_answered_;
+}
+
 void SessionIo::NoteRequest(const fuse_in_header* h) {
   t_opcode = h->opcode;
   t_unique = h->unique;
@@ -338,6 +345,7 @@ ssize_t SessionIo::Writev(int fd, struct iovec* iov, int count, void*) {
     // a snapshot may carry both (fuse/handover.h).
     MutexLock lock(&io->mu_);
     io->init_answered_ = true;
+    io->cv_.notify_all();
   }
   return n;
 }

@@ -88,6 +88,9 @@ class SessionIo {
   // A handed-over connection: waits until libfuse has processed the replayed INIT (it answers EIO to
   // anything before), at most `timeout`; whether it has.
   bool WaitInitReplayed(std::chrono::milliseconds timeout);
+  // A fresh connection: waits until its INIT has been answered (init_request() is known), at most
+  // `timeout`; whether it has.
+  bool WaitInitAnswered(std::chrono::milliseconds timeout);
   // A ring thread's request (fuse/uring.h): noted as the read hook notes what it reads.
   static void NoteRequest(const fuse_in_header* h);
   // After INIT: whether the kernel offered passthrough, and whether this connection has it.

@@ -52,7 +52,7 @@ void SuperblockMode::Arm(const std::string& mountpoint) {
   mountpoint_ = mountpoint;
 }
 
-void SuperblockMode::Adopt(const std::string& mountpoint) {
+bool SuperblockMode::Adopt(const std::string& mountpoint, bool open_free_possible) {
   MutexLock lock(&mu_);
   mountpoint_ = mountpoint;
   auto ro = ReadOnlyNow(mountpoint);
@@ -63,10 +63,38 @@ void SuperblockMode::Adopt(const std::string& mountpoint) {
                  ro.status().message());
     read_only_ = true;
     tried_read_only_ = true;
-    return;
+    return false;
   }
   read_only_ = *ro;
   tried_read_only_ = true;  // the predecessor decided; only a writable dataset changes it now
+  // In kernel mode only an open-free connection has a read-only superblock.
+  open_free_ = open_free_possible && *ro;
+  return open_free_;
+}
+
+void SuperblockMode::SetReplacer(std::function<Status()> replace) {
+  MutexLock lock(&mu_);
+  replace_ = std::move(replace);
+}
+
+bool SuperblockMode::GoOpenFree() {
+  if (writable_seen_.load(std::memory_order_relaxed)) return false;
+  MutexLock lock(&mu_);
+  if (open_free_) return true;
+  if (mountpoint_.empty() || !replace_ || writable_seen_ || tried_read_only_) return false;
+  tried_read_only_ = true;
+  if (!read_only_) {
+    Status st = SetReadOnly(mountpoint_, true);
+    if (!st.ok()) {
+      spdlog::info("the mount keeps asking granary-fuse at every open: {}", st.message());
+      return false;
+    }
+  }
+  read_only_ = true;
+  open_free_ = true;
+  spdlog::info("no dataset this mount shows is writable: the kernel opens files by itself (no OPEN request) "
+               "until one is");
+  return true;
 }
 
 void SuperblockMode::OnPassthroughOpen() {
@@ -89,6 +117,23 @@ void SuperblockMode::NoteWritable() {
   MutexLock lock(&mu_);
   writable_seen_ = true;
   if (!read_only_) return;
+  if (open_free_) {
+    // An open-free connection cannot take writes: a fresh one takes the mount point.
+    if (replace_failed_) return;
+    Status st = replace_();
+    if (!st.ok()) {
+      replace_failed_ = true;  // once: a later attribute does not try again
+      spdlog::error("a writable dataset is shown but no new FUSE connection could take the mount point: {}; writes "
+                    "get EROFS until granary-fuse is restarted",
+                    st.message());
+      return;
+    }
+    open_free_ = false;
+    read_only_ = false;
+    spdlog::info("a writable dataset is shown: a new FUSE connection, which asks granary-fuse at every open, serves "
+                 "the mount point");
+    return;
+  }
   Status st = SetReadOnly(mountpoint_, false);
   if (!st.ok()) {
     spdlog::error("a writable dataset is shown but the mount cannot be made writable: {}; writes get EROFS until "

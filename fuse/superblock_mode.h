@@ -19,12 +19,20 @@
 // one (fuse.entry_timeout). Never read-only again once writable. A superblock that cannot be
 // changed (a kernel without fspick, Linux < 5.2; files open for writing) stays as it is.
 //
+// Kernel mode (fuse.open kernel, writes on) uses the same switch for open-free connections
+// (fuse/fs_state.h, Connection): its first read-only OPEN makes the superblock read-only and the
+// connection answers OPEN ENOSYS from then on (GoOpenFree), unless a writable attribute was seen or
+// no replacer was set. Such a connection can never take a write safely, so the first writable
+// attribute seen then does not make the superblock writable: the replacer puts a fresh connection,
+// whose superblock is writable, at the mount point instead (before that answer is sent).
+//
 // A successor of a hand-over reads the state from /proc/self/mountinfo (Adopt).
 //
-// Thread-safe.
+// Thread-safe. The replacer runs under this object's lock.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <string>
 
 #include "common/status.h"
@@ -38,8 +46,18 @@ class SuperblockMode {
   SuperblockMode() = default;
   // From now on the superblock of the FUSE mount at `mountpoint` may be made read-only.
   void Arm(const std::string& mountpoint) EXCLUDES(mu_);
-  // A hand-over successor: armed, with the state the kernel has now.
-  void Adopt(const std::string& mountpoint) EXCLUDES(mu_);
+  // A hand-over successor: armed, with the state the kernel has now. With `open_free_possible`
+  // (kernel mode with a replacer to come), a read-only superblock means the connection is
+  // open-free: returns whether it is.
+  bool Adopt(const std::string& mountpoint, bool open_free_possible = false) EXCLUDES(mu_);
+  // Kernel mode: how to put a fresh connection at the mount point (FuseMountImpl::ReplaceConnection).
+  // Without one no connection goes open-free. Set before the loop starts.
+  void SetReplacer(std::function<Status()> replace) EXCLUDES(mu_);
+  // Kernel mode, a read-only OPEN on the current connection: true when the connection is open-free
+  // (from now on, or already): the superblock is read-only. False when a writable attribute was
+  // seen, the superblock cannot be made read-only (files open for writing), or there is no replacer;
+  // decided once per connection.
+  bool GoOpenFree() EXCLUDES(mu_);
   // Read-only, unless a writable attribute was seen (or this was done already). Called before the
   // OPEN's reply.
   void OnPassthroughOpen() EXCLUDES(mu_);
@@ -56,6 +74,9 @@ class SuperblockMode {
   Mutex mu_;
   std::string mountpoint_ GUARDED_BY(mu_);  // empty: unarmed
   bool tried_read_only_ GUARDED_BY(mu_) = false;
+  std::function<Status()> replace_ GUARDED_BY(mu_);
+  bool open_free_ GUARDED_BY(mu_) = false;        // the current connection is open-free
+  bool replace_failed_ GUARDED_BY(mu_) = false;   // tried once: writes get EROFS until a restart
   std::atomic<bool> read_only_{false};
   std::atomic<bool> writable_seen_{false};  // set under mu_; read without it on the fast paths
 };

@@ -267,8 +267,13 @@ bool LocalCluster::StopAll(std::string* why) {
 }
 
 std::string LocalCluster::Logs() const {
-  return "--- master\n" + ReadFile(dir_ / "master.log") + "--- worker\n" + ReadFile(dir_ / "worker.log") +
-         "--- fuse\n" + ReadFile(dir_ / "fuse.log");
+  std::string logs = "--- master\n" + ReadFile(dir_ / "master.log") + "--- worker\n" + ReadFile(dir_ / "worker.log") +
+                     "--- fuse\n" + ReadFile(dir_ / "fuse.log");
+  // Successors of hand-overs and restarts after crashes (UpgradeFuse, CrashAndRestartFuse).
+  for (int n = 1; n <= fuse_starts_; ++n) {
+    logs += "--- fuse" + std::to_string(n) + "\n" + ReadFile(dir_ / ("fuse" + std::to_string(n) + ".log"));
+  }
+  return logs;
 }
 
 }  // namespace granary::testing

@@ -320,6 +320,101 @@ TEST(Passthrough, TheMountIsReadOnlyUntilAWritableDatasetIsShown) {
   ASSERT_TRUE(c.StopAll(&why)) << why;
 }
 
+// Kernel mode with writes on (the default) and read-only datasets only: the first open goes
+// open-free (answered ENOSYS, the superblock read-only first), so later opens, closes and warm
+// re-reads send granary-fuse nothing. A dataset mounted writable gets a new connection at the
+// mount point at its first lookup: the very first write there lands, while a file and a directory
+// opened before go on reading through the old connection until closed, when it ends. Before the
+// swap, a hand-over and a crash keep the connection open-free; after it, they keep the writable one.
+TEST(KernelMode, ReadOnlyDatasetsOpenNothingUntilAWritableOneIsShown) {
+  TempDir dir;
+  std::string data = RandomBytes(50000, 23);
+  WriteFile(dir / "src/img.jpg", data);
+  WriteFile(dir / "src/sub/b.bin", RandomBytes(3000, 24));
+  fs::create_directories(dir / "out");
+  LocalCluster c(dir, ModeOptions("kernel"));
+  std::string why;
+  ASSERT_TRUE(c.StartDaemons(&why)) << why;
+  ASSERT_EQ(c.Cli({"mount", "/ds", "file://" + dir / "src"}).code, 0);
+  ASSERT_TRUE(c.StartFuse(&why)) << why;
+  const std::string mnt = c.mountpoint();
+  const std::string path = mnt + "/ds/img.jpg";
+  ASSERT_EQ(Mismatch(path, data, 5), "");
+  const double first_opens = Opens(c, "kernel");
+  EXPECT_EQ(first_opens, 1) << "the first open is the one answered ENOSYS";
+  EXPECT_TRUE(SuperblockReadOnly(mnt)) << c.Logs();
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_free"), 1);
+  const std::string releases = "granary_fuse_operation_duration_seconds_count{op=\"release\"}";
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(Mismatch(path, data, 6 + i), "");
+  EXPECT_EQ(Opens(c, "kernel"), first_opens) << "an open reached granary-fuse on an open-free connection";
+  EXPECT_EQ(c.Metric("fuse", releases), 0);
+  int probe = open(path.c_str(), O_WRONLY);
+  EXPECT_LT(probe, 0);
+  EXPECT_EQ(errno, EROFS) << "a write open of a read-only dataset is refused by the kernel";
+  if (probe >= 0) close(probe);
+
+  // A hand-over and a crash: each successor finds the connection open-free.
+  ASSERT_TRUE(c.UpgradeFuse(&why)) << why;
+  ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << why;
+  ASSERT_EQ(Mismatch(path, data, 12), "");
+  EXPECT_EQ(Opens(c, "kernel"), 0) << "the successor was asked to open";
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_free"), 1);
+
+  // Opened before a dataset becomes writable: a file, and a directory (a working directory).
+  // (O_CLOEXEC: the granary-fuse processes this test starts must not hold them too.)
+  int held = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  int dir_fd = open((mnt + "/ds").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+
+  ASSERT_EQ(c.Cli({"mount", "/w", "file://" + dir / "out", "-o", "write=through"}).code, 0);
+  int fd = open((mnt + "/w/new.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0) << "the first write after the dataset became writable: " << strerror(errno) << "\n" << c.Logs();
+  ASSERT_EQ(write(fd, "written", 7), 7);
+  ASSERT_EQ(close(fd), 0) << strerror(errno);
+  EXPECT_EQ(ReadFile(dir / "out/new.txt"), "written");
+  EXPECT_FALSE(SuperblockReadOnly(mnt));
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_connections_replaced_total"), 1);
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_open_free"), 0);
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_connections_draining"), 1);
+  // An existing file rewritten in place (its OPEN with O_TRUNC reaches granary-fuse now).
+  WriteFile(mnt + "/w/new.txt", "again");
+  EXPECT_EQ(ReadFile(dir / "out/new.txt"), "again");
+
+  // What was opened before reads on through the old connection, across a hand-over and a crash.
+  auto held_reads = [&] {
+    std::string buf(data.size(), '\0');
+    if (pread(held, buf.data(), buf.size(), 0) != static_cast<ssize_t>(data.size())) {
+      return std::string("pread: ") + strerror(errno);
+    }
+    if (buf != data) return std::string("other bytes");
+    int via_dir = openat(dir_fd, "sub/b.bin", O_RDONLY | O_CLOEXEC);
+    if (via_dir < 0) return std::string("openat in the directory opened before: ") + strerror(errno);
+    std::string small(3000, '\0');
+    ssize_t n = read(via_dir, small.data(), small.size());
+    close(via_dir);
+    if (n != 3000) return std::string("read through the directory opened before: ") + strerror(errno);
+    return std::string();
+  };
+  EXPECT_EQ(held_reads(), "");
+  ASSERT_TRUE(c.UpgradeFuse(&why)) << why;
+  EXPECT_EQ(held_reads(), "") << "after a hand-over\n" << c.Logs();
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_connections_draining"), 1);
+  ASSERT_TRUE(c.CrashAndRestartFuse(&why)) << why;
+  EXPECT_EQ(held_reads(), "") << "after a crash\n" << c.Logs();
+  EXPECT_EQ(c.Metric("fuse", "granary_fuse_connections_draining"), 1);
+  EXPECT_EQ(Mismatch(path, data, 13), "") << "new opens read through the new connection";
+  WriteFile(mnt + "/w/after.txt", "after");
+  EXPECT_EQ(ReadFile(dir / "out/after.txt"), "after");
+  EXPECT_FALSE(SuperblockReadOnly(mnt));
+  close(held);
+  close(dir_fd);
+  ASSERT_TRUE(WaitFor([&] { return c.Metric("fuse", "granary_fuse_connections_draining") == 0; }))
+      << "the old connection did not end after its last user went\n" << c.Logs();
+  EXPECT_EQ(Mismatch(path, data, 14), "");
+  ASSERT_TRUE(c.StopAll(&why)) << why;
+}
+
 // A passthrough open holds its cache file: freeing the dataset leaves it until the file is
 // closed, and a worker killed with -9 (and restarted) costs the reader of an open file nothing.
 TEST(Passthrough, AnOpenFileKeepsItsCacheFileThroughAFreeAndAWorkerKill) {
