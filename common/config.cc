@@ -306,10 +306,11 @@ std::vector<Setting> MakeSettings() {
                   &Config::fuse, &FuseConfig::keep_cache));
   t.push_back(Row("fuse.writes", K::kBool, "true",
                   "Take writes to datasets mounted writable (mount option write=through or back). In the kernel "
-                  "read mode this keeps opens coming to granary-fuse (answered at once, without the master), which "
-                  "writes need (a compiled reader of warm small files loses about a third in that mode; Python "
-                  "loaders see no difference: docs/benchmarks.md); false restores the open-free reads and answers "
-                  "every write with EROFS.",
+                  "read mode a mount that shows no writable dataset still opens files without asking granary-fuse "
+                  "(its superblock read-only); the first writable dataset shown puts a new FUSE connection, which "
+                  "asks granary-fuse at every open as writes need, at the mount point (as root, Linux >= 6.5, "
+                  "fuse.transport dev; else opens keep coming from the start). false mounts read-only and answers "
+                  "every write with EROFS. See \"Read modes\".",
                   &Config::fuse, &FuseConfig::writes));
   t.push_back(Row("fuse.open", K::kOpenMode, "auto",
                   "How reads of cached files reach their bytes. kernel: opens are answered by the kernel itself "

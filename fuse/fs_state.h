@@ -36,6 +36,8 @@
 //   attr_versions_mu  attr_versions
 //   OpenHandles::mu   the open file handles and their numbering
 //   inval_mu          inval_queue, inval_stop (inval_cv waits on it)
+//   conns_mu          conns (held while an invalidation is sent: a connection's session is
+//                     destroyed only after it left the list)
 //   mount_bytes_mu    mount_bytes
 //   OpenFile::mu      an open file's readahead and lease state (next_offset, hinted_through,
 //                     local_reads, lease_next, lease_asked)

@@ -33,7 +33,10 @@
 // replace_mu_, which LoopEnded takes from a draining connection's loop thread.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <linux/openat2.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -97,6 +100,31 @@ StatusOr<int> MountDetached(int dev_fd, const Config& cfg) {
   int mnt = fsmount(fs.fd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
   if (mnt < 0) return ErrnoError(errno, "fsmount");
   return mnt;
+}
+
+// The root of the FUSE mount at `mountpoint`, whose connection has minor number `minor`, as an
+// O_PATH descriptor: resolved without following any link, and refused unless it is that mount.
+StatusOr<int> OpenMountRoot(const std::string& mountpoint, std::optional<unsigned> minor) {
+  if (!minor) return FailedPreconditionError("no FUSE mount at " + mountpoint + " in /proc/self/mountinfo");
+  open_how how{};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  int fd = static_cast<int>(syscall(SYS_openat2, AT_FDCWD, mountpoint.c_str(), &how, sizeof how));
+  if (fd < 0) return ErrnoError(errno, "open " + mountpoint + " (no links followed)");
+  struct statx stx {};
+  // AT_STATX_DONT_SYNC: the kernel's attributes, no request to the connection.
+  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &stx) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoError(err, "statx " + mountpoint);
+  }
+  if (stx.stx_dev_major != 0 || stx.stx_dev_minor != *minor) {
+    close(fd);
+    return FailedPreconditionError(mountpoint + " is not this granary-fuse's mount any more (device " +
+                                   std::to_string(stx.stx_dev_major) + ":" + std::to_string(stx.stx_dev_minor) +
+                                   ", its connection is 0:" + std::to_string(*minor) + ")");
+  }
+  return fd;
 }
 
 // Aborts the FUSE connection with this minor number (fusectl): its users get ENOTCONN, its
@@ -175,9 +203,14 @@ Status FuseMountImpl::ReplaceConnection() {
     return give_up(DeadlineExceededError("the new connection's INIT was not answered in 10 s"));
   }
   Fd mnt_fd{*mnt};
-  // 3. Under the current mount at the mount point; then the current one off it.
+  // 3. Under the current mount at the mount point; then the current one off it. Both act on a
+  // descriptor of the current mount's root, not on a path walked again (a path whose parent a user
+  // could move would name another mount).
   const std::optional<unsigned> old_minor = FuseConnection(mountpoint_);
-  if (move_mount(mnt_fd.fd, "", AT_FDCWD, mountpoint_.c_str(), MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_BENEATH) != 0) {
+  auto top = OpenMountRoot(mountpoint_, old_minor);
+  if (!top.ok()) return give_up(top.status());
+  Fd top_fd{*top};
+  if (move_mount(mnt_fd.fd, "", top_fd.fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH | MOVE_MOUNT_BENEATH) != 0) {
     return give_up(ErrnoError(errno, "move_mount beneath " + mountpoint_));
   }
   // The old connection drains from now on; its loop thread finds it here when it ends (LoopEnded).
@@ -204,7 +237,8 @@ Status FuseMountImpl::ReplaceConnection() {
   }
   fs_->current = conn_.get();
   current_se_ = se_;
-  if (umount2(mountpoint_.c_str(), MNT_DETACH) != 0) {
+  const std::string top_path = "/proc/self/fd/" + std::to_string(top_fd.fd);  // the old mount, whatever its path
+  if (umount2(top_path.c_str(), MNT_DETACH) != 0) {
     // Both stay mounted, the old on top: new walks still reach the open-free one (writes EROFS).
     spdlog::error("detaching the open-free FUSE connection from {}: {}", mountpoint_, std::strerror(errno));
   }
