@@ -75,8 +75,12 @@ class FakeClient final : public Client {
     lookups++;
     auto it = names_.find(name);
     if (parent != 1 || it == names_.end()) return NotFoundError(name + " is not in the directory");
+    if (during_lookup) during_lookup();
     return files_.at(it->second).info.attr();
   }
+  // Marks a file's attributes writable (below a writable mount).
+  void SetWritable(uint64_t ino) { files_.at(ino).info.mutable_attr()->set_writable(true); }
+  std::function<void()> during_lookup;  // runs while a lookup is asked (a connection replaced meanwhile)
   StatusOr<rpc::Attr> GetAttr(uint64_t ino) override {
     getattrs++;
     if (!master_up) return UnavailableError("the master is not answering");
@@ -163,6 +167,8 @@ class RecordingReply final : public Reply {
     struct statvfs statfs {};
   };
   pid_t pid() const override { return 4242; }
+  Connection* connection() const override { return conn; }
+  Connection* conn = nullptr;  // the connection the request came on (null: the mount's current one)
   uid_t uid() const override { return 1000; }
   gid_t gid() const override { return 1000; }
   int groups(int, gid_t*) const override { return 0; }
@@ -293,6 +299,73 @@ class OpsTest : public ::testing::Test {
   FakeClient* client_ = nullptr;
   std::string data_;
 };
+
+// Kernel mode with writes, on connections (fuse/fs_state.h, Connection): one that went open-free
+// answers every OPEN and FLUSH ENOSYS (the kernel opens by itself there), and a write open that
+// raced the switch EROFS; the current, writable one answers opens at once. A lookup that found its
+// connection replaced while it asked, and shows a writable entry, is answered ESTALE (the kernel
+// walks the path again, into the new connection); the same lookup on a connection already draining
+// is answered (a process working in a directory of it reads on).
+TEST_F(OpsTest, AnOpenFreeConnectionOpensNothingAndALookupThatReplacedItIsWalkedAgain) {
+  Make("kernel", /*writes=*/true);
+  Connection old_conn, new_conn;
+  old_conn.fs = new_conn.fs = fs_.get();
+  old_conn.open_free = true;
+  fs_->current = &old_conn;
+  {
+    RecordingReply r;
+    r.conn = &old_conn;
+    fuse_file_info fi{};
+    fi.flags = O_RDONLY;
+    Open(fs_.get(), r, kIno, &fi);
+    EXPECT_EQ(r.Only().err, ENOSYS);
+  }
+  {
+    RecordingReply r;
+    r.conn = &old_conn;
+    fuse_file_info fi{};
+    fi.flags = O_WRONLY;
+    Open(fs_.get(), r, kIno, &fi);
+    EXPECT_EQ(r.Only().err, EROFS);
+  }
+  {
+    RecordingReply r;
+    r.conn = &old_conn;
+    fuse_file_info fi{};
+    Flush(fs_.get(), r, kIno, &fi);
+    EXPECT_EQ(r.Only().err, ENOSYS);
+  }
+  client_->Name("ckpt", kIno);
+  client_->SetWritable(kIno);
+  client_->during_lookup = [&] { fs_->current = &new_conn; };  // replaced while this lookup asked
+  {
+    RecordingReply r;
+    r.conn = &old_conn;
+    Lookup(fs_.get(), r, FUSE_ROOT_ID, "ckpt");
+    EXPECT_EQ(r.Only().err, ESTALE) << "the kernel must walk the path again, into the new connection";
+  }
+  client_->during_lookup = nullptr;
+  fs_->entries->Erase(EntryKey(1, "ckpt"));
+  {
+    RecordingReply r;  // the old connection, draining now: answered
+    r.conn = &old_conn;
+    Lookup(fs_.get(), r, FUSE_ROOT_ID, "ckpt");
+    EXPECT_EQ(r.Only().kind, RecordingReply::Answer::kEntry);
+    EXPECT_EQ(r.Only().entry.ino, kIno);
+  }
+  {
+    RecordingReply r;  // the new connection: answered, and its opens answered at once
+    r.conn = &new_conn;
+    Lookup(fs_.get(), r, FUSE_ROOT_ID, "ckpt");
+    EXPECT_EQ(r.Only().kind, RecordingReply::Answer::kEntry);
+    RecordingReply o;
+    o.conn = &new_conn;
+    fuse_file_info fi{};
+    fi.flags = O_RDONLY;
+    Open(fs_.get(), o, kIno, &fi);
+    EXPECT_EQ(o.Only().kind, RecordingReply::Answer::kOpen);
+  }
+}
 
 // Kernel mode without writes: the first OPEN is answered ENOSYS (the kernel opens every file
 // itself from then on, not an error counted), and READs with no handle are served by inode, the
