@@ -121,6 +121,15 @@ void SuperblockMode::NoteWritable() {
     // An open-free connection cannot take writes: a fresh one takes the mount point.
     if (replace_failed_) return;
     Status st = replace_();
+    if (!st.ok() && st.code() == Code::kUnavailable) {
+      // A hand-over or a stop under way: the next writable attribute tries again (a successor
+      // adopts this connection as it is, open-free, and replaces it itself).
+      writable_seen_ = false;
+      spdlog::warn("a writable dataset is shown, but the FUSE connection cannot be replaced now ({}); the next "
+                   "lookup there tries again",
+                   st.message());
+      return;
+    }
     if (!st.ok()) {
       replace_failed_ = true;  // once: a later attribute does not try again
       spdlog::error("a writable dataset is shown but no new FUSE connection could take the mount point: {}; writes "

@@ -51,7 +51,9 @@ class SuperblockMode {
   // open-free: returns whether it is.
   bool Adopt(const std::string& mountpoint, bool open_free_possible = false) EXCLUDES(mu_);
   // Kernel mode: how to put a fresh connection at the mount point (FuseMountImpl::ReplaceConnection).
-  // Without one no connection goes open-free. Set before the loop starts.
+  // Without one no connection goes open-free. Set before the loop starts. UNAVAILABLE from it
+  // (a hand-over or stop under way) is tried again at the next writable attribute; any other
+  // failure leaves writes failing EROFS until a restart.
   void SetReplacer(std::function<Status()> replace) EXCLUDES(mu_);
   // Kernel mode, a read-only OPEN on the current connection: true when the connection is open-free
   // (from now on, or already): the superblock is read-only. False when a writable attribute was
