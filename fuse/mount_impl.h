@@ -92,6 +92,7 @@ class FuseMountImpl final : public FuseMount {
   // the current one and lets it drain (fuse/fs_state.h, Connection). Called from a request's
   // thread (SuperblockMode::NoteWritable); refused while a hand-over or a stop is under way.
   Status ReplaceConnection();
+  Status ReplaceConnectionLocked() REQUIRES(stop_mu_);
   // A new libfuse session over `conn` (the mount's operations).
   fuse_session* NewSession(Connection* conn);
   // Ends the draining connections (the mount stops for good, or was handed over): their users get

@@ -159,10 +159,12 @@ fuse_session* FuseMountImpl::NewSession(Connection* conn) {
 
 Status FuseMountImpl::ReplaceConnection() {
   if (!stop_mu_.TryLock()) return UnavailableError("a hand-over or a stop is under way");
-  struct Unlock {
-    Mutex* mu;
-    ~Unlock() { mu->Unlock(); }
-  } unlock{&stop_mu_};
+  Status st = ReplaceConnectionLocked();
+  stop_mu_.Unlock();
+  return st;
+}
+
+Status FuseMountImpl::ReplaceConnectionLocked() {
   if (stopping_ || handing_over_ || handed_over_ || loop_done_) return UnavailableError("the mount is stopping");
   MutexLock lock(&replace_mu_);
   const auto start = std::chrono::steady_clock::now();
