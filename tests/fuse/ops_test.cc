@@ -312,22 +312,16 @@ TEST_F(OpsTest, AnOpenFreeConnectionOpensNothingAndALookupThatReplacedItIsWalked
   old_conn.fs = new_conn.fs = fs_.get();
   old_conn.open_free = true;
   fs_->current = &old_conn;
-  {
+  auto open_on = [&](Connection* c, int flags) {
     RecordingReply r;
-    r.conn = &old_conn;
+    r.conn = c;
     fuse_file_info fi{};
-    fi.flags = O_RDONLY;
+    fi.flags = flags;
     Open(fs_.get(), r, kIno, &fi);
-    EXPECT_EQ(r.Only().err, ENOSYS);
-  }
-  {
-    RecordingReply r;
-    r.conn = &old_conn;
-    fuse_file_info fi{};
-    fi.flags = O_WRONLY;
-    Open(fs_.get(), r, kIno, &fi);
-    EXPECT_EQ(r.Only().err, EROFS);
-  }
+    return r.Only();
+  };
+  EXPECT_EQ(open_on(&old_conn, O_RDONLY).err, ENOSYS);
+  EXPECT_EQ(open_on(&old_conn, O_WRONLY).err, EROFS);
   {
     RecordingReply r;
     r.conn = &old_conn;
@@ -358,12 +352,7 @@ TEST_F(OpsTest, AnOpenFreeConnectionOpensNothingAndALookupThatReplacedItIsWalked
     r.conn = &new_conn;
     Lookup(fs_.get(), r, FUSE_ROOT_ID, "ckpt");
     EXPECT_EQ(r.Only().kind, RecordingReply::Answer::kEntry);
-    RecordingReply o;
-    o.conn = &new_conn;
-    fuse_file_info fi{};
-    fi.flags = O_RDONLY;
-    Open(fs_.get(), o, kIno, &fi);
-    EXPECT_EQ(o.Only().kind, RecordingReply::Answer::kOpen);
+    EXPECT_EQ(open_on(&new_conn, O_RDONLY).kind, RecordingReply::Answer::kOpen);
   }
 }
 
