@@ -143,6 +143,22 @@ struct Connection {
   std::atomic<bool> open_free{false};
   // Made to replace an open-free connection: the read mode was chosen at the first one's INIT.
   bool replacement = false;
+  // When it was replaced at the mount point (steady clock, ns; 0: it was not, here), and the
+  // lookups on it answered ESTALE since (ops_meta.cc, ReplyEntry): a walk that was under way
+  // through it is sent round again, once per process and name, for kRedirectWindow.
+  static constexpr std::chrono::seconds kRedirectWindow{5};
+  std::atomic<int64_t> replaced_at_ns{0};
+  // True once for (pid, parent, name) while the window lasts.
+  bool RedirectOnce(pid_t pid, uint64_t parent, const char* name) {
+    const int64_t at = replaced_at_ns.load();
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (at == 0 || now - at > std::chrono::nanoseconds(kRedirectWindow).count()) return false;
+    MutexLock lock(&redirect_mu);
+    if (redirected.size() >= 65536) return false;
+    return redirected.insert(std::to_string(pid) + "/" + std::to_string(parent) + "/" + name).second;
+  }
+  Mutex redirect_mu;
+  std::unordered_set<std::string> redirected GUARDED_BY(redirect_mu);
 };
 
 // Everything the operations need; reached from a request through its Connection.

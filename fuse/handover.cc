@@ -137,6 +137,7 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
   m.set_kind(rpc::HandoverMessage::TAKEOVER);
   m.set_format(kHandoverFormat);
   m.set_fingerprint(fingerprint);
+  m.set_knows_open_free(true);
   Status st = SendHandover(*s, m);
   StatusOr<HandoverReceived> r = st.ok() ? ReceiveHandover(*s, timeout) : StatusOr<HandoverReceived>(st);
   if (r.ok() && r->msg.kind() == rpc::HandoverMessage::STATE) {
@@ -184,6 +185,17 @@ StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& soc
     return DataLossError("the running granary-fuse answered the hand-over without a connection");
   }
   return std::optional<HandoverReceived>(std::move(*r));
+}
+
+void ReleaseFromKeeper(const std::string& keeper_path, const std::string& mountpoint) {
+  if (keeper_path.empty()) return;
+  auto s = ConnectLocal(keeper_path);
+  if (!s.ok()) return;  // no keeper: nothing held
+  rpc::HandoverMessage m;
+  m.set_kind(rpc::HandoverMessage::RELEASE);
+  m.set_mountpoint(mountpoint);
+  (void)SendHandover(*s, m);
+  close(*s);
 }
 
 StatusOr<std::optional<HandoverReceived>> WithdrawFromKeeper(const std::string& keeper_path,

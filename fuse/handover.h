@@ -118,6 +118,9 @@ StatusOr<int> ListenLocal(const std::string& path);
 // nobody listens there; FAILED_PRECONDITION (with the server's reason) when refused.
 StatusOr<std::optional<HandoverReceived>> RequestTakeover(const std::string& socket_path, const std::string& fingerprint,
                                                           std::chrono::milliseconds timeout);
+// Tells the keeper at `keeper_path` to let go of what it holds for `mountpoint` (nothing when no
+// keeper answers).
+void ReleaseFromKeeper(const std::string& keeper_path, const std::string& mountpoint);
 // Successor side of a crash: the connection the keeper at `keeper_path` holds for `mountpoint`.
 // nullopt when there is no keeper or it holds nothing for that mount.
 StatusOr<std::optional<HandoverReceived>> WithdrawFromKeeper(const std::string& keeper_path,

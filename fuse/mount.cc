@@ -194,7 +194,11 @@ Status FuseMountImpl::Init(const Config& cfg) {
     fs_->conns.push_back(conn_.get());
   }
   RETURN_IF_ERROR(got ? Adopt(cfg, &*got, from_keeper) : StartFresh(cfg));
-  if (got) AdoptAllDraining(&*got, from_keeper);
+  if (got) {
+    AdoptAllDraining(&*got, from_keeper);
+    // The keeper's deposit of the current connection names the draining ones adopted just now.
+    if (fs_->keeper && draining_live_ > 0) fs_->keeper->SetConnection(io_->fd());
+  }
   // The metrics endpoint and trace socket first: once the responder runs, a successor's hand-over
   // stops them on the responder's thread (StopMetrics), so they must exist by then.
   StartMetrics();
@@ -313,6 +317,7 @@ Status FuseMountImpl::StartFresh(const Config& cfg) {
   StartKeeperLink(cfg, false);
   StartInvalidator();
   RaiseReadaheadOf(mountpoint_);
+  conn_minor_ = FuseConnection(mountpoint_).value_or(0);  // just mounted here: this connection
   StartLoop();
   return Status::OK();
 }
@@ -330,10 +335,12 @@ Status FuseMountImpl::Adopt(const Config& cfg, HandoverReceived* got, bool from_
   }
   if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
   if (st.passthrough_refused()) fs_->passthrough->SetRefused();
+  conn_minor_ = st.minor() != 0 ? st.minor() : FuseConnection(mountpoint_).value_or(0);
+  conn_->open_free = st.open_free();  // never writable without a replacement (fuse/mount_replace.cc)
   if (cfg.fuse.writes) {
-    // In kernel mode a read-only superblock is an open-free connection's (fuse/mount_replace.cc).
-    const bool replaceable = CanReplaceConnection(cfg) && fs_->mode == OpenMode::kKernel;
-    if (fs_->sb_mode.Adopt(mountpoint_, replaceable)) conn_->open_free = true;
+    const bool replaceable =
+        CanReplaceConnection(cfg) && fs_->mode == OpenMode::kKernel && st.uring_payload() == 0;
+    fs_->sb_mode.Adopt(mountpoint_, st.open_free());
     if (replaceable) fs_->sb_mode.SetReplacer([this] { return ReplaceConnection(); });
   }
   RETURN_IF_ERROR(InstallIo(got->fd, st.init_request()));

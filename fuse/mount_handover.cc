@@ -68,6 +68,9 @@ rpc::FuseConnectionState FuseMountImpl::Snapshot(bool with_handles) {
     MutexLock keys(&keys_mu_);  // the replaced connections still draining (fuse/mount_replace.cc)
     for (const std::string& k : draining_keys_) st.add_draining_keys(k);
   }
+  const Connection* current = fs_->current.load();
+  st.set_open_free(current != nullptr && current->open_free);
+  st.set_minor(conn_minor_.load());
   return st;
 }
 
@@ -165,6 +168,11 @@ void FuseMountImpl::HandOver(int c, const rpc::HandoverMessage& m) {
   }
   MutexLock lock(&stop_mu_);
   if (stopping_ || loop_done_) return refuse("this granary-fuse is stopping");
+  if (!m.knows_open_free() && (conn_->open_free || draining_live_ > 0)) {
+    return refuse("the successor predates open-free connections, and this mount's is one (or one replaced is "
+                  "still draining); start a granary-fuse of this version or later, or stop this one (SIGTERM "
+                  "unmounts) and start the other");
+  }
   // Over io_uring, every entry keeps the next request it gets, for the successor to adopt
   // (fuse/uring.h): from then on no request changes this process's state. An entry left serving
   // would answer beside the successor, so the hand-over waits for all or does not happen.

@@ -158,7 +158,7 @@ class FuseMountImpl final : public FuseMount {
   // A draining connection as the keeper and a successor get it (its key as the mount point).
   rpc::FuseConnectionState DrainingState(const Draining& d) const;
   // A predecessor's draining connection (a hand-over's DRAINING message, or the keeper's copy).
-  void AdoptDraining(const rpc::FuseConnectionState& st, int fd);
+  void AdoptDraining(const rpc::FuseConnectionState& st, int fd, bool from_keeper);
   // The predecessor's (hand-over: `got`'s) or the keeper's (after a crash) draining connections.
   void AdoptAllDraining(HandoverReceived* got, bool from_keeper);
   // Deposits a draining connection with the keeper under d->key (and notes the key for the
@@ -172,6 +172,9 @@ class FuseMountImpl final : public FuseMount {
   Mutex replace_mu_;  // one replacement at a time; draining_
   std::vector<std::unique_ptr<Draining>> draining_ GUARDED_BY(replace_mu_);
   std::atomic<fuse_session*> current_se_{nullptr};  // se_, for loop threads that end
+  // The current connection's minor device number (/sys/fs/fuse/connections/N; 0: not known):
+  // recorded when it was mounted, told by the predecessor, or read from a new connection's mount.
+  std::atomic<unsigned> conn_minor_{0};
   std::atomic<uint64_t> replaced_{0};  // connections replaced (metrics)
   std::atomic<int> draining_live_{0};  // draining connections not ended yet (metrics)
   uint64_t replaced_seq_ GUARDED_BY(replace_mu_) = 0;  // numbers the keys of replaced connections

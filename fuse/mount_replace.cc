@@ -22,15 +22,26 @@
 //      gets EROFS), until the kernel lets its superblock go after the last user; then its
 //      /dev/fuse reads fail ENODEV, its loop ends, and LoopEnded lets it go.
 //
-// The keeper is given the new connection at once (a crash after the swap must hand a successor
-// the connection at the mount point; its link deposits again from its own thread). A hand-over carries only the current connection: draining
-// ones end with the process that serves them (their users get ENOTCONN), as they do when the mount
-// stops for good.
+// Whatever fails before step 3 ends with nothing changed (the new session's loop ended, its
+// superblock gone with its descriptors); a failed detach in step 3 takes the new mount off again.
+// The mount is named by its connection's minor device number, recorded when it was made (or told
+// by the predecessor): the swap opens the mount point with no link followed and acts on it only if
+// it is that connection, then moves and detaches through that descriptor, never a path walked
+// again.
+//
+// The keeper holds each draining connection under its own name (<mount point>#replaced-N, listed
+// in the current connection's deposit) and is given the new connection before the swap returns (a
+// crash after it must hand a successor the connection at the mount point). A hand-over sends the
+// draining connections after the current one (DRAINING messages); a successor of a crash withdraws
+// them from the keeper by name. A successor that does not know them is refused while a connection
+// is open-free or draining (HandoverMessage.knows_open_free).
 //
 // Threads: ReplaceConnection runs on a request's thread of the old connection, under
-// SuperblockMode's lock; it takes stop_mu_ only if free (a hand-over holds it while it waits for
-// the requests in flight, this one among them: it then gives up, and the successor replaces) and
-// replace_mu_, which LoopEnded takes from a draining connection's loop thread.
+// SuperblockMode's lock, with cancellation off; it takes stop_mu_ only if free (a hand-over holds
+// it while it waits for the requests in flight, this one among them: it then gives up and the
+// next writable attribute tries again, or the successor replaces). replace_mu_ guards draining_
+// and is taken only for moments: LoopEnded takes it from a draining connection's loop thread, so
+// nothing joins a loop while holding it.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <linux/openat2.h>
@@ -72,6 +83,28 @@ struct Fd {
   ~Fd() {
     if (fd >= 0) close(fd);
   }
+  int release() {
+    int f = fd;
+    fd = -1;
+    return f;
+  }
+};
+
+// The minor device number of the file system `fd` is on (0:N for a FUSE connection N), from the
+// kernel's attributes: no request to the connection.
+StatusOr<unsigned> MinorOf(int fd) {
+  struct statx stx {};
+  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &stx) != 0) return ErrnoError(errno, "statx");
+  if (stx.stx_dev_major != 0) return FailedPreconditionError("not a FUSE mount (device " + std::to_string(stx.stx_dev_major) + ":" + std::to_string(stx.stx_dev_minor) + ")");
+  return stx.stx_dev_minor;
+}
+
+// No cancellation point cancels this thread in its scope (libfuse cancels its workers when a loop
+// ends; the swap must not stop half-way).
+struct NoCancel {
+  int old = 0;
+  NoCancel() { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old); }
+  ~NoCancel() { pthread_setcancelstate(old, nullptr); }
 };
 
 // A detached FUSE mount on /dev/fuse descriptor `dev_fd`, with the options libfuse's mount gives
@@ -102,29 +135,22 @@ StatusOr<int> MountDetached(int dev_fd, const Config& cfg) {
   return mnt;
 }
 
-// The root of the FUSE mount at `mountpoint`, whose connection has minor number `minor`, as an
-// O_PATH descriptor: resolved without following any link, and refused unless it is that mount.
-StatusOr<int> OpenMountRoot(const std::string& mountpoint, std::optional<unsigned> minor) {
-  if (!minor) return FailedPreconditionError("no FUSE mount at " + mountpoint + " in /proc/self/mountinfo");
+// The root of the FUSE mount at `mountpoint` as an O_PATH descriptor, resolved without following
+// any link, and refused unless its connection is the one with minor number `minor` (this mount's).
+StatusOr<int> OpenMountRoot(const std::string& mountpoint, unsigned minor) {
+  if (minor == 0) return FailedPreconditionError("this mount's FUSE connection is not known");
   open_how how{};
   how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
   how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  int fd = static_cast<int>(syscall(SYS_openat2, AT_FDCWD, mountpoint.c_str(), &how, sizeof how));
-  if (fd < 0) return ErrnoError(errno, "open " + mountpoint + " (no links followed)");
-  struct statx stx {};
-  // AT_STATX_DONT_SYNC: the kernel's attributes, no request to the connection.
-  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &stx) != 0) {
-    const int err = errno;
-    close(fd);
-    return ErrnoError(err, "statx " + mountpoint);
+  Fd fd{static_cast<int>(syscall(SYS_openat2, AT_FDCWD, mountpoint.c_str(), &how, sizeof how))};
+  if (fd.fd < 0) return ErrnoError(errno, "open " + mountpoint + " (no links followed)");
+  auto at = MinorOf(fd.fd);
+  if (!at.ok()) return at.status().WithContext(mountpoint);
+  if (*at != minor) {
+    return FailedPreconditionError(mountpoint + " is not this granary-fuse's mount any more (its connection is 0:" +
+                                   std::to_string(*at) + ", this mount's 0:" + std::to_string(minor) + ")");
   }
-  if (stx.stx_dev_major != 0 || stx.stx_dev_minor != *minor) {
-    close(fd);
-    return FailedPreconditionError(mountpoint + " is not this granary-fuse's mount any more (device " +
-                                   std::to_string(stx.stx_dev_major) + ":" + std::to_string(stx.stx_dev_minor) +
-                                   ", its connection is 0:" + std::to_string(*minor) + ")");
-  }
-  return fd;
+  return fd.release();
 }
 
 // Aborts the FUSE connection with this minor number (fusectl): its users get ENOTCONN, its
@@ -158,6 +184,7 @@ fuse_session* FuseMountImpl::NewSession(Connection* conn) {
 }
 
 Status FuseMountImpl::ReplaceConnection() {
+  NoCancel no_cancel;
   if (!stop_mu_.TryLock()) return UnavailableError("a hand-over or a stop is under way");
   Status st = ReplaceConnectionLocked();
   stop_mu_.Unlock();
@@ -166,7 +193,6 @@ Status FuseMountImpl::ReplaceConnection() {
 
 Status FuseMountImpl::ReplaceConnectionLocked() {
   if (stopping_ || handing_over_ || handed_over_ || loop_done_) return UnavailableError("the mount is stopping");
-  MutexLock lock(&replace_mu_);
   const auto start = std::chrono::steady_clock::now();
 
   // 1. The new connection's session, served by a loop of its own.
@@ -182,72 +208,86 @@ Status FuseMountImpl::ReplaceConnectionLocked() {
     fuse_session_destroy(se);
     return io.status().WithContext("the new connection's /dev/fuse I/O");
   }
-  const int fd = dev.fd;
-  dev.fd = -1;  // the session owns it now (fuse_session_destroy closes it)
+  const int fd = dev.release();  // the session owns it now (fuse_session_destroy closes it)
   // 2. Its superblock (INIT is sent now, read by the loop below), detached.
   auto mnt = MountDetached(fd, fs_->cfg);
+  Fd mnt_fd{mnt.ok() ? *mnt : -1};
   fuse_loop_config* loop_cfg = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(loop_cfg, static_cast<unsigned>(fs_->cfg.fuse.max_threads));
   fuse_loop_cfg_set_idle_threads(loop_cfg, std::min<unsigned>(static_cast<unsigned>(fs_->cfg.fuse.max_threads), 4));
-  std::thread loop;
+  std::thread loop([this, se, loop_cfg] { RunLoop(se, loop_cfg); });
   auto give_up = [&](Status why) {
-    // Nothing reaches the new connection but its INIT: ending its loop loses nothing.
+    // Nothing reaches the new connection but its INIT: ending its loop loses nothing. (Its loop
+    // ends in RunLoop as a session never current; no lock of ours is held here.)
     (*io)->Drain(se);
     if (loop.joinable()) loop.join();
     fuse_session_destroy(se);
     fuse_loop_cfg_destroy(loop_cfg);
     return why;
   };
-  loop = std::thread([this, se, loop_cfg] { RunLoop(se, loop_cfg); });
   if (!mnt.ok()) return give_up(mnt.status());
   // What a successor would need of it (its INIT) is known before it serves the mount point.
   if (!(*io)->WaitInitAnswered(std::chrono::seconds(10))) {
     return give_up(DeadlineExceededError("the new connection's INIT was not answered in 10 s"));
   }
-  Fd mnt_fd{*mnt};
-  // 3. Under the current mount at the mount point; then the current one off it. Both act on a
-  // descriptor of the current mount's root, not on a path walked again (a path whose parent a user
-  // could move would name another mount).
-  const std::optional<unsigned> old_minor = FuseConnection(mountpoint_);
+  auto new_minor = MinorOf(mnt_fd.fd);
+  if (!new_minor.ok()) return give_up(new_minor.status().WithContext("the new connection's mount"));
+  // 3. Under the current mount at the mount point; then the current one off it, through a
+  // descriptor of the current mount's root checked to be this connection's.
+  const unsigned old_minor = conn_minor_;
   auto top = OpenMountRoot(mountpoint_, old_minor);
   if (!top.ok()) return give_up(top.status());
   Fd top_fd{*top};
   if (move_mount(mnt_fd.fd, "", top_fd.fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH | MOVE_MOUNT_BENEATH) != 0) {
     return give_up(ErrnoError(errno, "move_mount beneath " + mountpoint_));
   }
-  // The old connection drains from now on; its loop thread finds it here when it ends (LoopEnded).
-  auto old = std::make_unique<Draining>();
-  old->conn = std::move(conn_);
-  old->se = se_;
-  old->io = std::move(io_);
-  old->loop_cfg = loop_cfg_;
-  old->loop = std::move(loop_);
-  old->minor = old_minor;
-  old->key = mountpoint_ + "#replaced-" + std::to_string(++replaced_seq_);
-  Draining* drained = old.get();
-  draining_.push_back(std::move(old));
-  draining_live_++;
-  conn_ = std::move(conn);
-  se_ = se;
-  io_ = std::move(*io);
-  loop_cfg_ = loop_cfg;
-  loop_ = std::move(loop);
-  fs_->io = io_.get();
-  {
-    MutexLock conns(&fs_->conns_mu);
-    fs_->conns.push_back(conn_.get());
-  }
-  fs_->current = conn_.get();
-  current_se_ = se_;
   const std::string top_path = "/proc/self/fd/" + std::to_string(top_fd.fd);  // the old mount, whatever its path
   if (umount2(top_path.c_str(), MNT_DETACH) != 0) {
-    // Both stay mounted, the old on top: new walks still reach the open-free one (writes EROFS).
-    spdlog::error("detaching the open-free FUSE connection from {}: {}", mountpoint_, std::strerror(errno));
+    const int err = errno;
+    // The old one stays on top: take the new one off again (it is beneath, still ours).
+    const std::string new_path = "/proc/self/fd/" + std::to_string(mnt_fd.fd);
+    if (umount2(new_path.c_str(), MNT_DETACH) != 0) {
+      spdlog::error("{}: the new connection could not be taken off again ({}); it stays beneath, unused",
+                    mountpoint_, std::strerror(errno));
+    }
+    return give_up(ErrnoError(err, "detach the open-free connection from " + mountpoint_));
+  }
+  close(top_fd.release());  // a descriptor of the old mount would keep it from ever draining
+  close(mnt_fd.release());
+  // 4. The old connection drains from now on; its loop thread finds it in draining_ when it ends.
+  auto old = std::make_unique<Draining>();
+  Draining* drained = old.get();
+  {
+    MutexLock lock(&replace_mu_);
+    old->conn = std::move(conn_);
+    old->conn->replaced_at_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+    old->se = se_;
+    old->io = std::move(io_);
+    old->loop_cfg = loop_cfg_;
+    old->loop = std::move(loop_);
+    if (old_minor != 0) old->minor = old_minor;
+    old->key = mountpoint_ + "#replaced-" + std::to_string(++replaced_seq_);
+    draining_.push_back(std::move(old));
+    draining_live_++;
+    conn_ = std::move(conn);
+    se_ = se;
+    io_ = std::move(*io);
+    loop_cfg_ = loop_cfg;
+    loop_ = std::move(loop);
+    conn_minor_ = *new_minor;
+    fs_->io = io_.get();
+    {
+      MutexLock conns(&fs_->conns_mu);
+      fs_->conns.push_back(conn_.get());
+    }
+    fs_->current = conn_.get();
+    current_se_ = se_;
   }
   RaiseReadaheadOf(mountpoint_);
   // A crash from now on must hand a successor the connection at the mount point, and the draining
   // one beside it: the draining one is deposited under its own name first, then the current one
-  // (whose state names it) in place of the old.
+  // (whose state names it) in place of the old. (The draining one lives until EndDraining, which
+  // needs stop_mu_, held here.)
   DepositDraining(drained);
   if (fs_->keeper) {
     fs_->keeper->SetConnection(io_->fd());
@@ -327,6 +367,8 @@ rpc::FuseConnectionState FuseMountImpl::DrainingState(const Draining& d) const {
   st.set_mountpoint(d.key);
   st.set_init_request(d.io->init_request());
   st.set_mode(static_cast<uint32_t>(OpenMode::kKernel));
+  st.set_open_free(true);
+  st.set_minor(d.minor.value_or(0));
   st.set_root_ino(fs_->root_ino);
   st.set_fingerprint(Fingerprint(fs_->cfg));
   st.set_sender("granary-fuse pid " + std::to_string(getpid()));
@@ -345,27 +387,34 @@ void FuseMountImpl::DepositDraining(Draining* d) {
       [](int) {}, /*deposit_now=*/true);
 }
 
-void FuseMountImpl::AdoptDraining(const rpc::FuseConnectionState& st, int fd) {
+void FuseMountImpl::AdoptDraining(const rpc::FuseConnectionState& st, int fd, bool from_keeper) {
+  // Cannot be served here: it ends (its users get ENOTCONN rather than waiting on nobody), and the
+  // keeper lets its copy go.
+  auto drop = [&](const std::string& why) {
+    spdlog::error("{}: cannot serve the replaced connection {} the predecessor left ({}); what was opened through it "
+                  "fails with ENOTCONN",
+                  mountpoint_, st.mountpoint(), why);
+    if (st.minor() != 0) AbortConnection(st.minor());
+    if (fd >= 0) close(fd);
+    ReleaseFromKeeper(keeper_path_, st.mountpoint());
+  };
+  if (st.format() != kHandoverFormat || st.fingerprint() != Fingerprint(fs_->cfg) || st.init_request().empty()) {
+    return drop("another format, other settings, or no INIT");
+  }
   auto d = std::make_unique<Draining>();
   d->conn = std::make_unique<Connection>();
   d->conn->fs = fs_.get();
   d->conn->replacement = true;
   d->conn->open_free = true;
   d->key = st.mountpoint();
+  if (st.minor() != 0) d->minor = st.minor();
   d->se = NewSession(d->conn.get());
-  if (d->se == nullptr) {
-    close(fd);
-    spdlog::error("{}: cannot serve a replaced connection the predecessor left (no session); what was opened "
-                  "through it fails with ENOTCONN", mountpoint_);
-    return;
-  }
+  if (d->se == nullptr) return drop("no session");
   auto io = SessionIo::Install(d->se, fd, false, st.init_request());
   if (!io.ok()) {
-    fuse_session_destroy(d->se);
-    close(fd);
-    spdlog::error("{}: cannot serve a replaced connection the predecessor left ({}); what was opened through it "
-                  "fails with ENOTCONN", mountpoint_, io.status().message());
-    return;
+    fuse_session_destroy(d->se);  // closes fd
+    fd = -1;
+    return drop(io.status().message());
   }
   d->io = std::move(*io);
   d->loop_cfg = fuse_loop_cfg_create();
@@ -385,16 +434,21 @@ void FuseMountImpl::AdoptDraining(const rpc::FuseConnectionState& st, int fd) {
   }
   // Its io lives until the mount ends (EndDraining).
   const bool replayed = served->WaitInitReplayed(std::chrono::seconds(10));
-  MutexLock lock(&replace_mu_);
-  if (raw->ended) return;
   if (!replayed) spdlog::warn("{}: the replaced connection's replayed INIT was not processed in 10 s", mountpoint_);
-  DepositDraining(raw);
+  // Requests the dead predecessor had read and not answered on it: the kernel sends them again.
+  if (from_keeper) {
+    if (Status rs = served->NotifyResend(); !rs.ok()) {
+      spdlog::warn("{}: requests the previous granary-fuse had read on {} and not answered fail with EIO", rs.message(),
+                   raw->key);
+    }
+  }
+  DepositDraining(raw);  // it lives until EndDraining (after this, under stop_mu_ or at Init)
   spdlog::info("{}: serving a replaced connection the predecessor left ({})", mountpoint_, raw->key);
 }
 
 void FuseMountImpl::AdoptAllDraining(HandoverReceived* got, bool from_keeper) {
   for (HandoverReceived::DrainingConnection& dc : got->draining) {
-    AdoptDraining(dc.state, dc.fd);
+    AdoptDraining(dc.state, dc.fd, false);
     dc.fd = -1;
   }
   got->draining.clear();
@@ -408,7 +462,7 @@ void FuseMountImpl::AdoptAllDraining(HandoverReceived* got, bool from_keeper) {
     if (!*kept) continue;  // it ended meanwhile
     const int fd = (*kept)->fd;
     (*kept)->fd = -1;
-    AdoptDraining((*kept)->msg.state(), fd);
+    AdoptDraining((*kept)->msg.state(), fd, true);
     (*kept)->CloseAll();
   }
 }
@@ -436,15 +490,31 @@ void FuseMountImpl::HandOverDraining(int c, const std::vector<Draining*>& drains
     d->io->Drain(d->se);
     rpc::HandoverMessage m;
     m.set_kind(rpc::HandoverMessage::DRAINING);
-    MutexLock lock(&replace_mu_);
     *m.mutable_state() = DrainingState(*d);
     Status st = SendHandover(c, m, d->io->fd());
     if (!st.ok()) {
-      spdlog::error("handing over a replaced FUSE connection failed ({}); what was opened through it fails with "
-                    "ENOTCONN", st.message());
+      spdlog::error("handing over replaced FUSE connections failed after {} of {} ({}); what was opened through the "
+                    "others fails with ENOTCONN",
+                    sent, drains.size(), st.message());
       break;
     }
     ++sent;
+    // The successor's now: our copy of its descriptor goes (an idle predecessor holding it would
+    // keep it alive after the successor ended). Its loop ended with the Drain (LoopEnded).
+    if (d->loop.joinable()) d->loop.join();
+    MutexLock lock(&replace_mu_);
+    fuse_session_destroy(d->se);
+    d->se = nullptr;
+    d->io.reset();
+  }
+  // Those not sent are nobody's: they end rather than wait on nobody. The one whose send failed
+  // is drained already (its loop ended): aborted here; the others EndDraining aborts.
+  if (sent < drains.size()) {
+    Draining* failed = drains[sent];
+    if (failed->minor) AbortConnection(*failed->minor);
+    ReleaseFromKeeper(keeper_path_, failed->key);
+    MutexLock lock(&replace_mu_);
+    for (size_t i = sent + 1; i < drains.size(); ++i) drains[i]->handed = false;
   }
   if (!drains.empty()) spdlog::info("handed over {} of {} replaced connection(s) still draining", sent, drains.size());
 }

@@ -141,15 +141,20 @@ void OpInit(void* userdata, fuse_conn_info* conn) {
 }
 
 namespace {
-// A lookup's entry for `a`; ESTALE instead when answering it put a new connection at the mount
-// point (a writable dataset shown on an open-free connection this lookup came on, while that was
-// the current one: ToEntry, SuperblockMode::NoteWritable). The kernel then walks the path again
-// from its start (once, LOOKUP_REVAL), which reaches the new connection: the write that follows
-// the walk finds a connection that takes it. A lookup on a connection already draining is answered
-// (a process working in a directory of it reads on; its writes get EROFS).
-void ReplyEntry(Fs* fs, Reply& r, const Connection* conn, bool was_current, const rpc::Attr& a, double age_s) {
+// A lookup's entry for `a`; ESTALE instead, for a writable entry on an open-free connection that
+// is not the mount point's any more (ToEntry may have just replaced it: SuperblockMode::
+// NoteWritable), when this lookup began while it still was (it caused the swap, or waited for it),
+// or once per process and name within Connection::kRedirectWindow of the swap (a walk that was
+// under way, or a second LOOKUP after the kernel dropped a dentry the first one's ESTALE made
+// invalid). The kernel then walks the path again from its start (once, LOOKUP_REVAL), which
+// reaches the new connection: the write that follows finds a connection that takes it. Other
+// lookups on a draining connection are answered: a process working in a directory of it reads
+// on, and its writes get EROFS (its superblock is read-only).
+void ReplyEntry(Fs* fs, Reply& r, Connection* conn, bool was_current, const rpc::Attr& a, double age_s,
+                fuse_ino_t parent, const char* name) {
   fuse_entry_param e = ToEntry(fs, a);
-  if (was_current && a.writable() && conn->open_free && fs->current.load() != conn) {
+  if (conn != nullptr && a.writable() && conn->open_free && fs->current.load() != conn &&
+      (was_current || conn->RedirectOnce(r.pid(), parent, name))) {
     ReplyErrno(r, ESTALE);
     return;
   }
@@ -162,7 +167,7 @@ void ReplyEntry(Fs* fs, Reply& r, const Connection* conn, bool was_current, cons
 void Lookup(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) {
   OpScope scope(fs, r, "lookup", fs->lat_lookup, parent);
   if (scope.tracing()) scope.record().name = name;
-  const Connection* conn = fs->ConnOf(r);
+  Connection* conn = fs->ConnOf(r);
   const bool was_current = conn != nullptr && conn == fs->current.load();
   // A lookup the master answered lately (the kernel may have dropped its dentry since) is answered
   // from memory, with the kernel's timeouts shortened by the answer's age: never staler than the
@@ -171,7 +176,7 @@ void Lookup(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) {
   std::chrono::milliseconds age{};
   if (auto cached = fs->entries->Get(key, &age); cached && FreshEnough(*cached, age)) {
     if (scope.tracing()) scope.record().child = cached->ino();
-    ReplyEntry(fs, r, conn, was_current, *cached, Seconds(age));
+    ReplyEntry(fs, r, conn, was_current, *cached, Seconds(age), parent, name);
     return;
   }
   if (fs->known_dirs.Missing(fs->ToMaster(parent), name)) {
@@ -210,7 +215,7 @@ void Lookup(Fs* fs, Reply& r, fuse_ino_t parent, const char* name) {
     return ReplyError(r, a.status(), "lookup");
   }
   if (scope.tracing()) scope.record().child = a->ino();
-  ReplyEntry(fs, r, conn, was_current, *a, 0);
+  ReplyEntry(fs, r, conn, was_current, *a, 0, parent, name);
 }
 
 void OpForget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }

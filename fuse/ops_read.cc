@@ -285,14 +285,15 @@ void EndOpen(Fs* fs, uint64_t kino, uint64_t fh, const OpenFile& of) {
 namespace {
 // Whether the connection `r` came on opens files by itself (fuse/fs_state.h, Connection): it is
 // open-free already, or it is the current one and goes open-free now (SuperblockMode::GoOpenFree:
-// no writable dataset shown, its superblock made read-only first).
+// no writable dataset shown, its superblock made read-only first). Only a connection in the
+// kernel mode from its INIT: one that fell back from passthrough has opens served by granary-fuse
+// and backing files on it.
 bool OpenFree(Fs* fs, const Reply& r) {
   Connection* c = fs->ConnOf(r);
   if (c == nullptr) return false;
   if (c->open_free) return true;
-  if (c != fs->current.load() || !fs->sb_mode.GoOpenFree()) return false;
-  c->open_free = true;
-  return true;
+  if (c != fs->current.load() || fs->wanted != OpenMode::kKernel) return false;
+  return fs->sb_mode.GoOpenFree(&c->open_free);
 }
 }  // namespace
 

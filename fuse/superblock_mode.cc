@@ -52,9 +52,11 @@ void SuperblockMode::Arm(const std::string& mountpoint) {
   mountpoint_ = mountpoint;
 }
 
-bool SuperblockMode::Adopt(const std::string& mountpoint, bool open_free_possible) {
+void SuperblockMode::Adopt(const std::string& mountpoint, bool open_free) {
   MutexLock lock(&mu_);
   mountpoint_ = mountpoint;
+  open_free_ = open_free;
+  tried_read_only_ = true;  // the predecessor decided; only a writable dataset changes it now
   auto ro = ReadOnlyNow(mountpoint);
   if (!ro.ok()) {
     // Taken as read-only: the first writable attribute then asks for writable, which is harmless
@@ -62,14 +64,9 @@ bool SuperblockMode::Adopt(const std::string& mountpoint, bool open_free_possibl
     spdlog::warn("the mount's read-only state is unknown ({}); it is made writable when a writable dataset is shown",
                  ro.status().message());
     read_only_ = true;
-    tried_read_only_ = true;
-    return false;
+    return;
   }
-  read_only_ = *ro;
-  tried_read_only_ = true;  // the predecessor decided; only a writable dataset changes it now
-  // In kernel mode only an open-free connection has a read-only superblock.
-  open_free_ = open_free_possible && *ro;
-  return open_free_;
+  read_only_ = *ro || open_free;
 }
 
 void SuperblockMode::SetReplacer(std::function<Status()> replace) {
@@ -77,10 +74,13 @@ void SuperblockMode::SetReplacer(std::function<Status()> replace) {
   replace_ = std::move(replace);
 }
 
-bool SuperblockMode::GoOpenFree() {
+bool SuperblockMode::GoOpenFree(std::atomic<bool>* conn_flag) {
   if (writable_seen_.load(std::memory_order_relaxed)) return false;
   MutexLock lock(&mu_);
-  if (open_free_) return true;
+  if (open_free_) {
+    *conn_flag = true;
+    return true;
+  }
   if (mountpoint_.empty() || !replace_ || writable_seen_ || tried_read_only_) return false;
   tried_read_only_ = true;
   if (!read_only_) {
@@ -92,6 +92,7 @@ bool SuperblockMode::GoOpenFree() {
   }
   read_only_ = true;
   open_free_ = true;
+  *conn_flag = true;  // before a writable attribute can replace the connection (it takes mu_)
   spdlog::info("no dataset this mount shows is writable: the kernel opens files by itself (no OPEN request) "
                "until one is");
   return true;
@@ -114,17 +115,26 @@ void SuperblockMode::OnPassthroughOpen() {
 
 void SuperblockMode::NoteWritable() {
   if (writable_seen_.load(std::memory_order_relaxed)) return;
-  MutexLock lock(&mu_);
-  writable_seen_ = true;
-  if (!read_only_) return;
+  MutexLock lock(&mu_);  // a caller beside one replacing the connection waits here until it is done
+  if (writable_seen_) return;
+  if (!read_only_) {
+    writable_seen_ = true;
+    return;
+  }
   if (open_free_) {
     // An open-free connection cannot take writes: a fresh one takes the mount point.
     if (replace_failed_) return;
+    if (!replace_) {
+      replace_failed_ = true;
+      spdlog::error("a writable dataset is shown, but this connection opens files without asking granary-fuse and "
+                    "cannot be replaced here (it needs root, Linux >= 6.5 and fuse.transport dev); writes get EROFS "
+                    "until granary-fuse is restarted");
+      return;
+    }
     Status st = replace_();
     if (!st.ok() && st.code() == Code::kUnavailable) {
       // A hand-over or a stop under way: the next writable attribute tries again (a successor
       // adopts this connection as it is, open-free, and replaces it itself).
-      writable_seen_ = false;
       spdlog::warn("a writable dataset is shown, but the FUSE connection cannot be replaced now ({}); the next "
                    "lookup there tries again",
                    st.message());
@@ -139,11 +149,13 @@ void SuperblockMode::NoteWritable() {
     }
     open_free_ = false;
     read_only_ = false;
+    writable_seen_ = true;
     spdlog::info("a writable dataset is shown: a new FUSE connection, which asks granary-fuse at every open, serves "
                  "the mount point");
     return;
   }
   Status st = SetReadOnly(mountpoint_, false);
+  writable_seen_ = true;
   if (!st.ok()) {
     spdlog::error("a writable dataset is shown but the mount cannot be made writable: {}; writes get EROFS until "
                   "granary-fuse is restarted",

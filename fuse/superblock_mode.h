@@ -46,20 +46,20 @@ class SuperblockMode {
   SuperblockMode() = default;
   // From now on the superblock of the FUSE mount at `mountpoint` may be made read-only.
   void Arm(const std::string& mountpoint) EXCLUDES(mu_);
-  // A hand-over successor: armed, with the state the kernel has now. With `open_free_possible`
-  // (kernel mode with a replacer to come), a read-only superblock means the connection is
-  // open-free: returns whether it is.
-  bool Adopt(const std::string& mountpoint, bool open_free_possible = false) EXCLUDES(mu_);
+  // A hand-over successor: armed, with the state the kernel has now; `open_free`: the predecessor
+  // said its connection is open-free (FuseConnectionState.open_free), which is never made writable.
+  void Adopt(const std::string& mountpoint, bool open_free = false) EXCLUDES(mu_);
   // Kernel mode: how to put a fresh connection at the mount point (FuseMountImpl::ReplaceConnection).
   // Without one no connection goes open-free. Set before the loop starts. UNAVAILABLE from it
   // (a hand-over or stop under way) is tried again at the next writable attribute; any other
   // failure leaves writes failing EROFS until a restart.
   void SetReplacer(std::function<Status()> replace) EXCLUDES(mu_);
   // Kernel mode, a read-only OPEN on the current connection: true when the connection is open-free
-  // (from now on, or already): the superblock is read-only. False when a writable attribute was
-  // seen, the superblock cannot be made read-only (files open for writing), or there is no replacer;
+  // (from now on, or already): the superblock is read-only, and `*conn_flag` (the Connection's
+  // open_free) is set before the lock is let go. False when a writable attribute was seen, the
+  // superblock cannot be made read-only (files open for writing), or there is no replacer;
   // decided once per connection.
-  bool GoOpenFree() EXCLUDES(mu_);
+  bool GoOpenFree(std::atomic<bool>* conn_flag) EXCLUDES(mu_);
   // Read-only, unless a writable attribute was seen (or this was done already). Called before the
   // OPEN's reply.
   void OnPassthroughOpen() EXCLUDES(mu_);
@@ -80,7 +80,10 @@ class SuperblockMode {
   bool open_free_ GUARDED_BY(mu_) = false;        // the current connection is open-free
   bool replace_failed_ GUARDED_BY(mu_) = false;   // tried once: writes get EROFS until a restart
   std::atomic<bool> read_only_{false};
-  std::atomic<bool> writable_seen_{false};  // set under mu_; read without it on the fast paths
+  // A writable attribute was seen and dealt with (the superblock writable, or the connection
+  // replaced): set under mu_ once that is done, so that a concurrent caller waits for it; read
+  // without the lock on the fast paths.
+  std::atomic<bool> writable_seen_{false};
 };
 
 }  // namespace granary::fuse

@@ -340,6 +340,21 @@ TEST_F(OpsTest, AnOpenFreeConnectionOpensNothingAndALookupThatReplacedItIsWalked
   }
   client_->during_lookup = nullptr;
   fs_->entries->Erase(EntryKey(1, "ckpt"));
+  auto lookup_on = [&](Connection* c) {
+    RecordingReply r;
+    r.conn = c;
+    Lookup(fs_.get(), r, FUSE_ROOT_ID, "ckpt");
+    return r.Only();
+  };
+  // Just replaced: a walk that was under way through the old connection (or the kernel's second
+  // LOOKUP after the first ESTALE made its dentry invalid) is sent round once per process and name.
+  old_conn.replaced_at_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+  EXPECT_EQ(lookup_on(&old_conn).err, ESTALE);
+  auto again = lookup_on(&old_conn);  // the same process again: answered (it works in a directory there)
+  EXPECT_EQ(again.kind, RecordingReply::Answer::kEntry);
+  EXPECT_EQ(again.entry.ino, kIno);
+  // Past the window: answered.
+  old_conn.replaced_at_ns = (std::chrono::steady_clock::now() - std::chrono::seconds(60)).time_since_epoch().count();
   {
     RecordingReply r;  // the old connection, draining now: answered
     r.conn = &old_conn;
