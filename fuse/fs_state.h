@@ -47,6 +47,8 @@
 // Lock order, where two are held at once:
 //   FuseMountImpl::stop_mu_ -> OpenHandles::mu -> PassthroughOpens::mu -> the KeeperLink's and
 //   SessionIo's own
+//   SuperblockMode's own -> (TryLock only) FuseMountImpl::stop_mu_ -> FuseMountImpl::replace_mu_ ->
+//   conns_mu (a connection replaced: fuse/mount_replace.cc)
 // OpenHandles::mu comes before PassthroughOpens::mu where both are held (Snapshot in
 // fuse/mount_handover.cc). PassthroughOpens::mu is held while the keeper is told of a change
 // (BackingHost::Announce / Drop, KeeperLink::PutHandle / DropHandle), so it hears of changes in the
@@ -132,7 +134,7 @@ struct Fs;
 // goes open-free at its first read-only OPEN, its superblock made read-only first (the kernel then
 // refuses writes there with EROFS before any reaches granary-fuse: SuperblockMode::GoOpenFree).
 // When a writable dataset is shown later, a fresh connection is slid under the mount point and the
-// old one detached (FuseMountImpl::ReplaceConnection, fuse/mount.cc): new path walks reach the new
+// old one detached (FuseMountImpl::ReplaceConnection, fuse/mount_replace.cc): new path walks reach the new
 // one, which answers OPEN; files and working directories opened through the old one go on there
 // until their last user goes, then its loop ends.
 struct Connection {

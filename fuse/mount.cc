@@ -174,6 +174,28 @@ Status FuseMountImpl::Init(const Config& cfg) {
       (*got)->draining.clear();
     }
   } close_extras{&got};
+  // The keeper's connection is not the one at the mount point: the previous granary-fuse died
+  // right after it replaced a connection, before the keeper had the new one (whose descriptors
+  // died with it: the mount point is dead). Mount afresh; the kept one drains (mount_replace.cc).
+  std::optional<HandoverReceived> orphan;
+  if (got && from_keeper && got->msg.state().minor() != 0) {
+    const std::optional<unsigned> at = FuseConnection(got->msg.state().mountpoint());
+    if (at && *at != got->msg.state().minor()) {
+      spdlog::warn("the keeper's FUSE connection of {} (0:{}) is not the one at the mount point (0:{}): the previous "
+                   "granary-fuse died while replacing it; mounting afresh, the kept one serves what was opened "
+                   "through it",
+                   got->msg.state().mountpoint(), got->msg.state().minor(), *at);
+      orphan = std::move(got);
+      got.reset();
+      from_keeper = false;
+    }
+  }
+  struct CloseOrphan {
+    std::optional<HandoverReceived>* orphan;
+    ~CloseOrphan() {
+      if (*orphan) (*orphan)->CloseAll();
+    }
+  } close_orphan{&orphan};
   if (!got) RETURN_IF_ERROR(CheckMountPoint());
   Status made = MakeFs(cfg, got ? std::optional<uint64_t>(got->msg.state().root_ino()) : std::nullopt);
   if (!made.ok()) {
@@ -194,11 +216,17 @@ Status FuseMountImpl::Init(const Config& cfg) {
     fs_->conns.push_back(conn_.get());
   }
   RETURN_IF_ERROR(got ? Adopt(cfg, &*got, from_keeper) : StartFresh(cfg));
-  if (got) {
-    AdoptAllDraining(&*got, from_keeper);
-    // The keeper's deposit of the current connection names the draining ones adopted just now.
-    if (fs_->keeper && draining_live_ > 0) fs_->keeper->SetConnection(io_->fd());
+  if (got) AdoptAllDraining(&*got, from_keeper);
+  if (orphan) {
+    rpc::FuseConnectionState st = orphan->msg.state();
+    st.set_mountpoint(mountpoint_ + "#replaced-0");
+    const int fd = orphan->fd;
+    orphan->fd = -1;
+    AdoptDraining(st, fd, /*from_keeper=*/true);
+    AdoptAllDraining(&*orphan, /*from_keeper=*/true);
   }
+  // The keeper's deposit of the current connection names the draining ones adopted just now.
+  if (fs_->keeper && draining_live_ > 0) fs_->keeper->SetConnection(io_->fd());
   // The metrics endpoint and trace socket first: once the responder runs, a successor's hand-over
   // stops them on the responder's thread (StopMetrics), so they must exist by then.
   StartMetrics();
@@ -512,8 +540,8 @@ void FuseMountImpl::Shutdown() {
     listen_fd_ = -1;
     unlink(handover_path_.c_str());
   }
-  // Replaced connections still draining end with this process (a hand-over carries only the
-  // connection at the mount point): their users get ENOTCONN.
+  // Replaced connections still draining: those handed over are the successor's (our copies go);
+  // the others end with this process (their users get ENOTCONN rather than wait on nobody).
   EndDraining();
   if (handed_over_) {
     // The successor serves the mount: leave it, and close only our copy of the connection (after

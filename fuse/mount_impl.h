@@ -10,8 +10,12 @@
 //
 // Threads: the owner calls Init once, then Shutdown (from any thread, idempotent). Meanwhile its
 // code also runs on the FUSE loop's thread (loop_), the hand-over responder (responder_: HandOver),
-// the metrics server's (Render, Ready) and the keeper link's (Snapshot(false)). stop_mu_ keeps a hand-over and a shutdown apart; it
-// comes before every lock of Fs (fuse/fs_state.h).
+// the metrics server's (Render, Ready) and the keeper link's (Snapshot(false)), and a replacement
+// of the connection on a request's thread (ReplaceConnection, fuse/mount_replace.cc). stop_mu_
+// keeps a hand-over, a shutdown and a replacement apart; it comes before every lock of Fs
+// (fuse/fs_state.h) but one: a replacement runs under Fs::sb_mode's lock and so takes stop_mu_
+// only with TryLock (never waiting for it). Then replace_mu_ (draining_, never held while a loop
+// is joined: a draining loop's end takes it), then fs_->conns_mu; keys_mu_ is a leaf.
 #pragma once
 
 #include <atomic>
