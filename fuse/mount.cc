@@ -225,8 +225,12 @@ Status FuseMountImpl::Init(const Config& cfg) {
     AdoptDraining(st, fd, /*from_keeper=*/true);
     AdoptAllDraining(&*orphan, /*from_keeper=*/true);
   }
-  // The keeper's deposit of the current connection names the draining ones adopted just now.
-  if (fs_->keeper && draining_live_ > 0) fs_->keeper->SetConnection(io_->fd());
+  // The keeper's deposit of the current connection names the draining ones adopted just now (before
+  // this process says it is ready: a crash right after must find them).
+  if (fs_->keeper && draining_live_ > 0) {
+    fs_->keeper->SetConnection(io_->fd());
+    (void)fs_->keeper->WaitDeposited(std::chrono::seconds(2));
+  }
   // The metrics endpoint and trace socket first: once the responder runs, a successor's hand-over
   // stops them on the responder's thread (StopMetrics), so they must exist by then.
   StartMetrics();
@@ -364,11 +368,22 @@ Status FuseMountImpl::Adopt(const Config& cfg, HandoverReceived* got, bool from_
   if (!fs_->wanted_explicitly && fs_->wanted == OpenMode::kPassthrough) fs_->wanted = fs_->mode.load();
   if (st.passthrough_refused()) fs_->passthrough->SetRefused();
   conn_minor_ = st.minor() != 0 ? st.minor() : FuseConnection(mountpoint_).value_or(0);
-  conn_->open_free = st.open_free();  // never writable without a replacement (fuse/mount_replace.cc)
+  // Open-free: never writable without a replacement (fuse/mount_replace.cc). The keeper's copy of
+  // the state may predate the connection going open-free (its deposit is refreshed from a thread),
+  // and in the kernel mode only an open-free connection has a read-only superblock (or one that fell
+  // back from passthrough, which is safe to treat as one: it answers ENOSYS from now on), so a
+  // read-only superblock counts too. Taking an open-free connection for one that is not would let
+  // writes through a connection that sends no OPEN; the other way round costs nothing.
+  bool open_free = st.open_free();
+  if (!open_free && cfg.fuse.writes && fs_->mode == OpenMode::kKernel) {
+    auto ro = SuperblockMode::ReadOnlyNow(mountpoint_);
+    open_free = ro.ok() && *ro;
+  }
+  conn_->open_free = open_free;
   if (cfg.fuse.writes) {
     const bool replaceable =
         CanReplaceConnection(cfg) && fs_->mode == OpenMode::kKernel && st.uring_payload() == 0;
-    fs_->sb_mode.Adopt(mountpoint_, st.open_free());
+    fs_->sb_mode.Adopt(mountpoint_, open_free);
     if (replaceable) fs_->sb_mode.SetReplacer([this] { return ReplaceConnection(); });
   }
   RETURN_IF_ERROR(InstallIo(got->fd, st.init_request()));

@@ -293,7 +293,11 @@ bool OpenFree(Fs* fs, const Reply& r) {
   if (c == nullptr) return false;
   if (c->open_free) return true;
   if (c != fs->current.load() || fs->wanted != OpenMode::kKernel) return false;
-  return fs->sb_mode.GoOpenFree(&c->open_free);
+  if (!fs->sb_mode.GoOpenFree(&c->open_free)) return false;
+  // The keeper's copy of the state says so from now on (a successor after a crash must not let
+  // writes through this connection).
+  if (fs->keeper) fs->keeper->SetConnection(fs->io.load()->fd());
+  return true;
 }
 }  // namespace
 
