@@ -229,6 +229,14 @@ std::vector<Setting> MakeSettings() {
                   "/run/granary/worker-<port>.sock; off: none (reads then go over gRPC); or a path. The FUSE "
                   "client learns it from the worker, so in Kubernetes both pods need the directory (hostPath).",
                   &Config::worker, &WorkerConfig::local_socket));
+  t.push_back(Row("worker.local_socket_group", K::kString, "",
+                  "A group whose members may read through worker.local_socket without being root: the Python "
+                  "client (granary:// for fsspec, docs/python.md) in a training process that is not root. The "
+                  "socket becomes 0660 to this group (and /run/granary 0750, with local_socket auto); its members "
+                  "see the namespace and read the files their uid and primary gid may read by the files' modes, "
+                  "and nothing else: no writes. Empty: only root and the worker's own user may connect "
+                  "(docs/security.md).",
+                  &Config::worker, &WorkerConfig::local_socket_group));
   t.push_back(Row("worker.staging_dir", K::kString, "auto",
                   "Where files written through a writable mount (mount option write=through or back) are staged "
                   "before and while they are uploaded; with write=back, what is staged here survives a restart "

@@ -67,6 +67,7 @@ struct WorkerConfig {
   uint64_t cache_quota = 0;
   std::chrono::milliseconds heartbeat_interval{};
   std::string local_socket;  // "auto", "off" or a path (zero-copy reads for the FUSE client)
+  std::string local_socket_group;  // a group whose members read through the socket; "": none
   std::string staging_dir;   // where written files are staged (worker/writes.h); "auto": beside the cache
   uint64_t scrub_bandwidth = 0;  // bytes/s the background scrub verifies after the start-up pass; 0: off
   std::chrono::milliseconds trust_own_writes{};  // leases of a block put this recently are not checked

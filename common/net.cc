@@ -119,14 +119,15 @@ StatusOr<int> ConnectUnix(const std::string& path, const std::string& what) {
     }
     if (err == EACCES || err == EPERM) {
       return PermissionDeniedError("cannot connect to " + what + " " + path +
-                                   ": only root or the user of the process serving it may");
+                                   ": only root, the user of the process serving it, or (the worker's socket) a member of "
+                                   "worker.local_socket_group may");
     }
     return UnavailableError("cannot connect to " + what + " " + path + ": " + strerror(err));
   }
   return s;
 }
 
-AcceptedPeer AcceptPeer(int listen_fd) {
+AcceptedPeer AcceptPeer(int listen_fd, bool any_peer) {
   AcceptedPeer a;
   for (;;) {
     int c = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -135,7 +136,7 @@ AcceptedPeer AcceptPeer(int listen_fd) {
       a.error = errno;
       return a;
     }
-    if (PeerIsRootOrSelf(c, &a.uid)) {
+    if (PeerIsRootOrSelf(c, &a.uid) || any_peer) {
       a.fd = c;
     } else {
       a.refused = true;

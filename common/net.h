@@ -39,7 +39,8 @@ StatusOr<sockaddr_un> UnixAddress(const std::string& path, const std::string& wh
 // not connect to it, INVALID_ARGUMENT for a path too long. The one connect of every local socket.
 StatusOr<int> ConnectUnix(const std::string& path, const std::string& what);
 // The next connection on the unix socket `listen_fd`, checked: only a process of root or of this
-// process's user is let in (`fd`); any other is closed at once (`refused`, with its `uid`, for the
+// process's user is let in (`fd`; with `any_peer`, every process that could connect: the socket
+// file's mode decided); any other is closed at once (`refused`, with its `uid`, for the
 // caller to say). `fd` -1 and not refused: accept failed (`error`; EINTR and ECONNABORTED are
 // retried), the listening socket was shut down or broke. The one accept of every local socket.
 struct AcceptedPeer {
@@ -48,6 +49,6 @@ struct AcceptedPeer {
   uint32_t uid = 0;
   int error = 0;
 };
-AcceptedPeer AcceptPeer(int listen_fd);
+AcceptedPeer AcceptPeer(int listen_fd, bool any_peer = false);
 
 }  // namespace granary

@@ -39,7 +39,7 @@ void UnixServer::Stop() {
 
 void UnixServer::AcceptLoop() {
   while (!stop_) {
-    AcceptedPeer a = AcceptPeer(listen_fd_);
+    AcceptedPeer a = AcceptPeer(listen_fd_, options_.any_peer);
     if (a.refused) {
       spdlog::warn("{}: refusing a process of uid {} (only root or uid {} may connect)", options_.what, a.uid,
                    geteuid());

@@ -33,6 +33,9 @@ class UnixServer {
     int backlog = 128;
     size_t max_connections = 0;   // 0: no limit
     std::function<void(int fd)> on_full;  // a connection past max_connections, before it is closed
+    // Accept any process that could connect (the socket file's mode, set by the caller, decides
+    // who can; the server tells its peers apart itself), not only root and this process's user.
+    bool any_peer = false;
   };
   using Serve = std::function<void(int fd)>;
 

@@ -114,8 +114,33 @@ void LocalChannel::Give(int conn) {
   idle_.push_back(conn);
 }
 
+Status LocalChannel::Meta(const rpc::MetaCall& call, rpc::MetaAnswer* out) {
+  auto taken = Take();
+  if (!taken.ok()) {
+    // This user may not connect: said as such (waiting would not help).
+    if (taken.status().code() == Code::kPermissionDenied) return taken.status();
+    return UnavailableError("the worker's local socket: " + taken.status().message());
+  }
+  const int conn = *taken;
+  rpc::LocalRequest lr;
+  *lr.mutable_meta() = call;
+  rpc::LocalResponse resp;
+  int fd = -1;
+  Status st = SendFrame(conn, lr);
+  if (st.ok()) st = RecvFrame(conn, &resp, &fd);
+  if (fd >= 0) close(fd);
+  if (!st.ok()) {
+    CloseConn(conn);
+    return UnavailableError("the worker's local socket: " + st.message());
+  }
+  Give(conn);
+  RETURN_IF_ERROR(rpc::StatusOf(resp));
+  *out = std::move(*resp.mutable_meta());
+  return Status::OK();
+}
+
 Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool want_source,
-                          std::shared_ptr<const SourceFile>* source_file, char* into) {
+                          std::shared_ptr<const SourceFile>* source_file, char* into, const std::string& grant) {
   // A failure to reach the worker or a broken connection is UNAVAILABLE (the worker restarting or
   // gone); only the worker's own answers carry other codes.
   auto taken = Take();
@@ -124,6 +149,7 @@ Status LocalChannel::Read(const rpc::ReadBlockRequest& req, Piece* out, bool wan
   rpc::LocalRequest lr;
   *lr.mutable_read() = req;
   lr.set_want_source(want_source && source_file != nullptr);
+  if (!grant.empty()) lr.set_read_grant(grant);
   rpc::LocalResponse resp;
   int fd = -1;
   bool landed = false;

@@ -73,8 +73,14 @@ class LocalChannel {
   // of this machine, *source_file gets that file (fuse/source_reads.h).
   // With `into` (room for req.length() bytes), bytes the worker sends inline are received straight
   // there (out->mem = into): no copy between the socket and the reply.
+  // `grant`: the file's data grant (LocalRequest.read_grant), for a client that is not root
+  // (worker/meta_proxy.h).
   Status Read(const rpc::ReadBlockRequest& req, Piece* out, bool want_source = false,
-              std::shared_ptr<const SourceFile>* source_file = nullptr, char* into = nullptr);
+              std::shared_ptr<const SourceFile>* source_file = nullptr, char* into = nullptr,
+              const std::string& grant = {});
+  // A metadata call through the worker (LocalRequest.meta; worker/meta_proxy.h). UNAVAILABLE when
+  // the socket cannot be used; the worker's answer otherwise.
+  Status Meta(const rpc::MetaCall& call, rpc::MetaAnswer* out);
   // Leases the whole data file of a file for a passthrough open (LocalRequest.whole_file):
   // out->fd is the data file, out->length the file's size. Such leases are long (as long as the
   // file is open), so they live on a few shared connections (lease lines, kLeaseLines) instead of

@@ -23,6 +23,7 @@
 #include "common/net.h"
 #include "proto/granary.pb.h"
 #include "rpc/local_wire.h"
+#include "worker/meta_proxy.h"
 #include "worker/writes.h"
 
 namespace granary::worker {
@@ -101,7 +102,7 @@ LocalServer::StreamPipe::Put LocalServer::StreamPipe::TryPut(const SharedBytes& 
 }
 
 StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& path, BlockSource* source,
-                                                          WriteSessions* writes) {
+                                                          WriteSessions* writes, MetaProxy* meta, bool group_readers) {
   RemoveDeadSockets(path);
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
@@ -114,9 +115,10 @@ StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& pat
     }
     unlink(path.c_str());
   }
-  std::unique_ptr<LocalServer> s(new LocalServer(path, source, writes));
+  std::unique_ptr<LocalServer> s(new LocalServer(path, source, writes, meta));
   UnixServer::Options o;
   o.what = "worker.local_socket";
+  o.any_peer = group_readers;
   ASSIGN_OR_RETURN(s->server_, UnixServer::Start(path, std::move(o), [p = s.get()](int c) { p->Serve(c); }));
   return s;
 }
@@ -133,6 +135,8 @@ void LocalServer::Serve(int conn) {
   const uint64_t conn_id = next_conn_++;
   bool wrote = false;  // began a write session: its unsealed ones are dropped when this ends
   StreamPipe pipe;     // the client's pipe for bytes of fetch buffers (LocalRequest.stream_pipe)
+  // Root or this user: everything; anyone else (worker.local_socket_group) reads with grants.
+  const LocalPeer peer = LocalPeer::Of(conn);
   // A vmsplice into a pipe whose reader is gone raises SIGPIPE at this thread: blocked here, it
   // stays pending and harmless, whatever the process does with the signal (daemons ignore it;
   // a test or a tool embedding this server may not).
@@ -176,11 +180,21 @@ void LocalServer::Serve(int conn) {
       leases.erase(req.release());  // ends the lease; an unknown or repeated number does nothing
       continue;
     }
+    if (req.has_meta()) {
+      rpc::LocalResponse resp;
+      Status st = meta_ != nullptr ? meta_->Handle(peer, req.meta(), resp.mutable_meta())
+                                   : UnimplementedError("this worker answers no metadata calls");
+      if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's local socket", st);
+      rpc::SetStatus(st, &resp);
+      if (!SendFrame(conn, resp).ok()) break;
+      continue;
+    }
     if (req.has_write()) {
       rpc::LocalResponse resp;
       int fd = -1;
-      Status st = writes_ != nullptr ? writes_->Handle(conn_id, req.write(), &resp, &fd)
-                                     : ReadOnlyError("this worker takes no writes (no worker.staging_dir)");
+      Status st = !peer.trusted ? PermissionDeniedError("a reader in worker.local_socket_group may not write")
+                  : writes_ != nullptr ? writes_->Handle(conn_id, req.write(), &resp, &fd)
+                                       : ReadOnlyError("this worker takes no writes (no worker.staging_dir)");
       wrote = true;
       if (st.code() == Code::kInvalidArgument) NoteBadRequest("worker's local socket", st);
       rpc::SetStatus(st, &resp);
@@ -201,7 +215,14 @@ void LocalServer::Serve(int conn) {
     ReadSource source = ReadSource::kCache;
     auto start = std::chrono::steady_clock::now();
     Status st;
-    if (req.whole_file()) {
+    if (!peer.trusted) {
+      // A reader names the file by its under-storage identity: only one its grant covers.
+      st = meta_ != nullptr ? meta_->CheckRead(peer, r, req.read_grant())
+                            : PermissionDeniedError("this worker serves readers no files");
+      req.set_want_source(false);  // never an under-storage file's descriptor
+    }
+    if (!st.ok()) {
+    } else if (req.whole_file()) {
       auto l = source_->LeaseFile(br, &hit, &source, req.verify());
       st = l.status();
       if (l.ok()) lease = std::move(*l);

@@ -13,6 +13,10 @@
 //
 // Access: the socket file is 0600 in a directory the worker owns, and a connecting process must
 // run as root or as the worker's own user (SO_PEERCRED); the gRPC token is not asked for here.
+// With worker.local_socket_group the socket is 0660 to that group (the file's mode is then what
+// lets a process connect) and its members' connections are readers (worker/meta_proxy.h): the
+// namespace through LocalRequest.meta with grants, reads only with a file's data grant, no write
+// sessions, no under-storage files handed over (want_source).
 //
 // One thread accepts; each connection gets a thread of its own (a FUSE client opens about one per
 // reader thread) that ends with its connection (common/unix_server.h). Thread-safe; Stop() shuts every connection down and
@@ -37,6 +41,7 @@
 namespace granary::worker {
 
 class WriteSessions;
+class MetaProxy;
 
 class LocalServer {
  public:
@@ -45,8 +50,12 @@ class LocalServer {
   static constexpr uint64_t kSourceCachedBlocks = 4096;
   // Listens on `path` (a stale socket file there is replaced).
   // `writes` (may be null: writes are refused) serves the write sessions (LocalRequest.write).
+  // `meta` (may be null: metadata calls are refused) answers LocalRequest.meta. `group_readers`:
+  // processes that are neither root nor this user may connect (the caller made the socket's file
+  // mode decide who can), as readers.
   static StatusOr<std::unique_ptr<LocalServer>> Start(const std::string& path, BlockSource* source,
-                                                      WriteSessions* writes = nullptr);
+                                                      WriteSessions* writes = nullptr, MetaProxy* meta = nullptr,
+                                                      bool group_readers = false);
   ~LocalServer();
   void Stop();
   const std::string& path() const { return path_; }
@@ -55,8 +64,8 @@ class LocalServer {
   const metrics::Histogram& read_latency() const { return read_latency_; }
 
  private:
-  LocalServer(std::string path, BlockSource* source, WriteSessions* writes)
-      : path_(std::move(path)), source_(source), writes_(writes) {}
+  LocalServer(std::string path, BlockSource* source, WriteSessions* writes, MetaProxy* meta)
+      : path_(std::move(path)), source_(source), writes_(writes), meta_(meta) {}
   // One connection, on its own thread (UnixServer closes it when this returns).
   void Serve(int conn);
 
@@ -85,6 +94,7 @@ class LocalServer {
   BlockSource* source_;
   metrics::Histogram read_latency_;
   WriteSessions* writes_;
+  MetaProxy* meta_;
   std::atomic<uint64_t> next_conn_{1};  // numbers connections for the write sessions
   std::unique_ptr<UnixServer> server_;  // accepts, checks the peer, a thread per connection
 };

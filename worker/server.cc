@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <grp.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -26,6 +27,7 @@
 #include "worker/block_source.h"
 #include "worker/block_store.h"
 #include "worker/master_link.h"
+#include "worker/meta_proxy.h"
 #include "worker/local_server.h"
 #include "worker/peers.h"
 #include "common/fs.h"
@@ -475,7 +477,7 @@ class WorkerServerImpl final : public WorkerServer {
       advertise = (hp->host == "0.0.0.0" || hp->host == "::" ? HostName() : hp->host) + ":" + std::to_string(port);
     }
     RETURN_IF_ERROR(StartWrites(cfg, so));
-    RETURN_IF_ERROR(StartLocalSocket(cfg.worker.local_socket, port));
+    RETURN_IF_ERROR(StartLocalSocket(cfg, port));
     link_->Start(advertise);
     spdlog::info("granary-worker listening on {} ({} cache levels, policy {}, master {})", address_,
                  so.levels.size(), CachePolicyName(so.policy), cfg.master.address);
@@ -623,8 +625,21 @@ class WorkerServerImpl final : public WorkerServer {
 
   // worker.local_socket: "off", "auto" (/run/granary/worker-<port>.sock, skipped with a warning when
   // that directory cannot be made) or a path (a failure is fatal: it was asked for).
-  Status StartLocalSocket(const std::string& setting, int port) {
+  // worker.local_socket_group: the socket 0660 to that group (and /run/granary 0750 with "auto"); an
+  // unknown group is fatal (the operator asked for readers who would find no socket).
+  Status StartLocalSocket(const Config& cfg, int port) {
+    const std::string& setting = cfg.worker.local_socket;
     if (setting == "off" || setting.empty()) return Status::OK();
+    gid_t group = static_cast<gid_t>(-1);
+    const std::string& group_name = cfg.worker.local_socket_group;
+    if (!group_name.empty()) {
+      struct group* g = getgrnam(group_name.c_str());
+      if (g == nullptr) {
+        return InvalidArgumentError("worker.local_socket_group: there is no group named '" + group_name +
+                                    "' on this machine (create it: groupadd " + group_name + ")");
+      }
+      group = g->gr_gid;
+    }
     std::string path = setting;
     if (setting == "auto") {
       path = "/run/granary/worker-" + std::to_string(port) + ".sock";
@@ -632,14 +647,26 @@ class WorkerServerImpl final : public WorkerServer {
         spdlog::warn("zero-copy local reads are off: cannot create /run/granary ({})", strerror(errno));
         return Status::OK();
       }
+      if (group != static_cast<gid_t>(-1) &&
+          (chown("/run/granary", static_cast<uid_t>(-1), group) != 0 || chmod("/run/granary", 0750) != 0)) {
+        return ErrnoError(errno, "worker.local_socket_group: /run/granary");
+      }
     }
-    auto local = LocalServer::Start(path, source_.get(), writes_.get());
+    meta_ = std::make_unique<MetaProxy>(cfg, sec_);
+    auto local = LocalServer::Start(path, source_.get(), writes_.get(), meta_.get(), group != static_cast<gid_t>(-1));
     if (!local.ok()) {
       if (setting != "auto") return local.status();
       spdlog::warn("zero-copy local reads are off: {}", local.status().message());
       return Status::OK();
     }
     local_ = std::move(local).value();
+    if (group != static_cast<gid_t>(-1)) {
+      // Bound 0600 and listening already: widened only now, to the group alone.
+      if (chown(path.c_str(), static_cast<uid_t>(-1), group) != 0 || chmod(path.c_str(), 0660) != 0) {
+        return ErrnoError(errno, "worker.local_socket_group: " + path);
+      }
+      spdlog::info("local socket {} open to the readers of group {} (gid {})", path, group_name, group);
+    }
     spdlog::info("local socket for zero-copy reads: {}", local_->path());
     return Status::OK();
   }
@@ -751,6 +778,7 @@ class WorkerServerImpl final : public WorkerServer {
   rpc::CallCounts calls_;  // before server_: outlives it
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<WriteSessions> writes_;  // before local_: its connections call it until they end
+  std::unique_ptr<MetaProxy> meta_;        // likewise
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   std::string address_;

@@ -1,0 +1,208 @@
+"""GranaryFileSystem: the ``granary`` protocol for fsspec (docs/python.md).
+
+Metadata comes from the worker (which asks the master), cached for ``metadata_ttl`` seconds as
+the FUSE mount caches it (nothing below a writable mount); bytes come from the worker's cache as
+leased file descriptors. A file opened here is one version of it: if the under-storage gets
+another version while it is open, its reads fail with OSError(ESTALE), never mix the two.
+Read-only: write through the mount.
+"""
+import errno
+import glob
+import io
+import os
+from datetime import datetime, timezone
+
+try:
+    from fsspec.spec import AbstractFileSystem
+    from fsspec.utils import stringify_path
+except ImportError:  # pragma: no cover - fsspec is a dependency of the package
+    AbstractFileSystem = object
+
+    def stringify_path(p):
+        return os.fspath(p)
+
+from . import _native
+
+SOCKET_DIR = "/run/granary"
+
+
+def default_socket():
+    """The worker's local socket: $GRANARY_SOCKET, else the one socket in /run/granary."""
+    env = os.environ.get("GRANARY_SOCKET")
+    if env:
+        return env
+    found = sorted(glob.glob(os.path.join(SOCKET_DIR, "worker-*.sock")))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            "no granary-worker socket found in %s (is granary-worker running on this node, and may this "
+            "user search that directory? see worker.local_socket_group); or set GRANARY_SOCKET" % SOCKET_DIR,
+            SOCKET_DIR,
+        )
+    raise ValueError(
+        "several granary-worker sockets in %s (%s): choose one with GRANARY_SOCKET or socket=" % (SOCKET_DIR, ", ".join(found))
+    )
+
+
+def _info(d):
+    # fsspec's info: name (no protocol), size, type; the rest as the mount's stat has it.
+    return d
+
+
+class GranaryFileSystem(AbstractFileSystem):
+    """fsspec filesystem for ``granary://<namespace path>``.
+
+    Parameters: ``socket`` (the worker's local socket; default: $GRANARY_SOCKET or the one in
+    /run/granary), ``metadata_ttl`` (seconds an entry is cached; 60, as fuse.entry_timeout),
+    ``worker_wait`` (seconds a call waits for a worker that is away; 60), ``max_entries``
+    (entries cached per process).
+    """
+
+    protocol = "granary"
+    root_marker = "/"
+
+    def __init__(self, socket=None, metadata_ttl=60.0, worker_wait=60.0, max_entries=262144, **kwargs):
+        super().__init__(**kwargs)
+        self.socket = socket or default_socket()
+        self._options = (float(metadata_ttl), float(worker_wait), int(max_entries))
+        self._pid = None
+        self._native = None
+        self._connect()
+
+    def _connect(self):
+        self._native = _native.Client(self.socket, *self._options)
+        self._pid = os.getpid()
+
+    @property
+    def client(self):
+        # A forked child (a DataLoader worker) must not share its parent's connections: the
+        # frames of two processes would interleave on them.
+        if self._pid != os.getpid():
+            self._connect()
+        return self._native
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        if isinstance(path, (list, tuple)):
+            return [cls._strip_protocol(p) for p in path]
+        path = stringify_path(path)
+        if path.startswith("granary://"):
+            path = path[len("granary://"):]
+        elif path.startswith("granary:"):
+            path = path[len("granary:"):]
+        path = "/" + path.lstrip("/")
+        return path.rstrip("/") or "/"
+
+    def unstrip_protocol(self, name):
+        return "granary://" + self._strip_protocol(name)
+
+    def ls(self, path, detail=True, **kwargs):
+        path = self._strip_protocol(path)
+        try:
+            entries = self.client.ls(path)
+        except NotADirectoryError:
+            entries = [self.client.stat(path)]
+            if entries[0]["type"] == "directory":
+                raise
+        return entries if detail else [e["name"] for e in entries]
+
+    def info(self, path, **kwargs):
+        return self.client.stat(self._strip_protocol(path))
+
+    def ukey(self, path):
+        i = self.info(path)
+        return "%s:%s:%s" % (i["ino"], i.get("version", ""), i["size"])
+
+    def modified(self, path):
+        return datetime.fromtimestamp(self.info(path)["mtime"], tz=timezone.utc)
+
+    def created(self, path):
+        return self.modified(path)
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        path = self._strip_protocol(path)
+        if (start is not None and start < 0) or (end is not None and end < 0):
+            size = self.info(path)["size"]
+            if start is not None and start < 0:
+                start = max(0, size + start)
+            if end is not None and end < 0:
+                end = max(0, size + end)
+        return self.client.cat(path, start or 0, -1 if end is None else end)
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
+        if mode != "rb":
+            raise OSError(errno.EROFS, "granary:// is read-only (write through the FUSE mount)", path)
+        path = self._strip_protocol(path)
+        return GranaryFile(self, path, self.client.open(path))
+
+    # Writes: granary:// is read-only.
+    def _rofs(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "granary:// is read-only (write through the FUSE mount)")
+
+    mkdir = makedirs = rm_file = _rm = rm = rmdir = cp_file = mv = touch = put_file = pipe_file = _rofs
+
+
+class GranaryFile(io.RawIOBase):
+    """A file opened through GranaryFileSystem: one version, read with pread at its position."""
+
+    def __init__(self, fs, path, handle):
+        super().__init__()
+        self.fs = fs
+        self.path = path
+        self.mode = "rb"
+        self._handle = handle
+        self._pos = 0
+        self.size = handle.size
+
+    @property
+    def name(self):
+        return self.path
+
+    @property
+    def version(self):
+        return self._handle.version
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def read(self, size=-1):
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        data = self.fs.client.pread(self._handle, self._pos, -1 if size is None or size < 0 else size)
+        self._pos += len(data)
+        return data
+
+    def readall(self):
+        return self.read(-1)
+
+    def readinto(self, b):
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        n = self.fs.client.readinto(self._handle, self._pos, b)
+        self._pos += n
+        return n
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self.size + offset
+        else:
+            raise ValueError("invalid whence (%r)" % (whence,))
+        if pos < 0:
+            raise OSError(errno.EINVAL, "negative seek position %d" % pos, self.path)
+        self._pos = pos
+        return pos
+
+    def tell(self):
+        return self._pos
+
+    def __repr__(self):
+        return "<GranaryFile granary://%s>" % self.path

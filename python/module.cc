@@ -1,0 +1,228 @@
+// granary._native: the Python binding of granary::python::Client (python/client.h). Thin: every
+// call releases the GIL while it talks to the worker or reads, so threads of one process read in
+// parallel; errors become OSError subclasses with the errno a mount would give (FileNotFoundError,
+// PermissionError, NotADirectoryError, IsADirectoryError, OSError(ESTALE) for a file that changed
+// since it was opened, OSError(EIO) otherwise). The Python side is python/granary/.
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cerrno>
+#include <memory>
+#include <string>
+
+#include "python/client.h"
+#include "rpc/local_wire.h"
+#include <unistd.h>
+
+namespace py = pybind11;
+using granary::Code;
+using granary::Status;
+using granary::python::Client;
+using granary::python::ClientOptions;
+using granary::python::Entry;
+using granary::python::File;
+
+namespace {
+
+// f(), with the GIL released while it runs.
+template <typename F>
+auto Unlocked(F f) {
+  py::gil_scoped_release unlocked;
+  return f();
+}
+
+int ErrnoOf(const Status& st) {
+  if (st.IsVersionChanged()) return ESTALE;
+  switch (st.code()) {
+    case Code::kNotFound: return ENOENT;
+    case Code::kPermissionDenied: return EACCES;
+    case Code::kUnauthenticated: return EACCES;
+    case Code::kFailedPrecondition: return ENOTDIR;
+    case Code::kInvalidArgument: return EISDIR;
+    case Code::kUnavailable: return ECONNREFUSED;  // no worker answered (within worker_wait)
+    default: return EIO;
+  }
+}
+
+// Raises st as an OSError (OSError(errno, msg) constructs the matching subclass).
+[[noreturn]] void Raise(const Status& st, const std::string& path) {
+  py::object e = py::reinterpret_steal<py::object>(
+      PyObject_CallFunction(PyExc_OSError, "iss", ErrnoOf(st), st.message().c_str(), path.c_str()));
+  if (!e) throw py::error_already_set();
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+  throw py::error_already_set();
+}
+
+py::dict Info(const std::string& name, const Entry& e) {
+  py::dict d;
+  d["name"] = name;
+  d["size"] = e.attr.size();
+  d["type"] = e.attr.type() == granary::rpc::DIRECTORY ? "directory" : "file";
+  d["mode"] = e.attr.mode() | (e.attr.type() == granary::rpc::DIRECTORY ? 0040000 : 0100000);
+  d["uid"] = e.attr.uid();
+  d["gid"] = e.attr.gid();
+  d["ino"] = e.attr.ino();
+  d["mtime"] = static_cast<double>(e.attr.mtime_ns()) / 1e9;
+  d["nlink"] = e.attr.nlink();
+  if (e.file != nullptr) d["version"] = e.file->version();
+  return d;
+}
+
+// Reads [offset, offset+length) of f into a new bytes object, the GIL released meanwhile.
+py::bytes ReadBytes(Client& c, File& f, uint64_t offset, int64_t length) {
+  const uint64_t size = f.size();
+  uint64_t want = offset >= size ? 0 : size - offset;
+  if (length >= 0) want = std::min<uint64_t>(want, static_cast<uint64_t>(length));
+  PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(want));
+  if (b == nullptr) throw py::error_already_set();
+  py::bytes out = py::reinterpret_steal<py::bytes>(b);
+  if (want == 0) return out;
+  auto got = Unlocked([&] { return c.Read(f, offset, want, PyBytes_AS_STRING(b)); });
+  if (!got.ok()) Raise(got.status(), f.path);
+  if (*got != want) {
+    // Only at the end of a file that is the length it was opened with: cannot happen, but a short
+    // answer must not show as zeros.
+    if (_PyBytes_Resize(&b, static_cast<Py_ssize_t>(*got)) != 0) throw py::error_already_set();
+    return py::reinterpret_steal<py::bytes>(b);
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "Granary's client for the node's worker (granary:// for fsspec); see docs/python.md";
+
+  py::class_<File, std::shared_ptr<File>>(m, "File")
+      .def_property_readonly("size", &File::size)
+      .def_property_readonly("path", [](const File& f) { return f.path; })
+      .def_property_readonly("version", [](const File& f) { return f.info.version(); })
+      .def_property_readonly("ino", [](const File& f) { return f.info.attr().ino(); });
+
+  py::class_<Client, std::shared_ptr<Client>>(m, "Client")
+      .def(py::init([](const std::string& socket, double metadata_ttl, double worker_wait, size_t max_entries) {
+             ClientOptions o;
+             o.socket = socket;
+             o.metadata_ttl = std::chrono::milliseconds(static_cast<int64_t>(metadata_ttl * 1000));
+             o.worker_wait = std::chrono::milliseconds(static_cast<int64_t>(worker_wait * 1000));
+             o.max_entries = max_entries;
+             auto c = Unlocked([&] { return Client::Create(o); });
+             if (!c.ok()) Raise(c.status(), socket);
+             return *c;
+           }),
+           py::arg("socket"), py::arg("metadata_ttl") = 60.0, py::arg("worker_wait") = 60.0,
+           py::arg("max_entries") = 262144)
+      .def("stat",
+           [](Client& c, const std::string& path) {
+             auto e = Unlocked([&] { return c.Stat(path); });
+             if (!e.ok()) Raise(e.status(), path);
+             return Info(Client::Clean(path), *e);
+           })
+      .def("ls",
+           [](Client& c, const std::string& path) {
+             auto l = Unlocked([&] { return c.List(path); });
+             if (!l.ok()) Raise(l.status(), path);
+             const std::string base = Client::Clean(path);
+             py::list out;
+             for (const auto& [name, e] : *l) out.append(Info(base == "/" ? "/" + name : base + "/" + name, e));
+             return out;
+           })
+      .def("open",
+           [](Client& c, const std::string& path) {
+             auto f = Unlocked([&] { return c.Open(path); });
+             if (!f.ok()) Raise(f.status(), path);
+             return *f;
+           })
+      .def("pread",
+           [](Client& c, File& f, uint64_t offset, int64_t length) { return ReadBytes(c, f, offset, length); },
+           py::arg("file"), py::arg("offset"), py::arg("length") = -1)
+      .def("readinto",
+           [](Client& c, File& f, uint64_t offset, py::object buffer) {
+             Py_buffer view;
+             if (PyObject_GetBuffer(buffer.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+               throw py::error_already_set();
+             }
+             const uint64_t room = static_cast<uint64_t>(view.len);
+             auto got = Unlocked([&] { return c.Read(f, offset, room, static_cast<char*>(view.buf)); });
+             PyBuffer_Release(&view);
+             if (!got.ok()) Raise(got.status(), f.path);
+             return *got;
+           })
+      // One call for a whole read: open (from the cache, as a rule) and read, without the GIL.
+      .def(
+          "cat",
+          [](Client& c, const std::string& path, uint64_t start, int64_t end) {
+            auto f = Unlocked([&] { return c.Open(path); });
+            if (!f.ok()) Raise(f.status(), path);
+            const int64_t length = end < 0 ? -1 : (end > static_cast<int64_t>(start) ? end - static_cast<int64_t>(start) : 0);
+            return ReadBytes(c, **f, start, length);
+          },
+          py::arg("path"), py::arg("start") = 0, py::arg("end") = -1);
+
+  // For the security tests (tests/python/fsspec_check.py): requests a careless or hostile process
+  // could send on the socket itself, answered with the worker's status code's name ("OK",
+  // "UNAUTHENTICATED", ...). Nothing here can do more than a process writing to the socket.
+  py::module_ t = m.def_submodule("testing", "raw requests on the worker's socket, for security tests");
+  t.def("read_as", [](Client& c, const std::string& socket, const std::string& identity_path,
+                      const std::string& grant_path, const std::string& ufs_path) {
+    return Unlocked([&]() -> std::string {
+      // A read naming identity_path's file (or `ufs_path` in its mount, when given) with the data
+      // grant of grant_path's (none when empty).
+      auto id = c.Stat(identity_path);
+      if (!id.ok() || id->file == nullptr) return "no identity: " + id.status().ToString();
+      std::string grant;
+      if (!grant_path.empty()) {
+        auto g = c.Stat(grant_path);
+        if (!g.ok()) return "no grant: " + g.status().ToString();
+        grant = g->data_grant;
+      }
+      granary::rpc::ReadBlockRequest req;
+      req.set_mount_id(id->file->mount_id());
+      req.set_ufs_path(ufs_path.empty() ? id->file->ufs_path() : ufs_path);
+      req.set_version(id->file->version());
+      req.set_file_size(id->file->attr().size());
+      req.set_block_size(id->file->block_size());
+      req.set_length(std::min<uint64_t>(id->file->attr().size(), 4096));
+      granary::fuse::LocalChannel ch(socket);
+      granary::fuse::LocalChannel::Piece p;
+      Status st = ch.Read(req, &p, /*want_source=*/true, nullptr, nullptr, grant);
+      ch.Release(&p);
+      return std::string(granary::CodeName(st.code()));
+    });
+  });
+  t.def("lookup_as", [](const std::string& socket, uint64_t ino, const py::bytes& grant, const std::string& name) {
+    std::string g = grant;
+    return Unlocked([&]() -> std::string {
+      granary::rpc::MetaCall call;
+      call.set_op(name.empty() ? granary::rpc::MetaCall::READDIR : granary::rpc::MetaCall::LOOKUP);
+      call.set_ino(ino);
+      call.set_grant(g);
+      call.set_name(name);
+      granary::rpc::MetaAnswer a;
+      granary::fuse::LocalChannel ch(socket);
+      return std::string(granary::CodeName(ch.Meta(call, &a).code()));
+    });
+  });
+  t.def("grant_of", [](Client& c, const std::string& path) {
+    auto e = Unlocked([&] { return c.Stat(path); });
+    if (!e.ok()) Raise(e.status(), path);
+    return py::bytes(e->grant);
+  });
+  t.def("write_as", [](const std::string& socket) {
+    return Unlocked([&]() -> std::string {
+      int fd = -1;
+      auto conn = granary::ConnectUnix(socket);
+      if (!conn.ok()) return std::string(granary::CodeName(conn.status().code()));
+      granary::rpc::LocalRequest lr;
+      lr.mutable_write()->set_op(granary::rpc::WriteCall::BEGIN);
+      granary::rpc::LocalResponse resp;
+      Status st = granary::SendFrame(*conn, lr);
+      if (st.ok()) st = granary::RecvFrame(*conn, &resp, &fd);
+      if (fd >= 0) close(fd);
+      close(*conn);
+      if (!st.ok()) return "broken: " + st.ToString();
+      return std::string(granary::CodeName(static_cast<Code>(resp.code())));
+    });
+  });
+}

@@ -1,0 +1,154 @@
+// granary:// for Python (python/, docs/python.md) against a real master and worker, no FUSE
+// mount: tests/python/fsspec_check.py as root and as a reader of worker.local_socket_group
+// (nobody, whose group is nogroup), checked against the source tree as each user sees it; and the
+// C++ client under it across a worker's restart and a file changed while open.
+#include <fcntl.h>
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "python/client.h"
+#include "tests/integration/harness.h"
+
+namespace granary::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+gid_t NoGroup() {
+  struct group* g = getgrnam("nogroup");
+  return g == nullptr ? static_cast<gid_t>(-1) : g->gr_gid;
+}
+
+class PythonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_NE(NoGroup(), static_cast<gid_t>(-1)) << "Debian's nogroup is missing";
+    const std::string src = dir_ / "src";
+    WriteFile(src + "/a/b/c/deep.txt", "deep\n");
+    WriteFile(src + "/empty.bin", "");
+    WriteFile(src + "/many-blocks.bin", RandomBytes(64 * 1024 * 17 + 123, 7));  // 18 blocks of 64Ki
+    WriteFile(src + "/exact-block.bin", RandomBytes(64 * 1024, 8));
+    WriteFile(src + "/with space/naïve café ü 日本.txt", "unicode\n");
+    for (int i = 0; i < 30; ++i) {
+      WriteFile(src + "/class_" + std::to_string(i % 3) + "/img" + std::to_string(i) + ".jpg", RandomBytes(1000 + i * 977, i));
+    }
+    fs::create_directories(src + "/empty-dir");
+    // What a reader who is not the owner may not have: a file by its mode, a directory's contents.
+    WriteFile(src + "/0-secret.bin", RandomBytes(5000, 99));
+    chmod((src + "/0-secret.bin").c_str(), 0600);
+    chmod((src + "/a/b/c/deep.txt").c_str(), 0640);
+    WriteFile(src + "/locked/inside.bin", RandomBytes(3000, 98));
+    chmod((src + "/locked").c_str(), 0700);
+    // The reader reaches the source (to compare), the package and the socket's directory.
+    chmod(dir_.path().c_str(), 0755);
+    const std::string sock_dir = dir_ / "run";
+    ASSERT_EQ(mkdir(sock_dir.c_str(), 0750), 0);
+    ASSERT_EQ(chown(sock_dir.c_str(), 0, NoGroup()), 0);
+    socket_ = sock_dir + "/worker.sock";
+    std::string why;
+    ASSERT_TRUE(cluster_.StartDaemons(&why)) << why;
+    RunResult m = cluster_.Cli({"mount", "/ds", "file://" + src});
+    ASSERT_EQ(m.code, 0) << m.out;
+    // The package as built (build/python/granary), copied where any user may import it.
+    const std::string py = dir_ / "py";
+    fs::create_directories(py + "/granary");
+    for (const auto& e : fs::directory_iterator(fs::path(Bin("granary")).parent_path().parent_path() / "python/granary")) {
+      if (e.is_regular_file()) fs::copy_file(e.path(), py + "/granary/" + e.path().filename().string());
+    }
+    fs::copy_file(SourceDir() + "/tests/python/fsspec_check.py", py + "/fsspec_check.py");
+    for (const auto& e : fs::recursive_directory_iterator(py)) chmod(e.path().c_str(), e.is_directory() ? 0755 : 0644);
+    chmod(py.c_str(), 0755);
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << cluster_.Logs();
+  }
+  RunResult Check(const std::vector<std::string>& as) {
+    std::vector<std::string> argv = as;
+    for (const std::string& a : {std::string("/usr/bin/python3"), dir_ / "py/fsspec_check.py", std::string("--socket"), socket_,
+                                 std::string("--source"), dir_ / "src", std::string("--ns"), std::string("/ds")}) {
+      argv.push_back(a);
+    }
+    return RunCommand(argv, {{"PYTHONPATH", dir_ / "py"}, {"HOME", "/"}}, std::chrono::seconds(240));
+  }
+
+  TempDir dir_;
+  std::string socket_ = dir_ / "run/worker.sock";
+  LocalCluster cluster_{dir_, [this] {
+                          ClusterOptions o;
+                          o.worker_args = {"--worker.local_socket", socket_, "--worker.local_socket_group", "nogroup"};
+                          return o;
+                        }()};
+};
+
+TEST_F(PythonTest, RootReadsEveryFileOfTheSourceThroughFsspec) {
+  RunResult r = Check({});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("0 failures"), std::string::npos) << r.out;
+}
+
+TEST_F(PythonTest, AGroupReaderReadsWhatTheModesAllowAndForgesNothing) {
+  struct stat st {};
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, NoGroup());
+  RunResult r = Check({"runuser", "-u", "nobody", "--"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("0 failures"), std::string::npos) << r.out;
+  // A user outside the group cannot connect at all: the error names the socket.
+  RunResult other = RunCommand({"runuser", "-u", "daemon", "--", "/usr/bin/python3", "-c",
+                                "import granary._native as n\ntry:\n  n.Client('" + socket_ +
+                                    "')\nexcept PermissionError as e:\n  print('refused:', e)\n"},
+                               {{"PYTHONPATH", dir_ / "py"}, {"HOME", "/"}});
+  EXPECT_EQ(other.code, 0) << other.out;
+  EXPECT_NE(other.out.find("refused:"), std::string::npos) << other.out;
+  EXPECT_NE(other.out.find(socket_), std::string::npos) << other.out;
+}
+
+// The C++ client under the package: an open file reads on across a worker's restart (its grants
+// are void: it gets new ones for the same version), and a file changed in the source while open
+// gives the old bytes or ESTALE, never a mix.
+TEST_F(PythonTest, AnOpenFileReadsOnAcrossARestartAndNeverMixesVersions) {
+  python::ClientOptions o;
+  o.socket = socket_;
+  o.metadata_ttl = std::chrono::milliseconds(0);
+  auto c = python::Client::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::string want = ReadFile(dir_ / "src/many-blocks.bin");
+  auto f = (*c)->Open("/ds/many-blocks.bin");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  std::string got(want.size(), '\0');
+  const uint64_t half = want.size() / 2;
+  auto n = (*c)->Read(**f, 0, half, got.data());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  std::string why;
+  ASSERT_TRUE(cluster_.RestartWorker(&why)) << why;
+  n = (*c)->Read(**f, half, want.size(), got.data() + half);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, want.size() - half);
+  EXPECT_TRUE(got == want) << "the bytes across the restart differ from the source";
+
+  // Changed in the source while open (same size, other bytes and mtime): what is read of the open
+  // file is the old version's bytes or a VersionChanged error, never the new bytes.
+  auto g = (*c)->Open("/ds/exact-block.bin");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const std::string old_bytes = ReadFile(dir_ / "src/exact-block.bin");
+  const std::string new_bytes = RandomBytes(old_bytes.size(), 1234);
+  WriteFile(dir_ / "src/exact-block.bin", new_bytes);
+  struct timespec later[2] = {{0, UTIME_OMIT}, {time(nullptr) + 100, 0}};
+  utimensat(AT_FDCWD, (dir_ / "src/exact-block.bin").c_str(), later, 0);
+  std::string after(old_bytes.size(), '\0');
+  auto m = (*c)->Read(**g, 0, after.size(), after.data());
+  if (m.ok()) {
+    EXPECT_TRUE(after == old_bytes) << "an open file read bytes of another version";
+  } else {
+    EXPECT_TRUE(m.status().IsVersionChanged()) << m.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace granary::testing
