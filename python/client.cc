@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "common/backoff.h"
 
@@ -29,6 +30,13 @@ StatusOr<std::shared_ptr<Client>> Client::Create(ClientOptions o) {
                          " (is granary-worker running on this node with worker.local_socket there?)");
   }
   std::shared_ptr<Client> c(new Client(std::move(o)));
+  c->notes_ = std::make_unique<fuse::OpenNotes>(c->o_.max_entries, [p = c.get()](const std::vector<uint64_t>& inos) {
+    rpc::MetaCall call;
+    call.set_op(rpc::MetaCall::NOTE_OPENS);
+    call.mutable_inos()->Add(inos.begin(), inos.end());
+    rpc::MetaAnswer a;
+    return p->ch_.Meta(call, &a);
+  });
   rpc::MetaCall root;
   root.set_op(rpc::MetaCall::ROOT);
   rpc::MetaAnswer a;
@@ -75,14 +83,19 @@ void Client::Remember(const std::string& clean, const Entry& e) {
   // Nothing below a writable mount is kept: every stat and open asks (close-to-open), as
   // granary-fuse does.
   if (e.attr.writable() && clean != "/") return;
+  if (e.file != nullptr && notes_ != nullptr) notes_->Listed(e.attr.ino());  // before an open can find it
   MutexLock lock(&mu_);
-  if (entries_.size() >= o_.max_entries) entries_.clear();
+  if (entries_.size() >= o_.max_entries) {
+    entries_.clear();
+    dirs_.clear();
+  }
   entries_[clean] = Cached{e, Clock::now() + o_.metadata_ttl};
 }
 
 void Client::Forget() {
   MutexLock lock(&mu_);
   entries_.clear();
+  dirs_.clear();
 }
 
 StatusOr<Entry> Client::Lookup(const std::string& clean) {
@@ -105,6 +118,14 @@ StatusOr<Entry> Client::Lookup(const std::string& clean) {
   ASSIGN_OR_RETURN(Entry parent, Lookup(parent_path));
   if (parent.attr.type() != rpc::DIRECTORY) {
     return FailedPreconditionError(parent_path + " is not a directory");
+  }
+  if (!parent.attr.writable() && ShouldList(parent.attr.ino())) {
+    // A reader going through this directory: all of it in a few calls, not a LOOKUP per file.
+    Status listed = ListInto(parent_path, parent, nullptr, o_.max_entries / 4);
+    if (listed.ok() || listed.code() == Code::kOutOfRange) Listed(parent.attr.ino(), listed.ok());
+    MutexLock lock(&mu_);
+    auto it = entries_.find(clean);
+    if (it != entries_.end() && it->second.expires > Clock::now()) return it->second.entry;
   }
   call.set_op(rpc::MetaCall::LOOKUP);
   call.set_ino(parent.attr.ino());
@@ -130,6 +151,54 @@ StatusOr<Entry> Client::Stat(std::string_view path) {
   return e;
 }
 
+Status Client::ListInto(const std::string& clean, const Entry& dir, std::vector<std::pair<std::string, Entry>>* out,
+                        size_t cap) {
+  rpc::MetaCall call;
+  call.set_op(rpc::MetaCall::READDIR);
+  call.set_ino(dir.attr.ino());
+  call.set_grant(dir.grant);
+  call.set_limit(4096);
+  size_t n = 0;
+  for (;;) {
+    rpc::MetaAnswer a;
+    RETURN_IF_ERROR(Call(call, &a));
+    const rpc::ReadDirResponse& d = a.dir();
+    for (int i = 0; i < d.entries_size(); ++i) {
+      const rpc::DirEntry& de = d.entries(i);
+      Entry e;
+      e.attr = de.attr();
+      if (de.has_file() && !de.file().ufs_path().empty()) e.file = std::make_shared<const rpc::FileInfo>(de.file());
+      if (i < a.grants_size()) e.grant = a.grants(i);
+      if (i < a.data_grants_size()) e.data_grant = a.data_grants(i);
+      Remember(clean == "/" ? "/" + de.name() : clean + "/" + de.name(), e);
+      if (out != nullptr) out->emplace_back(de.name(), std::move(e));
+    }
+    n += static_cast<size_t>(d.entries_size());
+    if (d.end() || d.entries().empty()) return Status::OK();
+    if (n >= cap) return OutOfRangeError(clean + " has more than " + std::to_string(cap) + " entries");
+    call.set_after(d.entries(d.entries_size() - 1).cookie());
+  }
+}
+
+bool Client::ShouldList(uint64_t ino) {
+  MutexLock lock(&mu_);
+  if (dirs_.size() >= kMaxDirs) dirs_.clear();
+  DirState& d = dirs_[ino];
+  if (d.too_big || Clock::now() < d.listed + o_.metadata_ttl) return false;  // listed: a miss is a name not there
+  return ++d.misses >= 2;
+}
+
+void Client::Listed(uint64_t ino, bool whole) {
+  MutexLock lock(&mu_);
+  DirState& d = dirs_[ino];
+  d.misses = 0;
+  if (whole) {
+    d.listed = Clock::now();
+  } else {
+    d.too_big = true;
+  }
+}
+
 StatusOr<std::vector<std::pair<std::string, Entry>>> Client::List(std::string_view path) {
   const std::string clean = Clean(path);
   std::vector<std::pair<std::string, Entry>> out;
@@ -137,35 +206,13 @@ StatusOr<std::vector<std::pair<std::string, Entry>>> Client::List(std::string_vi
     ASSIGN_OR_RETURN(Entry dir, Stat(clean));
     if (dir.attr.type() != rpc::DIRECTORY) return FailedPreconditionError(clean + " is not a directory");
     out.clear();
-    Status st;
-    rpc::MetaCall call;
-    call.set_op(rpc::MetaCall::READDIR);
-    call.set_ino(dir.attr.ino());
-    call.set_grant(dir.grant);
-    call.set_limit(4096);
-    for (;;) {
-      rpc::MetaAnswer a;
-      st = Call(call, &a);
-      if (!st.ok()) break;
-      const rpc::ReadDirResponse& d = a.dir();
-      for (int i = 0; i < d.entries_size(); ++i) {
-        const rpc::DirEntry& de = d.entries(i);
-        Entry e;
-        e.attr = de.attr();
-        if (de.has_file() && !de.file().ufs_path().empty()) e.file = std::make_shared<const rpc::FileInfo>(de.file());
-        if (i < a.grants_size()) e.grant = a.grants(i);
-        if (i < a.data_grants_size()) e.data_grant = a.data_grants(i);
-        Remember(clean == "/" ? "/" + de.name() : clean + "/" + de.name(), e);
-        out.emplace_back(de.name(), std::move(e));
-      }
-      if (d.end() || d.entries().empty()) break;
-      call.set_after(d.entries(d.entries_size() - 1).cookie());
-    }
+    Status st = ListInto(clean, dir, &out, std::numeric_limits<size_t>::max());
     if (st.code() == Code::kUnauthenticated && attempt == 0) {
       Forget();
       continue;
     }
     if (!st.ok()) return Status(st.code(), clean + ": " + st.message(), st.reason());
+    if (!dir.attr.writable()) Listed(dir.attr.ino(), out.size() <= o_.max_entries / 4);
     return out;
   }
 }
@@ -180,6 +227,7 @@ StatusOr<std::shared_ptr<File>> Client::Open(std::string_view path) {
     if (e.file != nullptr && !e.attr.writable()) {
       f->info = *e.file;
       f->set_grant(e.data_grant);
+      notes_->Opened(e.attr.ino());
       return f;
     }
     // No information with the entry (due for a check with the under-storage) or a writable mount
@@ -197,6 +245,7 @@ StatusOr<std::shared_ptr<File>> Client::Open(std::string_view path) {
     if (!st.ok()) return Status(st.code(), clean + ": " + st.message(), st.reason());
     f->info = a.entry().file();
     f->set_grant(a.data_grant());
+    notes_->Forget(e.attr.ino());  // the master counted this open itself
     Remember(clean, FromAnswer(a.entry(), a.grant(), a.data_grant()));
     return f;
   }

@@ -13,7 +13,11 @@
 // FAILED_PRECONDITION (VersionChangedError) once the under-storage has another — never a mix.
 // A restarted worker voids the grants (UNAUTHENTICATED): the client walks again and goes on when
 // the file is the same version; a worker that is away is waited for up to `worker_wait`.
-// Thread-safe; blocking (the Python binding releases the GIL around every call).
+// Opens served from cached information are noted to the master (fuse/open_notes.h), so its
+// fetch-ahead warms what a cold epoch reads next, as for the mount.
+// Thread-safe; blocking (the Python binding releases the GIL around every call). Not across
+// fork(): a child makes a Client of its own (the Python package does) and never destroys the one
+// it inherited (its thread did not come along).
 #pragma once
 
 #include <chrono>
@@ -28,6 +32,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "fuse/local_channel.h"
+#include "fuse/open_notes.h"
 #include "proto/granary.pb.h"
 
 namespace granary::python {
@@ -96,14 +101,33 @@ class Client {
   void Remember(const std::string& clean, const Entry& e);
   void Forget();  // every cached entry (grants void: the worker restarted)
   Status ReadBlockRange(File& f, uint64_t index, uint64_t in_block, uint64_t length, char* dst);
+  // Lists directory `dir` (at `clean`) into the cache, and into *out when given; at most `cap`
+  // entries (OUT_OF_RANGE past it: what was listed stays cached).
+  Status ListInto(const std::string& clean, const Entry& dir, std::vector<std::pair<std::string, Entry>>* out,
+                  size_t cap);
+  // Whether a lookup that missed in directory `ino` should list it whole instead (its second miss
+  // there since it was last listed), as a reader going through a directory's files would
+  // otherwise make one LOOKUP round trip per file (an epoch with the caches dropped).
+  bool ShouldList(uint64_t ino);
+  void Listed(uint64_t ino, bool whole);
   // The grant of `f`'s version again, after the worker restarted; FAILED_PRECONDITION when the
   // path now names another version.
   Status Regrant(File& f);
 
   const ClientOptions o_;
   fuse::LocalChannel ch_;
+  // Opens served from listed or looked-up information, sent to the master through the worker
+  // (MetaCall NOTE_OPENS): fetch-ahead's evidence, as granary-fuse sends it.
+  std::unique_ptr<fuse::OpenNotes> notes_;
   Mutex mu_;
   std::unordered_map<std::string, Cached> entries_ GUARDED_BY(mu_);
+  struct DirState {
+    uint32_t misses = 0;          // lookups that missed since it was last listed
+    Clock::time_point listed{};   // when it was last listed (its entries are cached until + ttl)
+    bool too_big = false;         // more than max_entries / 4: looked up name by name
+  };
+  std::unordered_map<uint64_t, DirState> dirs_ GUARDED_BY(mu_);
+  static constexpr size_t kMaxDirs = 65536;  // directories remembered (all dropped past it)
 };
 
 }  // namespace granary::python

@@ -190,6 +190,17 @@ Status MetaProxy::Handle(const LocalPeer& peer, const rpc::MetaCall& call, rpc::
       GrantEntry(peer, f->attr(), f, out->mutable_grant(), out->mutable_data_grant());
       return Status::OK();
     }
+    case rpc::MetaCall::NOTE_OPENS: {
+      if (call.inos_size() > 4096) return InvalidArgumentError("NOTE_OPENS names at most 4096 files");
+      rpc::NoteOpensRequest req;
+      *req.mutable_inos() = call.inos();
+      rpc::NoteOpensResponse resp;
+      // As granary-fuse sends them (NodeClient::NoteOpens): one quick call, its answer not noted (a
+      // standby's "not the leader" must not move the metadata calls).
+      grpc::ClientContext ctx;
+      sec_->Prepare(&ctx, std::min<std::chrono::milliseconds>(cfg_.rpc.timeout, std::chrono::seconds(2)));
+      return FromGrpc(master_.Get()->NoteOpens(&ctx, req, &resp), "the master");
+    }
     default:
       return InvalidArgumentError("unknown metadata call " + std::to_string(static_cast<int>(call.op())));
   }
