@@ -82,6 +82,9 @@ class Client {
   StatusOr<std::vector<std::pair<std::string, Entry>>> List(std::string_view path);
   // INVALID_ARGUMENT for a directory.
   StatusOr<std::shared_ptr<File>> Open(std::string_view path);
+  // Open, when it needs no call to the worker (the entry is cached with its information); null
+  // otherwise (call Open). Never blocks on I/O: the binding calls it holding the GIL.
+  std::shared_ptr<File> OpenCached(std::string_view path);
   // Up to `length` bytes at `offset` of `f` into `dst` (fewer only at the end of the file).
   StatusOr<uint64_t> Read(File& f, uint64_t offset, uint64_t length, char* dst);
 

@@ -7,7 +7,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -18,12 +22,20 @@
 namespace py = pybind11;
 using granary::Code;
 using granary::Status;
+using granary::StatusOr;
 using granary::python::Client;
 using granary::python::ClientOptions;
 using granary::python::Entry;
 using granary::python::File;
 
 namespace {
+
+// Forks seen in this process (pthread_atfork): a file object opened before a fork is not used in
+// the child (its client's connections are the parent's).
+std::atomic<uint64_t> forks{0};
+
+// Open without the GIL released when the entry is cached (no I/O), else with it released.
+StatusOr<std::shared_ptr<File>> OpenFile(Client& c, const std::string& path);
 
 // f(), with the GIL released while it runs.
 template <typename F>
@@ -45,13 +57,19 @@ int ErrnoOf(const Status& st) {
   }
 }
 
-// Raises st as an OSError (OSError(errno, msg) constructs the matching subclass).
-[[noreturn]] void Raise(const Status& st, const std::string& path) {
+// Raises st as an OSError (OSError(errno, msg) constructs the matching subclass); `err`: this
+// errno rather than st's.
+[[noreturn]] void Raise(const Status& st, const std::string& path, int err = 0) {
   py::object e = py::reinterpret_steal<py::object>(
-      PyObject_CallFunction(PyExc_OSError, "iss", ErrnoOf(st), st.message().c_str(), path.c_str()));
+      PyObject_CallFunction(PyExc_OSError, "iss", err != 0 ? err : ErrnoOf(st), st.message().c_str(), path.c_str()));
   if (!e) throw py::error_already_set();
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
   throw py::error_already_set();
+}
+
+StatusOr<std::shared_ptr<File>> OpenFile(Client& c, const std::string& path) {
+  if (std::shared_ptr<File> f = c.OpenCached(path)) return f;
+  return Unlocked([&] { return c.Open(path); });
 }
 
 py::dict Info(const std::string& name, const Entry& e) {
@@ -89,16 +107,187 @@ py::bytes ReadBytes(Client& c, File& f, uint64_t offset, int64_t length) {
   return out;
 }
 
+// The file object granary.GranaryFileSystem.open returns (binary reads): one version of a file, a
+// position, and a read-ahead buffer — a read smaller than `blocksize` fetches that much (the whole
+// of a small file) so a parser's many small reads (PIL's, tarfile's) cost one call to the worker;
+// larger reads go straight into the result. Its state changes only with the GIL held; the worker
+// is asked without it. Used in the process that opened it only (a fork's child opens again).
+class PyFile {
+ public:
+  PyFile(std::shared_ptr<Client> c, std::shared_ptr<File> f, uint64_t blocksize)
+      : client_(std::move(c)), file_(std::move(f)), blocksize_(blocksize == 0 ? kDefaultBlock : blocksize),
+        forks_(forks.load(std::memory_order_relaxed)) {}
+  static constexpr uint64_t kDefaultBlock = 4 << 20;
+
+  py::bytes Read(int64_t size) {
+    Check();
+    const uint64_t end = file_->size();
+    const uint64_t want = pos_ >= end ? 0 : (size < 0 ? end - pos_ : std::min<uint64_t>(static_cast<uint64_t>(size), end - pos_));
+    if (want == 0) return py::bytes();
+    if (pos_ >= buf_at_ && pos_ + want <= buf_at_ + buf_.size()) {  // in the buffer
+      py::bytes out(buf_.data() + (pos_ - buf_at_), want);
+      pos_ += want;
+      return out;
+    }
+    if (want >= blocksize_ || want == end - pos_) {  // large, or the rest of the file: no buffer between
+      py::bytes out = ReadBytes(*client_, *file_, pos_, static_cast<int64_t>(want));
+      pos_ += static_cast<uint64_t>(PyBytes_GET_SIZE(out.ptr()));
+      return out;
+    }
+    Fill(std::min<uint64_t>(blocksize_, end - pos_));
+    const uint64_t n = std::min<uint64_t>(want, buf_.size());
+    py::bytes out(buf_.data(), n);
+    pos_ += n;
+    return out;
+  }
+
+  uint64_t ReadInto(py::object buffer) {
+    Check();
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    struct Releaser {
+      Py_buffer* v;
+      ~Releaser() { PyBuffer_Release(v); }
+    } releaser{&view};
+    const uint64_t end = file_->size();
+    const uint64_t want = pos_ >= end ? 0 : std::min<uint64_t>(static_cast<uint64_t>(view.len), end - pos_);
+    char* dst = static_cast<char*>(view.buf);
+    if (want == 0) return 0;
+    if (pos_ >= buf_at_ && pos_ + want <= buf_at_ + buf_.size()) {
+      std::memcpy(dst, buf_.data() + (pos_ - buf_at_), want);
+    } else if (want >= blocksize_ || want == end - pos_) {
+      File& f = *file_;
+      const uint64_t at = pos_;
+      auto got = Unlocked([&] { return client_->Read(f, at, want, dst); });
+      if (!got.ok()) Raise(got.status(), f.path);
+      pos_ += *got;
+      return *got;
+    } else {
+      Fill(std::min<uint64_t>(blocksize_, end - pos_));
+      std::memcpy(dst, buf_.data(), std::min<uint64_t>(want, buf_.size()));
+    }
+    const uint64_t n = std::min<uint64_t>(want, buf_at_ + buf_.size() - pos_);
+    pos_ += n;
+    return n;
+  }
+
+  py::bytes ReadLine(int64_t limit) {
+    Check();
+    std::string line;
+    const uint64_t end = file_->size();
+    while (pos_ < end && (limit < 0 || line.size() < static_cast<uint64_t>(limit))) {
+      if (!(pos_ >= buf_at_ && pos_ < buf_at_ + buf_.size())) Fill(std::min<uint64_t>(blocksize_, end - pos_));
+      const char* from = buf_.data() + (pos_ - buf_at_);
+      uint64_t avail = buf_at_ + buf_.size() - pos_;
+      if (limit >= 0) avail = std::min<uint64_t>(avail, static_cast<uint64_t>(limit) - line.size());
+      const void* nl = std::memchr(from, '\n', avail);
+      const uint64_t take = nl != nullptr ? static_cast<uint64_t>(static_cast<const char*>(nl) - from) + 1 : avail;
+      line.append(from, take);
+      pos_ += take;
+      if (nl != nullptr) break;
+    }
+    return py::bytes(line);
+  }
+
+  uint64_t Seek(int64_t offset, int whence) {
+    Check();
+    int64_t base = whence == 0 ? 0 : whence == 1 ? static_cast<int64_t>(pos_) : whence == 2 ? static_cast<int64_t>(file_->size()) : -1;
+    if (base < 0) throw py::value_error("invalid whence (" + std::to_string(whence) + ", should be 0, 1 or 2)");
+    if (base + offset < 0) Raise(granary::InvalidArgumentError("negative seek position " + std::to_string(base + offset)), file_->path, EINVAL);
+    pos_ = static_cast<uint64_t>(base + offset);
+    return pos_;
+  }
+  uint64_t Tell() {
+    Check();
+    return pos_;
+  }
+  void Close() {
+    closed_ = true;
+    buf_.clear();
+    buf_.shrink_to_fit();
+  }
+  bool closed() const { return closed_; }
+  const File& file() const { return *file_; }
+
+ private:
+  void Check() {
+    if (closed_) throw py::value_error("I/O operation on closed file");
+    if (forks.load(std::memory_order_relaxed) != forks_) {
+      Raise(granary::FailedPreconditionError("opened in another process (before a fork): open it again here"),
+            file_->path, EBADF);
+    }
+  }
+  // The buffer gets [pos_, pos_ + n).
+  void Fill(uint64_t n) {
+    std::string fresh(n, '\0');
+    File& f = *file_;
+    const uint64_t at = pos_;
+    auto got = Unlocked([&] { return client_->Read(f, at, n, fresh.data()); });
+    if (!got.ok()) Raise(got.status(), f.path);
+    fresh.resize(*got);
+    buf_ = std::move(fresh);
+    buf_at_ = at;
+  }
+
+  std::shared_ptr<Client> client_;
+  std::shared_ptr<File> file_;
+  const uint64_t blocksize_;
+  const uint64_t forks_;  // `forks` when it was opened
+  uint64_t pos_ = 0;
+  std::string buf_;  // [buf_at_, buf_at_ + size) of the file
+  uint64_t buf_at_ = 0;
+  bool closed_ = false;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Granary's client for the node's worker (granary:// for fsspec); see docs/python.md";
+  pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); });
+  m.def("forks", [] { return forks.load(std::memory_order_relaxed); },
+        "forks this process went through since the module was loaded (a client made before one is not used after it)");
 
   py::class_<File, std::shared_ptr<File>>(m, "File")
       .def_property_readonly("size", &File::size)
       .def_property_readonly("path", [](const File& f) { return f.path; })
       .def_property_readonly("version", [](const File& f) { return f.info.version(); })
       .def_property_readonly("ino", [](const File& f) { return f.info.attr().ino(); });
+
+  py::class_<PyFile>(m, "Reader")
+      .def("read", &PyFile::Read, py::arg("size") = -1)
+      .def("read1", &PyFile::Read, py::arg("size") = -1)
+      .def("readall", [](PyFile& f) { return f.Read(-1); })
+      .def("readinto", &PyFile::ReadInto)
+      .def("readinto1", &PyFile::ReadInto)
+      .def("readline", &PyFile::ReadLine, py::arg("size") = -1)
+      .def("seek", &PyFile::Seek, py::arg("offset"), py::arg("whence") = 0)
+      .def("tell", &PyFile::Tell)
+      .def("close", &PyFile::Close)
+      .def("flush", [](PyFile&) {})
+      .def("readable", [](PyFile&) { return true; })
+      .def("seekable", [](PyFile&) { return true; })
+      .def("writable", [](PyFile&) { return false; })
+      .def("isatty", [](PyFile&) { return false; })
+      .def("fileno", [](PyFile& f) -> int {
+        py::object unsupported = py::module_::import("io").attr("UnsupportedOperation");
+        PyErr_SetString(unsupported.ptr(), ("granary://" + f.file().path + " has no file descriptor").c_str());
+        throw py::error_already_set();
+      })
+      .def_property_readonly("closed", &PyFile::closed)
+      .def_property_readonly("name", [](const PyFile& f) { return "granary://" + f.file().path; })
+      .def_property_readonly("path", [](const PyFile& f) { return f.file().path; })
+      .def_property_readonly("mode", [](const PyFile&) { return "rb"; })
+      .def_property_readonly("size", [](const PyFile& f) { return f.file().size(); })
+      .def_property_readonly("version", [](const PyFile& f) { return f.file().info.version(); })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyFile& f, py::args) { f.Close(); return false; })
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](PyFile& f) {
+        py::bytes line = f.ReadLine(-1);
+        if (PyBytes_GET_SIZE(line.ptr()) == 0) throw py::stop_iteration();
+        return line;
+      })
+      .def("__repr__", [](const PyFile& f) { return "<granary.Reader granary://" + f.file().path + ">"; });
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
       .def(py::init([](const std::string& socket, double metadata_ttl, double worker_wait, size_t max_entries) {
@@ -134,6 +323,14 @@ PYBIND11_MODULE(_native, m) {
              if (!f.ok()) Raise(f.status(), path);
              return *f;
            })
+      .def(
+          "reader",
+          [](std::shared_ptr<Client> c, const std::string& path, uint64_t blocksize) {
+            auto f = OpenFile(*c, path);
+            if (!f.ok()) Raise(f.status(), path);
+            return std::make_unique<PyFile>(c, *f, blocksize);
+          },
+          py::arg("path"), py::arg("blocksize") = 0)
       .def("pread",
            [](Client& c, File& f, uint64_t offset, int64_t length) { return ReadBytes(c, f, offset, length); },
            py::arg("file"), py::arg("offset"), py::arg("length") = -1)
@@ -153,7 +350,7 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "cat",
           [](Client& c, const std::string& path, uint64_t start, int64_t end) {
-            auto f = Unlocked([&] { return c.Open(path); });
+            auto f = OpenFile(c, path);
             if (!f.ok()) Raise(f.status(), path);
             const int64_t length = end < 0 ? -1 : (end > static_cast<int64_t>(start) ? end - static_cast<int64_t>(start) : 0);
             return ReadBytes(c, **f, start, length);

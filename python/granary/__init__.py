@@ -8,7 +8,8 @@ Reads go to the granary-worker on this node through its local socket (no FUSE mo
 master token): cached blocks arrive as file descriptors and are read with pread; misses are
 fetched by the worker. See docs/python.md.
 """
-from .filesystem import GranaryFile, GranaryFileSystem, default_socket
+from ._native import Reader as GranaryFile
+from .filesystem import GranaryFileSystem, default_socket
 
 __all__ = ["GranaryFile", "GranaryFileSystem", "default_socket"]
 

@@ -4,11 +4,11 @@ Metadata comes from the worker (which asks the master), cached for ``metadata_tt
 the FUSE mount caches it (nothing below a writable mount); bytes come from the worker's cache as
 leased file descriptors. A file opened here is one version of it: if the under-storage gets
 another version while it is open, its reads fail with OSError(ESTALE), never mix the two.
-Read-only: write through the mount.
+Read-only: write through the mount. Files open as granary._native.Reader (binary: read, readinto,
+readline, seek, tell, iteration by line; a read-ahead buffer of ``block_size``, default 4 MiB).
 """
 import errno
 import glob
-import io
 import os
 from datetime import datetime, timezone
 
@@ -69,19 +69,20 @@ class GranaryFileSystem(AbstractFileSystem):
         super().__init__(**kwargs)
         self.socket = socket or default_socket()
         self._options = (float(metadata_ttl), float(worker_wait), int(max_entries))
-        self._pid = None
+        self._forks = None
         self._native = None
         self._connect()
 
     def _connect(self):
         self._native = _native.Client(self.socket, *self._options)
-        self._pid = os.getpid()
+        self._forks = _native.forks()
 
     @property
     def client(self):
         # A forked child (a DataLoader worker) must not share its parent's connections: the
-        # frames of two processes would interleave on them.
-        if self._pid != os.getpid():
+        # frames of two processes would interleave on them. (_native.forks() counts forks
+        # without a system call, unlike os.getpid().)
+        if self._forks != _native.forks():
             _inherited.append(self._native)
             self._connect()
         return self._native
@@ -138,16 +139,14 @@ class GranaryFileSystem(AbstractFileSystem):
         # The common case without fsspec's generic wrapping (a Python call or two per open counts
         # when files are 100 KB): binary reads, no compression.
         if mode == "rb" and compression is None:
-            path = self._strip_protocol(path)
-            return GranaryFile(self, path, self.client.open(path), block_size)
+            return self.client.reader(self._strip_protocol(path), block_size or 0)
         return super().open(path, mode, block_size=block_size, cache_options=cache_options, compression=compression,
                             **kwargs)
 
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
         if mode != "rb":
             raise OSError(errno.EROFS, "granary:// is read-only (write through the FUSE mount)", path)
-        path = self._strip_protocol(path)
-        return GranaryFile(self, path, self.client.open(path), block_size)
+        return self.client.reader(self._strip_protocol(path), block_size or 0)
 
     # Writes: granary:// is read-only.
     def _rofs(self, *args, **kwargs):
@@ -156,95 +155,3 @@ class GranaryFileSystem(AbstractFileSystem):
     mkdir = makedirs = rm_file = _rm = rm = rmdir = cp_file = mv = touch = put_file = pipe_file = _rofs
 
 
-class GranaryFile(io.RawIOBase):
-    """A file opened through GranaryFileSystem: one version, read at its position.
-
-    Reads smaller than ``block_size`` (default 4 MiB) fetch that much ahead into a buffer (the
-    whole file, for a small one), so a parser's many small reads (PIL's, a tar reader's) cost one
-    call to the worker, not one each; larger reads go straight into the caller's memory.
-    """
-
-    DEFAULT_BLOCK = 4 << 20
-
-    def __init__(self, fs, path, handle, block_size=None):
-        super().__init__()
-        self.fs = fs
-        self.path = path
-        self.mode = "rb"
-        self._handle = handle
-        self._pos = 0
-        self.size = handle.size
-        self.blocksize = block_size or self.DEFAULT_BLOCK
-        self._buf = b""
-        self._buf_at = 0
-
-    @property
-    def name(self):
-        return self.path
-
-    @property
-    def version(self):
-        return self._handle.version
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def read(self, size=-1):
-        if self.closed:
-            raise ValueError("I/O operation on closed file")
-        pos = self._pos
-        if size is None or size < 0:
-            size = max(0, self.size - pos)
-        off = pos - self._buf_at
-        if 0 <= off and off + size <= len(self._buf):
-            data = self._buf[off:off + size] if (off or size != len(self._buf)) else self._buf
-        elif size >= self.blocksize or (pos == 0 and size >= self.size):
-            data = self.fs.client.pread(self._handle, pos, size)  # whole or large: no buffer between
-        else:
-            self._buf = self.fs.client.pread(self._handle, pos, max(size, self.blocksize))
-            self._buf_at = pos
-            data = self._buf[:size]
-        self._pos = pos + len(data)
-        return data
-
-    def readall(self):
-        return self.read(-1)
-
-    def readinto(self, b):
-        if self.closed:
-            raise ValueError("I/O operation on closed file")
-        m = memoryview(b).cast("B")
-        if len(m) < self.blocksize:
-            data = self.read(len(m))
-            m[:len(data)] = data
-            return len(data)
-        n = self.fs.client.readinto(self._handle, self._pos, m)
-        self._pos += n
-        return n
-
-    def seek(self, offset, whence=io.SEEK_SET):
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self.size + offset
-        else:
-            raise ValueError("invalid whence (%r)" % (whence,))
-        if pos < 0:
-            raise OSError(errno.EINVAL, "negative seek position %d" % pos, self.path)
-        self._pos = pos
-        return pos
-
-    def tell(self):
-        return self._pos
-
-    def close(self):
-        self._buf = b""
-        super().close()
-
-    def __repr__(self):
-        return "<GranaryFile granary://%s>" % self.path

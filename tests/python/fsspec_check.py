@@ -121,6 +121,24 @@ def main():
         expect_error(PermissionError, lambda: fs.cat_file(ns + "/" + rel), "cat_file of a file this user may not read: " + rel)
         expect_error(PermissionError, lambda: fs.open(ns + "/" + rel).read(), "open of a file this user may not read: " + rel)
 
+    # Text mode (fsspec wraps the binary reader), lines, iteration; a file object's own errors.
+    uni = ns + "/with space/naïve café ü 日本.txt"
+    with fs.open(uni, "r", encoding="utf-8") as f:
+        check(f.read() == "unicode\n", "text mode read")
+    with fsspec.open("granary://" + uni, "rt") as f:
+        check(f.readlines() == ["unicode\n"], "fsspec.open text lines")
+    many = ns + "/many-blocks.bin"
+    with fs.open(many, "rb") as f:
+        want = readable["many-blocks.bin"]
+        nl = want.find(b"\n")
+        check(f.readline() == want[:nl + 1], "readline")
+        check(f.tell() == nl + 1, "tell after readline")
+        check(b"".join(iter(f)) == want[nl + 1:], "iteration by line to the end")
+        f.seek(64 * 1024 - 3)  # across a block boundary, through the read-ahead buffer
+        check(f.read(6) == want[64 * 1024 - 3:64 * 1024 + 3], "a small read across a block boundary")
+        expect_error(OSError, lambda: f.seek(-1), "a negative seek")
+    expect_error(ValueError, lambda: f.read(), "a read of a closed file")
+
     # The helpers fsspec builds on ls and info.
     want_jpg = sorted(ns + "/" + r for r in readable if r.startswith("class_") and r.endswith(".jpg"))
     check(sorted(fs.glob(ns + "/class_*/*.jpg")) == want_jpg, "glob")
@@ -155,10 +173,17 @@ def main():
 
     # A forked child (a DataLoader worker) reads on its own connections.
     rel, data = items[len(items) // 2]
+    before = fs.open(ns + "/" + rel)  # opened before the fork: the child may not use it
     pid = os.fork()
     if pid == 0:
         ok = all(fs.cat_file(ns + "/" + r) == d for r, d in items[:20])
+        try:
+            before.read()
+            ok = False
+        except OSError as e:
+            ok = ok and e.errno == errno.EBADF
         os._exit(0 if ok else 1)
+    check(before.read() == data, "the parent reads a file it opened before the fork")
     check(fs.cat_file(ns + "/" + rel) == data, "the parent reads while its child does")
     _, status = os.waitpid(pid, 0)
     check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "a forked child reads the bytes")
