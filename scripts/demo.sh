@@ -6,4 +6,5 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 bash "$ROOT/scripts/install-deps.sh"
 bash "$ROOT/scripts/build.sh"
+bash "$ROOT/scripts/install-python.sh"  # granary:// for fsspec, into Debian's python3 (docs/python.md)
 bash "$ROOT/bench/local_read.sh" --files "${DEMO_FILES:-1000}" "$@"

@@ -12,6 +12,7 @@ PKGS=(
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libssl-dev libcurl4-openssl-dev libcpp-httplib-dev libtinyxml2-dev libnfs-dev
   liburing-dev  # granary-fuse's fuse.transport uring (fuse/uring.h)
+  pybind11-dev python3-dev  # the Python package's extension (python/: granary:// for fsspec)
 )
 if [ "${1:-}" != --build ]; then
   PKGS+=(
@@ -21,6 +22,7 @@ if [ "${1:-}" != --build ]; then
     python3-numpy python3-h5py  # tests/integration/readback_test.py's real writers (not python3-torch:
                                 # 161 packages, 600 MB installed; the test skips torch without it)
     iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
+    python3-fsspec python3-pil  # granary:// for fsspec: its tests and bench/python_read.sh's loader
   )
   # kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl
   # is already installed (it may come from another package that owns /usr/bin/kubectl).

@@ -12,6 +12,7 @@ bash "$ROOT/scripts/etcd.sh" install        # etcd for the masters' leader elect
 command -v npm >/dev/null || bash "$ROOT/scripts/apt-ensure.sh" nodejs npm
 (cd "$ROOT/tests/ufs/oss_sdk" && npm ci --silent --no-audit --no-fund >/dev/null)
 bash "$ROOT/scripts/build.sh"
+bash "$ROOT/scripts/install-python.sh"  # granary:// for fsspec, into Debian's python3 (docs/python.md)
 bash "$ROOT/scripts/thread-safety.sh"       # the annotated modules' locks, checked by clang
 # Every libFuzzer target on its checked-in corpus for a while (tests/fuzz; clang, ASan, UBSan).
 bash "$ROOT/scripts/fuzz.sh" --seconds "${FUZZ_SECONDS:-20}"
