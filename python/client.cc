@@ -227,6 +227,7 @@ std::shared_ptr<File> Client::OpenCached(std::string_view path) {
     e = it->second.entry;
   }
   if (e.attr.type() != rpc::REGULAR || e.file == nullptr || e.attr.writable()) return nullptr;
+  if (!e.grant.empty() && (static_cast<unsigned char>(e.grant[0]) & 4u) == 0) return nullptr;  // Open says why
   auto f = std::make_shared<File>();
   f->path = clean;
   f->info = *e.file;
@@ -240,6 +241,11 @@ StatusOr<std::shared_ptr<File>> Client::Open(std::string_view path) {
   for (int attempt = 0;; ++attempt) {
     ASSIGN_OR_RETURN(Entry e, Stat(clean));
     if (e.attr.type() == rpc::DIRECTORY) return InvalidArgumentError(clean + " is a directory");
+    // A grant's first byte is the entry's permission bits for this user (worker/meta_proxy.h);
+    // the worker refuses the read anyway: said here, plainly.
+    if (!e.grant.empty() && (static_cast<unsigned char>(e.grant[0]) & 4u) == 0) {
+      return PermissionDeniedError(clean + ": permission denied (the file's mode does not let this user read it)");
+    }
     auto f = std::make_shared<File>();
     f->path = clean;
     if (e.file != nullptr && !e.attr.writable()) {
