@@ -230,7 +230,7 @@ std::vector<Setting> MakeSettings() {
                   "client learns it from the worker, so in Kubernetes both pods need the directory (hostPath).",
                   &Config::worker, &WorkerConfig::local_socket));
   t.push_back(Row("worker.local_socket_group", K::kString, "",
-                  "A group whose members may read through worker.local_socket without being root: the Python "
+                  "A group (a name, or a gid as a number) whose members may read through worker.local_socket without being root: the Python "
                   "client (granary:// for fsspec, docs/python.md) in a training process that is not root. The "
                   "socket becomes 0660 to this group (and /run/granary 0750, with local_socket auto); its members "
                   "see the namespace and read the files their uid and primary gid may read by the files' modes, "

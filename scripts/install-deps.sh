@@ -3,7 +3,8 @@
 # Run as root on a fresh Debian 12 machine. Does nothing when everything is already there.
 #   install-deps.sh             build, test and run (a developer machine, CI)
 #   install-deps.sh --build     only what building the daemons and the CLI needs (the image's
-#                               build stage: GRANARY_BUILD_TESTS=OFF GRANARY_BUILD_BENCH=OFF)
+#                               build stage: GRANARY_BUILD_TESTS=OFF GRANARY_BUILD_BENCH=OFF
+#                               GRANARY_BUILD_PYTHON=OFF)
 set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config ccache git python3 openssl
@@ -12,7 +13,6 @@ PKGS=(
   librocksdb-dev libspdlog-dev libyaml-cpp-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libssl-dev libcurl4-openssl-dev libcpp-httplib-dev libtinyxml2-dev libnfs-dev
   liburing-dev  # granary-fuse's fuse.transport uring (fuse/uring.h)
-  pybind11-dev python3-dev  # the Python package's extension (python/: granary:// for fsspec)
 )
 if [ "${1:-}" != --build ]; then
   PKGS+=(
@@ -22,6 +22,7 @@ if [ "${1:-}" != --build ]; then
     python3-numpy python3-h5py  # tests/integration/readback_test.py's real writers (not python3-torch:
                                 # 161 packages, 600 MB installed; the test skips torch without it)
     iproute2 util-linux  # ip netns and nsenter: the multi-node tests' hosts
+    pybind11-dev python3-dev  # the Python package's extension (python/: granary:// for fsspec)
     python3-fsspec python3-pil  # granary:// for fsspec: its tests and bench/python_read.sh's loader
   )
   # kubectl renders the manifests (kubectl kustomize): Debian's kubernetes-client, unless a kubectl

@@ -633,12 +633,15 @@ class WorkerServerImpl final : public WorkerServer {
     gid_t group = static_cast<gid_t>(-1);
     const std::string& group_name = cfg.worker.local_socket_group;
     if (!group_name.empty()) {
-      struct group* g = getgrnam(group_name.c_str());
-      if (g == nullptr) {
+      // A number is a gid as it is (a container's /etc/group may not know the nodes' groups).
+      if (group_name.find_first_not_of("0123456789") == std::string::npos && group_name.size() <= 9) {
+        group = static_cast<gid_t>(std::stoul(group_name));
+      } else if (struct group* g = getgrnam(group_name.c_str()); g != nullptr) {
+        group = g->gr_gid;
+      } else {
         return InvalidArgumentError("worker.local_socket_group: there is no group named '" + group_name +
-                                    "' on this machine (create it: groupadd " + group_name + ")");
+                                    "' here (create it: groupadd " + group_name + "; or give its gid as a number)");
       }
-      group = g->gr_gid;
     }
     std::string path = setting;
     if (setting == "auto") {

@@ -142,6 +142,18 @@ TEST_F(PythonTest, TheTorchExampleDecodesWhatTheSourceHolds) {
   EXPECT_EQ(digest(via.out), digest(local.out)) << via.out << "\n" << local.out;
 }
 
+// A group that does not exist stops the worker with an error that names it (readers would find no
+// socket they may use).
+TEST_F(PythonTest, AnUnknownSocketGroupIsAClearErrorAtStart) {
+  RunResult r = RunCommand({Bin("granary-worker"), "--master.address", cluster_.master_address(), "--worker.listen",
+                            "127.0.0.1:0", "--worker.metrics_listen", "off", "--worker.cache_dir", dir_ / "cache2",
+                            "--worker.local_socket", dir_ / "run/other.sock", "--worker.local_socket_group",
+                            "no-such-group-here"});
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("worker.local_socket_group"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no-such-group-here"), std::string::npos) << r.out;
+}
+
 TEST_F(PythonTest, AGroupReaderReadsWhatTheModesAllowAndForgesNothing) {
   struct stat st {};
   ASSERT_EQ(stat(socket_.c_str(), &st), 0);
