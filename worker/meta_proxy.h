@@ -60,12 +60,14 @@ class MetaProxy {
   // The bits `attr`'s mode gives `peer` (all for root).
   static uint32_t PermFor(const LocalPeer& peer, const rpc::Attr& attr);
 
- private:
+  // The grants themselves (what Handle hands out; public for tests).
   std::string Grant(const LocalPeer& peer, uint64_t ino, uint32_t perm) const;
   // The bits a grant of `ino` gives (UNAUTHENTICATED when it is not this worker's for this peer).
   StatusOr<uint32_t> Verify(const LocalPeer& peer, uint64_t ino, const std::string& grant) const;
   std::string DataGrant(const LocalPeer& peer, uint64_t mount_id, const std::string& ufs_path,
                         const std::string& version, uint64_t size, uint64_t block_size) const;
+
+ private:
   std::string Mac(const std::string& message) const;
   // The grants of one entry (none for a trusted peer): `dir_perm` is the parent's bits.
   void GrantEntry(const LocalPeer& peer, const rpc::Attr& attr, const rpc::FileInfo* file, std::string* grant,
