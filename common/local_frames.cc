@@ -1,5 +1,7 @@
 #include "common/local_frames.h"
 
+#include <fcntl.h>
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -25,6 +27,14 @@ Status WaitReady(int sock, short events, const char* what, Deadline d) {
     if (rc > 0) return Status::OK();
     if (rc < 0 && errno != EINTR) return ErrnoError(errno, std::string("poll on ") + what);
   }
+}
+
+// EAGAIN from a blocking call on a blocking socket: its SO_RCVTIMEO / SO_SNDTIMEO ran out (a
+// non-blocking socket's EAGAIN only means: wait).
+bool TimedOut(int sock, Deadline d) {
+  if (d != kNoDeadline) return false;
+  const int flags = fcntl(sock, F_GETFL);
+  return flags >= 0 && (flags & O_NONBLOCK) == 0;
 }
 
 }  // namespace
@@ -64,6 +74,7 @@ Status SendV(int sock, iovec* iov, size_t n, std::span<const int> fds, const cha
       if (errno == EINTR) continue;
       // A non-blocking socket that is full (or a readiness poll raced): wait for room, not spin.
       if (errno == EAGAIN) {
+        if (TimedOut(sock, d)) return UnavailableError(std::string("send on ") + what + ": timed out (SO_SNDTIMEO)");
         RETURN_IF_ERROR(WaitReady(sock, POLLOUT, what, d));
         continue;
       }
@@ -95,6 +106,7 @@ Status RecvExactly(int sock, char* p, size_t n, std::span<int> fds, const char* 
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) {
+        if (TimedOut(sock, d)) return UnavailableError(std::string("receive on ") + what + ": timed out (SO_RCVTIMEO)");
         RETURN_IF_ERROR(WaitReady(sock, POLLIN, what, d));
         continue;
       }

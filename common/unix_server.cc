@@ -5,7 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include "common/net.h"
 
@@ -46,7 +50,14 @@ void UnixServer::AcceptLoop() {
       continue;
     }
     if (a.fd < 0) {
-      if (!stop_) spdlog::warn("{}: accept: {}", options_.what, strerror(a.error));
+      if (stop_) return;
+      spdlog::warn("{}: accept: {}", options_.what, strerror(a.error));
+      if (a.error == EMFILE || a.error == ENFILE || a.error == ENOBUFS || a.error == ENOMEM) {
+        // Out of descriptors or memory (a flood of connections): the socket must outlive it.
+        // Stop() sets stop_ before it shuts the socket down, so this ends within the pause.
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
       return;
     }
     bool full = false;
@@ -59,7 +70,15 @@ void UnixServer::AcceptLoop() {
       full = options_.max_connections != 0 && conns_.size() >= options_.max_connections;
       if (!full) {
         conns_.insert(a.fd);
-        std::thread([this, c = a.fd] { Run(c); }).detach();  // Stop() waits for conns_ to empty
+        try {
+          std::thread([this, c = a.fd] { Run(c); }).detach();  // Stop() waits for conns_ to empty
+        } catch (const std::system_error& e) {
+          // No thread to be had (a flood of connections): this one is turned away, not the process.
+          conns_.erase(a.fd);
+          spdlog::warn("{}: no thread for a connection ({}): closed", options_.what, e.what());
+          close(a.fd);
+          continue;
+        }
       }
     }
     if (full) {

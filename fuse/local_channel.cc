@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,8 +45,20 @@ StatusOr<int> LocalChannel::Take() {
   return Connect();
 }
 
-StatusOr<int> LocalChannel::Connect() {
+StatusOr<int> LocalChannel::Dial() {
   ASSIGN_OR_RETURN(int conn, ConnectUnix(path_));
+  if (io_timeout_.count() > 0) {
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(io_timeout_.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((io_timeout_.count() % 1000) * 1000);
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+  return conn;
+}
+
+StatusOr<int> LocalChannel::Connect() {
+  ASSIGN_OR_RETURN(int conn, Dial());
   int pipe_r = -1;
   int p[2];
   if (pipe2(p, O_CLOEXEC) == 0) {
@@ -220,7 +234,7 @@ Status LocalChannel::LeaseFile(const rpc::ReadBlockRequest& req, Piece* out, boo
   LeaseLine& line = lines_[index];
   MutexLock lock(&line.mu);
   if (line.conn < 0) {
-    ASSIGN_OR_RETURN(line.conn, ConnectUnix(path_));
+    ASSIGN_OR_RETURN(line.conn, Dial());
     ++line.gen;
   }
   rpc::LocalRequest lr;

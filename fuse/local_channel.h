@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -63,7 +64,11 @@ class LocalChannel {
     NodeSource source = NodeSource::kLocal;  // where the bytes came from
   };
 
-  explicit LocalChannel(std::string path) : path_(std::move(path)) {}
+  // `io_timeout` (0: none, granary-fuse's): a send or receive that waits longer fails (the
+  // connection is closed, the call UNAVAILABLE), for a client that must not hang on a worker that
+  // accepts but never answers (the Python client).
+  explicit LocalChannel(std::string path, std::chrono::milliseconds io_timeout = std::chrono::milliseconds(0))
+      : path_(std::move(path)), io_timeout_(io_timeout) {}
   ~LocalChannel();
   const std::string& path() const { return path_; }
 
@@ -106,7 +111,11 @@ class LocalChannel {
   void CloseConn(int conn);  // and its pipe
   int PipeOf(int conn);      // -1: none
 
+  // ConnectUnix, with io_timeout_ set on the connection.
+  StatusOr<int> Dial();
+
   const std::string path_;
+  const std::chrono::milliseconds io_timeout_;
   Mutex mu_;
   std::vector<int> idle_ GUARDED_BY(mu_);
   std::unordered_map<int, int> pipes_ GUARDED_BY(mu_);  // connection -> its pipe's read end (-1: none)

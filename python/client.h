@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,16 @@
 #include "proto/granary.pb.h"
 
 namespace granary::python {
+
+// What a Status does not say for a Python errno, said within this client only (beyond
+// common/status.h's Reason values; never sent anywhere).
+inline constexpr Reason kIsDirectory = static_cast<Reason>(101);   // INVALID_ARGUMENT: EISDIR
+inline constexpr Reason kNotDirectory = static_cast<Reason>(102);  // FAILED_PRECONDITION: ENOTDIR
+inline constexpr Reason kNameTooLong = static_cast<Reason>(103);   // INVALID_ARGUMENT: ENAMETOOLONG
+inline constexpr Reason kOtherProcess = static_cast<Reason>(104);  // FAILED_PRECONDITION: EBADF
+
+// Paths longer than this are refused (ENAMETOOLONG), as the kernel refuses them.
+inline constexpr size_t kMaxPath = 4096;
 
 struct ClientOptions {
   std::string socket;  // the worker's local socket (worker.local_socket)
@@ -73,6 +84,13 @@ struct File {
 class Client {
  public:
   static StatusOr<std::shared_ptr<Client>> Create(ClientOptions o);
+  ~Client();
+
+  // True in a process forked after this client was made: it must not be used there (its
+  // connections are the parent's; every call fails with kOtherProcess), and it is never really
+  // destroyed there (its thread stayed in the parent): its memory is left, its descriptors closed
+  // with the process.
+  bool Forked() const;
 
   // `path`: absolute in the namespace ("/imagenet/train/x.JPEG"); "." and ".." are resolved by
   // name; NOT_FOUND, PERMISSION_DENIED (the entry's mode), FAILED_PRECONDITION (a path component
@@ -92,17 +110,27 @@ class Client {
   static std::string Clean(std::string_view path);
 
  private:
-  explicit Client(ClientOptions o) : o_(std::move(o)), ch_(o_.socket) {}
+  explicit Client(ClientOptions o);
   using Clock = std::chrono::steady_clock;
   struct Cached {
     Entry entry;
     Clock::time_point expires;
   };
+  // kOtherProcess after a fork (see Forked).
+  Status CheckProcess() const;
+  // How long an entry answered now may be kept: metadata_ttl, and less than its grants live.
+  std::chrono::milliseconds KeepFor(uint64_t grant_ttl_ms) const;
   // A metadata call, waiting out a worker that is away (UNAVAILABLE) for up to worker_wait.
   Status Call(const rpc::MetaCall& call, rpc::MetaAnswer* out);
-  StatusOr<Entry> Lookup(const std::string& clean);  // cached
-  void Remember(const std::string& clean, const Entry& e);
+  StatusOr<Entry> Lookup(const std::string& clean);  // cached; walks from the deepest cached parent
+  // One LOOKUP of `name` in `parent` (at parent_path), remembered as `clean`.
+  StatusOr<Entry> LookupIn(const std::string& parent_path, const Entry& parent, const std::string& clean,
+                           const std::string& name);
+  void Remember(const std::string& clean, const Entry& e, uint64_t grant_ttl_ms);
   void Forget();  // every cached entry (grants void: the worker restarted)
+  // The entry at `clean`: a file that changed under a read is asked for with GETFILE at its next
+  // open (the master checks it with the under-storage then), as granary-fuse does.
+  void ForgetChanged(const std::string& clean, uint64_t ino);
   Status ReadBlockRange(File& f, uint64_t index, uint64_t in_block, uint64_t length, char* dst);
   // Lists directory `dir` (at `clean`) into the cache, and into *out when given; at most `cap`
   // entries (OUT_OF_RANGE past it: what was listed stays cached).
@@ -118,10 +146,13 @@ class Client {
   Status Regrant(File& f);
 
   const ClientOptions o_;
-  fuse::LocalChannel ch_;
+  const uint64_t forks_;  // ForkCount() when it was made
+  // Pointers, so that a forked child can leave them undestroyed (see Forked).
+  std::unique_ptr<fuse::LocalChannel> ch_;
   // Opens served from listed or looked-up information, sent to the master through the worker
   // (MetaCall NOTE_OPENS): fetch-ahead's evidence, as granary-fuse sends it.
   std::unique_ptr<fuse::OpenNotes> notes_;
+
   Mutex mu_;
   std::unordered_map<std::string, Cached> entries_ GUARDED_BY(mu_);
   struct DirState {
@@ -130,6 +161,9 @@ class Client {
     bool too_big = false;         // more than max_entries / 4: looked up name by name
   };
   std::unordered_map<uint64_t, DirState> dirs_ GUARDED_BY(mu_);
+  std::unordered_set<uint64_t> changed_ GUARDED_BY(mu_);  // files whose next open asks GETFILE
+  // The grants NOTE_OPENS names files with (a reader's), by ino, until sent.
+  std::unordered_map<uint64_t, std::string> note_grants_ GUARDED_BY(mu_);
   static constexpr size_t kMaxDirs = 65536;  // directories remembered (all dropped past it)
 };
 

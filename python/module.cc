@@ -46,12 +46,16 @@ auto Unlocked(F f) {
 
 int ErrnoOf(const Status& st) {
   if (st.IsVersionChanged()) return ESTALE;
+  if (st.reason() == granary::python::kIsDirectory) return EISDIR;
+  if (st.reason() == granary::python::kNotDirectory) return ENOTDIR;
+  if (st.reason() == granary::python::kNameTooLong) return ENAMETOOLONG;
+  if (st.reason() == granary::python::kOtherProcess) return EBADF;
   switch (st.code()) {
     case Code::kNotFound: return ENOENT;
     case Code::kPermissionDenied: return EACCES;
     case Code::kUnauthenticated: return EACCES;
-    case Code::kFailedPrecondition: return ENOTDIR;
-    case Code::kInvalidArgument: return EISDIR;
+    case Code::kInvalidArgument: return EINVAL;
+    case Code::kResourceExhausted: return EMFILE;   // e.g. this user's connections to the worker
     case Code::kUnavailable: return ECONNREFUSED;  // no worker answered (within worker_wait)
     default: return EIO;
   }
@@ -115,29 +119,33 @@ py::bytes ReadBytes(Client& c, File& f, uint64_t offset, int64_t length) {
 class PyFile {
  public:
   PyFile(std::shared_ptr<Client> c, std::shared_ptr<File> f, uint64_t blocksize)
-      : client_(std::move(c)), file_(std::move(f)), blocksize_(blocksize == 0 ? kDefaultBlock : blocksize),
-        forks_(forks.load(std::memory_order_relaxed)) {}
+      : client_(std::move(c)), file_(std::move(f)), blocksize_(blocksize == 0 ? kDefaultBlock : blocksize) {}
   static constexpr uint64_t kDefaultBlock = 4 << 20;
 
+  // Every method reads its position once and works on copies: the GIL is let go while the worker
+  // is asked, and another thread using this object meanwhile (a file object shared between
+  // threads) may move the position or the buffer. Each such read returns bytes of the file at the
+  // position it started at, never memory from outside the buffer.
   py::bytes Read(int64_t size) {
     Check();
+    const uint64_t at = pos_;
     const uint64_t end = file_->size();
-    const uint64_t want = pos_ >= end ? 0 : (size < 0 ? end - pos_ : std::min<uint64_t>(static_cast<uint64_t>(size), end - pos_));
+    const uint64_t want = at >= end ? 0 : (size < 0 ? end - at : std::min<uint64_t>(static_cast<uint64_t>(size), end - at));
     if (want == 0) return py::bytes();
-    if (pos_ >= buf_at_ && pos_ + want <= buf_at_ + buf_.size()) {  // in the buffer
-      py::bytes out(buf_.data() + (pos_ - buf_at_), want);
-      pos_ += want;
+    if (Covers(at, want)) {
+      py::bytes out(buf_->data() + (at - buf_at_), want);
+      pos_ = at + want;
       return out;
     }
-    if (want >= blocksize_ || want == end - pos_) {  // large, or the rest of the file: no buffer between
-      py::bytes out = ReadBytes(*client_, *file_, pos_, static_cast<int64_t>(want));
-      pos_ += static_cast<uint64_t>(PyBytes_GET_SIZE(out.ptr()));
+    if (want >= blocksize_ || want == end - at) {  // large, or the rest of the file: no buffer between
+      py::bytes out = ReadBytes(*client_, *file_, at, static_cast<int64_t>(want));
+      pos_ = at + static_cast<uint64_t>(PyBytes_GET_SIZE(out.ptr()));
       return out;
     }
-    Fill(std::min<uint64_t>(blocksize_, end - pos_));
-    const uint64_t n = std::min<uint64_t>(want, buf_.size());
-    py::bytes out(buf_.data(), n);
-    pos_ += n;
+    std::shared_ptr<const std::string> b = Fill(at, std::min<uint64_t>(blocksize_, end - at));
+    const uint64_t n = std::min<uint64_t>(want, b->size());
+    py::bytes out(b->data(), n);
+    pos_ = at + n;
     return out;
   }
 
@@ -149,43 +157,54 @@ class PyFile {
       Py_buffer* v;
       ~Releaser() { PyBuffer_Release(v); }
     } releaser{&view};
+    const uint64_t at = pos_;
     const uint64_t end = file_->size();
-    const uint64_t want = pos_ >= end ? 0 : std::min<uint64_t>(static_cast<uint64_t>(view.len), end - pos_);
+    const uint64_t want = at >= end ? 0 : std::min<uint64_t>(static_cast<uint64_t>(view.len), end - at);
     char* dst = static_cast<char*>(view.buf);
     if (want == 0) return 0;
-    if (pos_ >= buf_at_ && pos_ + want <= buf_at_ + buf_.size()) {
-      std::memcpy(dst, buf_.data() + (pos_ - buf_at_), want);
-    } else if (want >= blocksize_ || want == end - pos_) {
+    uint64_t n = want;
+    if (Covers(at, want)) {
+      std::memcpy(dst, buf_->data() + (at - buf_at_), want);
+    } else if (want >= blocksize_ || want == end - at) {
       File& f = *file_;
-      const uint64_t at = pos_;
       auto got = Unlocked([&] { return client_->Read(f, at, want, dst); });
       if (!got.ok()) Raise(got.status(), f.path);
-      pos_ += *got;
-      return *got;
+      n = *got;
     } else {
-      Fill(std::min<uint64_t>(blocksize_, end - pos_));
-      std::memcpy(dst, buf_.data(), std::min<uint64_t>(want, buf_.size()));
+      std::shared_ptr<const std::string> b = Fill(at, std::min<uint64_t>(blocksize_, end - at));
+      n = std::min<uint64_t>(want, b->size());
+      std::memcpy(dst, b->data(), n);
     }
-    const uint64_t n = std::min<uint64_t>(want, buf_at_ + buf_.size() - pos_);
-    pos_ += n;
+    pos_ = at + n;
     return n;
   }
 
   py::bytes ReadLine(int64_t limit) {
     Check();
     std::string line;
+    uint64_t at = pos_;
     const uint64_t end = file_->size();
-    while (pos_ < end && (limit < 0 || line.size() < static_cast<uint64_t>(limit))) {
-      if (!(pos_ >= buf_at_ && pos_ < buf_at_ + buf_.size())) Fill(std::min<uint64_t>(blocksize_, end - pos_));
-      const char* from = buf_.data() + (pos_ - buf_at_);
-      uint64_t avail = buf_at_ + buf_.size() - pos_;
+    while (at < end && (limit < 0 || line.size() < static_cast<uint64_t>(limit))) {
+      std::shared_ptr<const std::string> b;
+      uint64_t b_at = 0;
+      if (Covers(at, 1)) {
+        b = buf_;  // shared: another thread may replace buf_, not change these bytes
+        b_at = buf_at_;
+      } else {
+        b = Fill(at, std::min<uint64_t>(blocksize_, end - at));
+        b_at = at;
+      }
+      if (b->empty()) break;
+      const char* from = b->data() + (at - b_at);
+      uint64_t avail = b->size() - (at - b_at);
       if (limit >= 0) avail = std::min<uint64_t>(avail, static_cast<uint64_t>(limit) - line.size());
       const void* nl = std::memchr(from, '\n', avail);
       const uint64_t take = nl != nullptr ? static_cast<uint64_t>(static_cast<const char*>(nl) - from) + 1 : avail;
       line.append(from, take);
-      pos_ += take;
+      at += take;
       if (nl != nullptr) break;
     }
+    pos_ = at;
     return py::bytes(line);
   }
 
@@ -203,8 +222,8 @@ class PyFile {
   }
   void Close() {
     closed_ = true;
-    buf_.clear();
-    buf_.shrink_to_fit();
+    buf_ = std::make_shared<const std::string>();
+    buf_at_ = 0;
   }
   bool closed() const { return closed_; }
   const File& file() const { return *file_; }
@@ -212,29 +231,31 @@ class PyFile {
  private:
   void Check() {
     if (closed_) throw py::value_error("I/O operation on closed file");
-    if (forks.load(std::memory_order_relaxed) != forks_) {
+    if (client_->Forked()) {
       Raise(granary::FailedPreconditionError("opened in another process (before a fork): open it again here"),
             file_->path, EBADF);
     }
   }
-  // The buffer gets [pos_, pos_ + n).
-  void Fill(uint64_t n) {
-    std::string fresh(n, '\0');
+  // [at, at + n) is in the buffer.
+  bool Covers(uint64_t at, uint64_t n) const { return at >= buf_at_ && at - buf_at_ + n <= buf_->size() && !buf_->empty(); }
+  // Reads [at, at + n) (fewer at the end) with the GIL let go, makes it the buffer, and returns
+  // those bytes (a copy the caller keeps even if another thread replaces the buffer).
+  std::shared_ptr<const std::string> Fill(uint64_t at, uint64_t n) {
+    auto fresh = std::make_shared<std::string>(n, '\0');
     File& f = *file_;
-    const uint64_t at = pos_;
-    auto got = Unlocked([&] { return client_->Read(f, at, n, fresh.data()); });
+    auto got = Unlocked([&] { return client_->Read(f, at, n, fresh->data()); });
     if (!got.ok()) Raise(got.status(), f.path);
-    fresh.resize(*got);
-    buf_ = std::move(fresh);
+    fresh->resize(*got);
+    buf_ = fresh;  // GIL held again: the buffer and where it starts change together
     buf_at_ = at;
+    return fresh;
   }
 
   std::shared_ptr<Client> client_;
   std::shared_ptr<File> file_;
   const uint64_t blocksize_;
-  const uint64_t forks_;  // `forks` when it was opened
   uint64_t pos_ = 0;
-  std::string buf_;  // [buf_at_, buf_at_ + size) of the file
+  std::shared_ptr<const std::string> buf_ = std::make_shared<const std::string>();  // [buf_at_, + size) of the file
   uint64_t buf_at_ = 0;
   bool closed_ = false;
 };
@@ -405,6 +426,30 @@ PYBIND11_MODULE(_native, m) {
     auto e = Unlocked([&] { return c.Stat(path); });
     if (!e.ok()) Raise(e.status(), path);
     return py::bytes(e->grant);
+  });
+  t.def("pipe_as", [](const std::string& socket) {
+    // A stream_pipe request (LocalRequest.stream_pipe) with a pipe's write end attached.
+    return Unlocked([&]() -> std::string {
+      auto conn = granary::ConnectUnix(socket);
+      if (!conn.ok()) return std::string(granary::CodeName(conn.status().code()));
+      int p[2];
+      if (pipe(p) != 0) {
+        close(*conn);
+        return "no pipe";
+      }
+      granary::rpc::LocalRequest lr;
+      lr.set_stream_pipe(true);
+      granary::rpc::LocalResponse resp;
+      int fd = -1;
+      Status st = granary::SendFrame(*conn, lr, p[1]);
+      if (st.ok()) st = granary::RecvFrame(*conn, &resp, &fd);
+      if (fd >= 0) close(fd);
+      close(p[0]);
+      close(p[1]);
+      close(*conn);
+      if (!st.ok()) return "broken: " + st.ToString();
+      return std::string(granary::CodeName(static_cast<Code>(resp.code())));
+    });
   });
   t.def("write_as", [](const std::string& socket) {
     return Unlocked([&]() -> std::string {

@@ -119,6 +119,7 @@ StatusOr<std::unique_ptr<LocalServer>> LocalServer::Start(const std::string& pat
   UnixServer::Options o;
   o.what = "worker.local_socket";
   o.any_peer = group_readers;
+  o.max_connections = kMaxConnections;
   ASSIGN_OR_RETURN(s->server_, UnixServer::Start(path, std::move(o), [p = s.get()](int c) { p->Serve(c); }));
   return s;
 }
@@ -137,6 +138,33 @@ void LocalServer::Serve(int conn) {
   StreamPipe pipe;     // the client's pipe for bytes of fetch buffers (LocalRequest.stream_pipe)
   // Root or this user: everything; anyone else (worker.local_socket_group) reads with grants.
   const LocalPeer peer = LocalPeer::Of(conn);
+  if (!peer.trusted) {
+    // A reader's connections are counted by user: one user cannot take the socket's threads.
+    bool full = false;
+    {
+      MutexLock lock(&readers_mu_);
+      full = reader_conns_[peer.uid] >= kMaxReaderConnections;
+      if (!full) ++reader_conns_[peer.uid];
+    }
+    if (full) {
+      rpc::LocalResponse refused;
+      rpc::SetStatus(ResourceExhaustedError("user " + std::to_string(peer.uid) + " has " +
+                                            std::to_string(kMaxReaderConnections) +
+                                            " connections to the worker's local socket already"),
+                     &refused);
+      SendFrame(conn, refused).IgnoreError();
+      return;
+    }
+  }
+  struct ReaderCount {
+    LocalServer* s;
+    const LocalPeer& p;
+    ~ReaderCount() {
+      if (p.trusted) return;
+      MutexLock lock(&s->readers_mu_);
+      if (--s->reader_conns_[p.uid] == 0) s->reader_conns_.erase(p.uid);
+    }
+  } reader_count{this, peer};
   // A vmsplice into a pipe whose reader is gone raises SIGPIPE at this thread: blocked here, it
   // stays pending and harmless, whatever the process does with the signal (daemons ignore it;
   // a test or a tool embedding this server may not).
@@ -160,7 +188,15 @@ void LocalServer::Serve(int conn) {
     pipe.held = SharedBytes{};
     if (got.ok() && req.stream_pipe()) {
       rpc::LocalResponse resp;
-      rpc::SetStatus(pipe.Adopt(stray), &resp);  // takes the descriptor, or closes it
+      if (!peer.trusted) {
+        // A fetch buffer's pages stay in the pipe until the client reads them, and the buffer
+        // is let go at its next frame: a client that does not drain first would keep pages the
+        // pool gives to another file's fetch. Readers get their bytes inline.
+        if (stray >= 0) close(stray);
+        rpc::SetStatus(PermissionDeniedError("a reader in worker.local_socket_group gets bytes inline"), &resp);
+      } else {
+        rpc::SetStatus(pipe.Adopt(stray), &resp);  // takes the descriptor, or closes it
+      }
       if (!SendFrame(conn, resp).ok()) break;
       continue;
     }

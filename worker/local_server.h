@@ -29,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/metrics.h"
@@ -63,6 +64,12 @@ class LocalServer {
   // Time to answer one read request (a lease or the bytes).
   const metrics::Histogram& read_latency() const { return read_latency_; }
 
+  // Connections at most (granary-fuse opens about one per reader thread), and per user for
+  // readers of worker.local_socket_group (past it, a reader's connection is answered
+  // RESOURCE_EXHAUSTED and closed).
+  static constexpr size_t kMaxConnections = 4096;
+  static constexpr uint32_t kMaxReaderConnections = 256;
+
  private:
   LocalServer(std::string path, BlockSource* source, WriteSessions* writes, MetaProxy* meta)
       : path_(std::move(path)), source_(source), writes_(writes), meta_(meta) {}
@@ -96,6 +103,8 @@ class LocalServer {
   WriteSessions* writes_;
   MetaProxy* meta_;
   std::atomic<uint64_t> next_conn_{1};  // numbers connections for the write sessions
+  Mutex readers_mu_;
+  std::unordered_map<uint32_t, uint32_t> reader_conns_ GUARDED_BY(readers_mu_);  // readers' connections by uid
   std::unique_ptr<UnixServer> server_;  // accepts, checks the peer, a thread per connection
 };
 

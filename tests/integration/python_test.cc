@@ -49,6 +49,16 @@ class PythonTest : public ::testing::Test {
     chmod((src + "/a/b/c/deep.txt").c_str(), 0640);
     WriteFile(src + "/locked/inside.bin", RandomBytes(3000, 98));
     chmod((src + "/locked").c_str(), 0700);
+    // Group `users` (a supplementary group of the reader below): one file it may read by its group
+    // bits, one whose group bits deny what its other bits would give (as the kernel decides).
+    struct group* users = getgrnam("users");
+    ASSERT_NE(users, nullptr) << "Debian's group users is missing";
+    WriteFile(src + "/grp-users.bin", RandomBytes(2000, 97));
+    WriteFile(src + "/neg-users.bin", RandomBytes(2000, 96));
+    ASSERT_EQ(chown((src + "/grp-users.bin").c_str(), 0, users->gr_gid), 0);
+    ASSERT_EQ(chown((src + "/neg-users.bin").c_str(), 0, users->gr_gid), 0);
+    chmod((src + "/grp-users.bin").c_str(), 0640);
+    chmod((src + "/neg-users.bin").c_str(), 0604);
     // The reader reaches the source (to compare), the package and the socket's directory.
     chmod(dir_.path().c_str(), 0755);
     const std::string sock_dir = dir_ / "run";
@@ -159,7 +169,8 @@ TEST_F(PythonTest, AGroupReaderReadsWhatTheModesAllowAndForgesNothing) {
   ASSERT_EQ(stat(socket_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
   EXPECT_EQ(st.st_gid, NoGroup());
-  RunResult r = Check({"runuser", "-u", "nobody", "--"});
+  // nobody, in group nogroup (the socket's) and, as a supplementary group, users.
+  RunResult r = Check({"runuser", "-u", "nobody", "-g", "nogroup", "-G", "users", "--"});
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("0 failures"), std::string::npos) << r.out;
   // A user outside the group cannot connect at all: the error names the socket.
@@ -196,8 +207,12 @@ TEST_F(PythonTest, AnOpenFileReadsOnAcrossARestartAndNeverMixesVersions) {
   EXPECT_TRUE(got == want) << "the bytes across the restart differ from the source";
 
   // Changed in the source while open (same size, other bytes and mtime): what is read of the open
-  // file is the old version's bytes or a VersionChanged error, never the new bytes.
-  auto g = (*c)->Open("/ds/exact-block.bin");
+  // file is the old version's bytes or a VersionChanged error, never the new bytes. (A mount that
+  // checks its files with the under-storage every second, so that later opens can see the new
+  // version: without metadata.sync_interval the master never looks again, for the mount either.)
+  RunResult sync = cluster_.Cli({"mount", "/sync", "file://" + dir_ / "src", "-o", "metadata.sync_interval=1s"});
+  ASSERT_EQ(sync.code, 0) << sync.out;
+  auto g = (*c)->Open("/sync/exact-block.bin");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const std::string old_bytes = ReadFile(dir_ / "src/exact-block.bin");
   const std::string new_bytes = RandomBytes(old_bytes.size(), 1234);
@@ -210,6 +225,26 @@ TEST_F(PythonTest, AnOpenFileReadsOnAcrossARestartAndNeverMixesVersions) {
     EXPECT_TRUE(after == old_bytes) << "an open file read bytes of another version";
   } else {
     EXPECT_TRUE(m.status().IsVersionChanged()) << m.status().ToString();
+    // The next opens ask the master (GETFILE), which learns the new version from the
+    // under-storage as it does for the mount's opens: until then ESTALE, then the new bytes —
+    // never the new bytes under the old version's name, never a mix.
+    std::string fresh(new_bytes.size(), '\0');
+    Status last;
+    EXPECT_TRUE(WaitFor([&] {
+      auto again = (*c)->Open("/sync/exact-block.bin");
+      if (!again.ok()) {
+        last = again.status();
+        return false;
+      }
+      auto k = (*c)->Read(**again, 0, fresh.size(), fresh.data());
+      last = k.status();
+      if (!k.ok()) {
+        EXPECT_TRUE(k.status().IsVersionChanged()) << k.status().ToString();
+        return false;
+      }
+      EXPECT_TRUE(fresh == new_bytes || fresh == old_bytes) << "bytes of neither version";
+      return fresh == new_bytes;
+    }, std::chrono::seconds(60))) << last.ToString();
   }
 }
 

@@ -139,6 +139,37 @@ def main():
         expect_error(OSError, lambda: f.seek(-1), "a negative seek")
     expect_error(ValueError, lambda: f.read(), "a read of a closed file")
 
+    # One file object shared by two threads: whatever the interleaving, bytes of the file, no crash.
+    shared = fs.open(many, "rb", block_size=4096)
+    stop = []
+
+    def seeker():
+        r = random.Random(3)
+        while not stop:
+            shared.seek(r.randrange(0, len(want) + 10))
+
+    th = threading.Thread(target=seeker)
+    th.start()
+    odd = 0
+    try:
+        for _ in range(3000):
+            buf = bytearray(50)
+            n = shared.readinto(buf)
+            for piece in (shared.read(100), shared.readline(300), bytes(buf[:n])):
+                if piece and want.find(piece) < 0:
+                    odd += 1
+    finally:
+        stop.append(1)
+        th.join()
+    check(odd == 0, "a file object shared by threads returned bytes not in the file (%d times)" % odd)
+
+    # A path deeper than PATH_MAX: a clear error, not a crash.
+    try:
+        fs.info(ns + "/" + "a/" * 100000)
+        check(False, "a 200 KB path was looked up")
+    except OSError as e:
+        check(e.errno == errno.ENAMETOOLONG, "a 200 KB path: ENAMETOOLONG, not %r" % e)
+
     # The helpers fsspec builds on ls and info.
     want_jpg = sorted(ns + "/" + r for r in readable if r.startswith("class_") and r.endswith(".jpg"))
     check(sorted(fs.glob(ns + "/class_*/*.jpg")) == want_jpg, "glob")
@@ -213,6 +244,7 @@ def main():
         check(t.lookup_as(a.socket, locked_ino, t.grant_of(c, ns + "/" + locked), "") == "PERMISSION_DENIED",
               "a listing of a directory this user may not read, with its own grant")
         check(t.write_as(a.socket) == "PERMISSION_DENIED", "a reader's write session")
+        check(t.pipe_as(a.socket) == "PERMISSION_DENIED", "a reader's stream pipe (fetch buffers' pages)")
 
     print("%d failures; %d files read, %d refused as the source refuses them" % (len(failures), len(readable), len(denied)))
     return 1 if failures else 0

@@ -61,6 +61,25 @@ TEST(MetaProxy, AGrantIsForOneUserOneEntryAndItsBitsAndThisWorkerOnly) {
   EXPECT_EQ(Proxy()->Verify(alice, 7, g).status().code(), Code::kUnauthenticated);
 }
 
+TEST(MetaProxy, GrantsExpireAsTheMountsAttributesDoAndNameTheGroups) {
+  auto p = Proxy();  // fuse.attr_timeout's default: 60 s
+  const LocalPeer alice = Reader(1000, 100);
+  const auto old = p->grant_ttl() + std::chrono::milliseconds(1);
+  EXPECT_TRUE(p->Verify(alice, 7, p->Grant(alice, 7, 5, p->grant_ttl() - std::chrono::seconds(1))).ok());
+  EXPECT_EQ(p->Verify(alice, 7, p->Grant(alice, 7, 5, old)).status().code(), Code::kUnauthenticated);
+  rpc::ReadBlockRequest r;
+  r.set_mount_id(1);
+  r.set_ufs_path("a");
+  EXPECT_EQ(p->CheckRead(alice, r, p->DataGrant(alice, 1, "a", "", 0, 0, old)).code(), Code::kUnauthenticated);
+  EXPECT_TRUE(p->CheckRead(alice, r, p->DataGrant(alice, 1, "a", "", 0, 0)).ok());
+  // A supplementary group gives its bits (as the kernel gives them), and is part of the grant.
+  LocalPeer in_users = alice;
+  in_users.groups = {50, 100, 200};
+  EXPECT_EQ(MetaProxy::PermFor(in_users, Mode(0604, 0, 200)), 0u);  // the group's bits, not other's
+  EXPECT_EQ(MetaProxy::PermFor(alice, Mode(0604, 0, 200)), 4u);
+  EXPECT_EQ(p->Verify(alice, 7, p->Grant(in_users, 7, 5)).status().code(), Code::kUnauthenticated);
+}
+
 TEST(MetaProxy, AReadNeedsTheDataGrantOfExactlyThatFileVersion) {
   auto p = Proxy();
   const LocalPeer alice = Reader(1000, 100);
