@@ -105,8 +105,9 @@ py::bytes ReadBytes(Client& c, File& f, uint64_t offset, int64_t length) {
   if (*got != want) {
     // Only at the end of a file that is the length it was opened with: cannot happen, but a short
     // answer must not show as zeros.
-    if (_PyBytes_Resize(&b, static_cast<Py_ssize_t>(*got)) != 0) throw py::error_already_set();
-    return py::reinterpret_steal<py::bytes>(b);
+    PyObject* raw = out.release().ptr();  // _PyBytes_Resize may move it (and frees it on failure)
+    if (_PyBytes_Resize(&raw, static_cast<Py_ssize_t>(*got)) != 0) throw py::error_already_set();
+    return py::reinterpret_steal<py::bytes>(raw);
   }
   return out;
 }
