@@ -7,9 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <pthread.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -29,10 +27,6 @@ using granary::python::Entry;
 using granary::python::File;
 
 namespace {
-
-// Forks seen in this process (pthread_atfork): a file object opened before a fork is not used in
-// the child (its client's connections are the parent's).
-std::atomic<uint64_t> forks{0};
 
 // Open without the GIL released when the entry is cached (no I/O), else with it released.
 StatusOr<std::shared_ptr<File>> OpenFile(Client& c, const std::string& path);
@@ -265,9 +259,6 @@ class PyFile {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Granary's client for the node's worker (granary:// for fsspec); see docs/python.md";
-  pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); });
-  m.def("forks", [] { return forks.load(std::memory_order_relaxed); },
-        "forks this process went through since the module was loaded (a client made before one is not used after it)");
 
   py::class_<File, std::shared_ptr<File>>(m, "File")
       .def_property_readonly("size", &File::size)
@@ -312,6 +303,8 @@ PYBIND11_MODULE(_native, m) {
       .def("__repr__", [](const PyFile& f) { return "<granary.Reader granary://" + f.file().path + ">"; });
 
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
+      // True in a process forked after the client was made: make a new one there (no system call).
+      .def("forked", &Client::Forked)
       .def(py::init([](const std::string& socket, double metadata_ttl, double worker_wait, size_t max_entries) {
              ClientOptions o;
              o.socket = socket;

@@ -48,11 +48,6 @@ def default_socket():
     )
 
 
-def _info(d):
-    # fsspec's info: name (no protocol), size, type; the rest as the mount's stat has it.
-    return d
-
-
 class GranaryFileSystem(AbstractFileSystem):
     """fsspec filesystem for ``granary://<namespace path>``.
 
@@ -69,20 +64,18 @@ class GranaryFileSystem(AbstractFileSystem):
         super().__init__(**kwargs)
         self.socket = socket or default_socket()
         self._options = (float(metadata_ttl), float(worker_wait), int(max_entries))
-        self._forks = None
         self._native = None
         self._connect()
 
     def _connect(self):
         self._native = _native.Client(self.socket, *self._options)
-        self._forks = _native.forks()
 
     @property
     def client(self):
         # A forked child (a DataLoader worker) must not share its parent's connections: the
-        # frames of two processes would interleave on them. (_native.forks() counts forks
-        # without a system call, unlike os.getpid().)
-        if self._forks != _native.forks():
+        # frames of two processes would interleave on them. (forked() counts forks without a
+        # system call, unlike os.getpid().)
+        if self._native.forked():
             _inherited.append(self._native)
             self._connect()
         return self._native
